@@ -1,0 +1,45 @@
+//! Parsing a policy document, with errors that say where.
+
+use std::fmt;
+
+use crate::Document;
+
+/// Why a policy document was refused: the JSON path of the offending value,
+/// the reason, and the line and column where the parser stood.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError {
+    pub path: String,
+    pub reason: String,
+    pub line: usize,
+    pub column: usize,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {} at {}:{}", self.path, self.reason, self.line, self.column)
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+/// Parses and validates a policy document.
+pub fn parse(text: &str) -> Result<Document, ParseError> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let doc: Document = serde_path_to_error::deserialize(&mut de).map_err(|err| {
+        let path = err.path().to_string();
+        from_json(&path, err.into_inner())
+    })?;
+    // Trailing text after the document is an error too.
+    de.end().map_err(|err| from_json(".", err))?;
+    Ok(doc)
+}
+
+fn from_json(path: &str, inner: serde_json::Error) -> ParseError {
+    let path = if path == "." { "(document)" } else { path }.to_string();
+    // serde_json appends " at line L column C" to its messages; we report the
+    // position in our own format instead.
+    let message = inner.to_string();
+    let suffix = format!(" at line {} column {}", inner.line(), inner.column());
+    let reason = message.strip_suffix(&suffix).unwrap_or(&message).to_string();
+    ParseError { path, reason, line: inner.line(), column: inner.column() }
+}

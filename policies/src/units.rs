@@ -1,0 +1,171 @@
+//! Validated scalars. Each type refuses a wrong value while it is parsed, so a
+//! parsed document cannot hold one.
+
+use std::fmt;
+use std::num::{NonZeroU32, NonZeroU64};
+
+use serde::de::{self, Deserialize, Deserializer};
+
+/// The largest count a limit may have.
+pub const MAX_COUNT: u32 = 1_000_000_000;
+/// The longest duration a window may have: one year.
+pub const MAX_DURATION_MS: u64 = 365 * 24 * 3600 * 1000;
+
+/// A span of time in whole milliseconds, from 1 ms to one year. Written with a
+/// unit: `250ms`, `5s`, `1m`, `2h`, `1d`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Duration(NonZeroU64);
+
+impl Duration {
+    pub fn from_millis(ms: u64) -> Option<Duration> {
+        NonZeroU64::new(ms).filter(|ms| ms.get() <= MAX_DURATION_MS).map(Duration)
+    }
+
+    pub fn as_millis(self) -> u64 {
+        self.0.get()
+    }
+
+    /// Parses `<digits><unit>`; `None` when the text is not of that form or out of range.
+    pub fn parse(text: &str) -> Option<Duration> {
+        let split = text.find(|c: char| !c.is_ascii_digit())?;
+        let (digits, unit) = text.split_at(split);
+        let n: u64 = digits.parse().ok()?;
+        let unit_ms = match unit {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            _ => return None,
+        };
+        Duration::from_millis(n.checked_mul(unit_ms)?)
+    }
+}
+
+impl fmt::Display for Duration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = self.as_millis();
+        let units = [(86_400_000, "d"), (3_600_000, "h"), (60_000, "m"), (1_000, "s")];
+        match units.iter().find(|(size, _)| ms % size == 0) {
+            Some((size, unit)) => write!(f, "{}{}", ms / size, unit),
+            None => write!(f, "{ms}ms"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Duration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        Duration::parse(&text).ok_or_else(|| {
+            de::Error::custom(format!(
+                "invalid duration {text:?} (expected e.g. \"5s\", \"250ms\"; from 1ms to 365d)"
+            ))
+        })
+    }
+}
+
+/// How many requests a limit admits: from 1 to [`MAX_COUNT`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Count(NonZeroU32);
+
+impl Count {
+    pub fn new(n: u64) -> Option<Count> {
+        u32::try_from(n).ok().filter(|n| *n <= MAX_COUNT).and_then(NonZeroU32::new).map(Count)
+    }
+
+    pub fn get(self) -> u32 {
+        self.0.get()
+    }
+}
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let n = u64::deserialize(d)?;
+        Count::new(n).ok_or_else(|| {
+            de::Error::custom(format!("invalid count {n} (expected 1 to {MAX_COUNT})"))
+        })
+    }
+}
+
+/// A policy name: 1 to 64 of `A-Z a-z 0-9 _ -`. Names appear in Redis keys,
+/// stats and headers, so nothing else is allowed.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PolicyName(String);
+
+impl PolicyName {
+    pub fn new(name: &str) -> Option<PolicyName> {
+        let valid = (1..=64).contains(&name.len())
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        valid.then(|| PolicyName(name.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for PolicyName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for PolicyName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        PolicyName::new(&name).ok_or_else(|| {
+            de::Error::custom(format!(
+                "invalid policy name {name:?} (expected 1 to 64 of A-Z a-z 0-9 _ -)"
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_each_unit() {
+        let ms = |t| Duration::parse(t).map(Duration::as_millis);
+        assert_eq!(ms("250ms"), Some(250));
+        assert_eq!(ms("5s"), Some(5_000));
+        assert_eq!(ms("1m"), Some(60_000));
+        assert_eq!(ms("2h"), Some(7_200_000));
+        assert_eq!(ms("1d"), Some(86_400_000));
+        assert_eq!(ms("365d"), Some(MAX_DURATION_MS));
+    }
+
+    #[test]
+    fn durations_refuse_bad_text_and_range() {
+        for bad in ["", "5", "s", "5 sec", "5S", "-1s", "0s", "0ms", "366d", "1.5s", "99999999999999999999d"] {
+            assert_eq!(Duration::parse(bad), None, "{bad:?} should be refused");
+        }
+    }
+
+    #[test]
+    fn durations_display_in_the_largest_whole_unit() {
+        let show = |t| Duration::parse(t).map(|d| d.to_string());
+        assert_eq!(show("60s").as_deref(), Some("1m"));
+        assert_eq!(show("1500ms").as_deref(), Some("1500ms"));
+        assert_eq!(show("24h").as_deref(), Some("1d"));
+    }
+
+    #[test]
+    fn counts_are_one_to_a_billion() {
+        assert_eq!(Count::new(0), None);
+        assert_eq!(Count::new(1).map(Count::get), Some(1));
+        assert_eq!(Count::new(1_000_000_000).map(Count::get), Some(1_000_000_000));
+        assert_eq!(Count::new(1_000_000_001), None);
+        assert_eq!(Count::new(u64::MAX), None);
+    }
+
+    #[test]
+    fn policy_names_are_limited_to_a_safe_alphabet() {
+        assert!(PolicyName::new("partner-api_2").is_some());
+        assert!(PolicyName::new(&"a".repeat(64)).is_some());
+        for bad in ["", "a b", "a{b}", "a:b", "é", &"a".repeat(65)] {
+            assert!(PolicyName::new(bad).is_none(), "{bad:?} should be refused");
+        }
+    }
+}
