@@ -1,1 +1,41 @@
+//! Test harness for Sluice: starts the real parts (redis-server, the `sluice`
+//! shim, an upstream, Envoy with `sluice.wasm`) as guarded child processes,
+//! and sends traffic through them. The end-to-end tests and `cargo xtask demo`
+//! both build on it.
+//!
+//! # Layout
+//!
+//! - [`paths`]: where things are: the workspace, `dist/`, the envoy and
+//!   redis-server binaries, free loopback ports.
+//! - `process`: a child process with its own log file and scratch dir, waited
+//!   on with deadlines and killed on drop (SIGTERM, then SIGKILL).
+//! - `probe`: tiny blocking readiness probes (HTTP GET, Redis PING).
+//! - [`redis`]: [`Redis`], a private `redis-server` on a free port.
+//! - [`shim`]: [`Shim`], `dist/sluice serve` pointed at a Redis.
+//! - [`upstream`]: [`Upstream`], an in-process HTTP server answering `ok`.
+//! - [`envoy`]: [`Envoy`], `envoy/demo.yaml` rendered and run with a policy.
+//! - [`stack`]: [`Stack`], all four started together, in a safe drop order.
+//! - [`client`]: [`burst`], N concurrent requests, collecting status and
+//!   `retry-after`.
+//!
+//! Every wait has a deadline, and every startup failure carries the tail of the
+//! failing process's log. Nothing is left running when a guard is dropped, even
+//! while a test panics.
 
+pub mod client;
+pub mod envoy;
+pub mod paths;
+mod probe;
+mod process;
+pub mod redis;
+pub mod shim;
+pub mod stack;
+pub mod upstream;
+
+pub use client::{burst, Reply};
+pub use envoy::Envoy;
+pub use paths::{dist, free_port, workspace_root};
+pub use redis::Redis;
+pub use shim::Shim;
+pub use stack::Stack;
+pub use upstream::Upstream;

@@ -1,0 +1,112 @@
+//! Envoy running `sluice.wasm`: renders the template `envoy/demo.yaml` with
+//! free ports, the shim and upstream ports, the wasm path and a policy
+//! document, then runs it. Ready once admin `GET /ready` answers `200 LIVE`
+//! and the listener accepts connections.
+//!
+//! `--base-id` is the admin port, unique among running Envoys, so several can
+//! run side by side (parallel tests).
+
+use std::path::Path;
+use std::process::{Command, ExitStatus};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+use crate::paths::{binary, dist, free_port, workspace_root};
+use crate::probe::{http_get, listening};
+use crate::process::{scratch_dir, Proc};
+
+/// Envoy compiles the wasm module once per worker, so give it time on a busy machine.
+const STARTUP: Duration = Duration::from_secs(60);
+
+pub struct Envoy {
+    /// The HTTP listener that runs the filter.
+    pub port: u16,
+    pub admin_port: u16,
+    proc: Proc,
+}
+
+impl Envoy {
+    /// Starts Envoy with `policy_json` as the plugin configuration and waits until it serves.
+    pub fn start(policy_json: &str, shim_port: u16, upstream_port: u16) -> anyhow::Result<Envoy> {
+        let (mut proc, port, admin_port) = spawn(policy_json, shim_port, upstream_port)?;
+        proc.wait_ready(STARTUP, || {
+            let live = matches!(http_get(admin_port, "/ready"), Some((200, body)) if body.contains("LIVE"));
+            live && listening(port)
+        })?;
+        Ok(Envoy { port, admin_port, proc })
+    }
+
+    /// Starts Envoy with a configuration it should refuse, and waits for it to
+    /// exit: its exit status and its whole log. An error if it serves instead,
+    /// or is still running at the deadline.
+    pub fn start_expect_exit(
+        policy_json: &str,
+        shim_port: u16,
+        upstream_port: u16,
+    ) -> anyhow::Result<(ExitStatus, String)> {
+        let (mut proc, _, admin_port) = spawn(policy_json, shim_port, upstream_port)?;
+        let ready = std::cell::Cell::new(false);
+        let outcome = proc.wait_ready(STARTUP, || {
+            ready.set(matches!(http_get(admin_port, "/ready"), Some((200, _))));
+            ready.get()
+        });
+        match (outcome, proc.wait_exit(Duration::ZERO)?) {
+            (_, Some(status)) => Ok((status, proc.log())),
+            (Ok(()), None) => bail!("envoy started although it should have refused\n{}", proc.log_tail()),
+            (Err(err), None) => Err(err),
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`, the listener.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Envoy's log so far (the filter's log lines included).
+    pub fn log(&self) -> String {
+        self.proc.log()
+    }
+}
+
+fn spawn(policy_json: &str, shim_port: u16, upstream_port: u16) -> anyhow::Result<(Proc, u16, u16)> {
+    let bin = binary("SLUICE_ENVOY", "envoy")?;
+    let wasm = dist("sluice.wasm")?;
+    let (port, admin_port) = (free_port()?, free_port()?);
+    let dir = scratch_dir("envoy")?;
+    let template = workspace_root().join("envoy/demo.yaml");
+    let template = std::fs::read_to_string(&template).with_context(|| format!("reading {}", template.display()))?;
+    let config = render(&template, &[
+        ("LISTEN_PORT", port.to_string()),
+        ("ADMIN_PORT", admin_port.to_string()),
+        ("UPSTREAM_PORT", upstream_port.to_string()),
+        ("SHIM_PORT", shim_port.to_string()),
+        ("WASM_PATH", wasm.display().to_string()),
+        // A JSON string literal is also a valid YAML double-quoted scalar.
+        ("POLICY_JSON", serde_json::to_string(policy_json)?),
+    ])?;
+    let config_path = dir.join("envoy.yaml");
+    std::fs::write(&config_path, config)?;
+    let cmd = command(&bin, &config_path, admin_port);
+    Ok((Proc::spawn("envoy", cmd, dir)?, port, admin_port))
+}
+
+fn command(bin: &Path, config: &Path, base_id: u16) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.arg("-c").arg(config);
+    cmd.args(["--base-id", &base_id.to_string(), "--concurrency", "2", "--log-level", "info"]);
+    cmd
+}
+
+/// Replaces each `${NAME}`; fails if a placeholder is left over.
+fn render(template: &str, values: &[(&str, String)]) -> anyhow::Result<String> {
+    let mut out = template.to_string();
+    for (name, value) in values {
+        out = out.replace(&format!("${{{name}}}"), value);
+    }
+    let mut body = out.lines().filter(|line| !line.trim_start().starts_with('#'));
+    if let Some(line) = body.find(|line| line.contains("${")) {
+        bail!("unknown placeholder left in envoy/demo.yaml: {line}");
+    }
+    Ok(out)
+}

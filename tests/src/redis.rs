@@ -1,0 +1,47 @@
+//! A private `redis-server` on a free loopback port, persistence off, its
+//! working dir in its scratch dir. Never touches a system instance.
+
+use std::process::Command;
+use std::time::Duration;
+
+use crate::paths::{binary, free_port};
+use crate::probe::redis_ping;
+use crate::process::{scratch_dir, Proc};
+
+const STARTUP: Duration = Duration::from_secs(10);
+
+pub struct Redis {
+    pub port: u16,
+    proc: Proc,
+}
+
+impl Redis {
+    /// Starts redis-server and waits until it answers PING.
+    pub fn start() -> anyhow::Result<Redis> {
+        let bin = binary("SLUICE_REDIS_SERVER", "redis-server")?;
+        let port = free_port()?;
+        let dir = scratch_dir("redis")?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("--port").arg(port.to_string());
+        cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
+        cmd.arg("--dir").arg(&dir);
+        let mut proc = Proc::spawn("redis-server", cmd, dir)?;
+        proc.wait_ready(STARTUP, || redis_ping(port))?;
+        Ok(Redis { port, proc })
+    }
+
+    /// `redis://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// A blocking connection, for tests that inspect the stored state.
+    pub fn connection(&self) -> anyhow::Result<redis::Connection> {
+        Ok(redis::Client::open(self.url())?.get_connection()?)
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        self.proc.log()
+    }
+}
