@@ -1,1 +1,113 @@
-fn main() {}
+//! `sluice`: the Sluice shim and command-line tool.
+//!
+//! # Layout
+//!
+//! - [`limiter`]: runs a check as one atomic Lua script call on Redis.
+//! - [`keys`]: validates a check request and names its Redis keys.
+//! - [`server`]: the HTTP endpoints the filter calls, over HTTP/1.1 and h2c.
+//! - [`validate`]: `sluice validate FILE...`.
+
+mod keys;
+mod limiter;
+mod server;
+mod validate;
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "sluice", version, about = "Sluice: rate limits for API gateways")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the shim that the filter asks for every decision.
+    Serve(ServeArgs),
+    /// Check policy documents; prints `FILE: ok` or the error, exits 1 on any error.
+    Validate {
+        #[arg(required = true)]
+        files: Vec<std::path::PathBuf>,
+    },
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Where to listen, for HTTP/1.1 and HTTP/2 cleartext alike.
+    #[arg(long, default_value = "127.0.0.1:8181")]
+    listen: SocketAddr,
+    /// The Redis to keep the limits in.
+    #[arg(long, default_value = "redis://127.0.0.1:6379")]
+    redis: String,
+    /// How long one Redis connect or command may take before the check fails.
+    #[arg(long, default_value_t = 1000)]
+    redis_timeout_ms: u64,
+    /// Test mode: honour the explicit `now_us` time in check requests, so tests
+    /// can be deterministic. Never use it in production.
+    #[arg(long)]
+    test_time: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => serve(args),
+        Command::Validate { files } => validate::run(&files),
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("sluice: cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        let timeout = std::time::Duration::from_millis(args.redis_timeout_ms);
+        let limiter = limiter::Limiter::new(&args.redis, timeout, args.test_time)?;
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+        tracing::info!(listen = %args.listen, redis = %args.redis, test_time = args.test_time, "sluice shim serving");
+        server::run(listener, limiter, shutdown_signal()).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("sluice: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(err) => {
+            tracing::warn!(%err, "cannot watch SIGTERM; only SIGINT stops the shim");
+            let _ = ctrl_c.await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,114 @@
+//! What the filter does with the shim's answer.
+
+use sluice_policies::wire::{Check, CheckResponse};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Every limit allowed: resume the request.
+    Allow,
+    /// A limit denied: answer 429 naming `policy`, with `Retry-After: retry_after_secs`.
+    Deny { policy: String, retry_after_secs: u64 },
+    /// The shim gave no usable answer: `failure_mode` decides.
+    Fail(String),
+}
+
+/// Reads the shim's answer to `checks`. `status` is the `:status` header,
+/// `None` when the call failed without a response (reset, timeout).
+pub fn decide(status: Option<&[u8]>, body: Option<&[u8]>, checks: &[Check]) -> Decision {
+    let Some(status) = status else {
+        return Decision::Fail("no response from the shim (unreachable, reset or timed out)".into());
+    };
+    if status != b"200" {
+        let shown = String::from_utf8_lossy(status);
+        let reason = body.map(String::from_utf8_lossy).unwrap_or_default();
+        return Decision::Fail(format!("shim answered {shown}: {}", reason.trim()));
+    }
+    let resp: CheckResponse = match serde_json::from_slice(body.unwrap_or_default()) {
+        Ok(resp) => resp,
+        Err(err) => return Decision::Fail(format!("malformed shim answer: {err}")),
+    };
+    if resp.checks.len() != checks.len() {
+        return Decision::Fail(format!(
+            "shim answered {} checks for {} asked",
+            resp.checks.len(),
+            checks.len()
+        ));
+    }
+    if resp.allowed {
+        return Decision::Allow;
+    }
+    let policy = resp.denied_check().and_then(|i| checks.get(i)).map(|c| c.policy.clone());
+    Decision::Deny {
+        policy: policy.unwrap_or_default(),
+        retry_after_secs: resp.retry_after_ms.div_ceil(1000).max(1),
+    }
+}
+
+/// The body of a 429: a small JSON document.
+pub fn deny_body(policy: &str, retry_after_secs: u64) -> Vec<u8> {
+    serde_json::json!({"error": "rate_limited", "policy": policy, "retry_after": retry_after_secs})
+        .to_string()
+        .into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_policies::wire::WireLimit;
+
+    fn checks() -> Vec<Check> {
+        let limits = vec![WireLimit::SlidingWindow { limit: 25, window_ms: 5000 }];
+        vec![
+            Check { policy: "a".into(), key: "k".into(), limits: limits.clone() },
+            Check { policy: "b".into(), key: "k".into(), limits },
+        ]
+    }
+
+    fn answer(allowed: [bool; 2], retry_after_ms: u64) -> Vec<u8> {
+        let limit = |ok: bool| {
+            serde_json::json!({"allowed": ok, "remaining": 0, "reset_ms": 10, "retry_after_ms": if ok {0} else {retry_after_ms}})
+        };
+        serde_json::json!({
+            "allowed": allowed[0] && allowed[1],
+            "retry_after_ms": if allowed[0] && allowed[1] {0} else {retry_after_ms},
+            "checks": [{"limits": [limit(allowed[0])]}, {"limits": [limit(allowed[1])]}],
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    #[test]
+    fn allowed_answer_resumes() {
+        assert_eq!(decide(Some(b"200"), Some(&answer([true, true], 0)), &checks()), Decision::Allow);
+    }
+
+    #[test]
+    fn denial_names_the_denying_policy_and_rounds_retry_after_up() {
+        let d = decide(Some(b"200"), Some(&answer([true, false], 4001)), &checks());
+        assert_eq!(d, Decision::Deny { policy: "b".into(), retry_after_secs: 5 });
+        let d = decide(Some(b"200"), Some(&answer([false, true], 5000)), &checks());
+        assert_eq!(d, Decision::Deny { policy: "a".into(), retry_after_secs: 5 });
+        let d = decide(Some(b"200"), Some(&answer([false, true], 0)), &checks());
+        assert_eq!(d, Decision::Deny { policy: "a".into(), retry_after_secs: 1 });
+    }
+
+    #[test]
+    fn broken_answers_are_failures() {
+        let fails = |status: Option<&[u8]>, body: Option<&[u8]>| {
+            matches!(decide(status, body, &checks()), Decision::Fail(_))
+        };
+        assert!(fails(None, None));
+        assert!(fails(Some(b"503"), Some(b"redis: connection refused")));
+        assert!(fails(Some(b"200"), None));
+        assert!(fails(Some(b"200"), Some(b"{\"allowed\": tr")));
+        assert!(fails(Some(b"200"), Some(&[0xff, 0xfe])));
+        let one_check = br#"{"allowed":true,"retry_after_ms":0,"checks":[{"limits":[]}]}"#;
+        assert!(fails(Some(b"200"), Some(one_check)));
+    }
+
+    #[test]
+    fn deny_body_is_json() {
+        let body: serde_json::Value = serde_json::from_slice(&deny_body("p", 3)).expect("json");
+        assert_eq!(body, serde_json::json!({"error": "rate_limited", "policy": "p", "retry_after": 3}));
+    }
+}

@@ -1,0 +1,35 @@
+//! The request as the policy model reads it, over proxy-wasm host calls.
+//! A host call that fails reads as an absent value; nothing here panics.
+
+use proxy_wasm::hostcalls::get_map_value_bytes;
+use proxy_wasm::types::MapType;
+use sluice_policies::Request;
+
+pub struct HostRequest {
+    path: Vec<u8>,
+    method: Vec<u8>,
+}
+
+impl HostRequest {
+    pub fn read() -> HostRequest {
+        HostRequest { path: header(":path").unwrap_or_default(), method: header(":method").unwrap_or_default() }
+    }
+}
+
+impl Request for HostRequest {
+    fn path(&self) -> &[u8] {
+        &self.path
+    }
+
+    fn method(&self) -> &[u8] {
+        &self.method
+    }
+
+    fn header(&self, name: &str) -> Option<Vec<u8>> {
+        header(name)
+    }
+}
+
+fn header(name: &str) -> Option<Vec<u8>> {
+    get_map_value_bytes(MapType::HttpRequestHeaders, name).ok().flatten()
+}
