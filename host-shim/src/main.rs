@@ -1,16 +1,4 @@
-//! `sluice`: the Sluice shim and command-line tool.
-//!
-//! # Layout
-//!
-//! - [`limiter`]: runs a check as one atomic Lua script call on Redis.
-//! - [`keys`]: validates a check request and names its Redis keys.
-//! - [`server`]: the HTTP endpoints the filter calls, over HTTP/1.1 and h2c.
-//! - [`validate`]: `sluice validate FILE...`.
-
-mod keys;
-mod limiter;
-mod server;
-mod validate;
+//! `sluice`: parses its arguments and runs the subcommand from `sluice_shim`.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -56,7 +44,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve(args),
-        Command::Validate { files } => validate::run(&files),
+        Command::Validate { files } => sluice_shim::validate::run(&files),
     }
 }
 
@@ -78,12 +66,12 @@ fn serve(args: ServeArgs) -> ExitCode {
     };
     let result = runtime.block_on(async {
         let timeout = std::time::Duration::from_millis(args.redis_timeout_ms);
-        let limiter = limiter::Limiter::new(&args.redis, timeout, args.test_time)?;
+        let limiter = sluice_shim::limiter::Limiter::new(&args.redis, timeout, args.test_time)?;
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
         tracing::info!(listen = %args.listen, redis = %args.redis, test_time = args.test_time, "sluice shim serving");
-        server::run(listener, limiter, shutdown_signal()).await
+        sluice_shim::server::run(listener, limiter, shutdown_signal()).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

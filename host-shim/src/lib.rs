@@ -1,0 +1,13 @@
+//! The Sluice shim: the native side of every decision, and the `sluice` CLI.
+//!
+//! # Layout
+//!
+//! - [`limiter`]: runs a check as one atomic Lua script call on Redis.
+//! - [`keys`]: validates a check request and names its Redis keys.
+//! - [`server`]: the HTTP endpoints the filter calls, over HTTP/1.1 and h2c.
+//! - [`validate`]: `sluice validate FILE...`.
+
+pub mod keys;
+pub mod limiter;
+pub mod server;
+pub mod validate;
