@@ -2,8 +2,8 @@
 //! stderr together), bounded waits, and a kill on drop (SIGTERM, a short grace,
 //! then SIGKILL, then reap) so nothing outlives the test that started it.
 //!
-//! The scratch dir is removed on drop, except while the thread is panicking:
-//! then it is kept, so the logs of a failed test can still be read.
+//! The scratch dir is removed on drop, except while the thread is panicking
+//! or `SLUICE_KEEP_LOGS` is set: then it is kept, so the logs can be read.
 
 use std::fs::File;
 use std::path::PathBuf;
@@ -112,7 +112,7 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         self.stop();
-        if std::thread::panicking() {
+        if std::thread::panicking() || std::env::var_os("SLUICE_KEEP_LOGS").is_some() {
             eprintln!("{}: logs kept in {}", self.name, self.dir.display());
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
