@@ -1,1 +1,83 @@
-fn main() {}
+//! `cargo xtask`: the one entry point for building, testing and demoing Sluice.
+//!
+//! # Layout
+//!
+//! - `build`: `dist/sluice.wasm` and `dist/sluice`, and where the workspace is.
+//! - `wasm`: the wasm32-wasip1 build of the filter, by the rustup or the Debian route.
+//! - `deps`: find or install `redis-server` and `envoy` (shared with the demo).
+//! - `apt`: non-interactive Debian installs.
+//! - `cmd`: running external commands with clear errors and a clean environment.
+//! - `test`: what CI runs.
+//! - `demo`: the dual-window demo through real Envoy.
+
+mod apt;
+mod build;
+mod cmd;
+mod demo;
+mod deps;
+mod test;
+mod wasm;
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask", about = "Build, test and demo Sluice.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Build dist/sluice.wasm (the filter) and dist/sluice (the native shim).
+    Build,
+    /// Install what is missing, build, and run every test (what CI runs).
+    Test {
+        /// Arguments for the test binaries, after `--` (e.g. `-- --nocapture`).
+        #[arg(last = true)]
+        test_args: Vec<String>,
+    },
+    /// Install what is missing, build, and run the dual-window demo through Envoy.
+    Demo {
+        /// Leave Envoy, Redis and the shim running after the demo's requests.
+        #[arg(long)]
+        keep_running: bool,
+    },
+    /// Benchmarks (not written yet).
+    Bench,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Task::Build => build::build(),
+        Task::Test { test_args } => test::run(&test_args),
+        Task::Demo { keep_running } => run_demo(keep_running),
+        Task::Bench => {
+            eprintln!("not implemented yet: see issue 7");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("xtask: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The demo uses the `sluice-tests` helpers, which read the `SLUICE_*`
+/// variables; set them here, before the demo starts any thread.
+fn run_demo(keep_running: bool) -> Result<()> {
+    let redis = deps::ensure_redis()?;
+    let envoy = deps::ensure_envoy()?;
+    build::build()?;
+    std::env::set_var("SLUICE_REDIS_SERVER", redis);
+    std::env::set_var("SLUICE_ENVOY", envoy);
+    std::env::set_var("SLUICE_DIST", build::dist_dir());
+    demo::run(keep_running)
+}

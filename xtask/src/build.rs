@@ -1,0 +1,54 @@
+//! `cargo xtask build`: the two shipped artifacts, copied into `dist/`.
+//!
+//! - `dist/sluice.wasm`: the proxy-wasm filter (see `wasm.rs` for the route).
+//! - `dist/sluice`: the native shim, a plain release build.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use crate::{cmd, wasm};
+
+/// The workspace root: the parent of this crate's directory.
+pub fn workspace_root() -> PathBuf {
+    let xtask = Path::new(env!("CARGO_MANIFEST_DIR"));
+    xtask.parent().unwrap_or(xtask).to_path_buf()
+}
+
+/// Where the build puts its artifacts.
+pub fn dist_dir() -> PathBuf {
+    workspace_root().join("dist")
+}
+
+/// Build the filter and the shim and copy both into `dist/`.
+pub fn build() -> Result<()> {
+    let dist = dist_dir();
+    fs::create_dir_all(&dist).with_context(|| format!("cannot create {}", dist.display()))?;
+
+    let wasm = wasm::build()?;
+    let wasm_out = copy(&wasm, &dist.join("sluice.wasm"))?;
+
+    cmd::run(cmd::cargo().args(["build", "--release", "-p", "sluice-shim"]))?;
+    let shim = workspace_root().join("target/release/sluice");
+    let shim_out = copy(&shim, &dist.join("sluice"))?;
+
+    for out in [wasm_out, shim_out] {
+        let bytes = fs::metadata(&out)
+            .with_context(|| format!("cannot stat {}", out.display()))?
+            .len();
+        eprintln!("{:>10} bytes ({:.1} KiB)  {}", bytes, bytes as f64 / 1024.0, out.display());
+    }
+    Ok(())
+}
+
+/// Copy then rename, so a `dist/sluice` that is running (the demo, a test)
+/// is replaced rather than written over ("text file busy").
+fn copy(from: &Path, to: &Path) -> Result<PathBuf> {
+    let tmp = to.with_extension("partial");
+    fs::copy(from, &tmp)
+        .with_context(|| format!("cannot copy {} to {}", from.display(), tmp.display()))?;
+    fs::rename(&tmp, to)
+        .with_context(|| format!("cannot rename {} to {}", tmp.display(), to.display()))?;
+    Ok(to.to_path_buf())
+}

@@ -1,0 +1,26 @@
+//! `cargo xtask test`: what CI runs. Makes sure Redis, Envoy and the wasm
+//! toolchain are there, builds `dist/`, then runs every test in the workspace
+//! with the three `SLUICE_*` variables pointing at what it found and built.
+
+use anyhow::Result;
+
+use crate::{build, cmd, deps};
+
+/// `test_args` go to the test binaries (after `--`), e.g. `--nocapture`.
+pub(crate) fn run(test_args: &[String]) -> Result<()> {
+    let redis = deps::ensure_redis()?;
+    let envoy = deps::ensure_envoy()?;
+    eprintln!("xtask: redis-server: {}", redis.display());
+    eprintln!("xtask: envoy: {}", envoy.display());
+    build::build()?;
+
+    let mut test = cmd::cargo();
+    test.args(["test", "--workspace"])
+        .env("SLUICE_ENVOY", &envoy)
+        .env("SLUICE_REDIS_SERVER", &redis)
+        .env("SLUICE_DIST", build::dist_dir());
+    if !test_args.is_empty() {
+        test.arg("--").args(test_args);
+    }
+    cmd::run(&mut test)
+}

@@ -1,0 +1,117 @@
+//! Building the proxy-wasm filter for wasm32-wasip1, by one of two routes:
+//!
+//! - rustup: the active toolchain has the wasm32-wasip1 std installed, so a
+//!   plain `cargo build --target wasm32-wasip1` works.
+//! - Debian: no prebuilt wasm std (rustup cannot download one offline), so
+//!   Debian's `rustc-web` builds std from `rust-web-src` (`-Zbuild-std`) and
+//!   links with `wasm-ld` against Debian's wasi-libc. See shared/TOOLCHAIN.md.
+//!
+//! Each route keeps its own target dir so the two compilers never rebuild
+//! each other's host artifacts.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+
+use crate::{apt, build::workspace_root, cmd};
+
+const TARGET: &str = "wasm32-wasip1";
+const PACKAGE: &str = "sluice-plugin";
+const ARTIFACT: &str = "sluice_plugin.wasm";
+
+const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
+const DEBIAN_CARGO: &str = "/usr/bin/cargo";
+const DEBIAN_STD_SRC: &str = "/usr/lib/rustlib/src/rust/library";
+const WASM_LD: &str = "/usr/lib/llvm-22/bin/wasm-ld";
+const WASI_LIBC: &str = "/usr/lib/wasm32-wasi";
+const DEBIAN_PACKAGES: &[&str] = &["rustc-web", "cargo-web", "rust-web-src", "lld-22", "wasi-libc"];
+
+/// Build the filter and return the path of the `.wasm` it produced.
+pub(crate) fn build() -> Result<PathBuf> {
+    let started = Instant::now();
+    let artifact = match rustup_wasm_std() {
+        Some(lib) => {
+            eprintln!("wasm toolchain: rustup ({TARGET} std found at {})", lib.display());
+            build_rustup()?
+        }
+        None => {
+            eprintln!("wasm toolchain: debian rustc-web + build-std");
+            build_debian()?
+        }
+    };
+    eprintln!("xtask: wasm build took {:.1}s", started.elapsed().as_secs_f64());
+    Ok(artifact)
+}
+
+/// The rustup toolchain's wasm32-wasip1 lib dir, if it holds a libstd.
+fn rustup_wasm_std() -> Option<PathBuf> {
+    let sysroot = cmd::probe(cmd::clean("rustc").args(["--print", "sysroot"]))?;
+    wasm_std_in(Path::new(&sysroot))
+}
+
+fn wasm_std_in(sysroot: &Path) -> Option<PathBuf> {
+    let lib = sysroot.join("lib/rustlib").join(TARGET).join("lib");
+    let has_std = std::fs::read_dir(&lib).ok()?.flatten().any(|entry| {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        name.starts_with("libstd-") && name.ends_with(".rlib")
+    });
+    has_std.then_some(lib)
+}
+
+fn build_rustup() -> Result<PathBuf> {
+    let target_dir = workspace_root().join("target/wasm-rustup");
+    cmd::run(
+        cmd::cargo()
+            .args(["build", "--profile", "wasm", "--target", TARGET, "-p", PACKAGE])
+            .env("CARGO_TARGET_DIR", &target_dir),
+    )?;
+    artifact_in(&target_dir)
+}
+
+fn build_debian() -> Result<PathBuf> {
+    let needed = [DEBIAN_RUSTC, DEBIAN_CARGO, DEBIAN_STD_SRC, WASM_LD, WASI_LIBC];
+    if needed.iter().any(|p| !Path::new(p).exists()) {
+        apt::install(DEBIAN_PACKAGES, "building the wasm filter without rustup's wasm32-wasip1 std")?;
+    }
+    let target_dir = workspace_root().join("target/wasm");
+    cmd::run(
+        cmd::clean(DEBIAN_CARGO)
+            .current_dir(workspace_root())
+            .args(["build", "--profile", "wasm", "-Zbuild-std=std,panic_abort"])
+            .args(["--target", TARGET, "-p", PACKAGE])
+            .env("RUSTC", DEBIAN_RUSTC)
+            .env("RUSTC_BOOTSTRAP", "1")
+            .env("CARGO_TARGET_WASM32_WASIP1_LINKER", WASM_LD)
+            .env("CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS", format!("-L native={WASI_LIBC}"))
+            .env("CARGO_TARGET_DIR", &target_dir),
+    )?;
+    artifact_in(&target_dir)
+}
+
+fn artifact_in(target_dir: &Path) -> Result<PathBuf> {
+    let path = target_dir.join(TARGET).join("wasm").join(ARTIFACT);
+    path.is_file()
+        .then(|| path.clone())
+        .with_context(|| format!("the wasm build succeeded but {} is missing", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The route choice: only a wasm32-wasip1 lib dir holding a libstd rlib
+    /// selects the rustup route.
+    #[test]
+    fn rustup_route_needs_a_wasm_libstd() {
+        let sysroot = std::env::temp_dir().join(format!("xtask-sysroot-{}", std::process::id()));
+        let lib = sysroot.join("lib/rustlib/wasm32-wasip1/lib");
+        std::fs::create_dir_all(&lib).expect("create fake sysroot");
+        assert_eq!(wasm_std_in(&sysroot), None, "an empty lib dir is not a std");
+
+        std::fs::write(lib.join("libstd-0123abcd.rlib"), b"").expect("write fake libstd");
+        assert_eq!(wasm_std_in(&sysroot), Some(lib));
+        std::fs::remove_dir_all(&sysroot).expect("clean up fake sysroot");
+    }
+}
