@@ -14,7 +14,7 @@ use anyhow::{bail, Context};
 
 use crate::paths::{binary, dist, free_port, workspace_root};
 use crate::probe::{http_get, listening};
-use crate::process::{scratch_dir, Proc};
+use crate::process::{retry_port_clash, scratch_dir, Proc};
 
 /// Envoy compiles the wasm module once per worker, so give it time on a busy machine.
 const STARTUP: Duration = Duration::from_secs(60);
@@ -29,12 +29,20 @@ pub struct Envoy {
 impl Envoy {
     /// Starts Envoy with `policy_json` as the plugin configuration and waits until it serves.
     pub fn start(policy_json: &str, shim_port: u16, upstream_port: u16) -> anyhow::Result<Envoy> {
+        retry_port_clash(|| Envoy::start_once(policy_json, shim_port, upstream_port))
+    }
+
+    fn start_once(policy_json: &str, shim_port: u16, upstream_port: u16) -> anyhow::Result<Envoy> {
         let (mut proc, port, admin_port) = spawn(policy_json, shim_port, upstream_port)?;
         proc.wait_ready(STARTUP, || {
             let live = matches!(http_get(admin_port, "/ready"), Some((200, body)) if body.contains("LIVE"));
             live && listening(port)
         })?;
-        Ok(Envoy { port, admin_port, proc })
+        Ok(Envoy {
+            port,
+            admin_port,
+            proc,
+        })
     }
 
     /// Starts Envoy with a configuration it should refuse, and waits for it to
@@ -53,7 +61,10 @@ impl Envoy {
         });
         match (outcome, proc.wait_exit(Duration::ZERO)?) {
             (_, Some(status)) => Ok((status, proc.log())),
-            (Ok(()), None) => bail!("envoy started although it should have refused\n{}", proc.log_tail()),
+            (Ok(()), None) => bail!(
+                "envoy started although it should have refused\n{}",
+                proc.log_tail()
+            ),
             (Err(err), None) => Err(err),
         }
     }
@@ -69,22 +80,30 @@ impl Envoy {
     }
 }
 
-fn spawn(policy_json: &str, shim_port: u16, upstream_port: u16) -> anyhow::Result<(Proc, u16, u16)> {
+fn spawn(
+    policy_json: &str,
+    shim_port: u16,
+    upstream_port: u16,
+) -> anyhow::Result<(Proc, u16, u16)> {
     let bin = binary("SLUICE_ENVOY", "envoy")?;
     let wasm = dist("sluice.wasm")?;
     let (port, admin_port) = (free_port()?, free_port()?);
     let dir = scratch_dir("envoy")?;
     let template = workspace_root().join("envoy/demo.yaml");
-    let template = std::fs::read_to_string(&template).with_context(|| format!("reading {}", template.display()))?;
-    let config = render(&template, &[
-        ("LISTEN_PORT", port.to_string()),
-        ("ADMIN_PORT", admin_port.to_string()),
-        ("UPSTREAM_PORT", upstream_port.to_string()),
-        ("SHIM_PORT", shim_port.to_string()),
-        ("WASM_PATH", wasm.display().to_string()),
-        // A JSON string literal is also a valid YAML double-quoted scalar.
-        ("POLICY_JSON", serde_json::to_string(policy_json)?),
-    ])?;
+    let template = std::fs::read_to_string(&template)
+        .with_context(|| format!("reading {}", template.display()))?;
+    let config = render(
+        &template,
+        &[
+            ("LISTEN_PORT", port.to_string()),
+            ("ADMIN_PORT", admin_port.to_string()),
+            ("UPSTREAM_PORT", upstream_port.to_string()),
+            ("SHIM_PORT", shim_port.to_string()),
+            ("WASM_PATH", wasm.display().to_string()),
+            // A JSON string literal is also a valid YAML double-quoted scalar.
+            ("POLICY_JSON", serde_json::to_string(policy_json)?),
+        ],
+    )?;
     let config_path = dir.join("envoy.yaml");
     std::fs::write(&config_path, config)?;
     let cmd = command(&bin, &config_path, admin_port);
@@ -94,7 +113,14 @@ fn spawn(policy_json: &str, shim_port: u16, upstream_port: u16) -> anyhow::Resul
 fn command(bin: &Path, config: &Path, base_id: u16) -> Command {
     let mut cmd = Command::new(bin);
     cmd.arg("-c").arg(config);
-    cmd.args(["--base-id", &base_id.to_string(), "--concurrency", "2", "--log-level", "info"]);
+    cmd.args([
+        "--base-id",
+        &base_id.to_string(),
+        "--concurrency",
+        "2",
+        "--log-level",
+        "info",
+    ]);
     cmd
 }
 
@@ -104,7 +130,9 @@ fn render(template: &str, values: &[(&str, String)]) -> anyhow::Result<String> {
     for (name, value) in values {
         out = out.replace(&format!("${{{name}}}"), value);
     }
-    let mut body = out.lines().filter(|line| !line.trim_start().starts_with('#'));
+    let mut body = out
+        .lines()
+        .filter(|line| !line.trim_start().starts_with('#'));
     if let Some(line) = body.find(|line| line.contains("${")) {
         bail!("unknown placeholder left in envoy/demo.yaml: {line}");
     }

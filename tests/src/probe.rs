@@ -34,7 +34,9 @@ pub(crate) fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 
 /// True when a Redis server answers `PING` with `+PONG`.
 pub(crate) fn redis_ping(port: u16) -> bool {
-    let Some(mut stream) = connect(port) else { return false };
+    let Some(mut stream) = connect(port) else {
+        return false;
+    };
     if stream.write_all(b"PING\r\n").is_err() {
         return false;
     }

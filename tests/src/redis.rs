@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::paths::{binary, free_port};
 use crate::probe::redis_ping;
-use crate::process::{scratch_dir, Proc};
+use crate::process::{retry_port_clash, scratch_dir, Proc};
 
 const STARTUP: Duration = Duration::from_secs(10);
 
@@ -18,6 +18,10 @@ pub struct Redis {
 impl Redis {
     /// Starts redis-server and waits until it answers PING.
     pub fn start() -> anyhow::Result<Redis> {
+        retry_port_clash(Redis::start_once)
+    }
+
+    fn start_once() -> anyhow::Result<Redis> {
         let bin = binary("SLUICE_REDIS_SERVER", "redis-server")?;
         let port = free_port()?;
         let dir = scratch_dir("redis")?;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::paths::{dist, free_port};
 use crate::probe::http_get;
-use crate::process::{scratch_dir, Proc};
+use crate::process::{retry_port_clash, scratch_dir, Proc};
 
 const STARTUP: Duration = Duration::from_secs(15);
 
@@ -18,13 +18,21 @@ pub struct Shim {
 impl Shim {
     /// Starts `sluice serve --listen 127.0.0.1:PORT --redis URL` and waits for `/healthz`.
     pub fn start(redis_url: &str) -> anyhow::Result<Shim> {
+        retry_port_clash(|| Shim::start_once(redis_url))
+    }
+
+    fn start_once(redis_url: &str) -> anyhow::Result<Shim> {
         let bin = dist("sluice")?;
         let port = free_port()?;
         let mut cmd = Command::new(bin);
-        cmd.arg("serve").arg("--listen").arg(format!("127.0.0.1:{port}"));
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"));
         cmd.arg("--redis").arg(redis_url);
         let mut proc = Proc::spawn("sluice-shim", cmd, scratch_dir("shim")?)?;
-        proc.wait_ready(STARTUP, || matches!(http_get(port, "/healthz"), Some((200, _))))?;
+        proc.wait_ready(STARTUP, || {
+            matches!(http_get(port, "/healthz"), Some((200, _)))
+        })?;
         Ok(Shim { port, proc })
     }
 

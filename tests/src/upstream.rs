@@ -20,17 +20,27 @@ impl Upstream {
         let listener = TcpListener::bind("127.0.0.1:0").context("binding the upstream")?;
         listener.set_nonblocking(true)?;
         let port = listener.local_addr()?.port();
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
         let (stop, stopped) = oneshot::channel();
-        let thread = std::thread::Builder::new().name("upstream".into()).spawn(move || {
-            runtime.block_on(serve(listener, stopped));
-        })?;
-        Ok(Upstream { port, stop: Some(stop), thread: Some(thread) })
+        let thread = std::thread::Builder::new()
+            .name("upstream".into())
+            .spawn(move || {
+                runtime.block_on(serve(listener, stopped));
+            })?;
+        Ok(Upstream {
+            port,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
     }
 }
 
 async fn serve(listener: TcpListener, stopped: oneshot::Receiver<()>) {
-    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
+    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+        return;
+    };
     let app = axum::Router::new().fallback(|| async { "ok\n" });
     tokio::select! {
         result = axum::serve(listener, app) => {
