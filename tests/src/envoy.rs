@@ -54,10 +54,8 @@ impl Envoy {
         upstream_port: u16,
     ) -> anyhow::Result<(ExitStatus, String)> {
         let (mut proc, _, admin_port) = spawn(policy_json, shim_port, upstream_port)?;
-        let ready = std::cell::Cell::new(false);
         let outcome = proc.wait_ready(STARTUP, || {
-            ready.set(matches!(http_get(admin_port, "/ready"), Some((200, _))));
-            ready.get()
+            matches!(http_get(admin_port, "/ready"), Some((200, _)))
         });
         match (outcome, proc.wait_exit(Duration::ZERO)?) {
             (_, Some(status)) => Ok((status, proc.log())),
