@@ -37,9 +37,17 @@ pub fn build() -> Result<()> {
         let bytes = fs::metadata(&out)
             .with_context(|| format!("cannot stat {}", out.display()))?
             .len();
-        eprintln!("{:>10} bytes ({:.1} KiB)  {}", bytes, bytes as f64 / 1024.0, out.display());
+        eprintln!("{:>12}  {}", human(bytes), out.display());
     }
     Ok(())
+}
+
+fn human(bytes: u64) -> String {
+    const MIB: f64 = 1024.0 * 1024.0;
+    match bytes as f64 {
+        b if b >= MIB => format!("{:.1} MiB", b / MIB),
+        b => format!("{:.1} KiB", b / 1024.0),
+    }
 }
 
 /// Copy then rename, so a `dist/sluice` that is running (the demo, a test)
