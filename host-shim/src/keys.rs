@@ -43,7 +43,8 @@ pub fn script_limits(req: &CheckRequest) -> Result<Vec<ScriptLimit>, String> {
         for (j, limit) in check.limits.iter().enumerate() {
             match *limit {
                 WireLimit::SlidingWindow { limit, window_ms } => {
-                    let (Some(_), Some(_)) = (Count::new(limit.into()), Duration::from_millis(window_ms)) else {
+                    let (Some(_), Some(_)) = (Count::new(limit.into()), Duration::from_millis(window_ms))
+                    else {
                         return Err(format!("checks[{i}].limits[{j}]: limit or window out of range"));
                     };
                     out.push(ScriptLimit {

@@ -51,7 +51,9 @@ async fn check(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
             Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
             Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{err}\n")).into_response(),
         },
-        Err(CheckError::BadRequest(reason)) => (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response(),
+        Err(CheckError::BadRequest(reason)) => {
+            (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response()
+        }
         Err(CheckError::Store(reason)) => {
             tracing::warn!(%reason, "check failed");
             (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")).into_response()

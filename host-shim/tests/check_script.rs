@@ -55,7 +55,11 @@ async fn dual_window_is_all_or_nothing() {
     // One second later the short window is free; the long one has one slot left.
     let allowed = futures_in_order(&limiter, &limits, &[t0 + SECOND, t0 + SECOND + 1]).await;
     assert_eq!(allowed, [true, false]);
-    assert_eq!(zcard(&redis, "sluice:{p:k}:sw:1000"), 1, "a request the long window denied charged the short one");
+    assert_eq!(
+        zcard(&redis, "sluice:{p:k}:sw:1000"),
+        1,
+        "a request the long window denied charged the short one"
+    );
     assert_eq!(zcard(&redis, "sluice:{p:k}:sw:10000"), 3);
 }
 

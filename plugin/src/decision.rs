@@ -65,9 +65,7 @@ mod tests {
     }
 
     fn answer(allowed: [bool; 2], retry_after_ms: u64) -> Vec<u8> {
-        let limit = |ok: bool| {
-            serde_json::json!({"allowed": ok, "remaining": 0, "reset_ms": 10, "retry_after_ms": if ok {0} else {retry_after_ms}})
-        };
+        let limit = |ok: bool| serde_json::json!({"allowed": ok, "remaining": 0, "reset_ms": 10, "retry_after_ms": if ok {0} else {retry_after_ms}});
         serde_json::json!({
             "allowed": allowed[0] && allowed[1],
             "retry_after_ms": if allowed[0] && allowed[1] {0} else {retry_after_ms},

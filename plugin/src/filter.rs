@@ -39,9 +39,7 @@ impl Sluice {
         let timeout = Duration::from_millis(doc.shim.timeout_ms.get().into());
         match hostcalls::dispatch_http_call(&doc.shim.cluster, headers, Some(&body), vec![], timeout) {
             Ok(_) => Action::Pause,
-            Err(status) => {
-                self.fail(doc, &format!("cannot call cluster {:?}: {status:?}", doc.shim.cluster))
-            }
+            Err(status) => self.fail(doc, &format!("cannot call cluster {:?}: {status:?}", doc.shim.cluster)),
         }
     }
 
@@ -49,11 +47,11 @@ impl Sluice {
     fn fail(&self, doc: &Document, reason: &str) -> Action {
         match doc.failure_mode {
             FailureMode::Allow => {
-                log::warn!("sluice: {reason}; failure_mode allow lets the request through");
+                log::warn!("{reason}; failure_mode allow lets the request through");
                 Action::Continue
             }
             FailureMode::Deny => {
-                log::warn!("sluice: {reason}; failure_mode deny answers 503");
+                log::warn!("{reason}; failure_mode deny answers 503");
                 let body = br#"{"error":"rate_limiter_unavailable"}"#;
                 respond(503, vec![("content-type", "application/json")], body);
                 Action::Pause
@@ -75,7 +73,8 @@ impl Context for Sluice {
             Decision::Allow => resume(),
             Decision::Deny { policy, retry_after_secs } => {
                 let retry_after = retry_after_secs.to_string();
-                let headers = vec![("retry-after", retry_after.as_str()), ("content-type", "application/json")];
+                let headers =
+                    vec![("retry-after", retry_after.as_str()), ("content-type", "application/json")];
                 respond(429, headers, &deny_body(&policy, retry_after_secs));
             }
             Decision::Fail(reason) => {
@@ -101,12 +100,12 @@ impl HttpContext for Sluice {
 
 fn resume() {
     if let Err(status) = hostcalls::resume_http_request() {
-        log::warn!("sluice: cannot resume the request: {status:?}");
+        log::warn!("cannot resume the request: {status:?}");
     }
 }
 
 fn respond(status: u32, headers: Vec<(&str, &str)>, body: &[u8]) {
     if let Err(status) = hostcalls::send_http_response(status, headers, Some(body)) {
-        log::warn!("sluice: cannot send the local response: {status:?}");
+        log::warn!("cannot send the local response: {status:?}");
     }
 }

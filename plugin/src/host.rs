@@ -12,7 +12,10 @@ pub struct HostRequest {
 
 impl HostRequest {
     pub fn read() -> HostRequest {
-        HostRequest { path: header(":path").unwrap_or_default(), method: header(":method").unwrap_or_default() }
+        HostRequest {
+            path: header(":path").unwrap_or_default(),
+            method: header(":method").unwrap_or_default(),
+        }
     }
 }
 

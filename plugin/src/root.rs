@@ -30,7 +30,7 @@ impl RootContext for SluiceRoot {
         };
         match sluice_policies::parse(text) {
             Ok(doc) => {
-                log::info!("sluice: loaded {} policies", doc.policies.len());
+                log::info!("loaded {} policies", doc.policies.len());
                 self.doc = Some(Rc::new(doc));
                 true
             }
@@ -50,6 +50,6 @@ impl RootContext for SluiceRoot {
 }
 
 fn refuse(reason: &str) -> bool {
-    log::error!("sluice: invalid policy document: {reason}");
+    log::error!("invalid policy document: {reason}");
     false
 }

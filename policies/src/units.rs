@@ -46,7 +46,7 @@ impl fmt::Display for Duration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = self.as_millis();
         let units = [(86_400_000, "d"), (3_600_000, "h"), (60_000, "m"), (1_000, "s")];
-        match units.iter().find(|(size, _)| ms % size == 0) {
+        match units.iter().find(|(size, _)| ms.is_multiple_of(*size)) {
             Some((size, unit)) => write!(f, "{}{}", ms / size, unit),
             None => write!(f, "{ms}ms"),
         }
@@ -81,9 +81,8 @@ impl Count {
 impl<'de> Deserialize<'de> for Count {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let n = u64::deserialize(d)?;
-        Count::new(n).ok_or_else(|| {
-            de::Error::custom(format!("invalid count {n} (expected 1 to {MAX_COUNT})"))
-        })
+        Count::new(n)
+            .ok_or_else(|| de::Error::custom(format!("invalid count {n} (expected 1 to {MAX_COUNT})")))
     }
 }
 
@@ -114,9 +113,7 @@ impl<'de> Deserialize<'de> for PolicyName {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let name = String::deserialize(d)?;
         PolicyName::new(&name).ok_or_else(|| {
-            de::Error::custom(format!(
-                "invalid policy name {name:?} (expected 1 to 64 of A-Z a-z 0-9 _ -)"
-            ))
+            de::Error::custom(format!("invalid policy name {name:?} (expected 1 to 64 of A-Z a-z 0-9 _ -)"))
         })
     }
 }
@@ -138,7 +135,8 @@ mod tests {
 
     #[test]
     fn durations_refuse_bad_text_and_range() {
-        for bad in ["", "5", "s", "5 sec", "5S", "-1s", "0s", "0ms", "366d", "1.5s", "99999999999999999999d"] {
+        for bad in ["", "5", "s", "5 sec", "5S", "-1s", "0s", "0ms", "366d", "1.5s", "99999999999999999999d"]
+        {
             assert_eq!(Duration::parse(bad), None, "{bad:?} should be refused");
         }
     }

@@ -66,8 +66,12 @@ fn unknown_field_is_refused() {
 
 #[test]
 fn zero_limit_is_refused() {
-    let text = with_policy(r#"{"name": "a", "limits": [{"type": "sliding_window", "limit": 0, "window": "1s"}]}"#);
-    assert_eq!(error_of(&text), "policies[0].limits[0].limit: invalid count 0 (expected 1 to 1000000000) at 1:76");
+    let text =
+        with_policy(r#"{"name": "a", "limits": [{"type": "sliding_window", "limit": 0, "window": "1s"}]}"#);
+    assert_eq!(
+        error_of(&text),
+        "policies[0].limits[0].limit: invalid count 0 (expected 1 to 1000000000) at 1:76"
+    );
 }
 
 #[test]

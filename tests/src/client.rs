@@ -35,14 +35,9 @@ pub fn burst(
     let method = reqwest::Method::from_bytes(method.as_bytes()).context("invalid HTTP method")?;
     let url = format!("http://127.0.0.1:{port}{path}");
     let header = header.map(|(name, value)| (name.to_string(), value.to_string()));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {
-        let client = reqwest::Client::builder()
-            .timeout(REQUEST_TIMEOUT)
-            .build()?;
+        let client = reqwest::Client::builder().timeout(REQUEST_TIMEOUT).build()?;
         let mut requests = JoinSet::new();
         for _ in 0..count {
             let mut request = client.request(method.clone(), &url);
@@ -55,12 +50,8 @@ pub fn burst(
         while let Some(joined) = requests.join_next().await {
             let response = joined?.with_context(|| format!("request to {url}"))?;
             let retry_after = response.headers().get("retry-after");
-            let retry_after =
-                retry_after.map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
-            replies.push(Reply {
-                status: response.status().as_u16(),
-                retry_after,
-            });
+            let retry_after = retry_after.map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
+            replies.push(Reply { status: response.status().as_u16(), retry_after });
         }
         Ok(replies)
     })
@@ -68,8 +59,5 @@ pub fn burst(
 
 /// How many replies have this status.
 pub fn count(replies: &[Reply], status: u16) -> usize {
-    replies
-        .iter()
-        .filter(|reply| reply.status == status)
-        .count()
+    replies.iter().filter(|reply| reply.status == status).count()
 }

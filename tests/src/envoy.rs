@@ -38,11 +38,7 @@ impl Envoy {
             let live = matches!(http_get(admin_port, "/ready"), Some((200, body)) if body.contains("LIVE"));
             live && listening(port)
         })?;
-        Ok(Envoy {
-            port,
-            admin_port,
-            proc,
-        })
+        Ok(Envoy { port, admin_port, proc })
     }
 
     /// Starts Envoy with a configuration it should refuse, and waits for it to
@@ -54,15 +50,10 @@ impl Envoy {
         upstream_port: u16,
     ) -> anyhow::Result<(ExitStatus, String)> {
         let (mut proc, _, admin_port) = spawn(policy_json, shim_port, upstream_port)?;
-        let outcome = proc.wait_ready(STARTUP, || {
-            matches!(http_get(admin_port, "/ready"), Some((200, _)))
-        });
+        let outcome = proc.wait_ready(STARTUP, || matches!(http_get(admin_port, "/ready"), Some((200, _))));
         match (outcome, proc.wait_exit(Duration::ZERO)?) {
             (_, Some(status)) => Ok((status, proc.log())),
-            (Ok(()), None) => bail!(
-                "envoy started although it should have refused\n{}",
-                proc.log_tail()
-            ),
+            (Ok(()), None) => bail!("envoy started although it should have refused\n{}", proc.log_tail()),
             (Err(err), None) => Err(err),
         }
     }
@@ -78,18 +69,14 @@ impl Envoy {
     }
 }
 
-fn spawn(
-    policy_json: &str,
-    shim_port: u16,
-    upstream_port: u16,
-) -> anyhow::Result<(Proc, u16, u16)> {
+fn spawn(policy_json: &str, shim_port: u16, upstream_port: u16) -> anyhow::Result<(Proc, u16, u16)> {
     let bin = binary("SLUICE_ENVOY", "envoy")?;
     let wasm = dist("sluice.wasm")?;
     let (port, admin_port) = (free_port()?, free_port()?);
     let dir = scratch_dir("envoy")?;
     let template = workspace_root().join("envoy/demo.yaml");
-    let template = std::fs::read_to_string(&template)
-        .with_context(|| format!("reading {}", template.display()))?;
+    let template =
+        std::fs::read_to_string(&template).with_context(|| format!("reading {}", template.display()))?;
     let config = render(
         &template,
         &[
@@ -111,14 +98,7 @@ fn spawn(
 fn command(bin: &Path, config: &Path, base_id: u16) -> Command {
     let mut cmd = Command::new(bin);
     cmd.arg("-c").arg(config);
-    cmd.args([
-        "--base-id",
-        &base_id.to_string(),
-        "--concurrency",
-        "2",
-        "--log-level",
-        "info",
-    ]);
+    cmd.args(["--base-id", &base_id.to_string(), "--concurrency", "2", "--log-level", "info"]);
     cmd
 }
 
@@ -128,9 +108,7 @@ fn render(template: &str, values: &[(&str, String)]) -> anyhow::Result<String> {
     for (name, value) in values {
         out = out.replace(&format!("${{{name}}}"), value);
     }
-    let mut body = out
-        .lines()
-        .filter(|line| !line.trim_start().starts_with('#'));
+    let mut body = out.lines().filter(|line| !line.trim_start().starts_with('#'));
     if let Some(line) = body.find(|line| line.contains("${")) {
         bail!("unknown placeholder left in envoy/demo.yaml: {line}");
     }

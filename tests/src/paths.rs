@@ -46,9 +46,7 @@ pub(crate) fn binary(env_var: &str, name: &str) -> anyhow::Result<PathBuf> {
         .flat_map(std::env::split_paths)
         .map(|dir| dir.join(name))
         .find(|path| path.is_file());
-    found.with_context(|| {
-        format!("`{name}` not found: {env_var} is unset and it is not on PATH; {HINT}")
-    })
+    found.with_context(|| format!("`{name}` not found: {env_var} is unset and it is not on PATH; {HINT}"))
 }
 
 /// A loopback port that was free a moment ago (bind port 0, read it, drop it).

@@ -39,24 +39,13 @@ pub(crate) fn scratch_dir(name: &str) -> anyhow::Result<PathBuf> {
 impl Proc {
     /// Spawns `cmd` with stdin closed and stdout/stderr going to `<dir>/<name>.log`.
     /// The guard owns `dir`.
-    pub(crate) fn spawn(
-        name: &'static str,
-        mut cmd: Command,
-        dir: PathBuf,
-    ) -> anyhow::Result<Proc> {
+    pub(crate) fn spawn(name: &'static str, mut cmd: Command, dir: PathBuf) -> anyhow::Result<Proc> {
         let log = dir.join(format!("{name}.log"));
         let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let err = out.try_clone()?;
         cmd.stdin(Stdio::null()).stdout(out).stderr(err);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {name}: {cmd:?}"))?;
-        Ok(Proc {
-            name,
-            child,
-            dir,
-            log,
-        })
+        let child = cmd.spawn().with_context(|| format!("starting {name}: {cmd:?}"))?;
+        Ok(Proc { name, child, dir, log })
     }
 
     /// The whole log so far.
@@ -69,11 +58,7 @@ impl Proc {
         let log = self.log();
         let lines: Vec<&str> = log.lines().collect();
         let start = lines.len().saturating_sub(TAIL_LINES);
-        format!(
-            "--- last lines of {} ---\n{}",
-            self.log.display(),
-            lines[start..].join("\n")
-        )
+        format!("--- last lines of {} ---\n{}", self.log.display(), lines[start..].join("\n"))
     }
 
     /// Polls `ready` until it holds. Fails if the child exits first or the
@@ -86,21 +71,13 @@ impl Proc {
         let deadline = Instant::now() + within;
         loop {
             if let Some(status) = self.child.try_wait()? {
-                bail!(
-                    "{} exited during startup ({status})\n{}",
-                    self.name,
-                    self.log_tail()
-                );
+                bail!("{} exited during startup ({status})\n{}", self.name, self.log_tail());
             }
             if ready() {
                 return Ok(());
             }
             if Instant::now() >= deadline {
-                bail!(
-                    "{} not ready within {within:?}\n{}",
-                    self.name,
-                    self.log_tail()
-                );
+                bail!("{} not ready within {within:?}\n{}", self.name, self.log_tail());
             }
             sleep(POLL);
         }
@@ -150,15 +127,11 @@ impl Drop for Proc {
 /// Runs `start` again (up to 3 tries) when it failed because its port was
 /// taken: a port from [`crate::free_port`] can be claimed by someone else
 /// before our child binds it.
-pub(crate) fn retry_port_clash<T>(
-    mut start: impl FnMut() -> anyhow::Result<T>,
-) -> anyhow::Result<T> {
+pub(crate) fn retry_port_clash<T>(mut start: impl FnMut() -> anyhow::Result<T>) -> anyhow::Result<T> {
     let mut tries = 1;
     loop {
         match start() {
-            Err(err) if tries < 3 && format!("{err:#}").contains("Address already in use") => {
-                tries += 1
-            }
+            Err(err) if tries < 3 && format!("{err:#}").contains("Address already in use") => tries += 1,
             outcome => return outcome,
         }
     }

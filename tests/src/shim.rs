@@ -25,14 +25,10 @@ impl Shim {
         let bin = dist("sluice")?;
         let port = free_port()?;
         let mut cmd = Command::new(bin);
-        cmd.arg("serve")
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"));
+        cmd.arg("serve").arg("--listen").arg(format!("127.0.0.1:{port}"));
         cmd.arg("--redis").arg(redis_url);
         let mut proc = Proc::spawn("sluice-shim", cmd, scratch_dir("shim")?)?;
-        proc.wait_ready(STARTUP, || {
-            matches!(http_get(port, "/healthz"), Some((200, _)))
-        })?;
+        proc.wait_ready(STARTUP, || matches!(http_get(port, "/healthz"), Some((200, _))))?;
         Ok(Shim { port, proc })
     }
 

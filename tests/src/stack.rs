@@ -18,11 +18,6 @@ impl Stack {
         let shim = Shim::start(&redis.url())?;
         let upstream = Upstream::start()?;
         let envoy = Envoy::start(policy_json, shim.port, upstream.port)?;
-        Ok(Stack {
-            envoy,
-            shim,
-            upstream,
-            redis,
-        })
+        Ok(Stack { envoy, shim, upstream, redis })
     }
 }

@@ -20,20 +20,12 @@ impl Upstream {
         let listener = TcpListener::bind("127.0.0.1:0").context("binding the upstream")?;
         listener.set_nonblocking(true)?;
         let port = listener.local_addr()?.port();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let (stop, stopped) = oneshot::channel();
-        let thread = std::thread::Builder::new()
-            .name("upstream".into())
-            .spawn(move || {
-                runtime.block_on(serve(listener, stopped));
-            })?;
-        Ok(Upstream {
-            port,
-            stop: Some(stop),
-            thread: Some(thread),
-        })
+        let thread = std::thread::Builder::new().name("upstream".into()).spawn(move || {
+            runtime.block_on(serve(listener, stopped));
+        })?;
+        Ok(Upstream { port, stop: Some(stop), thread: Some(thread) })
     }
 }
 

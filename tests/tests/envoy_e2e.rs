@@ -40,14 +40,7 @@ fn start() -> Stack {
 
 /// `count` concurrent GETs of [`PATH`] with this API key.
 fn get(stack: &Stack, key: &str, count: usize) -> Vec<Reply> {
-    burst(
-        stack.envoy.port,
-        "GET",
-        PATH,
-        Some(("x-api-key", key)),
-        count,
-    )
-    .expect("sending requests")
+    burst(stack.envoy.port, "GET", PATH, Some(("x-api-key", key)), count).expect("sending requests")
 }
 
 /// Asserts `want` replies of 200 and the rest 429; shows Envoy's log if not.
@@ -55,12 +48,7 @@ fn assert_split(stack: &Stack, replies: &[Reply], want_ok: usize) {
     let statuses: Vec<u16> = replies.iter().map(|reply| reply.status).collect();
     let split = (count(replies, 200), count(replies, 429));
     let want = (want_ok, replies.len() - want_ok);
-    assert_eq!(
-        split,
-        want,
-        "(200s, 429s) of {statuses:?}\n--- envoy log ---\n{}",
-        stack.envoy.log()
-    );
+    assert_eq!(split, want, "(200s, 429s) of {statuses:?}\n--- envoy log ---\n{}", stack.envoy.log());
 }
 
 /// Concurrent requests are admitted exactly up to the 5 s limit: of 40 at
@@ -73,10 +61,7 @@ fn a_burst_of_40_admits_exactly_25() {
     assert_split(&stack, &replies, 25);
     for reply in replies.iter().filter(|reply| reply.status == 429) {
         let secs = reply.retry_after_secs();
-        assert!(
-            matches!(secs, Some(1..=5)),
-            "429 without a retry-after in 1..=5: {reply:?}"
-        );
+        assert!(matches!(secs, Some(1..=5)), "429 without a retry-after in 1..=5: {reply:?}");
     }
 }
 
@@ -108,15 +93,9 @@ fn rejected_requests_do_not_charge_either_window() {
     let mut redis = stack.redis.connection().expect("connecting to Redis");
     for window_ms in [5_000, 60_000] {
         let key = format!("sluice:{{partner-api:alice}}:sw:{window_ms}");
-        let entries: u64 = redis::cmd("ZCARD")
-            .arg(&key)
-            .query(&mut redis)
-            .expect("ZCARD");
+        let entries: u64 = redis::cmd("ZCARD").arg(&key).query(&mut redis).expect("ZCARD");
         assert_eq!(entries, 25, "ZCARD {key}");
-        let ttl: i64 = redis::cmd("PTTL")
-            .arg(&key)
-            .query(&mut redis)
-            .expect("PTTL");
+        let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut redis).expect("PTTL");
         assert!(ttl > 0, "PTTL {key} = {ttl}: every key needs a TTL");
     }
 }
@@ -127,8 +106,7 @@ fn rejected_requests_do_not_charge_either_window() {
 fn requests_outside_the_policy_always_pass() {
     let stack = start();
     let alice = Some(("x-api-key", "alice"));
-    let other_path =
-        burst(stack.envoy.port, "GET", "/v1/orders", alice, 40).expect("sending requests");
+    let other_path = burst(stack.envoy.port, "GET", "/v1/orders", alice, 40).expect("sending requests");
     assert_split(&stack, &other_path, 40);
     let delete = burst(stack.envoy.port, "DELETE", PATH, alice, 40).expect("sending requests");
     assert_split(&stack, &delete, 40);
@@ -141,16 +119,11 @@ fn requests_outside_the_policy_always_pass() {
 fn a_bad_policy_document_keeps_envoy_from_starting() {
     let upstream = Upstream::start().expect("starting the upstream");
     let shim_port = free_port().expect("a free port");
-    let (status, log) = Envoy::start_expect_exit(&policy("5 sec"), shim_port, upstream.port)
-        .expect("envoy should exit");
+    let (status, log) =
+        Envoy::start_expect_exit(&policy("5 sec"), shim_port, upstream.port).expect("envoy should exit");
     assert!(!status.success(), "envoy exited with {status}\n{log}");
-    let line = log
-        .lines()
-        .find(|line| line.contains("sluice: invalid policy document: "));
-    let line = line
-        .unwrap_or_else(|| panic!("no `sluice: invalid policy document:` line in the log:\n{log}"));
-    assert!(
-        line.contains("policies[0].limits[0].window"),
-        "the line does not name the field: {line}"
-    );
+    let line = log.lines().find(|line| line.contains("sluice: invalid policy document: "));
+    let line =
+        line.unwrap_or_else(|| panic!("no `sluice: invalid policy document:` line in the log:\n{log}"));
+    assert!(line.contains("policies[0].limits[0].window"), "the line does not name the field: {line}");
 }

@@ -20,10 +20,7 @@ fn redis_starts_answers_and_stops() {
     assert_eq!(pong, "PONG");
     drop(conn);
     drop(redis);
-    assert!(
-        !listening(port),
-        "redis-server still listening on {port} after drop"
-    );
+    assert!(!listening(port), "redis-server still listening on {port} after drop");
 }
 
 /// The upstream answers 200 to any method and path, and stops on drop.
@@ -33,14 +30,8 @@ fn upstream_answers_ok_to_anything() {
     let port = upstream.port;
     for (method, path) in [("GET", "/"), ("DELETE", "/v42/orders"), ("POST", "/x?y=z")] {
         let replies = burst(port, method, path, Some(("x-api-key", "k")), 5).expect("requests");
-        assert!(
-            replies.iter().all(|reply| reply.status == 200),
-            "{method} {path}: {replies:?}"
-        );
+        assert!(replies.iter().all(|reply| reply.status == 200), "{method} {path}: {replies:?}");
     }
     drop(upstream);
-    assert!(
-        !listening(port),
-        "upstream still listening on {port} after drop"
-    );
+    assert!(!listening(port), "upstream still listening on {port} after drop");
 }

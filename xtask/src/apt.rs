@@ -28,12 +28,8 @@ pub(crate) fn install(packages: &[&str], why: &str) -> Result<()> {
             eprintln!("xtask: warning: {err:#}; trying the install anyway");
         }
     }
-    cmd::run(
-        apt_get()?
-            .args(["install", "-y", "--no-install-recommends"])
-            .args(packages),
-    )
-    .with_context(by_hand)
+    cmd::run(apt_get()?.args(["install", "-y", "--no-install-recommends"]).args(packages))
+        .with_context(by_hand)
 }
 
 /// `apt-get`, or `sudo -n apt-get` when we are not root.
@@ -49,7 +45,6 @@ fn apt_get() -> Result<Command> {
     } else {
         bail!("not root and no sudo: cannot run apt-get");
     };
-    c.env("DEBIAN_FRONTEND", "noninteractive")
-        .stdin(std::process::Stdio::null());
+    c.env("DEBIAN_FRONTEND", "noninteractive").stdin(std::process::Stdio::null());
     Ok(c)
 }

@@ -34,9 +34,7 @@ pub fn build() -> Result<()> {
     let shim_out = copy(&shim, &dist.join("sluice"))?;
 
     for out in [wasm_out, shim_out] {
-        let bytes = fs::metadata(&out)
-            .with_context(|| format!("cannot stat {}", out.display()))?
-            .len();
+        let bytes = fs::metadata(&out).with_context(|| format!("cannot stat {}", out.display()))?.len();
         eprintln!("{:>12}  {}", human(bytes), out.display());
     }
     Ok(())
@@ -54,9 +52,7 @@ fn human(bytes: u64) -> String {
 /// is replaced rather than written over ("text file busy").
 fn copy(from: &Path, to: &Path) -> Result<PathBuf> {
     let tmp = to.with_extension("partial");
-    fs::copy(from, &tmp)
-        .with_context(|| format!("cannot copy {} to {}", from.display(), tmp.display()))?;
-    fs::rename(&tmp, to)
-        .with_context(|| format!("cannot rename {} to {}", tmp.display(), to.display()))?;
+    fs::copy(from, &tmp).with_context(|| format!("cannot copy {} to {}", from.display(), tmp.display()))?;
+    fs::rename(&tmp, to).with_context(|| format!("cannot rename {} to {}", tmp.display(), to.display()))?;
     Ok(to.to_path_buf())
 }

@@ -78,9 +78,7 @@ pub(crate) fn cargo() -> Command {
 pub(crate) fn run(cmd: &mut Command) -> Result<()> {
     let line = describe(cmd);
     eprintln!("$ {line}");
-    let status = cmd
-        .status()
-        .with_context(|| format!("could not start `{line}`"))?;
+    let status = cmd.status().with_context(|| format!("could not start `{line}`"))?;
     if !status.success() {
         bail!("`{line}` failed ({status})");
     }
@@ -100,16 +98,12 @@ pub(crate) fn probe(cmd: &mut Command) -> Option<String> {
 /// The first executable file called `name` on PATH.
 pub(crate) fn which(name: &str) -> Option<PathBuf> {
     let paths = env::var_os("PATH")?;
-    env::split_paths(&paths)
-        .map(|dir| dir.join(name))
-        .find(|p| is_executable(p))
+    env::split_paths(&paths).map(|dir| dir.join(name)).find(|p| is_executable(p))
 }
 
 pub(crate) fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    path.metadata()
-        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false)
+    path.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
 }
 
 fn describe(cmd: &Command) -> String {

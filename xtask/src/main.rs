@@ -24,11 +24,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "cargo xtask",
-    bin_name = "cargo xtask",
-    about = "Build, test and demo Sluice."
-)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask", about = "Build, test and demo Sluice.")]
 struct Cli {
     #[command(subcommand)]
     command: Task,

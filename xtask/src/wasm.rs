@@ -25,23 +25,14 @@ const DEBIAN_CARGO: &str = "/usr/bin/cargo";
 const DEBIAN_STD_SRC: &str = "/usr/lib/rustlib/src/rust/library";
 const WASM_LD: &str = "/usr/lib/llvm-22/bin/wasm-ld";
 const WASI_LIBC: &str = "/usr/lib/wasm32-wasi";
-const DEBIAN_PACKAGES: &[&str] = &[
-    "rustc-web",
-    "cargo-web",
-    "rust-web-src",
-    "lld-22",
-    "wasi-libc",
-];
+const DEBIAN_PACKAGES: &[&str] = &["rustc-web", "cargo-web", "rust-web-src", "lld-22", "wasi-libc"];
 
 /// Build the filter and return the path of the `.wasm` it produced.
 pub(crate) fn build() -> Result<PathBuf> {
     let started = Instant::now();
     let artifact = match rustup_wasm_std() {
         Some(lib) => {
-            eprintln!(
-                "wasm toolchain: rustup ({TARGET} std found at {})",
-                lib.display()
-            );
+            eprintln!("wasm toolchain: rustup ({TARGET} std found at {})", lib.display());
             build_rustup()?
         }
         None => {
@@ -49,10 +40,7 @@ pub(crate) fn build() -> Result<PathBuf> {
             build_debian()?
         }
     };
-    eprintln!(
-        "xtask: wasm build took {:.1}s",
-        started.elapsed().as_secs_f64()
-    );
+    eprintln!("xtask: wasm build took {:.1}s", started.elapsed().as_secs_f64());
     Ok(artifact)
 }
 
@@ -76,33 +64,16 @@ fn build_rustup() -> Result<PathBuf> {
     let target_dir = workspace_root().join("target/wasm-rustup");
     cmd::run(
         cmd::cargo()
-            .args([
-                "build",
-                "--profile",
-                "wasm",
-                "--target",
-                TARGET,
-                "-p",
-                PACKAGE,
-            ])
+            .args(["build", "--profile", "wasm", "--target", TARGET, "-p", PACKAGE])
             .env("CARGO_TARGET_DIR", &target_dir),
     )?;
     artifact_in(&target_dir)
 }
 
 fn build_debian() -> Result<PathBuf> {
-    let needed = [
-        DEBIAN_RUSTC,
-        DEBIAN_CARGO,
-        DEBIAN_STD_SRC,
-        WASM_LD,
-        WASI_LIBC,
-    ];
+    let needed = [DEBIAN_RUSTC, DEBIAN_CARGO, DEBIAN_STD_SRC, WASM_LD, WASI_LIBC];
     if needed.iter().any(|p| !Path::new(p).exists()) {
-        apt::install(
-            DEBIAN_PACKAGES,
-            "building the wasm filter without rustup's wasm32-wasip1 std",
-        )?;
+        apt::install(DEBIAN_PACKAGES, "building the wasm filter without rustup's wasm32-wasip1 std")?;
     }
     let target_dir = workspace_root().join("target/wasm");
     cmd::run(
@@ -113,10 +84,7 @@ fn build_debian() -> Result<PathBuf> {
             .env("RUSTC", DEBIAN_RUSTC)
             .env("RUSTC_BOOTSTRAP", "1")
             .env("CARGO_TARGET_WASM32_WASIP1_LINKER", WASM_LD)
-            .env(
-                "CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS",
-                format!("-L native={WASI_LIBC}"),
-            )
+            .env("CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS", format!("-L native={WASI_LIBC}"))
             .env("CARGO_TARGET_DIR", &target_dir),
     )?;
     artifact_in(&target_dir)
