@@ -42,7 +42,7 @@ pub fn script_limits(req: &CheckRequest) -> Result<Vec<ScriptLimit>, String> {
         let tag = format!("sluice:{{{}:{}}}", check.policy, check.key);
         for (j, limit) in check.limits.iter().enumerate() {
             match *limit {
-                WireLimit::SlidingWindow { limit, window_ms } => {
+                WireLimit::SlidingWindow { limit, window_ms, approximate: false } => {
                     let (Some(_), Some(_)) = (Count::new(limit.into()), Duration::from_millis(window_ms))
                     else {
                         return Err(format!("checks[{i}].limits[{j}]: limit or window out of range"));
@@ -54,6 +54,7 @@ pub fn script_limits(req: &CheckRequest) -> Result<Vec<ScriptLimit>, String> {
                         window_us: window_ms * 1000,
                     });
                 }
+                other => return Err(format!("checks[{i}].limits[{j}]: {other:?} is not supported yet")),
             }
         }
     }
@@ -71,8 +72,8 @@ mod tests {
                 policy: policy.into(),
                 key: key.into(),
                 limits: vec![
-                    WireLimit::SlidingWindow { limit: 25, window_ms: 5_000 },
-                    WireLimit::SlidingWindow { limit: 300, window_ms: 60_000 },
+                    WireLimit::SlidingWindow { limit: 25, window_ms: 5_000, approximate: false },
+                    WireLimit::SlidingWindow { limit: 300, window_ms: 60_000, approximate: false },
                 ],
             }],
             now_us: None,
@@ -97,9 +98,9 @@ mod tests {
     #[test]
     fn out_of_range_limits_are_refused() {
         let mut req = request("p", "a");
-        req.checks[0].limits[0] = WireLimit::SlidingWindow { limit: 0, window_ms: 5_000 };
+        req.checks[0].limits[0] = WireLimit::SlidingWindow { limit: 0, window_ms: 5_000, approximate: false };
         assert!(script_limits(&req).is_err());
-        req.checks[0].limits[0] = WireLimit::SlidingWindow { limit: 1, window_ms: 0 };
+        req.checks[0].limits[0] = WireLimit::SlidingWindow { limit: 1, window_ms: 0, approximate: false };
         assert!(script_limits(&req).is_err());
     }
 }

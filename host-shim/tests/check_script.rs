@@ -16,7 +16,7 @@ fn limiter(redis: &Redis, test_time: bool) -> Limiter {
 }
 
 fn window(limit: u32, window_ms: u64) -> WireLimit {
-    WireLimit::SlidingWindow { limit, window_ms }
+    WireLimit::SlidingWindow { limit, window_ms, approximate: false }
 }
 
 fn request(key: &str, limits: &[WireLimit], now_us: Option<u64>) -> CheckRequest {

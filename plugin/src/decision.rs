@@ -51,13 +51,18 @@ pub fn deny_body(policy: &str, retry_after_secs: u64) -> Vec<u8> {
         .into_bytes()
 }
 
+/// The body of a 400 for a request that lacks a key source its policy requires.
+pub fn missing_key_body(policy: &str) -> Vec<u8> {
+    serde_json::json!({"error": "missing_key", "policy": policy}).to_string().into_bytes()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use sluice_policies::wire::WireLimit;
 
     fn checks() -> Vec<Check> {
-        let limits = vec![WireLimit::SlidingWindow { limit: 25, window_ms: 5000 }];
+        let limits = vec![WireLimit::SlidingWindow { limit: 25, window_ms: 5000, approximate: false }];
         vec![
             Check { policy: "a".into(), key: "k".into(), limits: limits.clone() },
             Check { policy: "b".into(), key: "k".into(), limits },

@@ -10,7 +10,7 @@ use proxy_wasm::types::{Action, BufferType, MapType};
 use sluice_policies::wire::{Check, CheckRequest, CHECK_PATH};
 use sluice_policies::{Document, FailureMode};
 
-use crate::decision::{decide, deny_body, Decision};
+use crate::decision::{decide, deny_body, missing_key_body, Decision};
 use crate::host::HostRequest;
 
 pub struct Sluice {
@@ -89,7 +89,15 @@ impl Context for Sluice {
 impl HttpContext for Sluice {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         let Some(doc) = self.doc.clone() else { return Action::Continue };
-        let checks = doc.checks(&HostRequest::read());
+        let req = HostRequest::read();
+        let checks: Vec<Check> = match doc.evaluate(&req) {
+            Ok(applied) => applied.iter().map(|a| a.check(&req)).collect(),
+            Err(policy) => {
+                let body = missing_key_body(policy.name.as_str());
+                respond(400, vec![("content-type", "application/json")], &body);
+                return Action::Pause;
+            }
+        };
         if checks.is_empty() {
             return Action::Continue;
         }

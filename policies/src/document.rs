@@ -1,4 +1,4 @@
-//! The policy document, v1.
+//! The policy document.
 //!
 //! ```json
 //! {
@@ -16,8 +16,9 @@
 //! }
 //! ```
 //!
-//! Every policy whose `match` holds applies to a request, and the request
-//! passes only if every limit of every one of them allows it.
+//! Every policy whose `match` holds, and none of whose `bypass` entries hold,
+//! applies to a request; the request passes only if every limit of every one
+//! of them allows it.
 //!
 //! Validation happens inside deserialization, so that each error carries the
 //! parser's position. Unknown fields are refused everywhere.
@@ -27,9 +28,14 @@ use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, SeqAccess, Visitor};
 
-use crate::{Count, Duration, KeySource, PolicyName, Request};
+#[cfg(feature = "schema")]
+use crate::condition::RawCondition;
+use crate::condition::{raw_key, Condition};
+use crate::key::{self, ClientIp, KeySource, OnMissingKey};
+use crate::{Limit, PolicyName, Request};
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Document {
     /// The JSON Schema of the document, for editors; ignored.
@@ -37,19 +43,25 @@ pub struct Document {
     pub schema: Option<String>,
     #[serde(default)]
     pub shim: Shim,
+    /// What happens when the shim cannot answer in time.
     #[serde(default)]
     pub failure_mode: FailureMode,
+    /// For the `ip` key source: 0 takes the proxy's downstream peer address; N
+    /// takes the Nth address from the right of `x-forwarded-for`.
+    #[serde(default)]
+    pub trusted_hops: TrustedHops,
     pub policies: Policies,
 }
 
 /// How the filter reaches the shim.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Shim {
     /// The Envoy cluster of the shim.
     #[serde(default = "default_cluster")]
     pub cluster: String,
-    /// How long a request waits for the shim's answer before `failure_mode` decides.
+    /// How long a request waits for the shim's answer before `failure_mode` decides, 1 to 60000.
     #[serde(default = "default_timeout")]
     pub timeout_ms: TimeoutMs,
 }
@@ -89,8 +101,30 @@ impl<'de> Deserialize<'de> for TimeoutMs {
     }
 }
 
+/// How many proxies in front of this one append to `x-forwarded-for`, 0 to 16.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TrustedHops(u8);
+
+impl TrustedHops {
+    pub fn client_ip(self) -> ClientIp {
+        ClientIp { trusted_hops: self.0 }
+    }
+}
+
+impl<'de> Deserialize<'de> for TrustedHops {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let n = u64::deserialize(d)?;
+        u8::try_from(n)
+            .ok()
+            .filter(|n| *n <= 16)
+            .map(TrustedHops)
+            .ok_or_else(|| de::Error::custom(format!("invalid trusted_hops {n} (expected 0 to 16)")))
+    }
+}
+
 /// What happens when the shim cannot answer in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum FailureMode {
     /// Let the request through (fail open).
@@ -139,124 +173,109 @@ impl<'de> Deserialize<'de> for Policies {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
     pub name: PolicyName,
-    #[serde(rename = "match", default)]
-    pub matcher: Match,
-    /// Where the key comes from. Empty: one bucket for every matching request.
-    #[serde(default)]
+    pub matcher: Condition,
+    pub bypass: Vec<Condition>,
     pub key: Vec<KeySource>,
-    pub limits: Limits,
+    pub on_missing_key: OnMissingKey,
+    pub limits: Vec<Limit>,
+}
+
+#[derive(serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPolicy {
+    /// 1 to 64 of `A-Z a-z 0-9 _ -`, unique in the document.
+    name: PolicyName,
+    /// Which requests the policy applies to; every condition given must hold.
+    #[serde(rename = "match")]
+    matcher: Option<Condition>,
+    /// Requests exempt from the policy: any entry that holds exempts.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(with = "Vec<RawCondition>"))]
+    bypass: Vec<Condition>,
+    /// Where the key comes from; `[]` is one bucket for every request.
+    #[serde(default)]
+    key: Vec<KeySource>,
+    /// A request without one of the key sources: `shared` bucket, `deny` (400) or `skip` the policy.
+    #[serde(default)]
+    on_missing_key: OnMissingKey,
+    /// At least one limit; the request must pass all of them.
+    limits: Vec<Limit>,
+}
+
+impl<'de> Deserialize<'de> for Policy {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = RawPolicy::deserialize(d)?;
+        if raw.limits.is_empty() {
+            return Err(de::Error::custom("a policy needs at least one limit"));
+        }
+        let matcher = raw.matcher.unwrap_or_default();
+        let uses_keys = matcher.needs_key() || raw.bypass.iter().any(Condition::needs_key);
+        if uses_keys && raw.key.len() != 1 {
+            return Err(de::Error::custom("a `keys` condition needs a policy with exactly one key source"));
+        }
+        Ok(Policy {
+            name: raw.name,
+            matcher,
+            bypass: raw.bypass,
+            key: raw.key,
+            on_missing_key: raw.on_missing_key,
+            limits: raw.limits,
+        })
+    }
+}
+
+/// What one policy makes of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The policy does not apply: no match, a bypass, or a skipped missing key.
+    NotApplied,
+    /// The policy applies, on this encoded key.
+    Key(String),
+    /// A key source is missing and the policy refuses such requests.
+    MissingKey,
 }
 
 impl Policy {
-    pub fn matches(&self, req: &impl Request) -> bool {
-        self.matcher.matches(req)
-    }
-
-    /// The encoded key of this request under this policy; see [`crate::key`].
-    pub fn key(&self, req: &impl Request) -> String {
-        crate::key::build(&self.key, req)
-    }
-}
-
-/// Which requests a policy applies to. Every condition given must hold; none
-/// given matches everything.
-#[derive(Debug, Clone, PartialEq, Default, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Match {
-    pub path_prefix: Option<String>,
-    pub methods: Option<Vec<Method>>,
-}
-
-impl Match {
-    pub fn matches(&self, req: &impl Request) -> bool {
-        let path_ok = match &self.path_prefix {
-            Some(prefix) => req.path().starts_with(prefix.as_bytes()),
-            None => true,
-        };
-        let method_ok = match &self.methods {
-            Some(methods) => methods.iter().any(|m| m.0.as_bytes() == req.method()),
-            None => true,
-        };
-        path_ok && method_ok
-    }
-}
-
-/// An HTTP method, in upper case as it appears on the wire.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Method(String);
-
-impl<'de> Deserialize<'de> for Method {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let m = String::deserialize(d)?;
-        let valid = !m.is_empty() && m.len() <= 32 && m.bytes().all(|b| b.is_ascii_uppercase());
-        if valid {
-            Ok(Method(m))
-        } else {
-            Err(de::Error::custom(format!("invalid method {m:?} (expected upper case, e.g. \"GET\")")))
+    pub fn evaluate(&self, req: &impl Request, ip: ClientIp) -> Verdict {
+        let needs_key = self.matcher.needs_key() || self.bypass.iter().any(Condition::needs_key);
+        let raw = if needs_key { raw_key(&self.key, req, ip) } else { None };
+        let raw = raw.as_deref();
+        if !self.matcher.holds(req, raw) || self.bypass.iter().any(|b| b.holds(req, raw)) {
+            return Verdict::NotApplied;
+        }
+        match (key::build(&self.key, req, ip), self.on_missing_key) {
+            (Some(key), _) => Verdict::Key(key),
+            (None, OnMissingKey::Shared) => Verdict::Key(key::MISSING.to_string()),
+            (None, OnMissingKey::Skip) => Verdict::NotApplied,
+            (None, OnMissingKey::Deny) => Verdict::MissingKey,
         }
     }
 }
 
-/// The limits of one policy: at least one.
+/// A policy that applies to a request, and the key it applies on.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Limits(pub Vec<Limit>);
-
-impl std::ops::Deref for Limits {
-    type Target = [Limit];
-    fn deref(&self) -> &[Limit] {
-        &self.0
-    }
+pub struct Applied<'d> {
+    pub policy: &'d Policy,
+    pub key: String,
 }
 
-impl<'de> Deserialize<'de> for Limits {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let limits = Vec::<Limit>::deserialize(d)?;
-        if limits.is_empty() {
-            return Err(de::Error::custom("a policy needs at least one limit"));
+impl Document {
+    /// The policies that apply to `req`, in document order; `Err` with the
+    /// first policy that refuses the request for a missing key.
+    pub fn evaluate<'d>(&'d self, req: &impl Request) -> Result<Vec<Applied<'d>>, &'d Policy> {
+        let ip = self.trusted_hops.client_ip();
+        let mut applied = Vec::new();
+        for policy in self.policies.iter() {
+            match policy.evaluate(req, ip) {
+                Verdict::NotApplied => {}
+                Verdict::Key(key) => applied.push(Applied { policy, key }),
+                Verdict::MissingKey => return Err(policy),
+            }
         }
-        Ok(Limits(limits))
-    }
-}
-
-/// One limit of a policy.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Limit {
-    /// An exact sliding log: over any interval one `window` long, at most
-    /// `limit` requests are admitted.
-    SlidingWindow { limit: Count, window: Duration },
-}
-
-/// Every field any limit type may have. A limit is read into this first, so
-/// that a bad field value is reported at its own path and position, and then
-/// checked against its type.
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawLimit {
-    #[serde(rename = "type")]
-    kind: LimitType,
-    limit: Option<Count>,
-    window: Option<Duration>,
-}
-
-#[derive(Clone, Copy, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum LimitType {
-    SlidingWindow,
-}
-
-impl<'de> Deserialize<'de> for Limit {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let raw = RawLimit::deserialize(d)?;
-        let missing = |field: &str| de::Error::custom(format!("missing field `{field}`"));
-        match raw.kind {
-            LimitType::SlidingWindow => Ok(Limit::SlidingWindow {
-                limit: raw.limit.ok_or_else(|| missing("limit"))?,
-                window: raw.window.ok_or_else(|| missing("window"))?,
-            }),
-        }
+        Ok(applied)
     }
 }

@@ -35,7 +35,9 @@ pub fn parse(text: &str) -> Result<Document, ParseError> {
 }
 
 fn from_json(path: &str, inner: serde_json::Error) -> ParseError {
-    let path = if path == "." { "(document)" } else { path }.to_string();
+    // The path library marks a map key it has not read yet as `?`.
+    let path = path.strip_suffix(".?").unwrap_or(path);
+    let path = if path == "." || path == "?" { "(document)" } else { path }.to_string();
     // serde_json appends " at line L column C" to its messages; we report the
     // position in our own format instead.
     let message = inner.to_string();

@@ -3,40 +3,77 @@
 //!
 //! Each source's value is percent-encoded: bytes outside `A-Z a-z 0-9 . _ ~ -`
 //! become `%XX`. An encoded value longer than [`MAX_PART_LEN`] is replaced by
-//! `=` and the first 128 bits of its SHA-256, in hex. A missing source is
-//! [`MISSING`]. Parts are joined with `:`. Neither `=`, `!` nor `:` can come
-//! out of the encoding, so distinct inputs give distinct keys, and `{`, `}`
-//! never reach a key name where they could move the Redis Cluster slot.
+//! `=` and the first 128 bits of its SHA-256, in hex. Parts are joined with
+//! `:`. Neither `=`, `!` nor `:` can come out of the encoding, so distinct
+//! inputs give distinct keys, and `{`, `}` never reach a key name where they
+//! could move the Redis Cluster slot.
 //!
-//! A request that lacks a key source is counted in one shared bucket (the
-//! [`MISSING`] marker), so leaving a header out cannot escape a limit.
+//! When a source is missing, the policy's [`OnMissingKey`] decides.
 
+use std::borrow::Cow;
 use std::fmt::Write;
+use std::net::{IpAddr, SocketAddr};
 
 use serde::de::{self, Deserialize, Deserializer};
 use sha2::{Digest, Sha256};
 
-use crate::Request;
+use crate::request::{host_only, path_only, query_param};
+use crate::{HeaderName, Request};
 
 /// The longest encoded value kept as it is; longer ones are hashed.
 pub const MAX_PART_LEN: usize = 256;
-/// The encoded part of a key source the request does not have.
+/// The key of the one bucket shared by requests that lack a key source.
 pub const MISSING: &str = "!";
 
 /// Where one part of a key comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySource {
-    /// `header:NAME`: a request header, by lower-case name.
-    Header(String),
+    /// `header:NAME`: a request header.
+    Header(HeaderName),
+    /// `ip`: the client address; see [`ClientIp`].
+    Ip,
+    /// `path`: the path, without the query string.
+    Path,
+    /// `method`.
+    Method,
+    /// `host`: the `:authority`, without a port, in lower case.
+    Host,
+    /// `query:NAME`: the first value of a query parameter, form-decoded.
+    Query(String),
 }
 
 impl KeySource {
     pub fn parse(text: &str) -> Option<KeySource> {
-        let name = text.strip_prefix("header:")?;
-        let valid_char = |b: u8| b.is_ascii_alphanumeric() || b"-_.".contains(&b);
-        let body = name.strip_prefix(':').unwrap_or(name);
-        let valid = !body.is_empty() && body.len() <= 128 && body.bytes().all(valid_char);
-        valid.then(|| KeySource::Header(name.to_ascii_lowercase()))
+        match text {
+            "ip" => return Some(KeySource::Ip),
+            "path" => return Some(KeySource::Path),
+            "method" => return Some(KeySource::Method),
+            "host" => return Some(KeySource::Host),
+            _ => {}
+        }
+        if let Some(name) = text.strip_prefix("header:") {
+            return HeaderName::new(name).map(KeySource::Header);
+        }
+        let name = text.strip_prefix("query:")?;
+        (!name.is_empty() && name.len() <= 128).then(|| KeySource::Query(name.to_string()))
+    }
+
+    /// This source's raw value in `req`, if it has one.
+    pub fn value<'r>(&self, req: &'r impl Request, ip: ClientIp) -> Option<Cow<'r, [u8]>> {
+        match self {
+            KeySource::Header(name) => req.header(name.as_str()),
+            KeySource::Ip => ip.of(req).map(|ip| Cow::Owned(ip.to_string().into_bytes())),
+            KeySource::Path => Some(Cow::Borrowed(path_only(req.path()))).filter(|p| !p.is_empty()),
+            KeySource::Method => Some(Cow::Borrowed(req.method())).filter(|m| !m.is_empty()),
+            KeySource::Host => {
+                let host = host_only(req.authority());
+                (!host.is_empty()).then(|| Cow::Owned(host.to_ascii_lowercase()))
+            }
+            KeySource::Query(name) => query_param(req.path(), name).map(|v| match v {
+                Cow::Borrowed(v) => Cow::Borrowed(v.as_bytes()),
+                Cow::Owned(v) => Cow::Owned(v.into_bytes()),
+            }),
+        }
     }
 }
 
@@ -44,27 +81,60 @@ impl<'de> Deserialize<'de> for KeySource {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let text = String::deserialize(d)?;
         KeySource::parse(&text).ok_or_else(|| {
-            de::Error::custom(format!("invalid key source {text:?} (expected \"header:NAME\")"))
+            de::Error::custom(format!(
+                "invalid key source {text:?} (expected \"header:NAME\", \"ip\", \"path\", \"method\", \"host\" or \"query:NAME\")"
+            ))
         })
     }
 }
 
-/// Builds the encoded key of `req` from `sources`.
-pub fn build(sources: &[KeySource], req: &impl Request) -> String {
+/// What a policy does with a request that lacks one of its key sources.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum OnMissingKey {
+    /// Count it in one bucket shared by all such requests, so leaving a header
+    /// out cannot escape the limit, and nobody is refused for it.
+    #[default]
+    Shared,
+    /// Refuse it: 400, without asking the shim.
+    Deny,
+    /// The policy does not apply to it.
+    Skip,
+}
+
+/// How the client address is found: `trusted_hops` 0 takes the proxy's
+/// downstream peer address (`source.address`); N > 0 takes the Nth address
+/// from the right of `x-forwarded-for`, the one your N trusted proxies saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClientIp {
+    pub trusted_hops: u8,
+}
+
+impl ClientIp {
+    pub fn of(self, req: &impl Request) -> Option<IpAddr> {
+        if self.trusted_hops == 0 {
+            let addr = req.source_address()?;
+            let addr = std::str::from_utf8(&addr).ok()?;
+            return addr.parse::<SocketAddr>().map(|a| a.ip()).or_else(|_| addr.parse::<IpAddr>()).ok();
+        }
+        let xff = req.header("x-forwarded-for")?;
+        let xff = std::str::from_utf8(&xff).ok()?;
+        let entry = xff.rsplit(',').nth(usize::from(self.trusted_hops) - 1)?.trim();
+        entry.parse::<IpAddr>().or_else(|_| entry.parse::<SocketAddr>().map(|a| a.ip())).ok()
+    }
+}
+
+/// Builds the encoded key of `req` from `sources`; `None` when a source is missing.
+pub fn build(sources: &[KeySource], req: &impl Request, ip: ClientIp) -> Option<String> {
     let mut key = String::new();
     for (i, source) in sources.iter().enumerate() {
         if i > 0 {
             key.push(':');
         }
-        let value = match source {
-            KeySource::Header(name) => req.header(name),
-        };
-        match value {
-            Some(value) => encode_into(&mut key, &value),
-            None => key.push_str(MISSING),
-        }
+        encode_into(&mut key, &source.value(req, ip)?);
     }
-    key
+    Some(key)
 }
 
 /// Encodes one user-supplied value.
@@ -93,7 +163,8 @@ fn encode_into(out: &mut String, value: &[u8]) {
     }
 }
 
-/// Whether `key` could have come out of [`build`]: the shim refuses any other.
+/// Whether `key` could have come out of [`build`] or be [`MISSING`]: the shim
+/// refuses any other.
 pub fn is_encoded(key: &str) -> bool {
     key.len() <= 8 * 1024 && key.bytes().all(|b| b.is_ascii_alphanumeric() || b"._~-%=!:".contains(&b))
 }
@@ -101,21 +172,17 @@ pub fn is_encoded(key: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
+    use crate::request::SimpleRequest;
 
-    struct Headers(HashMap<&'static str, Vec<u8>>);
-
-    impl Request for Headers {
-        fn path(&self) -> &[u8] {
-            b"/"
-        }
-        fn method(&self) -> &[u8] {
-            b"GET"
-        }
-        fn header(&self, name: &str) -> Option<Vec<u8>> {
-            self.0.get(name).cloned()
-        }
+    fn header(name: &str) -> KeySource {
+        KeySource::Header(HeaderName::new(name).expect("valid name"))
     }
+
+    fn headers(pairs: &[(&str, &[u8])]) -> SimpleRequest {
+        pairs.iter().fold(SimpleRequest::new("GET", "/"), |req, (k, v)| req.header(k, v))
+    }
+
+    const DIRECT: ClientIp = ClientIp { trusted_hops: 0 };
 
     #[test]
     fn plain_values_are_kept_readable() {
@@ -141,36 +208,63 @@ mod tests {
     }
 
     #[test]
-    fn missing_sources_share_one_marker_distinct_from_any_value() {
-        let sources = [KeySource::Header("x-a".into()), KeySource::Header("x-b".into())];
-        let req = Headers(HashMap::from([("x-a", b"k".to_vec())]));
-        assert_eq!(build(&sources, &req), "k:!");
-        let empty = Headers(HashMap::from([("x-a", b"k".to_vec()), ("x-b", b"".to_vec())]));
-        assert_eq!(build(&sources, &empty), "k:");
-        assert_eq!(build(&[], &req), "");
+    fn a_missing_source_gives_no_key_and_an_empty_value_does() {
+        let sources = [header("x-a"), header("x-b")];
+        assert_eq!(build(&sources, &headers(&[("x-a", b"k")]), DIRECT), None);
+        assert_eq!(build(&sources, &headers(&[("x-a", b"k"), ("x-b", b"")]), DIRECT).as_deref(), Some("k:"));
+        assert_eq!(build(&[], &headers(&[]), DIRECT).as_deref(), Some(""));
     }
 
     #[test]
     fn separators_inside_values_cannot_forge_another_key() {
-        let sources = [KeySource::Header("x-a".into()), KeySource::Header("x-b".into())];
-        let one = Headers(HashMap::from([("x-a", b"a:b".to_vec()), ("x-b", b"c".to_vec())]));
-        let two = Headers(HashMap::from([("x-a", b"a".to_vec()), ("x-b", b"b:c".to_vec())]));
-        assert_ne!(build(&sources, &one), build(&sources, &two));
+        let sources = [header("x-a"), header("x-b")];
+        let one = build(&sources, &headers(&[("x-a", b"a:b"), ("x-b", b"c")]), DIRECT);
+        let two = build(&sources, &headers(&[("x-a", b"a"), ("x-b", b"b:c")]), DIRECT);
+        assert_ne!(one, two);
     }
 
     #[test]
     fn encoded_keys_pass_the_shim_check_and_raw_syntax_does_not() {
         assert!(is_encoded(&encode(b"{evil}:key")));
-        assert!(is_encoded("k:!"));
+        assert!(is_encoded(MISSING));
         assert!(!is_encoded("a{b}"));
         assert!(!is_encoded("a b"));
     }
 
     #[test]
+    fn every_source_reads_its_part_of_the_request() {
+        let req = SimpleRequest::new("GET", "/v1/orders?page=2&user=bob%20s")
+            .authority("API.example.com:443")
+            .source("10.1.2.3:5555");
+        let key = |src: &str| build(&[KeySource::parse(src).expect("valid source")], &req, DIRECT);
+        assert_eq!(key("path").as_deref(), Some("%2Fv1%2Forders"));
+        assert_eq!(key("method").as_deref(), Some("GET"));
+        assert_eq!(key("host").as_deref(), Some("api.example.com"));
+        assert_eq!(key("query:user").as_deref(), Some("bob%20s"));
+        assert_eq!(key("query:none"), None);
+        assert_eq!(key("ip").as_deref(), Some("10.1.2.3"));
+    }
+
+    #[test]
+    fn client_ip_comes_from_the_peer_or_trusted_forwarded_for() {
+        let req =
+            headers(&[("x-forwarded-for", b"203.0.113.9, 198.51.100.7 , 10.0.0.1")]).source("[::1]:4000");
+        let ip = |hops| ClientIp { trusted_hops: hops }.of(&req).map(|ip| ip.to_string());
+        assert_eq!(ip(0).as_deref(), Some("::1"));
+        assert_eq!(ip(1).as_deref(), Some("10.0.0.1"));
+        assert_eq!(ip(2).as_deref(), Some("198.51.100.7"));
+        assert_eq!(ip(3).as_deref(), Some("203.0.113.9"));
+        assert_eq!(ip(4), None, "fewer entries than trusted hops");
+        let spoofed = headers(&[("x-forwarded-for", b"not-an-ip")]);
+        assert_eq!(ClientIp { trusted_hops: 1 }.of(&spoofed), None);
+    }
+
+    #[test]
     fn key_sources_parse() {
-        assert_eq!(KeySource::parse("header:X-Api-Key"), Some(KeySource::Header("x-api-key".into())));
-        assert_eq!(KeySource::parse("header::authority"), Some(KeySource::Header(":authority".into())));
-        for bad in ["header:", "header:a b", "cookie:x", "x-api-key"] {
+        assert_eq!(KeySource::parse("header:X-Api-Key"), Some(header("x-api-key")));
+        assert_eq!(KeySource::parse("query:page"), Some(KeySource::Query("page".into())));
+        assert_eq!(KeySource::parse("ip"), Some(KeySource::Ip));
+        for bad in ["header:", "header:a b", "cookie:x", "x-api-key", "query:", "IP"] {
             assert_eq!(KeySource::parse(bad), None, "{bad:?} should be refused");
         }
     }

@@ -4,24 +4,30 @@
 //!
 //! # Layout
 //!
-//! - [`document`]: the JSON policy document, strictly typed and validated while
-//!   it is parsed, so every error carries a path and a line and column.
-//! - [`units`]: the validated scalar types: durations, counts, policy names.
-//! - [`error`]: [`ParseError`], the one error type of [`parse`].
+//! - [`document`]: the JSON policy document, validated while it is parsed, so
+//!   every error carries a path and a line and column; which policies apply.
+//! - [`condition`]: `match` and `bypass` conditions on a request.
+//! - [`limit`]: the limit types and what each means.
+//! - [`key`]: key sources, the missing-key rule, and the encoding that keeps
+//!   user input out of Redis key syntax.
+//! - [`units`]: the validated scalars: durations, counts, names.
 //! - [`request`]: what matching and keying read from a request.
-//! - [`key`]: key sources and the encoding that keeps user input out of Redis
-//!   key syntax.
+//! - [`error`]: [`ParseError`], the one error type of [`parse`].
 //! - [`wire`]: the compact JSON exchanged with the shim.
 
+pub mod condition;
 pub mod document;
 pub mod error;
 pub mod key;
+pub mod limit;
 pub mod request;
 pub mod units;
 pub mod wire;
 
-pub use document::{Document, FailureMode, Limit, Match, Policy, Shim};
+pub use condition::Condition;
+pub use document::{Applied, Document, FailureMode, Policy, Shim, Verdict};
 pub use error::{parse, ParseError};
-pub use key::KeySource;
+pub use key::{KeySource, OnMissingKey};
+pub use limit::{Cost, Limit};
 pub use request::Request;
-pub use units::{Count, Duration, PolicyName};
+pub use units::{Count, Duration, HeaderName, PolicyName};

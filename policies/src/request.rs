@@ -1,11 +1,131 @@
 //! What matching and key building read from a request. The filter implements
-//! this over proxy-wasm host calls; tests implement it over plain values.
+//! this over proxy-wasm host calls; tests and benches over plain values.
+
+use std::borrow::Cow;
 
 pub trait Request {
     /// The `:path` pseudo-header, query included; empty if absent.
     fn path(&self) -> &[u8];
     /// The `:method` pseudo-header; empty if absent.
     fn method(&self) -> &[u8];
+    /// The `:authority` pseudo-header (the host); empty if absent.
+    fn authority(&self) -> &[u8];
     /// A request header's value, by lower-case name.
-    fn header(&self, name: &str) -> Option<Vec<u8>>;
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>>;
+    /// The downstream peer address, `ip:port`, as the proxy saw it.
+    fn source_address(&self) -> Option<Cow<'_, [u8]>>;
+}
+
+/// A request held in plain values, for tests, benches and tools.
+#[derive(Debug, Clone, Default)]
+pub struct SimpleRequest {
+    pub path: Vec<u8>,
+    pub method: Vec<u8>,
+    pub authority: Vec<u8>,
+    /// Lower-case names; the first of a repeated name wins.
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub source_address: Option<Vec<u8>>,
+}
+
+impl SimpleRequest {
+    pub fn new(method: &str, path: &str) -> SimpleRequest {
+        SimpleRequest { method: method.into(), path: path.into(), ..SimpleRequest::default() }
+    }
+
+    pub fn header(mut self, name: &str, value: impl AsRef<[u8]>) -> SimpleRequest {
+        self.headers.push((name.to_ascii_lowercase(), value.as_ref().to_vec()));
+        self
+    }
+
+    pub fn authority(mut self, authority: &str) -> SimpleRequest {
+        self.authority = authority.into();
+        self
+    }
+
+    pub fn source(mut self, address: &str) -> SimpleRequest {
+        self.source_address = Some(address.into());
+        self
+    }
+}
+
+impl Request for SimpleRequest {
+    fn path(&self) -> &[u8] {
+        &self.path
+    }
+    fn method(&self) -> &[u8] {
+        &self.method
+    }
+    fn authority(&self) -> &[u8] {
+        &self.authority
+    }
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| Cow::Borrowed(v.as_slice()))
+    }
+    fn source_address(&self) -> Option<Cow<'_, [u8]>> {
+        self.source_address.as_deref().map(Cow::Borrowed)
+    }
+}
+
+/// The path without its query string.
+pub fn path_only(path: &[u8]) -> &[u8] {
+    match path.iter().position(|&b| b == b'?') {
+        Some(i) => &path[..i],
+        None => path,
+    }
+}
+
+/// The query string, without the `?`; empty if none.
+pub fn query_string(path: &[u8]) -> &[u8] {
+    match path.iter().position(|&b| b == b'?') {
+        Some(i) => &path[i + 1..],
+        None => b"",
+    }
+}
+
+/// The first value of query parameter `name`, form-decoded.
+pub fn query_param<'a>(path: &'a [u8], name: &str) -> Option<Cow<'a, str>> {
+    form_urlencoded::parse(query_string(path)).find(|(k, _)| k == name).map(|(_, v)| v)
+}
+
+/// The host of an authority, without a port, in lower case when it needs no
+/// allocation to compare: callers compare case-insensitively.
+pub fn host_only(authority: &[u8]) -> &[u8] {
+    if authority.first() == Some(&b'[') {
+        // [v6]:port
+        return match authority.iter().position(|&b| b == b']') {
+            Some(end) => &authority[..=end],
+            None => authority,
+        };
+    }
+    match authority.iter().rposition(|&b| b == b':') {
+        Some(i) if authority[i + 1..].iter().all(u8::is_ascii_digit) => &authority[..i],
+        _ => authority,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_and_query_split_at_the_first_question_mark() {
+        assert_eq!(path_only(b"/a/b?x=1?y"), b"/a/b");
+        assert_eq!(query_string(b"/a/b?x=1?y"), b"x=1?y");
+        assert_eq!(query_string(b"/a"), b"");
+    }
+
+    #[test]
+    fn query_params_are_form_decoded_first_wins() {
+        assert_eq!(query_param(b"/?a=1&b=x%20y+z&a=2", "a").as_deref(), Some("1"));
+        assert_eq!(query_param(b"/?a=1&b=x%20y+z", "b").as_deref(), Some("x y z"));
+        assert_eq!(query_param(b"/?a=1", "c"), None);
+        assert_eq!(query_param(b"/?flag", "flag").as_deref(), Some(""));
+    }
+
+    #[test]
+    fn hosts_lose_their_port() {
+        assert_eq!(host_only(b"api.example.com:8443"), b"api.example.com");
+        assert_eq!(host_only(b"api.example.com"), b"api.example.com");
+        assert_eq!(host_only(b"[::1]:80"), b"[::1]");
+    }
 }

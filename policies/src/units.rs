@@ -118,6 +118,39 @@ impl<'de> Deserialize<'de> for PolicyName {
     }
 }
 
+/// A request header name, stored in lower case: 1 to 128 of `A-Z a-z 0-9 - _ .`,
+/// optionally after a leading `:` for pseudo-headers.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HeaderName(String);
+
+impl HeaderName {
+    pub fn new(name: &str) -> Option<HeaderName> {
+        let body = name.strip_prefix(':').unwrap_or(name);
+        let valid = (1..=128).contains(&body.len())
+            && body.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        valid.then(|| HeaderName(name.to_ascii_lowercase()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for HeaderName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for HeaderName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        HeaderName::new(&name).ok_or_else(|| {
+            de::Error::custom(format!("invalid header name {name:?} (expected e.g. \"x-api-key\")"))
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,6 +189,15 @@ mod tests {
         assert_eq!(Count::new(1_000_000_000).map(Count::get), Some(1_000_000_000));
         assert_eq!(Count::new(1_000_000_001), None);
         assert_eq!(Count::new(u64::MAX), None);
+    }
+
+    #[test]
+    fn header_names_are_lower_cased_and_checked() {
+        assert_eq!(HeaderName::new("X-Api-Key").map(|h| h.0), Some("x-api-key".into()));
+        assert_eq!(HeaderName::new(":authority").map(|h| h.0), Some(":authority".into()));
+        for bad in ["", ":", "a b", "a:b", "é"] {
+            assert!(HeaderName::new(bad).is_none(), "{bad:?} should be refused");
+        }
     }
 
     #[test]

@@ -1,89 +1,158 @@
-//! Which policies apply to a request, and the key each one derives.
+//! Which policies apply to a request, on which key: `match`, `bypass`, key
+//! sources and `on_missing_key`.
 
-use std::collections::HashMap;
-
+use sluice_policies::request::SimpleRequest;
 use sluice_policies::wire::WireLimit;
-use sluice_policies::{parse, Document, Request};
+use sluice_policies::{parse, Document};
 
-struct Req {
-    path: &'static str,
-    method: &'static str,
-    headers: HashMap<&'static str, &'static [u8]>,
+const LIMIT: &str = r#"[{"type": "sliding_window", "limit": 1, "window": "1s"}]"#;
+
+/// A document with one policy of these extra fields.
+fn doc_with(fields: &str) -> Document {
+    let text = format!(r#"{{"policies": [{{"name": "p", {fields}, "limits": {LIMIT}}}]}}"#);
+    parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
 }
 
-impl Request for Req {
-    fn path(&self) -> &[u8] {
-        self.path.as_bytes()
-    }
-    fn method(&self) -> &[u8] {
-        self.method.as_bytes()
-    }
-    fn header(&self, name: &str) -> Option<Vec<u8>> {
-        self.headers.get(name).map(|v| v.to_vec())
-    }
+fn get(path: &str) -> SimpleRequest {
+    SimpleRequest::new("GET", path)
 }
 
-fn req(method: &'static str, path: &'static str, headers: &[(&'static str, &'static [u8])]) -> Req {
-    Req { path, method, headers: headers.iter().copied().collect() }
+/// The key the one policy applies on, or `None` if it does not apply.
+fn key(doc: &Document, req: &SimpleRequest) -> Option<String> {
+    let applied = doc.evaluate(req).expect("no missing-key denial");
+    applied.first().map(|a| a.key.clone())
 }
 
-fn doc() -> Document {
-    parse(
-        r#"{"policies": [
-            {"name": "partner", "match": {"path_prefix": "/v42/", "methods": ["GET", "POST"]},
-             "key": ["header:X-Api-Key"],
-             "limits": [{"type": "sliding_window", "limit": 25, "window": "5s"},
-                        {"type": "sliding_window", "limit": 300, "window": "1m"}]},
-            {"name": "global", "limits": [{"type": "sliding_window", "limit": 1000, "window": "1s"}]}
-        ]}"#,
-    )
-    .expect("valid document")
+fn applies(doc: &Document, req: &SimpleRequest) -> bool {
+    key(doc, req).is_some()
 }
 
-fn applied(doc: &Document, r: &Req) -> Vec<(String, String)> {
-    doc.checks(r).into_iter().map(|c| (c.policy, c.key)).collect()
+#[test]
+fn path_conditions_ignore_the_query() {
+    let prefix = doc_with(r#""match": {"path_prefix": "/v42/"}"#);
+    assert!(applies(&prefix, &get("/v42/orders?x=1")));
+    assert!(!applies(&prefix, &get("/v42")));
+    assert!(!applies(&prefix, &get("/x?/v42/")));
+
+    let exact = doc_with(r#""match": {"path_exact": "/login"}"#);
+    assert!(applies(&exact, &get("/login?next=/")));
+    assert!(!applies(&exact, &get("/login/")));
+
+    let regex = doc_with(r#""match": {"path_regex": "^/users/[0-9]+/orders$"}"#);
+    assert!(applies(&regex, &get("/users/42/orders?page=2")));
+    assert!(!applies(&regex, &get("/users/abc/orders")));
 }
 
-/// Path prefix and method must both hold; a policy without `match` applies to all.
+#[test]
+fn methods_host_headers_and_query_must_all_hold() {
+    let doc = doc_with(
+        r#""match": {"methods": ["POST"], "host": "API.example.com",
+                     "headers": {"x-tier": {"equals": "free"}, "authorization": {"prefix": "Bearer "}},
+                     "query": {"dry_run": {"present": false}}}"#,
+    );
+    let good = SimpleRequest::new("POST", "/charge")
+        .authority("api.example.com:443")
+        .header("x-tier", "free")
+        .header("authorization", "Bearer abc");
+    assert!(applies(&doc, &good));
+    let mut wrong_method = good.clone();
+    wrong_method.method = b"GET".to_vec();
+    assert!(!applies(&doc, &wrong_method));
+    assert!(!applies(&doc, &good.clone().authority("other.example.com")));
+    let mut paid = good.clone();
+    paid.headers[0].1 = b"paid".to_vec();
+    assert!(!applies(&doc, &paid));
+    let mut dry = good.clone();
+    dry.path = b"/charge?dry_run=1".to_vec();
+    assert!(!applies(&doc, &dry));
+}
+
+#[test]
+fn bypass_exempts_an_admin_header_or_an_allow_listed_key() {
+    let doc = doc_with(
+        r#""key": ["header:x-api-key"],
+           "bypass": [{"headers": {"x-internal": {"present": true}}}, {"keys": ["partner-vip"]}]"#,
+    );
+    assert!(applies(&doc, &get("/").header("x-api-key", "alice")));
+    assert!(!applies(&doc, &get("/").header("x-api-key", "alice").header("x-internal", "1")));
+    assert!(!applies(&doc, &get("/").header("x-api-key", "partner-vip")));
+}
+
+/// Every policy whose match holds applies, in document order.
 #[test]
 fn every_matching_policy_applies() {
-    let doc = doc();
-    let key = [("x-api-key", &b"alice"[..])];
-    assert_eq!(
-        applied(&doc, &req("GET", "/v42/orders?page=2", &key)),
-        [("partner".into(), "alice".into()), ("global".into(), String::new())]
-    );
-    assert_eq!(applied(&doc, &req("DELETE", "/v42/orders", &key)), [("global".into(), String::new())]);
-    assert_eq!(applied(&doc, &req("GET", "/v41/orders", &key)), [("global".into(), String::new())]);
-    assert_eq!(applied(&doc, &req("GET", "/v42", &key)), [("global".into(), String::new())]);
+    let doc = parse(&format!(
+        r#"{{"policies": [
+            {{"name": "a", "match": {{"path_prefix": "/v42/"}}, "key": ["header:x-api-key"], "limits": {LIMIT}}},
+            {{"name": "b", "limits": {LIMIT}}},
+            {{"name": "c", "match": {{"methods": ["DELETE"]}}, "limits": {LIMIT}}}
+        ]}}"#
+    ))
+    .expect("valid document");
+    let applied = doc.evaluate(&get("/v42/x").header("x-api-key", "k")).expect("applies");
+    let names: Vec<(&str, &str)> = applied.iter().map(|a| (a.policy.name.as_str(), a.key.as_str())).collect();
+    assert_eq!(names, [("a", "k"), ("b", "")]);
 }
 
-/// The limits travel to the shim in milliseconds, in document order.
 #[test]
-fn checks_carry_the_limits() {
-    let checks = doc().checks(&req("POST", "/v42/x", &[("x-api-key", b"k")]));
-    assert_eq!(
-        checks[0].limits,
-        [
-            WireLimit::SlidingWindow { limit: 25, window_ms: 5_000 },
-            WireLimit::SlidingWindow { limit: 300, window_ms: 60_000 }
-        ]
-    );
+fn missing_key_is_shared_by_default() {
+    let doc = doc_with(r#""key": ["header:x-api-key"]"#);
+    assert_eq!(key(&doc, &get("/")).as_deref(), Some("!"));
+    let explicit = doc_with(r#""key": ["header:x-api-key"], "on_missing_key": "shared""#);
+    assert_eq!(key(&explicit, &get("/")).as_deref(), Some("!"));
 }
 
-/// Without the key header a request is counted in one shared bucket, so
-/// leaving the header out cannot escape the limit.
 #[test]
-fn missing_key_shares_one_bucket() {
-    let doc = doc();
-    let checks = doc.checks(&req("GET", "/v42/x", &[]));
-    assert_eq!(checks[0].key, "!");
+fn missing_key_can_skip_the_policy() {
+    let doc = doc_with(r#""key": ["header:x-api-key"], "on_missing_key": "skip""#);
+    assert_eq!(key(&doc, &get("/")), None);
+    assert_eq!(key(&doc, &get("/").header("x-api-key", "k")).as_deref(), Some("k"));
 }
 
-/// Key values are encoded, so Redis key syntax in a header stays inert.
+#[test]
+fn missing_key_can_deny_the_request() {
+    let doc = doc_with(r#""key": ["query:tenant"], "on_missing_key": "deny""#);
+    let denied = doc.evaluate(&get("/"));
+    assert_eq!(denied.map_err(|p| p.name.as_str()).err(), Some("p"));
+    assert_eq!(key(&doc, &get("/?tenant=t1")).as_deref(), Some("t1"));
+}
+
+#[test]
+fn client_ip_honours_trusted_hops() {
+    let text =
+        format!(r#"{{"trusted_hops": 1, "policies": [{{"name": "p", "key": ["ip"], "limits": {LIMIT}}}]}}"#);
+    let doc = parse(&text).expect("valid document");
+    let req = get("/").source("10.0.0.9:1234").header("x-forwarded-for", "198.51.100.7, 203.0.113.5");
+    assert_eq!(key(&doc, &req).as_deref(), Some("203.0.113.5"));
+    let direct = doc_with(r#""key": ["ip"]"#);
+    assert_eq!(key(&direct, &req).as_deref(), Some("10.0.0.9"));
+}
+
+/// Hostile key values are encoded, so Redis key syntax in a header stays inert.
 #[test]
 fn hostile_key_values_are_encoded() {
-    let doc = doc();
-    let checks = doc.checks(&req("GET", "/v42/x", &[("x-api-key", b"{other}:tenant")]));
-    assert_eq!(checks[0].key, "%7Bother%7D%3Atenant");
+    let doc = doc_with(r#""key": ["header:x-api-key", "method"]"#);
+    assert_eq!(key(&doc, &get("/").header("x-api-key", "{other}:t")).as_deref(), Some("%7Bother%7D%3At:GET"));
+}
+
+/// The limits travel to the shim in milliseconds, with a points cost read
+/// from its header, or the default when the header is absent or not a number.
+#[test]
+fn checks_carry_the_limits_and_the_request_cost() {
+    let doc = parse(
+        r#"{"policies": [{"name": "p", "limits": [
+            {"type": "sliding_window", "limit": 25, "window": "5s"},
+            {"type": "points", "capacity": 1000, "refill": "20s", "cost": {"header": "x-cost", "default": 10}}
+        ]}]}"#,
+    )
+    .expect("valid document");
+    let limits = |req: &SimpleRequest| {
+        let applied = doc.evaluate(req).expect("applies");
+        applied[0].check(req).limits
+    };
+    let window = WireLimit::SlidingWindow { limit: 25, window_ms: 5_000, approximate: false };
+    let points = |cost| WireLimit::Points { capacity: 1000, refill_ms: 20_000, cost };
+    assert_eq!(limits(&get("/").header("x-cost", " 42 ")), [window, points(42)]);
+    assert_eq!(limits(&get("/")), [window, points(10)]);
+    assert_eq!(limits(&get("/").header("x-cost", "lots")), [window, points(10)]);
 }

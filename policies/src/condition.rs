@@ -1,0 +1,221 @@
+//! Conditions on a request: a policy's `match`, and each entry of its
+//! `bypass` list. Every condition given must hold; none given holds always.
+//!
+//! Paths are compared without the query string. `path_regex` is unanchored
+//! (use `^` and `$`). `host` is compared case-insensitively with the
+//! `:authority`, without its port. Header and query conditions are
+//! `{"present": true}` (or `false` for absent), `{"equals": "v"}` or
+//! `{"prefix": "v"}`; query values are form-decoded first. `keys` holds when
+//! the policy's key (of a single source) is one of the listed raw values.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use serde::de::{self, Deserialize, Deserializer};
+
+use crate::request::{host_only, path_only, query_param};
+use crate::{HeaderName, Request};
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Condition {
+    pub path: Option<PathCondition>,
+    pub methods: Option<Vec<String>>,
+    pub host: Option<String>,
+    pub headers: BTreeMap<HeaderName, ValueCondition>,
+    pub query: BTreeMap<String, ValueCondition>,
+    pub keys: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone)]
+pub enum PathCondition {
+    Prefix(String),
+    Exact(String),
+    Regex(regex_lite::Regex),
+}
+
+impl PartialEq for PathCondition {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (PathCondition::Prefix(a), PathCondition::Prefix(b)) => a == b,
+            (PathCondition::Exact(a), PathCondition::Exact(b)) => a == b,
+            (PathCondition::Regex(a), PathCondition::Regex(b)) => a.as_str() == b.as_str(),
+            _ => false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ValueCondition {
+    Present(bool),
+    Equals(String),
+    Prefix(String),
+}
+
+impl ValueCondition {
+    fn holds(&self, value: Option<&[u8]>) -> bool {
+        match (self, value) {
+            (ValueCondition::Present(want), v) => *want == v.is_some(),
+            (ValueCondition::Equals(want), Some(v)) => want.as_bytes() == v,
+            (ValueCondition::Prefix(want), Some(v)) => v.starts_with(want.as_bytes()),
+            (_, None) => false,
+        }
+    }
+}
+
+impl Condition {
+    /// Whether a `keys` condition needs the request's raw key value.
+    pub fn needs_key(&self) -> bool {
+        self.keys.is_some()
+    }
+
+    /// Whether every condition holds. `raw_key` is the policy's raw key value,
+    /// asked for only when [`Condition::needs_key`].
+    pub fn holds(&self, req: &impl Request, raw_key: Option<&[u8]>) -> bool {
+        self.path_holds(req.path())
+            && self.methods.as_ref().is_none_or(|ms| ms.iter().any(|m| m.as_bytes() == req.method()))
+            && self
+                .host
+                .as_ref()
+                .is_none_or(|h| host_only(req.authority()).eq_ignore_ascii_case(h.as_bytes()))
+            && self.headers.iter().all(|(name, cond)| cond.holds(req.header(name.as_str()).as_deref()))
+            && self
+                .query
+                .iter()
+                .all(|(name, cond)| cond.holds(query_param(req.path(), name).as_deref().map(str::as_bytes)))
+            && self
+                .keys
+                .as_ref()
+                .is_none_or(|keys| raw_key.is_some_and(|k| keys.iter().any(|v| v.as_bytes() == k)))
+    }
+
+    fn path_holds(&self, path: &[u8]) -> bool {
+        let path = path_only(path);
+        match &self.path {
+            None => true,
+            Some(PathCondition::Prefix(p)) => path.starts_with(p.as_bytes()),
+            Some(PathCondition::Exact(p)) => path == p.as_bytes(),
+            Some(PathCondition::Regex(re)) => std::str::from_utf8(path).is_ok_and(|p| re.is_match(p)),
+        }
+    }
+}
+
+/// The document form of a condition, checked and compiled into [`Condition`].
+#[derive(serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCondition {
+    path_prefix: Option<String>,
+    path_exact: Option<String>,
+    /// A regular expression, unanchored, matched against the path without the query.
+    path_regex: Option<PathRegex>,
+    /// Upper-case HTTP methods, e.g. `["GET", "POST"]`.
+    methods: Option<Vec<Method>>,
+    /// The host, without a port; compared case-insensitively.
+    host: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<HeaderName, ValueCondition>,
+    #[serde(default)]
+    query: BTreeMap<String, ValueCondition>,
+    /// Raw values of the policy's (single) key source.
+    keys: Option<Vec<String>>,
+}
+
+/// The longest `path_regex` accepted.
+const MAX_REGEX_LEN: usize = 1024;
+
+impl<'de> Deserialize<'de> for Condition {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = RawCondition::deserialize(d)?;
+        let paths = [raw.path_prefix.is_some(), raw.path_exact.is_some(), raw.path_regex.is_some()];
+        if paths.iter().filter(|given| **given).count() > 1 {
+            return Err(de::Error::custom("give at most one of `path_prefix`, `path_exact`, `path_regex`"));
+        }
+        let path = if let Some(p) = raw.path_prefix {
+            Some(PathCondition::Prefix(p))
+        } else if let Some(p) = raw.path_exact {
+            Some(PathCondition::Exact(p))
+        } else if let Some(PathRegex(re)) = raw.path_regex {
+            Some(PathCondition::Regex(re))
+        } else {
+            None
+        };
+        Ok(Condition {
+            path,
+            methods: raw.methods.map(|ms| ms.into_iter().map(|m| m.0).collect()),
+            host: raw.host.map(|h| h.to_ascii_lowercase()),
+            headers: raw.headers,
+            query: raw.query,
+            keys: raw.keys,
+        })
+    }
+}
+
+/// A compiled `path_regex`.
+pub(crate) struct PathRegex(regex_lite::Regex);
+
+impl<'de> Deserialize<'de> for PathRegex {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let re = String::deserialize(d)?;
+        if re.len() > MAX_REGEX_LEN {
+            return Err(de::Error::custom(format!("invalid regex: longer than {MAX_REGEX_LEN} bytes")));
+        }
+        regex_lite::Regex::new(&re)
+            .map(PathRegex)
+            .map_err(|e| de::Error::custom(format!("invalid regex {re:?}: {e}")))
+    }
+}
+
+impl<'de> Deserialize<'de> for ValueCondition {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        RawValueCondition::deserialize(d)?.check().map_err(de::Error::custom)
+    }
+}
+
+/// Exactly one of `present`, `equals`, `prefix`.
+#[derive(serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawValueCondition {
+    present: Option<bool>,
+    equals: Option<String>,
+    prefix: Option<String>,
+}
+
+impl RawValueCondition {
+    fn check(self) -> Result<ValueCondition, &'static str> {
+        match (self.present, self.equals, self.prefix) {
+            (Some(p), None, None) => Ok(ValueCondition::Present(p)),
+            (None, Some(v), None) => Ok(ValueCondition::Equals(v)),
+            (None, None, Some(v)) => Ok(ValueCondition::Prefix(v)),
+            _ => Err("give exactly one of `present`, `equals`, `prefix`"),
+        }
+    }
+}
+
+/// An HTTP method, in upper case as it appears on the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Method(String);
+
+impl<'de> Deserialize<'de> for Method {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let m = String::deserialize(d)?;
+        let valid = !m.is_empty() && m.len() <= 32 && m.bytes().all(|b| b.is_ascii_uppercase());
+        if valid {
+            Ok(Method(m))
+        } else {
+            Err(de::Error::custom(format!("invalid method {m:?} (expected upper case, e.g. \"GET\")")))
+        }
+    }
+}
+
+/// The raw value a `keys` condition compares with.
+pub(crate) fn raw_key<'r>(
+    sources: &[crate::KeySource],
+    req: &'r impl Request,
+    ip: crate::key::ClientIp,
+) -> Option<Cow<'r, [u8]>> {
+    match sources {
+        [source] => source.value(req, ip),
+        _ => None,
+    }
+}

@@ -1,0 +1,235 @@
+//! The limit types of a policy and what each one means. The Redis scripts in
+//! `lua/` implement them, and the modules under `algorithm` model them.
+//!
+//! | type | fields | meaning |
+//! |---|---|---|
+//! | `fixed_window` | `limit`, `window` | at most `limit` per window aligned to the epoch |
+//! | `sliding_window` | `limit`, `window`, `approximate` | exact: at most `limit` in any interval one `window` long; approximate: the two-counter estimate |
+//! | `token_bucket` | `rate`, `per`, `burst` | `rate` tokens refill every `per`; the bucket holds at most `burst` |
+//! | `leaky_bucket` | `capacity`, `drain` | a full bucket of `capacity` drains in `drain`: burst, then one every `drain / capacity` |
+//! | `interval` | `every` | at most one request per `every` |
+//! | `concurrency` | `limit`, `lease` | at most `limit` in flight; a slot returns at stream end, or after `lease` if its holder died |
+//! | `points` | `capacity`, `refill`, `cost`, `actual_cost_header` | a bucket of `capacity` points refilled completely in `refill`; each request costs `cost` |
+
+use serde::de::{self, Deserialize, Deserializer};
+
+use crate::{Count, Duration, HeaderName};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Limit {
+    FixedWindow { limit: Count, window: Duration },
+    SlidingWindow { limit: Count, window: Duration, approximate: bool },
+    TokenBucket { rate: Count, per: Duration, burst: Count },
+    LeakyBucket { capacity: Count, drain: Duration },
+    Interval { every: Duration },
+    Concurrency { limit: Count, lease: Duration },
+    Points { capacity: Count, refill: Duration, cost: Cost, actual_cost_header: Option<HeaderName> },
+}
+
+impl Limit {
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Limit::FixedWindow { .. } => "fixed_window",
+            Limit::SlidingWindow { .. } => "sliding_window",
+            Limit::TokenBucket { .. } => "token_bucket",
+            Limit::LeakyBucket { .. } => "leaky_bucket",
+            Limit::Interval { .. } => "interval",
+            Limit::Concurrency { .. } => "concurrency",
+            Limit::Points { .. } => "points",
+        }
+    }
+}
+
+/// What one request costs a `points` limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cost {
+    /// The same for every request.
+    Fixed(u32),
+    /// Read from a request header, an integer from 0 to the capacity;
+    /// `default` when the header is missing or not such a number.
+    Header { header: HeaderName, default: u32 },
+}
+
+/// Every field any limit type may have. A limit is read into this first, so
+/// that a bad value is reported at its own path and position, and then
+/// checked against its type.
+#[derive(serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLimit {
+    #[serde(rename = "type")]
+    kind: LimitType,
+    limit: Option<Count>,
+    window: Option<Duration>,
+    approximate: Option<bool>,
+    rate: Option<Count>,
+    per: Option<Duration>,
+    burst: Option<Count>,
+    capacity: Option<Count>,
+    drain: Option<Duration>,
+    every: Option<Duration>,
+    lease: Option<Duration>,
+    refill: Option<Duration>,
+    cost: Option<RawCost>,
+    actual_cost_header: Option<HeaderName>,
+}
+
+#[derive(Clone, Copy, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+enum LimitType {
+    FixedWindow,
+    SlidingWindow,
+    TokenBucket,
+    LeakyBucket,
+    Interval,
+    Concurrency,
+    Points,
+}
+
+/// A number, or `{"header": NAME, "default": N}`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", serde(untagged))]
+enum RawCost {
+    Fixed(u32),
+    Header(HeaderCost),
+}
+
+impl<'de> Deserialize<'de> for RawCost {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct CostVisitor;
+        impl<'de> de::Visitor<'de> for CostVisitor {
+            type Value = RawCost;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a cost: a number, or {\"header\": NAME, \"default\": N}")
+            }
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<RawCost, E> {
+                u32::try_from(n).map(RawCost::Fixed).map_err(|_| E::custom(format!("cost {n} is too large")))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<RawCost, A::Error> {
+                HeaderCost::deserialize(de::value::MapAccessDeserializer::new(map)).map(RawCost::Header)
+            }
+        }
+        d.deserialize_any(CostVisitor)
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+struct HeaderCost {
+    header: HeaderName,
+    default: u32,
+}
+
+impl RawLimit {
+    /// The names of the fields given, for the "not a field of" check.
+    fn given(&self) -> Vec<&'static str> {
+        let fields = [
+            ("limit", self.limit.is_some()),
+            ("window", self.window.is_some()),
+            ("approximate", self.approximate.is_some()),
+            ("rate", self.rate.is_some()),
+            ("per", self.per.is_some()),
+            ("burst", self.burst.is_some()),
+            ("capacity", self.capacity.is_some()),
+            ("drain", self.drain.is_some()),
+            ("every", self.every.is_some()),
+            ("lease", self.lease.is_some()),
+            ("refill", self.refill.is_some()),
+            ("cost", self.cost.is_some()),
+            ("actual_cost_header", self.actual_cost_header.is_some()),
+        ];
+        fields.iter().filter(|(_, given)| *given).map(|(name, _)| *name).collect()
+    }
+
+    fn check(self) -> Result<Limit, String> {
+        let (name, allowed): (&str, &[&str]) = match self.kind {
+            LimitType::FixedWindow => ("fixed_window", &["limit", "window"]),
+            LimitType::SlidingWindow => ("sliding_window", &["limit", "window", "approximate"]),
+            LimitType::TokenBucket => ("token_bucket", &["rate", "per", "burst"]),
+            LimitType::LeakyBucket => ("leaky_bucket", &["capacity", "drain"]),
+            LimitType::Interval => ("interval", &["every"]),
+            LimitType::Concurrency => ("concurrency", &["limit", "lease"]),
+            LimitType::Points => ("points", &["capacity", "refill", "cost", "actual_cost_header"]),
+        };
+        if let Some(extra) = self.given().into_iter().find(|f| !allowed.contains(f)) {
+            return Err(format!(
+                "`{extra}` is not a field of a {name} limit (expected {})",
+                allowed.iter().map(|f| format!("`{f}`")).collect::<Vec<_>>().join(", ")
+            ));
+        }
+        fn need<T>(value: Option<T>, field: &str) -> Result<T, String> {
+            value.ok_or_else(|| format!("missing field `{field}`"))
+        }
+        let limit = match self.kind {
+            LimitType::FixedWindow => {
+                Limit::FixedWindow { limit: need(self.limit, "limit")?, window: need(self.window, "window")? }
+            }
+            LimitType::SlidingWindow => Limit::SlidingWindow {
+                limit: need(self.limit, "limit")?,
+                window: need(self.window, "window")?,
+                approximate: self.approximate.unwrap_or(false),
+            },
+            LimitType::TokenBucket => Limit::TokenBucket {
+                rate: need(self.rate, "rate")?,
+                per: need(self.per, "per")?,
+                burst: need(self.burst, "burst")?,
+            },
+            LimitType::LeakyBucket => Limit::LeakyBucket {
+                capacity: need(self.capacity, "capacity")?,
+                drain: need(self.drain, "drain")?,
+            },
+            LimitType::Interval => Limit::Interval { every: need(self.every, "every")? },
+            LimitType::Concurrency => {
+                Limit::Concurrency { limit: need(self.limit, "limit")?, lease: need(self.lease, "lease")? }
+            }
+            LimitType::Points => {
+                let capacity = need(self.capacity, "capacity")?;
+                let cost = match need(self.cost, "cost")? {
+                    RawCost::Fixed(n) => Cost::Fixed(n),
+                    RawCost::Header(h) => Cost::Header { header: h.header, default: h.default },
+                };
+                let (Cost::Fixed(n) | Cost::Header { default: n, .. }) = cost;
+                if n > capacity.get() {
+                    return Err(format!(
+                        "cost {n} exceeds the capacity {}: it could never pass",
+                        capacity.get()
+                    ));
+                }
+                Limit::Points {
+                    capacity,
+                    refill: need(self.refill, "refill")?,
+                    cost,
+                    actual_cost_header: self.actual_cost_header,
+                }
+            }
+        };
+        check_rate(&limit)?;
+        Ok(limit)
+    }
+}
+
+/// The bucket types refill one unit every `period / count`; below a
+/// microsecond that interval cannot be kept.
+fn check_rate(limit: &Limit) -> Result<(), String> {
+    let (count, period) = match *limit {
+        Limit::TokenBucket { rate, per, .. } => (rate, per),
+        Limit::LeakyBucket { capacity, drain } => (capacity, drain),
+        Limit::Points { capacity, refill, .. } => (capacity, refill),
+        _ => return Ok(()),
+    };
+    if period.as_millis() * 1000 < u64::from(count.get()) {
+        return Err(format!(
+            "{} per {period} is more than one per microsecond, the finest rate Sluice keeps",
+            count.get()
+        ));
+    }
+    Ok(())
+}
+
+impl<'de> Deserialize<'de> for Limit {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        RawLimit::deserialize(d)?.check().map_err(de::Error::custom)
+    }
+}

@@ -1,0 +1,79 @@
+//! Every kind of mistake in a policy document, one fixture each in
+//! `fixtures/`, refused with its exact message: the JSON path, the reason,
+//! and the line and column.
+
+use sluice_policies::parse;
+
+fn error_of(text: &str) -> String {
+    match parse(text) {
+        Ok(doc) => panic!("expected an error, parsed {doc:?}"),
+        Err(err) => err.to_string(),
+    }
+}
+
+macro_rules! fixtures {
+    ($($name:ident => $message:expr,)*) => {
+        $(
+            #[test]
+            fn $name() {
+                let text = include_str!(concat!("fixtures/", stringify!($name), ".json"));
+                assert_eq!(error_of(text), $message);
+            }
+        )*
+
+        /// Every file in `fixtures/` has its test above.
+        #[test]
+        fn every_fixture_has_a_test() {
+            let tested = [$(stringify!($name)),*];
+            let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+            for entry in std::fs::read_dir(dir).expect("fixtures dir") {
+                let path = entry.expect("dir entry").path();
+                let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
+                assert!(tested.contains(&stem.as_str()), "fixture {} has no test", path.display());
+            }
+        }
+    };
+}
+
+fixtures! {
+    bad_duration => r#"policies[0].limits[0].window: invalid duration "5 sec" (expected e.g. "5s", "250ms"; from 1ms to 365d) at 6:66"#,
+    bad_failure_mode => r#"failure_mode: unknown variant `open`, expected `allow` or `deny` at 2:24"#,
+    bad_key_header_name => r#"policies[0].key[0]: invalid key source "header:x api key" (expected "header:NAME", "ip", "path", "method", "host" or "query:NAME") at 5:33"#,
+    bad_key_source => r#"policies[0].key[0]: invalid key source "cookie:session" (expected "header:NAME", "ip", "path", "method", "host" or "query:NAME") at 5:31"#,
+    bad_method => r#"policies[0].match.methods[0]: invalid method "get" (expected upper case, e.g. "GET") at 5:34"#,
+    bad_on_missing_key => r#"policies[0].on_missing_key: unknown variant `ignore`, expected one of `shared`, `deny`, `skip` at 5:32"#,
+    bad_path_regex => r#"policies[0].match.path_regex: invalid regex "^/users/([": found unclosed character class at 5:43"#,
+    bad_policy_name => r#"policies[0].name: invalid policy name "partner api" (expected 1 to 64 of A-Z a-z 0-9 _ -) at 3:26"#,
+    concurrency_missing_lease => r#"policies[0].limits[0]: missing field `lease` at 7:7"#,
+    duplicate_names => r#"policies: duplicate policy name "a" at policies[1] at 5:3"#,
+    duration_not_a_string => r#"policies[0].limits[0].window: invalid type: integer `5`, expected a string at 6:59"#,
+    duration_too_long => r#"policies[0].limits[0].window: invalid duration "400d" (expected e.g. "5s", "250ms"; from 1ms to 365d) at 6:63"#,
+    duration_unknown_unit => r#"policies[0].limits[0].window: invalid duration "5w" (expected e.g. "5s", "250ms"; from 1ms to 365d) at 6:63"#,
+    duration_zero => r#"policies[0].limits[0].window: invalid duration "0s" (expected e.g. "5s", "250ms"; from 1ms to 365d) at 6:63"#,
+    empty_document => r#"(document): EOF while parsing a value at 1:0"#,
+    empty_limits => r#"policies[0]: a policy needs at least one limit at 7:3"#,
+    field_of_another_type => r#"policies[0].limits[0]: `burst` is not a field of a sliding_window limit (expected `limit`, `window`, `approximate`) at 7:7"#,
+    header_condition_two_forms => r#"policies[0].match.headers.x-tier: give exactly one of `present`, `equals`, `prefix` at 5:72"#,
+    keys_condition_without_one_key_source => r#"policies[0]: a `keys` condition needs a policy with exactly one key source at 9:3"#,
+    limit_as_string => r#"policies[0].limits[0].limit: invalid type: string "25", expected u64 at 6:48"#,
+    limit_too_large => r#"policies[0].limits[0].limit: invalid count 1000000001 (expected 1 to 1000000000) at 6:52"#,
+    missing_limit_type => r#"policies[0].limits[0]: missing field `type` at 6:37"#,
+    missing_policies => r#"(document): missing field `policies` at 3:1"#,
+    missing_window => r#"policies[0].limits[0]: missing field `window` at 7:7"#,
+    negative_limit => r#"policies[0].limits[0].limit: invalid value: integer `-1`, expected u64 at 6:46"#,
+    not_json => r#"policies[0]: trailing comma at 3:18"#,
+    points_cost_bad_shape => r#"policies[0].limits[0].cost: invalid type: string "ten", expected a cost: a number, or {"header": NAME, "default": N} at 6:74"#,
+    points_cost_exceeds_capacity => r#"policies[0].limits[0]: cost 101 exceeds the capacity 100: it could never pass at 7:7"#,
+    points_cost_unknown_field => r#"policies[0].limits[0].cost.fallback: unknown field `fallback`, expected `header` or `default` at 6:100"#,
+    policy_name_too_long => r#"policies[0].name: invalid policy name "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" (expected 1 to 64 of A-Z a-z 0-9 _ -) at 3:80"#,
+    rate_too_fine => r#"policies[0].limits[0]: 1000000000 per 1ms is more than one per microsecond, the finest rate Sluice keeps at 7:7"#,
+    timeout_zero => r#"shim.timeout_ms: invalid timeout 0 (expected 1 to 60000 ms) at 2:53"#,
+    trailing_characters => r#"(document): trailing characters at 2:1"#,
+    trusted_hops_too_large => r#"trusted_hops: invalid trusted_hops 17 (expected 0 to 16) at 2:20"#,
+    two_path_conditions => r#"policies[0].match: give at most one of `path_prefix`, `path_exact`, `path_regex` at 5:65"#,
+    unknown_limit_field => r#"policies[0].limits[0].brust: unknown field `brust`, expected one of `type`, `limit`, `window`, `approximate`, `rate`, `per`, `burst`, `capacity`, `drain`, `every`, `lease`, `refill`, `cost`, `actual_cost_header` at 6:66"#,
+    unknown_limit_type => r#"policies[0].limits[0].type: unknown variant `sliding`, expected one of `fixed_window`, `sliding_window`, `token_bucket`, `leaky_bucket`, `interval`, `concurrency`, `points` at 6:26"#,
+    unknown_policy_field => r#"policies[0].shadow_mode: unknown field `shadow_mode`, expected one of `name`, `match`, `bypass`, `key`, `on_missing_key`, `limits` at 5:19"#,
+    unknown_top_level_field => r#"polices: unknown field `polices`, expected one of `$schema`, `shim`, `failure_mode`, `trusted_hops`, `policies` at 2:11"#,
+    zero_limit => r#"policies[0].limits[0].limit: invalid count 0 (expected 1 to 1000000000) at 6:45"#,
+}
