@@ -5,8 +5,11 @@
 //!
 //! `--base-id` is the admin port, unique among running Envoys, so several can
 //! run side by side (parallel tests).
+//!
+//! [`Envoy::start_template`] runs any other template the same way (the bench's
+//! setups in `bench/envoy/`), with the worker count given.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
@@ -18,6 +21,8 @@ use crate::process::{retry_port_clash, scratch_dir, Proc};
 
 /// Envoy compiles the wasm module once per worker, so give it time on a busy machine.
 const STARTUP: Duration = Duration::from_secs(60);
+/// Workers for `envoy/demo.yaml` as the tests and the demo run it.
+const DEMO_CONCURRENCY: u16 = 2;
 
 pub struct Envoy {
     /// The HTTP listener that runs the filter.
@@ -33,7 +38,26 @@ impl Envoy {
     }
 
     fn start_once(policy_json: &str, shim_port: u16, upstream_port: u16) -> anyhow::Result<Envoy> {
-        let (mut proc, port, admin_port) = spawn(policy_json, shim_port, upstream_port)?;
+        let (proc, port, admin_port) = spawn(policy_json, shim_port, upstream_port)?;
+        Envoy::serving(proc, port, admin_port)
+    }
+
+    /// Starts Envoy from any config `template` with `concurrency` workers and
+    /// waits until it serves. The template's `${LISTEN_PORT}` and
+    /// `${ADMIN_PORT}` are filled here; `values` fill its other placeholders.
+    pub fn start_template(
+        template: &Path,
+        values: &[(&str, String)],
+        concurrency: u16,
+    ) -> anyhow::Result<Envoy> {
+        retry_port_clash(|| {
+            let (port, admin_port) = (free_port()?, free_port()?);
+            let proc = spawn_template(template, values, concurrency, port, admin_port)?;
+            Envoy::serving(proc, port, admin_port)
+        })
+    }
+
+    fn serving(mut proc: Proc, port: u16, admin_port: u16) -> anyhow::Result<Envoy> {
         proc.wait_ready(STARTUP, || {
             let live = matches!(http_get(admin_port, "/ready"), Some((200, body)) if body.contains("LIVE"));
             live && listening(port)
@@ -70,35 +94,49 @@ impl Envoy {
 }
 
 fn spawn(policy_json: &str, shim_port: u16, upstream_port: u16) -> anyhow::Result<(Proc, u16, u16)> {
-    let bin = binary("SLUICE_ENVOY", "envoy")?;
     let wasm = dist("sluice.wasm")?;
     let (port, admin_port) = (free_port()?, free_port()?);
-    let dir = scratch_dir("envoy")?;
-    let template = workspace_root().join("envoy/demo.yaml");
-    let template =
-        std::fs::read_to_string(&template).with_context(|| format!("reading {}", template.display()))?;
-    let config = render(
-        &template,
-        &[
-            ("LISTEN_PORT", port.to_string()),
-            ("ADMIN_PORT", admin_port.to_string()),
-            ("UPSTREAM_PORT", upstream_port.to_string()),
-            ("SHIM_PORT", shim_port.to_string()),
-            ("WASM_PATH", wasm.display().to_string()),
-            // A JSON string literal is also a valid YAML double-quoted scalar.
-            ("POLICY_JSON", serde_json::to_string(policy_json)?),
-        ],
-    )?;
-    let config_path = dir.join("envoy.yaml");
-    std::fs::write(&config_path, config)?;
-    let cmd = command(&bin, &config_path, admin_port);
-    Ok((Proc::spawn("envoy", cmd, dir)?, port, admin_port))
+    let values = [
+        ("UPSTREAM_PORT", upstream_port.to_string()),
+        ("SHIM_PORT", shim_port.to_string()),
+        ("WASM_PATH", wasm.display().to_string()),
+        // A JSON string literal is also a valid YAML double-quoted scalar.
+        ("POLICY_JSON", serde_json::to_string(policy_json)?),
+    ];
+    let proc = spawn_template(&demo_template(), &values, DEMO_CONCURRENCY, port, admin_port)?;
+    Ok((proc, port, admin_port))
 }
 
-fn command(bin: &Path, config: &Path, base_id: u16) -> Command {
+/// `envoy/demo.yaml`, the template the tests and the demo run.
+pub fn demo_template() -> PathBuf {
+    workspace_root().join("envoy/demo.yaml")
+}
+
+fn spawn_template(
+    template: &Path,
+    values: &[(&str, String)],
+    concurrency: u16,
+    port: u16,
+    admin_port: u16,
+) -> anyhow::Result<Proc> {
+    let bin = binary("SLUICE_ENVOY", "envoy")?;
+    let dir = scratch_dir("envoy")?;
+    let text =
+        std::fs::read_to_string(template).with_context(|| format!("reading {}", template.display()))?;
+    let mut all = vec![("LISTEN_PORT", port.to_string()), ("ADMIN_PORT", admin_port.to_string())];
+    all.extend(values.iter().cloned());
+    let config = render(&text, &all).with_context(|| format!("rendering {}", template.display()))?;
+    let config_path = dir.join("envoy.yaml");
+    std::fs::write(&config_path, config)?;
+    let cmd = command(&bin, &config_path, admin_port, concurrency);
+    Proc::spawn("envoy", cmd, dir)
+}
+
+fn command(bin: &Path, config: &Path, base_id: u16, concurrency: u16) -> Command {
     let mut cmd = Command::new(bin);
     cmd.arg("-c").arg(config);
-    cmd.args(["--base-id", &base_id.to_string(), "--concurrency", "2", "--log-level", "info"]);
+    cmd.args(["--base-id", &base_id.to_string(), "--concurrency", &concurrency.to_string()]);
+    cmd.args(["--log-level", "info"]);
     cmd
 }
 
@@ -110,7 +148,7 @@ fn render(template: &str, values: &[(&str, String)]) -> anyhow::Result<String> {
     }
     let mut body = out.lines().filter(|line| !line.trim_start().starts_with('#'));
     if let Some(line) = body.find(|line| line.contains("${")) {
-        bail!("unknown placeholder left in envoy/demo.yaml: {line}");
+        bail!("unknown placeholder left in the template: {line}");
     }
     Ok(out)
 }

@@ -15,6 +15,7 @@
 //! - [`upstream`]: [`Upstream`], an in-process HTTP server answering `ok`.
 //! - [`envoy`]: [`Envoy`], `envoy/demo.yaml` rendered and run with a policy.
 //! - [`stack`]: [`Stack`], all four started together, in a safe drop order.
+//! - [`service`]: [`Service`], any other server binary on a free port.
 //! - [`client`]: [`burst`], N concurrent requests, collecting status and
 //!   `retry-after`.
 //!
@@ -28,6 +29,7 @@ pub mod paths;
 mod probe;
 mod process;
 pub mod redis;
+pub mod service;
 pub mod shim;
 pub mod stack;
 pub mod upstream;
@@ -36,6 +38,7 @@ pub use client::{burst, Reply};
 pub use envoy::Envoy;
 pub use paths::{dist, free_port, workspace_root};
 pub use redis::Redis;
+pub use service::Service;
 pub use shim::Shim;
 pub use stack::Stack;
 pub use upstream::Upstream;

@@ -2,6 +2,12 @@
 //!
 //! - `dist/sluice.wasm`: the proxy-wasm filter (see `wasm.rs` for the route).
 //! - `dist/sluice`: the native shim, a plain release build.
+//!
+//! The same two cargo calls also build what `cargo xtask bench` runs: the
+//! callout floor filter (`bench/callout-floor`) and the bench responder
+//! (`bench/responder`). They stay in `target/`, as they ship nowhere. Building
+//! the responder in the shim's cargo call gives both one feature set, so
+//! their shared dependencies are compiled once.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -21,23 +27,34 @@ pub fn dist_dir() -> PathBuf {
     workspace_root().join("dist")
 }
 
-/// Build the filter and the shim and copy both into `dist/`.
-pub fn build() -> Result<()> {
+/// The bench's own builds, in `target/`.
+pub struct BenchArtifacts {
+    pub floor_wasm: PathBuf,
+    pub responder: PathBuf,
+}
+
+const SHIM: &str = "sluice-shim";
+const RESPONDER: &str = "sluice-bench-responder";
+
+/// Build the filter and the shim and copy both into `dist/`; also build the
+/// bench's artifacts and return where they are.
+pub fn build() -> Result<BenchArtifacts> {
     let dist = dist_dir();
     fs::create_dir_all(&dist).with_context(|| format!("cannot create {}", dist.display()))?;
 
     let wasm = wasm::build()?;
-    let wasm_out = copy(&wasm, &dist.join("sluice.wasm"))?;
+    let wasm_out = copy(&wasm.plugin, &dist.join("sluice.wasm"))?;
 
-    cmd::run(cmd::cargo().args(["build", "--release", "-p", "sluice-shim"]))?;
-    let shim = workspace_root().join("target/release/sluice");
+    cmd::run(cmd::cargo().args(["build", "--release", "-p", SHIM, "-p", RESPONDER]))?;
+    let release = workspace_root().join("target/release");
+    let shim = release.join("sluice");
     let shim_out = copy(&shim, &dist.join("sluice"))?;
 
     for out in [wasm_out, shim_out] {
         let bytes = fs::metadata(&out).with_context(|| format!("cannot stat {}", out.display()))?.len();
         eprintln!("{:>12}  {}", human(bytes), out.display());
     }
-    Ok(())
+    Ok(BenchArtifacts { floor_wasm: wasm.floor, responder: release.join(RESPONDER) })
 }
 
 fn human(bytes: u64) -> String {

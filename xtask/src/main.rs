@@ -9,8 +9,10 @@
 //! - `cmd`: running external commands with clear errors and a clean environment.
 //! - `test`: what CI runs.
 //! - `demo`: the dual-window demo through real Envoy.
+//! - `bench`: every benchmark scenario on loopback, written to `bench/results/`.
 
 mod apt;
+mod bench;
 mod build;
 mod cmd;
 mod demo;
@@ -46,20 +48,21 @@ enum Task {
         #[arg(long)]
         keep_running: bool,
     },
-    /// Benchmarks (not written yet).
-    Bench,
+    /// Run every benchmark on loopback; writes bench/results/LATEST.md and a plot.
+    Bench {
+        /// A short smoke run (about a minute) that proves the bench works; its numbers mean little.
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Task::Build => build::build(),
+        Task::Build => build::build().map(drop),
         Task::Test { test_args } => test::run(&test_args),
         Task::Demo { keep_running } => run_demo(keep_running),
-        Task::Bench => {
-            eprintln!("not implemented yet: see issue 7");
-            return ExitCode::from(2);
-        }
+        Task::Bench { quick } => bench::run(quick),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,10 +1,14 @@
 //! `cargo xtask test`: what CI runs. Makes sure Redis, Envoy and the wasm
 //! toolchain are there, builds `dist/`, then runs every test in the workspace
 //! with the three `SLUICE_*` variables pointing at what it found and built.
+//!
+//! Last, it runs `cargo xtask bench --quick`, only to prove that the bench
+//! still runs end to end; its numbers are never judged (they go to
+//! `target/bench-quick/`, not to the committed results).
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
-use crate::{build, cmd, deps};
+use crate::{bench, build, cmd, deps};
 
 /// `test_args` go to the test binaries (after `--`), e.g. `--nocapture`.
 pub(crate) fn run(test_args: &[String]) -> Result<()> {
@@ -22,5 +26,8 @@ pub(crate) fn run(test_args: &[String]) -> Result<()> {
     if !test_args.is_empty() {
         test.arg("--").args(test_args);
     }
-    cmd::run(&mut test)
+    cmd::run(&mut test)?;
+
+    eprintln!("xtask: bench --quick, to prove the bench runs (its timings are not checked)");
+    bench::run(true).context("the bench smoke run (cargo xtask bench --quick) failed")
 }

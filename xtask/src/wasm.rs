@@ -1,4 +1,5 @@
-//! Building the proxy-wasm filter for wasm32-wasip1, by one of two routes:
+//! Building the proxy-wasm filters for wasm32-wasip1 (Sluice's, and the
+//! bench's callout floor, in one cargo call), by one of two routes:
 //!
 //! - rustup: the active toolchain has the wasm32-wasip1 std installed, so a
 //!   plain `cargo build --target wasm32-wasip1` works.
@@ -17,8 +18,9 @@ use anyhow::{Context, Result};
 use crate::{apt, build::workspace_root, cmd};
 
 const TARGET: &str = "wasm32-wasip1";
-const PACKAGE: &str = "sluice-plugin";
-const ARTIFACT: &str = "sluice_plugin.wasm";
+/// The packages built, and the `.wasm` each produces.
+const PLUGIN: (&str, &str) = ("sluice-plugin", "sluice_plugin.wasm");
+const FLOOR: (&str, &str) = ("sluice-callout-floor", "sluice_callout_floor.wasm");
 
 const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
 const DEBIAN_CARGO: &str = "/usr/bin/cargo";
@@ -27,10 +29,18 @@ const WASM_LD: &str = "/usr/lib/llvm-22/bin/wasm-ld";
 const WASI_LIBC: &str = "/usr/lib/wasm32-wasi";
 const DEBIAN_PACKAGES: &[&str] = &["rustc-web", "cargo-web", "rust-web-src", "lld-22", "wasi-libc"];
 
-/// Build the filter and return the path of the `.wasm` it produced.
-pub(crate) fn build() -> Result<PathBuf> {
+/// The `.wasm` files one build produced.
+pub(crate) struct Artifacts {
+    /// Sluice's filter.
+    pub(crate) plugin: PathBuf,
+    /// The bench's callout floor (`bench/callout-floor`).
+    pub(crate) floor: PathBuf,
+}
+
+/// Build both filters and return the paths of the `.wasm` files.
+pub(crate) fn build() -> Result<Artifacts> {
     let started = Instant::now();
-    let artifact = match rustup_wasm_std() {
+    let target_dir = match rustup_wasm_std() {
         Some(lib) => {
             eprintln!("wasm toolchain: rustup ({TARGET} std found at {})", lib.display());
             build_rustup()?
@@ -41,7 +51,7 @@ pub(crate) fn build() -> Result<PathBuf> {
         }
     };
     eprintln!("xtask: wasm build took {:.1}s", started.elapsed().as_secs_f64());
-    Ok(artifact)
+    Ok(Artifacts { plugin: artifact_in(&target_dir, PLUGIN.1)?, floor: artifact_in(&target_dir, FLOOR.1)? })
 }
 
 /// The rustup toolchain's wasm32-wasip1 lib dir, if it holds a libstd.
@@ -60,14 +70,15 @@ fn wasm_std_in(sysroot: &Path) -> Option<PathBuf> {
     has_std.then_some(lib)
 }
 
+/// Builds both packages; the target dir they are in.
 fn build_rustup() -> Result<PathBuf> {
     let target_dir = workspace_root().join("target/wasm-rustup");
     cmd::run(
         cmd::cargo()
-            .args(["build", "--profile", "wasm", "--target", TARGET, "-p", PACKAGE])
+            .args(["build", "--profile", "wasm", "--target", TARGET, "-p", PLUGIN.0, "-p", FLOOR.0])
             .env("CARGO_TARGET_DIR", &target_dir),
     )?;
-    artifact_in(&target_dir)
+    Ok(target_dir)
 }
 
 fn build_debian() -> Result<PathBuf> {
@@ -80,18 +91,18 @@ fn build_debian() -> Result<PathBuf> {
         cmd::clean(DEBIAN_CARGO)
             .current_dir(workspace_root())
             .args(["build", "--profile", "wasm", "-Zbuild-std=std,panic_abort"])
-            .args(["--target", TARGET, "-p", PACKAGE])
+            .args(["--target", TARGET, "-p", PLUGIN.0, "-p", FLOOR.0])
             .env("RUSTC", DEBIAN_RUSTC)
             .env("RUSTC_BOOTSTRAP", "1")
             .env("CARGO_TARGET_WASM32_WASIP1_LINKER", WASM_LD)
             .env("CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS", format!("-L native={WASI_LIBC}"))
             .env("CARGO_TARGET_DIR", &target_dir),
     )?;
-    artifact_in(&target_dir)
+    Ok(target_dir)
 }
 
-fn artifact_in(target_dir: &Path) -> Result<PathBuf> {
-    let path = target_dir.join(TARGET).join("wasm").join(ARTIFACT);
+fn artifact_in(target_dir: &Path, artifact: &str) -> Result<PathBuf> {
+    let path = target_dir.join(TARGET).join("wasm").join(artifact);
     path.is_file()
         .then(|| path.clone())
         .with_context(|| format!("the wasm build succeeded but {} is missing", path.display()))

@@ -1,0 +1,30 @@
+//! The bench's trivial responder, for `cargo xtask bench` only: answers
+//! `200 ok\n` to any request, over HTTP/1.1 or HTTP/2 cleartext (prior
+//! knowledge) on one port, like the shim.
+//!
+//! It serves twice in the bench, each in its own process: as the upstream
+//! behind every Envoy setup, and as the callout floor's far end. It is built in
+//! release, so neither role costs more than the shim's own server stack.
+//!
+//! Usage: `sluice-bench-responder 127.0.0.1:PORT`. SIGTERM ends it (the
+//! default action: it holds no state worth a graceful stop).
+
+#[tokio::main]
+async fn main() {
+    let Some(addr) = std::env::args().nth(1) else {
+        eprintln!("usage: sluice-bench-responder 127.0.0.1:PORT");
+        std::process::exit(2);
+    };
+    let listener = match tokio::net::TcpListener::bind(&addr).await {
+        Ok(listener) => listener,
+        Err(err) => {
+            eprintln!("cannot bind {addr}: {err}");
+            std::process::exit(1);
+        }
+    };
+    let app = axum::Router::new().fallback(|| async { "ok\n" });
+    if let Err(err) = axum::serve(listener, app).await {
+        eprintln!("responder stopped: {err}");
+        std::process::exit(1);
+    }
+}

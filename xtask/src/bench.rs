@@ -1,0 +1,120 @@
+//! `cargo xtask bench`: every benchmark scenario on loopback with real
+//! processes, side by side in one run, written to `bench/results/LATEST.md`
+//! and `bench/results/latency.png` (with `--quick`, to `target/bench-quick/`,
+//! so a smoke run never overwrites the committed results).
+//!
+//! # Layout
+//!
+//! - `plan`: how long and how often each scenario runs, full or quick.
+//! - `tools`: oha, redis-benchmark, redis-cli and the plot's font, found or
+//!   installed; bounded runs of outside programs.
+//! - `setups`: the five gateway setups (six Envoy configurations) and the
+//!   processes behind them.
+//! - `load`: one oha run, reduced to percentiles, throughput and statuses.
+//! - `monitor`: the commands clients send Redis, seen with MONITOR.
+//! - `redis_bench`: the shim's EVALSHA replayed with redis-benchmark; INFO.
+//! - `gateway`: scenario 1, gateway overhead.
+//! - `shim_alone`: scenario 2, the shim against raw EVALSHA.
+//! - `scale`: scenario 4, latency and memory from 1k to 1M keys.
+//! - `noise`: how busy the machine was while the bench ran.
+//! - `report`: LATEST.md. `plot`: the PNG.
+//!
+//! Scenario 3 (Redis cost per limit type) is not run here: its table lives in
+//! `bench/README.md`, written by the algorithms issue.
+
+mod gateway;
+mod load;
+mod monitor;
+mod noise;
+mod plan;
+mod plot;
+mod redis_bench;
+mod report;
+mod scale;
+mod setups;
+mod shim_alone;
+mod tools;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+
+use crate::{build, cmd};
+
+const PLOT: &str = "latency.png";
+
+pub(crate) fn run(quick: bool) -> Result<()> {
+    let started = Instant::now();
+    let plan = plan::Plan::new(quick);
+    let tools = tools::ensure()?;
+    let built = build::build()?;
+    // The sluice-tests guards find their binaries through these.
+    std::env::set_var("SLUICE_REDIS_SERVER", &tools.redis_server);
+    std::env::set_var("SLUICE_ENVOY", &tools.envoy);
+    std::env::set_var("SLUICE_DIST", build::dist_dir());
+
+    let sampler = noise::Sampler::start();
+    let measured = Instant::now();
+    let rig = setups::Rig::start(&built)?;
+    let gateway = gateway::run(&rig, &plan, &tools)?;
+    let shim = shim_alone::run(&rig, &plan, &tools)?;
+    let scale = scale::run(&rig, &plan, &tools)?;
+    drop(rig);
+    let noise = sampler.finish();
+
+    let about = about(&tools, &plan, measured.elapsed().as_secs_f64());
+    let results = report::Results {
+        plan,
+        about,
+        noise,
+        seconds: started.elapsed().as_secs_f64(),
+        gateway,
+        shim,
+        scale,
+    };
+    let dir = out_dir(quick);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let title = format!("Sluice gateway latency by setup ({})", if quick { "quick run" } else { "full run" });
+    plot::draw(&dir.join(PLOT), &tools.font, &title, &results.gateway.fixed)?;
+    let md = dir.join("LATEST.md");
+    std::fs::write(&md, report::markdown(&results, PLOT))
+        .with_context(|| format!("writing {}", md.display()))?;
+    eprintln!("bench: wrote {} and {PLOT} in {:.0} s", md.display(), started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn out_dir(quick: bool) -> PathBuf {
+    let root = build::workspace_root();
+    if quick {
+        root.join("target/bench-quick")
+    } else {
+        root.join("bench/results")
+    }
+}
+
+/// What ran, for the report's header.
+fn about(tools: &tools::Tools, plan: &plan::Plan, measuring: f64) -> Vec<(&'static str, String)> {
+    let first_line = |program: &std::path::Path, arg: &str| {
+        cmd::probe(Command::new(program).arg(arg))
+            .and_then(|out| out.lines().next().map(str::to_owned))
+            .unwrap_or_else(|| "unknown".into())
+    };
+    let commit = cmd::probe(
+        Command::new("git")
+            .args(["-C"])
+            .arg(build::workspace_root())
+            .args(["describe", "--always", "--dirty"]),
+    )
+    .unwrap_or_else(|| "unknown".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    vec![
+        ("commit", commit),
+        ("machine", format!("{cores} cores; everything on loopback")),
+        ("envoy", first_line(&tools.envoy, "--version")),
+        ("oha", first_line(&tools.oha, "--version")),
+        ("redis", first_line(&tools.redis_server, "--version")),
+        ("measuring", format!("{measuring:.0} s after the builds; {} round(s)", plan.rounds)),
+    ]
+}

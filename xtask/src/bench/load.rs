@@ -1,0 +1,146 @@
+//! Load with oha: one bounded run against one URL, reduced to what the report
+//! needs. Fixed-rate runs correct for coordinated omission (a slow answer does
+//! not delay the requests behind it). oha gets one worker thread in every run,
+//! so the load tool takes the same share of the two cores for every setup.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+
+use super::tools::output_within;
+
+/// How long oha may overrun its own duration before it is killed.
+const SLACK: Duration = Duration::from_secs(20);
+
+/// One load run's result.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Run {
+    /// Latency percentiles, in milliseconds.
+    pub(crate) p50: f64,
+    pub(crate) p90: f64,
+    pub(crate) p99: f64,
+    /// Completed requests per second.
+    pub(crate) rps: f64,
+    /// Responses by status code.
+    pub(crate) statuses: BTreeMap<u16, u64>,
+    /// Requests that got no response (connection errors, timeouts).
+    pub(crate) errors: u64,
+}
+
+/// A named figure of a run, e.g. its p50.
+pub(crate) type Figure = (&'static str, fn(&Run) -> f64);
+pub(crate) const P50: Figure = ("p50", |r| r.p50);
+pub(crate) const P90: Figure = ("p90", |r| r.p90);
+pub(crate) const P99: Figure = ("p99", |r| r.p99);
+
+impl Run {
+    /// Each figure's median over the rounds (so a figure may come from another
+    /// round than its neighbour); statuses and errors are summed.
+    pub(crate) fn median(runs: &[Run]) -> Run {
+        let mid = |f: fn(&Run) -> f64| median(runs.iter().map(f));
+        let mut out = Run {
+            p50: mid(|r| r.p50),
+            p90: mid(|r| r.p90),
+            p99: mid(|r| r.p99),
+            rps: mid(|r| r.rps),
+            ..Run::default()
+        };
+        for run in runs {
+            for (status, n) in &run.statuses {
+                *out.statuses.entry(*status).or_default() += n;
+            }
+            out.errors += run.errors;
+        }
+        out
+    }
+
+    pub(crate) fn total(&self) -> u64 {
+        self.statuses.values().sum::<u64>() + self.errors
+    }
+
+    /// Requests that did not get `status`.
+    pub(crate) fn other_than(&self, status: u16) -> u64 {
+        self.total() - self.statuses.get(&status).copied().unwrap_or(0)
+    }
+}
+
+/// The median of `values` (the upper one of an even count); NaN if none.
+pub(crate) fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = values.collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// What to send.
+pub(crate) struct Target<'a> {
+    pub(crate) url: String,
+    /// `Some(body)`: POST it as JSON; `None`: GET.
+    pub(crate) body: Option<&'a str>,
+}
+
+/// How to send it.
+pub(crate) enum Shape {
+    /// This many requests per second for this long.
+    Rate { rps: u32, for_: Duration },
+    /// As fast as `connections` connections allow, for this long.
+    Max { for_: Duration },
+    /// Exactly this many requests, one connection.
+    Count(u64),
+}
+
+pub(crate) fn run(oha: &Path, target: &Target<'_>, shape: &Shape, connections: u32) -> Result<Run> {
+    let mut cmd = Command::new(oha);
+    cmd.args(["--no-tui", "--output-format", "json", "--worker-threads", "1", "-t", "5s"]);
+    let limit = match *shape {
+        Shape::Rate { rps, for_ } => {
+            cmd.args(["-q", &rps.to_string(), "--latency-correction", "-z", &secs(for_), "-w"]);
+            cmd.args(["-c", &connections.to_string()]);
+            for_ + SLACK
+        }
+        Shape::Max { for_ } => {
+            cmd.args(["-z", &secs(for_), "-w", "-c", &connections.to_string()]);
+            for_ + SLACK
+        }
+        Shape::Count(n) => {
+            cmd.args(["-n", &n.to_string(), "-c", "1"]);
+            SLACK
+        }
+    };
+    if let Some(body) = target.body {
+        cmd.args(["-m", "POST", "-T", "application/json", "-d", body]);
+    }
+    cmd.arg(&target.url);
+    let out = output_within(&mut cmd, limit)?;
+    parse(&out).with_context(|| format!("reading oha's JSON for {}", target.url))
+}
+
+fn secs(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
+}
+
+fn parse(json: &str) -> Result<Run> {
+    let v: Value = serde_json::from_str(json)?;
+    let pct = |name: &str| v["latencyPercentiles"][name].as_f64().unwrap_or(f64::NAN) * 1000.0;
+    let count = |map: &Value| -> Vec<(String, u64)> {
+        map.as_object()
+            .map(|m| m.iter().map(|(k, n)| (k.clone(), n.as_u64().unwrap_or(0))).collect())
+            .unwrap_or_default()
+    };
+    let mut statuses = BTreeMap::new();
+    for (code, n) in count(&v["statusCodeDistribution"]) {
+        statuses.insert(code.parse().context("a status code")?, n);
+    }
+    let errors = count(&v["errorDistribution"]).iter().map(|(_, n)| n).sum();
+    Ok(Run {
+        p50: pct("p50"),
+        p90: pct("p90"),
+        p99: pct("p99"),
+        rps: v["summary"]["requestsPerSec"].as_f64().context("summary.requestsPerSec")?,
+        statuses,
+        errors,
+    })
+}

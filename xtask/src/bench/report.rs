@@ -1,0 +1,242 @@
+//! `LATEST.md`: what ran, how noisy the machine was, every scenario's table,
+//! and the targets as ratios with how far each is from its mark. The targets
+//! are reported, never enforced: nothing here fails on a number.
+
+use std::fmt::Write;
+
+use super::gateway::Gateway;
+use super::load::{Run, P50, P99};
+use super::noise::Noise;
+use super::plan::Plan;
+use super::scale::Outcome;
+use super::setups::{Setup, ENVOY_WORKERS};
+use super::shim_alone::ShimAlone;
+
+/// Everything one bench run measured.
+pub(crate) struct Results {
+    pub(crate) plan: Plan,
+    pub(crate) about: Vec<(&'static str, String)>,
+    pub(crate) noise: Noise,
+    pub(crate) seconds: f64,
+    pub(crate) gateway: Gateway,
+    pub(crate) shim: ShimAlone,
+    pub(crate) scale: Vec<(&'static str, Outcome)>,
+}
+
+/// Flat means: the largest key count's p50 within this factor of the smallest's.
+const FLAT: f64 = 1.2;
+
+pub(crate) fn markdown(r: &Results, plot_file: &str) -> String {
+    let mut md = String::new();
+    let _ = write_all(&mut md, r, plot_file);
+    md
+}
+
+fn write_all(md: &mut String, r: &Results, plot_file: &str) -> std::fmt::Result {
+    let mode = if r.plan.quick { "quick (a smoke run: its numbers mean little)" } else { "full" };
+    writeln!(md, "# Sluice bench: latest run\n")?;
+    writeln!(md, "Written by `cargo xtask bench`; see `bench/README.md` for what each scenario measures.\n")?;
+    writeln!(md, "- mode: {mode}; took {:.0} s", r.seconds)?;
+    for (what, value) in &r.about {
+        writeln!(md, "- {what}: {value}")?;
+    }
+    noise(md, &r.noise)?;
+    gateway(md, r, plot_file)?;
+    targets(md, r)?;
+    shim(md, &r.shim)?;
+    writeln!(md, "\n## 3. Redis cost per limit type\n")?;
+    writeln!(md, "<!-- scenario 3: not measured by this bench. The algorithms issue writes the table")?;
+    writeln!(md, "     (usec_per_call and memory per key for each limit type) in bench/README.md. -->")?;
+    writeln!(md, "Not measured here: see the section \"Redis cost per limit type\" in `bench/README.md`.")?;
+    scale(md, &r.scale)
+}
+
+fn noise(md: &mut String, n: &Noise) -> std::fmt::Result {
+    writeln!(
+        md,
+        "- machine noise: 1-minute load average {:.2} at the start, {:.2} at its highest; other \
+         compiler processes seen in {} of {} samples (up to {} at once)",
+        n.first_load, n.max_load, n.busy_samples, n.samples, n.most_compilers
+    )?;
+    if n.busy_samples > 0 {
+        writeln!(
+            md,
+            "\n**Other compiles ran during this run.** The setups were interleaved so the noise hits \
+             them all, but treat the numbers as rough and rerun on a quiet machine before relying on them."
+        )?;
+    }
+    Ok(())
+}
+
+fn gateway(md: &mut String, r: &Results, plot_file: &str) -> std::fmt::Result {
+    let g = &r.gateway;
+    writeln!(md, "\n## 1. Gateway overhead\n")?;
+    writeln!(
+        md,
+        "One Envoy per setup ({ENVOY_WORKERS} worker), the same upstream and load: oha with one thread and {} \
+         connections, fixed rates with latency correction. Each figure is the median of {} round(s), \
+         setups visited in a rotating order. Latencies in ms.\n",
+        r.plan.connections, r.plan.rounds
+    )?;
+    write!(md, "| setup | status |")?;
+    for (rate, _) in &g.fixed {
+        write!(md, " {rate}/s p50 | p90 | p99 |")?;
+    }
+    writeln!(md, " max req/s | other status |")?;
+    write!(md, "|---|---|")?;
+    for _ in &g.fixed {
+        write!(md, "---:|---:|---:|")?;
+    }
+    writeln!(md, "---:|---:|")?;
+    for (i, setup) in Setup::ALL.iter().enumerate() {
+        write!(md, "| {} | {} |", setup.label(), setup.expected_status())?;
+        let mut other = 0;
+        for (_, runs) in &g.fixed {
+            let run = &runs[i].1;
+            write!(md, " {:.2} | {:.2} | {:.2} |", run.p50, run.p90, run.p99)?;
+            other += run.other_than(setup.expected_status());
+        }
+        let max = &g.max[i].1;
+        other += max.other_than(setup.expected_status());
+        writeln!(md, " {:.0} | {other} |", max.rps)?;
+    }
+    writeln!(md, "\n\"other status\": responses (or failures) that were not the setup's expected status, over all its runs.")?;
+    writeln!(md, "\n![latency percentiles per setup]({plot_file})")
+}
+
+/// `run`'s figure for `setup` at the `rate_index`th fixed rate.
+fn at(g: &Gateway, rate_index: usize, setup: Setup) -> &Run {
+    let runs = &g.fixed[rate_index].1;
+    &runs.iter().find(|(s, _)| *s == setup).expect("every setup is measured").1
+}
+
+fn targets(md: &mut String, r: &Results) -> std::fmt::Result {
+    let g = &r.gateway;
+    writeln!(md, "\n## Targets\n")?;
+    writeln!(md, "Reported as ratios, never enforced.\n")?;
+    writeln!(md, "| measure | value | target | verdict |")?;
+    writeln!(md, "|---|---:|---:|---|")?;
+    for (i, (rate, _)) in g.fixed.iter().enumerate() {
+        for (name, pct) in [P50, P99] {
+            let base = pct(at(g, i, Setup::Plain));
+            let sluice = pct(at(g, i, Setup::SluiceAllow)) - base;
+            let floor = pct(at(g, i, Setup::Floor)) - base;
+            writeln!(md, "| {name} at {rate}/s: Sluice adds (d)−(a) | {sluice:.2} ms | | |")?;
+            writeln!(md, "| {name} at {rate}/s: the floor adds (c)−(a) | {floor:.2} ms | | |")?;
+            let ratio = if floor > 0.0 { sluice / floor } else { f64::NAN };
+            row(md, &format!("{name} at {rate}/s: (d)−(a) ÷ (c)−(a)"), ratio, 1.3, true)?;
+        }
+        let deny = at(g, i, Setup::SluiceDeny).p50 / at(g, i, Setup::NativeDeny).p50;
+        row(md, &format!("p50 at {rate}/s: deny (e) ÷ native deny (b')"), deny, 1.2, true)?;
+    }
+    let rps = |s: Setup| g.max.iter().find(|(x, _)| *x == s).map_or(f64::NAN, |(_, run)| run.rps);
+    row(
+        md,
+        "max throughput: native deny (b') ÷ deny (e)",
+        rps(Setup::NativeDeny) / rps(Setup::SluiceDeny),
+        1.2,
+        true,
+    )?;
+    let (allow, deny) = g.redis_per_request;
+    let names = g.redis_commands.join(", ");
+    writeln!(md, "| Redis commands per request, allow (d) ({names}) | {allow:.2} | 1 | {} |", exact(allow))?;
+    writeln!(md, "| Redis commands per request, deny (e) | {deny:.2} | 1 | {} |", exact(deny))?;
+    row(md, "shim ÷ raw EVALSHA, decisions/s", r.shim.shim.rps / r.shim.raw.rps, 0.9, false)?;
+    for (kind, outcome) in &r.scale {
+        if let Outcome::Measured(points) = outcome {
+            if let (Some(first), Some(last)) = (points.first(), points.last()) {
+                let what =
+                    format!("{kind}: p50 at {} keys ÷ at {} keys", count(last.keys), count(first.keys));
+                row(md, &what, last.raw.p50 / first.raw.p50, FLAT, true)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A ratio row; `at_most`: the target is an upper bound (else a lower bound).
+fn row(md: &mut String, what: &str, value: f64, target: f64, at_most: bool) -> std::fmt::Result {
+    let (sign, met) = if at_most { ("≤", value <= target) } else { ("≥", value >= target) };
+    let verdict = if !value.is_finite() {
+        "n/a".to_string()
+    } else if met {
+        "met".to_string()
+    } else {
+        format!("missed by {:.0}%", (value / target - 1.0).abs() * 100.0)
+    };
+    writeln!(md, "| {what} | {value:.2}× | {sign} {target}× | {verdict} |")
+}
+
+fn exact(per_request: f64) -> &'static str {
+    if (per_request - 1.0).abs() < 0.01 {
+        "met"
+    } else {
+        "missed"
+    }
+}
+
+fn shim(md: &mut String, s: &ShimAlone) -> std::fmt::Result {
+    writeln!(md, "\n## 2. Shim alone\n")?;
+    writeln!(md, "| path | decisions/s | p50 ms | p99 ms | other status |")?;
+    writeln!(md, "|---|---:|---:|---:|---:|")?;
+    let shim = &s.shim;
+    writeln!(
+        md,
+        "| `sluice serve`, POST /v1/check (oha, HTTP/1.1) | {:.0} | {:.3} | {:.3} | {} |",
+        shim.rps,
+        shim.p50,
+        shim.p99,
+        shim.other_than(200)
+    )?;
+    writeln!(
+        md,
+        "| redis-benchmark, the same EVALSHA | {:.0} | {:.3} | {:.3} | |",
+        s.raw.rps, s.raw.p50, s.raw.p99
+    )?;
+    writeln!(
+        md,
+        "\nRatio shim ÷ raw: **{:.2}×**. The replayed command, as the shim sent it:\n",
+        shim.rps / s.raw.rps
+    )?;
+    let shown: Vec<String> =
+        s.command.iter().map(|a| if a.is_empty() { "''".into() } else { a.clone() }).collect();
+    writeln!(md, "    {}", shown.join(" "))
+}
+
+fn scale(md: &mut String, kinds: &[(&'static str, Outcome)]) -> std::fmt::Result {
+    writeln!(md, "\n## 4. Scale\n")?;
+    writeln!(
+        md,
+        "The shim's EVALSHA replayed by redis-benchmark on keys drawn at random among N preloaded ones.\n"
+    )?;
+    writeln!(md, "| limit type | keys | p50 ms | p99 ms | calls/s | Redis bytes per key |")?;
+    writeln!(md, "|---|---:|---:|---:|---:|---:|")?;
+    for (kind, outcome) in kinds {
+        match outcome {
+            Outcome::Measured(points) => {
+                for p in points {
+                    writeln!(
+                        md,
+                        "| {kind} | {} | {:.3} | {:.3} | {:.0} | {:.0} |",
+                        count(p.keys),
+                        p.raw.p50,
+                        p.raw.p99,
+                        p.raw.rps,
+                        p.bytes_per_key
+                    )?;
+                }
+            }
+            Outcome::Unsupported(why) => writeln!(md, "| {kind} | not measured: {why} | | | | |")?,
+        }
+    }
+    Ok(())
+}
+
+/// 1000 → "1k", 1000000 → "1M".
+fn count(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000 && n % 1_000_000 == 0 => format!("{}M", n / 1_000_000),
+        n if n >= 1_000 && n % 1_000 == 0 => format!("{}k", n / 1_000),
+        n => n.to_string(),
+    }
+}

@@ -1,0 +1,56 @@
+//! Scenario 2, the shim alone: decisions per second through `sluice serve`
+//! (oha POSTs one fixed check to `/v1/check`) against redis-benchmark sending
+//! the shim's own EVALSHA straight to the same Redis, with as many
+//! connections. The two alternate, in a different order each round.
+
+use anyhow::Result;
+
+use super::load::{self, Run, Shape, Target};
+use super::monitor;
+use super::plan::Plan;
+use super::redis_bench::{self, Raw, RAND};
+use super::setups::Rig;
+use super::tools::Tools;
+
+/// One sliding window that is never full: every decision is an admit.
+const BODY: &str = r#"{"checks":[{"policy":"bench-shim","key":"alone","limits":[{"type":"sliding_window","limit":1000000000,"window_ms":1000}]}]}"#;
+/// The request id's range: wide enough that two requests rarely share one.
+const IDS: u64 = 2_000_000_000;
+
+pub(crate) struct ShimAlone {
+    pub(crate) shim: Run,
+    pub(crate) raw: Raw,
+    /// The EVALSHA replayed, with its placeholders.
+    pub(crate) command: Vec<String>,
+}
+
+pub(crate) fn run(rig: &Rig, plan: &Plan, tools: &Tools) -> Result<ShimAlone> {
+    let target = Target { url: format!("http://127.0.0.1:{}/v1/check", rig.shim.port), body: Some(BODY) };
+    let commands = monitor::client_commands(&tools.redis_cli, rig.redis.port, || {
+        load::run(&tools.oha, &target, &Shape::Count(2), 1).map(drop)
+    })?;
+    let command = redis_bench::template(&commands, |_, _| RAND.to_string())?;
+
+    let shim = || load::run(&tools.oha, &target, &Shape::Max { for_: plan.max }, plan.connections);
+    let raw = || {
+        let port = rig.redis.port;
+        redis_bench::run(&tools.redis_benchmark, port, plan.connections, plan.evalsha_requests, IDS, &command)
+    };
+    let (mut shims, mut raws) = (Vec::new(), Vec::new());
+    for round in 0..plan.rounds {
+        eprintln!("bench: shim alone round {}/{}", round + 1, plan.rounds);
+        if round % 2 == 0 {
+            shims.push(shim()?);
+            raws.push(raw()?);
+        } else {
+            raws.push(raw()?);
+            shims.push(shim()?);
+        }
+    }
+    Ok(ShimAlone { shim: Run::median(&shims), raw: median(&raws), command })
+}
+
+fn median(raws: &[Raw]) -> Raw {
+    let mid = |f: fn(&Raw) -> f64| load::median(raws.iter().map(f));
+    Raw { rps: mid(|r| r.rps), p50: mid(|r| r.p50), p99: mid(|r| r.p99) }
+}
