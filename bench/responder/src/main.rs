@@ -6,8 +6,14 @@
 //! behind every Envoy setup, and as the callout floor's far end. It is built in
 //! release, so neither role costs more than the shim's own server stack.
 //!
+//! Every connection has TCP_NODELAY: without it, a response written in two
+//! pieces (HTTP/2 HEADERS, then DATA) can wait on Nagle's algorithm for the
+//! peer's delayed ACK, and the floor would not be a floor.
+//!
 //! Usage: `sluice-bench-responder 127.0.0.1:PORT`. SIGTERM ends it (the
 //! default action: it holds no state worth a graceful stop).
+
+use axum::serve::ListenerExt;
 
 #[tokio::main]
 async fn main() {
@@ -16,7 +22,9 @@ async fn main() {
         std::process::exit(2);
     };
     let listener = match tokio::net::TcpListener::bind(&addr).await {
-        Ok(listener) => listener,
+        Ok(listener) => listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        }),
         Err(err) => {
             eprintln!("cannot bind {addr}: {err}");
             std::process::exit(1);
