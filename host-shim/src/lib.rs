@@ -6,7 +6,9 @@
 //! - [`keys`]: validates a check request and names its Redis keys.
 //! - [`server`]: the HTTP endpoints the filter calls, over HTTP/1.1 and h2c.
 //! - [`validate`]: `sluice validate FILE...`.
+//! - [`envoy_config`]: `sluice envoy-config`, a complete envoy.yaml for a policy.
 
+pub mod envoy_config;
 pub mod keys;
 pub mod limiter;
 pub mod server;

@@ -21,6 +21,10 @@ enum Command {
         #[arg(required = true)]
         files: Vec<std::path::PathBuf>,
     },
+    /// Print the JSON Schema of the policy document.
+    Schema,
+    /// Print a complete envoy.yaml that loads the filter with this policy.
+    EnvoyConfig(sluice_shim::envoy_config::Args),
 }
 
 #[derive(clap::Args)]
@@ -45,6 +49,20 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => serve(args),
         Command::Validate { files } => sluice_shim::validate::run(&files),
+        Command::Schema => {
+            print!("{}", sluice_policies::schema::document_schema());
+            ExitCode::SUCCESS
+        }
+        Command::EnvoyConfig(args) => match sluice_shim::envoy_config::run(&args) {
+            Ok(yaml) => {
+                print!("{yaml}");
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("sluice: {err:#}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 

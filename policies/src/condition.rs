@@ -99,7 +99,7 @@ impl Condition {
     }
 }
 
-/// The document form of a condition, checked and compiled into [`Condition`].
+/// Conditions on a request; every condition given must hold.
 #[derive(serde::Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]

@@ -127,7 +127,8 @@ impl ClientIp {
 
 /// Builds the encoded key of `req` from `sources`; `None` when a source is missing.
 pub fn build(sources: &[KeySource], req: &impl Request, ip: ClientIp) -> Option<String> {
-    let mut key = String::new();
+    // Most keys fit, so building one allocates once.
+    let mut key = String::with_capacity(64);
     for (i, source) in sources.iter().enumerate() {
         if i > 0 {
             key.push(':');

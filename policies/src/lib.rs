@@ -14,6 +14,7 @@
 //! - [`request`]: what matching and keying read from a request.
 //! - [`error`]: [`ParseError`], the one error type of [`parse`].
 //! - [`wire`]: the compact JSON exchanged with the shim.
+//! - `schema` (feature `schema`): the JSON Schema of the document.
 
 pub mod condition;
 pub mod document;
@@ -21,6 +22,8 @@ pub mod error;
 pub mod key;
 pub mod limit;
 pub mod request;
+#[cfg(feature = "schema")]
+pub mod schema;
 pub mod units;
 pub mod wire;
 

@@ -54,7 +54,6 @@ pub enum Cost {
 /// that a bad value is reported at its own path and position, and then
 /// checked against its type.
 #[derive(serde::Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawLimit {
     #[serde(rename = "type")]
@@ -75,7 +74,6 @@ pub(crate) struct RawLimit {
 }
 
 #[derive(Clone, Copy, serde::Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 enum LimitType {
     FixedWindow,
@@ -89,8 +87,8 @@ enum LimitType {
 
 /// A number, or `{"header": NAME, "default": N}`.
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[cfg_attr(feature = "schema", serde(untagged))]
-enum RawCost {
+#[cfg_attr(feature = "schema", schemars(untagged))]
+pub(crate) enum RawCost {
     Fixed(u32),
     Header(HeaderCost),
 }
@@ -117,7 +115,7 @@ impl<'de> Deserialize<'de> for RawCost {
 #[derive(serde::Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
-struct HeaderCost {
+pub(crate) struct HeaderCost {
     header: HeaderName,
     default: u32,
 }

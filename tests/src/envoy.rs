@@ -124,6 +124,10 @@ fn spawn_template(
     let text =
         std::fs::read_to_string(template).with_context(|| format!("reading {}", template.display()))?;
     let mut all = vec![("LISTEN_PORT", port.to_string()), ("ADMIN_PORT", admin_port.to_string())];
+    // Everything the harness starts is on loopback.
+    for host in ["LISTEN_HOST", "ADMIN_HOST", "UPSTREAM_HOST", "SHIM_HOST"] {
+        all.push((host, "127.0.0.1".to_string()));
+    }
     all.extend(values.iter().cloned());
     let config = render(&text, &all).with_context(|| format!("rendering {}", template.display()))?;
     let config_path = dir.join("envoy.yaml");

@@ -1,0 +1,115 @@
+//! The JSON Schema of the policy document, generated from the Rust types.
+//! `sluice schema` prints it; `policies/schema.json` is its committed copy,
+//! and a test fails when the two differ.
+//!
+//! Types that check themselves while they parse describe their accepted form
+//! here; the rest derive their schema next to their definition.
+
+use std::borrow::Cow;
+
+use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
+
+use crate::condition::{Condition, PathRegex, RawCondition, RawValueCondition, ValueCondition};
+use crate::document::{Policies, RawPolicy, TimeoutMs, TrustedHops};
+use crate::limit::RawCost;
+use crate::{Count, Document, Duration, HeaderName, KeySource, Limit, Policy, PolicyName};
+
+/// The schema of the whole document, as pretty JSON with a trailing newline.
+pub fn document_schema() -> String {
+    let schema = schemars::generate::SchemaSettings::draft2020_12()
+        .into_generator()
+        .into_root_schema_for::<Document>();
+    let mut text = serde_json::to_string_pretty(&schema).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+/// A type whose schema is a fixed JSON object.
+macro_rules! fixed_schema {
+    ($ty:ty, $name:literal, $schema:tt) => {
+        impl JsonSchema for $ty {
+            fn schema_name() -> Cow<'static, str> {
+                $name.into()
+            }
+            fn json_schema(_: &mut SchemaGenerator) -> Schema {
+                json_schema!($schema)
+            }
+        }
+    };
+}
+
+/// A type that parses through another type's form.
+macro_rules! schema_of {
+    ($ty:ty, $name:literal, $raw:ty) => {
+        impl JsonSchema for $ty {
+            fn schema_name() -> Cow<'static, str> {
+                $name.into()
+            }
+            fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+                <$raw>::json_schema(generator)
+            }
+        }
+    };
+}
+
+fixed_schema!(Duration, "Duration", {
+    "type": "string",
+    "pattern": "^[0-9]+(ms|s|m|h|d)$",
+    "description": "An integer and a unit: ms, s, m, h, d; from 1ms to 365d.",
+    "examples": ["250ms", "5s", "1m", "1h", "1d"]
+});
+fixed_schema!(Count, "Count", {"type": "integer", "minimum": 1, "maximum": 1_000_000_000});
+fixed_schema!(PolicyName, "PolicyName", {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"});
+fixed_schema!(HeaderName, "HeaderName", {"type": "string", "pattern": "^:?[A-Za-z0-9._-]{1,128}$"});
+fixed_schema!(TimeoutMs, "TimeoutMs", {"type": "integer", "minimum": 1, "maximum": 60000});
+fixed_schema!(TrustedHops, "TrustedHops", {"type": "integer", "minimum": 0, "maximum": 16});
+fixed_schema!(PathRegex, "PathRegex", {"type": "string", "maxLength": 1024, "format": "regex"});
+fixed_schema!(crate::condition::Method, "Method", {"type": "string", "pattern": "^[A-Z]{1,32}$"});
+fixed_schema!(KeySource, "KeySource", {
+    "type": "string",
+    "pattern": "^(ip|path|method|host|header::?[A-Za-z0-9._-]{1,128}|query:.{1,128})$",
+    "examples": ["header:x-api-key", "ip", "path", "method", "host", "query:tenant"]
+});
+
+schema_of!(Condition, "Condition", RawCondition);
+schema_of!(ValueCondition, "ValueCondition", RawValueCondition);
+schema_of!(Policy, "Policy", RawPolicy);
+schema_of!(Limit, "Limit", LimitSchema);
+
+impl JsonSchema for Policies {
+    fn schema_name() -> Cow<'static, str> {
+        "Policies".into()
+    }
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        <Vec<Policy>>::json_schema(generator)
+    }
+}
+
+/// The accepted form of each limit type, for the schema only: the parser
+/// reads limits through `RawLimit` to report errors at their own position.
+#[allow(dead_code)]
+#[derive(JsonSchema)]
+#[schemars(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+enum LimitSchema {
+    /// At most `limit` per window aligned to the epoch.
+    FixedWindow { limit: Count, window: Duration },
+    /// At most `limit` in any interval one `window` long (exact), or the O(1)
+    /// two-counter estimate with `approximate`.
+    SlidingWindow {
+        limit: Count,
+        window: Duration,
+        #[schemars(default)]
+        approximate: Option<bool>,
+    },
+    /// `rate` tokens refill every `per`; the bucket holds at most `burst`.
+    TokenBucket { rate: Count, per: Duration, burst: Count },
+    /// A full bucket of `capacity` drains in `drain`: burst, then drip.
+    LeakyBucket { capacity: Count, drain: Duration },
+    /// At most one request per `every`.
+    Interval { every: Duration },
+    /// At most `limit` in flight; a slot is reclaimed after `lease` if its holder died.
+    Concurrency { limit: Count, lease: Duration },
+    /// A bucket of `capacity` points refilled completely in `refill`; each
+    /// request costs `cost`, a number or `{"header": NAME, "default": N}`.
+    Points { capacity: Count, refill: Duration, cost: RawCost, actual_cost_header: Option<HeaderName> },
+}

@@ -1,0 +1,95 @@
+//! Every document in `examples/` parses, and says what its scenario needs.
+
+use sluice_policies::request::SimpleRequest;
+use sluice_policies::wire::WireLimit;
+use sluice_policies::{parse, Document};
+
+fn example(name: &str) -> Document {
+    let path = format!("{}/examples/{name}.json", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    parse(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The limits and key the example's only policy applies to `req`.
+fn applied(doc: &Document, req: &SimpleRequest) -> Option<(String, Vec<WireLimit>)> {
+    let applied = doc.evaluate(req).ok()?;
+    applied.first().map(|a| (a.key.clone(), a.check(req).limits))
+}
+
+/// S0: 25 per 5 s and 300 per minute, by API key.
+#[test]
+fn partner_api() {
+    let req = SimpleRequest::new("POST", "/v42/orders").header("x-api-key", "acct-1");
+    let sw = |limit, window_ms| WireLimit::SlidingWindow { limit, window_ms, approximate: false };
+    let want = ("acct-1".to_string(), vec![sw(25, 5_000), sw(300, 60_000)]);
+    assert_eq!(applied(&example("partner-api"), &req), Some(want.clone()));
+    assert_eq!(applied(&example("demo"), &req), Some(want));
+}
+
+/// S1: one call per second to the API host, shared by every caller.
+#[test]
+fn one_call_per_second() {
+    let req = SimpleRequest::new("GET", "/api/v9/me").authority("api.track.example");
+    let want = (String::new(), vec![WireLimit::Interval { every_ms: 1_000 }]);
+    assert_eq!(applied(&example("one-call-per-second"), &req), Some(want));
+}
+
+/// S2a: 50 in flight to the ERP, a dead holder's slot back after 30 s.
+#[test]
+fn erp_concurrency() {
+    let req = SimpleRequest::new("GET", "/erp/invoices");
+    let want = (String::new(), vec![WireLimit::Concurrency { limit: 50, lease_ms: 30_000 }]);
+    assert_eq!(applied(&example("erp-concurrency"), &req), Some(want));
+}
+
+/// S4a: 100 per second with a burst of 500, per user; no user, no entry.
+#[test]
+fn token_bucket_per_user() {
+    let doc = example("token-bucket-per-user");
+    let req = SimpleRequest::new("GET", "/v1/charges").header("x-user-id", "u42");
+    let want = ("u42".to_string(), vec![WireLimit::TokenBucket { rate: 100, per_ms: 1_000, burst: 500 }]);
+    assert_eq!(applied(&doc, &req), Some(want));
+    assert!(doc.evaluate(&SimpleRequest::new("GET", "/v1/charges")).is_err());
+}
+
+/// S2e: 1000 points refilled in 20 s, the cost estimated from a request header.
+#[test]
+fn query_cost_points() {
+    let req = SimpleRequest::new("POST", "/admin/api/graphql.json")
+        .header("x-shop-id", "s1")
+        .header("x-query-cost", "120");
+    let want = ("s1".to_string(), vec![WireLimit::Points { capacity: 1000, refill_ms: 20_000, cost: 120 }]);
+    assert_eq!(applied(&example("query-cost-points"), &req), Some(want));
+}
+
+/// S2d: a bucket of 60 that drains in 60 s.
+#[test]
+fn leaky_bucket() {
+    let req = SimpleRequest::new("GET", "/").header("x-api-key", "k");
+    let want = ("k".to_string(), vec![WireLimit::LeakyBucket { capacity: 60, drain_ms: 60_000 }]);
+    assert_eq!(applied(&example("leaky-bucket"), &req), Some(want));
+}
+
+/// S2b: aligned windows per minute and per day.
+#[test]
+fn fixed_windows() {
+    let req = SimpleRequest::new("GET", "/").header("x-api-key", "k");
+    let fw = |limit, window_ms| WireLimit::FixedWindow { limit, window_ms };
+    let want = ("k".to_string(), vec![fw(100, 60_000), fw(10_000, 86_400_000)]);
+    assert_eq!(applied(&example("fixed-windows"), &req), Some(want));
+}
+
+/// A public API keyed by client IP behind one trusted proxy; internal traffic bypasses.
+#[test]
+fn public_api_by_ip() {
+    let doc = example("public-api-by-ip");
+    let req = SimpleRequest::new("GET", "/public/items")
+        .source("10.0.0.2:999")
+        .header("x-forwarded-for", "203.0.113.7");
+    let want = (
+        "203.0.113.7".to_string(),
+        vec![WireLimit::SlidingWindow { limit: 60, window_ms: 60_000, approximate: true }],
+    );
+    assert_eq!(applied(&doc, &req), Some(want));
+    assert_eq!(applied(&doc, &req.clone().header("x-internal-token", "change-me")), None);
+}
