@@ -57,10 +57,15 @@ pub(crate) fn run(quick: bool) -> Result<()> {
 
     let sampler = noise::Sampler::start();
     let measured = Instant::now();
+    let done = |what: &str| eprintln!("bench: {what} done at {:.0} s", measured.elapsed().as_secs_f64());
     let rig = setups::Rig::start(&built)?;
+    done("starting the processes");
     let gateway = gateway::run(&rig, &plan, &tools)?;
+    done("scenario 1, gateway overhead,");
     let shim = shim_alone::run(&rig, &plan, &tools)?;
+    done("scenario 2, the shim alone,");
     let scale = scale::run(&rig, &plan, &tools)?;
+    done("scenario 4, scale,");
     drop(rig);
     let noise = sampler.finish();
 

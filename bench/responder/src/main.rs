@@ -8,22 +8,25 @@
 //!
 //! Every connection has TCP_NODELAY: without it, a response written in two
 //! pieces (HTTP/2 HEADERS, then DATA) can wait on Nagle's algorithm for the
-//! peer's delayed ACK, and the floor would not be a floor.
+//! peer's delayed ACK, and the floor would not be a floor. `--nagle` leaves
+//! it off, for the bench's setup that shows what that costs.
 //!
-//! Usage: `sluice-bench-responder 127.0.0.1:PORT`. SIGTERM ends it (the
+//! Usage: `sluice-bench-responder 127.0.0.1:PORT [--nagle]`. SIGTERM ends it (the
 //! default action: it holds no state worth a graceful stop).
 
 use axum::serve::ListenerExt;
 
 #[tokio::main]
 async fn main() {
-    let Some(addr) = std::env::args().nth(1) else {
-        eprintln!("usage: sluice-bench-responder 127.0.0.1:PORT");
+    let mut args = std::env::args().skip(1);
+    let (Some(addr), nagle) = (args.next(), args.next()) else {
+        eprintln!("usage: sluice-bench-responder 127.0.0.1:PORT [--nagle]");
         std::process::exit(2);
     };
+    let nodelay = nagle.as_deref() != Some("--nagle");
     let listener = match tokio::net::TcpListener::bind(&addr).await {
-        Ok(listener) => listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
+        Ok(listener) => listener.tap_io(move |tcp| {
+            let _ = tcp.set_nodelay(nodelay);
         }),
         Err(err) => {
             eprintln!("cannot bind {addr}: {err}");

@@ -13,9 +13,9 @@ use super::plan::Plan;
 use super::setups::{Rig, Setup};
 use super::tools::Tools;
 
-/// Requests per setup before the first round: connection pools, Wasm VMs and
+/// Load per setup before the first round: connection pools, Wasm VMs and
 /// the deny key's first (admitted) request.
-const WARMUP: Duration = Duration::from_secs(1);
+const WARMUP: Duration = Duration::from_millis(500);
 const WARMUP_RATE: u32 = 500;
 /// Requests sent while MONITOR counts Redis commands.
 const SAMPLE: u64 = 50;

@@ -1,4 +1,4 @@
-//! How much of each scenario to run: the full run (about 7 minutes on 2
+//! How much of each scenario to run: the full run (about 8 minutes on 2
 //! cores) or `--quick` (about a minute, to prove the bench works; its numbers
 //! mean little).
 
@@ -32,8 +32,8 @@ impl Plan {
             Plan {
                 quick,
                 rates: &[500, 2000],
-                fixed: Duration::from_secs(2),
-                max: Duration::from_secs(2),
+                fixed: Duration::from_secs(1),
+                max: Duration::from_secs(1),
                 rounds: 1,
                 connections: 16,
                 evalsha_requests: 20_000,
@@ -44,7 +44,7 @@ impl Plan {
             Plan {
                 quick,
                 rates: &[500, 2000],
-                fixed: Duration::from_secs(6),
+                fixed: Duration::from_secs(5),
                 max: Duration::from_secs(4),
                 rounds: 3,
                 connections: 16,

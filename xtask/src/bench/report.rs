@@ -123,6 +123,8 @@ fn targets(md: &mut String, r: &Results) -> std::fmt::Result {
             let floor = pct(at(g, i, Setup::Floor)) - base;
             writeln!(md, "| {name} at {rate}/s: Sluice adds (d)−(a) | {sluice:.2} ms | | |")?;
             writeln!(md, "| {name} at {rate}/s: the floor adds (c)−(a) | {floor:.2} ms | | |")?;
+            let nagle = pct(at(g, i, Setup::FloorNagle)) - base;
+            writeln!(md, "| {name} at {rate}/s: the floor without TCP_NODELAY adds (c')−(a) | {nagle:.2} ms | | diagnostic |")?;
             let ratio = if floor > 0.0 { sluice / floor } else { f64::NAN };
             row(md, &format!("{name} at {rate}/s: (d)−(a) ÷ (c)−(a)"), ratio, 1.3, true)?;
         }

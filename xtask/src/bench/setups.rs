@@ -36,16 +36,20 @@ pub(crate) enum Setup {
     Plain,
     NativeAllow,
     Floor,
+    /// A diagnostic: the floor with its responder's TCP_NODELAY off, which
+    /// is how `sluice serve` answers today.
+    FloorNagle,
     SluiceAllow,
     NativeDeny,
     SluiceDeny,
 }
 
 impl Setup {
-    pub(crate) const ALL: [Setup; 6] = [
+    pub(crate) const ALL: [Setup; 7] = [
         Setup::Plain,
         Setup::NativeAllow,
         Setup::Floor,
+        Setup::FloorNagle,
         Setup::SluiceAllow,
         Setup::NativeDeny,
         Setup::SluiceDeny,
@@ -57,6 +61,7 @@ impl Setup {
             Setup::Plain => "(a) no filter",
             Setup::NativeAllow => "(b) native local_ratelimit, allow",
             Setup::Floor => "(c) callout floor",
+            Setup::FloorNagle => "(c') callout floor, responder without TCP_NODELAY",
             Setup::SluiceAllow => "(d) Sluice, allow",
             Setup::NativeDeny => "(b') native local_ratelimit, deny",
             Setup::SluiceDeny => "(e) Sluice, deny",
@@ -69,6 +74,7 @@ impl Setup {
             Setup::Plain => "a none",
             Setup::NativeAllow => "b native",
             Setup::Floor => "c floor",
+            Setup::FloorNagle => "c' floor nagle",
             Setup::SluiceAllow => "d sluice",
             Setup::NativeDeny => "b' native deny",
             Setup::SluiceDeny => "e sluice deny",
@@ -98,10 +104,12 @@ pub(crate) struct Rig {
     native_allow: Envoy,
     native_deny: Envoy,
     floor: Envoy,
+    floor_nagle: Envoy,
     sluice: Envoy,
     pub(crate) shim: Shim,
     _upstream: Service,
     _floor_responder: Service,
+    _nagle_responder: Service,
     pub(crate) redis: Redis,
 }
 
@@ -109,17 +117,19 @@ impl Rig {
     pub(crate) fn start(built: &BenchArtifacts) -> Result<Rig> {
         let responder = &built.responder;
         let serve = |port: u16| vec![format!("127.0.0.1:{port}")];
+        let serve_nagle = |port: u16| vec![format!("127.0.0.1:{port}"), "--nagle".to_string()];
         let redis = Redis::start()?;
         let shim = Shim::start(&redis.url())?;
         let upstream = Service::start("bench-upstream", responder, serve)?;
         let floor_responder = Service::start("bench-floor-responder", responder, serve)?;
+        let nagle_responder = Service::start("bench-nagle-responder", responder, serve_nagle)?;
         let up = ("UPSTREAM_PORT", upstream.port.to_string());
         let bench_template = |name: &str| workspace_root().join("bench/envoy").join(name);
         let start = |template: PathBuf, values: &[(&str, String)]| {
             Envoy::start_template(&template, values, ENVOY_WORKERS)
                 .with_context(|| format!("starting envoy with {}", template.display()))
         };
-        eprintln!("bench: starting five envoys");
+        eprintln!("bench: starting six envoys");
         let plain = start(bench_template("plain.yaml"), std::slice::from_ref(&up))?;
         let native = |tokens: &str, interval: &str| {
             let values =
@@ -128,12 +138,15 @@ impl Rig {
         };
         let native_allow = native("1000000000", "1s")?;
         let native_deny = native("1", "3600s")?;
-        let floor_values = [
-            up.clone(),
-            ("FLOOR_PORT", floor_responder.port.to_string()),
-            ("WASM_PATH", built.floor_wasm.display().to_string()),
-        ];
-        let floor = start(bench_template("floor.yaml"), &floor_values)?;
+        let floor = |responder: &Service| {
+            let values = [
+                up.clone(),
+                ("FLOOR_PORT", responder.port.to_string()),
+                ("WASM_PATH", built.floor_wasm.display().to_string()),
+            ];
+            start(bench_template("floor.yaml"), &values)
+        };
+        let (floor_nagle, floor) = (floor(&nagle_responder)?, floor(&floor_responder)?);
         let sluice_values = [
             up.clone(),
             ("SHIM_PORT", shim.port.to_string()),
@@ -146,10 +159,12 @@ impl Rig {
             native_allow,
             native_deny,
             floor,
+            floor_nagle,
             sluice,
             shim,
             _upstream: upstream,
             _floor_responder: floor_responder,
+            _nagle_responder: nagle_responder,
             redis,
         })
     }
@@ -161,6 +176,7 @@ impl Rig {
             Setup::NativeAllow => &self.native_allow,
             Setup::NativeDeny => &self.native_deny,
             Setup::Floor => &self.floor,
+            Setup::FloorNagle => &self.floor_nagle,
             Setup::SluiceAllow | Setup::SluiceDeny => &self.sluice,
         };
         format!("{}{}", envoy.url(), setup.path())
