@@ -1,106 +1,177 @@
-//! Checks a check request before it reaches Redis, and names its keys.
+//! Checks the requests the filter sends before they reach Redis, and names
+//! their keys: `sluice:{<policy>:<key>}:<suffix>`.
 //!
-//! Every Redis key of one check shares the hash tag `{<policy>:<key>}`, so a
-//! check lands in one Redis Cluster slot. The key is the filter's encoded key
-//! (see `sluice_policies::key`); the shim refuses anything else, so no request
-//! can smuggle `{`, `}` or spaces into a key name.
+//! Every key of one check shares the hash tag `{<policy>:<key>}`, so a check
+//! lands in one Redis Cluster slot. The key is the filter's encoded key (see
+//! `sluice_policies::key`); the shim refuses anything else, so no request can
+//! smuggle `{`, `}` or spaces into a key name. The suffix names the limit's
+//! algorithm and period (`Algorithm::state_suffix`).
 
+use sluice_policies::algorithm::Algorithm;
 use sluice_policies::key::is_encoded;
-use sluice_policies::wire::{CheckRequest, WireLimit};
-use sluice_policies::{Count, Duration, PolicyName};
+use sluice_policies::wire::{Adjustment, Check, WireLimit};
+use sluice_policies::PolicyName;
 
 /// The most checks one request may carry.
 pub const MAX_CHECKS: usize = 64;
 /// The most limits one check may carry.
 pub const MAX_LIMITS: usize = 32;
 
-/// A limit as the script takes it: its state key and its arguments.
+/// A limit as the scripts take it: its state key and its algorithm.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScriptLimit {
     pub key: String,
-    pub kind: &'static str,
-    pub limit: u32,
-    pub window_us: u64,
+    pub algorithm: Algorithm,
 }
 
-/// Validates `req` and returns the limits of all its checks, in order.
-pub fn script_limits(req: &CheckRequest) -> Result<Vec<ScriptLimit>, String> {
-    if req.checks.len() > MAX_CHECKS {
-        return Err(format!("too many checks: {} (at most {MAX_CHECKS})", req.checks.len()));
+/// `sluice:{<policy>:<key>}`, after checking both parts.
+pub fn tag(policy: &str, key: &str) -> Result<String, String> {
+    if PolicyName::new(policy).is_none() {
+        return Err(format!("invalid policy name {policy:?}"));
+    }
+    if !is_encoded(key) {
+        return Err("not an encoded key".to_string());
+    }
+    Ok(format!("sluice:{{{policy}:{key}}}"))
+}
+
+fn script_limit(tag: &str, limit: &WireLimit) -> Result<ScriptLimit, String> {
+    limit.validate()?;
+    let algorithm = Algorithm::of(limit);
+    Ok(ScriptLimit { key: format!("{tag}:{}", algorithm.state_suffix()), algorithm })
+}
+
+/// Validates `checks` and returns the limits of all of them, in order.
+pub fn script_limits(checks: &[Check]) -> Result<Vec<ScriptLimit>, String> {
+    if checks.len() > MAX_CHECKS {
+        return Err(format!("too many checks: {} (at most {MAX_CHECKS})", checks.len()));
     }
     let mut out = Vec::new();
-    for (i, check) in req.checks.iter().enumerate() {
-        if PolicyName::new(&check.policy).is_none() {
-            return Err(format!("checks[{i}].policy: invalid policy name {:?}", check.policy));
-        }
-        if !is_encoded(&check.key) {
-            return Err(format!("checks[{i}].key: not an encoded key"));
-        }
+    for (i, check) in checks.iter().enumerate() {
+        let tag = tag(&check.policy, &check.key).map_err(|e| format!("checks[{i}]: {e}"))?;
         if check.limits.is_empty() || check.limits.len() > MAX_LIMITS {
             return Err(format!("checks[{i}].limits: expected 1 to {MAX_LIMITS} limits"));
         }
-        let tag = format!("sluice:{{{}:{}}}", check.policy, check.key);
         for (j, limit) in check.limits.iter().enumerate() {
-            match *limit {
-                WireLimit::SlidingWindow { limit, window_ms, approximate: false } => {
-                    let (Some(_), Some(_)) = (Count::new(limit.into()), Duration::from_millis(window_ms))
-                    else {
-                        return Err(format!("checks[{i}].limits[{j}]: limit or window out of range"));
-                    };
-                    out.push(ScriptLimit {
-                        key: format!("{tag}:sw:{window_ms}"),
-                        kind: "sliding_window",
-                        limit,
-                        window_us: window_ms * 1000,
-                    });
-                }
-                other => return Err(format!("checks[{i}].limits[{j}]: {other:?} is not supported yet")),
-            }
+            out.push(script_limit(&tag, limit).map_err(|e| format!("checks[{i}].limits[{j}]: {e}"))?);
         }
     }
+    let mut keys: Vec<&str> = out.iter().map(|l| l.key.as_str()).collect();
+    keys.sort_unstable();
+    if let Some(pair) = keys.windows(2).find(|w| w[0] == w[1]) {
+        return Err(format!("two limits share the key {}", pair[0]));
+    }
     Ok(out)
+}
+
+/// A points correction as the adjust script takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScriptAdjustment {
+    pub key: String,
+    pub interval_us: u64,
+    /// Units to charge (positive) or refund (negative).
+    pub delta: i64,
+}
+
+pub fn script_adjustments(adjustments: &[Adjustment]) -> Result<Vec<ScriptAdjustment>, String> {
+    if adjustments.len() > MAX_CHECKS {
+        return Err(format!("too many adjustments: {} (at most {MAX_CHECKS})", adjustments.len()));
+    }
+    adjustments
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let WireLimit::Points { cost, .. } = a.limit else {
+                return Err(format!("adjustments[{i}].limit: only points limits are adjusted"));
+            };
+            let tag = tag(&a.policy, &a.key).map_err(|e| format!("adjustments[{i}]: {e}"))?;
+            let limit = script_limit(&tag, &a.limit).map_err(|e| format!("adjustments[{i}].limit: {e}"))?;
+            let Algorithm::Gcra { interval_us, .. } = limit.algorithm else {
+                return Err(format!("adjustments[{i}].limit: not a bucket"));
+            };
+            Ok(ScriptAdjustment { key: limit.key, interval_us, delta: i64::from(a.actual) - i64::from(cost) })
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_policies::wire::Check;
 
-    fn request(policy: &str, key: &str) -> CheckRequest {
-        CheckRequest {
-            checks: vec![Check {
-                policy: policy.into(),
-                key: key.into(),
-                limits: vec![
-                    WireLimit::SlidingWindow { limit: 25, window_ms: 5_000, approximate: false },
-                    WireLimit::SlidingWindow { limit: 300, window_ms: 60_000, approximate: false },
-                ],
-            }],
-            now_us: None,
-        }
+    fn check(policy: &str, key: &str, limits: Vec<WireLimit>) -> Vec<Check> {
+        vec![Check { policy: policy.into(), key: key.into(), limits }]
+    }
+
+    fn dual() -> Vec<WireLimit> {
+        vec![
+            WireLimit::SlidingWindow { limit: 25, window_ms: 5_000, approximate: false },
+            WireLimit::SlidingWindow { limit: 300, window_ms: 60_000, approximate: false },
+        ]
     }
 
     #[test]
     fn every_key_of_a_check_shares_one_hash_tag() {
-        let limits = script_limits(&request("partner-api", "alice")).expect("valid");
+        let limits = script_limits(&check("partner-api", "alice", dual())).expect("valid");
         let keys: Vec<&str> = limits.iter().map(|l| l.key.as_str()).collect();
         assert_eq!(keys, ["sluice:{partner-api:alice}:sw:5000", "sluice:{partner-api:alice}:sw:60000"]);
-        assert_eq!(limits[1].window_us, 60_000_000);
+    }
+
+    #[test]
+    fn each_algorithm_has_its_own_suffix() {
+        let limits = vec![
+            WireLimit::FixedWindow { limit: 1, window_ms: 60_000 },
+            WireLimit::SlidingWindow { limit: 1, window_ms: 60_000, approximate: true },
+            WireLimit::TokenBucket { rate: 100, per_ms: 1_000, burst: 500 },
+            WireLimit::Concurrency { limit: 5, lease_ms: 30_000 },
+        ];
+        let keys: Vec<String> =
+            script_limits(&check("p", "k", limits)).expect("valid").into_iter().map(|l| l.key).collect();
+        assert_eq!(
+            keys,
+            [
+                "sluice:{p:k}:fw:60000",
+                "sluice:{p:k}:sa:60000",
+                "sluice:{p:k}:gcra:10000",
+                "sluice:{p:k}:cc:30000"
+            ]
+        );
     }
 
     #[test]
     fn raw_key_syntax_is_refused() {
-        assert!(script_limits(&request("p", "a}b")).is_err());
-        assert!(script_limits(&request("p", "a b")).is_err());
-        assert!(script_limits(&request("p{", "a")).is_err());
+        assert!(script_limits(&check("p", "a}b", dual())).is_err());
+        assert!(script_limits(&check("p", "a b", dual())).is_err());
+        assert!(script_limits(&check("p{", "a", dual())).is_err());
     }
 
     #[test]
     fn out_of_range_limits_are_refused() {
-        let mut req = request("p", "a");
-        req.checks[0].limits[0] = WireLimit::SlidingWindow { limit: 0, window_ms: 5_000, approximate: false };
-        assert!(script_limits(&req).is_err());
-        req.checks[0].limits[0] = WireLimit::SlidingWindow { limit: 1, window_ms: 0, approximate: false };
-        assert!(script_limits(&req).is_err());
+        let bad = [
+            WireLimit::SlidingWindow { limit: 0, window_ms: 5_000, approximate: false },
+            WireLimit::SlidingWindow { limit: 1, window_ms: 0, approximate: false },
+            WireLimit::TokenBucket { rate: 1_000_000, per_ms: 1, burst: 1 },
+            WireLimit::Interval { every_ms: 400 * 86_400_000 },
+        ];
+        for limit in bad {
+            assert!(script_limits(&check("p", "k", vec![limit])).is_err(), "{limit:?}");
+        }
+    }
+
+    #[test]
+    fn limits_sharing_a_key_are_refused() {
+        let twice = vec![WireLimit::Interval { every_ms: 1_000 }, WireLimit::Interval { every_ms: 1_000 }];
+        assert!(script_limits(&check("p", "k", twice)).is_err());
+    }
+
+    #[test]
+    fn adjustments_charge_the_difference() {
+        let limit = WireLimit::Points { capacity: 1000, refill_ms: 20_000, cost: 50 };
+        let a = |actual| Adjustment { policy: "p".into(), key: "k".into(), limit, actual };
+        let got = script_adjustments(&[a(80), a(10)]).expect("valid");
+        assert_eq!(
+            got[0],
+            ScriptAdjustment { key: "sluice:{p:k}:gcra:20000".into(), interval_us: 20_000, delta: 30 }
+        );
+        assert_eq!(got[1].delta, -40);
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! # Layout
 //!
-//! - [`limiter`]: runs a check as one atomic Lua script call on Redis.
+//! - [`limiter`]: runs a check as one atomic Lua script call on Redis, and
+//!   the releases and adjustments that follow.
+//! - [`scripts`]: the Lua scripts, assembled from `lua/`.
 //! - [`keys`]: validates a check request and names its Redis keys.
 //! - [`server`]: the HTTP endpoints the filter calls, over HTTP/1.1 and h2c.
 //! - [`validate`]: `sluice validate FILE...`.
@@ -11,5 +13,6 @@
 pub mod envoy_config;
 pub mod keys;
 pub mod limiter;
+pub mod scripts;
 pub mod server;
 pub mod validate;

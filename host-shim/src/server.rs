@@ -1,8 +1,9 @@
 //! The shim's HTTP endpoints. One port speaks HTTP/1.1 and HTTP/2 cleartext
 //! with prior knowledge, so Envoy can multiplex every call over one connection.
 //!
-//! - `POST /v1/check`: a `CheckRequest`; answers 200 with a `CheckResponse`,
-//!   400 for a malformed or oversized body, 503 when Redis fails.
+//! - `POST /v1/check`, `/v1/release`, `/v1/adjust`: see `sluice_policies::wire`.
+//!   Each answers 200 with JSON, 400 for a malformed or oversized body, 503
+//!   when Redis fails.
 //! - `GET /healthz`: 200 while the shim serves.
 
 use std::future::Future;
@@ -14,7 +15,11 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use sluice_policies::wire::{CheckRequest, CHECK_PATH};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use sluice_policies::wire::{
+    AdjustRequest, CheckRequest, ReleaseRequest, ADJUST_PATH, CHECK_PATH, RELEASE_PATH,
+};
 
 use crate::limiter::{CheckError, Limiter};
 
@@ -24,6 +29,8 @@ pub const MAX_BODY: usize = 64 * 1024;
 pub fn router(limiter: Limiter) -> Router {
     Router::new()
         .route(CHECK_PATH, post(check))
+        .route(RELEASE_PATH, post(release))
+        .route(ADJUST_PATH, post(adjust))
         .route("/healthz", get(|| async { "ok\n" }))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(Arc::new(limiter))
@@ -42,12 +49,34 @@ pub async fn run(
 }
 
 async fn check(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
-    let req: CheckRequest = match serde_json::from_slice(&body) {
-        Ok(req) => req,
-        Err(err) => return (StatusCode::BAD_REQUEST, format!("malformed check: {err}\n")).into_response(),
-    };
-    match limiter.check(&req).await {
-        Ok(resp) => match serde_json::to_vec(&resp) {
+    match parse::<CheckRequest>(&body) {
+        Ok(req) => answer(limiter.check(&req).await),
+        Err(resp) => resp,
+    }
+}
+
+async fn release(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
+    match parse::<ReleaseRequest>(&body) {
+        Ok(req) => answer(limiter.release(&req).await),
+        Err(resp) => resp,
+    }
+}
+
+async fn adjust(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
+    match parse::<AdjustRequest>(&body) {
+        Ok(req) => answer(limiter.adjust(&req).await.map(|()| serde_json::json!({}))),
+        Err(resp) => resp,
+    }
+}
+
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, Response> {
+    serde_json::from_slice(body)
+        .map_err(|err| (StatusCode::BAD_REQUEST, format!("malformed request: {err}\n")).into_response())
+}
+
+fn answer<T: Serialize>(result: Result<T, CheckError>) -> Response {
+    match result {
+        Ok(value) => match serde_json::to_vec(&value) {
             Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
             Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{err}\n")).into_response(),
         },
@@ -55,7 +84,7 @@ async fn check(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
             (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response()
         }
         Err(CheckError::Store(reason)) => {
-            tracing::warn!(%reason, "check failed");
+            tracing::warn!(%reason, "redis call failed");
             (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")).into_response()
         }
     }

@@ -98,8 +98,8 @@ async fn retry_after_is_exact() {
     assert!(check(&limiter, "k", &limits, t0 + SECOND).await.allowed);
     let denied = check(&limiter, "k", &limits, t0 + 2 * SECOND).await;
     assert!(!denied.allowed);
-    assert_eq!(denied.retry_after_ms, 3_000);
-    assert_eq!(denied.checks[0].limits[0].retry_after_ms, 3_000);
+    assert_eq!(denied.retry_after_ms, Some(3_000));
+    assert_eq!(denied.checks[0].limits[0].retry_after_ms, Some(3_000));
     // One microsecond early is still too early; on time it passes.
     assert!(!check(&limiter, "k", &limits, t0 + 5 * SECOND - 1).await.allowed);
     assert!(check(&limiter, "k", &limits, t0 + 5 * SECOND).await.allowed);

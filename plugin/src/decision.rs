@@ -4,8 +4,8 @@ use sluice_policies::wire::{Check, CheckResponse};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// Every limit allowed: resume the request.
-    Allow,
+    /// Every limit allowed: resume the request; release `lease` at its end.
+    Allow { lease: Option<String> },
     /// A limit denied: answer 429 naming `policy`, with `Retry-After: retry_after_secs`.
     Deny { policy: String, retry_after_secs: u64 },
     /// The shim gave no usable answer: `failure_mode` decides.
@@ -35,13 +35,12 @@ pub fn decide(status: Option<&[u8]>, body: Option<&[u8]>, checks: &[Check]) -> D
         ));
     }
     if resp.allowed {
-        return Decision::Allow;
+        return Decision::Allow { lease: resp.lease };
     }
     let policy = resp.denied_check().and_then(|i| checks.get(i)).map(|c| c.policy.clone());
-    Decision::Deny {
-        policy: policy.unwrap_or_default(),
-        retry_after_secs: resp.retry_after_ms.div_ceil(1000).max(1),
-    }
+    // An unknown wait (a concurrency limit waits for a release) is sent as 1 s.
+    let retry_after_secs = resp.retry_after_ms.map_or(1, |ms| ms.div_ceil(1000).max(1));
+    Decision::Deny { policy: policy.unwrap_or_default(), retry_after_secs }
 }
 
 /// The body of a 429: a small JSON document.
@@ -69,11 +68,11 @@ mod tests {
         ]
     }
 
-    fn answer(allowed: [bool; 2], retry_after_ms: u64) -> Vec<u8> {
-        let limit = |ok: bool| serde_json::json!({"allowed": ok, "remaining": 0, "reset_ms": 10, "retry_after_ms": if ok {0} else {retry_after_ms}});
+    fn answer(allowed: [bool; 2], retry_after_ms: Option<u64>) -> Vec<u8> {
+        let limit = |ok: bool| serde_json::json!({"allowed": ok, "remaining": 0, "reset_ms": 10, "retry_after_ms": if ok {Some(0)} else {retry_after_ms}});
         serde_json::json!({
             "allowed": allowed[0] && allowed[1],
-            "retry_after_ms": if allowed[0] && allowed[1] {0} else {retry_after_ms},
+            "retry_after_ms": if allowed[0] && allowed[1] {Some(0)} else {retry_after_ms},
             "checks": [{"limits": [limit(allowed[0])]}, {"limits": [limit(allowed[1])]}],
         })
         .to_string()
@@ -82,16 +81,28 @@ mod tests {
 
     #[test]
     fn allowed_answer_resumes() {
-        assert_eq!(decide(Some(b"200"), Some(&answer([true, true], 0)), &checks()), Decision::Allow);
+        assert_eq!(
+            decide(Some(b"200"), Some(&answer([true, true], Some(0))), &checks()),
+            Decision::Allow { lease: None }
+        );
+        let with_lease =
+            br#"{"allowed":true,"retry_after_ms":0,"lease":"ab.1","checks":[{"limits":[]},{"limits":[]}]}"#;
+        assert_eq!(
+            decide(Some(b"200"), Some(with_lease), &checks()),
+            Decision::Allow { lease: Some("ab.1".into()) }
+        );
     }
 
     #[test]
     fn denial_names_the_denying_policy_and_rounds_retry_after_up() {
-        let d = decide(Some(b"200"), Some(&answer([true, false], 4001)), &checks());
+        let d = decide(Some(b"200"), Some(&answer([true, false], Some(4001))), &checks());
         assert_eq!(d, Decision::Deny { policy: "b".into(), retry_after_secs: 5 });
-        let d = decide(Some(b"200"), Some(&answer([false, true], 5000)), &checks());
+        let d = decide(Some(b"200"), Some(&answer([false, true], Some(5000))), &checks());
         assert_eq!(d, Decision::Deny { policy: "a".into(), retry_after_secs: 5 });
-        let d = decide(Some(b"200"), Some(&answer([false, true], 0)), &checks());
+        let d = decide(Some(b"200"), Some(&answer([false, true], Some(1))), &checks());
+        assert_eq!(d, Decision::Deny { policy: "a".into(), retry_after_secs: 1 });
+        // A concurrency denial cannot know its wait: 1 s.
+        let d = decide(Some(b"200"), Some(&answer([false, true], None)), &checks());
         assert_eq!(d, Decision::Deny { policy: "a".into(), retry_after_secs: 1 });
     }
 

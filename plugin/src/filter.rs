@@ -1,45 +1,59 @@
 //! The HTTP context: for each request, match the policies, ask the shim about
-//! all of them in one call, and resume the request or answer it.
+//! all of them in one call, and resume the request or answer it. After an
+//! admitted request: release its lease at the stream's end, and correct the
+//! points it was charged once the response tells its true cost.
 
 use std::rc::Rc;
-use std::time::Duration;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, MapType};
-use sluice_policies::wire::{Check, CheckRequest, CHECK_PATH};
-use sluice_policies::{Document, FailureMode};
+use sluice_policies::wire::{
+    AdjustRequest, Adjustment, Check, CheckRequest, ReleaseRequest, WireLimit, ADJUST_PATH, CHECK_PATH,
+    RELEASE_PATH,
+};
+use sluice_policies::{Document, FailureMode, Limit};
 
+use crate::callout::{check_timeout, post, post_in_background};
 use crate::decision::{decide, deny_body, missing_key_body, Decision};
 use crate::host::HostRequest;
 
 pub struct Sluice {
     doc: Option<Rc<Document>>,
-    /// The checks sent to the shim, kept to read its answer.
-    pending: Vec<Check>,
+    root_id: u32,
+    context_id: u32,
+    /// The checks sent to the shim, kept to read its answer and to release
+    /// and adjust afterwards.
+    checks: Vec<Check>,
+    /// The pending check call; other calls' answers are not for this stream.
+    check_token: Option<u32>,
+    /// The lease to release at the stream's end, taken when released.
+    lease: Option<String>,
+    admitted: bool,
 }
 
 impl Sluice {
-    pub fn new(doc: Option<Rc<Document>>) -> Sluice {
-        Sluice { doc, pending: Vec::new() }
+    pub fn new(doc: Option<Rc<Document>>, root_id: u32, context_id: u32) -> Sluice {
+        Sluice {
+            doc,
+            root_id,
+            context_id,
+            checks: Vec::new(),
+            check_token: None,
+            lease: None,
+            admitted: false,
+        }
     }
 
     /// Asks the shim; `Pause` until it answers, or the failure decision.
-    fn ask_shim(&mut self, doc: &Document, checks: Vec<Check>) -> Action {
-        let body = match serde_json::to_vec(&CheckRequest { checks, now_us: None }) {
-            Ok(body) => body,
-            Err(err) => return self.fail(doc, &format!("cannot encode the check: {err}")),
-        };
-        let headers = vec![
-            (":method", "POST"),
-            (":path", CHECK_PATH),
-            (":authority", "sluice-shim"),
-            ("content-type", "application/json"),
-        ];
-        let timeout = Duration::from_millis(doc.shim.timeout_ms.get().into());
-        match hostcalls::dispatch_http_call(&doc.shim.cluster, headers, Some(&body), vec![], timeout) {
-            Ok(_) => Action::Pause,
-            Err(status) => self.fail(doc, &format!("cannot call cluster {:?}: {status:?}", doc.shim.cluster)),
+    fn ask_shim(&mut self, doc: &Document) -> Action {
+        let req = CheckRequest { checks: self.checks.clone(), now_us: None };
+        match post(doc, CHECK_PATH, &req, check_timeout(doc)) {
+            Ok(token) => {
+                self.check_token = Some(token);
+                Action::Pause
+            }
+            Err(reason) => self.fail(doc, &reason),
         }
     }
 
@@ -58,19 +72,59 @@ impl Sluice {
             }
         }
     }
+
+    /// Exactly once per admitted request that holds a lease.
+    fn release_lease(&mut self) {
+        let (Some(doc), Some(lease)) = (self.doc.clone(), self.lease.take()) else { return };
+        let req = ReleaseRequest { lease, checks: std::mem::take(&mut self.checks) };
+        post_in_background(&doc, self.root_id, self.context_id, RELEASE_PATH, &req);
+    }
+
+    /// The points corrections that the response's actual-cost headers call for.
+    fn adjustments(&self, doc: &Document) -> Vec<Adjustment> {
+        let mut out = Vec::new();
+        for check in &self.checks {
+            let Some(policy) = doc.policies.iter().find(|p| p.name.as_str() == check.policy) else {
+                continue;
+            };
+            for (limit, wire) in policy.limits.iter().zip(&check.limits) {
+                let (Limit::Points { actual_cost_header: Some(header), .. }, WireLimit::Points { .. }) =
+                    (limit, wire)
+                else {
+                    continue;
+                };
+                if let Some(actual) = response_number(header.as_str()) {
+                    out.push(Adjustment {
+                        policy: check.policy.clone(),
+                        key: check.key.clone(),
+                        limit: *wire,
+                        actual,
+                    });
+                }
+            }
+        }
+        out
+    }
 }
 
 impl Context for Sluice {
-    fn on_http_call_response(&mut self, _token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
+    fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
+        if self.check_token != Some(token) {
+            return;
+        }
+        self.check_token = None;
         let Some(doc) = self.doc.clone() else { return };
         let status = match num_headers {
             0 => None,
             _ => hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status").ok().flatten(),
         };
         let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten();
-        let checks = std::mem::take(&mut self.pending);
-        match decide(status.as_deref(), body.as_deref(), &checks) {
-            Decision::Allow => resume(),
+        match decide(status.as_deref(), body.as_deref(), &self.checks) {
+            Decision::Allow { lease } => {
+                self.admitted = true;
+                self.lease = lease;
+                resume();
+            }
             Decision::Deny { policy, retry_after_secs } => {
                 let retry_after = retry_after_secs.to_string();
                 let headers =
@@ -84,13 +138,18 @@ impl Context for Sluice {
             }
         }
     }
+
+    fn on_done(&mut self) -> bool {
+        self.release_lease();
+        true
+    }
 }
 
 impl HttpContext for Sluice {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         let Some(doc) = self.doc.clone() else { return Action::Continue };
         let req = HostRequest::read();
-        let checks: Vec<Check> = match doc.evaluate(&req) {
+        self.checks = match doc.evaluate(&req) {
             Ok(applied) => applied.iter().map(|a| a.check(&req)).collect(),
             Err(policy) => {
                 let body = missing_key_body(policy.name.as_str());
@@ -98,12 +157,33 @@ impl HttpContext for Sluice {
                 return Action::Pause;
             }
         };
-        if checks.is_empty() {
+        if self.checks.is_empty() {
             return Action::Continue;
         }
-        self.pending = checks.clone();
-        self.ask_shim(&doc, checks)
+        self.ask_shim(&doc)
     }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        let Some(doc) = self.doc.clone() else { return Action::Continue };
+        if self.admitted {
+            let adjustments = self.adjustments(&doc);
+            if !adjustments.is_empty() {
+                let req = AdjustRequest { adjustments, now_us: None };
+                post_in_background(&doc, self.root_id, self.context_id, ADJUST_PATH, &req);
+            }
+        }
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        self.release_lease();
+    }
+}
+
+/// A response header as a whole number, if it is one.
+fn response_number(name: &str) -> Option<u32> {
+    let value = hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name).ok().flatten()?;
+    std::str::from_utf8(&value).ok()?.trim().parse().ok()
 }
 
 fn resume() {

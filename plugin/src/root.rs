@@ -9,9 +9,15 @@ use sluice_policies::Document;
 
 use crate::filter::Sluice;
 
-#[derive(Default)]
 pub struct SluiceRoot {
+    context_id: u32,
     doc: Option<Rc<Document>>,
+}
+
+impl SluiceRoot {
+    pub fn new(context_id: u32) -> SluiceRoot {
+        SluiceRoot { context_id, doc: None }
+    }
 }
 
 impl Context for SluiceRoot {}
@@ -38,10 +44,10 @@ impl RootContext for SluiceRoot {
         }
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         // Envoy creates no stream unless on_configure succeeded; returning
         // None would abort the VM, so an unconfigured filter passes traffic.
-        Some(Box::new(Sluice::new(self.doc.clone())))
+        Some(Box::new(Sluice::new(self.doc.clone(), self.context_id, context_id)))
     }
 
     fn get_type(&self) -> Option<ContextType> {

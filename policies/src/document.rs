@@ -28,10 +28,12 @@ use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, SeqAccess, Visitor};
 
+use crate::algorithm::Algorithm;
 #[cfg(feature = "schema")]
 use crate::condition::RawCondition;
 use crate::condition::{raw_key, Condition};
 use crate::key::{self, ClientIp, KeySource, OnMissingKey};
+use crate::wire::WireLimit;
 use crate::{Limit, PolicyName, Request};
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
@@ -211,6 +213,16 @@ impl<'de> Deserialize<'de> for Policy {
         let raw = RawPolicy::deserialize(d)?;
         if raw.limits.is_empty() {
             return Err(de::Error::custom("a policy needs at least one limit"));
+        }
+        // Two limits whose state would live under one key would charge it twice.
+        let suffixes: Vec<String> =
+            raw.limits.iter().map(|l| Algorithm::of(&WireLimit::with_cost(l, 0)).state_suffix()).collect();
+        for (i, suffix) in suffixes.iter().enumerate() {
+            if let Some(j) = suffixes[..i].iter().position(|s| s == suffix) {
+                return Err(de::Error::custom(format!(
+                    "limits[{i}] would share its state with limits[{j}]: give one a different window, period or lease"
+                )));
+            }
         }
         let matcher = raw.matcher.unwrap_or_default();
         let uses_keys = matcher.needs_key() || raw.bypass.iter().any(Condition::needs_key);

@@ -14,8 +14,11 @@
 //! - [`request`]: what matching and keying read from a request.
 //! - [`error`]: [`ParseError`], the one error type of [`parse`].
 //! - [`wire`]: the compact JSON exchanged with the shim.
+//! - [`algorithm`]: the reference model of every limit type, twin of the
+//!   Redis scripts in `lua/`.
 //! - `schema` (feature `schema`): the JSON Schema of the document.
 
+pub mod algorithm;
 pub mod condition;
 pub mod document;
 pub mod error;

@@ -208,22 +208,9 @@ impl RawLimit {
     }
 }
 
-/// The bucket types refill one unit every `period / count`; below a
-/// microsecond that interval cannot be kept.
+/// The bounds the shim checks too, in one place: see [`WireLimit::validate`].
 fn check_rate(limit: &Limit) -> Result<(), String> {
-    let (count, period) = match *limit {
-        Limit::TokenBucket { rate, per, .. } => (rate, per),
-        Limit::LeakyBucket { capacity, drain } => (capacity, drain),
-        Limit::Points { capacity, refill, .. } => (capacity, refill),
-        _ => return Ok(()),
-    };
-    if period.as_millis() * 1000 < u64::from(count.get()) {
-        return Err(format!(
-            "{} per {period} is more than one per microsecond, the finest rate Sluice keeps",
-            count.get()
-        ));
-    }
-    Ok(())
+    crate::wire::WireLimit::with_cost(limit, 0).validate()
 }
 
 impl<'de> Deserialize<'de> for Limit {

@@ -1,14 +1,22 @@
 //! The compact JSON the filter and the shim exchange. Internal to Sluice: both
 //! ends are built from this module.
 //!
-//! `POST /v1/check` carries a [`CheckRequest`] and answers a [`CheckResponse`].
+//! - `POST /v1/check`: a [`CheckRequest`], answered by a [`CheckResponse`].
+//! - `POST /v1/release`: a [`ReleaseRequest`] at the end of an admitted
+//!   request that holds a lease, answered by a [`ReleaseResponse`].
+//! - `POST /v1/adjust`: an [`AdjustRequest`] once a response tells the true
+//!   cost of a `points` request, answered by 200 and `{}`.
 
 use serde::{Deserialize, Serialize};
 
+use crate::algorithm::Algorithm;
 use crate::limit::Cost;
-use crate::{Applied, Limit, Request};
+use crate::units::MAX_COUNT;
+use crate::{Applied, Count, Duration, Limit, Request};
 
 pub const CHECK_PATH: &str = "/v1/check";
+pub const RELEASE_PATH: &str = "/v1/release";
+pub const ADJUST_PATH: &str = "/v1/adjust";
 
 /// Every policy that applies to one request. The shim decides them all at
 /// once: the request is admitted, and charged, only if every limit allows it.
@@ -74,9 +82,21 @@ fn is_false(b: &bool) -> bool {
     !b
 }
 
+/// The longest a bucket may take to refill completely: ten years.
+pub const MAX_REFILL_US: u64 = 10 * 365 * 24 * 3600 * 1_000_000;
+
 impl WireLimit {
     /// `limit` as it applies to `req`: a `points` cost read from its header.
     pub fn of(limit: &Limit, req: &impl Request) -> WireLimit {
+        let cost = match limit {
+            Limit::Points { cost, .. } => request_cost(cost, req),
+            _ => 1,
+        };
+        WireLimit::with_cost(limit, cost)
+    }
+
+    /// `limit` with a `points` cost of `cost`.
+    pub fn with_cost(limit: &Limit, cost: u32) -> WireLimit {
         match *limit {
             Limit::FixedWindow { limit, window } => {
                 WireLimit::FixedWindow { limit: limit.get(), window_ms: window.as_millis() }
@@ -94,12 +114,49 @@ impl WireLimit {
             Limit::Concurrency { limit, lease } => {
                 WireLimit::Concurrency { limit: limit.get(), lease_ms: lease.as_millis() }
             }
-            Limit::Points { capacity, refill, ref cost, .. } => WireLimit::Points {
-                capacity: capacity.get(),
-                refill_ms: refill.as_millis(),
-                cost: request_cost(cost, req),
-            },
+            Limit::Points { capacity, refill, .. } => {
+                WireLimit::Points { capacity: capacity.get(), refill_ms: refill.as_millis(), cost }
+            }
         }
+    }
+
+    /// Checks the ranges the policy language guarantees, for a shim that
+    /// must not trust its caller: counts 1 to 1e9, durations 1 ms to a year,
+    /// a bucket unit of at least a microsecond, a refill of at most ten years.
+    pub fn validate(&self) -> Result<(), String> {
+        let (counts, durations): (&[u32], &[u64]) = match self {
+            WireLimit::FixedWindow { limit, window_ms }
+            | WireLimit::SlidingWindow { limit, window_ms, .. } => (&[*limit], &[*window_ms]),
+            WireLimit::TokenBucket { rate, per_ms, burst } => (&[*rate, *burst], &[*per_ms]),
+            WireLimit::LeakyBucket { capacity, drain_ms } => (&[*capacity], &[*drain_ms]),
+            WireLimit::Interval { every_ms } => (&[], &[*every_ms]),
+            WireLimit::Concurrency { limit, lease_ms } => (&[*limit], &[*lease_ms]),
+            WireLimit::Points { capacity, refill_ms, .. } => (&[*capacity], &[*refill_ms]),
+        };
+        if let Some(n) = counts.iter().find(|n| Count::new(u64::from(**n)).is_none()) {
+            return Err(format!("count {n} out of range (1 to {MAX_COUNT})"));
+        }
+        if let Some(ms) = durations.iter().find(|ms| Duration::from_millis(**ms).is_none()) {
+            return Err(format!("duration {ms}ms out of range (1ms to 365d)"));
+        }
+        let (period_ms, units, burst) = match *self {
+            WireLimit::TokenBucket { rate, per_ms, burst } => (per_ms, rate, burst),
+            WireLimit::LeakyBucket { capacity, drain_ms } => (drain_ms, capacity, capacity),
+            WireLimit::Points { capacity, refill_ms, .. } => (refill_ms, capacity, capacity),
+            _ => return Ok(()),
+        };
+        if period_ms * 1000 < u64::from(units) {
+            return Err(format!(
+                "{units} per {} is more than one per microsecond, the finest rate Sluice keeps",
+                Duration::from_millis(period_ms).map(|d| d.to_string()).unwrap_or_default()
+            ));
+        }
+        if let Algorithm::Gcra { interval_us, .. } = Algorithm::of(self) {
+            if interval_us.saturating_mul(u64::from(burst)) > MAX_REFILL_US {
+                return Err("the bucket would take more than ten years to refill".to_string());
+            }
+        }
+        Ok(())
     }
 }
 
@@ -129,10 +186,15 @@ impl Applied<'_> {
 pub struct CheckResponse {
     pub allowed: bool,
     /// When denied: the earliest time, in ms from now, at which the same
-    /// request would pass. 0 when allowed.
-    pub retry_after_ms: u64,
+    /// request would pass; `None` when no one can know (a concurrency limit
+    /// waits for a release). 0 when allowed.
+    pub retry_after_ms: Option<u64>,
     /// One entry per check of the request, in order.
     pub checks: Vec<CheckOutcome>,
+    /// When admitted with concurrency limits: the lease to release at the
+    /// stream's end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -150,8 +212,16 @@ pub struct LimitOutcome {
     pub remaining: u64,
     /// Milliseconds until this limit next frees capacity.
     pub reset_ms: u64,
-    /// Milliseconds until this limit would admit the request; 0 if it did.
-    pub retry_after_ms: u64,
+    /// Milliseconds until this limit would admit the request; 0 if it did;
+    /// `None` when unknown.
+    pub retry_after_ms: Option<u64>,
+    /// Expired leases this check reclaimed: their holders died without releasing.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reclaimed: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl CheckResponse {
@@ -159,4 +229,41 @@ impl CheckResponse {
     pub fn denied_check(&self) -> Option<usize> {
         self.checks.iter().position(|c| c.limits.iter().any(|l| !l.allowed))
     }
+}
+
+/// Ends the lease of an admitted request: the checks it was admitted with,
+/// and the lease the shim gave it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    pub lease: String,
+    pub checks: Vec<Check>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseResponse {
+    /// Leases ended; 0 when they had already been released or reclaimed.
+    pub released: u64,
+}
+
+/// Charges or refunds the difference between the estimated and the actual
+/// cost of `points` requests.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdjustRequest {
+    pub adjustments: Vec<Adjustment>,
+    /// As in [`CheckRequest::now_us`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub now_us: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Adjustment {
+    pub policy: String,
+    pub key: String,
+    /// The `points` limit as it was charged: its `cost` is the estimate.
+    pub limit: WireLimit,
+    pub actual: u32,
 }

@@ -36,6 +36,8 @@ macro_rules! fixtures {
 }
 
 fixtures! {
+    limits_sharing_state => r#"policies[0]: limits[1] would share its state with limits[0]: give one a different window, period or lease at 10:3"#,
+    bucket_refill_too_long => r#"policies[0].limits[0]: the bucket would take more than ten years to refill at 7:7"#,
     bad_duration => r#"policies[0].limits[0].window: invalid duration "5 sec" (expected e.g. "5s", "250ms"; from 1ms to 365d) at 6:66"#,
     bad_failure_mode => r#"failure_mode: unknown variant `open`, expected `allow` or `deny` at 2:24"#,
     bad_key_header_name => r#"policies[0].key[0]: invalid key source "header:x api key" (expected "header:NAME", "ip", "path", "method", "host" or "query:NAME") at 5:33"#,

@@ -1,0 +1,28 @@
+-- Helpers for every script. The shim puts this first, then the algorithms,
+-- then the script's main part.
+
+-- Microseconds to milliseconds, rounded up.
+local function ceil_ms(us)
+  return math.ceil(us / 1000)
+end
+
+-- The index of the aligned window that holds now. Division in doubles may
+-- land one off, so the result is checked against now.
+local function window_index(now, window)
+  local index = math.floor(now / window)
+  if index * window > now then
+    index = index - 1
+  elseif (index + 1) * window <= now then
+    index = index + 1
+  end
+  return index
+end
+
+-- The time: Redis TIME in microseconds, or ARGV[1] when the shim runs in its
+-- test mode and sent one.
+local function clock(explicit)
+  local now = tonumber(explicit)
+  if now then return now end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end

@@ -1,0 +1,26 @@
+-- concurrency: leases. Twin of policies/src/algorithm/concurrency.rs.
+--
+-- A sorted set holds one member per request in flight (its lease id), scored
+-- by when its lease expires. A request passes while fewer than limit leases
+-- are live. The stream's end releases its lease (release.lua); a lease whose
+-- holder died expires after lease and is reclaimed here, and counted.
+local function concurrency(key, now, id, limit, lease)
+  -- A lease that expires at x is live while now < x.
+  local reclaimed = redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  local count = redis.call('ZCARD', key)
+  local soonest = tonumber(redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')[2])
+  local allowed = count < limit
+  return {
+    allowed = allowed,
+    now = {math.max(limit - count, 0), soonest and (soonest - now) or 0},
+    after = {math.max(limit - count - 1, 0), soonest and (soonest - now) or lease},
+    -- Nobody knows when a lease will be released (-1).
+    retry = allowed and 0 or -1,
+    reclaimed = reclaimed,
+    commit = function()
+      redis.call('ZADD', key, now + lease, id)
+      -- Every lease of this key has the same length: the newest lasts longest.
+      redis.call('PEXPIRE', key, ceil_ms(lease) + 1000)
+    end,
+  }
+end

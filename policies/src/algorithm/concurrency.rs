@@ -1,0 +1,49 @@
+//! `concurrency`: leases. Twin of `lua/concurrency.lua`.
+//!
+//! One entry per request in flight, scored by when its lease expires. A
+//! request passes while fewer than `limit` leases are live. The stream's end
+//! releases its lease; a lease whose holder died expires after `lease` and is
+//! reclaimed by the next check, which counts it.
+
+use super::{Found, State, View};
+
+pub fn check(state: Option<&State>, now: u64, id: &str, limit: u64, lease: u64) -> Found {
+    let all: Vec<(u64, String)> = match state {
+        Some(State::Set(entries)) => entries.clone(),
+        _ => Vec::new(),
+    };
+    // A lease that expires at x is live while now < x.
+    let mut live: Vec<(u64, String)> = all.iter().filter(|(x, _)| *x > now).cloned().collect();
+    live.sort();
+    let reclaimed = (all.len() - live.len()) as u64;
+    let count = live.len() as u64;
+    let soonest = live.first().map(|(x, _)| *x);
+    let allowed = count < limit;
+    let pruned = State::Set(live.clone());
+    live.push((now + lease, id.to_string()));
+    Found {
+        allowed,
+        now: View { remaining: limit.saturating_sub(count), reset_us: soonest.map_or(0, |x| x - now) },
+        after: View {
+            remaining: limit.saturating_sub(count + 1),
+            reset_us: soonest.map_or(lease, |x| x - now),
+        },
+        // Nobody knows when a lease will be released.
+        retry_us: if allowed { Some(0) } else { None },
+        reclaimed,
+        pruned: Some(pruned),
+        commit: Some(State::Set(live)),
+    }
+}
+
+/// `lua/release.lua`: ends lease `id`; true if it was live.
+pub fn release(state: Option<&mut State>, id: &str) -> bool {
+    match state {
+        Some(State::Set(entries)) => {
+            let before = entries.len();
+            entries.retain(|(_, m)| m != id);
+            entries.len() < before
+        }
+        _ => false,
+    }
+}

@@ -1,0 +1,56 @@
+//! `gcra`: the generic cell rate algorithm, for token buckets, leaky buckets,
+//! intervals and points. Twin of `lua/gcra.lua`.
+//!
+//! The state is one time, the theoretical arrival time `tat`: when the bucket
+//! would be full again. One unit refills every `interval`; the bucket holds
+//! `burst` units, which take `tau = interval * burst` to refill. A request of
+//! `cost` units moves `tat` on by `cost * interval`, and passes if then
+//! `tat - now <= tau`. Over any interval `t`, at most `burst + t / interval`
+//! units pass.
+
+use super::{Found, State, View};
+
+pub fn check(state: Option<&State>, now: u64, interval: u64, burst: u64, cost: u64) -> Found {
+    let tau = interval * burst;
+    let stored = match state {
+        Some(&State::Tat(tat)) => tat,
+        _ => now,
+    };
+    let tat = stored.max(now);
+    let new_tat = tat.saturating_add(cost.saturating_mul(interval));
+    let allowed = new_tat - now <= tau;
+    // A cost beyond the whole bucket never passes: its wait is unknown.
+    let retry = if allowed {
+        Some(0)
+    } else if cost.saturating_mul(interval) > tau {
+        None
+    } else {
+        Some(new_tat - tau - now)
+    };
+    Found {
+        allowed,
+        // A charge after the fact can leave tat beyond now + tau: nothing remains.
+        now: View { remaining: (now + tau).saturating_sub(tat) / interval, reset_us: tat - now },
+        after: View { remaining: (now + tau).saturating_sub(new_tat) / interval, reset_us: new_tat - now },
+        retry_us: retry,
+        reclaimed: 0,
+        pruned: None,
+        commit: Some(State::Tat(new_tat)),
+    }
+}
+
+/// `lua/adjust.lua`: charges `delta` more units (or refunds, when negative)
+/// once the true cost is known. A refund never fills the bucket beyond full.
+pub fn adjust(state: Option<&State>, now: u64, interval: u64, delta: i64) -> u64 {
+    let stored = match state {
+        Some(&State::Tat(tat)) => tat,
+        _ => now,
+    };
+    let tat = stored.max(now);
+    let change = delta.unsigned_abs().saturating_mul(interval);
+    if delta >= 0 {
+        tat.saturating_add(change)
+    } else {
+        tat.saturating_sub(change).max(now)
+    }
+}

@@ -1,0 +1,227 @@
+//! The reference model of every limit type: the Lua scripts in `lua/`, line
+//! by line, over an in-memory store and an explicit clock. Each module here
+//! has a Lua twin of the same name; the differential tests run both on the
+//! same requests and require the same decisions, remaining counts and waits.
+//!
+//! A check is all or nothing: phase 1 asks every limit, changing nothing but
+//! expired state; only if all allow does phase 2 charge every one of them.
+//!
+//! Times are integer microseconds. Results are in milliseconds, rounded up.
+
+pub mod concurrency;
+pub mod fixed_window;
+pub mod gcra;
+pub mod sliding_approx;
+pub mod sliding_window;
+
+use std::collections::HashMap;
+
+use crate::wire::{LimitOutcome, WireLimit};
+
+/// A limit as its algorithm takes it, in microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    FixedWindow {
+        limit: u64,
+        window_us: u64,
+    },
+    SlidingWindow {
+        limit: u64,
+        window_us: u64,
+    },
+    SlidingApprox {
+        limit: u64,
+        window_us: u64,
+    },
+    /// One unit every `interval_us`, at most `burst` saved up; a request costs `cost` units.
+    Gcra {
+        interval_us: u64,
+        burst: u64,
+        cost: u64,
+    },
+    Concurrency {
+        limit: u64,
+        lease_us: u64,
+    },
+}
+
+impl Algorithm {
+    /// The token, leaky and interval buckets and points are all GCRA. The
+    /// time per unit is rounded up to a whole microsecond, so a bucket never
+    /// refills faster than asked.
+    pub fn of(limit: &WireLimit) -> Algorithm {
+        let us = |ms: u64| ms.saturating_mul(1000);
+        let per_unit = |period_ms: u64, count: u32| us(period_ms).div_ceil(u64::from(count.max(1)));
+        match *limit {
+            WireLimit::FixedWindow { limit, window_ms } => {
+                Algorithm::FixedWindow { limit: limit.into(), window_us: us(window_ms) }
+            }
+            WireLimit::SlidingWindow { limit, window_ms, approximate: false } => {
+                Algorithm::SlidingWindow { limit: limit.into(), window_us: us(window_ms) }
+            }
+            WireLimit::SlidingWindow { limit, window_ms, approximate: true } => {
+                Algorithm::SlidingApprox { limit: limit.into(), window_us: us(window_ms) }
+            }
+            WireLimit::TokenBucket { rate, per_ms, burst } => {
+                Algorithm::Gcra { interval_us: per_unit(per_ms, rate), burst: burst.into(), cost: 1 }
+            }
+            WireLimit::LeakyBucket { capacity, drain_ms } => {
+                Algorithm::Gcra { interval_us: per_unit(drain_ms, capacity), burst: capacity.into(), cost: 1 }
+            }
+            WireLimit::Interval { every_ms } => {
+                Algorithm::Gcra { interval_us: us(every_ms), burst: 1, cost: 1 }
+            }
+            WireLimit::Concurrency { limit, lease_ms } => {
+                Algorithm::Concurrency { limit: limit.into(), lease_us: us(lease_ms) }
+            }
+            WireLimit::Points { capacity, refill_ms, cost } => Algorithm::Gcra {
+                interval_us: per_unit(refill_ms, capacity),
+                burst: capacity.into(),
+                cost: cost.into(),
+            },
+        }
+    }
+
+    /// The end of its state's key name. Two limits with the same suffix in
+    /// one policy would share state, so a policy may not have them.
+    pub fn state_suffix(&self) -> String {
+        match *self {
+            Algorithm::FixedWindow { window_us, .. } => format!("fw:{}", window_us / 1000),
+            Algorithm::SlidingWindow { window_us, .. } => format!("sw:{}", window_us / 1000),
+            Algorithm::SlidingApprox { window_us, .. } => format!("sa:{}", window_us / 1000),
+            Algorithm::Gcra { interval_us, .. } => format!("gcra:{interval_us}"),
+            Algorithm::Concurrency { lease_us, .. } => format!("cc:{}", lease_us / 1000),
+        }
+    }
+
+    /// The script's name for it and its three numbers, as `lua/check.lua` reads them.
+    pub fn script_args(&self) -> (&'static str, [u64; 3]) {
+        match *self {
+            Algorithm::FixedWindow { limit, window_us } => ("fixed_window", [limit, window_us, 0]),
+            Algorithm::SlidingWindow { limit, window_us } => ("sliding_window", [limit, window_us, 0]),
+            Algorithm::SlidingApprox { limit, window_us } => ("sliding_approx", [limit, window_us, 0]),
+            Algorithm::Gcra { interval_us, burst, cost } => ("gcra", [interval_us, burst, cost]),
+            Algorithm::Concurrency { limit, lease_us } => ("concurrency", [limit, lease_us, 0]),
+        }
+    }
+}
+
+/// The state one key holds, as the script keeps it in Redis.
+#[derive(Debug, Clone, PartialEq)]
+pub enum State {
+    /// fixed_window: the window index and its count (a hash `w`, `n`).
+    Counter { window: u64, count: u64 },
+    /// sliding_window and concurrency: (score, member) pairs (a sorted set).
+    Set(Vec<(u64, String)>),
+    /// sliding_approx: the window index, its count and the previous one's (a hash `w`, `c`, `p`).
+    Approx { window: u64, current: u64, previous: u64 },
+    /// gcra: the theoretical arrival time (a string).
+    Tat(u64),
+}
+
+/// The model's Redis: state by key. Expiry is not modelled: every key's TTL
+/// outlives the state that still matters, so a key Redis has dropped reads
+/// the same as one the model keeps.
+#[derive(Debug, Clone, Default)]
+pub struct Store {
+    pub keys: HashMap<String, State>,
+}
+
+/// What phase 1 found for one limit.
+pub struct Found {
+    pub allowed: bool,
+    /// The view without this request: what the reply shows if it is denied.
+    pub now: View,
+    /// The view after charging this request: what the reply shows if admitted.
+    pub after: View,
+    /// Microseconds until the request fits; `None` when unknown (concurrency).
+    pub retry_us: Option<u64>,
+    pub reclaimed: u64,
+    /// The state with its expired entries removed, stored whatever the decision.
+    pub pruned: Option<State>,
+    /// The state to store if every limit allows.
+    pub commit: Option<State>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct View {
+    pub remaining: u64,
+    pub reset_us: u64,
+}
+
+/// Microseconds to milliseconds, rounded up.
+pub fn ceil_ms(us: u64) -> u64 {
+    us.div_ceil(1000)
+}
+
+/// The decision on one request: the reply of `lua/check.lua`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub allowed: bool,
+    /// `None` when admitted, or when some denying limit cannot say.
+    pub retry_after_ms: Option<u64>,
+    pub limits: Vec<LimitOutcome>,
+}
+
+/// `lua/check.lua`: decides every limit at once, all or nothing.
+pub fn check(store: &mut Store, now: u64, id: &str, limits: &[(String, Algorithm)]) -> Reply {
+    // Phase 1: check.
+    let found: Vec<Found> = limits
+        .iter()
+        .map(|(key, alg)| {
+            let state = store.keys.get(key);
+            match *alg {
+                Algorithm::FixedWindow { limit, window_us } => {
+                    fixed_window::check(state, now, limit, window_us)
+                }
+                Algorithm::SlidingWindow { limit, window_us } => {
+                    sliding_window::check(state, now, id, limit, window_us)
+                }
+                Algorithm::SlidingApprox { limit, window_us } => {
+                    sliding_approx::check(state, now, limit, window_us)
+                }
+                Algorithm::Gcra { interval_us, burst, cost } => {
+                    gcra::check(state, now, interval_us, burst, cost)
+                }
+                Algorithm::Concurrency { limit, lease_us } => {
+                    concurrency::check(state, now, id, limit, lease_us)
+                }
+            }
+        })
+        .collect();
+    let allowed = found.iter().all(|f| f.allowed);
+    for ((key, _), f) in limits.iter().zip(&found) {
+        if let Some(state) = &f.pruned {
+            store.keys.insert(key.clone(), state.clone());
+        }
+    }
+    // Phase 2: commit, only if every limit allowed.
+    if allowed {
+        for ((key, _), f) in limits.iter().zip(&found) {
+            if let Some(state) = &f.commit {
+                store.keys.insert(key.clone(), state.clone());
+            }
+        }
+    }
+    let mut retry_after_ms = Some(0);
+    for f in found.iter().filter(|f| !f.allowed) {
+        retry_after_ms = match (retry_after_ms, f.retry_us) {
+            (Some(a), Some(b)) => Some(a.max(ceil_ms(b))),
+            _ => None,
+        };
+    }
+    let outcomes = found
+        .iter()
+        .map(|f| {
+            let view = if allowed { f.after } else { f.now };
+            LimitOutcome {
+                allowed: f.allowed,
+                remaining: view.remaining,
+                reset_ms: ceil_ms(view.reset_us),
+                retry_after_ms: if f.allowed { Some(0) } else { f.retry_us.map(ceil_ms) },
+                reclaimed: f.reclaimed,
+            }
+        })
+        .collect();
+    Reply { allowed, retry_after_ms: if allowed { Some(0) } else { retry_after_ms }, limits: outcomes }
+}

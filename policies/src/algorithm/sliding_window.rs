@@ -1,0 +1,36 @@
+//! `sliding_window`: an exact log. Twin of `lua/sliding_window.lua`.
+//!
+//! One entry per admitted request, scored by its time. An entry admitted at
+//! `s` counts while `now < s + window`, so over any interval one window long
+//! at most `limit` requests are admitted.
+
+use super::{Found, State, View};
+
+pub fn check(state: Option<&State>, now: u64, id: &str, limit: u64, window: u64) -> Found {
+    // Entries at or before now - window have expired.
+    let mut live: Vec<(u64, String)> = match state {
+        Some(State::Set(entries)) => entries.iter().filter(|(s, _)| s + window > now).cloned().collect(),
+        _ => Vec::new(),
+    };
+    live.sort();
+    let count = live.len() as u64;
+    let oldest = live.first().map(|(s, _)| *s);
+    let allowed = count < limit;
+    // Without this request, capacity next frees when the oldest entry expires.
+    let reset_now = oldest.map_or(0, |s| s + window - now);
+    let reset_after = oldest.map_or(window, |s| s + window - now);
+    // The request fits once all but limit - 1 entries have expired: when the
+    // entry at rank count - limit (oldest first) does.
+    let retry = if allowed { 0 } else { live[(count - limit) as usize].0 + window - now };
+    let pruned = State::Set(live.clone());
+    live.push((now, id.to_string()));
+    Found {
+        allowed,
+        now: View { remaining: limit.saturating_sub(count), reset_us: reset_now },
+        after: View { remaining: limit.saturating_sub(count + 1), reset_us: reset_after },
+        retry_us: Some(retry),
+        reclaimed: 0,
+        pruned: Some(pruned),
+        commit: Some(State::Set(live)),
+    }
+}
