@@ -225,3 +225,17 @@ pub fn check(store: &mut Store, now: u64, id: &str, limits: &[(String, Algorithm
         .collect();
     Reply { allowed, retry_after_ms: if allowed { Some(0) } else { retry_after_ms }, limits: outcomes }
 }
+
+/// `lua/release.lua`: ends lease `id` on each key; how many were there.
+pub fn release(store: &mut Store, keys: &[String], id: &str) -> u64 {
+    keys.iter().filter(|key| concurrency::release(store.keys.get_mut(*key), id)).count() as u64
+}
+
+/// `lua/adjust.lua`: for each (key, interval, delta), charges or refunds
+/// `delta` units of a gcra key.
+pub fn adjust(store: &mut Store, now: u64, adjustments: &[(String, u64, i64)]) {
+    for (key, interval, delta) in adjustments {
+        let tat = gcra::adjust(store.keys.get(key), now, *interval, *delta);
+        store.keys.insert(key.clone(), State::Tat(tat));
+    }
+}
