@@ -33,6 +33,8 @@ use crate::algorithm::Algorithm;
 use crate::condition::RawCondition;
 use crate::condition::{raw_key, Condition};
 use crate::key::{self, ClientIp, KeySource, OnMissingKey};
+pub use crate::response::FailureMode;
+use crate::response::{CacheSlots, CooldownMs, DenyResponse, DenyStatus, FailureThreshold, HeadersMode};
 use crate::wire::WireLimit;
 use crate::{Limit, PolicyName, Request};
 
@@ -45,9 +47,21 @@ pub struct Document {
     pub schema: Option<String>,
     #[serde(default)]
     pub shim: Shim,
-    /// What happens when the shim cannot answer in time.
+    /// What happens when the shim cannot answer in time; a policy may override it.
     #[serde(default)]
     pub failure_mode: FailureMode,
+    /// The status of a request refused because the shim failed, 400 to 599; a policy may override it.
+    #[serde(default)]
+    pub failure_status: DenyStatus,
+    /// When the `RateLimit` and `RateLimit-Policy` headers are sent: `off`, `on_deny` or `always`.
+    #[serde(default)]
+    pub headers: HeadersMode,
+    /// Adds `x-sluice-shadow: would-deny; policy="NAME"` to a request a shadow policy would have denied.
+    #[serde(default)]
+    pub shadow_header: bool,
+    /// Slots of the over-limit cache shared by the workers, 0 (off) to 65536.
+    #[serde(default)]
+    pub over_limit_cache_slots: CacheSlots,
     /// For the `ip` key source: 0 takes the proxy's downstream peer address; N
     /// takes the Nth address from the right of `x-forwarded-for`.
     #[serde(default)]
@@ -66,6 +80,13 @@ pub struct Shim {
     /// How long a request waits for the shim's answer before `failure_mode` decides, 1 to 60000.
     #[serde(default = "default_timeout")]
     pub timeout_ms: TimeoutMs,
+    /// Consecutive failed checks after which the filter stops asking the shim
+    /// for `cooldown_ms` and applies `failure_mode` at once, 0 (never) to 1000.
+    #[serde(default)]
+    pub failure_threshold: FailureThreshold,
+    /// How long the filter decides alone before it probes the shim again, 1 to 600000.
+    #[serde(default)]
+    pub cooldown_ms: CooldownMs,
 }
 
 fn default_cluster() -> String {
@@ -78,7 +99,12 @@ fn default_timeout() -> TimeoutMs {
 
 impl Default for Shim {
     fn default() -> Self {
-        Shim { cluster: default_cluster(), timeout_ms: default_timeout() }
+        Shim {
+            cluster: default_cluster(),
+            timeout_ms: default_timeout(),
+            failure_threshold: FailureThreshold::default(),
+            cooldown_ms: CooldownMs::default(),
+        }
     }
 }
 
@@ -122,18 +148,6 @@ impl<'de> Deserialize<'de> for TrustedHops {
             .map(TrustedHops)
             .ok_or_else(|| de::Error::custom(format!("invalid trusted_hops {n} (expected 0 to 16)")))
     }
-}
-
-/// What happens when the shim cannot answer in time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum FailureMode {
-    /// Let the request through (fail open).
-    #[default]
-    Allow,
-    /// Answer 503 (fail closed).
-    Deny,
 }
 
 /// The policies of a document, with unique names.
@@ -183,6 +197,10 @@ pub struct Policy {
     pub key: Vec<KeySource>,
     pub on_missing_key: OnMissingKey,
     pub limits: Vec<Limit>,
+    pub shadow: bool,
+    pub failure_mode: Option<FailureMode>,
+    pub failure_status: Option<DenyStatus>,
+    pub response: DenyResponse,
 }
 
 #[derive(serde::Deserialize)]
@@ -206,6 +224,18 @@ pub(crate) struct RawPolicy {
     on_missing_key: OnMissingKey,
     /// At least one limit; the request must pass all of them.
     limits: Vec<Limit>,
+    /// Count and report every decision, but never refuse a request.
+    #[serde(default)]
+    shadow: bool,
+    /// Overrides the document's `failure_mode` for requests this policy applies to.
+    #[serde(default)]
+    failure_mode: Option<FailureMode>,
+    /// Overrides the document's `failure_status`.
+    #[serde(default)]
+    failure_status: Option<DenyStatus>,
+    /// The response to a request this policy denies: `status`, `body`, `headers`.
+    #[serde(default)]
+    response: DenyResponse,
 }
 
 impl<'de> Deserialize<'de> for Policy {
@@ -236,6 +266,10 @@ impl<'de> Deserialize<'de> for Policy {
             key: raw.key,
             on_missing_key: raw.on_missing_key,
             limits: raw.limits,
+            shadow: raw.shadow,
+            failure_mode: raw.failure_mode,
+            failure_status: raw.failure_status,
+            response: raw.response,
         })
     }
 }
@@ -276,6 +310,15 @@ pub struct Applied<'d> {
 }
 
 impl Document {
+    /// What a shim failure means for `policy`: its own failure mode and
+    /// status, or the document's.
+    pub fn failure_of(&self, policy: &Policy) -> (FailureMode, DenyStatus) {
+        (
+            policy.failure_mode.unwrap_or(self.failure_mode),
+            policy.failure_status.unwrap_or(self.failure_status),
+        )
+    }
+
     /// The policies that apply to `req`, in document order; `Err` with the
     /// first policy that refuses the request for a missing key.
     pub fn evaluate<'d>(&'d self, req: &impl Request) -> Result<Vec<Applied<'d>>, &'d Policy> {

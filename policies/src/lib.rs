@@ -12,6 +12,8 @@
 //!   user input out of Redis key syntax.
 //! - [`units`]: the validated scalars: durations, counts, names.
 //! - [`request`]: what matching and keying read from a request.
+//! - [`response`]: what the gateway answers and when: headers, denial
+//!   responses, failure modes, the breaker and over-limit cache settings.
 //! - [`error`]: [`ParseError`], the one error type of [`parse`].
 //! - [`wire`]: the compact JSON exchanged with the shim.
 //! - [`algorithm`]: the reference model of every limit type, twin of the
@@ -25,6 +27,7 @@ pub mod error;
 pub mod key;
 pub mod limit;
 pub mod request;
+pub mod response;
 #[cfg(feature = "schema")]
 pub mod schema;
 pub mod units;
@@ -36,4 +39,5 @@ pub use error::{parse, ParseError};
 pub use key::{KeySource, OnMissingKey};
 pub use limit::{Cost, Limit};
 pub use request::Request;
+pub use response::{DenyResponse, DenyStatus, HeadersMode};
 pub use units::{Count, Duration, HeaderName, PolicyName};

@@ -12,6 +12,7 @@ use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use crate::condition::{Condition, PathRegex, RawCondition, RawValueCondition, ValueCondition};
 use crate::document::{Policies, RawPolicy, TimeoutMs, TrustedHops};
 use crate::limit::RawCost;
+use crate::response::{CacheSlots, CooldownMs, DenyStatus, ExtraHeaders, FailureThreshold};
 use crate::{Count, Document, Duration, HeaderName, KeySource, Limit, Policy, PolicyName};
 
 /// The schema of the whole document, as pretty JSON with a trailing newline.
@@ -63,6 +64,15 @@ fixed_schema!(PolicyName, "PolicyName", {"type": "string", "pattern": "^[A-Za-z0
 fixed_schema!(HeaderName, "HeaderName", {"type": "string", "pattern": "^:?[A-Za-z0-9._-]{1,128}$"});
 fixed_schema!(TimeoutMs, "TimeoutMs", {"type": "integer", "minimum": 1, "maximum": 60000});
 fixed_schema!(TrustedHops, "TrustedHops", {"type": "integer", "minimum": 0, "maximum": 16});
+fixed_schema!(DenyStatus, "DenyStatus", {"type": "integer", "minimum": 400, "maximum": 599});
+fixed_schema!(FailureThreshold, "FailureThreshold", {"type": "integer", "minimum": 0, "maximum": 1000});
+fixed_schema!(CooldownMs, "CooldownMs", {"type": "integer", "minimum": 1, "maximum": 600000});
+fixed_schema!(CacheSlots, "CacheSlots", {"type": "integer", "minimum": 0, "maximum": 65536});
+fixed_schema!(ExtraHeaders, "ExtraHeaders", {
+    "type": "object",
+    "propertyNames": {"pattern": "^[A-Za-z0-9._-]{1,128}$"},
+    "additionalProperties": {"type": "string"}
+});
 fixed_schema!(PathRegex, "PathRegex", {"type": "string", "maxLength": 1024, "format": "regex"});
 fixed_schema!(crate::condition::Method, "Method", {"type": "string", "pattern": "^[A-Z]{1,32}$"});
 fixed_schema!(KeySource, "KeySource", {
