@@ -10,9 +10,9 @@
 -- ARGV[2]   the request id: a log entry, and the lease id
 -- ARGV[4i-1 .. 4i+2]   limit i: its algorithm and three numbers (Algorithm::script_args)
 --
--- Returns {allowed, retry_after_ms, then for each limit i:
+-- Returns {allowed, retry_after_ms, now, then for each limit i:
 --          allowed_i, remaining_i, reset_ms_i, retry_after_ms_i, reclaimed_i},
--- a retry of -1 meaning unknown.
+-- a retry of -1 meaning unknown; now is the time it charged at, for refund.lua.
 local now = clock(ARGV[1])
 local id = ARGV[2]
 
@@ -57,7 +57,7 @@ for _, f in ipairs(found) do
   end
 end
 
-local reply = {allowed and 1 or 0, retry_after}
+local reply = {allowed and 1 or 0, retry_after, now}
 for _, f in ipairs(found) do
   local view = allowed and f.after or f.now
   local retry = f.retry

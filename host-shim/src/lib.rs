@@ -5,6 +5,7 @@
 //! - [`limiter`]: runs a check as one atomic Lua script call on Redis, and
 //!   the releases and adjustments that follow.
 //! - [`scripts`]: the Lua scripts, assembled from `lua/`.
+//! - [`store`]: one Redis server or a Redis Cluster.
 //! - [`keys`]: validates a check request and names its Redis keys.
 //! - [`server`]: the HTTP endpoints the filter calls, over HTTP/1.1 and h2c.
 //! - [`validate`]: `sluice validate FILE...`.
@@ -15,4 +16,5 @@ pub mod keys;
 pub mod limiter;
 pub mod scripts;
 pub mod server;
+pub mod store;
 pub mod validate;

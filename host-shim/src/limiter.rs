@@ -1,17 +1,26 @@
-//! The decisions: each request's checks as one atomic script call, and the
-//! releases and adjustments that follow it.
+//! The decisions: each request's checks as one atomic script call per Redis
+//! Cluster slot, and the releases and adjustments that follow.
+//!
+//! On one Redis server every limit of a request goes into one call. On a
+//! cluster, the checks are grouped by the slot of their hash tag, one call
+//! per slot. If any slot denies, the slots that admitted are refunded
+//! (`lua/refund.lua`): reserve-then-refund. While a reservation stands, other
+//! requests see it, so the race can under-admit for that moment; it never
+//! over-admits.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_routing::Slot;
 use sluice_policies::algorithm::Algorithm;
 use sluice_policies::wire::{
     AdjustRequest, CheckOutcome, CheckRequest, CheckResponse, LimitOutcome, ReleaseRequest, ReleaseResponse,
 };
 
-use crate::keys::{script_adjustments, script_limits};
+use crate::keys::{script_adjustments, script_limits, ScriptLimit};
 use crate::scripts::Scripts;
+use crate::store::{Store, Target};
 
 /// Why a request could not be decided.
 #[derive(Debug)]
@@ -23,7 +32,7 @@ pub enum CheckError {
 }
 
 pub struct Limiter {
-    conn: ConnectionManager,
+    store: Store,
     scripts: Scripts,
     test_time: bool,
     /// Random per process: with `sequence` it makes request ids unique across shims.
@@ -31,21 +40,21 @@ pub struct Limiter {
     sequence: AtomicU64,
 }
 
+/// One slot's answer to a check.
+struct SlotReply {
+    allowed: bool,
+    retry_after_ms: Option<u64>,
+    /// The time the script charged at, for a refund.
+    now: i64,
+    limits: Vec<LimitOutcome>,
+}
+
 impl Limiter {
     /// Connects lazily: the shim starts while Redis is down, and checks fail
     /// (and reconnect) until it is up.
-    pub fn new(redis_url: &str, timeout: Duration, test_time: bool) -> anyhow::Result<Limiter> {
-        let client = redis::Client::open(redis_url)
-            .map_err(|e| anyhow::anyhow!("invalid --redis {redis_url:?}: {e}"))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(3)
-            .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_lazy_with_config(client, config)
-            .map_err(|e| anyhow::anyhow!("cannot set up the Redis connection: {e}"))?;
+    pub fn new(target: &Target, timeout: Duration, test_time: bool) -> anyhow::Result<Limiter> {
         Ok(Limiter {
-            conn,
+            store: Store::new(target, timeout)?,
             scripts: Scripts::new(),
             test_time,
             nonce: rand::random(),
@@ -64,6 +73,24 @@ impl Limiter {
         }
     }
 
+    /// The limits' indexes grouped by the Redis Cluster slot of their keys;
+    /// one group on a single server.
+    fn slot_groups(&self, limits: &[ScriptLimit]) -> Vec<Vec<usize>> {
+        if !self.store.is_cluster() {
+            return vec![(0..limits.len()).collect()];
+        }
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        let mut by_slot: HashMap<Slot, usize> = HashMap::new();
+        for (i, limit) in limits.iter().enumerate() {
+            let group = *by_slot.entry(Slot::for_key(&limit.key)).or_insert_with(|| {
+                groups.push(Vec::new());
+                groups.len() - 1
+            });
+            groups[group].push(i);
+        }
+        groups
+    }
+
     pub async fn check(&self, req: &CheckRequest) -> Result<CheckResponse, CheckError> {
         let limits = script_limits(&req.checks).map_err(CheckError::BadRequest)?;
         let now = self.time_arg(req.now_us)?;
@@ -76,39 +103,85 @@ impl Limiter {
             });
         }
         let id = format!("{:x}.{:x}", self.nonce, self.sequence.fetch_add(1, Ordering::Relaxed));
+        let groups = self.slot_groups(&limits);
+        let mut replies = Vec::with_capacity(groups.len());
+        for group in &groups {
+            let group_limits: Vec<&ScriptLimit> = group.iter().map(|&i| &limits[i]).collect();
+            replies.push(self.check_slot(&group_limits, &now, &id).await?);
+        }
+        let allowed = replies.iter().all(|r| r.allowed);
+        if !allowed {
+            for (group, reply) in groups.iter().zip(&replies).filter(|(_, r)| r.allowed) {
+                let group_limits: Vec<&ScriptLimit> = group.iter().map(|&i| &limits[i]).collect();
+                self.refund(&group_limits, reply.now, &id).await?;
+            }
+        }
+        let mut outcomes: Vec<Option<LimitOutcome>> = vec![None; limits.len()];
+        for (group, reply) in groups.iter().zip(&replies) {
+            for (&i, outcome) in group.iter().zip(&reply.limits) {
+                outcomes[i] = Some(*outcome);
+            }
+        }
+        let mut outcomes = outcomes.into_iter().flatten();
+        let checks = req
+            .checks
+            .iter()
+            .map(|c| CheckOutcome { limits: outcomes.by_ref().take(c.limits.len()).collect() })
+            .collect();
+        let holds_lease = limits.iter().any(|l| matches!(l.algorithm, Algorithm::Concurrency { .. }));
+        Ok(CheckResponse {
+            allowed,
+            retry_after_ms: combined_retry(&replies),
+            checks,
+            lease: (allowed && holds_lease).then_some(id),
+        })
+    }
+
+    async fn check_slot(
+        &self,
+        limits: &[&ScriptLimit],
+        now: &str,
+        id: &str,
+    ) -> Result<SlotReply, CheckError> {
         let mut call = self.scripts.check.prepare_invoke();
-        call.arg(now).arg(&id);
-        for limit in &limits {
+        call.arg(now).arg(id);
+        for limit in limits {
             let (name, [a, b, c]) = limit.algorithm.script_args();
             call.key(&limit.key).arg(name).arg(a).arg(b).arg(c);
         }
-        let reply: Vec<i64> = call.invoke_async(&mut self.conn.clone()).await.map_err(store_error)?;
-        let mut resp = decode(req, &reply)
-            .ok_or_else(|| CheckError::Store(format!("unexpected script reply {reply:?}")))?;
-        let holds_lease = limits.iter().any(|l| matches!(l.algorithm, Algorithm::Concurrency { .. }));
-        if resp.allowed && holds_lease {
-            resp.lease = Some(id);
+        let reply: Vec<i64> = self.store.invoke(&call).await.map_err(store_error)?;
+        decode(limits.len(), &reply)
+            .ok_or_else(|| CheckError::Store(format!("unexpected script reply {reply:?}")))
+    }
+
+    async fn refund(&self, limits: &[&ScriptLimit], charged: i64, id: &str) -> Result<(), CheckError> {
+        let mut call = self.scripts.refund.prepare_invoke();
+        call.arg(charged).arg(id);
+        for limit in limits {
+            let (name, [a, b, c]) = limit.algorithm.script_args();
+            call.key(&limit.key).arg(name).arg(a).arg(b).arg(c);
         }
-        Ok(resp)
+        let _: i64 = self.store.invoke(&call).await.map_err(store_error)?;
+        Ok(())
     }
 
     /// Ends the lease of an admitted request on each of its concurrency limits.
     pub async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResponse, CheckError> {
         let limits = script_limits(&req.checks).map_err(CheckError::BadRequest)?;
-        let keys: Vec<&str> = limits
-            .iter()
-            .filter(|l| matches!(l.algorithm, Algorithm::Concurrency { .. }))
-            .map(|l| l.key.as_str())
-            .collect();
-        if keys.is_empty() || req.lease.is_empty() || req.lease.len() > 64 {
+        let leases: Vec<ScriptLimit> =
+            limits.into_iter().filter(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })).collect();
+        if leases.is_empty() || req.lease.is_empty() || req.lease.len() > 64 {
             return Err(CheckError::BadRequest("a release needs a lease and a concurrency limit".into()));
         }
-        let mut call = self.scripts.release.prepare_invoke();
-        call.arg(&req.lease);
-        for key in keys {
-            call.key(key);
+        let mut released = 0;
+        for group in self.slot_groups(&leases) {
+            let mut call = self.scripts.release.prepare_invoke();
+            call.arg(&req.lease);
+            for i in group {
+                call.key(&leases[i].key);
+            }
+            released += self.store.invoke::<u64>(&call).await.map_err(store_error)?;
         }
-        let released: u64 = call.invoke_async(&mut self.conn.clone()).await.map_err(store_error)?;
         Ok(ReleaseResponse { released })
     }
 
@@ -116,16 +189,12 @@ impl Limiter {
     pub async fn adjust(&self, req: &AdjustRequest) -> Result<(), CheckError> {
         let adjustments = script_adjustments(&req.adjustments).map_err(CheckError::BadRequest)?;
         let now = self.time_arg(req.now_us)?;
-        let changes: Vec<_> = adjustments.iter().filter(|a| a.delta != 0).collect();
-        if changes.is_empty() {
-            return Ok(());
+        // One call per key keeps every call in one slot.
+        for a in adjustments.iter().filter(|a| a.delta != 0) {
+            let mut call = self.scripts.adjust.prepare_invoke();
+            call.arg(&now).key(&a.key).arg(a.interval_us).arg(a.delta);
+            let _: i64 = self.store.invoke(&call).await.map_err(store_error)?;
         }
-        let mut call = self.scripts.adjust.prepare_invoke();
-        call.arg(now);
-        for a in changes {
-            call.key(&a.key).arg(a.interval_us).arg(a.delta);
-        }
-        let _: i64 = call.invoke_async(&mut self.conn.clone()).await.map_err(store_error)?;
         Ok(())
     }
 }
@@ -134,27 +203,32 @@ fn store_error(err: redis::RedisError) -> CheckError {
     CheckError::Store(format!("redis: {err}"))
 }
 
-/// Reads the check script's flat reply (see `lua/check.lua`) back into the
-/// shape of the request. A retry of -1 is unknown.
-fn decode(req: &CheckRequest, reply: &[i64]) -> Option<CheckResponse> {
-    let (head, rest) = reply.split_at_checked(2)?;
-    let total: usize = req.checks.iter().map(|c| c.limits.len()).sum();
-    if rest.len() != 5 * total {
+/// Admitted: 0. Denied: the longest wait of any denying slot, unknown if any is.
+fn combined_retry(replies: &[SlotReply]) -> Option<u64> {
+    let denied: Vec<&SlotReply> = replies.iter().filter(|r| !r.allowed).collect();
+    if denied.is_empty() {
+        return Some(0);
+    }
+    denied.iter().try_fold(0, |most, r| r.retry_after_ms.map(|ms| most.max(ms)))
+}
+
+/// Reads the check script's flat reply (see `lua/check.lua`). A retry of -1 is unknown.
+fn decode(limits: usize, reply: &[i64]) -> Option<SlotReply> {
+    let (head, rest) = reply.split_at_checked(3)?;
+    if rest.len() != 5 * limits {
         return None;
     }
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
     let retry = |n: i64| u64::try_from(n).ok();
-    let mut outcomes = rest.chunks_exact(5).map(|r| LimitOutcome {
-        allowed: r[0] == 1,
-        remaining: count(r[1]),
-        reset_ms: count(r[2]),
-        retry_after_ms: retry(r[3]),
-        reclaimed: count(r[4]),
-    });
-    let checks = req
-        .checks
-        .iter()
-        .map(|c| CheckOutcome { limits: outcomes.by_ref().take(c.limits.len()).collect() })
+    let limits = rest
+        .chunks_exact(5)
+        .map(|r| LimitOutcome {
+            allowed: r[0] == 1,
+            remaining: count(r[1]),
+            reset_ms: count(r[2]),
+            retry_after_ms: retry(r[3]),
+            reclaimed: count(r[4]),
+        })
         .collect();
-    Some(CheckResponse { allowed: head[0] == 1, retry_after_ms: retry(head[1]), checks, lease: None })
+    Some(SlotReply { allowed: head[0] == 1, retry_after_ms: retry(head[1]), now: head[2], limits })
 }

@@ -33,8 +33,11 @@ struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:8181")]
     listen: SocketAddr,
     /// The Redis to keep the limits in.
-    #[arg(long, default_value = "redis://127.0.0.1:6379")]
+    #[arg(long, default_value = "redis://127.0.0.1:6379", conflicts_with = "redis_cluster")]
     redis: String,
+    /// A Redis Cluster to keep the limits in instead: seed node URLs, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    redis_cluster: Vec<String>,
     /// How long one Redis connect or command may take before the check fails.
     #[arg(long, default_value_t = 1000)]
     redis_timeout_ms: u64,
@@ -84,11 +87,16 @@ fn serve(args: ServeArgs) -> ExitCode {
     };
     let result = runtime.block_on(async {
         let timeout = std::time::Duration::from_millis(args.redis_timeout_ms);
-        let limiter = sluice_shim::limiter::Limiter::new(&args.redis, timeout, args.test_time)?;
+        let target = if args.redis_cluster.is_empty() {
+            sluice_shim::store::Target::Single(args.redis.clone())
+        } else {
+            sluice_shim::store::Target::Cluster(args.redis_cluster.clone())
+        };
+        let limiter = sluice_shim::limiter::Limiter::new(&target, timeout, args.test_time)?;
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
-        tracing::info!(listen = %args.listen, redis = %args.redis, test_time = args.test_time, "sluice shim serving");
+        tracing::info!(listen = %args.listen, redis = ?target, test_time = args.test_time, "sluice shim serving");
         sluice_shim::server::run(listener, limiter, shutdown_signal()).await
     });
     match result {

@@ -8,6 +8,7 @@ pub struct Scripts {
     pub check: Script,
     pub release: Script,
     pub adjust: Script,
+    pub refund: Script,
 }
 
 impl Scripts {
@@ -26,6 +27,10 @@ impl Scripts {
             adjust: Script::new(concat!(
                 include_str!("../../lua/common.lua"),
                 include_str!("../../lua/adjust.lua")
+            )),
+            refund: Script::new(concat!(
+                include_str!("../../lua/common.lua"),
+                include_str!("../../lua/refund.lua")
             )),
         }
     }

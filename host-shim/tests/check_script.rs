@@ -7,12 +7,13 @@ use std::time::Duration;
 use redis::Commands;
 use sluice_policies::wire::{Check, CheckRequest, CheckResponse, WireLimit};
 use sluice_shim::limiter::{CheckError, Limiter};
+use sluice_shim::store::Target;
 use sluice_tests::Redis;
 
 const SECOND: u64 = 1_000_000;
 
 fn limiter(redis: &Redis, test_time: bool) -> Limiter {
-    Limiter::new(&redis.url(), Duration::from_secs(5), test_time).expect("limiter")
+    Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), test_time).expect("limiter")
 }
 
 fn window(limit: u32, window_ms: u64) -> WireLimit {
@@ -180,8 +181,9 @@ async fn explicit_time_needs_test_mode() {
 #[tokio::test]
 async fn unreachable_redis_is_a_store_error() {
     let port = sluice_tests::free_port().expect("port");
-    let limiter = Limiter::new(&format!("redis://127.0.0.1:{port}"), Duration::from_millis(300), false)
-        .expect("limiter");
+    let limiter =
+        Limiter::new(&Target::Single(format!("redis://127.0.0.1:{port}")), Duration::from_millis(300), false)
+            .expect("limiter");
     let err = limiter.check(&request("k", &[window(1, 1_000)], None)).await;
     assert!(matches!(err, Err(CheckError::Store(_))), "{err:?}");
 }

@@ -22,6 +22,7 @@ use sluice_policies::algorithm::{self, Algorithm, Store};
 use sluice_policies::wire::{AdjustRequest, Adjustment, Check, CheckRequest, ReleaseRequest, WireLimit};
 use sluice_shim::keys::script_limits;
 use sluice_shim::limiter::Limiter;
+use sluice_shim::store::Target;
 use sluice_tests::Redis;
 
 struct World {
@@ -37,7 +38,7 @@ fn world() -> &'static World {
         let redis = Redis::start().expect("redis");
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let limiter = runtime
-            .block_on(async { Limiter::new(&redis.url(), Duration::from_secs(5), true) })
+            .block_on(async { Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), true) })
             .expect("limiter");
         World { redis, limiter, runtime }
     })

@@ -11,6 +11,7 @@
 //!   on with deadlines and killed on drop (SIGTERM, then SIGKILL).
 //! - `probe`: tiny blocking readiness probes (HTTP GET, Redis PING).
 //! - [`redis`]: [`Redis`], a private `redis-server` on a free port.
+//! - [`cluster`]: [`RedisCluster`], three private cluster nodes, joined.
 //! - [`shim`]: [`Shim`], `dist/sluice serve` pointed at a Redis.
 //! - [`upstream`]: [`Upstream`], an in-process HTTP server answering `ok`.
 //! - [`envoy`]: [`Envoy`], `envoy/demo.yaml` rendered and run with a policy.
@@ -24,6 +25,7 @@
 //! while a test panics.
 
 pub mod client;
+pub mod cluster;
 pub mod envoy;
 pub mod paths;
 mod probe;
@@ -35,6 +37,7 @@ pub mod stack;
 pub mod upstream;
 
 pub use client::{burst, Reply};
+pub use cluster::RedisCluster;
 pub use envoy::Envoy;
 pub use paths::{dist, free_port, workspace_root};
 pub use redis::Redis;

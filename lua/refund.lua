@@ -1,0 +1,38 @@
+-- refund: take back what check.lua charged for one request, when another
+-- Redis Cluster slot denied the same request (reserve-then-refund).
+--
+-- KEYS[i]   the state key of limit i, as in check.lua
+-- ARGV[1]   the time check.lua charged at (its reply's `now`)
+-- ARGV[2]   the request id
+-- ARGV[4i-1 .. 4i+2]   limit i, as in check.lua
+--
+-- Between the charge and the refund other requests saw the charge, so some
+-- may have been denied: a refund can under-admit for that moment, never over-admit.
+local charged = tonumber(ARGV[1])
+local id = ARGV[2]
+for i, key in ipairs(KEYS) do
+  local base = 4 * i - 1
+  local kind = ARGV[base]
+  local a, b, c = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
+  if kind == 'sliding_window' or kind == 'concurrency' then
+    redis.call('ZREM', key, id)
+  elseif kind == 'gcra' then
+    local tat = tonumber(redis.call('GET', key))
+    if tat then
+      redis.call('SET', key, tat - c * a)
+      redis.call('PEXPIRE', key, math.max(ceil_ms(tat - c * a - charged), 0) + 1000)
+    end
+  else
+    -- fixed_window and sliding_approx count in the window of the charge.
+    local index = window_index(charged, b)
+    local w = tonumber(redis.call('HGET', key, 'w'))
+    if kind == 'fixed_window' and w == index then
+      redis.call('HINCRBY', key, 'n', -1)
+    elseif kind == 'sliding_approx' and w == index then
+      redis.call('HINCRBY', key, 'c', -1)
+    elseif kind == 'sliding_approx' and w == index + 1 then
+      redis.call('HINCRBY', key, 'p', -1)
+    end
+  end
+end
+return #KEYS
