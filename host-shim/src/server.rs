@@ -14,6 +14,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::Router;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -42,6 +43,13 @@ pub async fn run(
     limiter: Limiter,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    // Answers are small: without TCP_NODELAY, Nagle's algorithm holds each
+    // one back until the peer's delayed ACK, milliseconds per decision.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::warn!(%err, "cannot set TCP_NODELAY");
+        }
+    });
     axum::serve(listener, router(limiter))
         .with_graceful_shutdown(shutdown)
         .await
