@@ -22,6 +22,13 @@ fn examples() -> Vec<PathBuf> {
     files
 }
 
+/// The committed schema, compiled.
+fn schema_validator() -> jsonschema::Validator {
+    let text = std::fs::read_to_string(root().join("policies/schema.json")).expect("policies/schema.json");
+    let schema: serde_json::Value = serde_json::from_str(&text).expect("schema is JSON");
+    jsonschema::validator_for(&schema).expect("schema compiles")
+}
+
 /// `validate` prints `FILE: ok` per good file, the error per bad one, and
 /// exits 1 if any is bad.
 #[test]
@@ -65,10 +72,7 @@ fn committed_schema_is_up_to_date() {
 /// points editors at the schema.
 #[test]
 fn examples_are_valid_by_the_schema() {
-    let schema: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(root().join("policies/schema.json")).expect("schema"))
-            .expect("schema is JSON");
-    let validator = jsonschema::validator_for(&schema).expect("schema compiles");
+    let validator = schema_validator();
     let files = examples();
     assert!(files.len() >= 8, "{files:?}");
     for file in files {
@@ -84,10 +88,7 @@ fn examples_are_valid_by_the_schema() {
 /// The schema refuses what the parser refuses, for the mistakes a schema can see.
 #[test]
 fn schema_refuses_common_mistakes() {
-    let schema: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(root().join("policies/schema.json")).expect("schema"))
-            .expect("schema is JSON");
-    let validator = jsonschema::validator_for(&schema).expect("schema compiles");
+    let validator = schema_validator();
     for name in [
         "bad_duration",
         "zero_limit",
