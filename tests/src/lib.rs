@@ -19,6 +19,8 @@
 //! - [`service`]: [`Service`], any other server binary on a free port.
 //! - [`client`]: [`burst`], N concurrent requests, collecting status and
 //!   `retry-after`.
+//! - [`host`]: a proxy-wasm host on wasmtime that runs the real `sluice.wasm`
+//!   in process, with stories for tests ([`host::Plugin`]).
 //!
 //! Every wait has a deadline, and every startup failure carries the tail of the
 //! failing process's log. Nothing is left running when a guard is dropped, even
@@ -27,6 +29,7 @@
 pub mod client;
 pub mod cluster;
 pub mod envoy;
+pub mod host;
 pub mod paths;
 mod probe;
 mod process;

@@ -1,0 +1,76 @@
+//! The compiled `dist/sluice.wasm`: one Engine, Module and Linker per test
+//! binary, compiled on first use and shared by every test (each test then has
+//! a `Store` of its own, so tests run in parallel).
+//!
+//! Fuel is on, so a guest that loops forever traps instead of hanging a test.
+//!
+//! Compiling the module with a debug build of Cranelift takes seconds, once
+//! per test binary; so the compiled code is cached in `target/wasm-host/`,
+//! keyed by a hash of the `.wasm`. Wasmtime refuses a cache entry from another
+//! version or configuration, and then the module is compiled afresh.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use anyhow::Context;
+use wasmtime::{Config, Engine, InstancePre, Linker, Module};
+
+use super::imports;
+use super::state::HostState;
+use crate::paths::{dist, workspace_root};
+
+pub(crate) struct Compiled {
+    pub engine: Engine,
+    pub pre: InstancePre<HostState>,
+}
+
+/// The compiled filter, or why it could not be compiled (the same message for
+/// every test, so a missing `dist/` fails each test with the same hint).
+pub(crate) fn compiled() -> anyhow::Result<&'static Compiled> {
+    static COMPILED: OnceLock<Result<Compiled, String>> = OnceLock::new();
+    COMPILED
+        .get_or_init(|| compile().map_err(|err| format!("{err:#}")))
+        .as_ref()
+        .map_err(|err| anyhow::anyhow!("{err}"))
+}
+
+fn compile() -> anyhow::Result<Compiled> {
+    let path = dist("sluice.wasm")?;
+    let mut config = Config::new();
+    config.consume_fuel(true);
+    let engine = Engine::new(&config)?;
+    let wasm = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    let module = cached(&engine, &wasm).with_context(|| format!("compiling {}", path.display()))?;
+    let mut linker = Linker::new(&engine);
+    imports::link(&mut linker)?;
+    let pre = linker
+        .instantiate_pre(&module)
+        .map_err(anyhow::Error::from)
+        .context("linking sluice.wasm's imports")?;
+    Ok(Compiled { engine, pre })
+}
+
+/// The module compiled from `wasm`, from the cache when it holds it.
+fn cached(engine: &Engine, wasm: &[u8]) -> anyhow::Result<Module> {
+    let mut hasher = DefaultHasher::new();
+    wasm.hash(&mut hasher);
+    let dir = workspace_root().join("target").join("wasm-host");
+    let file: PathBuf = dir.join(format!("sluice-{:016x}.cwasm", hasher.finish()));
+    if file.is_file() {
+        // SAFETY: the file was written by `Module::serialize` below, in our own
+        // target dir; wasmtime checks its version and configuration.
+        if let Ok(module) = unsafe { Module::deserialize_file(engine, &file) } {
+            return Ok(module);
+        }
+    }
+    let module = Module::new(engine, wasm)?;
+    if let Ok(bytes) = module.serialize() {
+        let tmp = dir.join(format!("{}.{}.tmp", std::process::id(), hasher.finish()));
+        let stored = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&tmp, bytes));
+        if stored.and_then(|()| std::fs::rename(&tmp, &file)).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+    Ok(module)
+}

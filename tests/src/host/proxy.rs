@@ -1,0 +1,315 @@
+//! Envoy's side of the lifecycle, over one [`Vm`]: the root context
+//! (`on_context_create(root, 0)`, `on_vm_start`, `on_configure`), then per
+//! stream `on_context_create(stream, root)`, `on_request_headers`, call
+//! responses, `on_response_headers`, and at the end `on_log`, `on_done`,
+//! `on_delete`. Nothing happens unless the caller drives it: the story (or a
+//! property test) says when a call's answer arrives and when a stream ends.
+//!
+//! Each step returns an [`Outcome`]: what the callback returned and the
+//! [`Effect`]s it had. A step fails (an error, never a hang) if the VM crashed,
+//! or if it leaves a request paused with nothing that could resume it: no
+//! call pending and no local response sent.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+use super::calls::{scripted, Answer, Calls, Outcome as CallOutcome, Route};
+use super::metrics::Metrics;
+use super::pairs::HeaderMap;
+use super::shared_data::SharedData;
+use super::state::{CallResponse, Effect, HostState, LocalResponse, LogLine, StreamData};
+use super::vm::Vm;
+
+/// The root context's id; streams count up from here.
+pub const ROOT: u32 = 1;
+
+/// What a callback returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Returned {
+    Nothing,
+    /// `on_configure`, `on_vm_start`, `on_done`.
+    Bool(bool),
+    Continue,
+    Pause,
+    /// An action outside ABI 0.2.1's Continue (0) and Pause (1).
+    Action(i32),
+}
+
+/// One step's result: the return value and the effects, in order.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub returned: Returned,
+    pub effects: Vec<Effect>,
+}
+
+impl Outcome {
+    /// The local response this step sent, if any.
+    pub fn local_response(&self) -> Option<&LocalResponse> {
+        self.effects.iter().find_map(|e| match e {
+            Effect::LocalResponse(response) => Some(response),
+            _ => None,
+        })
+    }
+}
+
+/// How a stream ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The response went out: `on_log`, `on_done`, `on_delete`.
+    Complete,
+    /// The client reset the stream: pending calls are cancelled without a
+    /// callback, then `on_log`, `on_done`, `on_delete`, as Envoy does.
+    Reset,
+}
+
+/// What the host is told before it boots the VM.
+pub struct HostConfig {
+    pub configuration: Vec<u8>,
+    pub clusters: Vec<(String, Route)>,
+    pub root_id: String,
+    pub source_address: String,
+    /// Share one between two proxies to model two workers of one Envoy.
+    pub shared: Arc<Mutex<SharedData>>,
+}
+
+impl HostConfig {
+    pub fn new(configuration: &str) -> HostConfig {
+        HostConfig {
+            configuration: configuration.as_bytes().to_vec(),
+            clusters: Vec::new(),
+            root_id: "sluice".into(),
+            source_address: "127.0.0.1:50000".into(),
+            shared: Arc::default(),
+        }
+    }
+
+    /// Routes the calls to `cluster`; any other cluster is unknown (BadArgument).
+    pub fn cluster(mut self, cluster: &str, route: Route) -> HostConfig {
+        self.clusters.push((cluster.into(), route));
+        self
+    }
+}
+
+pub struct Proxy {
+    vm: Vm,
+    next_context: u32,
+}
+
+impl Proxy {
+    /// Instantiates sluice.wasm and creates and starts its root context.
+    /// `on_configure` is a step of its own: see [`Proxy::configure`].
+    pub fn boot(config: HostConfig) -> anyhow::Result<Proxy> {
+        let state = HostState {
+            wasi: wasmtime_wasi::WasiCtxBuilder::new().build_p1(),
+            plugin_configuration: config.configuration,
+            configuring: false,
+            root_id: config.root_id,
+            source_address: config.source_address,
+            effective: ROOT,
+            root_context: ROOT,
+            streams: Default::default(),
+            in_log: false,
+            call_response: None,
+            calls: Calls::new(config.clusters),
+            shared: config.shared,
+            metrics: Metrics::default(),
+            now_ns: 1_700_000_000_000_000_000,
+            tick_period_ms: 0,
+            effects: Vec::new(),
+            logs: Vec::new(),
+        };
+        let mut vm = Vm::new(state).context("instantiating sluice.wasm")?;
+        vm.run("proxy_on_context_create", ROOT, |f, s| f.on_context_create.call(s, (ROOT as i32, 0)))?;
+        let started = vm.run("proxy_on_vm_start", ROOT, |f, s| f.on_vm_start.call(s, (ROOT as i32, 0)))?;
+        if started == 0 {
+            bail!("proxy_on_vm_start returned false");
+        }
+        Ok(Proxy { vm, next_context: ROOT + 1 })
+    }
+
+    fn state(&mut self) -> &mut HostState {
+        self.vm.store.data_mut()
+    }
+
+    fn outcome(&mut self, returned: Returned) -> Outcome {
+        Outcome { returned, effects: std::mem::take(&mut self.state().effects) }
+    }
+
+    /// `proxy_on_configure` with the plugin configuration.
+    pub fn configure(&mut self) -> anyhow::Result<Outcome> {
+        let size = self.state().plugin_configuration.len() as i32;
+        self.state().configuring = true;
+        let accepted =
+            self.vm.run("proxy_on_configure", ROOT, |f, s| f.on_configure.call(s, (ROOT as i32, size)));
+        self.state().configuring = false;
+        Ok(self.outcome(Returned::Bool(accepted? != 0)))
+    }
+
+    /// A new HTTP stream: `proxy_on_context_create(stream, root)`.
+    pub fn open(&mut self) -> anyhow::Result<u32> {
+        let id = self.next_context;
+        self.next_context += 1;
+        self.state().streams.insert(id, StreamData::default());
+        self.vm.run("proxy_on_context_create", id, |f, s| {
+            f.on_context_create.call(s, (id as i32, ROOT as i32))
+        })?;
+        Ok(id)
+    }
+
+    fn stream(&mut self, id: u32) -> anyhow::Result<&mut StreamData> {
+        self.state().streams.get_mut(&id).with_context(|| format!("stream {id} is not open"))
+    }
+
+    /// `proxy_on_request_headers` with these headers.
+    pub fn request_headers(
+        &mut self,
+        id: u32,
+        headers: HeaderMap,
+        end_of_stream: bool,
+    ) -> anyhow::Result<Outcome> {
+        let count = headers.len() as i32;
+        let stream = self.stream(id)?;
+        stream.request_headers = headers;
+        stream.request_open = true;
+        let action = self.vm.run("proxy_on_request_headers", id, |f, s| {
+            f.on_request_headers.call(s, (id as i32, count, i32::from(end_of_stream)))
+        })?;
+        let returned = action_of(action);
+        let stream = self.stream(id)?;
+        match returned {
+            Returned::Pause if stream.answered.is_none() => stream.paused = true,
+            Returned::Continue => stream.request_open = false,
+            _ => {}
+        }
+        let outcome = self.outcome(returned);
+        self.check_not_stuck(id, "proxy_on_request_headers")?;
+        Ok(outcome)
+    }
+
+    /// Delivers the answer to call `token` through `proxy_on_http_call_response`.
+    pub fn deliver(&mut self, token: u32, answer: Answer) -> anyhow::Result<Outcome> {
+        let pending = self.state().calls.pending.remove(&token).with_context(|| {
+            format!("no http call {token} is pending (never made, already answered, or cancelled)")
+        })?;
+        let outcome = match answer {
+            Answer::Real => pending.real.context("Answer::Real for a call to a scripted cluster")?,
+            scripted_answer => scripted(scripted_answer, &pending.call),
+        };
+        let (headers, body) = match &outcome {
+            CallOutcome::Response { headers, body } => (headers.len(), body.len()),
+            CallOutcome::Failure => (0, 0),
+        };
+        if let CallOutcome::Response { headers, body } = outcome {
+            self.state().call_response = Some(CallResponse { headers, body });
+        }
+        let id = pending.call.context;
+        let result = self.vm.run("proxy_on_http_call_response", id, |f, s| {
+            f.on_http_call_response.call(s, (id as i32, token as i32, headers as i32, body as i32, 0))
+        });
+        self.state().call_response = None;
+        result?;
+        let outcome = self.outcome(Returned::Nothing);
+        if self.state().streams.contains_key(&id) {
+            self.check_not_stuck(id, "proxy_on_http_call_response")?;
+        }
+        Ok(outcome)
+    }
+
+    /// Calls `proxy_on_http_call_response` for a token that `context` never
+    /// got, as no real Envoy would: the SDK panics on it. Exists to show that
+    /// a guest panic surfaces as a [`super::Crash`], not a hang.
+    pub fn deliver_unsolicited(&mut self, context: u32, token: u32) -> anyhow::Result<Outcome> {
+        self.vm.run("proxy_on_http_call_response", context, |f, s| {
+            f.on_http_call_response.call(s, (context as i32, token as i32, 0, 0, 0))
+        })?;
+        Ok(self.outcome(Returned::Nothing))
+    }
+
+    /// `proxy_on_response_headers`: the upstream (or a local reply) answered.
+    pub fn response_headers(
+        &mut self,
+        id: u32,
+        headers: HeaderMap,
+        end_of_stream: bool,
+    ) -> anyhow::Result<Outcome> {
+        let count = headers.len() as i32;
+        let stream = self.stream(id)?;
+        stream.response_headers = headers;
+        stream.response_open = true;
+        let action = self.vm.run("proxy_on_response_headers", id, |f, s| {
+            f.on_response_headers.call(s, (id as i32, count, i32::from(end_of_stream)))
+        })?;
+        Ok(self.outcome(action_of(action)))
+    }
+
+    /// Ends stream `id`: `on_log`, `on_done`, `on_delete` (after cancelling its
+    /// calls, on a reset). The outcome's `returned` is `on_done`'s answer.
+    pub fn end(&mut self, id: u32, how: End) -> anyhow::Result<Outcome> {
+        self.stream(id)?;
+        if how == End::Reset {
+            self.state().calls.cancel_for(id);
+        }
+        self.state().in_log = true;
+        let logged = self.vm.run("proxy_on_log", id, |f, s| f.on_log.call(s, id as i32));
+        self.state().in_log = false;
+        logged?;
+        let done = self.vm.run("proxy_on_done", id, |f, s| f.on_done.call(s, id as i32))?;
+        self.vm.run("proxy_on_delete", id, |f, s| f.on_delete.call(s, id as i32))?;
+        self.state().calls.cancel_for(id);
+        self.state().streams.remove(&id);
+        Ok(self.outcome(Returned::Bool(done != 0)))
+    }
+
+    /// `proxy_on_tick` on the root context.
+    pub fn tick(&mut self) -> anyhow::Result<Outcome> {
+        self.vm.run("proxy_on_tick", ROOT, |f, s| f.on_tick.call(s, ROOT as i32))?;
+        Ok(self.outcome(Returned::Nothing))
+    }
+
+    /// Moves the fake clock forward.
+    pub fn advance(&mut self, by: Duration) {
+        let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+        self.state().now_ns = self.state().now_ns.saturating_add(by);
+    }
+
+    /// The tokens of the calls stream `id` has pending, oldest first.
+    pub fn pending_calls(&mut self, id: u32) -> Vec<u32> {
+        self.state().calls.pending.values().filter(|p| p.call.context == id).map(|p| p.call.token).collect()
+    }
+
+    /// The status of the local response stream `id` sent, if any.
+    pub fn answered(&mut self, id: u32) -> Option<u32> {
+        self.state().streams.get(&id).and_then(|s| s.answered)
+    }
+
+    /// True while stream `id`'s request is paused.
+    pub fn paused(&mut self, id: u32) -> bool {
+        self.state().streams.get(&id).is_some_and(|s| s.paused)
+    }
+
+    pub fn logs(&mut self) -> &[LogLine] {
+        &self.vm.store.data().logs
+    }
+
+    /// The value of a counter or gauge the filter defined.
+    pub fn metric(&mut self, name: &str) -> Option<u64> {
+        self.state().metrics.value(name)
+    }
+
+    fn check_not_stuck(&mut self, id: u32, after: &str) -> anyhow::Result<()> {
+        if self.paused(id) && self.pending_calls(id).is_empty() {
+            bail!("after {after}, stream {id}'s request is left paused: no http call pending, no local response, no resume");
+        }
+        Ok(())
+    }
+}
+
+fn action_of(action: i32) -> Returned {
+    match action {
+        0 => Returned::Continue,
+        1 => Returned::Pause,
+        other => Returned::Action(other),
+    }
+}
