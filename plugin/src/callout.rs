@@ -1,47 +1,42 @@
 //! Calls to the shim: the check that holds a request, and the release and
 //! adjust calls that follow an admitted one.
 //!
-//! A release or adjust call is made on behalf of the root context, which
-//! lives as long as the VM: a call owned by the stream would be cancelled when
-//! the stream ends, which is exactly when a lease is released.
+//! A release or adjust call must outlive its stream: a call the stream owns
+//! is cancelled when the stream ends, which is exactly when a lease is
+//! released. So a stream only queues them (`Vm::outbox`), and the root
+//! context, which lives as long as the VM, sends them on its next tick and
+//! receives their answers (the SDK routes an answer to the context that was
+//! active when the call was made).
 
 use std::time::Duration;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::Status;
-use serde::Serialize;
+use sluice_policies::wire::{CheckRequest, CHECK_PATH};
 use sluice_policies::Document;
 
 /// The shortest timeout for a call nobody waits for.
 const BACKGROUND_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// POSTs `body` as JSON to the shim at `path`; the token of the call.
-pub fn post(doc: &Document, path: &str, body: &impl Serialize, timeout: Duration) -> Result<u32, String> {
-    let body = serde_json::to_vec(body).map_err(|e| format!("cannot encode the call: {e}"))?;
+/// POSTs `body` (JSON) to the shim at `path`; the token of the call.
+pub fn post_bytes(doc: &Document, path: &str, body: &[u8], timeout: Duration) -> Result<u32, String> {
     let headers = vec![
         (":method", "POST"),
         (":path", path),
         (":authority", "sluice-shim"),
         ("content-type", "application/json"),
     ];
-    hostcalls::dispatch_http_call(&doc.shim.cluster, headers, Some(&body), vec![], timeout)
+    hostcalls::dispatch_http_call(&doc.shim.cluster, headers, Some(body), vec![], timeout)
         .map_err(|status: Status| format!("cannot call cluster {:?}: {status:?}", doc.shim.cluster))
 }
 
-/// The timeout of a check: the request waits for it.
-pub fn check_timeout(doc: &Document) -> Duration {
-    Duration::from_millis(doc.shim.timeout_ms.get().into())
+/// Sends a check; the request waits at most `timeout_ms` for it.
+pub fn post_check(doc: &Document, req: &CheckRequest) -> Result<u32, String> {
+    let body = serde_json::to_vec(req).map_err(|e| format!("cannot encode the check: {e}"))?;
+    post_bytes(doc, CHECK_PATH, &body, Duration::from_millis(doc.shim.timeout_ms.get().into()))
 }
 
-/// Posts on behalf of the root context `root`, then returns to `stream`.
-pub fn post_in_background(doc: &Document, root: u32, stream: u32, path: &str, body: &impl Serialize) {
-    let timeout = check_timeout(doc).max(BACKGROUND_TIMEOUT);
-    if hostcalls::set_effective_context(root).is_err() {
-        log::warn!("cannot switch to the root context; {path} is skipped");
-        return;
-    }
-    if let Err(reason) = post(doc, path, body, timeout) {
-        log::warn!("{path}: {reason}");
-    }
-    let _ = hostcalls::set_effective_context(stream);
+/// The timeout of a release or adjust call: nobody waits for it.
+pub fn background_timeout(doc: &Document) -> Duration {
+    Duration::from_millis(doc.shim.timeout_ms.get().into()).max(BACKGROUND_TIMEOUT)
 }

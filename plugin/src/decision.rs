@@ -1,58 +1,41 @@
-//! What the filter does with the shim's answer.
+//! Reading the shim's answer to a check call.
 
 use sluice_policies::wire::{Check, CheckResponse};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
-    /// Every limit allowed: resume the request; release `lease` at its end.
-    Allow { lease: Option<String> },
-    /// A limit denied: answer 429 naming `policy`, with `Retry-After: retry_after_secs`.
-    Deny { policy: String, retry_after_secs: u64 },
-    /// The shim gave no usable answer: `failure_mode` decides.
-    Fail(String),
-}
-
-/// Reads the shim's answer to `checks`. `status` is the `:status` header,
-/// `None` when the call failed without a response (reset, timeout).
-pub fn decide(status: Option<&[u8]>, body: Option<&[u8]>, checks: &[Check]) -> Decision {
+/// The shim's answer to `checks`, or why it is no usable answer (and
+/// `failure_mode` decides). `status` is the `:status` header, `None` when the
+/// call failed without a response (reset, timeout).
+pub fn read_answer(
+    status: Option<&[u8]>,
+    body: Option<&[u8]>,
+    checks: &[Check],
+) -> Result<CheckResponse, String> {
     let Some(status) = status else {
-        return Decision::Fail("no response from the shim (unreachable, reset or timed out)".into());
+        return Err("no response from the shim (unreachable, reset or timed out)".into());
     };
     if status != b"200" {
         let shown = String::from_utf8_lossy(status);
         let reason = body.map(String::from_utf8_lossy).unwrap_or_default();
-        return Decision::Fail(format!("shim answered {shown}: {}", reason.trim()));
+        return Err(format!("shim answered {shown}: {}", reason.trim()));
     }
-    let resp: CheckResponse = match serde_json::from_slice(body.unwrap_or_default()) {
-        Ok(resp) => resp,
-        Err(err) => return Decision::Fail(format!("malformed shim answer: {err}")),
-    };
-    if resp.checks.len() != checks.len() {
-        return Decision::Fail(format!(
-            "shim answered {} checks for {} asked",
+    let resp: CheckResponse = serde_json::from_slice(body.unwrap_or_default())
+        .map_err(|err| format!("malformed shim answer: {err}"))?;
+    if resp.checks.len() != checks.len()
+        || resp.checks.iter().zip(checks).any(|(o, c)| o.limits.len() != c.limits.len())
+    {
+        return Err(format!(
+            "shim answered {} checks for {} asked, or not one outcome per limit",
             resp.checks.len(),
             checks.len()
         ));
     }
-    if resp.allowed {
-        return Decision::Allow { lease: resp.lease };
-    }
-    let policy = resp.denied_check().and_then(|i| checks.get(i)).map(|c| c.policy.clone());
-    // An unknown wait (a concurrency limit waits for a release) is sent as 1 s.
-    let retry_after_secs = resp.retry_after_ms.map_or(1, |ms| ms.div_ceil(1000).max(1));
-    Decision::Deny { policy: policy.unwrap_or_default(), retry_after_secs }
+    Ok(resp)
 }
 
-/// The body of a 429: a small JSON document.
-pub fn deny_body(policy: &str, retry_after_secs: u64) -> Vec<u8> {
-    serde_json::json!({"error": "rate_limited", "policy": policy, "retry_after": retry_after_secs})
-        .to_string()
-        .into_bytes()
-}
-
-/// The body of a 400 for a request that lacks a key source its policy requires.
-pub fn missing_key_body(policy: &str) -> Vec<u8> {
-    serde_json::json!({"error": "missing_key", "policy": policy}).to_string().into_bytes()
+/// `Retry-After` in whole seconds, rounded up, at least 1; an unknown wait
+/// (a concurrency limit waits for a release) is sent as 1 s.
+pub fn retry_after_secs(retry_after_ms: Option<u64>) -> u64 {
+    retry_after_ms.map_or(1, |ms| ms.div_ceil(1000).max(1))
 }
 
 #[cfg(test)]
@@ -80,37 +63,28 @@ mod tests {
     }
 
     #[test]
-    fn allowed_answer_resumes() {
-        assert_eq!(
-            decide(Some(b"200"), Some(&answer([true, true], Some(0))), &checks()),
-            Decision::Allow { lease: None }
-        );
-        let with_lease =
-            br#"{"allowed":true,"retry_after_ms":0,"lease":"ab.1","checks":[{"limits":[]},{"limits":[]}]}"#;
-        assert_eq!(
-            decide(Some(b"200"), Some(with_lease), &checks()),
-            Decision::Allow { lease: Some("ab.1".into()) }
-        );
+    fn answers_are_read_with_the_denying_check() {
+        let resp =
+            read_answer(Some(b"200"), Some(&answer([true, true], Some(0))), &checks()).expect("answer");
+        assert!(resp.allowed);
+        let resp =
+            read_answer(Some(b"200"), Some(&answer([true, false], Some(4001))), &checks()).expect("answer");
+        assert_eq!((resp.allowed, resp.denied_check()), (false, Some(1)));
     }
 
     #[test]
-    fn denial_names_the_denying_policy_and_rounds_retry_after_up() {
-        let d = decide(Some(b"200"), Some(&answer([true, false], Some(4001))), &checks());
-        assert_eq!(d, Decision::Deny { policy: "b".into(), retry_after_secs: 5 });
-        let d = decide(Some(b"200"), Some(&answer([false, true], Some(5000))), &checks());
-        assert_eq!(d, Decision::Deny { policy: "a".into(), retry_after_secs: 5 });
-        let d = decide(Some(b"200"), Some(&answer([false, true], Some(1))), &checks());
-        assert_eq!(d, Decision::Deny { policy: "a".into(), retry_after_secs: 1 });
-        // A concurrency denial cannot know its wait: 1 s.
-        let d = decide(Some(b"200"), Some(&answer([false, true], None)), &checks());
-        assert_eq!(d, Decision::Deny { policy: "a".into(), retry_after_secs: 1 });
+    fn retry_after_rounds_up_and_an_unknown_wait_is_one_second() {
+        assert_eq!(retry_after_secs(Some(4001)), 5);
+        assert_eq!(retry_after_secs(Some(5000)), 5);
+        assert_eq!(retry_after_secs(Some(1)), 1);
+        assert_eq!(retry_after_secs(Some(0)), 1);
+        assert_eq!(retry_after_secs(None), 1);
     }
 
     #[test]
     fn broken_answers_are_failures() {
-        let fails = |status: Option<&[u8]>, body: Option<&[u8]>| {
-            matches!(decide(status, body, &checks()), Decision::Fail(_))
-        };
+        let fails =
+            |status: Option<&[u8]>, body: Option<&[u8]>| read_answer(status, body, &checks()).is_err();
         assert!(fails(None, None));
         assert!(fails(Some(b"503"), Some(b"redis: connection refused")));
         assert!(fails(Some(b"200"), None));
@@ -118,11 +92,7 @@ mod tests {
         assert!(fails(Some(b"200"), Some(&[0xff, 0xfe])));
         let one_check = br#"{"allowed":true,"retry_after_ms":0,"checks":[{"limits":[]}]}"#;
         assert!(fails(Some(b"200"), Some(one_check)));
-    }
-
-    #[test]
-    fn deny_body_is_json() {
-        let body: serde_json::Value = serde_json::from_slice(&deny_body("p", 3)).expect("json");
-        assert_eq!(body, serde_json::json!({"error": "rate_limited", "policy": "p", "retry_after": 3}));
+        let no_limits = br#"{"allowed":true,"retry_after_ms":0,"checks":[{"limits":[]},{"limits":[]}]}"#;
+        assert!(fails(Some(b"200"), Some(no_limits)));
     }
 }

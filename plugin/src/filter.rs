@@ -1,199 +1,335 @@
-//! The HTTP context: for each request, match the policies, ask the shim about
-//! all of them in one call, and resume the request or answer it. After an
-//! admitted request: release its lease at the stream's end, and correct the
-//! points it was charged once the response tells its true cost.
+//! The HTTP context: for each request, match the policies, deny at once from
+//! the over-limit cache or an open breaker, else ask the shim and resume the
+//! request or answer it. After an admitted request: add the response headers,
+//! queue its leases for release at the stream's end, and correct the points
+//! it was charged once the response tells its true cost.
+//!
+//! Enforced and shadow policies go to the shim in two calls, sent together:
+//! each call is all-or-nothing, and a shadow policy's denial must neither
+//! refuse the request nor keep the enforced policies from being charged.
 
 use std::rc::Rc;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, MapType};
-use sluice_policies::wire::{
-    AdjustRequest, Adjustment, Check, CheckRequest, ReleaseRequest, WireLimit, ADJUST_PATH, CHECK_PATH,
-    RELEASE_PATH,
-};
-use sluice_policies::{Document, FailureMode, Limit};
+use sluice_policies::wire::{AdjustRequest, CheckResponse, ReleaseRequest, ADJUST_PATH, RELEASE_PATH};
+use sluice_policies::{FailureMode, HeadersMode};
 
-use crate::callout::{check_timeout, post, post_in_background};
-use crate::decision::{decide, deny_body, missing_key_body, Decision};
-use crate::host::HostRequest;
+use crate::cache::OverLimitCache;
+use crate::call::Call;
+use crate::callout::post_check;
+use crate::decision::{read_answer, retry_after_secs};
+use crate::host::{now_ms, HostRequest, SharedData};
+use crate::ratelimit_headers::RateLimitHeaders;
+use crate::reply::Reply;
+use crate::vm::Vm;
+
+const SHADOW_HEADER: &str = "x-sluice-shadow";
 
 pub struct Sluice {
-    doc: Option<Rc<Document>>,
-    root_id: u32,
-    context_id: u32,
-    /// The checks sent to the shim, kept to read its answer and to release
-    /// and adjust afterwards.
-    checks: Vec<Check>,
-    /// The pending check call; other calls' answers are not for this stream.
-    check_token: Option<u32>,
-    /// The lease to release at the stream's end, taken when released.
-    lease: Option<String>,
+    vm: Option<Rc<Vm>>,
+    /// The enforced call first, then the shadow call; either may be empty.
+    calls: [Call; 2],
+    /// Headers to add to the upstream's response of an admitted request.
+    response_headers: Vec<(&'static str, String)>,
     admitted: bool,
 }
 
 impl Sluice {
-    pub fn new(doc: Option<Rc<Document>>, root_id: u32, context_id: u32) -> Sluice {
-        Sluice {
-            doc,
-            root_id,
-            context_id,
-            checks: Vec::new(),
-            check_token: None,
-            lease: None,
-            admitted: false,
-        }
+    pub fn new(vm: Option<Rc<Vm>>) -> Sluice {
+        Sluice { vm, calls: [Call::new(), Call::new()], response_headers: Vec::new(), admitted: false }
     }
 
-    /// Asks the shim; `Pause` until it answers, or the failure decision.
-    fn ask_shim(&mut self, doc: &Document) -> Action {
-        let req = CheckRequest { checks: self.checks.clone(), now_us: None };
-        match post(doc, CHECK_PATH, &req, check_timeout(doc)) {
-            Ok(token) => {
-                self.check_token = Some(token);
-                Action::Pause
-            }
-            Err(reason) => self.fail(doc, &reason),
-        }
-    }
-
-    /// The shim could not decide: `failure_mode` does.
-    fn fail(&self, doc: &Document, reason: &str) -> Action {
-        match doc.failure_mode {
-            FailureMode::Allow => {
-                log::warn!("{reason}; failure_mode allow lets the request through");
+    /// The request's decision once every call it made has answered (or none
+    /// was needed): `Continue`, or `Pause` after a local response.
+    fn finish(&mut self, vm: &Vm) -> Action {
+        let now = now_ms();
+        let shadow = std::mem::replace(&mut self.calls[1].answer, None);
+        let shadow_note = match shadow {
+            Some(answer) => self.conclude_shadow(vm, answer, now),
+            None => None,
+        };
+        let enforced = std::mem::replace(&mut self.calls[0].answer, None);
+        let action = match enforced {
+            None => Action::Continue,
+            Some(Ok(resp)) if resp.allowed => {
+                self.admit(vm, &resp, 0);
+                if vm.doc.headers == HeadersMode::Always {
+                    if let Some(h) = self.ratelimit_headers(vm, &resp) {
+                        self.response_headers.push((RateLimitHeaders::POLICY, h.policy));
+                        self.response_headers.push((RateLimitHeaders::RATELIMIT, h.ratelimit));
+                    }
+                }
                 Action::Continue
             }
-            FailureMode::Deny => {
-                log::warn!("{reason}; failure_mode deny answers 503");
-                let body = br#"{"error":"rate_limiter_unavailable"}"#;
-                respond(503, vec![("content-type", "application/json")], body);
-                Action::Pause
+            Some(Ok(resp)) => self.deny(vm, &resp, shadow_note.clone()),
+            Some(Err(reason)) => self.fail(vm, &reason, now),
+        };
+        if let (Action::Continue, Some(note)) = (action, shadow_note) {
+            self.response_headers.push((SHADOW_HEADER, note));
+        }
+        self.admitted = matches!(action, Action::Continue);
+        action
+    }
+
+    /// Counts the shadow call's answer; the `x-sluice-shadow` value if it would have denied.
+    fn conclude_shadow(
+        &mut self,
+        vm: &Vm,
+        answer: Result<CheckResponse, String>,
+        now: u64,
+    ) -> Option<String> {
+        let call = &self.calls[1];
+        match answer {
+            Ok(resp) if resp.allowed => {
+                self.admit(vm, &resp, 1);
+                None
+            }
+            Ok(resp) => {
+                let i = resp.denied_check()?;
+                let index = *call.policies.get(i)?;
+                vm.stats.count(index, |s| s.shadow_denied);
+                let name = call.checks.get(i).map(|c| c.policy.as_str()).unwrap_or_default();
+                log::debug!("shadow policy {name} would deny");
+                vm.doc.shadow_header.then(|| format!("would-deny; policy=\"{name}\""))
+            }
+            Err(reason) => {
+                for &index in &call.policies {
+                    vm.stats.count(index, |s| s.failure_allowed);
+                }
+                vm.log_failure(now, &format!("{reason}; shadow policies let the request through"));
+                None
             }
         }
     }
 
-    /// Exactly once per admitted request that holds a lease.
-    fn release_lease(&mut self) {
-        let (Some(doc), Some(lease)) = (self.doc.clone(), self.lease.take()) else { return };
-        let req = ReleaseRequest { lease, checks: std::mem::take(&mut self.checks) };
-        post_in_background(&doc, self.root_id, self.context_id, RELEASE_PATH, &req);
+    /// Counts an admission by call `which` and keeps its lease.
+    fn admit(&mut self, vm: &Vm, resp: &CheckResponse, which: usize) {
+        let call = &mut self.calls[which];
+        call.admitted = true;
+        for (i, &index) in call.policies.iter().enumerate() {
+            vm.stats.count(index, |s| s.allowed);
+            let reclaimed: u64 = resp.checks.get(i).map_or(0, |c| c.limits.iter().map(|l| l.reclaimed).sum());
+            if reclaimed > 0 {
+                vm.stats.add(index, |s| s.reclaimed, reclaimed);
+            }
+        }
+        call.lease = resp.lease.clone();
     }
 
-    /// The points corrections that the response's actual-cost headers call for.
-    fn adjustments(&self, doc: &Document) -> Vec<Adjustment> {
-        let mut out = Vec::new();
-        for check in &self.checks {
-            let Some(policy) = doc.policies.iter().find(|p| p.name.as_str() == check.policy) else {
+    /// The shim denied: count it, remember it in the over-limit cache, answer.
+    fn deny(&mut self, vm: &Vm, resp: &CheckResponse, shadow_note: Option<String>) -> Action {
+        let call = &self.calls[0];
+        let i = resp.denied_check().unwrap_or(0);
+        let (Some(&index), Some(check), Some(outcome)) =
+            (call.policies.get(i), call.checks.get(i), resp.checks.get(i))
+        else {
+            return self.fail(vm, "shim denied without saying which check", now_ms());
+        };
+        let Some(policy) = vm.doc.policies.get(index) else { return Action::Continue };
+        vm.stats.count(index, |s| s.denied);
+        log::debug!("policy {} denies key {}", policy.name, check.key);
+        OverLimitCache::new(SharedData, vm.doc.over_limit_cache_slots.get()).record(
+            policy,
+            check,
+            outcome,
+            call.sent_ms,
+        );
+        let headers = match vm.doc.headers {
+            HeadersMode::Off => None,
+            _ => self.ratelimit_headers(vm, resp),
+        };
+        let mut reply = Reply::denial(policy, retry_after_secs(resp.retry_after_ms), headers);
+        if let Some(note) = shadow_note {
+            reply.headers.push((SHADOW_HEADER.into(), note));
+        }
+        respond(reply)
+    }
+
+    /// The shim gave no usable answer: `failure_mode` decides. Deny wins if
+    /// any enforced policy that applies says deny; its status is the first such one's.
+    fn fail(&self, vm: &Vm, reason: &str, now: u64) -> Action {
+        let call = &self.calls[0];
+        let deny_status = call.policies.iter().find_map(|&index| {
+            let policy = vm.doc.policies.get(index)?;
+            match vm.doc.failure_of(policy) {
+                (FailureMode::Deny, status) => Some((policy.name.as_str(), status.get())),
+                (FailureMode::Allow, _) => None,
+            }
+        });
+        let denied = deny_status.is_some();
+        for &index in &call.policies {
+            vm.stats.count(index, |s| if denied { s.failure_denied } else { s.failure_allowed });
+        }
+        match deny_status {
+            Some((name, status)) => {
+                vm.log_failure(now, &format!("{reason}; failure_mode deny (policy {name}) answers {status}"));
+                respond(Reply::unavailable(status))
+            }
+            None => {
+                vm.log_failure(now, &format!("{reason}; failure_mode allow lets the request through"));
+                Action::Continue
+            }
+        }
+    }
+
+    /// The most restrictive of the enforced call's limits.
+    fn ratelimit_headers(&self, vm: &Vm, resp: &CheckResponse) -> Option<RateLimitHeaders> {
+        let call = &self.calls[0];
+        let limits = call.policies.iter().zip(&resp.checks).filter_map(|(&index, outcome)| {
+            let policy = vm.doc.policies.get(index)?;
+            Some(policy.limits.iter().zip(&outcome.limits).map(move |(l, o)| (policy.name.as_str(), l, o)))
+        });
+        RateLimitHeaders::most_restrictive(limits.flatten())
+    }
+
+    /// Exactly once per admitted request that holds leases: queued for the
+    /// root context, whose calls outlive the stream.
+    fn release_leases(&mut self) {
+        let Some(vm) = self.vm.clone() else { return };
+        for call in &mut self.calls {
+            let Some(lease) = call.lease.take() else { continue };
+            let policies = call.concurrency_policies(&vm.doc);
+            let request = ReleaseRequest { lease, checks: call.checks.clone() };
+            vm.send_later(RELEASE_PATH, &request, policies);
+        }
+    }
+
+    /// Local decisions before any call: the over-limit cache, then the breaker.
+    fn decide_locally(&mut self, vm: &Vm, now: u64) -> Option<Action> {
+        let cache = OverLimitCache::new(SharedData, vm.doc.over_limit_cache_slots.get());
+        let call = &self.calls[0];
+        for (&index, check) in call.policies.iter().zip(&call.checks) {
+            let (Some(hit), Some(policy)) = (cache.lookup(check, now), vm.doc.policies.get(index)) else {
                 continue;
             };
-            for (limit, wire) in policy.limits.iter().zip(&check.limits) {
-                let (Limit::Points { actual_cost_header: Some(header), .. }, WireLimit::Points { .. }) =
-                    (limit, wire)
-                else {
-                    continue;
-                };
-                if let Some(actual) = response_number(header.as_str()) {
-                    out.push(Adjustment {
-                        policy: check.policy.clone(),
-                        key: check.key.clone(),
-                        limit: *wire,
-                        actual,
-                    });
-                }
+            vm.stats.count(index, |s| s.cache_denied);
+            log::debug!("policy {} denies key {} from the over-limit cache", policy.name, check.key);
+            let headers = match (vm.doc.headers, policy.limits.get(hit.limit)) {
+                (HeadersMode::Off, _) | (_, None) => None,
+                (_, Some(limit)) => Some(RateLimitHeaders::of(policy.name.as_str(), limit, 0, hit.wait_ms)),
+            };
+            return Some(respond(Reply::denial(policy, retry_after_secs(Some(hit.wait_ms)), headers)));
+        }
+        let (allowed, change) = vm.breaker.borrow_mut().call_allowed(now);
+        vm.breaker_changed(change);
+        if allowed {
+            return None;
+        }
+        for call in &mut self.calls {
+            if !call.checks.is_empty() {
+                call.answer = Some(Err("the shim breaker is open".into()));
             }
         }
-        out
+        Some(self.finish(vm))
     }
 }
 
 impl Context for Sluice {
     fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
-        if self.check_token != Some(token) {
-            return;
-        }
-        self.check_token = None;
-        let Some(doc) = self.doc.clone() else { return };
+        let Some(vm) = self.vm.clone() else { return };
+        let Some(call) = self.calls.iter_mut().find(|c| c.token == Some(token)) else { return };
+        call.token = None;
+        let now = now_ms();
+        vm.stats.latency(now.saturating_sub(call.sent_ms));
         let status = match num_headers {
             0 => None,
             _ => hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status").ok().flatten(),
         };
         let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten();
-        match decide(status.as_deref(), body.as_deref(), &self.checks) {
-            Decision::Allow { lease } => {
-                self.admitted = true;
-                self.lease = lease;
-                resume();
-            }
-            Decision::Deny { policy, retry_after_secs } => {
-                let retry_after = retry_after_secs.to_string();
-                let headers =
-                    vec![("retry-after", retry_after.as_str()), ("content-type", "application/json")];
-                respond(429, headers, &deny_body(&policy, retry_after_secs));
-            }
-            Decision::Fail(reason) => {
-                if let Action::Continue = self.fail(&doc, &reason) {
-                    resume();
-                }
+        let answer = read_answer(status.as_deref(), body.as_deref(), &call.checks);
+        let change = match answer {
+            Ok(_) => vm.breaker.borrow_mut().success(),
+            Err(_) => vm.breaker.borrow_mut().failure(now),
+        };
+        vm.breaker_changed(change);
+        call.answer = Some(answer);
+        if self.calls.iter().any(|c| c.token.is_some()) {
+            return;
+        }
+        if let Action::Continue = self.finish(&vm) {
+            if let Err(status) = hostcalls::resume_http_request() {
+                log::warn!("cannot resume the request: {status:?}");
             }
         }
     }
 
     fn on_done(&mut self) -> bool {
-        self.release_lease();
+        self.release_leases();
         true
     }
 }
 
 impl HttpContext for Sluice {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let Some(doc) = self.doc.clone() else { return Action::Continue };
+        let Some(vm) = self.vm.clone() else { return Action::Continue };
         let req = HostRequest::read();
-        self.checks = match doc.evaluate(&req) {
-            Ok(applied) => applied.iter().map(|a| a.check(&req)).collect(),
-            Err(policy) => {
-                let body = missing_key_body(policy.name.as_str());
-                respond(400, vec![("content-type", "application/json")], &body);
-                return Action::Pause;
-            }
+        let applied = match vm.doc.evaluate(&req) {
+            Ok(applied) => applied,
+            Err(policy) => return respond(Reply::missing_key(policy)),
         };
-        if self.checks.is_empty() {
+        for a in &applied {
+            let Some(index) = vm.doc.policies.iter().position(|p| std::ptr::eq(p, a.policy)) else {
+                continue;
+            };
+            self.calls[usize::from(a.policy.shadow)].push(index, a.check(&req));
+        }
+        if self.calls.iter().all(|c| c.checks.is_empty()) {
             return Action::Continue;
         }
-        self.ask_shim(&doc)
+        let now = now_ms();
+        if let Some(action) = self.decide_locally(&vm, now) {
+            return action;
+        }
+        for call in &mut self.calls {
+            if call.checks.is_empty() {
+                continue;
+            }
+            call.sent_ms = now;
+            match post_check(&vm.doc, &call.request()) {
+                Ok(token) => call.token = Some(token),
+                Err(reason) => {
+                    let change = vm.breaker.borrow_mut().failure(now);
+                    vm.breaker_changed(change);
+                    call.answer = Some(Err(reason));
+                }
+            }
+        }
+        if self.calls.iter().any(|c| c.token.is_some()) {
+            return Action::Pause;
+        }
+        self.finish(&vm)
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let Some(doc) = self.doc.clone() else { return Action::Continue };
-        if self.admitted {
-            let adjustments = self.adjustments(&doc);
-            if !adjustments.is_empty() {
-                let req = AdjustRequest { adjustments, now_us: None };
-                post_in_background(&doc, self.root_id, self.context_id, ADJUST_PATH, &req);
+        let Some(vm) = self.vm.clone() else { return Action::Continue };
+        if !self.admitted {
+            return Action::Continue;
+        }
+        for (name, value) in &self.response_headers {
+            if let Err(status) = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value) {
+                log::debug!("cannot add {name}: {status:?}");
             }
+        }
+        let adjustments: Vec<_> =
+            self.calls.iter().filter(|c| c.admitted).flat_map(|c| c.adjustments(&vm.doc)).collect();
+        if !adjustments.is_empty() {
+            vm.send_later(ADJUST_PATH, &AdjustRequest { adjustments, now_us: None }, Vec::new());
         }
         Action::Continue
     }
 
     fn on_log(&mut self) {
-        self.release_lease();
+        self.release_leases();
     }
 }
 
-/// A response header as a whole number, if it is one.
-fn response_number(name: &str) -> Option<u32> {
-    let value = hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name).ok().flatten()?;
-    std::str::from_utf8(&value).ok()?.trim().parse().ok()
-}
-
-fn resume() {
-    if let Err(status) = hostcalls::resume_http_request() {
-        log::warn!("cannot resume the request: {status:?}");
-    }
-}
-
-fn respond(status: u32, headers: Vec<(&str, &str)>, body: &[u8]) {
-    if let Err(status) = hostcalls::send_http_response(status, headers, Some(body)) {
+/// Sends a local response; the request stays paused.
+fn respond(reply: Reply) -> Action {
+    let headers: Vec<(&str, &str)> = reply.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+    if let Err(status) = hostcalls::send_http_response(u32::from(reply.status), headers, Some(&reply.body)) {
         log::warn!("cannot send the local response: {status:?}");
     }
+    Action::Pause
 }

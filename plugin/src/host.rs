@@ -1,11 +1,18 @@
-//! The request as the policy model reads it, over proxy-wasm host calls.
-//! A host call that fails reads as an absent value; nothing here panics.
+//! The host as the rest of the filter sees it, over proxy-wasm host calls:
+//! the request as the policy model reads it, Envoy's shared data as the
+//! over-limit cache's store, and the clock. A host call that fails reads as
+//! an absent value; nothing here panics.
 
 use std::borrow::Cow;
+use std::time::UNIX_EPOCH;
 
-use proxy_wasm::hostcalls::{get_map_value_bytes, get_property};
+use proxy_wasm::hostcalls::{
+    get_current_time, get_map_value_bytes, get_property, get_shared_data, set_shared_data,
+};
 use proxy_wasm::types::MapType;
 use sluice_policies::Request;
+
+use crate::cache::Store;
 
 pub struct HostRequest {
     path: Vec<u8>,
@@ -47,4 +54,27 @@ impl Request for HostRequest {
 
 fn header(name: &str) -> Option<Vec<u8>> {
     get_map_value_bytes(MapType::HttpRequestHeaders, name).ok().flatten()
+}
+
+/// Envoy's shared data: one map per `vm_id`, seen by every worker.
+pub struct SharedData;
+
+impl Store for SharedData {
+    fn get(&self, key: &str) -> Option<Vec<u8>> {
+        get_shared_data(key).ok().and_then(|(value, _cas)| value)
+    }
+
+    fn set(&self, key: &str, value: &[u8]) {
+        if let Err(status) = set_shared_data(key, Some(value), None) {
+            log::debug!("cannot write shared data {key}: {status:?}");
+        }
+    }
+}
+
+/// The proxy's wall clock in milliseconds since the epoch; 0 if unreadable.
+pub fn now_ms() -> u64 {
+    get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

@@ -3,19 +3,36 @@
 //!
 //! # Layout
 //!
-//! - [`decision`]: turns the shim's answer into allow, deny or failure. Plain
-//!   Rust, tested natively.
-//! - `root`: the root context; parses the policy document once, in
-//!   `on_configure`, and shares it with every request.
-//! - `filter`: the HTTP context; matches, asks the shim, resumes or answers,
-//!   then releases leases and adjusts points.
-//! - `callout`: the calls to the shim.
-//! - `host`: the request as the policy model reads it, over host calls.
+//! Plain Rust, tested natively:
 //!
-//! The modules that make host calls are built for wasm32 only.
+//! - [`decision`]: reads the shim's answer, or why it is none.
+//! - [`reply`]: the local responses: a policy's denial, a failure, a missing key.
+//! - [`ratelimit_headers`]: the IETF `RateLimit` and `RateLimit-Policy` headers.
+//! - [`cache`]: the over-limit cache over a small store trait (Envoy shared data).
+//! - [`breaker`]: the outage breaker, over an injected clock.
+//! - [`throttle`]: a log line an outage cannot turn into a flood.
+//!
+//! Over host calls, built for wasm32 only:
+//!
+//! - `root`: the root context; parses the policy document once, in
+//!   `on_configure`; sends queued release and adjust calls on its tick.
+//! - `vm`: what one VM (one worker) shares between requests.
+//! - `filter`: the HTTP context; matches, decides locally or asks the shim,
+//!   resumes or answers, adds headers, queues releases and adjustments.
+//! - `call`: one check call of a request and what it leaves to do.
+//! - `callout`: the calls to the shim.
+//! - `stats`: the Envoy stats.
+//! - `host`: the request, shared data and the clock, over host calls.
 
+pub mod breaker;
+pub mod cache;
 pub mod decision;
+pub mod ratelimit_headers;
+pub mod reply;
+pub mod throttle;
 
+#[cfg(target_arch = "wasm32")]
+mod call;
 #[cfg(target_arch = "wasm32")]
 mod callout;
 #[cfg(target_arch = "wasm32")]
@@ -24,9 +41,13 @@ mod filter;
 mod host;
 #[cfg(target_arch = "wasm32")]
 mod root;
+#[cfg(target_arch = "wasm32")]
+mod stats;
+#[cfg(target_arch = "wasm32")]
+mod vm;
 
 #[cfg(target_arch = "wasm32")]
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
-    proxy_wasm::set_root_context(|context_id| Box::new(root::SluiceRoot::new(context_id)));
+    proxy_wasm::set_root_context(|_context_id| Box::new(root::SluiceRoot::new()));
 }}

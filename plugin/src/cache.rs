@@ -1,0 +1,227 @@
+//! The over-limit cache: once the shim denies a check on time-based limits
+//! with a known wait, every worker denies the same check locally, without
+//! asking the shim, until that moment.
+//!
+//! **Exact.** An entry is written only when every limit that denied is
+//! time-based with a known `retry_after_ms` and cannot be refunded: never for
+//! a `concurrency` limit (a release frees a slot early) nor for `points` with
+//! an `actual_cost_header` (an adjustment can refund). Its deadline is the
+//! time the check was *sent* plus the longest of those waits, so it is never
+//! later than the moment the shim would admit the check: other traffic can
+//! only push that moment further out. The cache never admits anything.
+//!
+//! **Keyed by the whole check**: the policy, the encoded key and the limits
+//! as sent (with their cost). A request denied on policy A is never denied
+//! locally for a request that only matches policy B, nor one with another cost.
+//!
+//! **Bounded.** Envoy's shared data has no TTL and no delete, so the cache is
+//! a fixed array of `over_limit_cache_slots` keys `sluice:olc:<n>`, `n` the
+//! FNV-1a hash of the check modulo the slot count. A write overwrites its
+//! slot whatever it holds (an expired entry, or another check's: that check
+//! then simply asks the shim again). Each entry holds the whole identity, so
+//! a hash collision is a miss, never a wrong denial. Writes use no cas: the
+//! last writer wins, and either entry is a correct one.
+
+use sluice_policies::wire::{Check, CheckOutcome, WireLimit};
+use sluice_policies::{Limit, Policy};
+
+/// The shared data a cache lives in; Envoy's in the filter, a map in tests.
+pub trait Store {
+    fn get(&self, key: &str) -> Option<Vec<u8>>;
+    fn set(&self, key: &str, value: &[u8]);
+}
+
+/// A live entry found for a check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hit {
+    /// Milliseconds until the shim could admit the check.
+    pub wait_ms: u64,
+    /// The index, in the check, of the limit that denied it longest.
+    pub limit: usize,
+}
+
+pub struct OverLimitCache<S> {
+    store: S,
+    slots: u32,
+}
+
+impl<S: Store> OverLimitCache<S> {
+    /// A cache of `slots` entries; 0 turns it off.
+    pub fn new(store: S, slots: u32) -> Self {
+        OverLimitCache { store, slots }
+    }
+
+    /// The live entry for `check` at `now_ms`, if any.
+    pub fn lookup(&self, check: &Check, now_ms: u64) -> Option<Hit> {
+        let identity = identity(check);
+        let value = self.store.get(&self.slot_key(&identity)?)?;
+        let (deadline_ms, limit, stored) = decode(&value)?;
+        (stored == identity.as_slice() && deadline_ms > now_ms)
+            .then(|| Hit { wait_ms: deadline_ms - now_ms, limit: limit.into() })
+    }
+
+    /// Records the shim's denial of `check`, sent at `sent_ms`, if it is exact to.
+    pub fn record(&self, policy: &Policy, check: &Check, outcome: &CheckOutcome, sent_ms: u64) {
+        let Some((wait_ms, limit)) = cacheable(policy, check, outcome) else { return };
+        let identity = identity(check);
+        let Some(key) = self.slot_key(&identity) else { return };
+        self.store.set(&key, &encode(sent_ms.saturating_add(wait_ms), limit, &identity));
+    }
+
+    fn slot_key(&self, identity: &[u8]) -> Option<String> {
+        (self.slots > 0).then(|| format!("sluice:olc:{}", fnv1a(identity) % u64::from(self.slots)))
+    }
+}
+
+/// The longest wait of the limits that denied `check`, and which one it is,
+/// if every one of them allows caching.
+pub fn cacheable(policy: &Policy, check: &Check, outcome: &CheckOutcome) -> Option<(u64, u16)> {
+    let mut longest: Option<(u64, u16)> = None;
+    for (i, (wire, out)) in check.limits.iter().zip(&outcome.limits).enumerate() {
+        if out.allowed {
+            continue;
+        }
+        let refundable =
+            matches!(policy.limits.get(i), Some(Limit::Points { actual_cost_header: Some(_), .. }));
+        if matches!(wire, WireLimit::Concurrency { .. }) || refundable {
+            return None;
+        }
+        let wait = out.retry_after_ms.filter(|ms| *ms > 0)?;
+        let i = u16::try_from(i).ok()?;
+        if longest.is_none_or(|(w, _)| wait > w) {
+            longest = Some((wait, i));
+        }
+    }
+    longest
+}
+
+/// What makes two checks the same: policy, key and limits, NUL-separated
+/// (none of them can hold a NUL).
+fn identity(check: &Check) -> Vec<u8> {
+    let limits = serde_json::to_vec(&check.limits).unwrap_or_default();
+    [check.policy.as_bytes(), check.key.as_bytes(), &limits].join(&0u8)
+}
+
+/// deadline (8 bytes, little endian), limit index (2 bytes), identity.
+fn encode(deadline_ms: u64, limit: u16, identity: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(10 + identity.len());
+    out.extend_from_slice(&deadline_ms.to_le_bytes());
+    out.extend_from_slice(&limit.to_le_bytes());
+    out.extend_from_slice(identity);
+    out
+}
+
+fn decode(value: &[u8]) -> Option<(u64, u16, &[u8])> {
+    let (deadline, rest) = value.split_first_chunk::<8>()?;
+    let (limit, identity) = rest.split_first_chunk::<2>()?;
+    Some((u64::from_le_bytes(*deadline), u16::from_le_bytes(*limit), identity))
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    use sluice_policies::wire::LimitOutcome;
+
+    use super::*;
+
+    #[derive(Default)]
+    struct Map(RefCell<HashMap<String, Vec<u8>>>);
+
+    impl Store for &Map {
+        fn get(&self, key: &str) -> Option<Vec<u8>> {
+            self.0.borrow().get(key).cloned()
+        }
+        fn set(&self, key: &str, value: &[u8]) {
+            self.0.borrow_mut().insert(key.to_string(), value.to_vec());
+        }
+    }
+
+    fn policy(limits: &str) -> Policy {
+        let doc = format!(r#"{{"policies":[{{"name":"a","limits":{limits}}}]}}"#);
+        sluice_policies::parse(&doc).expect("doc").policies[0].clone()
+    }
+
+    fn check(policy: &Policy, key: &str) -> Check {
+        let limits = policy.limits.iter().map(|l| WireLimit::with_cost(l, 1)).collect();
+        Check { policy: policy.name.as_str().into(), key: key.into(), limits }
+    }
+
+    fn denied(retries: &[Option<u64>]) -> CheckOutcome {
+        let limit = |retry: &Option<u64>| LimitOutcome {
+            allowed: *retry == Some(0),
+            remaining: 0,
+            reset_ms: 0,
+            retry_after_ms: *retry,
+            reclaimed: 0,
+        };
+        CheckOutcome { limits: retries.iter().map(limit).collect() }
+    }
+
+    const TWO_WINDOWS: &str = r#"[{"type":"sliding_window","limit":1,"window":"5s"},
+                                  {"type":"fixed_window","limit":9,"window":"1m"}]"#;
+
+    #[test]
+    fn a_denial_is_served_locally_until_the_send_time_plus_the_longest_wait() {
+        let map = Map::default();
+        let cache = OverLimitCache::new(&map, 16);
+        let p = policy(TWO_WINDOWS);
+        let c = check(&p, "alice");
+        cache.record(&p, &c, &denied(&[Some(4000), Some(6000)]), 1000);
+        assert_eq!(cache.lookup(&c, 1000), Some(Hit { wait_ms: 6000, limit: 1 }));
+        assert_eq!(cache.lookup(&c, 6999), Some(Hit { wait_ms: 1, limit: 1 }));
+        assert_eq!(cache.lookup(&c, 7000), None);
+        assert_eq!(cache.lookup(&check(&p, "bob"), 1000), None);
+    }
+
+    #[test]
+    fn another_policy_or_cost_never_hits() {
+        let map = Map::default();
+        let cache = OverLimitCache::new(&map, 1);
+        let p = policy(r#"[{"type":"points","capacity":10,"refill":"10s","cost":5}]"#);
+        let c = check(&p, "k");
+        cache.record(&p, &c, &denied(&[Some(3000)]), 0);
+        assert!(cache.lookup(&c, 1).is_some());
+        let mut other_cost = c.clone();
+        other_cost.limits = vec![WireLimit::with_cost(&p.limits[0], 2)];
+        assert_eq!(cache.lookup(&other_cost, 1), None, "the one slot holds another identity");
+        let mut other_policy = c.clone();
+        other_policy.policy = "b".into();
+        assert_eq!(cache.lookup(&other_policy, 1), None);
+    }
+
+    #[test]
+    fn concurrency_unknown_waits_and_refundable_points_are_never_cached() {
+        let map = Map::default();
+        let cache = OverLimitCache::new(&map, 16);
+        for limits in [
+            r#"[{"type":"concurrency","limit":1,"lease":"30s"}]"#,
+            r#"[{"type":"points","capacity":10,"refill":"10s","cost":5,"actual_cost_header":"x-cost"}]"#,
+        ] {
+            let p = policy(limits);
+            cache.record(&p, &check(&p, "k"), &denied(&[Some(1000)]), 0);
+        }
+        let p = policy(TWO_WINDOWS);
+        cache.record(&p, &check(&p, "k"), &denied(&[None, Some(1000)]), 0);
+        assert!(map.0.borrow().is_empty());
+    }
+
+    #[test]
+    fn memory_is_bounded_by_the_slot_count_and_zero_slots_is_off() {
+        let map = Map::default();
+        let cache = OverLimitCache::new(&map, 8);
+        let p = policy(TWO_WINDOWS);
+        for n in 0..1000 {
+            cache.record(&p, &check(&p, &format!("k{n}")), &denied(&[Some(1000), Some(0)]), 0);
+        }
+        assert!(map.0.borrow().len() <= 8);
+        let off = Map::default();
+        OverLimitCache::new(&off, 0).record(&p, &check(&p, "k"), &denied(&[Some(1000), Some(0)]), 0);
+        assert!(off.0.borrow().is_empty());
+    }
+}

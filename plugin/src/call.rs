@@ -1,0 +1,86 @@
+//! One check call of a request: the policies it carries (document indexes)
+//! and their checks, its token while in flight, the shim's answer, and what
+//! an admission leaves to do at the stream's end (a lease to release, points
+//! to adjust).
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::MapType;
+use sluice_policies::wire::{Adjustment, Check, CheckRequest, CheckResponse, WireLimit};
+use sluice_policies::{Document, Limit};
+
+pub struct Call {
+    /// Parallel to `checks`: the index of each check's policy in the document.
+    pub policies: Vec<usize>,
+    pub checks: Vec<Check>,
+    pub token: Option<u32>,
+    /// When the call was sent, on the proxy's clock: the over-limit cache
+    /// counts its deadline from here.
+    pub sent_ms: u64,
+    /// The answer, or why there is none; taken when the request is decided.
+    pub answer: Option<Result<CheckResponse, String>>,
+    pub admitted: bool,
+    pub lease: Option<String>,
+}
+
+impl Call {
+    pub fn new() -> Call {
+        Call {
+            policies: Vec::new(),
+            checks: Vec::new(),
+            token: None,
+            sent_ms: 0,
+            answer: None,
+            admitted: false,
+            lease: None,
+        }
+    }
+
+    pub fn push(&mut self, policy: usize, check: Check) {
+        self.policies.push(policy);
+        self.checks.push(check);
+    }
+
+    pub fn request(&self) -> CheckRequest {
+        CheckRequest { checks: self.checks.clone(), now_us: None }
+    }
+
+    /// The policies of this call with a concurrency limit: those a release frees.
+    pub fn concurrency_policies(&self, doc: &Document) -> Vec<usize> {
+        let holds = |index: &usize| {
+            doc.policies
+                .get(*index)
+                .is_some_and(|p| p.limits.iter().any(|l| matches!(l, Limit::Concurrency { .. })))
+        };
+        self.policies.iter().copied().filter(holds).collect()
+    }
+
+    /// The points corrections that the response's actual-cost headers call for.
+    pub fn adjustments(&self, doc: &Document) -> Vec<Adjustment> {
+        let mut out = Vec::new();
+        for (index, check) in self.policies.iter().zip(&self.checks) {
+            let Some(policy) = doc.policies.get(*index) else { continue };
+            for (limit, wire) in policy.limits.iter().zip(&check.limits) {
+                let (Limit::Points { actual_cost_header: Some(header), .. }, WireLimit::Points { .. }) =
+                    (limit, wire)
+                else {
+                    continue;
+                };
+                if let Some(actual) = response_number(header.as_str()) {
+                    out.push(Adjustment {
+                        policy: check.policy.clone(),
+                        key: check.key.clone(),
+                        limit: *wire,
+                        actual,
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A response header as a whole number, if it is one.
+fn response_number(name: &str) -> Option<u32> {
+    let value = hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name).ok().flatten()?;
+    std::str::from_utf8(&value).ok()?.trim().parse().ok()
+}

@@ -1,0 +1,103 @@
+//! The filter's Envoy stats, defined once per VM in `on_configure`. Envoy
+//! keeps one stat per name across all workers, so these are totals for the
+//! whole proxy; `/stats/prometheus` shows them with dots as underscores.
+//!
+//! Per policy `P`: `sluice.P.allowed`, `.denied`, `.shadow_denied`,
+//! `.cache_denied`, `.failure_allowed`, `.failure_denied`, `.released`,
+//! `.release_failed` and `.reclaimed` (counters). For the whole filter:
+//! `sluice.shim_latency_ms` (histogram), `sluice.breaker.opened` and
+//! `sluice.breaker.closed` (counters), and `sluice.breaker.open_workers` (a
+//! gauge: workers whose breaker is open right now).
+
+use proxy_wasm::hostcalls::{define_metric, increment_metric, record_metric};
+use proxy_wasm::types::MetricType;
+use sluice_policies::Document;
+
+/// One counter per outcome, for one policy.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PolicyStats {
+    pub allowed: Option<u32>,
+    pub denied: Option<u32>,
+    pub shadow_denied: Option<u32>,
+    pub cache_denied: Option<u32>,
+    pub failure_allowed: Option<u32>,
+    pub failure_denied: Option<u32>,
+    pub released: Option<u32>,
+    pub release_failed: Option<u32>,
+    pub reclaimed: Option<u32>,
+}
+
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Indexed like the document's policies.
+    pub policies: Vec<PolicyStats>,
+    pub shim_latency_ms: Option<u32>,
+    pub breaker_opened: Option<u32>,
+    pub breaker_closed: Option<u32>,
+    pub breaker_open_workers: Option<u32>,
+}
+
+impl Stats {
+    pub fn define(doc: &Document) -> Stats {
+        let counter = |name: String| metric(MetricType::Counter, &name);
+        let policies = doc
+            .policies
+            .iter()
+            .map(|p| {
+                let c = |what: &str| counter(format!("sluice.{}.{what}", p.name));
+                PolicyStats {
+                    allowed: c("allowed"),
+                    denied: c("denied"),
+                    shadow_denied: c("shadow_denied"),
+                    cache_denied: c("cache_denied"),
+                    failure_allowed: c("failure_allowed"),
+                    failure_denied: c("failure_denied"),
+                    released: c("released"),
+                    release_failed: c("release_failed"),
+                    reclaimed: c("reclaimed"),
+                }
+            })
+            .collect();
+        Stats {
+            policies,
+            shim_latency_ms: metric(MetricType::Histogram, "sluice.shim_latency_ms"),
+            breaker_opened: counter("sluice.breaker.opened".into()),
+            breaker_closed: counter("sluice.breaker.closed".into()),
+            breaker_open_workers: metric(MetricType::Gauge, "sluice.breaker.open_workers"),
+        }
+    }
+
+    /// Adds 1 to `which` of policy `index`.
+    pub fn count(&self, index: usize, which: impl Fn(&PolicyStats) -> Option<u32>) {
+        self.add(index, which, 1);
+    }
+
+    pub fn add(&self, index: usize, which: impl Fn(&PolicyStats) -> Option<u32>, n: u64) {
+        if let Some(id) = self.policies.get(index).and_then(which) {
+            bump(Some(id), i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    pub fn latency(&self, ms: u64) {
+        if let Some(id) = self.shim_latency_ms {
+            let _ = record_metric(id, ms);
+        }
+    }
+}
+
+/// Adds `n` (which may be negative for a gauge) to a metric, if defined.
+pub fn bump(id: Option<u32>, n: i64) {
+    if let Some(id) = id {
+        let _ = increment_metric(id, n);
+    }
+}
+
+fn metric(kind: MetricType, name: &str) -> Option<u32> {
+    match define_metric(kind, name) {
+        Ok(id) => Some(id),
+        Err(status) => {
+            log::warn!("cannot define the stat {name}: {status:?}");
+            None
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! What one VM (one Envoy worker) shares between its requests: the parsed
+//! document, its stats, the outage breaker, the log throttle, and the leases
+//! release and adjust calls waiting for the root context to send them.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use sluice_policies::Document;
+
+use crate::breaker::{Breaker, Change};
+use crate::stats::{bump, Stats};
+use crate::throttle::Throttle;
+
+/// At most one failure-mode log line per this period, per worker.
+const LOG_PERIOD_MS: u64 = 10_000;
+
+/// A call for the root context to send: a release (with the policies, as
+/// document indexes, whose slots it frees) or an adjustment (none).
+pub struct Outgoing {
+    pub path: &'static str,
+    pub body: Vec<u8>,
+    pub releases: Vec<usize>,
+}
+
+pub struct Vm {
+    pub doc: Document,
+    pub stats: Stats,
+    pub breaker: RefCell<Breaker>,
+    throttle: RefCell<Throttle>,
+    /// Queued by streams, sent by the root on its next tick.
+    pub outbox: RefCell<Vec<Outgoing>>,
+    /// Release calls in flight, by token.
+    pub releasing: RefCell<HashMap<u32, Vec<usize>>>,
+}
+
+impl Vm {
+    pub fn new(doc: Document) -> Vm {
+        let stats = Stats::define(&doc);
+        let breaker = Breaker::new(doc.shim.failure_threshold.get(), doc.shim.cooldown_ms.get().into());
+        Vm {
+            doc,
+            stats,
+            breaker: RefCell::new(breaker),
+            throttle: RefCell::new(Throttle::new(LOG_PERIOD_MS)),
+            outbox: RefCell::new(Vec::new()),
+            releasing: RefCell::new(HashMap::new()),
+        }
+    }
+
+    /// Queues a call for the root context; `releases` as in [`Outgoing`].
+    pub fn send_later(&self, path: &'static str, body: &impl serde::Serialize, releases: Vec<usize>) {
+        match serde_json::to_vec(body) {
+            Ok(body) => self.outbox.borrow_mut().push(Outgoing { path, body, releases }),
+            Err(err) => log::warn!("cannot encode {path}: {err}"),
+        }
+    }
+
+    /// Logs a failure-mode decision, at most once per period per worker.
+    pub fn log_failure(&self, now_ms: u64, line: &str) {
+        if let Some(suppressed) = self.throttle.borrow_mut().admit(now_ms) {
+            if suppressed > 0 {
+                log::warn!("{line} ({suppressed} similar lines suppressed)");
+            } else {
+                log::warn!("{line}");
+            }
+        }
+    }
+
+    /// Logs and counts a breaker state change, once.
+    pub fn breaker_changed(&self, change: Option<Change>) {
+        let cooldown = self.doc.shim.cooldown_ms.get();
+        match change {
+            None => {}
+            Some(Change::Opened) => {
+                log::warn!("shim failing: deciding locally with failure_mode for {cooldown} ms");
+                bump(self.stats.breaker_opened, 1);
+                bump(self.stats.breaker_open_workers, 1);
+            }
+            Some(Change::Probing) => {
+                log::info!("cooldown over: probing the shim");
+                bump(self.stats.breaker_open_workers, -1);
+            }
+            Some(Change::Closed) => {
+                log::warn!("shim answering again: breaker closed");
+                bump(self.stats.breaker_closed, 1);
+            }
+        }
+    }
+}
