@@ -23,6 +23,7 @@ const LIMIT: Duration = Duration::from_secs(120);
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Raw {
     pub(crate) rps: f64,
+    pub(crate) mean: f64,
     pub(crate) p50: f64,
     pub(crate) p99: f64,
 }
@@ -66,7 +67,7 @@ fn parse_csv(out: &str) -> Result<Raw> {
     let fields: Vec<f64> =
         line.rsplitn(8, ',').take(7).map(|f| f.trim_matches('"').parse()).collect::<Result<_, _>>()?;
     // rsplitn yields from the end: max, p99, p95, p50, min, avg, rps.
-    Ok(Raw { rps: fields[6], p50: fields[3], p99: fields[1] })
+    Ok(Raw { rps: fields[6], mean: fields[5], p50: fields[3], p99: fields[1] })
 }
 
 /// `used_memory` from `INFO memory`, in bytes.
@@ -90,7 +91,7 @@ mod tests {
         let out = "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\
                    \"EVALSHA ab 1 k,x\",\"21030.49\",\"0.512\",\"0.072\",\"0.367\",\"1.207\",\"4.607\",\"15.727\"\n";
         let raw = parse_csv(out).unwrap();
-        assert_eq!((raw.rps, raw.p50, raw.p99), (21030.49, 0.367, 4.607));
+        assert_eq!((raw.rps, raw.mean, raw.p50, raw.p99), (21030.49, 0.512, 0.367, 4.607));
     }
 
     /// Only the arguments that differ between the two captures are varied.

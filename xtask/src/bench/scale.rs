@@ -28,7 +28,7 @@ use super::tools::Tools;
 pub(crate) struct Kind {
     pub(crate) name: &'static str,
     /// One limit in the shim's wire format. Limits are never reached, and
-    /// windows outlast the run, so no key changes shape or expires meanwhile.
+    /// state outlasts the run, so no key changes shape or expires meanwhile.
     limit: &'static str,
 }
 
@@ -41,9 +41,13 @@ pub(crate) const KINDS: &[Kind] = &[
         name: "sliding_window (approximate)",
         limit: r#"{"type":"sliding_window","limit":1000000000,"window_ms":3600000,"approximate":true}"#,
     },
+    // GCRA keeps a key only while its bucket is not full, so the rate is slow
+    // (one token an hour) and the burst deep (8,000: a refill time under the
+    // shim's 365-day bound): each call moves the key's theoretical arrival
+    // time an hour on, and no key expires during the run.
     Kind {
         name: "token_bucket (GCRA)",
-        limit: r#"{"type":"token_bucket","rate":1000000000,"per_ms":3600000,"burst":1000000000}"#,
+        limit: r#"{"type":"token_bucket","rate":1,"per_ms":3600000,"burst":8000}"#,
     },
 ];
 

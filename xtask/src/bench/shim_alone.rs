@@ -52,5 +52,5 @@ pub(crate) fn run(rig: &Rig, plan: &Plan, tools: &Tools) -> Result<ShimAlone> {
 
 fn median(raws: &[Raw]) -> Raw {
     let mid = |f: fn(&Raw) -> f64| load::median(raws.iter().map(f));
-    Raw { rps: mid(|r| r.rps), p50: mid(|r| r.p50), p99: mid(|r| r.p99) }
+    Raw { rps: mid(|r| r.rps), mean: mid(|r| r.mean), p50: mid(|r| r.p50), p99: mid(|r| r.p99) }
 }
