@@ -19,6 +19,9 @@
 //! - [`service`]: [`Service`], any other server binary on a free port.
 //! - [`client`]: [`burst`], N concurrent requests, collecting status and
 //!   `retry-after`.
+//! - [`gateway`]: for the gateway-behaviour tests: whole responses, Envoy's
+//!   Prometheus stats, a route timeout, and fault injectors (a blackhole
+//!   shim, a fake shim, an upstream that fails or hangs).
 //! - [`host`]: a proxy-wasm host on wasmtime that runs the real `sluice.wasm`
 //!   in process, with stories for tests ([`host::Plugin`]).
 //!
@@ -29,6 +32,7 @@
 pub mod client;
 pub mod cluster;
 pub mod envoy;
+pub mod gateway;
 pub mod host;
 pub mod paths;
 mod probe;
