@@ -41,7 +41,8 @@ impl Response {
 pub fn send(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> anyhow::Result<Response> {
     let method = reqwest::Method::from_bytes(method.as_bytes()).context("invalid HTTP method")?;
     let url = format!("http://127.0.0.1:{port}{path}");
-    let headers: Vec<(String, String)> = headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
+    let headers: Vec<(String, String)> =
+        headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async move {
         let client = reqwest::Client::builder().timeout(REQUEST_TIMEOUT).build()?;

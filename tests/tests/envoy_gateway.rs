@@ -73,7 +73,9 @@ fn headers_always_and_off() {
     let stack = Stack::start(&doc).expect("stack");
     let replies: Vec<Response> = (0..3).map(|_| get(&stack, "/api/x", "alice")).collect();
     assert_eq!(statuses(&replies), [200, 200, 429]);
-    assert!(replies.iter().all(|r| r.header("ratelimit").is_none() && r.header("ratelimit-policy").is_none()));
+    assert!(replies
+        .iter()
+        .all(|r| r.header("ratelimit").is_none() && r.header("ratelimit-policy").is_none()));
     assert!(replies[2].header("retry-after").is_some());
 }
 
@@ -107,7 +109,9 @@ fn a_policy_sets_its_own_status_body_and_headers() {
     assert_eq!(denied.body, "busy, come back later\n");
     assert_eq!(denied.header("x-shed"), Some("yes"));
     assert_eq!(denied.header("content-type"), Some("text/plain; charset=utf-8"));
-    assert!(denied.header("retry-after").is_some_and(|s| s.parse::<u64>().is_ok_and(|s| (1..=60).contains(&s))));
+    assert!(denied
+        .header("retry-after")
+        .is_some_and(|s| s.parse::<u64>().is_ok_and(|s| (1..=60).contains(&s))));
     assert_eq!(get(&stack, "/api/x", "k").status, 200);
     assert_eq!(get(&stack, "/api/x", "k").status, 429);
 }
@@ -126,7 +130,8 @@ fn a_shadow_policy_counts_but_never_refuses() {
     let would_deny = Some(r#"would-deny; policy="trial""#);
     assert_eq!(notes, [None, None, would_deny, would_deny, would_deny]);
     let mut redis = stack.redis.connection().expect("redis");
-    let entries: u64 = redis::cmd("ZCARD").arg("sluice:{trial:alice}:sw:60000").query(&mut redis).expect("ZCARD");
+    let entries: u64 =
+        redis::cmd("ZCARD").arg("sluice:{trial:alice}:sw:60000").query(&mut redis).expect("ZCARD");
     assert_eq!(entries, 2, "a shadow policy charges what it admits, nothing more");
     let page = prometheus(&stack.envoy).expect("stats");
     assert_eq!(sample(&page, "sluice_trial_allowed"), 2.0, "{page}");
@@ -148,6 +153,58 @@ fn a_shadow_denial_does_not_affect_the_enforced_policies() {
     assert_eq!(statuses(&replies), [200, 200, 200, 429]);
     let mut redis = stack.redis.connection().expect("redis");
     let real: u64 = redis::cmd("ZCARD").arg("sluice:{real:alice}:sw:60000").query(&mut redis).expect("ZCARD");
-    let trial: u64 = redis::cmd("ZCARD").arg("sluice:{trial:alice}:sw:60000").query(&mut redis).expect("ZCARD");
+    let trial: u64 =
+        redis::cmd("ZCARD").arg("sluice:{trial:alice}:sw:60000").query(&mut redis).expect("ZCARD");
     assert_eq!((real, trial), (3, 1));
+}
+
+/// The over-limit cache: once the shim denies alice on a 1-per-minute
+/// window, the next 20 requests are denied by the filter itself, with the
+/// same response, without a shim call (the shim cluster saw 2 requests, the
+/// stats say 1 denied and 20 cache_denied), whichever worker they land on.
+/// The entry is keyed by policy and key: alice on another policy, and bob on
+/// this one, still reach the shim and pass.
+#[test]
+fn the_over_limit_cache_denies_locally_until_the_retry_moment() {
+    let one = r#"{"type": "sliding_window", "limit": 1, "window": "1m"}"#;
+    let doc = document("", &[policy("api", one, ""), policy("other", one, "")]);
+    let stack = Stack::start(&doc).expect("stack");
+    let first: Vec<Response> = (0..2).map(|_| get(&stack, "/api/x", "alice")).collect();
+    assert_eq!(statuses(&first), [200, 429]);
+    let cached: Vec<Response> = (0..20).map(|_| get(&stack, "/api/x", "alice")).collect();
+    assert_eq!(statuses(&cached), [429; 20]);
+    for reply in &cached {
+        let secs: u64 = reply.header("retry-after").and_then(|s| s.parse().ok()).expect("retry-after");
+        assert!((1..=60).contains(&secs), "{reply:?}");
+        assert_eq!(reply.header("ratelimit-policy"), Some(r#""api";q=1;w=60"#));
+        assert!(reply.body.contains(r#""policy":"api""#), "{reply:?}");
+    }
+    let page = prometheus(&stack.envoy).expect("stats");
+    assert_eq!(sample(&page, r#"envoy_cluster_upstream_rq_total{envoy_cluster_name="sluice_shim"}"#), 2.0);
+    assert_eq!((sample(&page, "sluice_api_denied"), sample(&page, "sluice_api_cache_denied")), (1.0, 20.0));
+    assert_eq!(get(&stack, "/other/x", "alice").status, 200, "another policy, same key");
+    assert_eq!(get(&stack, "/api/x", "bob").status, 200, "same policy, another key");
+}
+
+/// The stats in `/stats/prometheus` add up to the traffic sent: 5 requests
+/// on a 3-per-minute policy are 3 allowed, 1 denied by the shim and 1 from
+/// the over-limit cache; the shim latency histogram holds exactly the 4
+/// shim calls (histograms appear at Envoy's next stats flush, polled for).
+#[test]
+fn the_stats_match_the_traffic() {
+    let three = r#"{"type": "sliding_window", "limit": 3, "window": "1m"}"#;
+    let stack = Stack::start(&document("", &[policy("metered-api", three, "")])).expect("stack");
+    let replies: Vec<Response> = (0..5).map(|_| get(&stack, "/metered-api/x", "alice")).collect();
+    assert_eq!(statuses(&replies), [200, 200, 200, 429, 429]);
+    let page = prometheus(&stack.envoy).expect("stats");
+    let counts: Vec<f64> =
+        ["allowed", "denied", "cache_denied", "shadow_denied", "failure_allowed", "failure_denied"]
+            .iter()
+            .map(|what| sample(&page, &format!("sluice_metered_api_{what}")))
+            .collect();
+    assert_eq!(counts, [3.0, 1.0, 1.0, 0.0, 0.0, 0.0], "{page}");
+    let calls =
+        || prometheus(&stack.envoy).map(|page| sample(&page, "sluice_shim_latency_ms_count")).unwrap_or(0.0);
+    let flushed = sluice_tests::gateway::eventually(std::time::Duration::from_secs(20), || calls() == 4.0);
+    assert!(flushed, "sluice_shim_latency_ms_count = {}, want 4", calls());
 }
