@@ -15,12 +15,12 @@
 //! - `redis_bench`: the shim's EVALSHA replayed with redis-benchmark; INFO.
 //! - `gateway`: scenario 1, gateway overhead.
 //! - `shim_alone`: scenario 2, the shim against raw EVALSHA.
+//! - `redis_cost`: scenario 3, Redis CPU and memory per limit type, beside
+//!   the hand-written scripts of `bench/handwritten/`.
 //! - `scale`: scenario 4, latency and memory from 1k to 1M keys.
 //! - `noise`: how busy the machine was while the bench ran.
 //! - `report`: LATEST.md. `plot`: the PNG.
 //!
-//! Scenario 3 (Redis cost per limit type) is not run here: its table lives in
-//! `bench/README.md`, written by the algorithms issue.
 
 mod gateway;
 mod load;
@@ -29,6 +29,7 @@ mod noise;
 mod plan;
 mod plot;
 mod redis_bench;
+mod redis_cost;
 mod report;
 mod scale;
 mod setups;
@@ -67,6 +68,11 @@ pub(crate) fn run(quick: bool) -> Result<()> {
     let scale = scale::run(&rig, &plan, &tools)?;
     done("scenario 4, scale,");
     drop(rig);
+    let cost = {
+        let redis = sluice_tests::Redis::start()?;
+        redis_cost::run(&mut redis.connection()?, plan.cost_calls)?
+    };
+    done("scenario 3, Redis cost per limit type,");
     let noise = sampler.finish();
 
     let about = about(&tools, &plan, measured.elapsed().as_secs_f64());
@@ -78,6 +84,7 @@ pub(crate) fn run(quick: bool) -> Result<()> {
         gateway,
         shim,
         scale,
+        cost,
     };
     let dir = out_dir(quick);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;

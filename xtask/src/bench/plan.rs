@@ -24,6 +24,8 @@ pub(crate) struct Plan {
     pub(crate) scale_keys: &'static [u64],
     /// Requests per scale measurement.
     pub(crate) scale_requests: u64,
+    /// Decisions per case of the Redis cost scenario.
+    pub(crate) cost_calls: usize,
 }
 
 impl Plan {
@@ -39,6 +41,7 @@ impl Plan {
                 evalsha_requests: 20_000,
                 scale_keys: &[1_000, 10_000],
                 scale_requests: 10_000,
+                cost_calls: 2_000,
             }
         } else {
             Plan {
@@ -51,6 +54,7 @@ impl Plan {
                 evalsha_requests: 200_000,
                 scale_keys: &[1_000, 100_000, 1_000_000],
                 scale_requests: 100_000,
+                cost_calls: 20_000,
             }
         }
     }

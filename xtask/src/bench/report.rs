@@ -21,6 +21,7 @@ pub(crate) struct Results {
     pub(crate) gateway: Gateway,
     pub(crate) shim: ShimAlone,
     pub(crate) scale: Vec<(&'static str, Outcome)>,
+    pub(crate) cost: Vec<super::redis_cost::Cost>,
 }
 
 /// Flat means: the largest key count's mean latency within this factor of the
@@ -47,9 +48,8 @@ fn write_all(md: &mut String, r: &Results, plot_file: &str) -> std::fmt::Result 
     targets(md, r)?;
     shim(md, &r.shim)?;
     writeln!(md, "\n## 3. Redis cost per limit type\n")?;
-    writeln!(md, "<!-- scenario 3: not measured by this bench. The algorithms issue writes the table")?;
-    writeln!(md, "     (usec_per_call and memory per key for each limit type) in bench/README.md. -->")?;
-    writeln!(md, "Not measured here: see the section \"Redis cost per limit type\" in `bench/README.md`.")?;
+    writeln!(md, "EVALSHA `usec_per_call` (INFO commandstats) and MEMORY USAGE per client key, each case on its allow path in one Redis:\n")?;
+    write!(md, "{}", super::redis_cost::table(&r.cost))?;
     scale(md, &r.scale)
 }
 

@@ -1,0 +1,187 @@
+//! Scenario 3: what each limit type costs Redis, beside the hand-written
+//! scripts of `bench/handwritten/`, in one Redis: CPU per decision
+//! (`usec_per_call` of EVALSHA in INFO commandstats, reset before each case)
+//! and memory per client key (MEMORY USAGE of all the keys one client's
+//! state takes, averaged over a sample).
+//!
+//! Every case runs the same traffic: `CALLS` decisions round-robin over
+//! `CLIENTS` client keys, all of them admitted, so each case is measured on
+//! its allow path with the state a client under its limit keeps.
+
+use anyhow::{Context, Result};
+use redis::Script;
+use sluice_policies::algorithm::Algorithm;
+use sluice_policies::wire::{Check, WireLimit};
+use sluice_shim::keys::script_limits;
+use sluice_shim::scripts::Scripts;
+
+const CLIENTS: usize = 1_000;
+const SAMPLE: usize = 100;
+
+pub(crate) struct Cost {
+    pub case: String,
+    pub usec_per_call: f64,
+    pub bytes_per_client: f64,
+}
+
+/// The cases: each Sluice type, then the hand-written scripts.
+fn sluice_cases() -> Vec<(&'static str, Vec<WireLimit>)> {
+    vec![
+        ("fixed_window 100/1m", vec![WireLimit::FixedWindow { limit: 100, window_ms: 60_000 }]),
+        (
+            "sliding_window 25/5s + 300/5m (S0)",
+            vec![
+                WireLimit::SlidingWindow { limit: 25, window_ms: 5_000, approximate: false },
+                WireLimit::SlidingWindow { limit: 300, window_ms: 300_000, approximate: false },
+            ],
+        ),
+        (
+            "sliding_window approximate 100/1m",
+            vec![WireLimit::SlidingWindow { limit: 100, window_ms: 60_000, approximate: true }],
+        ),
+        (
+            "token_bucket 100/1s burst 500",
+            vec![WireLimit::TokenBucket { rate: 100, per_ms: 1_000, burst: 500 }],
+        ),
+        ("interval 1ms", vec![WireLimit::Interval { every_ms: 1 }]),
+        ("concurrency 50, lease 30s", vec![WireLimit::Concurrency { limit: 50, lease_ms: 30_000 }]),
+        ("points 1000/20s, cost 10", vec![WireLimit::Points { capacity: 1000, refill_ms: 20_000, cost: 10 }]),
+    ]
+}
+
+pub(crate) fn run(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost>> {
+    let scripts = Scripts::new();
+    let mut costs = Vec::new();
+    for (name, limits) in sluice_cases() {
+        let keys_of = |client: usize| -> Result<Vec<(String, Algorithm)>> {
+            let check =
+                Check { policy: "bench".into(), key: format!("client{client}"), limits: limits.clone() };
+            let limits = script_limits(&[check]).map_err(anyhow::Error::msg)?;
+            Ok(limits.into_iter().map(|l| (l.key, l.algorithm)).collect())
+        };
+        let cost = measure(
+            conn,
+            name,
+            calls,
+            &scripts.check,
+            |client, call| {
+                let mut inv = scripts.check.prepare_invoke();
+                inv.arg("").arg(format!("r{call}"));
+                for (key, alg) in keys_of(client)? {
+                    let (kind, [a, b, c]) = alg.script_args();
+                    inv.key(key).arg(kind).arg(a).arg(b).arg(c);
+                }
+                Ok(inv)
+            },
+            |client| Ok(keys_of(client)?.into_iter().map(|(k, _)| k).collect()),
+        )?;
+        costs.push(cost);
+    }
+    costs.extend(handwritten(conn, calls)?);
+    Ok(costs)
+}
+
+fn handwritten(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost>> {
+    let dual = Script::new(include_str!("../../../bench/handwritten/dual_window_zset.lua"));
+    let incr = Script::new(include_str!("../../../bench/handwritten/incr_counter.lua"));
+    let bucket = Script::new(include_str!("../../../bench/handwritten/token_bucket_two_keys.lua"));
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0)
+    };
+    let mut costs = Vec::new();
+    let keys = |client: usize, names: &[&str]| {
+        names.iter().map(|n| format!("hand:{n}:client{client}")).collect::<Vec<_>>()
+    };
+    costs.push(measure(
+        conn,
+        "hand-written S0 dual sorted sets",
+        calls,
+        &dual,
+        |client, _| {
+            let mut inv = dual.prepare_invoke();
+            for k in keys(client, &["w5", "w300"]) {
+                inv.key(k);
+            }
+            inv.arg(now()).arg(5).arg(25).arg(300).arg(300);
+            Ok(inv)
+        },
+        |client| Ok(keys(client, &["w5", "w300"])),
+    )?);
+    costs.push(measure(
+        conn,
+        "hand-written S3 INCR with SET NX EX",
+        calls,
+        &incr,
+        |client, _| {
+            let mut inv = incr.prepare_invoke();
+            inv.key(keys(client, &["n"])[0].clone()).arg(60);
+            Ok(inv)
+        },
+        |client| Ok(keys(client, &["n"])),
+    )?);
+    costs.push(measure(
+        conn,
+        "hand-written S4a two-key token bucket",
+        calls,
+        &bucket,
+        |client, _| {
+            let mut inv = bucket.prepare_invoke();
+            for k in keys(client, &["tokens", "ts"]) {
+                inv.key(k);
+            }
+            inv.arg(100).arg(500).arg(now()).arg(1);
+            Ok(inv)
+        },
+        |client| Ok(keys(client, &["tokens", "ts"])),
+    )?);
+    Ok(costs)
+}
+
+/// Runs `calls` invocations round-robin over the clients, then reads the
+/// CPU per call and the memory of a sample of clients' keys.
+fn measure<'s>(
+    conn: &mut redis::Connection,
+    case: &str,
+    calls: usize,
+    script: &Script,
+    invocation: impl Fn(usize, usize) -> Result<redis::ScriptInvocation<'s>>,
+    keys: impl Fn(usize) -> Result<Vec<String>>,
+) -> Result<Cost> {
+    let _: String = script.prepare_invoke().load(conn).with_context(|| format!("{case}: SCRIPT LOAD"))?;
+    redis::cmd("FLUSHALL").query::<()>(conn)?;
+    redis::cmd("CONFIG").arg("RESETSTAT").query::<()>(conn)?;
+    for call in 0..calls {
+        let inv = invocation(call % CLIENTS, call)?;
+        let _: redis::Value = inv.invoke(conn).with_context(|| format!("{case}: call {call}"))?;
+    }
+    let stats: String = redis::cmd("INFO").arg("commandstats").query(conn)?;
+    let usec_per_call = stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("usec_per_call=")))
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("{case}: no EVALSHA in INFO commandstats"))?;
+    let mut bytes = 0u64;
+    for client in 0..SAMPLE {
+        for key in keys(client)? {
+            let usage: Option<u64> =
+                redis::cmd("MEMORY").arg("USAGE").arg(&key).arg("SAMPLES").arg(0).query(conn)?;
+            bytes += usage.unwrap_or(0);
+        }
+    }
+    Ok(Cost { case: case.to_string(), usec_per_call, bytes_per_client: bytes as f64 / SAMPLE as f64 })
+}
+
+/// The table for `bench/README.md`.
+pub(crate) fn table(costs: &[Cost]) -> String {
+    let mut out = String::from(
+        "| case | Redis CPU per decision (µs) | memory per client key (bytes) |\n|---|---:|---:|\n",
+    );
+    for c in costs {
+        out.push_str(&format!("| {} | {:.2} | {:.0} |\n", c.case, c.usec_per_call, c.bytes_per_client));
+    }
+    out
+}
