@@ -1,0 +1,153 @@
+//! Concurrency leases end to end through real Envoy, `sluice.wasm`, the shim
+//! and Redis: a lease is released exactly once however the stream ends (a
+//! normal end, an upstream 500, an upstream connection reset, a client reset,
+//! the route timing out), and a lease whose release failed is reclaimed by
+//! its TTL and counted.
+//!
+//! Each check is against Redis (`ZCARD` of the lease set), polled with a
+//! deadline, and against the stats: `released` equals the requests, and the
+//! shim cluster saw exactly one release per check.
+
+use std::time::Duration;
+
+use sluice_tests::gateway::{
+    envoy_with_route_timeout, eventually, open_request, prometheus, sample, send, Response, RoughUpstream,
+};
+use sluice_tests::{Envoy, Redis, Shim};
+
+const WAIT: Duration = Duration::from_secs(15);
+
+struct Pool {
+    envoy: Envoy,
+    shim: Shim,
+    _upstream: RoughUpstream,
+    redis: Redis,
+    set: String,
+}
+
+impl Pool {
+    /// `limit` in flight per `x-api-key`, leases of `lease`; the route times out after 1 s.
+    fn start(limit: u32, lease: &str) -> Pool {
+        let doc = format!(
+            r#"{{"shim": {{"timeout_ms": 2000}}, "failure_mode": "deny", "policies": [{{"name": "pool",
+                "key": ["header:x-api-key"], "limits": [{{"type": "concurrency", "limit": {limit}, "lease": "{lease}"}}]}}]}}"#
+        );
+        let redis = Redis::start().expect("redis");
+        let shim = Shim::start(&redis.url()).expect("shim");
+        let upstream = RoughUpstream::start().expect("upstream");
+        let envoy = envoy_with_route_timeout(&doc, shim.port, upstream.port, "1s").expect("envoy");
+        let lease_ms = sluice_policies::Duration::parse(lease).expect("lease").as_millis();
+        Pool { envoy, shim, _upstream: upstream, redis, set: format!("sluice:{{pool:alice}}:cc:{lease_ms}") }
+    }
+
+    fn get(&self, path: &str) -> Response {
+        send(self.envoy.port, "GET", path, &[("x-api-key", "alice")]).expect("request")
+    }
+
+    fn held(&self) -> u64 {
+        let mut conn = self.redis.connection().expect("redis");
+        redis::cmd("ZCARD").arg(&self.set).query(&mut conn).expect("ZCARD")
+    }
+
+    fn stat(&self, name: &str) -> f64 {
+        prometheus(&self.envoy).map(|page| sample(&page, name)).unwrap_or(-1.0)
+    }
+
+    /// Every lease is back, each of the `requests` admitted was released
+    /// once and no release failed: the shim cluster saw `checks` checks and
+    /// one release per admitted request.
+    fn assert_released_once(&self, requests: usize, checks: usize) {
+        assert!(
+            eventually(WAIT, || self.held() == 0),
+            "{} leases still held\n{}",
+            self.held(),
+            self.envoy.log()
+        );
+        let n = requests as f64;
+        let released = eventually(WAIT, || self.stat("sluice_pool_released") == n);
+        assert!(released, "released {} of {n}\n{}", self.stat("sluice_pool_released"), self.shim.log());
+        let shim_calls = r#"envoy_cluster_upstream_rq_total{envoy_cluster_name="sluice_shim"}"#;
+        assert!(
+            eventually(WAIT, || self.stat(shim_calls) == n + checks as f64),
+            "shim calls {}",
+            self.stat(shim_calls)
+        );
+        assert_eq!(self.stat("sluice_pool_release_failed"), 0.0);
+    }
+}
+
+/// A normal end: 10 requests in turn each take the one slot and return it
+/// (the release is asynchronous: each waits for the slot to be back).
+#[test]
+fn a_lease_is_released_once_on_a_normal_end() {
+    let pool = Pool::start(1, "30s");
+    for _ in 0..10 {
+        let reply = pool.get("/ok");
+        assert_eq!(reply.status, 200, "{reply:?}\n{}", pool.envoy.log());
+        assert!(eventually(WAIT, || pool.held() == 0), "the slot was not returned");
+    }
+    pool.assert_released_once(10, 10);
+}
+
+/// The upstream answers 500: the lease is still released once.
+#[test]
+fn a_lease_is_released_once_when_the_upstream_answers_500() {
+    let pool = Pool::start(1, "30s");
+    assert_eq!(pool.get("/500").status, 500);
+    pool.assert_released_once(1, 1);
+}
+
+/// The upstream resets the connection (Envoy answers 503): released once.
+#[test]
+fn a_lease_is_released_once_when_the_upstream_resets() {
+    let pool = Pool::start(1, "30s");
+    assert_eq!(pool.get("/reset").status, 503);
+    pool.assert_released_once(1, 1);
+}
+
+/// The route times out after 1 s on an upstream that hangs (504): released once.
+#[test]
+fn a_lease_is_released_once_when_the_stream_times_out() {
+    let pool = Pool::start(1, "30s");
+    assert_eq!(pool.get("/hang").status, 504);
+    pool.assert_released_once(1, 1);
+}
+
+/// The client resets while the upstream hangs: the slot is held while the
+/// request is in flight, and released once after the reset.
+#[test]
+fn a_lease_is_released_once_when_the_client_resets() {
+    let pool = Pool::start(1, "30s");
+    let client = open_request(pool.envoy.port, "/hang", &[("x-api-key", "alice")]).expect("request");
+    assert!(eventually(WAIT, || pool.held() == 1), "the slot was never taken");
+    assert_eq!(pool.get("/ok").status, 429, "the one slot is held; concurrency denials are never cached");
+    drop(client);
+    pool.assert_released_once(1, 2);
+    assert_eq!(pool.get("/ok").status, 200, "the slot is free again");
+}
+
+/// A release that fails (Redis refuses the scripts) is counted as
+/// release_failed; the slot stays held until its 1 s lease expires, and the
+/// next check reclaims it, counted as reclaimed.
+#[test]
+fn a_failed_release_is_reclaimed_by_the_lease_ttl() {
+    let pool = Pool::start(1, "1s");
+    let client = open_request(pool.envoy.port, "/hang", &[("x-api-key", "alice")]).expect("request");
+    assert!(eventually(WAIT, || pool.held() == 1), "the slot was never taken");
+    let mut conn = pool.redis.connection().expect("redis");
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg("-evalsha")
+        .arg("-eval")
+        .query(&mut conn)
+        .expect("ACL");
+    drop(client);
+    assert!(eventually(WAIT, || pool.stat("sluice_pool_release_failed") == 1.0), "{}", pool.envoy.log());
+    assert_eq!(pool.held(), 1, "the failed release left the slot held");
+    let _: () = redis::cmd("ACL").arg("SETUSER").arg("default").arg("+@all").query(&mut conn).expect("ACL");
+    assert!(eventually(WAIT, || pool.get("/ok").status == 200), "the lease never expired");
+    assert_eq!(pool.stat("sluice_pool_reclaimed"), 1.0);
+    let own = eventually(WAIT, || pool.stat("sluice_pool_released") == 1.0);
+    assert!(own, "the admitted request's own lease: released {}", pool.stat("sluice_pool_released"));
+}
