@@ -45,12 +45,12 @@ impl Sluice {
     /// was needed): `Continue`, or `Pause` after a local response.
     fn finish(&mut self, vm: &Vm) -> Action {
         let now = now_ms();
-        let shadow = std::mem::replace(&mut self.calls[1].answer, None);
+        let shadow = self.calls[1].answer.take();
         let shadow_note = match shadow {
             Some(answer) => self.conclude_shadow(vm, answer, now),
             None => None,
         };
-        let enforced = std::mem::replace(&mut self.calls[0].answer, None);
+        let enforced = self.calls[0].answer.take();
         let action = match enforced {
             None => Action::Continue,
             Some(Ok(resp)) if resp.allowed => {
