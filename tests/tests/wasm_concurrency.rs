@@ -64,9 +64,12 @@ fn a_lease_is_released_once_after_a_normal_response() {
     let stream = admitted(&backend, &plugin);
     assert_eq!(backend.leases(), 1);
     stream.upstream_responds(200).continues().done();
-    stream.completes().releases_the_lease().done();
-    assert_eq!(backend.leases(), 0, "released at the stream's end");
+    stream.completes().done();
+    assert_eq!(backend.leases(), 1, "the release waits for the tick");
+    plugin.tick().releases_the_lease().done();
+    assert_eq!(backend.leases(), 0, "released");
     plugin.shim_answers_background_call(Answer::Real).done();
+    plugin.tick().done();
 }
 
 /// After an upstream error (a 503) the lease is released once all the same.
@@ -76,7 +79,8 @@ fn a_lease_is_released_once_after_an_upstream_error() {
     let plugin = backend.plugin();
     let stream = admitted(&backend, &plugin);
     stream.upstream_responds(503).continues().done();
-    stream.completes().releases_the_lease().done();
+    stream.completes().done();
+    plugin.tick().releases_the_lease().done();
     assert_eq!(backend.leases(), 0);
 }
 
@@ -86,7 +90,8 @@ fn a_lease_is_released_once_after_a_client_reset() {
     let backend = Backend::start();
     let plugin = backend.plugin();
     let stream = admitted(&backend, &plugin);
-    stream.client_resets().releases_the_lease().done();
+    stream.client_resets().done();
+    plugin.tick().releases_the_lease().done();
     assert_eq!(backend.leases(), 0);
 }
 
@@ -102,11 +107,13 @@ fn the_limit_holds_while_leases_are_held_and_a_released_slot_is_reused() {
     third.shim_answers().sends(429).done();
     third.completes().done();
     assert_eq!(backend.leases(), 2);
-    first.completes().releases_the_lease().done();
+    first.completes().done();
+    plugin.tick().releases_the_lease().done();
     let fourth = admitted(&backend, &plugin);
     assert_eq!(backend.leases(), 2);
-    second.completes().releases_the_lease().done();
-    fourth.client_resets().releases_the_lease().done();
+    second.completes().done();
+    fourth.client_resets().done();
+    plugin.tick().releases_the_lease().releases_the_lease().done();
     assert_eq!(backend.leases(), 0, "no lease leaks");
 }
 
@@ -121,5 +128,6 @@ fn a_reset_while_the_check_is_in_flight_leaks_no_lease() {
     let plugin = backend.plugin();
     let stream = asks(&plugin);
     stream.client_resets().done();
+    plugin.tick().done();
     assert_eq!(backend.leases(), 0, "the lease taken for a request that was reset is still held");
 }

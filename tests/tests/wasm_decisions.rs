@@ -101,7 +101,9 @@ fn retry_after_is_rounded_up_to_whole_seconds() {
         Route::Scripted,
     );
     for (wait_ms, secs) in [(4001, 5), (5000, 5), (1, 1), (0, 1)] {
-        let stream = asks(&plugin, "alice");
+        // A key of its own each time: a denied key's next request may be
+        // denied from the filter's over-limit cache, without asking the shim.
+        let stream = asks(&plugin, &format!("alice-{wait_ms}"));
         let body = json!({"error": "rate_limited", "policy": "partner-api", "retry_after": secs});
         stream
             .shim_replies(Answer::Deny { retry_after_ms: wait_ms })

@@ -262,8 +262,12 @@ impl Proxy {
         Ok(self.outcome(Returned::Bool(done != 0)))
     }
 
-    /// `proxy_on_tick` on the root context.
+    /// `proxy_on_tick` on the root context; as in Envoy, only once the
+    /// filter asked for a tick period.
     pub fn tick(&mut self) -> anyhow::Result<Outcome> {
+        if self.state().tick_period_ms == 0 {
+            bail!("on_tick, but the filter never set a tick period");
+        }
         self.vm.run("proxy_on_tick", ROOT, |f, s| f.on_tick.call(s, ROOT as i32))?;
         Ok(self.outcome(Returned::Nothing))
     }

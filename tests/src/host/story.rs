@@ -14,7 +14,8 @@
 //! something the story did not mention (a call, a local response, a resume, a
 //! warning), when it returns an action the story did not state, when the VM
 //! crashes, or when a request is left paused. A step that is built but never
-//! played fails the test when dropped.
+//! played fails the test when dropped. Metric updates are the exception: a
+//! story may expect them (`increments_metric`), but need not mention them.
 
 use std::cell::{RefCell, RefMut};
 use std::rc::Rc;
@@ -60,6 +61,11 @@ impl Plugin {
     pub fn shim_answers_background_call(&self, answer: Answer) -> Step {
         let label = format!("the shim answers a background call {answer:?}");
         Step::new(self.proxy.clone(), None, &self.cluster, Event::RootAnswer(answer), label)
+    }
+
+    /// The root context's tick (`proxy_on_tick`) fires.
+    pub fn tick(&self) -> Step {
+        Step::new(self.proxy.clone(), None, &self.cluster, Event::Tick, "on_tick".into())
     }
 
     /// A new HTTP stream.
@@ -138,6 +144,7 @@ enum Event {
     RequestHeaders(HeaderMap),
     Answer(Answer),
     RootAnswer(Answer),
+    Tick,
     ResponseHeaders(HeaderMap),
     End(End),
 }
@@ -304,6 +311,7 @@ impl Step {
                     token.ok_or_else(|| anyhow::anyhow!("the root context has no pending http call"))?;
                 proxy.deliver(token, answer)
             }
+            Event::Tick => proxy.tick(),
             Event::ResponseHeaders(headers) => proxy.response_headers(stream()?, headers, false),
             Event::End(how) => proxy.end(stream()?, how),
         }
@@ -336,7 +344,8 @@ impl Step {
         if must_tell && !returned_told {
             problems.push(format!("the story must say what it returns ({:?})", outcome.returned));
         }
-        for (effect, _) in outcome.effects.iter().zip(&claimed).filter(|(_, c)| !**c) {
+        let unclaimed = outcome.effects.iter().zip(&claimed).filter(|(_, c)| !**c);
+        for (effect, _) in unclaimed.filter(|(e, _)| !matches!(e, Effect::Metric { .. })) {
             problems.push(format!("unexpected: {effect:?}"));
         }
         problems
