@@ -102,7 +102,13 @@ impl Limiter {
                 lease: None,
             });
         }
-        let id = format!("{:x}.{:x}", self.nonce, self.sequence.fetch_add(1, Ordering::Relaxed));
+        let id = match &req.id {
+            Some(id) if valid_id(id) => id.clone(),
+            Some(_) => {
+                return Err(CheckError::BadRequest("id: expected 1 to 64 of A-Z a-z 0-9 . _ -".into()))
+            }
+            None => format!("{:x}.{:x}", self.nonce, self.sequence.fetch_add(1, Ordering::Relaxed)),
+        };
         let groups = self.slot_groups(&limits);
         let mut replies = Vec::with_capacity(groups.len());
         for group in &groups {
@@ -197,6 +203,10 @@ impl Limiter {
         }
         Ok(())
     }
+}
+
+fn valid_id(id: &str) -> bool {
+    (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
 fn store_error(err: redis::RedisError) -> CheckError {

@@ -24,6 +24,7 @@ fn request(key: &str, limits: &[WireLimit], now_us: Option<u64>) -> CheckRequest
     CheckRequest {
         checks: vec![Check { policy: "p".into(), key: key.into(), limits: limits.to_vec() }],
         now_us,
+        id: None,
     }
 }
 

@@ -38,6 +38,7 @@ async fn a_denial_in_one_slot_refunds_the_others() {
     let both = CheckRequest {
         checks: vec![check("wide", every_algorithm(5)), check("narrow", vec![narrow])],
         now_us: None,
+        id: None,
     };
 
     let first = limiter.check(&both).await.expect("check");
@@ -52,7 +53,7 @@ async fn a_denial_in_one_slot_refunds_the_others() {
     }
 
     // Only `wide` now: 4 more pass on every algorithm, the fifth does not.
-    let wide = CheckRequest { checks: vec![check("wide", every_algorithm(5))], now_us: None };
+    let wide = CheckRequest { checks: vec![check("wide", every_algorithm(5))], now_us: None, id: None };
     for n in 0..4 {
         let resp = limiter.check(&wide).await.expect("check");
         assert!(resp.allowed, "request {n} after the refunds: {resp:?}");
@@ -78,6 +79,7 @@ async fn one_slot_on_a_cluster_is_exact() {
             ],
         )],
         now_us: None,
+        id: None,
     };
     let mut allowed = 0;
     for _ in 0..40 {

@@ -161,7 +161,7 @@ fn run_case(limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let keys: Vec<String> = script.iter().map(|l| l.key.clone()).collect();
                 let before = snapshot(&mut conn, &keys);
 
-                let req = CheckRequest { checks: checks.clone(), now_us: Some(now) };
+                let req = CheckRequest { checks: checks.clone(), now_us: Some(now), id: None };
                 let got = w.runtime.block_on(w.limiter.check(&req)).expect("check");
                 // The model names its entries as the shim does, so a lease is one id in both.
                 let model_id = got.lease.clone().unwrap_or_else(|| format!("m{id}"));

@@ -19,12 +19,18 @@ pub struct Call {
     /// The answer, or why there is none; taken when the request is decided.
     pub answer: Option<Result<CheckResponse, String>>,
     pub admitted: bool,
+    /// The id this call sends with its check: the shim names the request's
+    /// lease with it, so a lease can be released even when its answer never
+    /// came (the client reset the stream while the check was in flight).
+    pub id: String,
+    /// The lease the shim confirmed, taken when released.
     pub lease: Option<String>,
 }
 
 impl Call {
-    pub fn new() -> Call {
+    pub fn new(id: String) -> Call {
         Call {
+            id,
             policies: Vec::new(),
             checks: Vec::new(),
             token: None,
@@ -41,7 +47,16 @@ impl Call {
     }
 
     pub fn request(&self) -> CheckRequest {
-        CheckRequest { checks: self.checks.clone(), now_us: None }
+        CheckRequest { checks: self.checks.clone(), now_us: None, id: Some(self.id.clone()) }
+    }
+
+    /// The lease to release at the stream's end: the confirmed one, or, while
+    /// the check is still in flight, the one it may have taken. Taken once.
+    pub fn lease_to_release(&mut self, doc: &Document) -> Option<String> {
+        let in_flight = self.token.is_some() && !self.concurrency_policies(doc).is_empty();
+        let lease = self.lease.take().or_else(|| in_flight.then(|| self.id.clone()));
+        self.token = None;
+        lease
     }
 
     /// The policies of this call with a concurrency limit: those a release frees.

@@ -38,7 +38,9 @@ pub struct Sluice {
 
 impl Sluice {
     pub fn new(vm: Option<Rc<Vm>>) -> Sluice {
-        Sluice { vm, calls: [Call::new(), Call::new()], response_headers: Vec::new(), admitted: false }
+        let id = |which: &str| vm.as_ref().map_or_else(String::new, |vm| format!("{}{which}", vm.next_id()));
+        let calls = [Call::new(id("")), Call::new(id("s"))];
+        Sluice { vm, calls, response_headers: Vec::new(), admitted: false }
     }
 
     /// The request's decision once every call it made has answered (or none
@@ -189,7 +191,7 @@ impl Sluice {
     fn release_leases(&mut self) {
         let Some(vm) = self.vm.clone() else { return };
         for call in &mut self.calls {
-            let Some(lease) = call.lease.take() else { continue };
+            let Some(lease) = call.lease_to_release(&vm.doc) else { continue };
             let policies = call.concurrency_policies(&vm.doc);
             let request = ReleaseRequest { lease, checks: call.checks.clone() };
             vm.send_later(RELEASE_PATH, &request, policies);

@@ -2,8 +2,10 @@
 //! document, its stats, the outage breaker, the log throttle, and the leases
 //! release and adjust calls waiting for the root context to send them.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
 
 use sluice_policies::Document;
 
@@ -31,6 +33,9 @@ pub struct Vm {
     pub outbox: RefCell<Vec<Outgoing>>,
     /// Release calls in flight, by token.
     pub releasing: RefCell<HashMap<u32, Vec<usize>>>,
+    /// Random per VM: with `sequence`, request ids unique across workers and gateways.
+    nonce: u64,
+    sequence: Cell<u64>,
 }
 
 impl Vm {
@@ -44,7 +49,17 @@ impl Vm {
             throttle: RefCell::new(Throttle::new(LOG_PERIOD_MS)),
             outbox: RefCell::new(Vec::new()),
             releasing: RefCell::new(HashMap::new()),
+            // Seeded by the host's random source (WASI random_get).
+            nonce: RandomState::new().build_hasher().finish(),
+            sequence: Cell::new(0),
         }
+    }
+
+    /// A fresh request id, for the shim to name the request's lease with.
+    pub fn next_id(&self) -> String {
+        let n = self.sequence.get();
+        self.sequence.set(n.wrapping_add(1));
+        format!("{:x}-{n:x}", self.nonce)
     }
 
     /// Queues a call for the root context; `releases` as in [`Outgoing`].

@@ -24,6 +24,12 @@ pub const ADJUST_PATH: &str = "/v1/adjust";
 #[serde(deny_unknown_fields)]
 pub struct CheckRequest {
     pub checks: Vec<Check>,
+    /// An id the filter chose for this request (1 to 64 of `A-Z a-z 0-9 . _ -`).
+    /// The shim uses it as the request's log entry and lease id, so the filter
+    /// can release a lease whose answer it never saw (a client reset while the
+    /// check was in flight). Without it, the shim makes one up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
     /// An explicit time in microseconds since the epoch, honoured only by a
     /// shim started with `--test-time`; otherwise the shim refuses it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
