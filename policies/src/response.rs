@@ -95,7 +95,9 @@ impl<'de> Deserialize<'de> for ExtraHeaders {
         let raw = BTreeMap::<HeaderName, String>::deserialize(d)?;
         for (name, value) in &raw {
             if name.as_str().starts_with(':') {
-                return Err(de::Error::custom(format!("\"{name}\" is a pseudo-header; a policy cannot set it")));
+                return Err(de::Error::custom(format!(
+                    "\"{name}\" is a pseudo-header; a policy cannot set it"
+                )));
             }
             if value.bytes().any(|b| b.is_ascii_control() && b != b'\t') {
                 return Err(de::Error::custom(format!(

@@ -26,7 +26,8 @@ fn start() -> Target {
 }
 
 async fn post(t: &Target, path: &str, body: &Value) -> Value {
-    let resp = t.client.post(format!("{}{path}", t.url)).body(body.to_string()).send().await.expect("shim answers");
+    let resp =
+        t.client.post(format!("{}{path}", t.url)).body(body.to_string()).send().await.expect("shim answers");
     assert_eq!(resp.status(), 200, "{path}");
     serde_json::from_slice(&resp.bytes().await.expect("answer body")).expect("json answer")
 }
@@ -67,7 +68,11 @@ async fn every_exact_type_admits_exactly_its_limit() {
     let t = Arc::new(tokio::task::spawn_blocking(start).await.expect("start"));
     let cases = [
         ("sliding", json!({"type": "sliding_window", "limit": 500, "window_ms": 3_600_000}), 500),
-        ("approx", json!({"type": "sliding_window", "limit": 500, "window_ms": 3_600_000, "approximate": true}), 500),
+        (
+            "approx",
+            json!({"type": "sliding_window", "limit": 500, "window_ms": 3_600_000, "approximate": true}),
+            500,
+        ),
         ("fixed", json!({"type": "fixed_window", "limit": 500, "window_ms": 31_536_000_000u64}), 500),
         ("token", json!({"type": "token_bucket", "rate": 1, "per_ms": 3_600_000, "burst": 500}), 500),
         ("leaky", json!({"type": "leaky_bucket", "capacity": 500, "drain_ms": 31_536_000_000u64}), 500),
