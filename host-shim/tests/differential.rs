@@ -13,10 +13,10 @@
 //! concurrency never holds more than `limit` live leases.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use proptest::prelude::*;
+use proptest::test_runner::TestRunner;
 use redis::Commands;
 use sluice_policies::algorithm::{self, Algorithm, Store};
 use sluice_policies::wire::{AdjustRequest, Adjustment, Check, CheckRequest, ReleaseRequest, WireLimit};
@@ -31,17 +31,17 @@ struct World {
     runtime: tokio::runtime::Runtime,
 }
 
-/// One Redis and one limiter for all cases; each case has its own policy name.
-fn world() -> &'static World {
-    static WORLD: OnceLock<World> = OnceLock::new();
-    WORLD.get_or_init(|| {
+impl World {
+    /// One Redis and one limiter for all the cases of a run; each case has
+    /// its own policy name. Dropped, and Redis stopped, when the test ends.
+    fn start() -> World {
         let redis = Redis::start().expect("redis");
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let limiter = runtime
             .block_on(async { Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), true) })
             .expect("limiter");
         World { redis, limiter, runtime }
-    })
+    }
 }
 
 fn limit() -> impl Strategy<Value = WireLimit> {
@@ -133,9 +133,8 @@ fn snapshot(conn: &mut redis::Connection, keys: &[String]) -> Vec<String> {
         .collect()
 }
 
-fn run_case(limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestCaseError> {
+fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestCaseError> {
     static CASE: AtomicU64 = AtomicU64::new(0);
-    let w = world();
     let policy = format!("p{}", CASE.fetch_add(1, Ordering::Relaxed));
     let key = "k".to_string();
     let mut conn = w.redis.connection().expect("redis connection");
@@ -253,13 +252,14 @@ fn run_case(limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
-
-    /// The script decides exactly as the model, for every limit type, alone
-    /// and combined, through checks, releases and adjustments.
-    #[test]
-    fn scripts_decide_as_the_model(limits in limits(), ops in prop::collection::vec(op(), 1..40)) {
-        run_case(limits, ops)?;
+/// The script decides exactly as the model, for every limit type, alone and
+/// combined, through checks, releases and adjustments.
+#[test]
+fn scripts_decide_as_the_model() {
+    let world = World::start();
+    let mut runner = TestRunner::new(ProptestConfig { cases: 500, ..ProptestConfig::default() });
+    let cases = (limits(), prop::collection::vec(op(), 1..40));
+    if let Err(failure) = runner.run(&cases, |(limits, ops)| run_case(&world, limits, ops)) {
+        panic!("{failure}");
     }
 }
