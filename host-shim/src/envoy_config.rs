@@ -53,11 +53,12 @@ pub fn run(args: &Args) -> anyhow::Result<String> {
     render(TEMPLATE, &values)
 }
 
-/// Replaces each `${NAME}` of `template`; fails if one is left over outside a comment.
-pub fn render(template: &str, values: &[(String, String)]) -> anyhow::Result<String> {
+/// Replaces each `${NAME}` of `template`; fails if one is left over outside
+/// a comment. The test harness renders its templates with it too.
+pub fn render<K: AsRef<str>>(template: &str, values: &[(K, String)]) -> anyhow::Result<String> {
     let mut out = template.to_string();
     for (name, value) in values {
-        out = out.replace(&format!("${{{name}}}"), value);
+        out = out.replace(&format!("${{{}}}", name.as_ref()), value);
     }
     let mut body = out.lines().filter(|line| !line.trim_start().starts_with('#'));
     if let Some(line) = body.find(|line| line.contains("${")) {

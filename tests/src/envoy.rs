@@ -129,7 +129,8 @@ fn spawn_template(
         all.push((host, "127.0.0.1".to_string()));
     }
     all.extend(values.iter().cloned());
-    let config = render(&text, &all).with_context(|| format!("rendering {}", template.display()))?;
+    let config = sluice_shim::envoy_config::render(&text, &all)
+        .with_context(|| format!("rendering {}", template.display()))?;
     let config_path = dir.join("envoy.yaml");
     std::fs::write(&config_path, config)?;
     let cmd = command(&bin, &config_path, admin_port, concurrency);
@@ -142,17 +143,4 @@ fn command(bin: &Path, config: &Path, base_id: u16, concurrency: u16) -> Command
     cmd.args(["--base-id", &base_id.to_string(), "--concurrency", &concurrency.to_string()]);
     cmd.args(["--log-level", "info"]);
     cmd
-}
-
-/// Replaces each `${NAME}`; fails if a placeholder is left over.
-fn render(template: &str, values: &[(&str, String)]) -> anyhow::Result<String> {
-    let mut out = template.to_string();
-    for (name, value) in values {
-        out = out.replace(&format!("${{{name}}}"), value);
-    }
-    let mut body = out.lines().filter(|line| !line.trim_start().starts_with('#'));
-    if let Some(line) = body.find(|line| line.contains("${")) {
-        bail!("unknown placeholder left in the template: {line}");
-    }
-    Ok(out)
 }
