@@ -15,6 +15,7 @@
 //! - [`shim`]: [`Shim`], `dist/sluice serve` pointed at a Redis.
 //! - [`upstream`]: [`Upstream`], an in-process HTTP server answering `ok`.
 //! - [`envoy`]: [`Envoy`], `envoy/demo.yaml` rendered and run with a policy.
+//! - [`backend`]: [`Backend`], Redis and the shim, without Envoy.
 //! - [`stack`]: [`Stack`], all four started together, in a safe drop order.
 //! - [`service`]: [`Service`], any other server binary on a free port.
 //! - [`client`]: [`burst`], N concurrent requests, collecting status and
@@ -29,6 +30,7 @@
 //! failing process's log. Nothing is left running when a guard is dropped, even
 //! while a test panics.
 
+pub mod backend;
 pub mod client;
 pub mod cluster;
 pub mod envoy;
@@ -43,6 +45,7 @@ pub mod shim;
 pub mod stack;
 pub mod upstream;
 
+pub use backend::Backend;
 pub use client::{burst, Reply};
 pub use cluster::RedisCluster;
 pub use envoy::Envoy;

@@ -7,22 +7,19 @@ use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use sluice_tests::{Redis, Shim};
+use sluice_tests::Backend;
 
 const CLIENTS: usize = 64;
 
 struct Target {
-    _redis: Redis,
-    _shim: Shim,
+    _backend: Backend,
     url: String,
     client: reqwest::Client,
 }
 
 fn start() -> Target {
-    let redis = Redis::start().expect("starting redis");
-    let shim = Shim::start(&redis.url()).expect("starting the shim");
-    let url = format!("http://127.0.0.1:{}", shim.port);
-    Target { _redis: redis, _shim: shim, url, client: reqwest::Client::new() }
+    let backend = Backend::start().expect("starting redis-server and the shim");
+    Target { url: backend.shim_url(), _backend: backend, client: reqwest::Client::new() }
 }
 
 async fn post(t: &Target, path: &str, body: &Value) -> Value {

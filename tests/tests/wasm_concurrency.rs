@@ -7,35 +7,26 @@
 //! Redis is the judge: the lease set shows what is held.
 
 use sluice_tests::host::{Answer, Plugin, Route, Stream};
-use sluice_tests::{Redis, Shim};
+use sluice_tests::Backend;
 
 const SHIM: &str = "sluice_shim";
 const POLICY: &str = r#"{"shim": {"cluster": "sluice_shim", "timeout_ms": 2000}, "failure_mode": "deny",
     "policies": [{"name": "uploads", "key": ["header:x-api-key"],
                   "limits": [{"type": "concurrency", "limit": 2, "lease": "30s"}]}]}"#;
 
-struct Backend {
-    shim: Shim,
-    redis: Redis,
+fn start() -> Backend {
+    Backend::start().expect("starting redis-server and the shim")
 }
 
-impl Backend {
-    fn start() -> Backend {
-        let redis = Redis::start().expect("starting redis-server");
-        let shim = Shim::start(&redis.url()).expect("starting the shim");
-        Backend { shim, redis }
-    }
+fn plugin_of(backend: &Backend) -> Plugin {
+    Plugin::configured(POLICY, SHIM, Route::Shim { port: backend.shim.port })
+}
 
-    fn plugin(&self) -> Plugin {
-        Plugin::configured(POLICY, SHIM, Route::Shim { port: self.shim.port })
-    }
-
-    /// Leases held in Redis, over every key (this policy has only lease sets).
-    fn leases(&self) -> u64 {
-        let mut redis = self.redis.connection().expect("connecting to Redis");
-        let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut redis).expect("KEYS");
-        keys.iter().map(|key| redis::cmd("ZCARD").arg(key).query::<u64>(&mut redis).expect("ZCARD")).sum()
-    }
+/// Leases held in Redis, over every key (this policy has only lease sets).
+fn leases(backend: &Backend) -> u64 {
+    let mut redis = backend.redis.connection().expect("connecting to Redis");
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut redis).expect("KEYS");
+    keys.iter().map(|key| redis::cmd("ZCARD").arg(key).query::<u64>(&mut redis).expect("ZCARD")).sum()
 }
 
 /// A request of alice's arrives; the filter asks the shim and waits.
@@ -51,7 +42,7 @@ fn asks(plugin: &Plugin) -> Stream {
 fn admitted(backend: &Backend, plugin: &Plugin) -> Stream {
     let stream = asks(plugin);
     stream.shim_answers().resumes().done();
-    assert!(backend.leases() >= 1, "an admitted request holds a lease");
+    assert!(leases(&backend) >= 1, "an admitted request holds a lease");
     stream
 }
 
@@ -59,15 +50,15 @@ fn admitted(backend: &Backend, plugin: &Plugin) -> Stream {
 /// release call, and Redis holds no lease.
 #[test]
 fn a_lease_is_released_once_after_a_normal_response() {
-    let backend = Backend::start();
-    let plugin = backend.plugin();
+    let backend = start();
+    let plugin = plugin_of(&backend);
     let stream = admitted(&backend, &plugin);
-    assert_eq!(backend.leases(), 1);
+    assert_eq!(leases(&backend), 1);
     stream.upstream_responds(200).continues().done();
     stream.completes().done();
-    assert_eq!(backend.leases(), 1, "the release waits for the tick");
+    assert_eq!(leases(&backend), 1, "the release waits for the tick");
     plugin.tick().releases_the_lease().done();
-    assert_eq!(backend.leases(), 0, "released");
+    assert_eq!(leases(&backend), 0, "released");
     plugin.shim_answers_background_call(Answer::Real).done();
     plugin.tick().done();
 }
@@ -75,24 +66,24 @@ fn a_lease_is_released_once_after_a_normal_response() {
 /// After an upstream error (a 503) the lease is released once all the same.
 #[test]
 fn a_lease_is_released_once_after_an_upstream_error() {
-    let backend = Backend::start();
-    let plugin = backend.plugin();
+    let backend = start();
+    let plugin = plugin_of(&backend);
     let stream = admitted(&backend, &plugin);
     stream.upstream_responds(503).continues().done();
     stream.completes().done();
     plugin.tick().releases_the_lease().done();
-    assert_eq!(backend.leases(), 0);
+    assert_eq!(leases(&backend), 0);
 }
 
 /// A client reset after admission releases the lease once.
 #[test]
 fn a_lease_is_released_once_after_a_client_reset() {
-    let backend = Backend::start();
-    let plugin = backend.plugin();
+    let backend = start();
+    let plugin = plugin_of(&backend);
     let stream = admitted(&backend, &plugin);
     stream.client_resets().done();
     plugin.tick().releases_the_lease().done();
-    assert_eq!(backend.leases(), 0);
+    assert_eq!(leases(&backend), 0);
 }
 
 /// The limit holds while leases are held, and a released slot is reused:
@@ -100,21 +91,21 @@ fn a_lease_is_released_once_after_a_client_reset() {
 /// admitted. A denied request takes no lease and releases nothing.
 #[test]
 fn the_limit_holds_while_leases_are_held_and_a_released_slot_is_reused() {
-    let backend = Backend::start();
-    let plugin = backend.plugin();
+    let backend = start();
+    let plugin = plugin_of(&backend);
     let (first, second) = (admitted(&backend, &plugin), admitted(&backend, &plugin));
     let third = asks(&plugin);
     third.shim_answers().sends(429).done();
     third.completes().done();
-    assert_eq!(backend.leases(), 2);
+    assert_eq!(leases(&backend), 2);
     first.completes().done();
     plugin.tick().releases_the_lease().done();
     let fourth = admitted(&backend, &plugin);
-    assert_eq!(backend.leases(), 2);
+    assert_eq!(leases(&backend), 2);
     second.completes().done();
     fourth.client_resets().done();
     plugin.tick().releases_the_lease().releases_the_lease().done();
-    assert_eq!(backend.leases(), 0, "no lease leaks");
+    assert_eq!(leases(&backend), 0, "no lease leaks");
 }
 
 /// A client reset while the check is in flight: the shim has already taken
@@ -124,11 +115,11 @@ fn the_limit_holds_while_leases_are_held_and_a_released_slot_is_reused() {
 /// the slot stayed taken until the lease expired.)
 #[test]
 fn a_reset_while_the_check_is_in_flight_leaks_no_lease() {
-    let backend = Backend::start();
-    let plugin = backend.plugin();
+    let backend = start();
+    let plugin = plugin_of(&backend);
     let stream = asks(&plugin);
     stream.client_resets().done();
-    assert_eq!(backend.leases(), 1, "the shim took the lease before the reset");
+    assert_eq!(leases(&backend), 1, "the shim took the lease before the reset");
     plugin.tick().releases_the_lease().done();
-    assert_eq!(backend.leases(), 0, "the lease taken for a request that was reset is still held");
+    assert_eq!(leases(&backend), 0, "the lease taken for a request that was reset is still held");
 }

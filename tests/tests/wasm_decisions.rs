@@ -4,7 +4,7 @@
 
 use serde_json::json;
 use sluice_tests::host::{Answer, Plugin, Route, Stream};
-use sluice_tests::{Redis, Shim};
+use sluice_tests::Backend;
 
 const SHIM: &str = "sluice_shim";
 
@@ -17,22 +17,12 @@ fn policy(limits: &str) -> String {
     )
 }
 
-/// Redis and the shim in front of it; dropped in reverse order.
-struct Backend {
-    shim: Shim,
-    redis: Redis,
+fn start() -> Backend {
+    Backend::start().expect("starting redis-server and the shim")
 }
 
-impl Backend {
-    fn start() -> Backend {
-        let redis = Redis::start().expect("starting redis-server");
-        let shim = Shim::start(&redis.url()).expect("starting the shim");
-        Backend { shim, redis }
-    }
-
-    fn route(&self) -> Route {
-        Route::Shim { port: self.shim.port }
-    }
+fn route(backend: &Backend) -> Route {
+    Route::Shim { port: backend.shim.port }
 }
 
 /// A GET of `/v42/orders` by `key` arrives; the filter asks the shim and waits.
@@ -53,11 +43,11 @@ fn asks(plugin: &Plugin, key: &str) -> Stream {
 /// `retry_after` and lies within the window, and the body names the policy.
 #[test]
 fn allowed_requests_resume_and_the_fourth_gets_a_429() {
-    let backend = Backend::start();
+    let backend = start();
     let plugin = Plugin::configured(
         &policy(r#"{"type": "sliding_window", "limit": 3, "window": "1h"}"#),
         SHIM,
-        backend.route(),
+        route(&backend),
     );
     for _ in 0..3 {
         let stream = asks(&plugin, "alice");
@@ -79,11 +69,11 @@ fn allowed_requests_resume_and_the_fourth_gets_a_429() {
 /// Keys are independent: alice's spent limit does not touch bob.
 #[test]
 fn another_key_is_still_allowed() {
-    let backend = Backend::start();
+    let backend = start();
     let plugin = Plugin::configured(
         &policy(r#"{"type": "sliding_window", "limit": 1, "window": "1h"}"#),
         SHIM,
-        backend.route(),
+        route(&backend),
     );
     asks(&plugin, "alice").shim_answers().resumes().done();
     asks(&plugin, "alice").shim_answers().sends(429).done();
@@ -122,10 +112,10 @@ fn retry_after_is_rounded_up_to_whole_seconds() {
 /// is charged to neither.
 #[test]
 fn a_dual_window_charges_only_admitted_requests() {
-    let backend = Backend::start();
+    let backend = start();
     let limits = r#"{"type": "sliding_window", "limit": 25, "window": "1m"},
                     {"type": "sliding_window", "limit": 300, "window": "1h"}"#;
-    let plugin = Plugin::configured(&policy(limits), SHIM, backend.route());
+    let plugin = Plugin::configured(&policy(limits), SHIM, route(&backend));
     let streams: Vec<Stream> = (0..40).map(|_| asks(&plugin, "alice")).collect();
     for (n, stream) in streams.iter().enumerate().rev() {
         let step = stream.shim_answers();
