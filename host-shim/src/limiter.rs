@@ -91,7 +91,7 @@ impl Limiter {
         groups
     }
 
-    pub async fn check(&self, req: &CheckRequest) -> Result<CheckResponse, CheckError> {
+    pub async fn check(&self, req: &CheckRequest<'_>) -> Result<CheckResponse, CheckError> {
         let limits = script_limits(&req.checks).map_err(CheckError::BadRequest)?;
         let now = self.time_arg(req.now_us)?;
         if limits.is_empty() {
@@ -103,7 +103,7 @@ impl Limiter {
             });
         }
         let id = match &req.id {
-            Some(id) if valid_id(id) => id.clone(),
+            Some(id) if valid_id(id) => id.to_string(),
             Some(_) => {
                 return Err(CheckError::BadRequest("id: expected 1 to 64 of A-Z a-z 0-9 . _ -".into()))
             }

@@ -57,7 +57,7 @@ pub async fn run(
 }
 
 async fn check(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
-    match parse::<CheckRequest>(&body) {
+    match parse::<CheckRequest<'static>>(&body) {
         Ok(req) => answer(limiter.check(&req).await),
         Err(resp) => resp,
     }

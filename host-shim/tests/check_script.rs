@@ -20,9 +20,9 @@ fn window(limit: u32, window_ms: u64) -> WireLimit {
     WireLimit::SlidingWindow { limit, window_ms, approximate: false }
 }
 
-fn request(key: &str, limits: &[WireLimit], now_us: Option<u64>) -> CheckRequest {
+fn request(key: &str, limits: &[WireLimit], now_us: Option<u64>) -> CheckRequest<'static> {
     CheckRequest {
-        checks: vec![Check { policy: "p".into(), key: key.into(), limits: limits.to_vec() }],
+        checks: vec![Check { policy: "p".into(), key: key.into(), limits: limits.to_vec() }].into(),
         now_us,
         id: None,
     }

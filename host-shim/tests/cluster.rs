@@ -36,7 +36,7 @@ async fn a_denial_in_one_slot_refunds_the_others() {
         Limiter::new(&Target::Cluster(cluster.urls()), Duration::from_secs(5), false).expect("limiter");
     let narrow = WireLimit::SlidingWindow { limit: 1, window_ms: 3_600_000, approximate: false };
     let both = CheckRequest {
-        checks: vec![check("wide", every_algorithm(5)), check("narrow", vec![narrow])],
+        checks: vec![check("wide", every_algorithm(5)), check("narrow", vec![narrow])].into(),
         now_us: None,
         id: None,
     };
@@ -53,7 +53,8 @@ async fn a_denial_in_one_slot_refunds_the_others() {
     }
 
     // Only `wide` now: 4 more pass on every algorithm, the fifth does not.
-    let wide = CheckRequest { checks: vec![check("wide", every_algorithm(5))], now_us: None, id: None };
+    let wide =
+        CheckRequest { checks: vec![check("wide", every_algorithm(5))].into(), now_us: None, id: None };
     for n in 0..4 {
         let resp = limiter.check(&wide).await.expect("check");
         assert!(resp.allowed, "request {n} after the refunds: {resp:?}");
@@ -77,7 +78,8 @@ async fn one_slot_on_a_cluster_is_exact() {
                 WireLimit::SlidingWindow { limit: 25, window_ms: 5_000, approximate: false },
                 WireLimit::SlidingWindow { limit: 300, window_ms: 60_000, approximate: false },
             ],
-        )],
+        )]
+        .into(),
         now_us: None,
         id: None,
     };

@@ -160,7 +160,7 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                 let keys: Vec<String> = script.iter().map(|l| l.key.clone()).collect();
                 let before = snapshot(&mut conn, &keys);
 
-                let req = CheckRequest { checks: checks.clone(), now_us: Some(now), id: None };
+                let req = CheckRequest { checks: checks.as_slice().into(), now_us: Some(now), id: None };
                 let got = w.runtime.block_on(w.limiter.check(&req)).expect("check");
                 // The model names its entries as the shim does, so a lease is one id in both.
                 let model_id = got.lease.clone().unwrap_or_else(|| format!("m{id}"));

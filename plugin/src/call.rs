@@ -19,18 +19,19 @@ pub struct Call {
     /// The answer, or why there is none; taken when the request is decided.
     pub answer: Option<Result<CheckResponse, String>>,
     pub admitted: bool,
-    /// The id this call sends with its check: the shim names the request's
-    /// lease with it, so a lease can be released even when its answer never
-    /// came (the client reset the stream while the check was in flight).
+    /// The id this call sends with its check, given when it is sent: the
+    /// shim names the request's lease with it, so a lease can be released even
+    /// when its answer never came (the client reset the stream while the
+    /// check was in flight).
     pub id: String,
     /// The lease the shim confirmed, taken when released.
     pub lease: Option<String>,
 }
 
 impl Call {
-    pub fn new(id: String) -> Call {
+    pub fn new() -> Call {
         Call {
-            id,
+            id: String::new(),
             policies: Vec::new(),
             checks: Vec::new(),
             token: None,
@@ -46,8 +47,8 @@ impl Call {
         self.checks.push(check);
     }
 
-    pub fn request(&self) -> CheckRequest {
-        CheckRequest { checks: self.checks.clone(), now_us: None, id: Some(self.id.clone()) }
+    pub fn request(&self) -> CheckRequest<'_> {
+        CheckRequest { checks: (&self.checks[..]).into(), now_us: None, id: Some(self.id.as_str().into()) }
     }
 
     /// The lease to release at the stream's end: the confirmed one, or, while

@@ -31,7 +31,7 @@ pub fn post_bytes(doc: &Document, path: &str, body: &[u8], timeout: Duration) ->
 }
 
 /// Sends a check; the request waits at most `timeout_ms` for it.
-pub fn post_check(doc: &Document, req: &CheckRequest) -> Result<u32, String> {
+pub fn post_check(doc: &Document, req: &CheckRequest<'_>) -> Result<u32, String> {
     let body = serde_json::to_vec(req).map_err(|e| format!("cannot encode the check: {e}"))?;
     post_bytes(doc, CHECK_PATH, &body, Duration::from_millis(doc.shim.timeout_ms.get().into()))
 }

@@ -38,9 +38,7 @@ pub struct Sluice {
 
 impl Sluice {
     pub fn new(vm: Option<Rc<Vm>>) -> Sluice {
-        let id = |which: &str| vm.as_ref().map_or_else(String::new, |vm| format!("{}{which}", vm.next_id()));
-        let calls = [Call::new(id("")), Call::new(id("s"))];
-        Sluice { vm, calls, response_headers: Vec::new(), admitted: false }
+        Sluice { vm, calls: [Call::new(), Call::new()], response_headers: Vec::new(), admitted: false }
     }
 
     /// The request's decision once every call it made has answered (or none
@@ -272,10 +270,7 @@ impl HttpContext for Sluice {
             Err(policy) => return respond(Reply::missing_key(policy)),
         };
         for a in &applied {
-            let Some(index) = vm.doc.policies.iter().position(|p| std::ptr::eq(p, a.policy)) else {
-                continue;
-            };
-            self.calls[usize::from(a.policy.shadow)].push(index, a.check(&req));
+            self.calls[usize::from(a.policy.shadow)].push(a.index, a.check(&req));
         }
         if self.calls.iter().all(|c| c.checks.is_empty()) {
             return Action::Continue;
@@ -289,6 +284,8 @@ impl HttpContext for Sluice {
                 continue;
             }
             call.sent_ms = now;
+            // Named only when sent: most streams never need an id.
+            call.id = vm.next_id();
             match post_check(&vm.doc, &call.request()) {
                 Ok(token) => call.token = Some(token),
                 Err(reason) => {

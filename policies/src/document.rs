@@ -306,6 +306,8 @@ impl Policy {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Applied<'d> {
     pub policy: &'d Policy,
+    /// The policy's position in the document.
+    pub index: usize,
     pub key: String,
 }
 
@@ -324,10 +326,10 @@ impl Document {
     pub fn evaluate<'d>(&'d self, req: &impl Request) -> Result<Vec<Applied<'d>>, &'d Policy> {
         let ip = self.trusted_hops.client_ip();
         let mut applied = Vec::new();
-        for policy in self.policies.iter() {
+        for (index, policy) in self.policies.iter().enumerate() {
             match policy.evaluate(req, ip) {
                 Verdict::NotApplied => {}
-                Verdict::Key(key) => applied.push(Applied { policy, key }),
+                Verdict::Key(key) => applied.push(Applied { policy, index, key }),
                 Verdict::MissingKey => return Err(policy),
             }
         }

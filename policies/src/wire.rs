@@ -7,6 +7,8 @@
 //! - `POST /v1/adjust`: an [`AdjustRequest`] once a response tells the true
 //!   cost of a `points` request, answered by 200 and `{}`.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use crate::algorithm::Algorithm;
@@ -22,14 +24,15 @@ pub const ADJUST_PATH: &str = "/v1/adjust";
 /// once: the request is admitted, and charged, only if every limit allows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct CheckRequest {
-    pub checks: Vec<Check>,
+pub struct CheckRequest<'a> {
+    /// Borrowed when the filter sends its own checks, owned when the shim reads them.
+    pub checks: Cow<'a, [Check]>,
     /// An id the filter chose for this request (1 to 64 of `A-Z a-z 0-9 . _ -`).
     /// The shim uses it as the request's log entry and lease id, so the filter
     /// can release a lease whose answer it never saw (a client reset while the
     /// check was in flight). Without it, the shim makes one up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
+    pub id: Option<Cow<'a, str>>,
     /// An explicit time in microseconds since the epoch, honoured only by a
     /// shim started with `--test-time`; otherwise the shim refuses it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -182,7 +182,7 @@ pub(crate) fn scripted(answer: Answer, call: &HttpCall) -> Outcome {
 }
 
 fn check_response(call: &HttpCall, denied_ms: Option<u64>) -> Vec<u8> {
-    let empty = CheckRequest { checks: vec![], now_us: None, id: None };
+    let empty = CheckRequest { checks: Vec::new().into(), now_us: None, id: None };
     let request: CheckRequest = serde_json::from_slice(&call.body).unwrap_or(empty);
     let mut first = true;
     let mut outcome = || {
