@@ -44,6 +44,22 @@ impl Redis {
         Ok(redis::Client::open(self.url())?.get_connection()?)
     }
 
+    /// Fault injection: the default user may no longer run scripts, so every
+    /// check fails at once (the shim answers 503) while Redis stays up.
+    pub fn refuse_scripts(&self) -> anyhow::Result<()> {
+        self.acl(&["-evalsha", "-eval"])
+    }
+
+    /// Undoes [`Redis::refuse_scripts`].
+    pub fn allow_scripts(&self) -> anyhow::Result<()> {
+        self.acl(&["+@all"])
+    }
+
+    fn acl(&self, rules: &[&str]) -> anyhow::Result<()> {
+        let mut conn = self.connection()?;
+        Ok(redis::cmd("ACL").arg("SETUSER").arg("default").arg(rules).query(&mut conn)?)
+    }
+
     /// The server's log so far.
     pub fn log(&self) -> String {
         self.proc.log()

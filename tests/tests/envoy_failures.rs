@@ -20,24 +20,6 @@ fn get(envoy: &Envoy) -> Response {
     send(envoy.port, "GET", "/api/x", &[("x-api-key", "alice")]).expect("request")
 }
 
-/// Redis refuses the check scripts (the default user loses EVALSHA), so the
-/// real shim answers 5xx at once; `restore` gives them back.
-fn refuse_scripts(redis: &Redis) {
-    let mut conn = redis.connection().expect("redis");
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("default")
-        .arg("-evalsha")
-        .arg("-eval")
-        .query(&mut conn)
-        .expect("ACL");
-}
-
-fn restore(redis: &Redis) {
-    let mut conn = redis.connection().expect("redis");
-    let _: () = redis::cmd("ACL").arg("SETUSER").arg("default").arg("+@all").query(&mut conn).expect("ACL");
-}
-
 /// A shim that accepts TCP and never answers: each request waits at most
 /// `timeout_ms` plus a little, then `failure_mode` decides (deny: 503, with
 /// the document's `failure_status`; allow: 200). Bound asserted: < timeout +
@@ -87,7 +69,7 @@ fn a_failing_shim_lets_the_policies_decide_and_deny_wins() {
     let envoy = Envoy::start(&document(top, &format!("{lenient},{strict}")), shim.port, upstream.port)
         .expect("envoy");
     assert_eq!(send(envoy.port, "GET", "/strict/x", &[]).expect("request").status, 200);
-    refuse_scripts(&redis);
+    redis.refuse_scripts().expect("ACL");
     let strict_reply = send(envoy.port, "GET", "/strict/x", &[]).expect("request");
     assert_eq!(strict_reply.status, 429, "{strict_reply:?}\n{}", shim.log());
     assert_eq!(send(envoy.port, "GET", "/other", &[]).expect("request").status, 200);
@@ -124,7 +106,7 @@ fn the_breaker_stops_asking_a_failing_shim_and_closes_when_it_recovers() {
     let upstream = Upstream::start().expect("upstream");
     let top = r#""shim": {"failure_threshold": 2, "cooldown_ms": 60000}, "failure_mode": "allow","#;
     let envoy = Envoy::start(&document(top, API), shim.port, upstream.port).expect("envoy");
-    refuse_scripts(&redis);
+    redis.refuse_scripts().expect("ACL");
     for _ in 0..30 {
         assert_eq!(get(&envoy).status, 200);
     }
@@ -143,7 +125,7 @@ fn the_breaker_stops_asking_a_failing_shim_and_closes_when_it_recovers() {
     for _ in 0..10 {
         assert_eq!(get(&envoy).status, 503);
     }
-    restore(&redis);
+    redis.allow_scripts().expect("ACL");
     let closed = || prometheus(&envoy).map(|page| sample(&page, "sluice_breaker_closed")).unwrap_or(0.0);
     let recovered = eventually(Duration::from_secs(20), || get(&envoy).status == 200 && closed() >= 1.0);
     assert!(recovered, "{}", envoy.log());
