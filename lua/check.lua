@@ -11,8 +11,10 @@
 -- ARGV[4i-1 .. 4i+2]   limit i: its algorithm and three numbers (Algorithm::script_args)
 --
 -- Returns {allowed, retry_after_ms, now, then for each limit i:
---          allowed_i, remaining_i, reset_ms_i, retry_after_ms_i, reclaimed_i},
--- a retry of -1 meaning unknown; now is the time it charged at, for refund.lua.
+--          allowed_i, remaining_i, reset_ms_i, retry_after_ms_i, reclaimed_i, held_until_i},
+-- a retry of -1 meaning unknown; now is the time it charged at, for refund.lua;
+-- held_until_i, for an admitted gcra limit, the time its charge holds until
+-- (for adjust.lua), else 0.
 local now = clock(ARGV[1])
 local id = ARGV[2]
 
@@ -62,7 +64,8 @@ for _, f in ipairs(found) do
   local view = allowed and f.after or f.now
   local retry = f.retry
   if retry > 0 then retry = ceil_ms(retry) end
-  for _, v in ipairs({f.allowed and 1 or 0, view[1], ceil_ms(view[2]), retry, f.reclaimed}) do
+  local held = (allowed and f.held_until) or 0
+  for _, v in ipairs({f.allowed and 1 or 0, view[1], ceil_ms(view[2]), retry, f.reclaimed, held}) do
     reply[#reply + 1] = v
   end
 end

@@ -23,6 +23,8 @@ local function gcra(key, now, interval, burst, cost)
     after = {math.floor(math.max(now + tau - new_tat, 0) / interval), new_tat - now},
     retry = retry,
     reclaimed = 0,
+    -- What this request's charge holds until, for a later refund (adjust.lua).
+    held_until = new_tat,
     commit = function()
       redis.call('SET', key, new_tat)
       -- Once tat has passed, the bucket is full: the key may go.

@@ -71,6 +71,9 @@ pub struct ScriptAdjustment {
     pub interval_us: u64,
     /// Units to charge (positive) or refund (negative).
     pub delta: i64,
+    /// Until when the request's charge held the bucket (µs); 0 when unknown,
+    /// which lets a refund return nothing.
+    pub held_until_us: u64,
 }
 
 pub fn script_adjustments(adjustments: &[Adjustment]) -> Result<Vec<ScriptAdjustment>, String> {
@@ -89,7 +92,12 @@ pub fn script_adjustments(adjustments: &[Adjustment]) -> Result<Vec<ScriptAdjust
             let Algorithm::Gcra { interval_us, .. } = limit.algorithm else {
                 return Err(format!("adjustments[{i}].limit: not a bucket"));
             };
-            Ok(ScriptAdjustment { key: limit.key, interval_us, delta: i64::from(a.actual) - i64::from(cost) })
+            Ok(ScriptAdjustment {
+                key: limit.key,
+                interval_us,
+                delta: i64::from(a.actual) - i64::from(cost),
+                held_until_us: a.held_until_us.unwrap_or(0),
+            })
         })
         .collect()
 }
@@ -99,7 +107,7 @@ mod tests {
     use super::*;
 
     fn check(policy: &str, key: &str, limits: Vec<WireLimit>) -> Vec<Check> {
-        vec![Check { policy: policy.into(), key: key.into(), limits }]
+        vec![Check { policy: policy.into(), key: key.into(), limits, margin_ms: None }]
     }
 
     fn dual() -> Vec<WireLimit> {
@@ -166,11 +174,17 @@ mod tests {
     #[test]
     fn adjustments_charge_the_difference() {
         let limit = WireLimit::Points { capacity: 1000, refill_ms: 20_000, cost: 50 };
-        let a = |actual| Adjustment { policy: "p".into(), key: "k".into(), limit, actual };
+        let a =
+            |actual| Adjustment { policy: "p".into(), key: "k".into(), limit, actual, held_until_us: None };
         let got = script_adjustments(&[a(80), a(10)]).expect("valid");
         assert_eq!(
             got[0],
-            ScriptAdjustment { key: "sluice:{p:k}:gcra:20000".into(), interval_us: 20_000, delta: 30 }
+            ScriptAdjustment {
+                key: "sluice:{p:k}:gcra:20000".into(),
+                interval_us: 20_000,
+                delta: 30,
+                held_until_us: 0
+            }
         );
         assert_eq!(got[1].delta, -40);
     }

@@ -100,6 +100,7 @@ impl Limiter {
                 retry_after_ms: Some(0),
                 checks: Vec::new(),
                 lease: None,
+                waited_ms: None,
             });
         }
         let id = match &req.id {
@@ -140,6 +141,7 @@ impl Limiter {
             retry_after_ms: combined_retry(&replies),
             checks,
             lease: (allowed && holds_lease).then_some(id),
+            waited_ms: None,
         })
     }
 
@@ -198,7 +200,7 @@ impl Limiter {
         // One call per key keeps every call in one slot.
         for a in adjustments.iter().filter(|a| a.delta != 0) {
             let mut call = self.scripts.adjust.prepare_invoke();
-            call.arg(&now).key(&a.key).arg(a.interval_us).arg(a.delta);
+            call.arg(&now).key(&a.key).arg(a.interval_us).arg(a.delta).arg(a.held_until_us);
             let _: i64 = self.store.invoke(&call).await.map_err(store_error)?;
         }
         Ok(())
@@ -222,22 +224,24 @@ fn combined_retry(replies: &[SlotReply]) -> Option<u64> {
     denied.iter().try_fold(0, |most, r| r.retry_after_ms.map(|ms| most.max(ms)))
 }
 
-/// Reads the check script's flat reply (see `lua/check.lua`). A retry of -1 is unknown.
+/// Reads the check script's flat reply (see `lua/check.lua`). A retry of -1 is
+/// unknown; a held_until of 0 is none.
 fn decode(limits: usize, reply: &[i64]) -> Option<SlotReply> {
     let (head, rest) = reply.split_at_checked(3)?;
-    if rest.len() != 5 * limits {
+    if rest.len() != 6 * limits {
         return None;
     }
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
     let retry = |n: i64| u64::try_from(n).ok();
     let limits = rest
-        .chunks_exact(5)
+        .chunks_exact(6)
         .map(|r| LimitOutcome {
             allowed: r[0] == 1,
             remaining: count(r[1]),
             reset_ms: count(r[2]),
             retry_after_ms: retry(r[3]),
             reclaimed: count(r[4]),
+            held_until_us: u64::try_from(r[5]).ok().filter(|&t| t > 0),
         })
         .collect();
     Some(SlotReply { allowed: head[0] == 1, retry_after_ms: retry(head[1]), now: head[2], limits })

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use redis::Commands;
-use sluice_policies::wire::{Check, CheckRequest, CheckResponse, WireLimit};
+use sluice_policies::wire::{AdjustRequest, Adjustment, Check, CheckRequest, CheckResponse, WireLimit};
 use sluice_shim::limiter::{CheckError, Limiter};
 use sluice_shim::store::Target;
 use sluice_tests::Redis;
@@ -22,9 +22,11 @@ fn window(limit: u32, window_ms: u64) -> WireLimit {
 
 fn request(key: &str, limits: &[WireLimit], now_us: Option<u64>) -> CheckRequest<'static> {
     CheckRequest {
-        checks: vec![Check { policy: "p".into(), key: key.into(), limits: limits.to_vec() }].into(),
+        checks: vec![Check { policy: "p".into(), key: key.into(), limits: limits.to_vec(), margin_ms: None }]
+            .into(),
         now_us,
         id: None,
+        wait_ms: None,
     }
 }
 
@@ -187,4 +189,59 @@ async fn unreachable_redis_is_a_store_error() {
             .expect("limiter");
     let err = limiter.check(&request("k", &[window(1, 1_000)], None)).await;
     assert!(matches!(err, Err(CheckError::Store(_))), "{err:?}");
+}
+
+/// Regression: a late points refund over-admitted. Capacity 10, refilling in
+/// 10 s. R1 costs 10 at t=0; R2 costs 10 at t=10 s and is admitted; R1's
+/// adjustment (actual 0) lands at t=10.001 s. R1's charge had refilled by
+/// then, so the refund returns nothing and R3 (cost 10) at t=10.002 s is
+/// refused. The old adjust took the whole refund off the bucket and admitted
+/// R3: 20 points within 2 ms against a bucket of 10.
+#[tokio::test]
+async fn a_late_points_refund_cannot_over_admit() {
+    let redis = Redis::start().expect("redis");
+    let limiter = limiter(&redis, true);
+    let points = |cost| [WireLimit::Points { capacity: 10, refill_ms: 10_000, cost }];
+    let t0 = 1_700_000_000 * SECOND;
+
+    let r1 = check(&limiter, "k", &points(10), t0).await;
+    assert!(r1.allowed);
+    assert!(check(&limiter, "k", &points(10), t0 + 10 * SECOND).await.allowed);
+    let refund = AdjustRequest {
+        adjustments: vec![Adjustment {
+            policy: "p".into(),
+            key: "k".into(),
+            limit: points(10)[0],
+            actual: 0,
+            held_until_us: r1.checks[0].limits[0].held_until_us,
+        }],
+        now_us: Some(t0 + 10 * SECOND + 1_000),
+    };
+    limiter.adjust(&refund).await.expect("adjust");
+    let r3 = check(&limiter, "k", &points(10), t0 + 10 * SECOND + 2_000).await;
+    assert!(!r3.allowed, "20 points admitted within 2 ms against a bucket of 10");
+}
+
+/// A refund that lands while the request's own charge still holds the
+/// bucket gives it back: a request that cost nothing leaves room for the next.
+#[tokio::test]
+async fn an_early_points_refund_returns_the_charge() {
+    let redis = Redis::start().expect("redis");
+    let limiter = limiter(&redis, true);
+    let points = |cost| [WireLimit::Points { capacity: 10, refill_ms: 10_000, cost }];
+    let t0 = 1_700_000_000 * SECOND;
+
+    let r1 = check(&limiter, "k", &points(10), t0).await;
+    let refund = AdjustRequest {
+        adjustments: vec![Adjustment {
+            policy: "p".into(),
+            key: "k".into(),
+            limit: points(10)[0],
+            actual: 0,
+            held_until_us: r1.checks[0].limits[0].held_until_us,
+        }],
+        now_us: Some(t0 + 1_000),
+    };
+    limiter.adjust(&refund).await.expect("adjust");
+    assert!(check(&limiter, "k", &points(10), t0 + 2_000).await.allowed);
 }

@@ -21,7 +21,7 @@ fn every_algorithm(limit: u32) -> Vec<WireLimit> {
 }
 
 fn check(policy: &str, limits: Vec<WireLimit>) -> Check {
-    Check { policy: policy.into(), key: "k".into(), limits }
+    Check { policy: policy.into(), key: "k".into(), limits, margin_ms: None }
 }
 
 /// Policy `wide` (every algorithm, 5 each) and policy `narrow` (1 per hour)
@@ -39,6 +39,7 @@ async fn a_denial_in_one_slot_refunds_the_others() {
         checks: vec![check("wide", every_algorithm(5)), check("narrow", vec![narrow])].into(),
         now_us: None,
         id: None,
+        wait_ms: None,
     };
 
     let first = limiter.check(&both).await.expect("check");
@@ -53,8 +54,12 @@ async fn a_denial_in_one_slot_refunds_the_others() {
     }
 
     // Only `wide` now: 4 more pass on every algorithm, the fifth does not.
-    let wide =
-        CheckRequest { checks: vec![check("wide", every_algorithm(5))].into(), now_us: None, id: None };
+    let wide = CheckRequest {
+        checks: vec![check("wide", every_algorithm(5))].into(),
+        now_us: None,
+        id: None,
+        wait_ms: None,
+    };
     for n in 0..4 {
         let resp = limiter.check(&wide).await.expect("check");
         assert!(resp.allowed, "request {n} after the refunds: {resp:?}");
@@ -82,6 +87,7 @@ async fn one_slot_on_a_cluster_is_exact() {
         .into(),
         now_us: None,
         id: None,
+        wait_ms: None,
     };
     let mut allowed = 0;
     for _ in 0..40 {

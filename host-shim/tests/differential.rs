@@ -141,7 +141,8 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
     let mut model = Store::default();
     let mut now = 1_700_000_000_000_000u64;
     let mut held: Vec<(String, Vec<Check>)> = Vec::new();
-    let mut last_admitted: Option<Vec<Check>> = None;
+    // The last admitted check, with what each of its limits charged until.
+    let mut last_admitted: Option<(Vec<Check>, Vec<Option<u64>>)> = None;
     let mut id = 0u64;
 
     for op in ops {
@@ -153,6 +154,7 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                     policy: policy.clone(),
                     key: key.clone(),
                     limits: with_cost(&limits, cost),
+                    margin_ms: None,
                 }];
                 let script = script_limits(&checks).expect("valid limits");
                 let model_limits: Vec<(String, Algorithm)> =
@@ -160,7 +162,12 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                 let keys: Vec<String> = script.iter().map(|l| l.key.clone()).collect();
                 let before = snapshot(&mut conn, &keys);
 
-                let req = CheckRequest { checks: checks.as_slice().into(), now_us: Some(now), id: None };
+                let req = CheckRequest {
+                    checks: checks.as_slice().into(),
+                    now_us: Some(now),
+                    id: None,
+                    wait_ms: None,
+                };
                 let got = w.runtime.block_on(w.limiter.check(&req)).expect("check");
                 // The model names its entries as the shim does, so a lease is one id in both.
                 let model_id = got.lease.clone().unwrap_or_else(|| format!("m{id}"));
@@ -171,7 +178,8 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                 prop_assert_eq!(&got.checks[0].limits, &want.limits, "limits at {}", now);
 
                 if got.allowed {
-                    last_admitted = Some(checks.clone());
+                    let held_until = got.checks[0].limits.iter().map(|l| l.held_until_us).collect();
+                    last_admitted = Some((checks.clone(), held_until));
                     if let Some(lease) = got.lease {
                         held.push((lease, checks));
                     }
@@ -227,21 +235,28 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                 prop_assert_eq!(got.released, want, "released");
             }
             Op::Adjust { actual } => {
-                let Some(checks) = last_admitted.clone() else { continue };
+                let Some((checks, held_until)) = last_admitted.clone() else { continue };
                 let adjustments: Vec<Adjustment> = checks[0]
                     .limits
                     .iter()
-                    .filter(|l| matches!(l, WireLimit::Points { .. }))
-                    .map(|l| Adjustment { policy: policy.clone(), key: key.clone(), limit: *l, actual })
+                    .zip(held_until)
+                    .filter(|(l, _)| matches!(l, WireLimit::Points { .. }))
+                    .map(|(l, held_until_us)| Adjustment {
+                        policy: policy.clone(),
+                        key: key.clone(),
+                        limit: *l,
+                        actual,
+                        held_until_us,
+                    })
                     .collect();
                 if adjustments.is_empty() {
                     continue;
                 }
                 let script = sluice_shim::keys::script_adjustments(&adjustments).expect("valid adjustments");
-                let model_adjust: Vec<(String, u64, i64)> = script
+                let model_adjust: Vec<(String, u64, i64, u64)> = script
                     .iter()
                     .filter(|a| a.delta != 0)
-                    .map(|a| (a.key.clone(), a.interval_us, a.delta))
+                    .map(|a| (a.key.clone(), a.interval_us, a.delta, a.held_until_us))
                     .collect();
                 let req = AdjustRequest { adjustments, now_us: Some(now) };
                 w.runtime.block_on(w.limiter.adjust(&req)).expect("adjust");

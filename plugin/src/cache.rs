@@ -149,7 +149,7 @@ mod tests {
 
     fn check(policy: &Policy, key: &str) -> Check {
         let limits = policy.limits.iter().map(|l| WireLimit::with_cost(l, 1)).collect();
-        Check { policy: policy.name.as_str().into(), key: key.into(), limits }
+        Check { policy: policy.name.as_str().into(), key: key.into(), limits, margin_ms: None }
     }
 
     fn denied(retries: &[Option<u64>]) -> CheckOutcome {
@@ -159,6 +159,7 @@ mod tests {
             reset_ms: 0,
             retry_after_ms: *retry,
             reclaimed: 0,
+            held_until_us: None,
         };
         CheckOutcome { limits: retries.iter().map(limit).collect() }
     }

@@ -5,7 +5,7 @@
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MapType;
-use sluice_policies::wire::{Adjustment, Check, CheckRequest, CheckResponse, WireLimit};
+use sluice_policies::wire::{Adjustment, Check, CheckOutcome, CheckRequest, CheckResponse, WireLimit};
 use sluice_policies::{Document, Limit};
 
 pub struct Call {
@@ -26,6 +26,9 @@ pub struct Call {
     pub id: String,
     /// The lease the shim confirmed, taken when released.
     pub lease: Option<String>,
+    /// The admitted answer's outcomes, parallel to `checks`: what each
+    /// points limit charged until, which bounds a later refund.
+    pub charged: Vec<CheckOutcome>,
 }
 
 impl Call {
@@ -39,6 +42,7 @@ impl Call {
             answer: None,
             admitted: false,
             lease: None,
+            charged: Vec::new(),
         }
     }
 
@@ -48,7 +52,12 @@ impl Call {
     }
 
     pub fn request(&self) -> CheckRequest<'_> {
-        CheckRequest { checks: (&self.checks[..]).into(), now_us: None, id: Some(self.id.as_str().into()) }
+        CheckRequest {
+            checks: (&self.checks[..]).into(),
+            now_us: None,
+            id: Some(self.id.as_str().into()),
+            wait_ms: None,
+        }
     }
 
     /// The lease to release at the stream's end: the confirmed one, or, while
@@ -73,9 +82,10 @@ impl Call {
     /// The points corrections that the response's actual-cost headers call for.
     pub fn adjustments(&self, doc: &Document) -> Vec<Adjustment> {
         let mut out = Vec::new();
-        for (index, check) in self.policies.iter().zip(&self.checks) {
+        for (i, (index, check)) in self.policies.iter().zip(&self.checks).enumerate() {
             let Some(policy) = doc.policies.get(*index) else { continue };
-            for (limit, wire) in policy.limits.iter().zip(&check.limits) {
+            let outcomes = self.charged.get(i).map(|c| c.limits.as_slice()).unwrap_or_default();
+            for (j, (limit, wire)) in policy.limits.iter().zip(&check.limits).enumerate() {
                 let (Limit::Points { actual_cost_header: Some(header), .. }, WireLimit::Points { .. }) =
                     (limit, wire)
                 else {
@@ -87,6 +97,7 @@ impl Call {
                         key: check.key.clone(),
                         limit: *wire,
                         actual,
+                        held_until_us: outcomes.get(j).and_then(|o| o.held_until_us),
                     });
                 }
             }

@@ -116,6 +116,7 @@ impl Sluice {
             }
         }
         call.lease = resp.lease.clone();
+        call.charged = resp.checks.clone();
     }
 
     /// The shim denied: count it, remember it in the over-limit cache, answer.

@@ -97,7 +97,14 @@ mod tests {
     }
 
     fn outcome(allowed: bool, remaining: u64, reset_ms: u64, retry: Option<u64>) -> LimitOutcome {
-        LimitOutcome { allowed, remaining, reset_ms, retry_after_ms: retry, reclaimed: 0 }
+        LimitOutcome {
+            allowed,
+            remaining,
+            reset_ms,
+            retry_after_ms: retry,
+            reclaimed: 0,
+            held_until_us: None,
+        }
     }
 
     #[test]

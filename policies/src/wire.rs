@@ -37,6 +37,14 @@ pub struct CheckRequest<'a> {
     /// shim started with `--test-time`; otherwise the shim refuses it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub now_us: Option<u64>,
+    /// Egress waiting: the longest the shim may hold the request before it
+    /// admits it, in milliseconds. Absent (or 0), the request is decided now.
+    /// With it, the shim reserves the earliest time at which every limit
+    /// admits the request (or queues it for a concurrency slot), holds its
+    /// answer until then, and refuses at once, reserving nothing, a request
+    /// whose slot lies further away.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
 }
 
 /// One policy's limits on one key.
@@ -47,6 +55,10 @@ pub struct Check {
     /// The encoded key, see [`crate::key`].
     pub key: String,
     pub limits: Vec<WireLimit>,
+    /// Egress waiting: milliseconds added to each time-based slot of this
+    /// check's limits when the request is reserved (see the README's `wait.margin`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub margin_ms: Option<u64>,
 }
 
 /// A limit as the shim takes it: durations in milliseconds, the request's
@@ -186,6 +198,7 @@ impl Applied<'_> {
             policy: self.policy.name.as_str().to_string(),
             key: self.key.clone(),
             limits: self.policy.limits.iter().map(|l| WireLimit::of(l, req)).collect(),
+            margin_ms: None,
         }
     }
 }
@@ -204,6 +217,10 @@ pub struct CheckResponse {
     /// stream's end.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<String>,
+    /// Egress waiting: how long the shim held the request before admitting
+    /// it, in milliseconds; absent when it was decided at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waited_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -227,6 +244,12 @@ pub struct LimitOutcome {
     /// Expired leases this check reclaimed: their holders died without releasing.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub reclaimed: u64,
+    /// An admitted `points` limit: the time, in microseconds on the shim's
+    /// clock, until which this request's charge holds in the bucket. A later
+    /// refund can give back at most what is left of it: what the bucket has
+    /// refilled since was never the request's to return.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_until_us: Option<u64>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -275,4 +298,8 @@ pub struct Adjustment {
     /// The `points` limit as it was charged: its `cost` is the estimate.
     pub limit: WireLimit,
     pub actual: u32,
+    /// The admitted check's `held_until_us` for this limit. A refund
+    /// (`actual` below the estimate) without it returns nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_until_us: Option<u64>,
 }

@@ -31,6 +31,7 @@ pub fn check(state: Option<&State>, now: u64, id: &str, limit: u64, lease: u64) 
         // Nobody knows when a lease will be released.
         retry_us: if allowed { Some(0) } else { None },
         reclaimed,
+        held_until: None,
         pruned: Some(pruned),
         commit: Some(State::Set(live)),
     }

@@ -21,6 +21,7 @@ pub fn check(state: Option<&State>, now: u64, limit: u64, window: u64) -> Found 
         after: View { remaining: limit.saturating_sub(count + 1), reset_us: reset },
         retry_us: Some(if allowed { 0 } else { reset }),
         reclaimed: 0,
+        held_until: None,
         pruned: None,
         commit: Some(State::Counter { window: index, count: count + 1 }),
     }

@@ -34,14 +34,20 @@ pub fn check(state: Option<&State>, now: u64, interval: u64, burst: u64, cost: u
         after: View { remaining: (now + tau).saturating_sub(new_tat) / interval, reset_us: new_tat - now },
         retry_us: retry,
         reclaimed: 0,
+        held_until: Some(new_tat),
         pruned: None,
         commit: Some(State::Tat(new_tat)),
     }
 }
 
 /// `lua/adjust.lua`: charges `delta` more units (or refunds, when negative)
-/// once the true cost is known. A refund never fills the bucket beyond full.
-pub fn adjust(state: Option<&State>, now: u64, interval: u64, delta: i64) -> u64 {
+/// once the true cost is known.
+///
+/// The request's charge held the bucket until `held_until`. A refund returns
+/// at most the part of that charge still after `now`: what the bucket has
+/// refilled since was never the request's to give back. A refund never fills
+/// the bucket beyond full.
+pub fn adjust(state: Option<&State>, now: u64, interval: u64, delta: i64, held_until: u64) -> u64 {
     let stored = match state {
         Some(&State::Tat(tat)) => tat,
         _ => now,
@@ -51,6 +57,6 @@ pub fn adjust(state: Option<&State>, now: u64, interval: u64, delta: i64) -> u64
     if delta >= 0 {
         tat.saturating_add(change)
     } else {
-        tat.saturating_sub(change).max(now)
+        tat.saturating_sub(change.min(held_until.saturating_sub(now))).max(now)
     }
 }

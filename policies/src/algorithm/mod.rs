@@ -137,6 +137,8 @@ pub struct Found {
     /// Microseconds until the request fits; `None` when unknown (concurrency).
     pub retry_us: Option<u64>,
     pub reclaimed: u64,
+    /// gcra: the time the request's charge holds the bucket until, if admitted.
+    pub held_until: Option<u64>,
     /// The state with its expired entries removed, stored whatever the decision.
     pub pruned: Option<State>,
     /// The state to store if every limit allows.
@@ -220,6 +222,7 @@ pub fn check(store: &mut Store, now: u64, id: &str, limits: &[(String, Algorithm
                 reset_ms: ceil_ms(view.reset_us),
                 retry_after_ms: if f.allowed { Some(0) } else { f.retry_us.map(ceil_ms) },
                 reclaimed: f.reclaimed,
+                held_until_us: if allowed { f.held_until } else { None },
             }
         })
         .collect();
@@ -231,11 +234,11 @@ pub fn release(store: &mut Store, keys: &[String], id: &str) -> u64 {
     keys.iter().filter(|key| concurrency::release(store.keys.get_mut(*key), id)).count() as u64
 }
 
-/// `lua/adjust.lua`: for each (key, interval, delta), charges or refunds
-/// `delta` units of a gcra key.
-pub fn adjust(store: &mut Store, now: u64, adjustments: &[(String, u64, i64)]) {
-    for (key, interval, delta) in adjustments {
-        let tat = gcra::adjust(store.keys.get(key), now, *interval, *delta);
+/// `lua/adjust.lua`: for each (key, interval, delta, held_until), charges or
+/// refunds `delta` units of a gcra key.
+pub fn adjust(store: &mut Store, now: u64, adjustments: &[(String, u64, i64, u64)]) {
+    for (key, interval, delta, held_until) in adjustments {
+        let tat = gcra::adjust(store.keys.get(key), now, *interval, *delta, *held_until);
         store.keys.insert(key.clone(), State::Tat(tat));
     }
 }

@@ -34,6 +34,7 @@ pub fn check(state: Option<&State>, now: u64, limit: u64, window: u64) -> Found 
         after: View { remaining: remaining(c + 1.0), reset_us: reset },
         retry_us: Some(retry),
         reclaimed: 0,
+        held_until: None,
         pruned: None,
         commit: Some(State::Approx { window: index, current: current + 1, previous }),
     }

@@ -30,6 +30,7 @@ pub fn check(state: Option<&State>, now: u64, id: &str, limit: u64, window: u64)
         after: View { remaining: limit.saturating_sub(count + 1), reset_us: reset_after },
         retry_us: Some(retry),
         reclaimed: 0,
+        held_until: None,
         pruned: Some(pruned),
         commit: Some(State::Set(live)),
     }

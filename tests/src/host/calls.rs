@@ -182,13 +182,20 @@ pub(crate) fn scripted(answer: Answer, call: &HttpCall) -> Outcome {
 }
 
 fn check_response(call: &HttpCall, denied_ms: Option<u64>) -> Vec<u8> {
-    let empty = CheckRequest { checks: Vec::new().into(), now_us: None, id: None };
+    let empty = CheckRequest { checks: Vec::new().into(), now_us: None, id: None, wait_ms: None };
     let request: CheckRequest = serde_json::from_slice(&call.body).unwrap_or(empty);
     let mut first = true;
     let mut outcome = || {
         let deny = denied_ms.filter(|_| std::mem::take(&mut first));
         let retry_after_ms = Some(deny.unwrap_or(0));
-        LimitOutcome { allowed: deny.is_none(), remaining: 0, reset_ms: 1000, retry_after_ms, reclaimed: 0 }
+        LimitOutcome {
+            allowed: deny.is_none(),
+            remaining: 0,
+            reset_ms: 1000,
+            retry_after_ms,
+            reclaimed: 0,
+            held_until_us: None,
+        }
     };
     let checks = request
         .checks
@@ -199,6 +206,7 @@ fn check_response(call: &HttpCall, denied_ms: Option<u64>) -> Vec<u8> {
         retry_after_ms: Some(denied_ms.unwrap_or(0)),
         checks: checks.collect(),
         lease: None,
+        waited_ms: None,
     };
     serde_json::to_vec(&response).unwrap_or_default()
 }

@@ -54,8 +54,12 @@ pub(crate) fn run(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost
     let mut costs = Vec::new();
     for (name, limits) in sluice_cases() {
         let keys_of = |client: usize| -> Result<Vec<(String, Algorithm)>> {
-            let check =
-                Check { policy: "bench".into(), key: format!("client{client}"), limits: limits.clone() };
+            let check = Check {
+                policy: "bench".into(),
+                key: format!("client{client}"),
+                limits: limits.clone(),
+                margin_ms: None,
+            };
             let limits = script_limits(&[check]).map_err(anyhow::Error::msg)?;
             Ok(limits.into_iter().map(|l| (l.key, l.algorithm)).collect())
         };
