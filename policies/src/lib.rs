@@ -15,6 +15,7 @@
 //! - [`response`]: what the gateway answers and when: headers, denial
 //!   responses, failure modes, the breaker and over-limit cache settings.
 //! - [`error`]: [`ParseError`], the one error type of [`parse`].
+//! - [`feedback`]: which upstream answers mean "slow down", and for how long.
 //! - [`wire`]: the compact JSON exchanged with the shim.
 //! - [`algorithm`]: the reference model of every limit type, twin of the
 //!   Redis scripts in `lua/`.
@@ -24,6 +25,7 @@ pub mod algorithm;
 pub mod condition;
 pub mod document;
 pub mod error;
+pub mod feedback;
 pub mod key;
 pub mod limit;
 pub mod request;
