@@ -16,6 +16,7 @@
 //!   responses, failure modes, the breaker and over-limit cache settings.
 //! - [`error`]: [`ParseError`], the one error type of [`parse`].
 //! - [`feedback`]: which upstream answers mean "slow down", and for how long.
+//! - [`shed`]: the utilization shedder's controller, over an injected clock.
 //! - [`wire`]: the compact JSON exchanged with the shim.
 //! - [`algorithm`]: the reference model of every limit type, twin of the
 //!   Redis scripts in `lua/`.
@@ -32,6 +33,7 @@ pub mod request;
 pub mod response;
 #[cfg(feature = "schema")]
 pub mod schema;
+pub mod shed;
 pub mod units;
 pub mod wire;
 
