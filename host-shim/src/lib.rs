@@ -9,6 +9,7 @@
 //! - [`keys`]: validates a check request and names its Redis keys.
 //! - [`server`]: the HTTP endpoints the filter calls, over HTTP/1.1 and h2c.
 //! - [`validate`]: `sluice validate FILE...`.
+//! - [`simulate`]: `sluice simulate`, an access log replayed through a policy.
 //! - [`envoy_config`]: `sluice envoy-config`, a complete envoy.yaml for a policy.
 
 pub mod envoy_config;
@@ -16,5 +17,6 @@ pub mod keys;
 pub mod limiter;
 pub mod scripts;
 pub mod server;
+pub mod simulate;
 pub mod store;
 pub mod validate;
