@@ -8,6 +8,7 @@
 //! - [`store`]: one Redis server or a Redis Cluster.
 //! - [`keys`]: validates a check request and names its Redis keys.
 //! - [`server`]: the HTTP endpoints the filter calls, over HTTP/1.1 and h2c.
+//! - [`shed`]: the utilization shedder's fleet-wide state (`lua/shed.lua`).
 //! - [`validate`]: `sluice validate FILE...`.
 //! - [`simulate`]: `sluice simulate`, an access log replayed through a policy.
 //! - [`envoy_config`]: `sluice envoy-config`, a complete envoy.yaml for a policy.
@@ -17,6 +18,7 @@ pub mod keys;
 pub mod limiter;
 pub mod scripts;
 pub mod server;
+pub mod shed;
 pub mod simulate;
 pub mod store;
 pub mod validate;

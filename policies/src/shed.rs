@@ -84,6 +84,14 @@ impl Default for ShedSettings {
     }
 }
 
+/// The controller's whole state, as `lua/shed.lua` stores it.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ShedState {
+    pub level: f64,
+    pub trouble_since: Option<u64>,
+    pub last_ms: Option<u64>,
+}
+
 /// The controller of one policy's shedding. Every gateway must act on the
 /// same `level`; see the README for how it is shared.
 #[derive(Debug, Clone, PartialEq)]
@@ -110,6 +118,18 @@ impl Shedder {
         shedder.level = level.clamp(0.0, shedder.top);
         shedder.trouble_since = trouble_since;
         shedder
+    }
+
+    /// A controller resumed from its whole [`ShedState`].
+    pub fn from_state(settings: ShedSettings, classes: usize, state: ShedState) -> Shedder {
+        let mut shedder = Shedder::resume(settings, classes, state.level, state.trouble_since);
+        shedder.last_ms = state.last_ms;
+        shedder
+    }
+
+    /// What `lua/shed.lua` keeps in Redis.
+    pub fn state(&self) -> ShedState {
+        ShedState { level: self.level, trouble_since: self.trouble_since, last_ms: self.last_ms }
     }
 
     /// Takes a utilization report at `now_ms`. Reports out of order (an
