@@ -20,6 +20,8 @@
 //! - [`wire`]: the compact JSON exchanged with the shim.
 //! - [`algorithm`]: the reference model of every limit type, twin of the
 //!   Redis scripts in `lua/`.
+//! - [`replay`]: traffic replayed through a document and the model, for
+//!   `sluice simulate` and the playground.
 //! - `schema` (feature `schema`): the JSON Schema of the document.
 
 pub mod algorithm;
@@ -29,6 +31,7 @@ pub mod error;
 pub mod feedback;
 pub mod key;
 pub mod limit;
+pub mod replay;
 pub mod request;
 pub mod response;
 #[cfg(feature = "schema")]

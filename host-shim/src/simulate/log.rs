@@ -19,17 +19,8 @@ use std::collections::BTreeMap;
 use std::time::UNIX_EPOCH;
 
 use serde::Deserialize;
+use sluice_policies::replay::Replayed as Logged;
 use sluice_policies::request::SimpleRequest;
-
-/// One logged request.
-#[derive(Debug, Clone)]
-pub struct Logged {
-    /// Microseconds since the epoch.
-    pub at_us: u64,
-    pub request: SimpleRequest,
-    /// How long it was in flight: when a concurrency lease ends.
-    pub duration_ms: u64,
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

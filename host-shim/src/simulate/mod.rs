@@ -9,14 +9,13 @@
 //! when a request ends, not when it starts).
 
 mod log;
-mod replay;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Context;
 
-pub use replay::{LimitReport, PolicyReport, Replay};
+use sluice_policies::replay::{PolicyReport, Replay};
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -1,21 +1,52 @@
-//! The replay: each logged request, in time order, through the document's
-//! matcher and the reference model of the Redis scripts (what the shim would
-//! have decided), counted per policy.
+//! Replaying traffic through a document: each request, in time order,
+//! through the matcher and the reference model of the Redis scripts (what
+//! the shim would have decided), counted per policy. `sluice simulate`
+//! replays access logs with it, and the browser playground generated traffic.
 //!
 //! Requests are decided as the filter sends them: the enforced policies that
 //! apply in one all-or-nothing check, the shadow ones in another. A request
-//! admitted with a concurrency limit holds its lease for its logged duration.
+//! admitted with a concurrency limit holds its lease for its `duration_ms`.
+//! The model's state keys are named like the shim's: one per policy, key and
+//! limit.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 use serde::Serialize;
-use sluice_policies::algorithm::{self, Algorithm, Store};
-use sluice_policies::wire::{Check, WireLimit};
-use sluice_policies::Document;
 
-use super::log::Logged;
-use crate::keys::script_limits;
+use crate::algorithm::{self, Algorithm, Store};
+use crate::request::SimpleRequest;
+use crate::wire::{Check, LimitOutcome, WireLimit};
+use crate::Document;
+
+/// One request to replay.
+#[derive(Debug, Clone)]
+pub struct Replayed {
+    /// Microseconds since any fixed origin; requests come in this order.
+    pub at_us: u64,
+    pub request: SimpleRequest,
+    /// How long it is in flight: when a concurrency lease ends.
+    pub duration_ms: u64,
+}
+
+/// What happened to one request, for a timeline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Event {
+    pub at_us: u64,
+    /// `admitted`, `denied`, `missing_key` or `unlimited` (no policy applied).
+    pub decision: &'static str,
+    /// The enforced policies that applied, with their keys and each
+    /// limit's remaining capacity after the decision.
+    pub policies: Vec<PolicyEvent>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PolicyEvent {
+    pub policy: String,
+    pub key: String,
+    pub remaining: Vec<u64>,
+    pub allowed: Vec<bool>,
+}
 
 /// What one policy would have done to the traffic.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -85,7 +116,7 @@ impl<'d> Replay<'d> {
     }
 
     /// Decides one request; requests must come in time order.
-    pub fn request(&mut self, logged: &Logged) {
+    pub fn request(&mut self, logged: &Replayed) -> Event {
         let now = logged.at_us;
         while let Some(Reverse((until, ..))) = self.leases.peek() {
             if *until > now {
@@ -102,28 +133,49 @@ impl<'d> Replay<'d> {
                     self.reports[i].matched += 1;
                     self.reports[i].missing_key += 1;
                 }
-                return;
+                return Event { at_us: now, decision: "missing_key", policies: Vec::new() };
             }
         };
+        let mut event = Event { at_us: now, decision: "unlimited", policies: Vec::new() };
         for shadow in [false, true] {
             let chosen: Vec<(usize, Check)> = applied
                 .iter()
                 .filter(|a| a.policy.shadow == shadow)
                 .map(|a| (a.index, a.check(&logged.request)))
                 .collect();
-            if !chosen.is_empty() {
-                self.decide(now, logged.duration_ms, &chosen);
+            if chosen.is_empty() {
+                continue;
+            }
+            let (allowed, outcomes) = self.decide(now, logged.duration_ms, &chosen);
+            if !shadow {
+                event.decision = if allowed { "admitted" } else { "denied" };
+                let mut outcomes = outcomes.iter();
+                for (_, check) in &chosen {
+                    let mine: Vec<&LimitOutcome> = outcomes.by_ref().take(check.limits.len()).collect();
+                    event.policies.push(PolicyEvent {
+                        policy: check.policy.clone(),
+                        key: check.key.clone(),
+                        remaining: mine.iter().map(|o| o.remaining).collect(),
+                        allowed: mine.iter().map(|o| o.allowed).collect(),
+                    });
+                }
             }
         }
+        event
     }
 
-    fn decide(&mut self, now: u64, duration_ms: u64, chosen: &[(usize, Check)]) {
-        let checks: Vec<Check> = chosen.iter().map(|(_, c)| c.clone()).collect();
-        // The filter only builds checks the shim accepts (the fuzz targets hold it to that).
-        let Ok(limits) = script_limits(&checks) else { return };
+    /// One all-or-nothing check; whether it passed, and each limit's outcome.
+    fn decide(&mut self, now: u64, duration_ms: u64, chosen: &[(usize, Check)]) -> (bool, Vec<LimitOutcome>) {
+        let mut model: Vec<(String, Algorithm)> = Vec::new();
+        for (_, check) in chosen {
+            for limit in &check.limits {
+                let algorithm = Algorithm::of(limit);
+                let key = format!("sluice:{{{}:{}}}:{}", check.policy, check.key, algorithm.state_suffix());
+                model.push((key, algorithm));
+            }
+        }
         self.sequence += 1;
         let id = format!("r{}", self.sequence);
-        let model: Vec<(String, Algorithm)> = limits.iter().map(|l| (l.key.clone(), l.algorithm)).collect();
         let reply = algorithm::check(&mut self.store, now, &id, &model);
         let mut outcomes = reply.limits.iter();
         for (index, check) in chosen {
@@ -143,15 +195,16 @@ impl<'d> Replay<'d> {
                 }
             }
         }
-        let lease_keys: Vec<String> = limits
+        let lease_keys: Vec<String> = model
             .iter()
-            .filter(|l| matches!(l.algorithm, Algorithm::Concurrency { .. }))
-            .map(|l| l.key.clone())
+            .filter(|(_, a)| matches!(a, Algorithm::Concurrency { .. }))
+            .map(|(k, _)| k.clone())
             .collect();
         if reply.allowed && !lease_keys.is_empty() {
             let until = now.saturating_add(duration_ms.saturating_mul(1000));
             self.leases.push(Reverse((until, self.sequence, id, lease_keys)));
         }
+        (reply.allowed, reply.limits)
     }
 
     pub fn finish(mut self) -> Vec<PolicyReport> {
