@@ -8,6 +8,7 @@
 //! - [`store`]: one Redis server or a Redis Cluster.
 //! - [`keys`]: validates a check request and names its Redis keys.
 //! - [`server`]: the HTTP endpoints the filter calls, over HTTP/1.1 and h2c.
+//! - [`wait`]: egress waiting: reserve a slot, hold the answer until it, cancel.
 //! - [`validate`]: `sluice validate FILE...`.
 //! - [`envoy_config`]: `sluice envoy-config`, a complete envoy.yaml for a policy.
 
@@ -18,3 +19,4 @@ pub mod scripts;
 pub mod server;
 pub mod store;
 pub mod validate;
+pub mod wait;

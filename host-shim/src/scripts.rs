@@ -9,6 +9,7 @@ pub struct Scripts {
     pub release: Script,
     pub adjust: Script,
     pub refund: Script,
+    pub cancel: Script,
 }
 
 impl Scripts {
@@ -21,6 +22,7 @@ impl Scripts {
                 include_str!("../../lua/sliding_approx.lua"),
                 include_str!("../../lua/gcra.lua"),
                 include_str!("../../lua/concurrency.lua"),
+                include_str!("../../lua/reserve.lua"),
                 include_str!("../../lua/check.lua"),
             )),
             release: Script::new(include_str!("../../lua/release.lua")),
@@ -31,6 +33,13 @@ impl Scripts {
             refund: Script::new(concat!(
                 include_str!("../../lua/common.lua"),
                 include_str!("../../lua/refund.lua")
+            )),
+            cancel: Script::new(concat!(
+                include_str!("../../lua/common.lua"),
+                include_str!("../../lua/fixed_window.lua"),
+                include_str!("../../lua/sliding_window.lua"),
+                include_str!("../../lua/gcra.lua"),
+                include_str!("../../lua/cancel.lua"),
             )),
         }
     }

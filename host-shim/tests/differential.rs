@@ -23,6 +23,7 @@ use sluice_policies::wire::{AdjustRequest, Adjustment, Check, CheckRequest, Rele
 use sluice_shim::keys::script_limits;
 use sluice_shim::limiter::Limiter;
 use sluice_shim::store::Target;
+use sluice_shim::wait;
 use sluice_tests::Redis;
 
 struct World {
@@ -275,6 +276,136 @@ fn scripts_decide_as_the_model() {
     let mut runner = TestRunner::new(ProptestConfig { cases: 500, ..ProptestConfig::default() });
     let cases = (limits(), prop::collection::vec(op(), 1..40));
     if let Err(failure) = runner.run(&cases, |(limits, ops)| run_case(&world, limits, ops)) {
+        panic!("{failure}");
+    }
+}
+
+/// The time-based limits a request may wait on (no approximate window, no
+/// concurrency), with the ops of the waiting path.
+fn waiting_limits() -> impl Strategy<Value = Vec<WireLimit>> {
+    limits().prop_filter("cannot wait", |ls| {
+        ls.iter().all(|l| {
+            !matches!(l, WireLimit::SlidingWindow { approximate: true, .. } | WireLimit::Concurrency { .. })
+        })
+    })
+}
+
+#[derive(Debug, Clone)]
+enum WaitOp {
+    /// After `dt` µs, a check that may wait `wait_ms` (0: decided at once).
+    Check { dt: u64, cost: u32, wait_ms: u64 },
+    /// The client of the `n`th held reservation goes away after `dt` µs.
+    Cancel { dt: u64, n: usize },
+    /// The clock steps back `dt` µs (a Redis failover to a slower clock).
+    Back { dt: u64 },
+}
+
+fn wait_op() -> impl Strategy<Value = WaitOp> {
+    let round = prop::sample::select(vec![1u64, 1_000, 7_000, 10_000, 50_000, 1_000_000, 3_000_000]);
+    let near = (round, -1i64..=1).prop_map(|(r, d)| r.saturating_add_signed(d));
+    let dt = prop_oneof![3 => Just(0u64), 3 => near, 2 => 0u64..2_000, 2 => 0u64..200_000];
+    let wait = prop_oneof![1 => Just(0u64), 3 => prop::sample::select(vec![1u64, 7, 50, 1_000, 5_000])];
+    prop_oneof![
+        8 => (dt.clone(), 0u32..60, wait).prop_map(|(dt, cost, wait_ms)| WaitOp::Check { dt, cost, wait_ms }),
+        2 => (dt, any::<usize>()).prop_map(|(dt, n)| WaitOp::Cancel { dt, n }),
+        1 => (0u64..20_000).prop_map(|dt| WaitOp::Back { dt }),
+    ]
+}
+
+fn run_waiting_case(
+    w: &World,
+    limits: Vec<WireLimit>,
+    margin_ms: u64,
+    ops: Vec<WaitOp>,
+) -> Result<(), TestCaseError> {
+    static CASE: AtomicU64 = AtomicU64::new(0);
+    let policy = format!("w{}", CASE.fetch_add(1, Ordering::Relaxed));
+    let mut model = Store::default();
+    let mut now = 1_700_000_000_000_000u64;
+    // Held reservations: id, checks, slot, the gcra tat each limit set.
+    let mut held: Vec<(String, Vec<Check>, u64, Vec<u64>)> = Vec::new();
+    for (n, op) in ops.into_iter().enumerate() {
+        match op {
+            WaitOp::Check { dt, cost, wait_ms } => {
+                now += dt;
+                let id = format!("r{n}");
+                let checks = vec![Check {
+                    policy: policy.clone(),
+                    key: "k".into(),
+                    limits: with_cost(&limits, cost),
+                    margin_ms: Some(margin_ms),
+                }];
+                let script = script_limits(&checks).expect("valid limits");
+                let req = CheckRequest {
+                    checks: checks.as_slice().into(),
+                    now_us: Some(now),
+                    id: Some(id.clone().into()),
+                    wait_ms: Some(wait_ms),
+                };
+                if wait_ms == 0 {
+                    let model_limits: Vec<(String, Algorithm)> =
+                        script.iter().map(|l| (l.key.clone(), l.algorithm)).collect();
+                    let got = w.runtime.block_on(w.limiter.check(&req)).expect("check");
+                    let want = algorithm::check(&mut model, now, &id, &model_limits);
+                    prop_assert_eq!(got.allowed, want.allowed, "decision at {}", now);
+                    prop_assert_eq!(got.retry_after_ms, want.retry_after_ms, "retry at {}", now);
+                    prop_assert_eq!(&got.checks[0].limits, &want.limits, "limits at {}", now);
+                    continue;
+                }
+                let waiting: Vec<algorithm::reserve::Waiting> =
+                    script.iter().map(|l| (l.key.clone(), l.algorithm, margin_ms * 1000)).collect();
+                let got = w.runtime.block_on(wait::reserve_request(&w.limiter, &req)).expect("reserve");
+                let want = algorithm::reserve::reserve(&mut model, now, &id, wait_ms * 1000, &waiting)
+                    .expect("waits");
+                prop_assert_eq!(got.response.allowed, want.reply.allowed, "decision at {}", now);
+                prop_assert_eq!(got.response.retry_after_ms, want.reply.retry_after_ms, "retry at {}", now);
+                prop_assert_eq!(&got.response.checks[0].limits, &want.reply.limits, "limits at {}", now);
+                prop_assert_eq!(got.at, want.at, "slot at {}", now);
+                if let Some(at) = got.at {
+                    prop_assert!(at >= now && at - now <= wait_ms * 1000, "slot {} beyond the wait", at);
+                    let tats =
+                        got.response.checks[0].limits.iter().map(|l| l.held_until_us.unwrap_or(0)).collect();
+                    held.push((id, checks, at, tats));
+                }
+            }
+            WaitOp::Cancel { dt, n } => {
+                if held.is_empty() {
+                    continue;
+                }
+                now += dt;
+                let (id, checks, at, tats) = held.remove(n % held.len());
+                let script = script_limits(&checks).expect("valid limits");
+                w.runtime
+                    .block_on(wait::cancel(&w.limiter, &script, Some(now), &id, at, &tats))
+                    .expect("cancel");
+                let reserved: Vec<algorithm::cancel::Reserved> = script
+                    .iter()
+                    .zip(&tats)
+                    .map(|(l, &t)| (l.key.clone(), l.algorithm, (t > 0).then_some(t)))
+                    .collect();
+                algorithm::cancel::cancel(&mut model, now, &id, at, &reserved);
+            }
+            WaitOp::Back { dt } => now -= dt,
+        }
+    }
+    Ok(())
+}
+
+/// The waiting path (reserve.lua, cancel.lua) decides exactly as the model:
+/// the same slots, waits and views, through waits, cancellations, checks
+/// decided at once, and clock steps back.
+#[test]
+fn waiting_scripts_decide_as_the_model() {
+    let world = World::start();
+    let mut runner = TestRunner::new(ProptestConfig { cases: 400, ..ProptestConfig::default() });
+    let cases = (
+        waiting_limits(),
+        prop::sample::select(vec![0u64, 0, 1, 30]),
+        prop::collection::vec(wait_op(), 1..40),
+    );
+    if let Err(failure) =
+        runner.run(&cases, |(limits, margin, ops)| run_waiting_case(&world, limits, margin, ops))
+    {
         panic!("{failure}");
     }
 }

@@ -8,9 +8,11 @@
 //!
 //! Times are integer microseconds. Results are in milliseconds, rounded up.
 
+pub mod cancel;
 pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
+pub mod reserve;
 pub mod sliding_approx;
 pub mod sliding_window;
 
