@@ -47,7 +47,8 @@ end
 -- Waiting (reserve.lua): the earliest time at or after now at which a window
 -- has room. The stored window, if not older than now's, is where counting
 -- goes on; past a full one the next window is empty. A slot in a later window
--- than now's moves on by margin. Any time after `at` is admissible too, so
+-- than now's moves on by margin, and so does one in a window that already
+-- holds requests (arrival order). Any time after `at` is admissible too, so
 -- the request may be committed at a later t: it counts in the window of t.
 local function fixed_window_reserve(key, now, limit, window, margin)
   local current = window_index(now, window)
@@ -58,8 +59,14 @@ local function fixed_window_reserve(key, now, limit, window, margin)
   local remaining_now = 0
   if index == current then remaining_now = math.max(limit - n, 0) end
   if n >= limit then index, n = index + 1, 0 end
+  -- Reservations keep arrival order: a window already holding requests may
+  -- hold some reserved at its start + margin, so nobody goes before that.
   local at = now
-  if index > current then at = index * window + margin end
+  if index > current then
+    at = index * window + margin
+  elseif index == stored then
+    at = math.max(now, index * window + margin)
+  end
   return {
     at = at,
     remaining_now = remaining_now,

@@ -53,7 +53,8 @@ pub fn check(state: Option<&State>, now: u64, limit: u64, window: u64) -> Found 
 /// Waiting (`reserve`): the earliest time at or after `now` at which a window
 /// has room. The stored window, if not older than now's, is where counting
 /// goes on; past a full one the next window is empty. A slot in a later
-/// window than now's moves on by `margin`. Any later time is admissible too:
+/// window than now's moves on by `margin`, and so does one in a window that
+/// already holds requests (arrival order). Any later time is admissible too:
 /// the request counts in the window of the time it is committed at.
 pub fn reserve(state: Option<&State>, now: u64, limit: u64, window: u64, margin: u64) -> Slot {
     let current = now / window;
@@ -69,7 +70,15 @@ pub fn reserve(state: Option<&State>, now: u64, limit: u64, window: u64, margin:
     if n >= limit {
         index += 1;
     }
-    let at = if index > current { index * window + margin } else { now };
+    // Reservations keep arrival order: a window already holding requests may
+    // hold some reserved at its start + margin, so nobody goes before that.
+    let at = if index > current {
+        index * window + margin
+    } else if Some(index) == stored {
+        now.max(index * window + margin)
+    } else {
+        now
+    };
     Slot {
         at: Some(at),
         remaining_now,
