@@ -9,14 +9,18 @@
 //! - [`keys`]: validates a check request and names its Redis keys.
 //! - [`server`]: the HTTP endpoints the filter calls, over HTTP/1.1 and h2c.
 //! - [`wait`]: egress waiting: reserve a slot, hold the answer until it, cancel.
+//! - [`queue`]: egress waiting on a concurrency slot: the FCFS queue, hand-over, timers.
+//! - [`wakeups`]: the shim's one pub/sub subscriber that wakes queued requests.
 //! - [`validate`]: `sluice validate FILE...`.
 //! - [`envoy_config`]: `sluice envoy-config`, a complete envoy.yaml for a policy.
 
 pub mod envoy_config;
 pub mod keys;
 pub mod limiter;
+pub mod queue;
 pub mod scripts;
 pub mod server;
 pub mod store;
 pub mod validate;
 pub mod wait;
+pub mod wakeups;

@@ -36,6 +36,9 @@ pub struct Limiter {
     pub(crate) store: Arc<Store>,
     pub(crate) scripts: Arc<Scripts>,
     pub(crate) test_time: bool,
+    /// The shim's one pub/sub subscriber, for waiters on concurrency slots.
+    pub(crate) wakeups: Arc<crate::wakeups::Wakeups>,
+    pub(crate) timers: Arc<crate::queue::Timers>,
     /// Random per process: with `sequence` it makes request ids unique across shims.
     nonce: u64,
     sequence: AtomicU64,
@@ -56,11 +59,18 @@ impl Limiter {
     /// Connects lazily: the shim starts while Redis is down, and checks fail
     /// (and reconnect) until it is up.
     pub fn new(target: &Target, timeout: Duration, test_time: bool) -> anyhow::Result<Limiter> {
+        let nonce: u64 = rand::random();
+        let url = match target {
+            Target::Single(url) => url.clone(),
+            Target::Cluster(seeds) => seeds.first().cloned().unwrap_or_default(),
+        };
         Ok(Limiter {
+            wakeups: Arc::new(crate::wakeups::Wakeups::new(url, nonce)),
+            timers: Arc::default(),
             store: Arc::new(Store::new(target, timeout)?),
             scripts: Arc::new(Scripts::new()),
             test_time,
-            nonce: rand::random(),
+            nonce,
             sequence: AtomicU64::new(0),
         })
     }
@@ -184,8 +194,19 @@ impl Limiter {
         Ok(())
     }
 
-    /// Ends the lease of an admitted request on each of its concurrency limits.
+    /// Ends the lease of an admitted request on each of its concurrency
+    /// limits, hands the freed slots to waiters, and tombstones the lease id.
     pub async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResponse, CheckError> {
+        self.release_at(req, None).await
+    }
+
+    /// [`Limiter::release`] at an explicit time (test mode only).
+    pub async fn release_at(
+        &self,
+        req: &ReleaseRequest,
+        now_us: Option<u64>,
+    ) -> Result<ReleaseResponse, CheckError> {
+        let now = self.time_arg(now_us)?;
         let limits = script_limits(&req.checks).map_err(CheckError::BadRequest)?;
         let leases: Vec<ScriptLimit> =
             limits.into_iter().filter(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })).collect();
@@ -195,9 +216,10 @@ impl Limiter {
         let mut released = 0;
         for group in self.slot_groups(&leases) {
             let mut call = self.scripts.release.prepare_invoke();
-            call.arg(&req.lease);
+            call.arg(&req.lease).arg(&now);
             for i in group {
-                call.key(&leases[i].key);
+                let (_, [limit, lease, _]) = leases[i].algorithm.script_args();
+                call.key(&leases[i].key).arg(limit).arg(lease);
             }
             released += self.store.invoke::<u64>(&call).await.map_err(store_error)?;
         }

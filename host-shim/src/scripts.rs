@@ -10,6 +10,16 @@ pub struct Scripts {
     pub adjust: Script,
     pub refund: Script,
     pub cancel: Script,
+    pub acquire: Script,
+    pub leave: Script,
+    pub reclaim: Script,
+}
+
+/// The helpers and the queue, which every script touching leases needs.
+macro_rules! with_queue {
+    ($($file:literal),*) => {
+        concat!(include_str!("../../lua/common.lua"), include_str!("../../lua/queue.lua"), $(include_str!($file)),*)
+    };
 }
 
 impl Scripts {
@@ -17,6 +27,7 @@ impl Scripts {
         Scripts {
             check: Script::new(concat!(
                 include_str!("../../lua/common.lua"),
+                include_str!("../../lua/queue.lua"),
                 include_str!("../../lua/fixed_window.lua"),
                 include_str!("../../lua/sliding_window.lua"),
                 include_str!("../../lua/sliding_approx.lua"),
@@ -25,7 +36,10 @@ impl Scripts {
                 include_str!("../../lua/reserve.lua"),
                 include_str!("../../lua/check.lua"),
             )),
-            release: Script::new(include_str!("../../lua/release.lua")),
+            release: Script::new(with_queue!("../../lua/release.lua")),
+            acquire: Script::new(with_queue!("../../lua/acquire.lua")),
+            leave: Script::new(with_queue!("../../lua/leave.lua")),
+            reclaim: Script::new(with_queue!("../../lua/reclaim.lua")),
             adjust: Script::new(concat!(
                 include_str!("../../lua/common.lua"),
                 include_str!("../../lua/adjust.lua")

@@ -59,10 +59,8 @@ pub(crate) async fn check(
     now: &str,
     wait_us: u64,
 ) -> Result<CheckResponse, CheckError> {
-    if limits.iter().any(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })) {
-        return Err(CheckError::BadRequest(
-            "wait_ms: waiting on a concurrency limit is not supported yet".into(),
-        ));
+    if let [limit @ ScriptLimit { algorithm: Algorithm::Concurrency { .. }, .. }] = limits {
+        return crate::queue::check(limiter, req, limit, id, now, wait_us).await;
     }
     let reply = reserve(limiter, limits, now, id, wait_us, &margins(req)).await?;
     let held_until: Vec<u64> = reply.limits.iter().map(|l| l.held_until_us.unwrap_or(0)).collect();

@@ -23,7 +23,7 @@ use sluice_policies::wire::{AdjustRequest, Adjustment, Check, CheckRequest, Rele
 use sluice_shim::keys::script_limits;
 use sluice_shim::limiter::Limiter;
 use sluice_shim::store::Target;
-use sluice_shim::wait;
+use sluice_shim::{queue, wait};
 use sluice_tests::Redis;
 
 struct World {
@@ -222,16 +222,18 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                     continue;
                 }
                 let (lease, checks) = held.remove(n % held.len());
-                let keys: Vec<String> = script_limits(&checks)
+                let keys: Vec<(String, u64, u64)> = script_limits(&checks)
                     .expect("valid limits")
                     .into_iter()
-                    .filter(|l| matches!(l.algorithm, Algorithm::Concurrency { .. }))
-                    .map(|l| l.key)
+                    .filter_map(|l| match l.algorithm {
+                        Algorithm::Concurrency { limit, lease_us } => Some((l.key, limit, lease_us)),
+                        _ => None,
+                    })
                     .collect();
-                let want = algorithm::release(&mut model, &keys, &lease);
+                let want = algorithm::release(&mut model, now, &keys, &lease);
                 let got = w
                     .runtime
-                    .block_on(w.limiter.release(&ReleaseRequest { lease, checks }))
+                    .block_on(w.limiter.release_at(&ReleaseRequest { lease, checks }, Some(now)))
                     .expect("release");
                 prop_assert_eq!(got.released, want, "released");
             }
@@ -405,6 +407,161 @@ fn waiting_scripts_decide_as_the_model() {
     );
     if let Err(failure) =
         runner.run(&cases, |(limits, margin, ops)| run_waiting_case(&world, limits, margin, ops))
+    {
+        panic!("{failure}");
+    }
+}
+
+#[derive(Debug, Clone)]
+enum QueueOp {
+    /// After `dt` µs, a request that may wait `wait` µs (0: a plain check).
+    Arrive { dt: u64, wait: u64 },
+    /// The `n`th request that holds a lease or waits is released.
+    Release { n: usize },
+    /// The `n`th waiter leaves (its wait ran out or its client went away).
+    Leave { n: usize },
+    /// After `dt` µs, a waiting shim's reclaim timer fires.
+    Reclaim { dt: u64 },
+}
+
+fn queue_op() -> impl Strategy<Value = QueueOp> {
+    let dt = prop_oneof![2 => Just(0u64), 2 => 0u64..2_000, 1 => 0u64..200_000, 1 => Just(100_000u64)];
+    let wait = prop_oneof![1 => Just(0u64), 3 => prop::sample::select(vec![1u64, 1_000, 50_000, 1_000_000])];
+    prop_oneof![
+        5 => (dt.clone(), wait).prop_map(|(dt, wait)| QueueOp::Arrive { dt, wait }),
+        3 => any::<usize>().prop_map(|n| QueueOp::Release { n }),
+        2 => any::<usize>().prop_map(|n| QueueOp::Leave { n }),
+        1 => dt.prop_map(|dt| QueueOp::Reclaim { dt }),
+    ]
+}
+
+/// The lease set and the queue as Redis holds them.
+fn queue_state(conn: &mut redis::Connection, key: &str) -> (Vec<(String, f64)>, Vec<String>) {
+    let leases = conn.zrange_withscores(key, 0, -1).unwrap_or_default();
+    let queue = conn.zrange(format!("{key}:q"), 0, -1).unwrap_or_default();
+    (leases, queue)
+}
+
+fn model_state(model: &Store, key: &str) -> (Vec<(String, f64)>, Vec<String>) {
+    let mut leases: Vec<(u64, String)> = match model.keys.get(key) {
+        Some(algorithm::State::Set(entries)) => entries.clone(),
+        _ => Vec::new(),
+    };
+    leases.sort();
+    let mut queue: Vec<(u64, String)> = match model.keys.get(&format!("{key}:q")) {
+        Some(algorithm::State::Queue(waiters)) => waiters.iter().map(|w| (w.seq, w.id.clone())).collect(),
+        _ => Vec::new(),
+    };
+    queue.sort();
+    (leases.into_iter().map(|(x, m)| (m, x as f64)).collect(), queue.into_iter().map(|(_, m)| m).collect())
+}
+
+fn run_queue_case(w: &World, limit: u32, lease_ms: u64, ops: Vec<QueueOp>) -> Result<(), TestCaseError> {
+    static CASE: AtomicU64 = AtomicU64::new(0);
+    let policy = format!("q{}", CASE.fetch_add(1, Ordering::Relaxed));
+    let checks = vec![Check {
+        policy,
+        key: "k".into(),
+        limits: vec![WireLimit::Concurrency { limit, lease_ms }],
+        margin_ms: None,
+    }];
+    let script = script_limits(&checks).expect("valid limits");
+    let key = script[0].key.clone();
+    let (limit, lease) = (u64::from(limit), lease_ms * 1000);
+    let mut conn = w.redis.connection().expect("redis connection");
+    let mut model = Store::default();
+    let mut now = 1_700_000_000_000_000u64;
+    let mut ids: Vec<String> = Vec::new();
+    for (n, op) in ops.into_iter().enumerate() {
+        match op {
+            QueueOp::Arrive { dt, wait } => {
+                now += dt;
+                let id = format!("r{n}");
+                ids.push(id.clone());
+                if wait == 0 {
+                    let req = CheckRequest {
+                        checks: checks.as_slice().into(),
+                        now_us: Some(now),
+                        id: Some(id.clone().into()),
+                        wait_ms: None,
+                    };
+                    let got = w.runtime.block_on(w.limiter.check(&req)).expect("check");
+                    let want = algorithm::check(&mut model, now, &id, &[(key.clone(), script[0].algorithm)]);
+                    prop_assert_eq!(got.allowed, want.allowed, "check at {}", now);
+                    prop_assert_eq!(&got.checks[0].limits, &want.limits, "limits at {}", now);
+                } else {
+                    let (got, got_reclaimed) = w
+                        .runtime
+                        .block_on(queue::acquire(&w.limiter, &script[0], &now.to_string(), &id, wait, "ch"))
+                        .expect("acquire");
+                    let (want, want_reclaimed) =
+                        algorithm::queue::acquire(&mut model, &key, now, &id, limit, lease, wait, "ch");
+                    let want = match want {
+                        algorithm::queue::Acquired::Leased => queue::Acquired::Leased,
+                        algorithm::queue::Acquired::Queued { soonest } => queue::Acquired::Queued(soonest),
+                        algorithm::queue::Acquired::Refused => queue::Acquired::Refused,
+                    };
+                    prop_assert_eq!(got, want, "acquire at {}", now);
+                    prop_assert_eq!(got_reclaimed, want_reclaimed, "reclaimed at {}", now);
+                }
+            }
+            QueueOp::Release { n } => {
+                if ids.is_empty() {
+                    continue;
+                }
+                let lease_id = ids[n % ids.len()].clone();
+                let req = ReleaseRequest { lease: lease_id.clone(), checks: checks.clone() };
+                let got = w.runtime.block_on(w.limiter.release_at(&req, Some(now))).expect("release");
+                let want = algorithm::release(&mut model, now, &[(key.clone(), limit, lease)], &lease_id);
+                prop_assert_eq!(got.released, want, "released at {}", now);
+            }
+            QueueOp::Leave { n } => {
+                if ids.is_empty() {
+                    continue;
+                }
+                let id = ids[n % ids.len()].clone();
+                let got = w
+                    .runtime
+                    .block_on(queue::leave_now(&w.limiter, &script[0], &now.to_string(), &id))
+                    .expect("leave");
+                let want = algorithm::queue::leave(&mut model, &key, now, &id, limit, lease);
+                prop_assert_eq!(got, i64::from(want), "leave at {}", now);
+            }
+            QueueOp::Reclaim { dt } => {
+                now += dt;
+                let got = w
+                    .runtime
+                    .block_on(queue::reclaim_now(&w.limiter, &script[0], &now.to_string()))
+                    .expect("reclaim");
+                let want = algorithm::queue::reclaim_timer(&mut model, &key, now, limit, lease);
+                prop_assert_eq!(got, want, "reclaim at {}", now);
+            }
+        }
+        let (leases, queue) = queue_state(&mut conn, &key);
+        prop_assert_eq!(
+            (&leases, &queue),
+            (&model_state(&model, &key).0, &model_state(&model, &key).1),
+            "state after {}",
+            n
+        );
+        let live = leases.iter().filter(|(_, x)| *x > now as f64).count() as u64;
+        prop_assert!(live <= limit, "{} live leases over a limit of {}", live, limit);
+    }
+    Ok(())
+}
+
+/// The queue scripts (acquire, release with hand-over and tombstones, leave,
+/// reclaim) and plain checks on the same lease set decide exactly as the
+/// model, leave the same leases and the same queue, and never hold more
+/// than `limit` live leases.
+#[test]
+fn queue_scripts_decide_as_the_model() {
+    let world = World::start();
+    let mut runner = TestRunner::new(ProptestConfig { cases: 300, ..ProptestConfig::default() });
+    let cases =
+        (1u32..4, prop::sample::select(vec![5u64, 100, 1_000]), prop::collection::vec(queue_op(), 1..40));
+    if let Err(failure) =
+        runner.run(&cases, |(limit, lease_ms, ops)| run_queue_case(&world, limit, lease_ms, ops))
     {
         panic!("{failure}");
     }
