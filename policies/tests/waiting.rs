@@ -146,3 +146,90 @@ proptest! {
         }
     }
 }
+
+#[derive(Debug, Clone)]
+enum QueueEvent {
+    /// After `gap` µs, a request that may wait `wait` µs for a slot.
+    Arrive { gap: u64, wait: u64 },
+    /// The `n`th request seen so far is released (held or queued).
+    Release { n: usize },
+    /// The `n`th request seen so far leaves the queue (timeout or client gone).
+    Leave { n: usize },
+    /// After `gap` µs, a waiting shim's reclaim timer fires.
+    Reclaim { gap: u64 },
+}
+
+fn queue_events() -> impl Strategy<Value = Vec<QueueEvent>> {
+    let gap = prop_oneof![Just(0u64), 0u64..5_000, 0u64..300_000];
+    let event = prop_oneof![
+        4 => (gap.clone(), prop_oneof![Just(1u64), 0u64..1_000_000]).prop_map(|(gap, wait)| QueueEvent::Arrive { gap, wait }),
+        3 => any::<usize>().prop_map(|n| QueueEvent::Release { n }),
+        1 => any::<usize>().prop_map(|n| QueueEvent::Leave { n }),
+        1 => gap.prop_map(|gap| QueueEvent::Reclaim { gap }),
+    ];
+    prop::collection::vec(event, 1..200)
+}
+
+proptest! {
+    /// Whatever the arrivals, releases, departures and lease expiries: never
+    /// more than `limit` live leases, and queued requests are served (given
+    /// a lease from the queue) in their order of arrival.
+    #[test]
+    fn the_queue_serves_in_arrival_order_within_the_limit(
+        limit in 1u64..4, lease in prop_oneof![Just(50_000u64), Just(10_000_000u64)], events in queue_events(),
+    ) {
+        use sluice_policies::algorithm::queue::{self, Acquired};
+        use sluice_policies::algorithm::State;
+        let mut store = Store::default();
+        let mut now = 1_000_000_000u64;
+        let mut ids: Vec<String> = Vec::new();
+        let mut waiting: Vec<usize> = Vec::new();
+        let mut served: Vec<usize> = Vec::new();
+        for event in events {
+            match event {
+                QueueEvent::Arrive { gap, wait } => {
+                    now += gap;
+                    let id = format!("r{}", ids.len());
+                    ids.push(id.clone());
+                    if let (Acquired::Queued { .. }, _) = queue::acquire(&mut store, "k", now, &id, limit, lease, wait, "c") {
+                        waiting.push(ids.len() - 1);
+                    }
+                }
+                QueueEvent::Release { n } if !ids.is_empty() => {
+                    let i = n % ids.len();
+                    queue::release(&mut store, "k", now, &ids[i], limit, lease);
+                }
+                QueueEvent::Leave { n } if !ids.is_empty() => {
+                    let i = n % ids.len();
+                    queue::leave(&mut store, "k", now, &ids[i], limit, lease);
+                }
+                QueueEvent::Reclaim { gap } => {
+                    now += gap;
+                    queue::reclaim_timer(&mut store, "k", now, limit, lease);
+                }
+                _ => {}
+            }
+            let leases: Vec<(u64, String)> = match store.keys.get("k") {
+                Some(State::Set(entries)) => entries.clone(),
+                _ => Vec::new(),
+            };
+            let live = leases.iter().filter(|(x, _)| *x > now).count() as u64;
+            prop_assert!(live <= limit, "{} live leases over {}", live, limit);
+            let queued: Vec<String> = match store.keys.get("k:q") {
+                Some(State::Queue(w)) => w.iter().map(|w| w.id.clone()).collect(),
+                _ => Vec::new(),
+            };
+            // A waiter that left the queue holding a lease was served.
+            waiting.retain(|&i| {
+                if queued.contains(&ids[i]) {
+                    return true;
+                }
+                if leases.iter().any(|(_, m)| *m == ids[i]) {
+                    served.push(i);
+                }
+                false
+            });
+        }
+        prop_assert!(served.windows(2).all(|w| w[0] < w[1]), "served out of arrival order: {:?}", served);
+    }
+}

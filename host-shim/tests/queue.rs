@@ -1,0 +1,175 @@
+//! Egress waiting on a concurrency limit through the shim's `Limiter`, on a
+//! real redis-server and real time: waiters are served in arrival order the
+//! moment a slot is released (pub/sub, no polling), a wait that runs out is
+//! refused and leaves the queue, a crashed holder's slot reaches the queue
+//! by its lease without new traffic, and a release that overtakes its own
+//! check leaves no lease alive.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::Commands;
+use sluice_policies::wire::{Check, CheckRequest, CheckResponse, ReleaseRequest, WireLimit};
+use sluice_shim::limiter::{CheckError, Limiter};
+use sluice_shim::store::Target;
+use sluice_tests::Redis;
+
+const KEY: &str = "sluice:{p:k}:cc:10000";
+
+fn limiter(redis: &Redis) -> Arc<Limiter> {
+    Arc::new(Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), false).expect("limiter"))
+}
+
+fn checks(limits: &[WireLimit]) -> Vec<Check> {
+    vec![Check { policy: "p".into(), key: "k".into(), limits: limits.to_vec(), margin_ms: None }]
+}
+
+fn slot(limit: u32, lease_ms: u64) -> [WireLimit; 1] {
+    [WireLimit::Concurrency { limit, lease_ms }]
+}
+
+async fn check(limiter: &Limiter, id: &str, limits: &[WireLimit], wait_ms: u64) -> CheckResponse {
+    let req = CheckRequest {
+        checks: checks(limits).into(),
+        now_us: None,
+        id: Some(id.to_string().into()),
+        wait_ms: Some(wait_ms),
+    };
+    match limiter.check(&req).await {
+        Ok(resp) => resp,
+        Err(err) => panic!("check failed: {err:?}"),
+    }
+}
+
+async fn release(limiter: &Limiter, id: &str, limits: &[WireLimit]) -> u64 {
+    let req = ReleaseRequest { lease: id.into(), checks: checks(limits) };
+    limiter.release(&req).await.expect("release").released
+}
+
+fn queued(redis: &Redis, key: &str) -> u64 {
+    redis.connection().expect("redis connection").zcard(format!("{key}:q")).expect("ZCARD")
+}
+
+async fn until_queued(redis: &Redis, key: &str, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while queued(redis, key) < n {
+        assert!(Instant::now() < deadline, "never queued");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Limit 1: two waiters queue behind the holder; each release hands the
+/// slot to the oldest waiter at once, and the lease it answers with is its own.
+#[tokio::test]
+async fn released_slots_go_to_the_oldest_waiter_at_once() {
+    let redis = Redis::start().expect("redis");
+    let limiter = limiter(&redis);
+    let one = slot(1, 10_000);
+    assert_eq!(check(&limiter, "r1", &one, 0).await.lease.as_deref(), Some("r1"));
+    let l = limiter.clone();
+    let second = tokio::spawn(async move { check(&l, "r2", &one, 5_000).await });
+    until_queued(&redis, KEY, 1).await;
+    let l = limiter.clone();
+    let third = tokio::spawn(async move { check(&l, "r3", &one, 5_000).await });
+    until_queued(&redis, KEY, 2).await;
+
+    let released = Instant::now();
+    assert_eq!(release(&limiter, "r1", &one).await, 1);
+    let second = second.await.expect("r2");
+    assert!(second.allowed && second.lease.as_deref() == Some("r2"), "{second:?}");
+    assert!(released.elapsed() < Duration::from_millis(500), "the hand-over took {:?}", released.elapsed());
+    assert!(second.waited_ms.is_some(), "{second:?}");
+    assert!(!third.is_finished(), "r3 overtook r2 or got a second slot");
+
+    assert_eq!(release(&limiter, "r2", &one).await, 1);
+    let third = third.await.expect("r3");
+    assert!(third.allowed && third.lease.as_deref() == Some("r3"), "{third:?}");
+    assert_eq!(queued(&redis, KEY), 0);
+}
+
+/// A wait that runs out is refused with an unknown retry, on time, and
+/// leaves the queue: the next release finds nobody to hand the slot to.
+#[tokio::test]
+async fn a_wait_that_runs_out_is_refused_and_leaves_the_queue() {
+    let redis = Redis::start().expect("redis");
+    let limiter = limiter(&redis);
+    let one = slot(1, 10_000);
+    assert!(check(&limiter, "r1", &one, 0).await.allowed);
+    let started = Instant::now();
+    let late = check(&limiter, "r2", &one, 200).await;
+    let took = started.elapsed();
+    assert!(!late.allowed && late.retry_after_ms.is_none(), "{late:?}");
+    assert!(
+        took >= Duration::from_millis(190) && took < Duration::from_millis(400),
+        "answered after {took:?}"
+    );
+    assert_eq!(queued(&redis, KEY), 0, "the timed-out waiter is still queued");
+    assert_eq!(release(&limiter, "r1", &one).await, 1);
+    let leases: u64 = redis.connection().expect("conn").zcard(KEY).expect("ZCARD");
+    assert_eq!(leases, 0, "a slot went to a waiter that had left");
+}
+
+/// A client that goes away while queued leaves the queue.
+#[tokio::test]
+async fn a_client_that_goes_away_leaves_the_queue() {
+    let redis = Redis::start().expect("redis");
+    let limiter = limiter(&redis);
+    let one = slot(1, 10_000);
+    assert!(check(&limiter, "r1", &one, 0).await.allowed);
+    let gone = tokio::time::timeout(Duration::from_millis(100), check(&limiter, "r2", &one, 5_000)).await;
+    assert!(gone.is_err());
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while queued(&redis, KEY) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(queued(&redis, KEY), 0, "the cancelled waiter is still queued");
+}
+
+/// The holder crashed (never releases): its lease expires, and the waiting
+/// shim's timer reclaims the slot for the waiter without any new traffic.
+#[tokio::test]
+async fn a_crashed_holders_slot_reaches_the_waiter_by_its_lease() {
+    let redis = Redis::start().expect("redis");
+    let limiter = limiter(&redis);
+    let short = slot(1, 300);
+    assert!(check(&limiter, "r1", &short, 0).await.allowed);
+    let started = Instant::now();
+    let waiter = check(&limiter, "r2", &short, 3_000).await;
+    assert!(waiter.allowed && waiter.lease.as_deref() == Some("r2"), "{waiter:?}");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_millis(1_500),
+        "served after {took:?}"
+    );
+}
+
+/// Regression (correctness issue, item 3): a release for lease X that
+/// arrives before the check that takes lease X (a client reset during a
+/// slow check) left that lease alive until its TTL. The release now
+/// tombstones X, and the late check takes no lease.
+#[tokio::test]
+async fn a_release_that_overtakes_its_check_leaves_no_lease() {
+    let redis = Redis::start().expect("redis");
+    let limiter = limiter(&redis);
+    let one = slot(1, 10_000);
+    assert_eq!(release(&limiter, "x", &one).await, 0);
+    let late = check(&limiter, "x", &one, 0).await;
+    assert!(!late.allowed, "a released lease was granted: {late:?}");
+    let leases: u64 = redis.connection().expect("conn").zcard(KEY).expect("ZCARD");
+    assert_eq!(leases, 0, "a lease outlived its own release");
+    assert!(check(&limiter, "y", &one, 0).await.allowed, "the slot is free for others");
+}
+
+/// Concurrency together with time-based limits cannot wait yet: a clear 400.
+#[tokio::test]
+async fn concurrency_with_other_limits_cannot_wait_yet() {
+    let redis = Redis::start().expect("redis");
+    let limiter = limiter(&redis);
+    let mixed =
+        [WireLimit::Concurrency { limit: 1, lease_ms: 10_000 }, WireLimit::Interval { every_ms: 100 }];
+    let req = CheckRequest { checks: checks(&mixed).into(), now_us: None, id: None, wait_ms: Some(100) };
+    match limiter.check(&req).await {
+        Err(CheckError::BadRequest(reason)) => assert!(reason.contains("concurrency"), "{reason}"),
+        other => panic!("expected a 400, got {other:?}"),
+    }
+}
