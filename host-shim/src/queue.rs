@@ -171,29 +171,23 @@ pub(crate) async fn check(
         woken = &mut registration.woken => woken.is_ok(),
         () = tokio::time::sleep_until(deadline.into()) => false,
     };
-    guard.armed = false;
     if woken {
+        guard.armed = false;
         let mut resp = response(req, true, reclaimed);
         resp.lease = Some(id.to_string());
         resp.waited_ms =
             Some(u64::try_from(started.elapsed().as_micros().div_ceil(1000)).unwrap_or(u64::MAX));
         return Ok(resp);
     }
-    // Timed out: leave the queue; a slot handed over meanwhile passes on.
-    leave(&limiter.store, &limiter.scripts, limit, &moved_on(now, started), id).await?;
+    // Timed out: answered now, so never later than the wait; the guard,
+    // still armed, leaves the queue from a spawned task (a slot handed over
+    // meanwhile passes on to the next waiter).
+    drop(guard);
     Ok(response(req, false, reclaimed))
 }
 
-/// The script's time argument after `started`: Redis TIME, or in test mode
-/// the request's explicit time moved on by what has passed.
-fn moved_on(now: &str, started: Instant) -> String {
-    match now.parse::<u64>() {
-        Ok(t) => (t + u64::try_from(started.elapsed().as_micros()).unwrap_or(0)).to_string(),
-        Err(_) => String::new(),
-    }
-}
-
-/// Leaves the queue if dropped while armed: the client went away.
+/// Leaves the queue if dropped while armed: the wait ran out, or the client
+/// went away.
 struct Leave {
     store: Arc<Store>,
     scripts: Arc<Scripts>,
