@@ -170,6 +170,11 @@ pub(crate) async fn check(
     let woken = tokio::select! {
         woken = &mut registration.woken => woken.is_ok(),
         () = tokio::time::sleep_until(deadline.into()) => false,
+        () = limiter.wakeups.lost() => {
+            // The wake-up could not reach us: 503, and the filter applies
+            // its failure_mode. The guard leaves the queue.
+            return Err(CheckError::Store("the wake-up subscriber lost Redis while waiting".into()));
+        }
     };
     if woken {
         guard.armed = false;

@@ -75,6 +75,14 @@ impl Wakeups {
         tokio::time::timeout(limit, rx.wait_for(|up| *up)).await.is_ok_and(|r| r.is_ok())
     }
 
+    /// Completes when the subscriber loses its connection.
+    pub async fn lost(&self) {
+        let mut rx = self.subscribed.subscribe();
+        if rx.wait_for(|up| !*up).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
     async fn subscribe_forever(self: Arc<Self>) {
         loop {
             if let Err(err) = self.subscribe_once().await {

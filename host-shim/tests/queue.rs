@@ -178,3 +178,35 @@ async fn concurrency_with_other_limits_cannot_wait_yet() {
         other => panic!("expected a 400, got {other:?}"),
     }
 }
+
+/// Redis drops the shim's wake-up subscription while a request waits: the
+/// wake-up could not reach it, so the check fails (503, and the filter
+/// applies its failure_mode) instead of waiting blind.
+#[tokio::test]
+async fn losing_the_wake_up_subscription_while_waiting_is_a_store_error() {
+    let redis = Redis::start().expect("redis");
+    let limiter = limiter(&redis);
+    let one = slot(1, 10_000);
+    assert!(check(&limiter, "r1", &one, 0).await.allowed);
+    let l = limiter.clone();
+    let waiter = tokio::spawn(async move {
+        let req = CheckRequest {
+            checks: checks(&one).into(),
+            now_us: None,
+            id: Some("r2".into()),
+            wait_ms: Some(5_000),
+        };
+        l.check(&req).await
+    });
+    until_queued(&redis, KEY, 1).await;
+    let started = Instant::now();
+    let _: u64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "pubsub"][..])
+        .query(&mut redis.connection().expect("conn"))
+        .expect("CLIENT KILL");
+    match waiter.await.expect("task") {
+        Err(CheckError::Store(_)) => {}
+        other => panic!("expected a store error, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(1));
+}
