@@ -27,11 +27,5 @@ if redis.call('ZCARD', key) < limit and redis.call('ZCARD', q) == 0 then
   keep_ms(key, ceil_ms(lease) + 1000)
   return {1, now, reclaimed, -1}
 end
-local seq = now
-local last = tonumber(redis.call('ZRANGE', q, -1, -1, 'WITHSCORES')[2])
-if last and last >= seq then seq = last + 1 end
-redis.call('ZADD', q, seq, id)
-redis.call('ZADD', key .. ':d', now + wait, id)
-redis.call('HSET', key .. ':w', id, channel)
-for _, k in ipairs({q, key .. ':d', key .. ':w'}) do keep_ms(k, ceil_ms(wait) + 1000) end
+enqueue(key, now, id, wait, channel, nil)
 return {0, now, reclaimed, soonest_expiry(key, now)}

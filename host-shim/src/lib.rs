@@ -9,6 +9,7 @@
 //! - [`keys`]: validates a check request and names its Redis keys.
 //! - [`server`]: the HTTP endpoints the filter calls, over HTTP/1.1 and h2c.
 //! - [`wait`]: egress waiting: reserve a slot, hold the answer until it, cancel.
+//! - [`mixed`]: egress waiting on a concurrency slot and time slots together.
 //! - [`queue`]: egress waiting on a concurrency slot: the FCFS queue, hand-over, timers.
 //! - [`wakeups`]: the shim's one pub/sub subscriber that wakes queued requests.
 //! - [`validate`]: `sluice validate FILE...`.
@@ -17,6 +18,7 @@
 pub mod envoy_config;
 pub mod keys;
 pub mod limiter;
+pub mod mixed;
 pub mod queue;
 pub mod scripts;
 pub mod server;

@@ -31,7 +31,7 @@ pub enum Acquired {
     Refused,
 }
 
-fn args(limit: &ScriptLimit) -> (u64, u64) {
+pub(crate) fn args(limit: &ScriptLimit) -> (u64, u64) {
     match limit.algorithm {
         Algorithm::Concurrency { limit, lease_us } => (limit, lease_us),
         _ => (0, 0),
@@ -112,7 +112,7 @@ async fn reclaim(
     Ok((u64::try_from(reclaimed).unwrap_or(0), u64::try_from(soonest).ok()))
 }
 
-fn response(req: &CheckRequest<'_>, allowed: bool, reclaimed: u64) -> CheckResponse {
+pub(crate) fn response(req: &CheckRequest<'_>, allowed: bool, reclaimed: u64) -> CheckResponse {
     let outcome = LimitOutcome {
         allowed,
         remaining: 0,
@@ -168,7 +168,7 @@ pub(crate) async fn check(
         limiter.timers.arm(limiter, limit, Duration::from_micros(us));
     }
     let woken = tokio::select! {
-        woken = &mut registration.woken => woken.is_ok(),
+        woken = &mut registration.woken => woken.is_ok_and(|m| m == id),
         () = tokio::time::sleep_until(deadline.into()) => false,
         () = limiter.wakeups.lost() => {
             // The wake-up could not reach us: 503, and the filter applies
@@ -193,12 +193,12 @@ pub(crate) async fn check(
 
 /// Leaves the queue if dropped while armed: the wait ran out, or the client
 /// went away.
-struct Leave {
-    store: Arc<Store>,
-    scripts: Arc<Scripts>,
-    limit: ScriptLimit,
-    id: String,
-    armed: bool,
+pub(crate) struct Leave {
+    pub store: Arc<Store>,
+    pub scripts: Arc<Scripts>,
+    pub limit: ScriptLimit,
+    pub id: String,
+    pub armed: bool,
 }
 
 impl Drop for Leave {
@@ -226,7 +226,7 @@ pub struct Timers {
 }
 
 impl Timers {
-    fn arm(&self, limiter: &Limiter, limit: &ScriptLimit, after: Duration) {
+    pub(crate) fn arm(&self, limiter: &Limiter, limit: &ScriptLimit, after: Duration) {
         // A millisecond past the expiry: the lease is live while now < expiry.
         let at = Instant::now() + after + Duration::from_millis(1);
         {

@@ -13,12 +13,22 @@ pub struct Scripts {
     pub acquire: Script,
     pub leave: Script,
     pub reclaim: Script,
+    pub take: Script,
 }
 
-/// The helpers and the queue, which every script touching leases needs.
+/// The helpers, the time-based algorithms and the queue, which every script
+/// touching leases needs: a hand-over re-checks a mixed waiter's time limits.
 macro_rules! with_queue {
     ($($file:literal),*) => {
-        concat!(include_str!("../../lua/common.lua"), include_str!("../../lua/queue.lua"), $(include_str!($file)),*)
+        concat!(
+            include_str!("../../lua/common.lua"),
+            include_str!("../../lua/fixed_window.lua"),
+            include_str!("../../lua/sliding_window.lua"),
+            include_str!("../../lua/gcra.lua"),
+            include_str!("../../lua/slots.lua"),
+            include_str!("../../lua/queue.lua"),
+            $(include_str!($file)),*
+        )
     };
 }
 
@@ -27,11 +37,12 @@ impl Scripts {
         Scripts {
             check: Script::new(concat!(
                 include_str!("../../lua/common.lua"),
-                include_str!("../../lua/queue.lua"),
                 include_str!("../../lua/fixed_window.lua"),
                 include_str!("../../lua/sliding_window.lua"),
                 include_str!("../../lua/sliding_approx.lua"),
                 include_str!("../../lua/gcra.lua"),
+                include_str!("../../lua/slots.lua"),
+                include_str!("../../lua/queue.lua"),
                 include_str!("../../lua/concurrency.lua"),
                 include_str!("../../lua/reserve.lua"),
                 include_str!("../../lua/check.lua"),
@@ -40,6 +51,7 @@ impl Scripts {
             acquire: Script::new(with_queue!("../../lua/acquire.lua")),
             leave: Script::new(with_queue!("../../lua/leave.lua")),
             reclaim: Script::new(with_queue!("../../lua/reclaim.lua")),
+            take: Script::new(with_queue!("../../lua/take.lua")),
             adjust: Script::new(concat!(
                 include_str!("../../lua/common.lua"),
                 include_str!("../../lua/adjust.lua")

@@ -25,8 +25,8 @@ use crate::limiter::{by_check, decode, store_error, CheckError, Limiter, SlotRep
 use crate::scripts::Scripts;
 use crate::store::Store;
 
-/// Refuses what waiting cannot do: approximate windows, and (not yet
-/// supported) concurrency limits together with other limits.
+/// Refuses what waiting cannot do: approximate windows, and more than one
+/// concurrency limit (one queue per request).
 pub(crate) fn refuse_unsupported(limits: &[ScriptLimit]) -> Result<(), String> {
     if limits.iter().any(|l| matches!(l.algorithm, Algorithm::SlidingApprox { .. })) {
         return Err("wait_ms: an approximate sliding window cannot wait (it keeps no per-request \
@@ -34,16 +34,14 @@ pub(crate) fn refuse_unsupported(limits: &[ScriptLimit]) -> Result<(), String> {
             .into());
     }
     let leases = limits.iter().filter(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })).count();
-    if leases > 0 && (leases > 1 || limits.len() > 1) {
-        return Err("wait_ms: waiting on a concurrency limit together with other limits is not \
-                    supported yet"
-            .into());
+    if leases > 1 {
+        return Err("wait_ms: a request can wait on one concurrency limit, not several".into());
     }
     Ok(())
 }
 
 /// The margin of each limit, in µs: its check's `margin_ms`.
-fn margins(req: &CheckRequest<'_>) -> Vec<u64> {
+pub(crate) fn margins(req: &CheckRequest<'_>) -> Vec<u64> {
     req.checks
         .iter()
         .flat_map(|c| std::iter::repeat_n(c.margin_ms.unwrap_or(0).saturating_mul(1000), c.limits.len()))
@@ -62,6 +60,9 @@ pub(crate) async fn check(
     if let [limit @ ScriptLimit { algorithm: Algorithm::Concurrency { .. }, .. }] = limits {
         return crate::queue::check(limiter, req, limit, id, now, wait_us).await;
     }
+    if limits.iter().any(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })) {
+        return crate::mixed::check(limiter, req, limits, id, now, wait_us).await;
+    }
     let reply = reserve(limiter, limits, now, id, wait_us, &margins(req)).await?;
     let held_until: Vec<u64> = reply.limits.iter().map(|l| l.held_until_us.unwrap_or(0)).collect();
     let mut response = CheckResponse {
@@ -76,19 +77,9 @@ pub(crate) async fn check(
     if delay == 0 {
         return Ok(response);
     }
-    let mut guard = Cancel {
-        store: limiter.store.clone(),
-        scripts: limiter.scripts.clone(),
-        id: id.to_string(),
-        at,
-        limits: limits.to_vec(),
-        held_until,
-        test_now: now.parse().ok(),
-        started: Instant::now(),
-        armed: true,
-    };
+    let mut guard = Cancel::new(limiter, id, at, limits.to_vec(), held_until, now);
     tokio::time::sleep(Duration::from_micros(delay)).await;
-    guard.armed = false;
+    guard.disarm();
     response.waited_ms = Some(ceil_ms(guard.started.elapsed()));
     Ok(response)
 }
@@ -130,7 +121,7 @@ pub async fn reserve_request(limiter: &Limiter, req: &CheckRequest<'_>) -> Resul
 }
 
 /// One call of the check script's waiting path.
-async fn reserve(
+pub(crate) async fn reserve(
     limiter: &Limiter,
     limits: &[ScriptLimit],
     now: &str,
@@ -154,7 +145,7 @@ async fn reserve(
 }
 
 /// Gives a held reservation back if dropped while armed: the client went away.
-struct Cancel {
+pub(crate) struct Cancel {
     store: std::sync::Arc<Store>,
     scripts: std::sync::Arc<Scripts>,
     id: String,
@@ -165,6 +156,34 @@ struct Cancel {
     test_now: Option<u64>,
     started: Instant,
     armed: bool,
+}
+
+impl Cancel {
+    /// Armed, for a reservation at `at` made with the script time `now`.
+    pub(crate) fn new(
+        limiter: &Limiter,
+        id: &str,
+        at: u64,
+        limits: Vec<ScriptLimit>,
+        held_until: Vec<u64>,
+        now: &str,
+    ) -> Cancel {
+        Cancel {
+            store: limiter.store.clone(),
+            scripts: limiter.scripts.clone(),
+            id: id.to_string(),
+            at,
+            limits,
+            held_until,
+            test_now: now.parse().ok(),
+            started: Instant::now(),
+            armed: true,
+        }
+    }
+
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
 }
 
 impl Drop for Cancel {

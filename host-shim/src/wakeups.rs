@@ -19,16 +19,18 @@ use tokio::sync::{oneshot, watch};
 pub struct Wakeups {
     url: String,
     channel: String,
-    waiters: Mutex<HashMap<String, oneshot::Sender<()>>>,
+    waiters: Mutex<HashMap<String, oneshot::Sender<String>>>,
     subscribed: watch::Sender<bool>,
     start: Once,
 }
 
-/// A registered waiter: its wake-up, and its removal from the map when dropped.
+/// A registered waiter: its wake-up (the message: `<id>` served, `<id> <t'>
+/// <delay>` a mixed waiter's time slot reserved at t', `<id> -1` refused),
+/// and its removal from the map when dropped.
 pub struct Registration {
     wakeups: Arc<Wakeups>,
     id: String,
-    pub woken: oneshot::Receiver<()>,
+    pub woken: oneshot::Receiver<String>,
 }
 
 impl Drop for Registration {
@@ -100,10 +102,11 @@ impl Wakeups {
         self.subscribed.send_replace(true);
         let mut messages = pubsub.on_message();
         while let Some(msg) = messages.next().await {
-            let Ok(id) = msg.get_payload::<String>() else { continue };
-            let waiter = self.waiters.lock().ok().and_then(|mut w| w.remove(&id));
+            let Ok(message) = msg.get_payload::<String>() else { continue };
+            let id = message.split(' ').next().unwrap_or_default();
+            let waiter = self.waiters.lock().ok().and_then(|mut w| w.remove(id));
             if let Some(tx) = waiter {
-                let _ = tx.send(());
+                let _ = tx.send(message);
             }
         }
         Err(redis::RedisError::from((redis::ErrorKind::Io, "subscription ended")))

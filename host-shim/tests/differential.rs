@@ -23,7 +23,7 @@ use sluice_policies::wire::{AdjustRequest, Adjustment, Check, CheckRequest, Rele
 use sluice_shim::keys::script_limits;
 use sluice_shim::limiter::Limiter;
 use sluice_shim::store::Target;
-use sluice_shim::{queue, wait};
+use sluice_shim::{mixed, queue, wait};
 use sluice_tests::Redis;
 
 struct World {
@@ -563,6 +563,231 @@ fn queue_scripts_decide_as_the_model() {
     if let Err(failure) =
         runner.run(&cases, |(limit, lease_ms, ops)| run_queue_case(&world, limit, lease_ms, ops))
     {
+        panic!("{failure}");
+    }
+}
+
+/// A time limit that a mixed request waits on beside its concurrency limit.
+fn time_limit() -> impl Strategy<Value = WireLimit> {
+    prop_oneof![
+        prop::sample::select(vec![1u64, 10, 100]).prop_map(|every_ms| WireLimit::Interval { every_ms }),
+        (1u32..4, prop::sample::select(vec![7u64, 100])).prop_map(|(limit, window_ms)| {
+            WireLimit::SlidingWindow { limit, window_ms, approximate: false }
+        }),
+        (1u32..4, prop::sample::select(vec![7u64, 100]))
+            .prop_map(|(limit, window_ms)| WireLimit::FixedWindow { limit, window_ms }),
+        (1u32..4, prop::sample::select(vec![10u64, 100]), 1u32..3)
+            .prop_map(|(rate, per_ms, burst)| WireLimit::TokenBucket { rate, per_ms, burst }),
+    ]
+}
+
+#[derive(Debug, Clone)]
+enum MixedOp {
+    /// After `dt` µs, a mixed request that may wait `wait` µs reserves its time slot.
+    Arrive { dt: u64, wait: u64 },
+    /// The `n`th reserved request reaches its time slot and takes the concurrency slot or queues.
+    Take { n: usize },
+    /// The `n`th request is released.
+    Release { n: usize },
+    /// The `n`th request leaves the queue.
+    Leave { n: usize },
+    /// After `dt` µs, a reclaim timer fires.
+    Reclaim { dt: u64 },
+}
+
+fn mixed_op() -> impl Strategy<Value = MixedOp> {
+    let dt = prop_oneof![2 => Just(0u64), 2 => 0u64..2_000, 1 => 0u64..200_000];
+    let wait = prop::sample::select(vec![1u64, 1_000, 50_000, 1_000_000]);
+    prop_oneof![
+        4 => (dt.clone(), wait).prop_map(|(dt, wait)| MixedOp::Arrive { dt, wait }),
+        4 => any::<usize>().prop_map(|n| MixedOp::Take { n }),
+        3 => any::<usize>().prop_map(|n| MixedOp::Release { n }),
+        1 => any::<usize>().prop_map(|n| MixedOp::Leave { n }),
+        1 => dt.prop_map(|dt| MixedOp::Reclaim { dt }),
+    ]
+}
+
+/// A time limit's state as Redis holds it, and as the model does, in one form.
+fn time_state(conn: &mut redis::Connection, key: &str) -> String {
+    let kind: String = redis::cmd("TYPE").arg(key).query(conn).unwrap_or_default();
+    match kind.as_str() {
+        "zset" => {
+            format!("{:?}", conn.zrange_withscores::<_, Vec<(String, u64)>>(key, 0, -1).unwrap_or_default())
+        }
+        "hash" => {
+            let (w, n): (Option<u64>, Option<u64>) =
+                redis::cmd("HMGET").arg(key).arg("w").arg("n").query(conn).unwrap_or_default();
+            format!("{w:?} {n:?}")
+        }
+        "string" => format!("{:?}", conn.get::<_, Option<u64>>(key).unwrap_or_default()),
+        _ => String::new(),
+    }
+}
+
+fn model_time_state(model: &Store, key: &str) -> String {
+    match model.keys.get(key) {
+        Some(algorithm::State::Set(entries)) => {
+            let mut e: Vec<(u64, String)> = entries.clone();
+            e.sort();
+            if e.is_empty() {
+                return String::new();
+            }
+            format!("{:?}", e.into_iter().map(|(s, m)| (m, s)).collect::<Vec<_>>())
+        }
+        Some(algorithm::State::Counter { window, count }) => format!("{:?} {:?}", Some(window), Some(count)),
+        Some(algorithm::State::Tat(t)) => format!("{:?}", Some(t)),
+        _ => String::new(),
+    }
+}
+
+fn run_mixed_case(
+    w: &World,
+    (limit, lease_ms): (u32, u64),
+    time_limit: WireLimit,
+    ops: Vec<MixedOp>,
+) -> Result<(), TestCaseError> {
+    static CASE: AtomicU64 = AtomicU64::new(0);
+    let policy = format!("m{}", CASE.fetch_add(1, Ordering::Relaxed));
+    let check = |limits: Vec<WireLimit>| {
+        vec![Check { policy: policy.clone(), key: "k".into(), limits, margin_ms: None }]
+    };
+    let all = check(vec![WireLimit::Concurrency { limit, lease_ms }, time_limit]);
+    let time_only = check(vec![time_limit]);
+    let script = script_limits(&all).expect("valid limits");
+    let (conc, time) = (script[0].clone(), vec![script[1].clone()]);
+    let waiting: Vec<algorithm::reserve::Waiting> = vec![(time[0].key.clone(), time[0].algorithm, 0)];
+    let (limit, lease) = (u64::from(limit), lease_ms * 1000);
+    let mut conn = w.redis.connection().expect("redis connection");
+    let mut model = Store::default();
+    let mut now = 1_700_000_000_000_000u64;
+    let mut ids: Vec<String> = Vec::new();
+    // Reserved, not yet taken: id, slot, gcra tat set, wait left.
+    let mut pending: Vec<(String, u64, Vec<u64>, u64)> = Vec::new();
+    for (n, op) in ops.into_iter().enumerate() {
+        match op {
+            MixedOp::Arrive { dt, wait } => {
+                now += dt;
+                let id = format!("r{n}");
+                ids.push(id.clone());
+                let req = CheckRequest {
+                    checks: time_only.as_slice().into(),
+                    now_us: Some(now),
+                    id: Some(id.clone().into()),
+                    wait_ms: Some(wait.div_ceil(1000)),
+                };
+                let got = w.runtime.block_on(wait::reserve_request(&w.limiter, &req)).expect("reserve");
+                let want =
+                    algorithm::reserve::reserve(&mut model, now, &id, wait.div_ceil(1000) * 1000, &waiting)
+                        .expect("waits");
+                prop_assert_eq!(&got.response.checks[0].limits, &want.reply.limits, "reserve at {}", now);
+                prop_assert_eq!(got.at, want.at, "slot at {}", now);
+                if let Some(at) = got.at {
+                    let held =
+                        got.response.checks[0].limits.iter().map(|l| l.held_until_us.unwrap_or(0)).collect();
+                    pending.push((id, at, held, wait));
+                }
+            }
+            MixedOp::Take { n } => {
+                if pending.is_empty() {
+                    continue;
+                }
+                let (id, at, held, wait) = pending.remove(n % pending.len());
+                now = now.max(at);
+                let got = w
+                    .runtime
+                    .block_on(mixed::take(
+                        &w.limiter,
+                        &conc,
+                        &time,
+                        &[0],
+                        &now.to_string(),
+                        &id,
+                        wait,
+                        "ch",
+                        at,
+                        &held,
+                    ))
+                    .expect("take");
+                let (want, want_reclaimed) = algorithm::queue::take(
+                    &mut model,
+                    &conc.key,
+                    now,
+                    &id,
+                    (limit, lease, wait),
+                    "ch",
+                    at,
+                    &waiting,
+                    &held,
+                );
+                let want = match want {
+                    algorithm::queue::Acquired::Leased => queue::Acquired::Leased,
+                    algorithm::queue::Acquired::Queued { soonest } => queue::Acquired::Queued(soonest),
+                    algorithm::queue::Acquired::Refused => queue::Acquired::Refused,
+                };
+                prop_assert_eq!(got, (want, want_reclaimed), "take at {}", now);
+            }
+            MixedOp::Release { n } => {
+                if ids.is_empty() {
+                    continue;
+                }
+                let lease_id = ids[n % ids.len()].clone();
+                let req = ReleaseRequest { lease: lease_id.clone(), checks: all.clone() };
+                let got = w.runtime.block_on(w.limiter.release_at(&req, Some(now))).expect("release");
+                let want =
+                    algorithm::release(&mut model, now, &[(conc.key.clone(), limit, lease)], &lease_id);
+                prop_assert_eq!(got.released, want, "released at {}", now);
+            }
+            MixedOp::Leave { n } => {
+                if ids.is_empty() {
+                    continue;
+                }
+                let id = ids[n % ids.len()].clone();
+                let got = w
+                    .runtime
+                    .block_on(queue::leave_now(&w.limiter, &conc, &now.to_string(), &id))
+                    .expect("leave");
+                let want = algorithm::queue::leave(&mut model, &conc.key, now, &id, limit, lease);
+                prop_assert_eq!(got, i64::from(want), "leave at {}", now);
+            }
+            MixedOp::Reclaim { dt } => {
+                now += dt;
+                let got = w
+                    .runtime
+                    .block_on(queue::reclaim_now(&w.limiter, &conc, &now.to_string()))
+                    .expect("reclaim");
+                let want = algorithm::queue::reclaim_timer(&mut model, &conc.key, now, limit, lease);
+                prop_assert_eq!(got, want, "reclaim at {}", now);
+            }
+        }
+        let (leases, queue) = queue_state(&mut conn, &conc.key);
+        let (want_leases, want_queue) = model_state(&model, &conc.key);
+        prop_assert_eq!((&leases, &queue), (&want_leases, &want_queue), "leases and queue after op {}", n);
+        prop_assert_eq!(
+            time_state(&mut conn, &time[0].key),
+            model_time_state(&model, &time[0].key),
+            "time state after op {}",
+            n
+        );
+        let live = leases.iter().filter(|(_, x)| *x > now as f64).count() as u64;
+        prop_assert!(live <= limit, "{} live leases over a limit of {}", live, limit);
+    }
+    Ok(())
+}
+
+/// Mixed waits: reserve the time slot, take the concurrency slot or queue
+/// with the time limits attached (take.lua), and hand-overs that re-check
+/// them (queue.lua), all decide as the model and leave the same leases,
+/// queue and time-limit state.
+#[test]
+fn mixed_scripts_decide_as_the_model() {
+    let world = World::start();
+    let mut runner = TestRunner::new(ProptestConfig { cases: 300, ..ProptestConfig::default() });
+    let cases = (
+        (1u32..3, prop::sample::select(vec![5u64, 100, 1_000])),
+        time_limit(),
+        prop::collection::vec(mixed_op(), 1..40),
+    );
+    if let Err(failure) = runner.run(&cases, |(c, t, ops)| run_mixed_case(&world, c, t, ops)) {
         panic!("{failure}");
     }
 }

@@ -165,18 +165,68 @@ async fn a_release_that_overtakes_its_check_leaves_no_lease() {
     assert!(check(&limiter, "y", &one, 0).await.allowed, "the slot is free for others");
 }
 
-/// Concurrency together with time-based limits cannot wait yet: a clear 400.
+/// Two concurrency limits in one waiting request cannot wait: one queue
+/// per request, a clear 400.
 #[tokio::test]
-async fn concurrency_with_other_limits_cannot_wait_yet() {
+async fn two_concurrency_limits_cannot_wait() {
     let redis = Redis::start().expect("redis");
     let limiter = limiter(&redis);
-    let mixed =
-        [WireLimit::Concurrency { limit: 1, lease_ms: 10_000 }, WireLimit::Interval { every_ms: 100 }];
-    let req = CheckRequest { checks: checks(&mixed).into(), now_us: None, id: None, wait_ms: Some(100) };
+    let two = [
+        WireLimit::Concurrency { limit: 1, lease_ms: 10_000 },
+        WireLimit::Concurrency { limit: 1, lease_ms: 20_000 },
+    ];
+    let req = CheckRequest { checks: checks(&two).into(), now_us: None, id: None, wait_ms: Some(100) };
     match limiter.check(&req).await {
         Err(CheckError::BadRequest(reason)) => assert!(reason.contains("concurrency"), "{reason}"),
         other => panic!("expected a 400, got {other:?}"),
     }
+}
+
+fn leases(redis: &Redis, key: &str) -> Vec<String> {
+    redis.connection().expect("redis connection").zrange(key, 0, -1).expect("ZRANGE")
+}
+
+/// Mixed waits (a concurrency limit and an interval) never hold the
+/// concurrency slot while waiting for the time slot, and hand the slot
+/// over with the time limit re-checked:
+/// - r1 holds both; r2 reserves the next interval slot and, at it, finds
+///   the concurrency slot taken, so it gives its interval slot back and
+///   queues; r3 then gets the interval slot at once and queues behind r2;
+/// - r1's release hands the slot to r2, whose interval admits it now;
+/// - r2's release finds r3's interval not yet due: r3's time slot is
+///   reserved, the concurrency slot stays free (nobody holds it while r3
+///   waits), and r3 takes it at its time slot.
+#[tokio::test]
+async fn mixed_waits_never_hold_a_concurrency_slot_while_waiting_for_time() {
+    let redis = Redis::start().expect("redis");
+    let limiter = limiter(&redis);
+    let mixed =
+        [WireLimit::Concurrency { limit: 1, lease_ms: 10_000 }, WireLimit::Interval { every_ms: 400 }];
+    let r1 = check(&limiter, "r1", &mixed, 3_000).await;
+    assert!(r1.allowed && r1.lease.as_deref() == Some("r1"), "{r1:?}");
+
+    let l = limiter.clone();
+    let r2 = tokio::spawn(async move { check(&l, "r2", &mixed, 5_000).await });
+    // Before its interval slot r2 holds nothing.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(leases(&redis, KEY), ["r1"], "r2 took the concurrency slot before its time slot");
+    until_queued(&redis, KEY, 1).await;
+    let l = limiter.clone();
+    let r3 = tokio::spawn(async move { check(&l, "r3", &mixed, 5_000).await });
+    until_queued(&redis, KEY, 2).await;
+
+    assert_eq!(release(&limiter, "r1", &mixed).await, 1);
+    let r2 = r2.await.expect("r2");
+    assert!(r2.allowed && r2.lease.as_deref() == Some("r2"), "{r2:?}");
+    assert_eq!(leases(&redis, KEY), ["r2"]);
+
+    assert_eq!(release(&limiter, "r2", &mixed).await, 1);
+    // r3's interval slot is ~400 ms after r2's: the concurrency slot waits free.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!r3.is_finished(), "r3 admitted before its interval slot");
+    assert!(leases(&redis, KEY).is_empty(), "a concurrency slot is held while its request waits for time");
+    let r3 = r3.await.expect("r3");
+    assert!(r3.allowed && r3.lease.as_deref() == Some("r3"), "{r3:?}");
 }
 
 /// Redis drops the shim's wake-up subscription while a request waits: the

@@ -9,7 +9,16 @@
 //! waiter is served by giving it the lease under its own id and publishing
 //! the id on its shim's channel, in the same atomic call as the release or
 //! reclaim that freed the slot.
+//!
+//! A mixed waiter (time limits too, `key:l` in Redis) is served only if its
+//! time limits admit it now: they are charged and it gets the lease.
+//! Otherwise the slot passes on to the next waiter, and the waiter leaves the
+//! queue with its time slot `t'` reserved if `t'` lies before its deadline
+//! (its shim comes back at `t'`: `take`), or refused. A concurrency slot is
+//! never held while its request waits for a time slot.
 
+use super::cancel::{cancel, Reserved};
+use super::reserve::{reserve, Waiting};
 use super::{State, Store};
 
 /// One request waiting for a slot.
@@ -22,6 +31,8 @@ pub struct Waiter {
     pub deadline: u64,
     /// Where its shim listens for the hand-over.
     pub channel: String,
+    /// A mixed waiter's time limits, re-checked at the hand-over.
+    pub time: Vec<Waiting>,
 }
 
 fn waiters<'a>(store: &'a mut Store, key: &str) -> &'a mut Vec<Waiter> {
@@ -58,9 +69,11 @@ pub fn tombstoned(store: &Store, key: &str, now: u64, id: &str) -> bool {
 
 /// Gives the free slots of `key` to the oldest live waiters; a waiter past
 /// its deadline, or tombstoned, is dropped from the queue instead. Expired
-/// leases must have been reclaimed first. Returns the (channel, id) published.
+/// leases must have been reclaimed first. Returns the (channel, message)
+/// published: `<id>` served, `<id> <t'> <delay>` time slot reserved at `t'`,
+/// `<id> -1` refused.
 pub fn hand_over(store: &mut Store, key: &str, now: u64, limit: u64, lease: u64) -> Vec<(String, String)> {
-    let mut served = Vec::new();
+    let mut published = Vec::new();
     while (set(store, key).len() as u64) < limit {
         let queue = waiters(store, key);
         queue.sort_by_key(|w| w.seq);
@@ -68,12 +81,27 @@ pub fn hand_over(store: &mut Store, key: &str, now: u64, limit: u64, lease: u64)
             break;
         }
         let head = queue.remove(0);
-        if head.deadline > now && !tombstoned(store, key, now, &head.id) {
-            set(store, key).push((now + lease, head.id.clone()));
-            served.push((head.channel, head.id));
+        if head.deadline <= now || tombstoned(store, key, now, &head.id) {
+            continue;
+        }
+        let slot = if head.time.is_empty() {
+            None
+        } else {
+            reserve(store, now, &head.id, head.deadline - now, &head.time)
+        };
+        match slot {
+            Some(r) if !r.reply.allowed => published.push((head.channel, format!("{} -1", head.id))),
+            Some(r) if r.at != Some(now) => {
+                let at = r.at.unwrap_or(now);
+                published.push((head.channel, format!("{} {} {}", head.id, at, at - now)));
+            }
+            _ => {
+                set(store, key).push((now + lease, head.id.clone()));
+                published.push((head.channel, head.id));
+            }
         }
     }
-    served
+    published
 }
 
 /// Leases that expired go back: to waiters first. Returns how many expired.
@@ -138,9 +166,48 @@ pub fn acquire(
         set(store, key).push((now + lease, id.to_string()));
         return (Acquired::Leased, reclaimed);
     }
+    enqueue(store, key, now, id, wait, channel, Vec::new());
+    (Acquired::Queued { soonest: soonest_expiry(store, key, now) }, reclaimed)
+}
+
+/// Puts `id` at the back of the queue until `now + wait`.
+fn enqueue(store: &mut Store, key: &str, now: u64, id: &str, wait: u64, channel: &str, time: Vec<Waiting>) {
     let queue = waiters(store, key);
     let seq = queue.iter().map(|w| w.seq).max().map_or(now, |last| if last >= now { last + 1 } else { now });
-    queue.push(Waiter { seq, id: id.to_string(), deadline: now + wait, channel: channel.to_string() });
+    queue.push(Waiter { seq, id: id.to_string(), deadline: now + wait, channel: channel.to_string(), time });
+}
+
+/// `lua/take.lua`: a mixed waiting request at its time slot `at`, its time
+/// limits reserved there (`held`: the gcra tat each set, else 0). It takes
+/// the concurrency slot if one is free and nobody waits; otherwise it gives
+/// back what of its time reservation is provably safe (`cancel`) and queues
+/// with its time limits, which the hand-over re-checks.
+#[allow(clippy::too_many_arguments)]
+pub fn take(
+    store: &mut Store,
+    key: &str,
+    now: u64,
+    id: &str,
+    (limit, lease, wait): (u64, u64, u64),
+    channel: &str,
+    at: u64,
+    time: &[Waiting],
+    held: &[u64],
+) -> (Acquired, u64) {
+    let reclaimed = reclaim(store, key, now, limit, lease);
+    hand_over(store, key, now, limit, lease);
+    let reserved: Vec<Reserved> =
+        time.iter().zip(held).map(|((k, alg, _), &h)| (k.clone(), *alg, (h > 0).then_some(h))).collect();
+    if tombstoned(store, key, now, id) {
+        cancel(store, now, id, at, &reserved);
+        return (Acquired::Refused, reclaimed);
+    }
+    if (set(store, key).len() as u64) < limit && waiters(store, key).is_empty() {
+        set(store, key).push((now + lease, id.to_string()));
+        return (Acquired::Leased, reclaimed);
+    }
+    cancel(store, now, id, at, &reserved);
+    enqueue(store, key, now, id, wait, channel, time.to_vec());
     (Acquired::Queued { soonest: soonest_expiry(store, key, now) }, reclaimed)
 }
 

@@ -67,7 +67,9 @@ pub fn reserve(state: Option<&State>, now: u64, id: &str, limit: u64, window: u6
                 remaining: limit.saturating_sub(counting.len() as u64 + 1),
                 reset_us: oldest + span - t,
             };
-            let mut entries = live.clone();
+            // ZADD: an entry already under this id (a mixed waiter's earlier
+            // slot) moves to t.
+            let mut entries: Vec<(u64, String)> = live.iter().filter(|(_, m)| *m != id).cloned().collect();
             entries.push((t, id.clone()));
             Committed { state: State::Set(entries), view, held_until: None }
         }),
