@@ -103,7 +103,7 @@ async fn one_slot_on_a_cluster_is_exact() {
 /// concurrency slot and woken by pub/sub from whichever node holds the key.
 /// A waiting request whose checks span several slots does not wait: it is
 /// decided at once, as without `wait_ms` (one atomic call cannot reserve
-/// across slots).
+/// across slots). A mixed wait in one slot queues and is handed over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_on_a_cluster() {
     let cluster = tokio::task::spawn_blocking(RedisCluster::start).await.expect("task").expect("cluster");
@@ -144,6 +144,27 @@ async fn waiting_on_a_cluster() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let released = limiter
         .release(&sluice_policies::wire::ReleaseRequest { lease, checks: slot })
+        .await
+        .expect("release");
+    assert_eq!(released.released, 1);
+    let served = waiter.await.expect("task").expect("check");
+    assert!(served.allowed && served.lease.is_some(), "{served:?}");
+
+    // A mixed wait (concurrency and interval in one policy, one slot): the
+    // waiter queues with its time limit, and the hand-over re-checks it on
+    // the node that holds the slot.
+    let mixed = vec![check(
+        "mixed",
+        vec![WireLimit::Concurrency { limit: 1, lease_ms: 60_000 }, WireLimit::Interval { every_ms: 100 }],
+    )];
+    let holder = limiter.check(&waiting(mixed.clone(), 1_000)).await.expect("check");
+    let lease = holder.lease.clone().expect("a lease");
+    let l = limiter.clone();
+    let m = mixed.clone();
+    let waiter = tokio::spawn(async move { l.check(&waiting(m, 5_000)).await });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let released = limiter
+        .release(&sluice_policies::wire::ReleaseRequest { lease, checks: mixed })
         .await
         .expect("release");
     assert_eq!(released.released, 1);
