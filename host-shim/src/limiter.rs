@@ -125,7 +125,13 @@ impl Limiter {
         };
         let wait_us = req.wait_ms.unwrap_or(0).saturating_mul(1000);
         if wait_us > 0 {
-            crate::wait::refuse_unsupported(&limits).map_err(CheckError::BadRequest)?;
+            crate::wait::refuse_unsupported(&limits, wait_us).map_err(CheckError::BadRequest)?;
+        }
+        if req.checks.iter().any(|c| c.margin_ms.is_some_and(|m| m > crate::wait::MAX_WAIT_MS)) {
+            return Err(CheckError::BadRequest(format!(
+                "margin_ms: at most {} (a day)",
+                crate::wait::MAX_WAIT_MS
+            )));
         }
         let groups = self.slot_groups(&limits);
         if wait_us > 0 && groups.len() == 1 {

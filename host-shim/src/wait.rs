@@ -25,9 +25,16 @@ use crate::limiter::{by_check, decode, store_error, CheckError, Limiter, SlotRep
 use crate::scripts::Scripts;
 use crate::store::Store;
 
-/// Refuses what waiting cannot do: approximate windows, and more than one
+/// The longest a request may be held: a day, far beyond any sane wait, and
+/// short enough that deadlines never overflow.
+pub const MAX_WAIT_MS: u64 = 86_400_000;
+
+/// Refuses what waiting cannot do: a wait beyond [`MAX_WAIT_MS`], approximate windows, and more than one
 /// concurrency limit (one queue per request).
-pub(crate) fn refuse_unsupported(limits: &[ScriptLimit]) -> Result<(), String> {
+pub(crate) fn refuse_unsupported(limits: &[ScriptLimit], wait_us: u64) -> Result<(), String> {
+    if wait_us > MAX_WAIT_MS * 1000 {
+        return Err(format!("wait_ms: at most {MAX_WAIT_MS} (a day)"));
+    }
     if limits.iter().any(|l| matches!(l.algorithm, Algorithm::SlidingApprox { .. })) {
         return Err("wait_ms: an approximate sliding window cannot wait (it keeps no per-request \
                     state to reserve a slot in); use an exact sliding_window"
@@ -102,10 +109,10 @@ pub struct Reserved {
 /// limits) without holding it: what [`check`] does before it sleeps.
 pub async fn reserve_request(limiter: &Limiter, req: &CheckRequest<'_>) -> Result<Reserved, CheckError> {
     let limits = crate::keys::script_limits(&req.checks).map_err(CheckError::BadRequest)?;
-    refuse_unsupported(&limits).map_err(CheckError::BadRequest)?;
+    let wait_us = req.wait_ms.unwrap_or(0).saturating_mul(1000);
+    refuse_unsupported(&limits, wait_us).map_err(CheckError::BadRequest)?;
     let now = limiter.time_arg(req.now_us)?;
     let id = req.id.as_deref().unwrap_or("reserved");
-    let wait_us = req.wait_ms.unwrap_or(0).saturating_mul(1000);
     let reply = reserve(limiter, &limits, &now, id, wait_us, &margins(req)).await?;
     Ok(Reserved {
         at: reply.at.filter(|_| reply.allowed),

@@ -103,3 +103,40 @@ async fn approximate_windows_cannot_wait() {
     }
     assert!(check(&limiter, "r2", &approx, 0).await.allowed, "without a wait it is decided as before");
 }
+
+/// Every key a waiting request writes has a TTL that covers its future
+/// reservations: log entries, fixed windows and buckets reserved ahead, and
+/// the queue's keys.
+#[tokio::test]
+async fn every_waiting_key_has_a_ttl_covering_its_reservations() {
+    let redis = Redis::start().expect("redis");
+    let limiter = std::sync::Arc::new(limiter(&redis));
+    let time = [
+        WireLimit::SlidingWindow { limit: 1, window_ms: 200, approximate: false },
+        WireLimit::FixedWindow { limit: 1, window_ms: 200 },
+        WireLimit::Interval { every_ms: 200 },
+    ];
+    assert!(check(&limiter, "r1", &time, 1_000).await.allowed);
+    let l = limiter.clone();
+    let held = tokio::spawn(async move { check(&l, "r2", &time, 1_000).await });
+    let slot = [WireLimit::Concurrency { limit: 1, lease_ms: 10_000 }];
+    assert!(check(&limiter, "c1", &slot, 0).await.allowed);
+    let l = limiter.clone();
+    let queued = tokio::spawn(async move { check(&l, "c2", &slot, 1_000).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let mut conn = redis.connection().expect("redis connection");
+    let keys: Vec<String> = conn.keys("sluice:*").expect("KEYS");
+    assert!(keys.len() >= 6, "{keys:?}");
+    for key in &keys {
+        let ttl: i64 = conn.pttl(key).expect("PTTL");
+        assert!(ttl > 0, "{key} has no TTL ({ttl})");
+    }
+    // Reserved ~200 ms ahead: each time key outlives its reservation.
+    for key in ["sluice:{p:k}:sw:200", "sluice:{p:k}:gcra:200000", "sluice:{p:k}:fw:200"] {
+        let ttl: i64 = conn.pttl(key).expect("PTTL");
+        assert!(ttl > 1_000, "{key} expires before its reservation: {ttl} ms");
+    }
+    assert!(held.await.expect("r2").allowed);
+    assert!(!queued.await.expect("c2").allowed);
+}
