@@ -9,6 +9,8 @@
 -- ARGV[1]   the time in microseconds, or "" for Redis TIME
 -- ARGV[2]   the request id: a log entry, and the lease id
 -- ARGV[4i-1 .. 4i+2]   limit i: its algorithm and three numbers (Algorithm::script_args)
+-- ARGV[4n+3]   optional, n limits: the longest wait in microseconds; above 0
+--     the request takes the waiting path (reserve.lua), with its margins after
 --
 -- Returns {allowed, retry_after_ms, now, then for each limit i:
 --          allowed_i, remaining_i, reset_ms_i, retry_after_ms_i, reclaimed_i, held_until_i},
@@ -17,6 +19,8 @@
 -- (for adjust.lua), else 0.
 local now = clock(ARGV[1])
 local id = ARGV[2]
+local wait = tonumber(ARGV[4 * #KEYS + 3]) or 0
+if wait > 0 then return reserve(now, id, wait) end
 
 -- Phase 1: check.
 local found = {}
