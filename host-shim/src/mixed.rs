@@ -142,7 +142,9 @@ pub(crate) async fn check(
     loop {
         // Hold until the time slot; a client gone meanwhile gives it back.
         let mut cancel = Cancel::new(limiter, id, at, time.clone(), held.clone(), now);
-        tokio::time::sleep(Duration::from_micros(delay)).await;
+        // Never past the deadline, whatever a wake-up said.
+        let until = (Instant::now() + Duration::from_micros(delay.min(wait_us))).min(deadline);
+        tokio::time::sleep_until(until.into()).await;
         let mut registration = limiter.wakeups.register(id);
         let left = deadline.saturating_duration_since(Instant::now());
         if !limiter.wakeups.subscribed(left).await {
