@@ -22,6 +22,16 @@ local id = ARGV[2]
 local wait = tonumber(ARGV[4 * #KEYS + 3]) or 0
 if wait > 0 then return reserve(now, id, wait) end
 
+-- Expired leases go back first, to waiters first (queue.lua). A hand-over
+-- may charge a mixed waiter's time limits, which phase 1 must then see.
+local reclaimed = {}
+for i, key in ipairs(KEYS) do
+  local base = 4 * i - 1
+  if ARGV[base] == 'concurrency' then
+    reclaimed[i] = reclaim(key, now, tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]))
+  end
+end
+
 -- Phase 1: check.
 local found = {}
 local allowed = true
@@ -39,7 +49,7 @@ for i, key in ipairs(KEYS) do
   elseif kind == 'gcra' then
     f = gcra(key, now, a, b, c)
   elseif kind == 'concurrency' then
-    f = concurrency(key, now, id, a, b)
+    f = concurrency(key, now, id, a, b, reclaimed[i])
   else
     return redis.error_reply('unknown algorithm ' .. tostring(kind))
   end

@@ -12,4 +12,6 @@ local key = KEYS[1]
 local now = clock(ARGV[1])
 local limit, lease = tonumber(ARGV[2]), tonumber(ARGV[3])
 local reclaimed = reclaim(key, now, limit, lease)
+-- A slot may also be free without an expiry (a refund on a cluster).
+hand_over(key, now, limit, lease)
 return {reclaimed, soonest_expiry(key, now)}

@@ -139,10 +139,14 @@ pub(crate) async fn check(
     };
     let mut held: Vec<u64> = reply.limits.iter().map(|l| l.held_until_us.unwrap_or(0)).collect();
     let mut delay = at.saturating_sub(u64::try_from(reply.now).unwrap_or(0));
+    // Held at all (a time slot ahead, or the queue): then `waited_ms` is set.
+    let mut held_any = delay > 0;
     loop {
         // Hold until the time slot; a client gone meanwhile gives it back.
         let mut cancel = Cancel::new(limiter, id, at, time.clone(), held.clone(), now);
-        tokio::time::sleep(Duration::from_micros(delay)).await;
+        // Never past the deadline, whatever a wake-up said.
+        let until = (Instant::now() + Duration::from_micros(delay.min(wait_us))).min(deadline);
+        tokio::time::sleep_until(until.into()).await;
         let mut registration = limiter.wakeups.register(id);
         let left = deadline.saturating_duration_since(Instant::now());
         if !limiter.wakeups.subscribed(left).await {
@@ -157,7 +161,7 @@ pub(crate) async fn check(
                 .await?;
         cancel.disarm();
         let soonest = match acquired {
-            Acquired::Leased => return Ok(answer(true, Some(0), true, true)),
+            Acquired::Leased => return Ok(answer(true, Some(0), true, held_any)),
             Acquired::Refused => return Ok(answer(false, None, false, false)),
             Acquired::Queued(soonest) => soonest,
         };
@@ -185,6 +189,7 @@ pub(crate) async fn check(
         };
         // Handed over or refused: we are out of the queue either way.
         leave.armed = false;
+        held_any = true;
         let words: Vec<&str> = message.split(' ').collect();
         match words.as_slice() {
             [_] => return Ok(answer(true, Some(0), true, true)),

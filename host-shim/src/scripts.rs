@@ -56,10 +56,7 @@ impl Scripts {
                 include_str!("../../lua/common.lua"),
                 include_str!("../../lua/adjust.lua")
             )),
-            refund: Script::new(concat!(
-                include_str!("../../lua/common.lua"),
-                include_str!("../../lua/refund.lua")
-            )),
+            refund: Script::new(with_queue!("../../lua/refund.lua")),
             cancel: Script::new(concat!(
                 include_str!("../../lua/common.lua"),
                 include_str!("../../lua/fixed_window.lua"),

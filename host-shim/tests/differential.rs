@@ -593,6 +593,8 @@ enum MixedOp {
     Leave { n: usize },
     /// After `dt` µs, a reclaim timer fires.
     Reclaim { dt: u64 },
+    /// After `dt` µs, a request under both limits decided at once.
+    Check { dt: u64 },
 }
 
 fn mixed_op() -> impl Strategy<Value = MixedOp> {
@@ -603,7 +605,8 @@ fn mixed_op() -> impl Strategy<Value = MixedOp> {
         4 => any::<usize>().prop_map(|n| MixedOp::Take { n }),
         3 => any::<usize>().prop_map(|n| MixedOp::Release { n }),
         1 => any::<usize>().prop_map(|n| MixedOp::Leave { n }),
-        1 => dt.prop_map(|dt| MixedOp::Reclaim { dt }),
+        1 => dt.clone().prop_map(|dt| MixedOp::Reclaim { dt }),
+        2 => dt.prop_map(|dt| MixedOp::Check { dt }),
     ]
 }
 
@@ -644,6 +647,7 @@ fn run_mixed_case(
     w: &World,
     (limit, lease_ms): (u32, u64),
     time_limit: WireLimit,
+    time_first: bool,
     ops: Vec<MixedOp>,
 ) -> Result<(), TestCaseError> {
     static CASE: AtomicU64 = AtomicU64::new(0);
@@ -651,10 +655,14 @@ fn run_mixed_case(
     let check = |limits: Vec<WireLimit>| {
         vec![Check { policy: policy.clone(), key: "k".into(), limits, margin_ms: None }]
     };
-    let all = check(vec![WireLimit::Concurrency { limit, lease_ms }, time_limit]);
+    let concurrency = WireLimit::Concurrency { limit, lease_ms };
+    let all = check(if time_first { vec![time_limit, concurrency] } else { vec![concurrency, time_limit] });
     let time_only = check(vec![time_limit]);
     let script = script_limits(&all).expect("valid limits");
-    let (conc, time) = (script[0].clone(), vec![script[1].clone()]);
+    let (c, t) = if time_first { (1, 0) } else { (0, 1) };
+    let (conc, time) = (script[c].clone(), vec![script[t].clone()]);
+    let model_limits: Vec<(String, Algorithm)> =
+        script.iter().map(|l| (l.key.clone(), l.algorithm)).collect();
     let waiting: Vec<algorithm::reserve::Waiting> = vec![(time[0].key.clone(), time[0].algorithm, 0)];
     let (limit, lease) = (u64::from(limit), lease_ms * 1000);
     let mut conn = w.redis.connection().expect("redis connection");
@@ -749,6 +757,21 @@ fn run_mixed_case(
                 let want = algorithm::queue::leave(&mut model, &conc.key, now, &id, limit, lease);
                 prop_assert_eq!(got, i64::from(want), "leave at {}", now);
             }
+            MixedOp::Check { dt } => {
+                now += dt;
+                let id = format!("r{n}");
+                ids.push(id.clone());
+                let req = CheckRequest {
+                    checks: all.as_slice().into(),
+                    now_us: Some(now),
+                    id: Some(id.clone().into()),
+                    wait_ms: None,
+                };
+                let got = w.runtime.block_on(w.limiter.check(&req)).expect("check");
+                let want = algorithm::check(&mut model, now, &id, &model_limits);
+                prop_assert_eq!(got.allowed, want.allowed, "check at {}", now);
+                prop_assert_eq!(&got.checks[0].limits, &want.limits, "check limits at {}", now);
+            }
             MixedOp::Reclaim { dt } => {
                 now += dt;
                 let got = w
@@ -785,9 +808,10 @@ fn mixed_scripts_decide_as_the_model() {
     let cases = (
         (1u32..3, prop::sample::select(vec![5u64, 100, 1_000])),
         time_limit(),
+        any::<bool>(),
         prop::collection::vec(mixed_op(), 1..40),
     );
-    if let Err(failure) = runner.run(&cases, |(c, t, ops)| run_mixed_case(&world, c, t, ops)) {
+    if let Err(failure) = runner.run(&cases, |(c, t, first, ops)| run_mixed_case(&world, c, t, first, ops)) {
         panic!("{failure}");
     }
 }

@@ -250,5 +250,7 @@ pub fn leave(store: &mut Store, key: &str, now: u64, id: &str, limit: u64, lease
 /// next timer should fire.
 pub fn reclaim_timer(store: &mut Store, key: &str, now: u64, limit: u64, lease: u64) -> (u64, Option<u64>) {
     let reclaimed = reclaim(store, key, now, limit, lease);
+    // A slot may also be free without an expiry (a refund on a cluster).
+    hand_over(store, key, now, limit, lease);
     (reclaimed, soonest_expiry(store, key, now))
 }
