@@ -436,10 +436,13 @@ fn a_killed_envoy_holding_leases_gets_every_slot_back_within_the_lease() {
 /// Fault 5, a Redis Cluster master SIGKILLed (3 masters with a replica each,
 /// `cluster-node-timeout` 1 s): its replica is promoted within seconds, and
 /// the shim (`--redis-cluster`) finds the new master and decides again. The
-/// keys on the dead master follow `failure_mode: deny` meanwhile. Replication
+/// keys on the dead master follow `failure_mode: deny` meanwhile, and so, for
+/// a cooldown, do the other keys on a worker whose breaker opened: the
+/// breaker is per worker, not per Redis node (a few of their checks also
+/// waited out `timeout_ms` in the shim while the master was dying). Replication
 /// is asynchronous, so the promoted replica may miss the last writes: a
 /// window spanning the failover admits up to 2x its limit, a window after it
-/// at most its limit. Keys on the other masters are undisturbed.
+/// at most its limit.
 #[test]
 fn a_cluster_master_killed_fails_over_and_the_shim_follows() {
     let fault = "cluster failover";
@@ -457,15 +460,8 @@ fn a_cluster_master_killed_fails_over_and_the_shim_follows() {
     std::thread::sleep(BEFORE);
     cluster.kill(dead).expect("kill");
     let killed = Instant::now();
-    let new_master = cluster.wait_failover(&tag("alice"), dead, Duration::from_secs(30));
+    let new_master = cluster.wait_failover(&tag("alice"), dead, Duration::from_secs(30)).expect("failover");
     let over = Instant::now();
-    let new_master = match new_master {
-        Ok(port) => port,
-        Err(err) => {
-            drop(traffic.finish());
-            panic!("{err:#}");
-        }
-    };
     eprintln!("{fault}: master {dead} killed, replica {new_master} promoted after {:?}", over - killed);
     let settled = settle(fault, &envoy, &traffic, over);
     std::thread::sleep(AFTER);
@@ -474,28 +470,29 @@ fn a_cluster_master_killed_fails_over_and_the_shim_follows() {
     let bound = timeout() + MARGIN;
     let tally = Tally::of(&sent);
     assert_waits(&tally, bound, fault);
-    let mut lines = Vec::new();
+    let (mut lines, mut most) = (Vec::new(), 0);
     for (i, key) in keys.iter().enumerate() {
         let w = windows(&sent, &upstream, &[i], over, start);
         let on_dead = cluster.master_of(&tag(key)).ok() == Some(new_master);
-        lines.push(format!("{key}{} {}/{}", if on_dead { " (failed over)" } else { "" }, w.all, w.after));
         assert!(w.all <= 2 * LIMIT, "{fault} {key}: over 2x the limit: {}", w.all);
         assert!(w.after <= LIMIT, "{fault} {key}: over the limit after the failover: {}", w.after);
-        if !on_dead {
-            let t = Tally::of(sent.iter().filter(|s| s.target == i));
-            assert_eq!(t.failed, 0, "{fault}: {key} is not on the dead master, yet: {}", t.line());
-        }
+        most = most.max(w.all);
+        let failed = Tally::of(sent.iter().filter(|s| s.target == i)).failed;
+        lines.push(format!(
+            "{key}{}: busiest {}/{}, failed {failed}",
+            if on_dead { " (failed over)" } else { "" },
+            w.all,
+            w.after
+        ));
     }
-    let most = keys.iter().enumerate().map(|(i, _)| windows(&sent, &upstream, &[i], over, start).all).max();
-    let most = most.unwrap_or(0);
     eprintln!(
         "FAULT {fault} (replica promoted after {:.1} s): {} (bound {:.2} s); limit {LIMIT} per {WINDOW:?} \
-         per key, busiest window whole run/after failover: {} (bounds {}/{LIMIT}); limit exceeded: {}",
+         per key, busiest window over the whole run/after the failover (bounds {}/{LIMIT}): {}; limit exceeded: {}",
         (over - killed).as_secs_f64(),
         tally.line(),
         bound.as_secs_f64(),
-        lines.join(", "),
         2 * LIMIT,
+        lines.join(", "),
         exceeded(most, LIMIT, 2 * LIMIT),
     );
     assert_decided_after(&sent, settled, fault);
