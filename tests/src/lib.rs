@@ -10,10 +10,12 @@
 //! - `process`: a child process with its own log file and scratch dir, waited
 //!   on with deadlines and killed on drop (SIGTERM, then SIGKILL).
 //! - `probe`: tiny blocking readiness probes (HTTP GET, Redis PING).
-//! - [`redis`]: [`Redis`], a private `redis-server` on a free port.
+//! - [`redis`]: [`Redis`], a private `redis-server` on a free port; it can
+//!   crash and come back on the same port, for fault tests.
 //! - [`cluster`]: [`RedisCluster`], three private cluster masters, joined;
 //!   or three masters with a replica each, for failover.
-//! - [`shim`]: [`Shim`], `dist/sluice serve` pointed at a Redis.
+//! - [`shim`]: [`Shim`], `dist/sluice serve` pointed at a Redis or a Redis
+//!   Cluster; it can crash and come back on the same port.
 //! - [`upstream`]: [`Upstream`], an in-process HTTP server answering `ok`.
 //! - [`envoy`]: [`Envoy`], `envoy/demo.yaml` rendered and run with a policy.
 //! - [`backend`]: [`Backend`], Redis and the shim, without Envoy.

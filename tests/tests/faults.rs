@@ -159,6 +159,17 @@ fn timeout() -> Duration {
     Duration::from_millis(TIMEOUT_MS)
 }
 
+/// "no", or "yes (n > limit), within the documented bound".
+fn exceeded(most: usize, limit: usize, bound: usize) -> String {
+    if most <= limit {
+        "no".into()
+    } else if most <= bound {
+        format!("yes, {most} > {limit}, within the documented bound {bound}")
+    } else {
+        format!("yes, {most} > {limit}, BEYOND the documented bound {bound}")
+    }
+}
+
 /// Fault 1, Redis restarted: killed and started again at once on the same
 /// port, empty (persistence off): the script cache is gone, so the shim's
 /// next EVALSHA meets NOSCRIPT and loads the script again, and the counters
@@ -201,17 +212,6 @@ fn redis_restarted_loses_the_counters_and_the_scripts_but_not_the_decisions() {
     assert!(w.after <= LIMIT, "over the limit after the restart: {}", w.after);
     assert!(w.after > 0, "nothing admitted after the restart\n{}", gw.shim.log());
     assert_decided_after(&sent, settled, "redis restarted");
-}
-
-/// "no", or "yes (n > limit), within the documented bound".
-fn exceeded(most: usize, limit: usize, bound: usize) -> String {
-    if most <= limit {
-        "no".into()
-    } else if most <= bound {
-        format!("yes, {most} > {limit}, within the documented bound {bound}")
-    } else {
-        format!("yes, {most} > {limit}, BEYOND the documented bound {bound}")
-    }
 }
 
 /// One run of faults 2 and 3: two policies on one gateway, `open` with
