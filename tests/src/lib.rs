@@ -17,7 +17,8 @@
 //! - [`shim`]: [`Shim`], `dist/sluice serve` pointed at a Redis or a Redis
 //!   Cluster; it can crash and come back on the same port.
 //! - [`upstream`]: [`Upstream`], an in-process HTTP server answering `ok`.
-//! - [`envoy`]: [`Envoy`], `envoy/demo.yaml` rendered and run with a policy.
+//! - [`envoy`]: [`Envoy`], `envoy/demo.yaml` rendered and run with a policy;
+//!   it can crash (SIGKILL), for fault tests.
 //! - [`backend`]: [`Backend`], Redis and the shim, without Envoy.
 //! - [`stack`]: [`Stack`], all four started together, in a safe drop order.
 //! - [`service`]: [`Service`], any other server binary on a free port.
