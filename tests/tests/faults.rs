@@ -212,6 +212,22 @@ fn redis_restarted_loses_the_counters_and_the_scripts_but_not_the_decisions() {
     assert!(w.after <= LIMIT, "over the limit after the restart: {}", w.after);
     assert!(w.after > 0, "nothing admitted after the restart\n{}", gw.shim.log());
     assert_decided_after(&sent, settled, "redis restarted");
+    let noscript = noscript_errors(gw.redis.port);
+    assert!(noscript >= 1, "the shim never met NOSCRIPT on the new Redis, yet decided: was it the new one?");
+    eprintln!(
+        "redis restarted: the new Redis answered NOSCRIPT {noscript} times, then ran the reloaded script"
+    );
+}
+
+/// How many times the Redis on `port` answered NOSCRIPT (`INFO errorstats`).
+fn noscript_errors(port: u16) -> u64 {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("url");
+    let mut conn = client.get_connection().expect("connecting");
+    let info: String = redis::cmd("INFO").arg("errorstats").query(&mut conn).expect("INFO");
+    info.lines()
+        .find_map(|line| line.strip_prefix("errorstat_NOSCRIPT:count="))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// One run of faults 2 and 3: two policies on one gateway, `open` with
@@ -451,6 +467,7 @@ fn a_cluster_master_killed_fails_over_and_the_shim_follows() {
     let settled = settle(fault, &envoy, &traffic, over);
     std::thread::sleep(AFTER);
     let sent = traffic.finish();
+    eprintln!("{fault}: the promoted replica answered NOSCRIPT {} times", noscript_errors(new_master));
 
     let bound = timeout() + MARGIN;
     let tally = Tally::of(&sent);
