@@ -159,7 +159,7 @@ fn timeout() -> Duration {
     Duration::from_millis(TIMEOUT_MS)
 }
 
-/// "no", or "yes (n > limit), within the documented bound".
+/// For the summary line: "no", or "yes, N > limit", within or BEYOND the documented bound.
 fn exceeded(most: usize, limit: usize, bound: usize) -> String {
     if most <= limit {
         "no".into()
