@@ -50,6 +50,8 @@ for i, key in ipairs(KEYS) do
     f = gcra(key, now, a, b, c)
   elseif kind == 'concurrency' then
     f = concurrency(key, now, id, a, b, reclaimed[i])
+  elseif kind == 'pause' then
+    f = pause(key, now)
   else
     return redis.error_reply('unknown algorithm ' .. tostring(kind))
   end

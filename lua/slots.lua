@@ -20,6 +20,8 @@ local function reserve_slots(now, id, wait, specs)
       f = sliding_window_reserve(s.key, now, id, s.a, s.b, s.margin)
     elseif s.kind == 'gcra' then
       f = gcra_reserve(s.key, now, s.a, s.b, s.c, s.margin)
+    elseif s.kind == 'pause' then
+      f = pause_reserve(s.key, now)
     else
       return nil, 'cannot wait on ' .. tostring(s.kind)
     end

@@ -157,12 +157,14 @@ pub fn answer(data: &[u8]) {
             key: "k".into(),
             limits: vec![WireLimit::SlidingWindow { limit: 1, window_ms: 1000, approximate: false }],
             margin_ms: None,
+            upstream: false,
         },
         Check {
             policy: "b".into(),
             key: "k".into(),
             limits: vec![WireLimit::Interval { every_ms: 10 }],
             margin_ms: None,
+            upstream: false,
         },
     ];
     let (status, body): (&[u8], &[u8]) = match data.split_first() {

@@ -56,12 +56,26 @@ pub fn script_limits(checks: &[Check]) -> Result<Vec<ScriptLimit>, String> {
             out.push(script_limit(&tag, limit).map_err(|e| format!("checks[{i}].limits[{j}]: {e}"))?);
         }
     }
+    // The partner's pauses come after every limit, in the checks' order
+    // (`limiter::by_check` reads them there).
+    for check in checks.iter().filter(|c| c.upstream) {
+        let tag = tag(&check.policy, &check.key)?;
+        out.push(ScriptLimit {
+            key: format!("{tag}:{}", Algorithm::Pause.state_suffix()),
+            algorithm: Algorithm::Pause,
+        });
+    }
     let mut keys: Vec<&str> = out.iter().map(|l| l.key.as_str()).collect();
     keys.sort_unstable();
     if let Some(pair) = keys.windows(2).find(|w| w[0] == w[1]) {
         return Err(format!("two limits share the key {}", pair[0]));
     }
     Ok(out)
+}
+
+/// The key of the partner's pause for `policy`'s `key` (upstream feedback).
+pub fn pause_key(policy: &str, key: &str) -> Result<String, String> {
+    Ok(format!("{}:{}", tag(policy, key)?, Algorithm::Pause.state_suffix()))
 }
 
 /// A points correction as the adjust script takes it.
@@ -107,7 +121,7 @@ mod tests {
     use super::*;
 
     fn check(policy: &str, key: &str, limits: Vec<WireLimit>) -> Vec<Check> {
-        vec![Check { policy: policy.into(), key: key.into(), limits, margin_ms: None }]
+        vec![Check { policy: policy.into(), key: key.into(), limits, margin_ms: None, upstream: false }]
     }
 
     fn dual() -> Vec<WireLimit> {

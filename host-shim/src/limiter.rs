@@ -16,10 +16,11 @@ use std::time::Duration;
 use redis::cluster_routing::Slot;
 use sluice_policies::algorithm::Algorithm;
 use sluice_policies::wire::{
-    AdjustRequest, CheckOutcome, CheckRequest, CheckResponse, LimitOutcome, ReleaseRequest, ReleaseResponse,
+    AdjustRequest, CheckOutcome, CheckRequest, CheckResponse, FeedbackRequest, FeedbackResponse,
+    LimitOutcome, ReleaseRequest, ReleaseResponse,
 };
 
-use crate::keys::{script_adjustments, script_limits, ScriptLimit};
+use crate::keys::{pause_key, script_adjustments, script_limits, ScriptLimit, MAX_CHECKS};
 use crate::scripts::Scripts;
 use crate::store::{Store, Target};
 
@@ -244,17 +245,51 @@ impl Limiter {
         }
         Ok(())
     }
+
+    /// Records the partner's pauses, fleet-wide and extend-only.
+    pub async fn feedback(&self, req: &FeedbackRequest) -> Result<FeedbackResponse, CheckError> {
+        if req.pauses.len() > MAX_CHECKS {
+            return Err(CheckError::BadRequest(format!("too many pauses: at most {MAX_CHECKS}")));
+        }
+        let now = self.time_arg(req.now_us)?;
+        let mut extended = 0;
+        // One call per key keeps every call in one slot.
+        for (i, pause) in req.pauses.iter().enumerate() {
+            let key = pause_key(&pause.policy, &pause.key)
+                .map_err(|e| CheckError::BadRequest(format!("pauses[{i}]: {e}")))?;
+            if pause.pause_ms > MAX_PAUSE_MS {
+                return Err(CheckError::BadRequest(format!("pauses[{i}].pause_ms: at most {MAX_PAUSE_MS}")));
+            }
+            let mut call = self.scripts.upstream.prepare_invoke();
+            call.arg(&now).key(key).arg(pause.pause_ms.saturating_mul(1000));
+            extended += self.store.invoke::<u64>(&call).await.map_err(store_error)?;
+        }
+        Ok(FeedbackResponse { extended })
+    }
 }
 
+/// The longest pause the shim records: a day. The filter clamps to each
+/// policy's `max_pause` first; this bounds a caller that does not.
+pub const MAX_PAUSE_MS: u64 = 86_400_000;
+
 /// The outcomes of every limit, in order, split into the request's checks.
+/// The pauses of checks with upstream feedback come after every limit, in
+/// the checks' order (`keys::script_limits`): each becomes its check's
+/// `paused_ms`.
 pub(crate) fn by_check(
     req: &CheckRequest<'_>,
-    mut outcomes: impl Iterator<Item = LimitOutcome>,
+    outcomes: impl Iterator<Item = LimitOutcome>,
 ) -> Vec<CheckOutcome> {
-    req.checks
+    let mut outcomes = outcomes.collect::<Vec<_>>().into_iter();
+    let mut checks: Vec<CheckOutcome> = req
+        .checks
         .iter()
-        .map(|c| CheckOutcome { limits: outcomes.by_ref().take(c.limits.len()).collect() })
-        .collect()
+        .map(|c| CheckOutcome { limits: outcomes.by_ref().take(c.limits.len()).collect(), paused_ms: None })
+        .collect();
+    for (_, outcome) in req.checks.iter().zip(&mut checks).filter(|(c, _)| c.upstream) {
+        outcome.paused_ms = outcomes.next().map(|pause| pause.reset_ms).filter(|&ms| ms > 0);
+    }
+    checks
 }
 
 fn valid_id(id: &str) -> bool {

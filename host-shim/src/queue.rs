@@ -124,7 +124,11 @@ pub(crate) fn response(req: &CheckRequest<'_>, allowed: bool, reclaimed: u64) ->
     CheckResponse {
         allowed,
         retry_after_ms: allowed.then_some(0),
-        checks: req.checks.iter().map(|c| CheckOutcome { limits: vec![outcome; c.limits.len()] }).collect(),
+        checks: req
+            .checks
+            .iter()
+            .map(|c| CheckOutcome { limits: vec![outcome; c.limits.len()], paused_ms: None })
+            .collect(),
         lease: None,
         waited_ms: None,
     }

@@ -14,6 +14,7 @@ pub struct Scripts {
     pub leave: Script,
     pub reclaim: Script,
     pub take: Script,
+    pub upstream: Script,
 }
 
 /// The helpers, the time-based algorithms and the queue, which every script
@@ -25,6 +26,7 @@ macro_rules! with_queue {
             include_str!("../../lua/fixed_window.lua"),
             include_str!("../../lua/sliding_window.lua"),
             include_str!("../../lua/gcra.lua"),
+            include_str!("../../lua/pause.lua"),
             include_str!("../../lua/slots.lua"),
             include_str!("../../lua/queue.lua"),
             $(include_str!($file)),*
@@ -41,6 +43,7 @@ impl Scripts {
                 include_str!("../../lua/sliding_window.lua"),
                 include_str!("../../lua/sliding_approx.lua"),
                 include_str!("../../lua/gcra.lua"),
+                include_str!("../../lua/pause.lua"),
                 include_str!("../../lua/slots.lua"),
                 include_str!("../../lua/queue.lua"),
                 include_str!("../../lua/concurrency.lua"),
@@ -57,6 +60,10 @@ impl Scripts {
                 include_str!("../../lua/adjust.lua")
             )),
             refund: Script::new(with_queue!("../../lua/refund.lua")),
+            upstream: Script::new(concat!(
+                include_str!("../../lua/common.lua"),
+                include_str!("../../lua/upstream.lua")
+            )),
             cancel: Script::new(concat!(
                 include_str!("../../lua/common.lua"),
                 include_str!("../../lua/fixed_window.lua"),

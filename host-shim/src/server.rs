@@ -21,7 +21,8 @@ use hyper_util::service::TowerToHyperService;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sluice_policies::wire::{
-    AdjustRequest, CheckRequest, ReleaseRequest, ADJUST_PATH, CHECK_PATH, RELEASE_PATH,
+    AdjustRequest, CheckRequest, FeedbackRequest, ReleaseRequest, ADJUST_PATH, CHECK_PATH, FEEDBACK_PATH,
+    RELEASE_PATH,
 };
 
 use crate::limiter::{CheckError, Limiter};
@@ -40,6 +41,7 @@ pub fn router(limiter: Limiter) -> Router {
         .route(CHECK_PATH, post(check))
         .route(RELEASE_PATH, post(release))
         .route(ADJUST_PATH, post(adjust))
+        .route(FEEDBACK_PATH, post(feedback))
         .route("/healthz", get(|| async { "ok\n" }))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(Arc::new(limiter))
@@ -118,6 +120,13 @@ async fn release(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
 async fn adjust(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
     match parse::<AdjustRequest>(&body) {
         Ok(req) => answer(limiter.adjust(&req).await.map(|()| serde_json::json!({}))),
+        Err(resp) => resp,
+    }
+}
+
+async fn feedback(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
+    match parse::<FeedbackRequest>(&body) {
+        Ok(req) => answer(limiter.feedback(&req).await),
         Err(resp) => resp,
     }
 }

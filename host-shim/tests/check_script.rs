@@ -22,8 +22,14 @@ fn window(limit: u32, window_ms: u64) -> WireLimit {
 
 fn request(key: &str, limits: &[WireLimit], now_us: Option<u64>) -> CheckRequest<'static> {
     CheckRequest {
-        checks: vec![Check { policy: "p".into(), key: key.into(), limits: limits.to_vec(), margin_ms: None }]
-            .into(),
+        checks: vec![Check {
+            policy: "p".into(),
+            key: key.into(),
+            limits: limits.to_vec(),
+            margin_ms: None,
+            upstream: false,
+        }]
+        .into(),
         now_us,
         id: None,
         wait_ms: None,

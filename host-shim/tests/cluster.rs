@@ -21,7 +21,7 @@ fn every_algorithm(limit: u32) -> Vec<WireLimit> {
 }
 
 fn check(policy: &str, limits: Vec<WireLimit>) -> Check {
-    Check { policy: policy.into(), key: "k".into(), limits, margin_ms: None }
+    Check { policy: policy.into(), key: "k".into(), limits, margin_ms: None, upstream: false }
 }
 
 /// Policy `wide` (every algorithm, 5 each) and policy `narrow` (1 per hour)

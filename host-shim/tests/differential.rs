@@ -156,6 +156,7 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                     key: key.clone(),
                     limits: with_cost(&limits, cost),
                     margin_ms: None,
+                    upstream: false,
                 }];
                 let script = script_limits(&checks).expect("valid limits");
                 let model_limits: Vec<(String, Algorithm)> =
@@ -336,6 +337,7 @@ fn run_waiting_case(
                     key: "k".into(),
                     limits: with_cost(&limits, cost),
                     margin_ms: Some(margin_ms),
+                    upstream: false,
                 }];
                 let script = script_limits(&checks).expect("valid limits");
                 let req = CheckRequest {
@@ -464,6 +466,7 @@ fn run_queue_case(w: &World, limit: u32, lease_ms: u64, ops: Vec<QueueOp>) -> Re
         key: "k".into(),
         limits: vec![WireLimit::Concurrency { limit, lease_ms }],
         margin_ms: None,
+        upstream: false,
     }];
     let script = script_limits(&checks).expect("valid limits");
     let key = script[0].key.clone();
@@ -653,7 +656,7 @@ fn run_mixed_case(
     static CASE: AtomicU64 = AtomicU64::new(0);
     let policy = format!("m{}", CASE.fetch_add(1, Ordering::Relaxed));
     let check = |limits: Vec<WireLimit>| {
-        vec![Check { policy: policy.clone(), key: "k".into(), limits, margin_ms: None }]
+        vec![Check { policy: policy.clone(), key: "k".into(), limits, margin_ms: None, upstream: false }]
     };
     let concurrency = WireLimit::Concurrency { limit, lease_ms };
     let all = check(if time_first { vec![time_limit, concurrency] } else { vec![concurrency, time_limit] });

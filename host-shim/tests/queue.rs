@@ -21,7 +21,13 @@ fn limiter(redis: &Redis) -> Arc<Limiter> {
 }
 
 fn checks(limits: &[WireLimit]) -> Vec<Check> {
-    vec![Check { policy: "p".into(), key: "k".into(), limits: limits.to_vec(), margin_ms: None }]
+    vec![Check {
+        policy: "p".into(),
+        key: "k".into(),
+        limits: limits.to_vec(),
+        margin_ms: None,
+        upstream: false,
+    }]
 }
 
 fn slot(limit: u32, lease_ms: u64) -> [WireLimit; 1] {

@@ -17,8 +17,14 @@ fn limiter(redis: &Redis) -> Limiter {
 
 fn request(id: &str, limits: &[WireLimit], wait_ms: u64) -> CheckRequest<'static> {
     CheckRequest {
-        checks: vec![Check { policy: "p".into(), key: "k".into(), limits: limits.to_vec(), margin_ms: None }]
-            .into(),
+        checks: vec![Check {
+            policy: "p".into(),
+            key: "k".into(),
+            limits: limits.to_vec(),
+            margin_ms: None,
+            upstream: false,
+        }]
+        .into(),
         now_us: None,
         id: Some(id.to_string().into()),
         wait_ms: Some(wait_ms),

@@ -149,7 +149,13 @@ mod tests {
 
     fn check(policy: &Policy, key: &str) -> Check {
         let limits = policy.limits.iter().map(|l| WireLimit::with_cost(l, 1)).collect();
-        Check { policy: policy.name.as_str().into(), key: key.into(), limits, margin_ms: None }
+        Check {
+            policy: policy.name.as_str().into(),
+            key: key.into(),
+            limits,
+            margin_ms: None,
+            upstream: false,
+        }
     }
 
     fn denied(retries: &[Option<u64>]) -> CheckOutcome {
@@ -161,7 +167,7 @@ mod tests {
             reclaimed: 0,
             held_until_us: None,
         };
-        CheckOutcome { limits: retries.iter().map(limit).collect() }
+        CheckOutcome { limits: retries.iter().map(limit).collect(), paused_ms: None }
     }
 
     const TWO_WINDOWS: &str = r#"[{"type":"sliding_window","limit":1,"window":"5s"},

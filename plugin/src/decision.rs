@@ -46,8 +46,14 @@ mod tests {
     fn checks() -> Vec<Check> {
         let limits = vec![WireLimit::SlidingWindow { limit: 25, window_ms: 5000, approximate: false }];
         vec![
-            Check { policy: "a".into(), key: "k".into(), limits: limits.clone(), margin_ms: None },
-            Check { policy: "b".into(), key: "k".into(), limits, margin_ms: None },
+            Check {
+                policy: "a".into(),
+                key: "k".into(),
+                limits: limits.clone(),
+                margin_ms: None,
+                upstream: false,
+            },
+            Check { policy: "b".into(), key: "k".into(), limits, margin_ms: None, upstream: false },
         ]
     }
 

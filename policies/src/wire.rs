@@ -19,6 +19,7 @@ use crate::{Applied, Count, Duration, Limit, Request};
 pub const CHECK_PATH: &str = "/v1/check";
 pub const RELEASE_PATH: &str = "/v1/release";
 pub const ADJUST_PATH: &str = "/v1/adjust";
+pub const FEEDBACK_PATH: &str = "/v1/feedback";
 
 /// Every policy that applies to one request. The shim decides them all at
 /// once: the request is admitted, and charged, only if every limit allows it.
@@ -59,6 +60,11 @@ pub struct Check {
     /// check's limits when the request is reserved (see the README's `wait.margin`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub margin_ms: Option<u64>,
+    /// Upstream feedback: this check's policy reads the partner's "slow
+    /// down", so the shim checks the pause recorded for its key with its
+    /// limits, in the same script call.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub upstream: bool,
 }
 
 /// A limit as the shim takes it: durations in milliseconds, the request's
@@ -199,6 +205,7 @@ impl Applied<'_> {
             key: self.key.clone(),
             limits: self.policy.limits.iter().map(|l| WireLimit::of(l, req)).collect(),
             margin_ms: None,
+            upstream: false,
         }
     }
 }
@@ -228,6 +235,11 @@ pub struct CheckResponse {
 pub struct CheckOutcome {
     /// One entry per limit of the check, in order.
     pub limits: Vec<LimitOutcome>,
+    /// Upstream feedback: the key is paused by the partner for this many
+    /// more milliseconds; decided at once the check is refused, waiting its
+    /// slot is the pause's end. Absent when not paused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -302,4 +314,32 @@ pub struct Adjustment {
     /// (`actual` below the estimate) without it returns nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_until_us: Option<u64>,
+}
+
+/// Upstream feedback: the partner asked these keys to slow down. The shim
+/// records each pause fleet-wide, extend-only (`lua/upstream.lua`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeedbackRequest {
+    pub pauses: Vec<Pause>,
+    /// As in [`CheckRequest::now_us`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub now_us: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pause {
+    pub policy: String,
+    pub key: String,
+    /// How long from now the partner asked us to stop, already clamped to
+    /// the policy's `max_pause` by the filter.
+    pub pause_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeedbackResponse {
+    /// Pauses that moved later (a shorter or stale answer moves none).
+    pub extended: u64,
 }

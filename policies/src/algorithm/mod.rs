@@ -12,6 +12,7 @@ pub mod cancel;
 pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
+pub mod pause;
 pub mod queue;
 pub mod reserve;
 pub mod sliding_approx;
@@ -46,6 +47,9 @@ pub enum Algorithm {
         limit: u64,
         lease_us: u64,
     },
+    /// The partner's pause (upstream feedback): one more limit on the checks
+    /// of a policy that reads it. Never from the policy's own limits.
+    Pause,
 }
 
 impl Algorithm {
@@ -94,6 +98,7 @@ impl Algorithm {
             Algorithm::SlidingApprox { window_us, .. } => format!("sa:{}", window_us / 1000),
             Algorithm::Gcra { interval_us, .. } => format!("gcra:{interval_us}"),
             Algorithm::Concurrency { lease_us, .. } => format!("cc:{}", lease_us / 1000),
+            Algorithm::Pause => "pause".to_string(),
         }
     }
 
@@ -105,6 +110,7 @@ impl Algorithm {
             Algorithm::SlidingApprox { limit, window_us } => ("sliding_approx", [limit, window_us, 0]),
             Algorithm::Gcra { interval_us, burst, cost } => ("gcra", [interval_us, burst, cost]),
             Algorithm::Concurrency { limit, lease_us } => ("concurrency", [limit, lease_us, 0]),
+            Algorithm::Pause => ("pause", [0, 0, 0]),
         }
     }
 }
@@ -122,6 +128,8 @@ pub enum State {
     Tat(u64),
     /// concurrency: the requests waiting for a slot (Redis: `:q`, `:d`, `:w`).
     Queue(Vec<queue::Waiter>),
+    /// pause: until when the partner asked us to stop (a string).
+    Pause(u64),
 }
 
 /// The model's Redis: state by key. Expiry is not modelled: every key's TTL
@@ -204,6 +212,7 @@ pub fn check(store: &mut Store, now: u64, id: &str, limits: &[(String, Algorithm
                 Algorithm::Concurrency { limit, lease_us } => {
                     concurrency::check(state, now, id, limit, lease_us, reclaimed, tombstoned)
                 }
+                Algorithm::Pause => pause::check(state, now),
             }
         })
         .collect();

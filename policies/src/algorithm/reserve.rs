@@ -14,7 +14,7 @@
 //! `now` if denied); `reset_ms` is, when admitted, the time from `t` until it
 //! frees capacity, and when denied its own wait, as is `retry_after_ms`.
 
-use super::{ceil_ms, fixed_window, gcra, sliding_window, Algorithm, Reply, State, Store, View};
+use super::{ceil_ms, fixed_window, gcra, pause, sliding_window, Algorithm, Reply, State, Store, View};
 use crate::wire::LimitOutcome;
 
 /// One limit's earliest slot.
@@ -63,6 +63,7 @@ pub fn reserve(store: &mut Store, now: u64, id: &str, wait: u64, limits: &[Waiti
             Algorithm::Gcra { interval_us, burst, cost } => {
                 gcra::reserve(state, now, interval_us, burst, cost, *margin)
             }
+            Algorithm::Pause => pause::reserve(state, now),
             Algorithm::SlidingApprox { .. } | Algorithm::Concurrency { .. } => return None,
         };
         slots.push(slot);

@@ -197,10 +197,10 @@ fn check_response(call: &HttpCall, denied_ms: Option<u64>) -> Vec<u8> {
             held_until_us: None,
         }
     };
-    let checks = request
-        .checks
-        .iter()
-        .map(|check| CheckOutcome { limits: check.limits.iter().map(|_| outcome()).collect() });
+    let checks = request.checks.iter().map(|check| CheckOutcome {
+        limits: check.limits.iter().map(|_| outcome()).collect(),
+        paused_ms: None,
+    });
     let response = CheckResponse {
         allowed: denied_ms.is_none(),
         retry_after_ms: Some(denied_ms.unwrap_or(0)),

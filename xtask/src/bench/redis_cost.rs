@@ -59,6 +59,7 @@ pub(crate) fn run(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost
                 key: format!("client{client}"),
                 limits: limits.clone(),
                 margin_ms: None,
+                upstream: false,
             };
             let limits = script_limits(&[check]).map_err(anyhow::Error::msg)?;
             Ok(limits.into_iter().map(|l| (l.key, l.algorithm)).collect())
