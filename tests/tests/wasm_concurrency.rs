@@ -6,7 +6,8 @@
 //! upstream error, a client reset, or a reset while the check is in flight.
 //! Redis is the judge: the lease set shows what is held.
 
-use sluice_tests::host::{Answer, Plugin, Route, Stream};
+use sluice_policies::wire::{CHECK_PATH, RELEASE_PATH};
+use sluice_tests::host::{Answer, Effect, Fault, Plugin, Route, Stream};
 use sluice_tests::Backend;
 
 const SHIM: &str = "sluice_shim";
@@ -122,4 +123,63 @@ fn a_reset_while_the_check_is_in_flight_leaks_no_lease() {
     assert_eq!(leases(&backend), 1, "the shim took the lease before the reset");
     plugin.tick().releases_the_lease().done();
     assert_eq!(leases(&backend), 0, "the lease taken for a request that was reset is still held");
+}
+
+/// The lease id of the one check call a step made, and of the one release.
+fn call_body(outcome: &sluice_tests::host::Outcome, path: &str) -> serde_json::Value {
+    let body = outcome.effects.iter().find_map(|e| match e {
+        Effect::HttpCall(call) if call.headers.get(":path") == Some(path.as_bytes()) => {
+            Some(call.body.clone())
+        }
+        _ => None,
+    });
+    serde_json::from_slice(&body.unwrap_or_else(|| panic!("no call to {path}"))).expect("a JSON body")
+}
+
+/// Regression (issue item 3, a check that times out leaks its lease): the
+/// shim admits the check and takes the lease, but its answer is lost (the
+/// call timed out, or the answer is unreadable), and `failure_mode: deny`
+/// answers 503. Before, the filter released a lease only while its check was
+/// still in flight, so this one stayed taken until its 30 s TTL; now the
+/// stream's end releases it by the id the check carried.
+#[test]
+fn a_check_whose_answer_is_lost_leaks_no_lease() {
+    let backend = start();
+    let plugin = plugin_of(&backend);
+    for lost in [Fault::Timeout, Fault::Garbage] {
+        let stream = plugin.stream();
+        let headers: [(&str, &[u8]); 4] =
+            [(":method", b"PUT"), (":path", b"/upload"), (":authority", b"api"), ("x-api-key", b"alice")];
+        let asked = stream.request_headers(&headers).calls_the_shim().pauses().done();
+        let id = call_body(&asked, CHECK_PATH)["id"].clone();
+        assert!(id.is_string(), "the check names its lease");
+        assert_eq!(leases(&backend), 1, "the shim took the lease");
+        stream.shim_replies(Answer::Fault(lost)).warns("failure_mode deny").sends(503).done();
+        stream.completes().done();
+        let released = plugin.tick().releases_the_lease().done();
+        assert_eq!(call_body(&released, RELEASE_PATH)["lease"], id, "released by the check's id");
+        assert_eq!(
+            leases(&backend),
+            0,
+            "the lease of a check whose answer was lost ({lost:?}) is still held"
+        );
+        plugin.shim_answers_background_call(Answer::Real).done();
+        // Past the failure log's throttle, so the next failure warns again.
+        plugin.proxy().advance(std::time::Duration::from_secs(11));
+    }
+}
+
+/// A check the shim denied took nothing, so nothing is released.
+#[test]
+fn a_denied_check_releases_nothing() {
+    let backend = start();
+    let plugin = plugin_of(&backend);
+    let (first, second) = (admitted(&backend, &plugin), admitted(&backend, &plugin));
+    let third = asks(&plugin);
+    third.shim_answers().sends(429).done();
+    third.completes().done();
+    plugin.tick().done();
+    first.completes().done();
+    second.completes().done();
+    plugin.tick().releases_the_lease().releases_the_lease().done();
 }
