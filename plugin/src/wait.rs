@@ -7,18 +7,26 @@
 //! for every enforced policy that applies. A request waits only if *every*
 //! one of them has a `wait`, and then for the shortest `wait.timeout` among
 //! them: a policy without `wait` asks for today's answer at once, and no
-//! policy is held longer than it allows. Shadow policies never wait.
+//! policy is held longer than it allows. Shadow policies never wait. (Until
+//! the shim can queue a concurrency limit together with other limits, such a
+//! request is decided at once too.)
 
+use sluice_policies::wait::can_wait;
 use sluice_policies::{Limit, Policy};
 
 /// The longest the shim may hold a request that these enforced policies
 /// apply to: the shortest of their `wait.timeout`s; 0 (decide now) if any of
-/// them has no `wait`, or if there are none.
-pub fn request_wait_ms<'p>(enforced: impl IntoIterator<Item = &'p Policy>) -> u64 {
+/// them has no `wait`, if there are none, or if their limits together are
+/// ones the shim cannot hold (a concurrency limit with others: it would
+/// refuse the check, and `failure_mode` would decide instead of the limits).
+pub fn request_wait_ms<'p>(enforced: impl IntoIterator<Item = &'p Policy> + Clone) -> u64 {
     let mut shortest: Option<u64> = None;
-    for policy in enforced {
+    for policy in enforced.clone() {
         let Some(wait) = policy.wait else { return 0 };
         shortest = Some(shortest.map_or(wait.timeout_ms(), |s| s.min(wait.timeout_ms())));
+    }
+    if !can_wait(enforced.into_iter().flat_map(|p| &p.limits)) {
+        return 0;
     }
     shortest.unwrap_or(0)
 }
@@ -82,6 +90,14 @@ mod tests {
         assert_eq!(request_wait_ms(d.policies.iter()), 0);
         assert_eq!(request_wait_ms(d.policies.iter().rev()), 0);
         assert_eq!(request_wait_ms(std::iter::empty()), 0);
+    }
+
+    #[test]
+    fn a_concurrency_limit_with_other_limits_is_decided_now() {
+        let queue = r#"{"name": "q", "wait": {"timeout": "15s"}, "limits": [{"type": "concurrency", "limit": 5, "lease": "30s"}]}"#;
+        let d = doc(&[queue, &policy("i", r#"{"timeout": "15s"}"#)]);
+        assert_eq!(request_wait_ms(d.policies.iter().take(1)), 15_000, "a queue alone waits");
+        assert_eq!(request_wait_ms(d.policies.iter()), 0, "the shim cannot hold both yet");
     }
 
     #[test]

@@ -268,6 +268,11 @@ impl<'de> Deserialize<'de> for Policy {
             }
             let approximate =
                 raw.limits.iter().position(|l| matches!(l, Limit::SlidingWindow { approximate: true, .. }));
+            if !crate::wait::can_wait(&raw.limits) {
+                return Err(de::Error::custom(
+                    "`wait` on a concurrency limit together with other limits is not supported yet: the shim queues a request for one concurrency limit alone",
+                ));
+            }
             if let Some(i) = approximate {
                 return Err(de::Error::custom(format!(
                     "`wait` cannot be used with an approximate sliding_window (limits[{i}]): its estimate cannot tell when a slot opens; use an exact one"

@@ -33,7 +33,7 @@
 
 use serde::de::{self, Deserialize, Deserializer};
 
-use crate::Duration;
+use crate::{Duration, Limit};
 
 /// The longest `wait.timeout`: 5 minutes, Envoy's default `stream_idle_timeout`.
 pub const MAX_TIMEOUT_MS: u64 = 5 * 60 * 1000;
@@ -79,6 +79,18 @@ pub fn check_wire(wait_ms: Option<u64>, margin_ms: Option<u64>) -> Result<(), St
         return Err(format!("wait margin {} is larger than 10s", show(ms)));
     }
     Ok(())
+}
+
+/// Whether the shim can hold a request with all these limits (of every
+/// enforced policy that applies to it): a `concurrency` limit is queued for
+/// only alone, not yet together with other limits.
+pub fn can_wait<'l>(limits: impl IntoIterator<Item = &'l Limit>) -> bool {
+    let (mut count, mut leases) = (0, 0);
+    for limit in limits {
+        count += 1;
+        leases += usize::from(matches!(limit, Limit::Concurrency { .. }));
+    }
+    leases == 0 || count == 1
 }
 
 fn show(ms: u64) -> String {

@@ -23,11 +23,15 @@ fn plugin_of(backend: &Backend) -> Plugin {
     Plugin::configured(POLICY, SHIM, Route::Shim { port: backend.shim.port })
 }
 
-/// Leases held in Redis, over every key (this policy has only lease sets).
+/// Leases held in Redis, over every lease set (`...:cc:<lease ms>`; not the
+/// shim's other keys beside them, such as the `:t` tombstones of released ids).
 fn leases(backend: &Backend) -> u64 {
     let mut redis = backend.redis.connection().expect("connecting to Redis");
-    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut redis).expect("KEYS");
-    keys.iter().map(|key| redis::cmd("ZCARD").arg(key).query::<u64>(&mut redis).expect("ZCARD")).sum()
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*:cc:*").query(&mut redis).expect("KEYS");
+    let lease_sets = keys
+        .iter()
+        .filter(|key| key.rsplit(':').next().is_some_and(|s| s.bytes().all(|b| b.is_ascii_digit())));
+    lease_sets.map(|key| redis::cmd("ZCARD").arg(key).query::<u64>(&mut redis).expect("ZCARD")).sum()
 }
 
 /// A request of alice's arrives; the filter asks the shim and waits.
