@@ -26,10 +26,11 @@
 //! a margin of more than about 1 % of the interval is throughput given away.
 //! It has to cover only the *variation* of the delay between the shim's
 //! answer and the partner's arrival (the constant part shifts every call
-//! alike), and through Envoy on one host that varies by well under a
-//! millisecond at the median (see the README, "Waiting"). A gateway on
-//! another host than its shim, or a partner across the internet, should set
-//! a margin from its own measurements.
+//! alike). Measured through Envoy on one host (README, "Waiting"), 1 ms
+//! keeps the mean gap at 101 ms for a 100 ms interval and cuts the gaps
+//! under 100 ms from 58 % to 14 %; 5 ms removes them but costs 5 %. A
+//! gateway on another host than its shim, or a partner across the internet,
+//! should set a margin from its own measurements.
 
 use serde::de::{self, Deserialize, Deserializer};
 
