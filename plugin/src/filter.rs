@@ -141,24 +141,21 @@ impl Sluice {
         }
     }
 
-    /// Counts an admission by call `which` and keeps its lease; for a
-    /// request that could wait, counts and remembers how long it was held.
+    /// Counts an admission by call `which` and keeps its lease, and how long
+    /// the shim held it (the wait stats exist for policies with `wait` only).
     fn admit(&mut self, vm: &Vm, resp: &CheckResponse, which: usize) {
         let call = &mut self.calls[which];
         call.admitted = true;
         call.admitted_ms = now_ms();
-        let waits = call.wait_ms > 0;
-        if waits {
-            // Held: the shim says so with a non-zero `waited_ms`.
-            self.waited_ms = resp.waited_ms.filter(|ms| *ms > 0);
+        // Held: the shim says so with a non-zero `waited_ms`.
+        let held = resp.waited_ms.unwrap_or(0);
+        if which == 0 {
+            self.waited_ms = (held > 0).then_some(held);
         }
         for (i, &index) in call.policies.iter().enumerate() {
             vm.stats.count(index, |s| s.allowed);
-            if waits {
-                let held = resp.waited_ms.unwrap_or(0);
-                vm.stats.count(index, |s| if held > 0 { s.waited } else { s.immediate });
-                vm.stats.record(index, |s| s.wait_ms, held);
-            }
+            vm.stats.count(index, |s| if held > 0 { s.waited } else { s.immediate });
+            vm.stats.record(index, |s| s.wait_ms, held);
             let reclaimed: u64 = resp.checks.get(i).map_or(0, |c| c.limits.iter().map(|l| l.reclaimed).sum());
             if reclaimed > 0 {
                 vm.stats.add(index, |s| s.reclaimed, reclaimed);
