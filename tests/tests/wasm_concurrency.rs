@@ -7,7 +7,7 @@
 //! Redis is the judge: the lease set shows what is held.
 
 use sluice_policies::wire::{CHECK_PATH, RELEASE_PATH};
-use sluice_tests::host::{Answer, Effect, Fault, Plugin, Route, Stream};
+use sluice_tests::host::{Answer, Effect, Fault, MetricChange, Plugin, Route, Stream};
 use sluice_tests::Backend;
 
 const SHIM: &str = "sluice_shim";
@@ -186,4 +186,34 @@ fn a_denied_check_releases_nothing() {
     first.completes().done();
     second.completes().done();
     plugin.tick().releases_the_lease().releases_the_lease().done();
+}
+
+/// How long a lease was held (admission to the stream's end) goes to the
+/// `held_ms` histogram, and a hold longer than the lease counts as an
+/// overage: its slot may have been reclaimed while still in use.
+#[test]
+fn held_time_is_recorded_and_a_hold_past_the_lease_is_an_overage() {
+    let backend = start();
+    let plugin = plugin_of(&backend);
+    let stream = admitted(&backend, &plugin);
+    plugin.proxy().advance(std::time::Duration::from_millis(1500));
+    let ended = stream.completes().done();
+    assert_eq!(held(&ended), [1500]);
+    plugin.tick().releases_the_lease().done();
+
+    let stream = admitted(&backend, &plugin);
+    plugin.proxy().advance(std::time::Duration::from_secs(31));
+    let ended = stream.completes().increments_metric("sluice.uploads.overages", 1).done();
+    assert_eq!(held(&ended), [31_000]);
+}
+
+/// What the `held_ms` histogram recorded during a step.
+fn held(outcome: &sluice_tests::host::Outcome) -> Vec<u64> {
+    let records = outcome.effects.iter().filter_map(|e| match e {
+        Effect::Metric { name, change: MetricChange::Record(ms) } if name == "sluice.uploads.held_ms" => {
+            Some(*ms)
+        }
+        _ => None,
+    });
+    records.collect()
 }
