@@ -236,7 +236,9 @@ impl Sluice {
 
     /// The releases still to send: one per call that holds (or may hold) a
     /// lease, each taken once.
-    fn leases_to_release(&mut self, vm: &Vm) -> Vec<(ReleaseRequest, Vec<usize>)> {
+    /// Each with whether the shim confirmed the lease (else it is released
+    /// by the check's id, in case the shim took it unseen).
+    fn leases_to_release(&mut self, vm: &Vm) -> Vec<(ReleaseRequest, Vec<usize>, bool)> {
         let mut out = Vec::new();
         let now = now_ms();
         for call in &mut self.calls {
@@ -252,7 +254,7 @@ impl Sluice {
                     }
                 }
             }
-            out.push((ReleaseRequest { lease, checks: call.checks.clone() }, policies));
+            out.push((ReleaseRequest { lease, checks: call.checks.clone() }, policies, confirmed));
         }
         out
     }
@@ -263,7 +265,13 @@ impl Sluice {
     /// release that cannot be sent goes to the root context instead.
     fn release_at_end(&mut self) -> Action {
         let Some(vm) = self.vm.clone() else { return Action::Continue };
-        for (request, policies) in self.leases_to_release(&vm) {
+        for (request, policies, confirmed) in self.leases_to_release(&vm) {
+            if !confirmed {
+                // Most likely the shim failed and took nothing: not worth
+                // holding the response's end for; the root releases it.
+                vm.send_later(RELEASE_PATH, &request, policies);
+                continue;
+            }
             let sent = serde_json::to_vec(&request).map_err(|e| e.to_string()).and_then(|body| {
                 let timeout = Duration::from_millis(vm.doc.shim.timeout_ms.get().into());
                 post_bytes(&vm.doc, RELEASE_PATH, &body, timeout)
@@ -301,7 +309,7 @@ impl Sluice {
         for (_, request, policies) in std::mem::take(&mut self.releasing) {
             vm.send_later(RELEASE_PATH, &request, policies);
         }
-        for (request, policies) in self.leases_to_release(&vm) {
+        for (request, policies, _) in self.leases_to_release(&vm) {
             vm.send_later(RELEASE_PATH, &request, policies);
         }
     }

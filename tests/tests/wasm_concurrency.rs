@@ -217,3 +217,19 @@ fn held(outcome: &sluice_tests::host::Outcome) -> Vec<u64> {
     });
     records.collect()
 }
+
+/// The same with `failure_mode: allow`: the request whose answer was lost
+/// goes on, and its stream's end still releases the lease the shim took.
+#[test]
+fn a_check_whose_answer_is_lost_leaks_no_lease_when_failing_open() {
+    let backend = start();
+    let policy = POLICY.replace(r#""failure_mode": "deny""#, r#""failure_mode": "allow""#);
+    let plugin = Plugin::configured(&policy, SHIM, Route::Shim { port: backend.shim.port });
+    let stream = asks(&plugin);
+    assert_eq!(leases(&backend), 1, "the shim took the lease");
+    stream.shim_replies(Answer::Fault(Fault::Timeout)).warns("failure_mode allow").resumes().done();
+    stream.upstream_responds(200).continues().done();
+    stream.completes().done();
+    plugin.tick().releases_the_lease().done();
+    assert_eq!(leases(&backend), 0, "the lease of a check that timed out is still held");
+}
