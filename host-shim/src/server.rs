@@ -14,8 +14,10 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::service::TowerToHyperService;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sluice_policies::wire::{
@@ -26,6 +28,12 @@ use crate::limiter::{CheckError, Limiter};
 
 /// The largest check body accepted.
 pub const MAX_BODY: usize = 64 * 1024;
+
+/// HTTP/2 streams one connection may have open at once. Hyper's default
+/// (200) is too low for egress waiting: Envoy multiplexes every call of a
+/// worker over one connection, and a shim may hold hundreds of waiting
+/// checks per connection, each an open stream until its slot comes.
+pub const MAX_STREAMS: u32 = 10_000;
 
 pub fn router(limiter: Limiter) -> Router {
     Router::new()
@@ -43,17 +51,54 @@ pub async fn run(
     limiter: Limiter,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    // Answers are small: without TCP_NODELAY, Nagle's algorithm holds each
-    // one back until the peer's delayed ACK, milliseconds per decision.
-    let listener = listener.tap_io(|tcp| {
+    let app = router(limiter);
+    // Each connection holds a receiver; all dropped means all are done.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let tcp = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(err) => {
+                    // Out of file descriptors and the like: wait, do not spin.
+                    tracing::warn!(%err, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        // Answers are small: without TCP_NODELAY, Nagle's algorithm holds each
+        // one back until the peer's delayed ACK, milliseconds per decision.
         if let Err(err) = tcp.set_nodelay(true) {
             tracing::warn!(%err, "cannot set TCP_NODELAY");
         }
-    });
-    axum::serve(listener, router(limiter))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|e| anyhow::anyhow!("server failed: {e}"))
+        let service = TowerToHyperService::new(app.clone());
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let mut builder = Builder::new(TokioExecutor::new());
+            builder.http2().max_concurrent_streams(MAX_STREAMS);
+            let conn = builder.serve_connection(TokioIo::new(tcp), service);
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                result = conn.as_mut() => {
+                    if let Err(err) = result {
+                        tracing::debug!(%err, "connection ended");
+                    }
+                    return;
+                }
+                _ = stop.changed() => conn.as_mut().graceful_shutdown(),
+            }
+            if let Err(err) = conn.await {
+                tracing::debug!(%err, "connection ended");
+            }
+        });
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    drop(stop_rx);
+    stop_tx.closed().await;
+    Ok(())
 }
 
 async fn check(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {

@@ -15,22 +15,29 @@
 //! - [`response`]: what the gateway answers and when: headers, denial
 //!   responses, failure modes, the breaker and over-limit cache settings.
 //! - [`error`]: [`ParseError`], the one error type of [`parse`].
+//! - [`feedback`]: which upstream answers mean "slow down", and for how long.
+//! - [`shed`]: the utilization shedder's controller, over an injected clock.
 //! - [`wait`]: egress waiting, a policy's `wait`, and the bounds of its wire fields.
 //! - [`wire`]: the compact JSON exchanged with the shim.
 //! - [`algorithm`]: the reference model of every limit type, twin of the
 //!   Redis scripts in `lua/`.
+//! - [`replay`]: traffic replayed through a document and the model, for
+//!   `sluice simulate` and the playground.
 //! - `schema` (feature `schema`): the JSON Schema of the document.
 
 pub mod algorithm;
 pub mod condition;
 pub mod document;
 pub mod error;
+pub mod feedback;
 pub mod key;
 pub mod limit;
+pub mod replay;
 pub mod request;
 pub mod response;
 #[cfg(feature = "schema")]
 pub mod schema;
+pub mod shed;
 pub mod units;
 pub mod wait;
 pub mod wire;
