@@ -105,10 +105,22 @@ fn schema_refuses_common_mistakes() {
     }
 }
 
-/// `envoy-config` prints a configuration that Envoy itself accepts.
+/// `envoy-config` prints a configuration that Envoy itself accepts, for a
+/// plain document and for an egress one with `wait`: its stream idle timeout
+/// outlasts the longest hold, and the shim cluster admits many held calls.
 #[test]
 fn envoy_config_is_accepted_by_envoy() {
-    let policy = root().join("policies/examples/partner-api.json");
+    for (example, idle) in [("partner-api", "300s"), ("egress-partner", "300s")] {
+        let policy = root().join(format!("policies/examples/{example}.json"));
+        let yaml = envoy_config_of(&policy);
+        assert!(yaml.contains(&format!("stream_idle_timeout: {idle}")), "{yaml}");
+        assert!(yaml.contains("max_requests: 100000"), "{yaml}");
+        envoy_validates(&yaml);
+    }
+}
+
+/// The config `envoy-config` prints for `policy`, with the real filter.
+fn envoy_config_of(policy: &std::path::Path) -> String {
     // Envoy checks that the filter exists, so point at the real one.
     let dist = std::env::var("SLUICE_DIST").map(PathBuf::from).unwrap_or_else(|_| root().join("dist"));
     let wasm = dist.join("sluice.wasm");
@@ -127,10 +139,14 @@ fn envoy_config_is_accepted_by_envoy() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let yaml = String::from_utf8(out.stdout).expect("utf-8 yaml");
     assert!(yaml.contains(wasm));
+    yaml
+}
+
+fn envoy_validates(yaml: &str) {
     let dir = std::env::temp_dir().join(format!("sluice-envoy-config-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let file = dir.join("envoy.yaml");
-    std::fs::write(&file, &yaml).expect("write envoy.yaml");
+    std::fs::write(&file, yaml).expect("write envoy.yaml");
     let envoy = std::env::var("SLUICE_ENVOY").unwrap_or_else(|_| "envoy".to_string());
     let check = Command::new(&envoy)
         .args(["--mode", "validate", "-c"])

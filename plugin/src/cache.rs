@@ -10,6 +10,13 @@
 //! later than the moment the shim would admit the check: other traffic can
 //! only push that moment further out. The cache never admits anything.
 //!
+//! **Never for a policy with `wait`.** A waiting request is refused only
+//! when its slot lies beyond its wait, and that slot can move *earlier*: a
+//! held request whose client goes away gives its reservation back. An entry
+//! could then refuse a request the shim would hold and admit, so the cache
+//! neither records nor serves checks of such policies; their refusals cost a
+//! shim call, which answers at once.
+//!
 //! **Keyed by the whole check**: the policy, the encoded key and the limits
 //! as sent (with their cost). A request denied on policy A is never denied
 //! locally for a request that only matches policy B, nor one with another cost.
@@ -51,8 +58,11 @@ impl<S: Store> OverLimitCache<S> {
         OverLimitCache { store, slots }
     }
 
-    /// The live entry for `check` at `now_ms`, if any.
-    pub fn lookup(&self, check: &Check, now_ms: u64) -> Option<Hit> {
+    /// The live entry for `check` of `policy` at `now_ms`, if any.
+    pub fn lookup(&self, policy: &Policy, check: &Check, now_ms: u64) -> Option<Hit> {
+        if !caches(policy) {
+            return None;
+        }
         let identity = identity(check);
         let value = self.store.get(&self.slot_key(&identity)?)?;
         let (deadline_ms, limit, stored) = decode(&value)?;
@@ -76,6 +86,9 @@ impl<S: Store> OverLimitCache<S> {
 /// The longest wait of the limits that denied `check`, and which one it is,
 /// if every one of them allows caching.
 pub fn cacheable(policy: &Policy, check: &Check, outcome: &CheckOutcome) -> Option<(u64, u16)> {
+    if !caches(policy) {
+        return None;
+    }
     let mut longest: Option<(u64, u16)> = None;
     for (i, (wire, out)) in check.limits.iter().zip(&outcome.limits).enumerate() {
         if out.allowed {
@@ -93,6 +106,11 @@ pub fn cacheable(policy: &Policy, check: &Check, outcome: &CheckOutcome) -> Opti
         }
     }
     longest
+}
+
+/// Whether the cache serves `policy` at all: not when it waits (above).
+pub fn caches(policy: &Policy) -> bool {
+    policy.wait.is_none()
 }
 
 /// What makes two checks the same: policy, key and limits, NUL-separated
@@ -143,7 +161,11 @@ mod tests {
     }
 
     fn policy(limits: &str) -> Policy {
-        let doc = format!(r#"{{"policies":[{{"name":"a","limits":{limits}}}]}}"#);
+        policy_with("", limits)
+    }
+
+    fn policy_with(fields: &str, limits: &str) -> Policy {
+        let doc = format!(r#"{{"policies":[{{"name":"a",{fields}"limits":{limits}}}]}}"#);
         sluice_policies::parse(&doc).expect("doc").policies[0].clone()
     }
 
@@ -180,10 +202,10 @@ mod tests {
         let p = policy(TWO_WINDOWS);
         let c = check(&p, "alice");
         cache.record(&p, &c, &denied(&[Some(4000), Some(6000)]), 1000);
-        assert_eq!(cache.lookup(&c, 1000), Some(Hit { wait_ms: 6000, limit: 1 }));
-        assert_eq!(cache.lookup(&c, 6999), Some(Hit { wait_ms: 1, limit: 1 }));
-        assert_eq!(cache.lookup(&c, 7000), None);
-        assert_eq!(cache.lookup(&check(&p, "bob"), 1000), None);
+        assert_eq!(cache.lookup(&p, &c, 1000), Some(Hit { wait_ms: 6000, limit: 1 }));
+        assert_eq!(cache.lookup(&p, &c, 6999), Some(Hit { wait_ms: 1, limit: 1 }));
+        assert_eq!(cache.lookup(&p, &c, 7000), None);
+        assert_eq!(cache.lookup(&p, &check(&p, "bob"), 1000), None);
     }
 
     #[test]
@@ -193,13 +215,13 @@ mod tests {
         let p = policy(r#"[{"type":"points","capacity":10,"refill":"10s","cost":5}]"#);
         let c = check(&p, "k");
         cache.record(&p, &c, &denied(&[Some(3000)]), 0);
-        assert!(cache.lookup(&c, 1).is_some());
+        assert!(cache.lookup(&p, &c, 1).is_some());
         let mut other_cost = c.clone();
         other_cost.limits = vec![WireLimit::with_cost(&p.limits[0], 2)];
-        assert_eq!(cache.lookup(&other_cost, 1), None, "the one slot holds another identity");
+        assert_eq!(cache.lookup(&p, &other_cost, 1), None, "the one slot holds another identity");
         let mut other_policy = c.clone();
         other_policy.policy = "b".into();
-        assert_eq!(cache.lookup(&other_policy, 1), None);
+        assert_eq!(cache.lookup(&p, &other_policy, 1), None);
     }
 
     #[test]
@@ -216,6 +238,22 @@ mod tests {
         let p = policy(TWO_WINDOWS);
         cache.record(&p, &check(&p, "k"), &denied(&[None, Some(1000)]), 0);
         assert!(map.0.borrow().is_empty());
+    }
+
+    /// A waiting policy's refusal is neither recorded nor served: its slot
+    /// can come earlier when a held request is cancelled.
+    #[test]
+    fn a_policy_that_waits_is_never_cached() {
+        let map = Map::default();
+        let cache = OverLimitCache::new(&map, 16);
+        let waits = policy_with(r#""wait": {"timeout": "2s"},"#, TWO_WINDOWS);
+        let c = check(&waits, "k");
+        cache.record(&waits, &c, &denied(&[Some(4000), Some(0)]), 0);
+        assert!(map.0.borrow().is_empty(), "nothing recorded");
+        let plain = policy(TWO_WINDOWS);
+        cache.record(&plain, &c, &denied(&[Some(4000), Some(0)]), 0);
+        assert!(cache.lookup(&plain, &c, 1).is_some());
+        assert_eq!(cache.lookup(&waits, &c, 1), None, "an entry is not served to a waiting policy");
     }
 
     #[test]

@@ -13,6 +13,15 @@ pub struct Call {
     pub policies: Vec<usize>,
     pub checks: Vec<Check>,
     pub token: Option<u32>,
+    /// Sent, and no answer read yet that says whether the shim admitted it
+    /// (in flight, timed out, reset, failed, malformed): the shim may hold a
+    /// lease named `id` that nothing confirmed. Cleared by a readable answer.
+    pub unconfirmed: bool,
+    /// The longest the shim may hold this call's request, 0 for none; only
+    /// the enforced call waits.
+    pub wait_ms: u64,
+    /// When the shim's admission reached the filter: a lease's hold starts here.
+    pub admitted_ms: u64,
     /// When the call was sent, on the proxy's clock: the over-limit cache
     /// counts its deadline from here.
     pub sent_ms: u64,
@@ -38,6 +47,9 @@ impl Call {
             policies: Vec::new(),
             checks: Vec::new(),
             token: None,
+            unconfirmed: false,
+            wait_ms: 0,
+            admitted_ms: 0,
             sent_ms: 0,
             answer: None,
             admitted: false,
@@ -56,17 +68,20 @@ impl Call {
             checks: (&self.checks[..]).into(),
             now_us: None,
             id: Some(self.id.as_str().into()),
-            wait_ms: None,
+            wait_ms: (self.wait_ms > 0).then_some(self.wait_ms),
         }
     }
 
-    /// The lease to release at the stream's end: the confirmed one, or, while
-    /// the check is still in flight, the one it may have taken. Taken once.
+    /// The lease to release at the stream's end: the confirmed one, or, when
+    /// no answer said whether the shim admitted the check (still in flight,
+    /// timed out, reset, malformed; even if `failure_mode` then decided), the
+    /// one it may have taken under the call's id: releasing a lease that
+    /// does not exist ends nothing. Taken once.
     pub fn lease_to_release(&mut self, doc: &Document) -> Option<String> {
-        let in_flight = self.token.is_some() && !self.concurrency_policies(doc).is_empty();
-        let lease = self.lease.take().or_else(|| in_flight.then(|| self.id.clone()));
+        let unconfirmed = self.unconfirmed && !self.concurrency_policies(doc).is_empty();
+        self.unconfirmed = false;
         self.token = None;
-        lease
+        self.lease.take().or_else(|| unconfirmed.then(|| self.id.clone()))
     }
 
     /// The policies of this call with a concurrency limit: those a release frees.

@@ -15,6 +15,8 @@ use proxy_wasm::types::{BufferType, MapType, Status};
 use sluice_policies::wire::{CheckRequest, CHECK_PATH};
 use sluice_policies::Document;
 
+use crate::wait::call_timeout_ms;
+
 /// The shortest timeout for a call nobody waits for.
 const BACKGROUND_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -30,10 +32,12 @@ pub fn post_bytes(doc: &Document, path: &str, body: &[u8], timeout: Duration) ->
         .map_err(|status: Status| format!("cannot call cluster {:?}: {status:?}", doc.shim.cluster))
 }
 
-/// Sends a check; the request waits at most `timeout_ms` for it.
+/// Sends a check; the request waits at most `timeout_ms` for it, on top of
+/// the time the shim may hold it (`wait_ms`).
 pub fn post_check(doc: &Document, req: &CheckRequest<'_>) -> Result<u32, String> {
     let body = serde_json::to_vec(req).map_err(|e| format!("cannot encode the check: {e}"))?;
-    post_bytes(doc, CHECK_PATH, &body, Duration::from_millis(doc.shim.timeout_ms.get().into()))
+    let timeout_ms = call_timeout_ms(doc.shim.timeout_ms.get(), req.wait_ms.unwrap_or(0));
+    post_bytes(doc, CHECK_PATH, &body, Duration::from_millis(timeout_ms))
 }
 
 /// The timeout of a release or adjust call: nobody waits for it.

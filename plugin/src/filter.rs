@@ -16,6 +16,11 @@
 //! Enforced and shadow policies go to the shim in two calls, sent together:
 //! each call is all-or-nothing, and a shadow policy's denial must neither
 //! refuse the request nor keep the enforced policies from being charged.
+//!
+//! Egress waiting (see `wait`): the enforced call may ask the shim to hold
+//! the request (`wait_ms`), and its timeout grows by as much; a held request
+//! that passes gets `server-timing: sluice;dur=N` on its response. The shadow
+//! call never waits.
 
 use std::rc::Rc;
 
@@ -35,6 +40,7 @@ use crate::host::{now_ms, HostRequest, SharedData};
 use crate::ratelimit_headers::RateLimitHeaders;
 use crate::reply::Reply;
 use crate::vm::Vm;
+use crate::wait::{overran_lease, request_wait_ms, server_timing, SERVER_TIMING};
 
 const SHADOW_HEADER: &str = "x-sluice-shadow";
 
@@ -51,6 +57,11 @@ pub struct Sluice {
     /// For a response with a `content-length` whose end releases leases:
     /// the bytes still to come.
     body_left: Option<u64>,
+    /// How long the shim held an admitted request, for `server-timing`.
+    waited_ms: Option<u64>,
+    /// `x-sluice-shadow` values of shadow policies that would have denied
+    /// the request for a missing key (with `shadow_header` only).
+    shadow_notes: Vec<String>,
 }
 
 impl Sluice {
@@ -62,6 +73,8 @@ impl Sluice {
             admitted: false,
             releasing: Vec::new(),
             body_left: None,
+            waited_ms: None,
+            shadow_notes: Vec::new(),
         }
     }
 
@@ -70,10 +83,10 @@ impl Sluice {
     fn finish(&mut self, vm: &Vm) -> Action {
         let now = now_ms();
         let shadow = self.calls[1].answer.take();
-        let shadow_note = match shadow {
-            Some(answer) => self.conclude_shadow(vm, answer, now),
-            None => None,
-        };
+        let mut shadow_notes = std::mem::take(&mut self.shadow_notes);
+        if let Some(note) = shadow.and_then(|answer| self.conclude_shadow(vm, answer, now)) {
+            shadow_notes.push(note);
+        }
         let enforced = self.calls[0].answer.take();
         let action = match enforced {
             None => Action::Continue,
@@ -87,11 +100,11 @@ impl Sluice {
                 }
                 Action::Continue
             }
-            Some(Ok(resp)) => self.deny(vm, &resp, shadow_note.clone()),
+            Some(Ok(resp)) => self.deny(vm, &resp, &shadow_notes),
             Some(Err(reason)) => self.fail(vm, &reason, now),
         };
-        if let (Action::Continue, Some(note)) = (action, shadow_note) {
-            self.response_headers.push((SHADOW_HEADER, note));
+        if let Action::Continue = action {
+            self.response_headers.extend(shadow_notes.into_iter().map(|note| (SHADOW_HEADER, note)));
         }
         self.admitted = matches!(action, Action::Continue);
         action
@@ -116,7 +129,7 @@ impl Sluice {
                 vm.stats.count(index, |s| s.shadow_denied);
                 let name = call.checks.get(i).map(|c| c.policy.as_str()).unwrap_or_default();
                 log::debug!("shadow policy {name} would deny");
-                vm.doc.shadow_header.then(|| format!("would-deny; policy=\"{name}\""))
+                vm.doc.shadow_header.then(|| shadow_note(name))
             }
             Err(reason) => {
                 for &index in &call.policies {
@@ -128,12 +141,21 @@ impl Sluice {
         }
     }
 
-    /// Counts an admission by call `which` and keeps its lease.
+    /// Counts an admission by call `which` and keeps its lease, and how long
+    /// the shim held it (the wait stats exist for policies with `wait` only).
     fn admit(&mut self, vm: &Vm, resp: &CheckResponse, which: usize) {
         let call = &mut self.calls[which];
         call.admitted = true;
+        call.admitted_ms = now_ms();
+        // Held: the shim says so with a non-zero `waited_ms`.
+        let held = resp.waited_ms.unwrap_or(0);
+        if which == 0 {
+            self.waited_ms = (held > 0).then_some(held);
+        }
         for (i, &index) in call.policies.iter().enumerate() {
             vm.stats.count(index, |s| s.allowed);
+            vm.stats.count(index, |s| if held > 0 { s.waited } else { s.immediate });
+            vm.stats.record(index, |s| s.wait_ms, held);
             let reclaimed: u64 = resp.checks.get(i).map_or(0, |c| c.limits.iter().map(|l| l.reclaimed).sum());
             if reclaimed > 0 {
                 vm.stats.add(index, |s| s.reclaimed, reclaimed);
@@ -144,7 +166,7 @@ impl Sluice {
     }
 
     /// The shim denied: count it, remember it in the over-limit cache, answer.
-    fn deny(&mut self, vm: &Vm, resp: &CheckResponse, shadow_note: Option<String>) -> Action {
+    fn deny(&mut self, vm: &Vm, resp: &CheckResponse, shadow_notes: &[String]) -> Action {
         let call = &self.calls[0];
         let i = resp.denied_check().unwrap_or(0);
         let (Some(&index), Some(check), Some(outcome)) =
@@ -154,6 +176,11 @@ impl Sluice {
         };
         let Some(policy) = vm.doc.policies.get(index) else { return Action::Continue };
         vm.stats.count(index, |s| s.denied);
+        if call.wait_ms > 0 {
+            // The shim refuses a waiting request only when its slot lies
+            // further away than the wait.
+            vm.stats.count(index, |s| s.wait_timeout);
+        }
         log::debug!("policy {} denies key {}", policy.name, check.key);
         OverLimitCache::new(SharedData, vm.doc.over_limit_cache_slots.get()).record(
             policy,
@@ -166,9 +193,7 @@ impl Sluice {
             _ => self.ratelimit_headers(vm, resp),
         };
         let mut reply = Reply::denial(policy, retry_after_secs(resp.retry_after_ms), headers);
-        if let Some(note) = shadow_note {
-            reply.headers.push((SHADOW_HEADER.into(), note));
-        }
+        reply.headers.extend(shadow_notes.iter().map(|note| (SHADOW_HEADER.into(), note.clone())));
         respond(reply)
     }
 
@@ -211,12 +236,25 @@ impl Sluice {
 
     /// The releases still to send: one per call that holds (or may hold) a
     /// lease, each taken once.
-    fn leases_to_release(&mut self, vm: &Vm) -> Vec<(ReleaseRequest, Vec<usize>)> {
+    /// Each with whether the shim confirmed the lease (else it is released
+    /// by the check's id, in case the shim took it unseen).
+    fn leases_to_release(&mut self, vm: &Vm) -> Vec<(ReleaseRequest, Vec<usize>, bool)> {
         let mut out = Vec::new();
+        let now = now_ms();
         for call in &mut self.calls {
+            let confirmed = call.lease.is_some();
             let Some(lease) = call.lease_to_release(&vm.doc) else { continue };
             let policies = call.concurrency_policies(&vm.doc);
-            out.push((ReleaseRequest { lease, checks: call.checks.clone() }, policies));
+            if confirmed {
+                let held = now.saturating_sub(call.admitted_ms);
+                for &index in &policies {
+                    vm.stats.record(index, |s| s.held_ms, held);
+                    if vm.doc.policies.get(index).is_some_and(|p| overran_lease(p, held)) {
+                        vm.stats.count(index, |s| s.overages);
+                    }
+                }
+            }
+            out.push((ReleaseRequest { lease, checks: call.checks.clone() }, policies, confirmed));
         }
         out
     }
@@ -227,7 +265,13 @@ impl Sluice {
     /// release that cannot be sent goes to the root context instead.
     fn release_at_end(&mut self) -> Action {
         let Some(vm) = self.vm.clone() else { return Action::Continue };
-        for (request, policies) in self.leases_to_release(&vm) {
+        for (request, policies, confirmed) in self.leases_to_release(&vm) {
+            if !confirmed {
+                // Most likely the shim failed and took nothing: not worth
+                // holding the response's end for; the root releases it.
+                vm.send_later(RELEASE_PATH, &request, policies);
+                continue;
+            }
             let sent = serde_json::to_vec(&request).map_err(|e| e.to_string()).and_then(|body| {
                 let timeout = Duration::from_millis(vm.doc.shim.timeout_ms.get().into());
                 post_bytes(&vm.doc, RELEASE_PATH, &body, timeout)
@@ -254,10 +298,18 @@ impl Sluice {
     /// one lease ends nothing).
     fn release_leases(&mut self) {
         let Some(vm) = self.vm.clone() else { return };
+        let held = &self.calls[0];
+        if held.token.is_some() && held.wait_ms > 0 {
+            // Envoy cancels the call with the stream; the shim gives the
+            // held slot back when it sees the call dropped.
+            for &index in &held.policies {
+                vm.stats.count(index, |s| s.wait_cancelled);
+            }
+        }
         for (_, request, policies) in std::mem::take(&mut self.releasing) {
             vm.send_later(RELEASE_PATH, &request, policies);
         }
-        for (request, policies) in self.leases_to_release(&vm) {
+        for (request, policies, _) in self.leases_to_release(&vm) {
             vm.send_later(RELEASE_PATH, &request, policies);
         }
     }
@@ -275,21 +327,34 @@ impl Sluice {
         }
     }
 
+    /// A shadow policy that would have refused the request for its missing
+    /// key: counted as a shadow denial, never a refusal.
+    fn shadow_missing_key(&mut self, vm: &Vm, index: usize) {
+        let Some(policy) = vm.doc.policies.get(index) else { return };
+        vm.stats.count(index, |s| s.shadow_denied);
+        log::debug!("shadow policy {} would deny: missing key", policy.name);
+        if vm.doc.shadow_header {
+            self.shadow_notes.push(shadow_note(policy.name.as_str()));
+        }
+    }
+
     /// Local decisions before any call: the over-limit cache, then the breaker.
     fn decide_locally(&mut self, vm: &Vm, now: u64) -> Option<Action> {
         let cache = OverLimitCache::new(SharedData, vm.doc.over_limit_cache_slots.get());
         let call = &self.calls[0];
         for (&index, check) in call.policies.iter().zip(&call.checks) {
-            let (Some(hit), Some(policy)) = (cache.lookup(check, now), vm.doc.policies.get(index)) else {
-                continue;
-            };
+            let Some(policy) = vm.doc.policies.get(index) else { continue };
+            let Some(hit) = cache.lookup(policy, check, now) else { continue };
             vm.stats.count(index, |s| s.cache_denied);
             log::debug!("policy {} denies key {} from the over-limit cache", policy.name, check.key);
             let headers = match (vm.doc.headers, policy.limits.get(hit.limit)) {
                 (HeadersMode::Off, _) | (_, None) => None,
                 (_, Some(limit)) => Some(RateLimitHeaders::of(policy.name.as_str(), limit, 0, hit.wait_ms)),
             };
-            return Some(respond(Reply::denial(policy, retry_after_secs(Some(hit.wait_ms)), headers)));
+            let mut reply = Reply::denial(policy, retry_after_secs(Some(hit.wait_ms)), headers);
+            let notes = std::mem::take(&mut self.shadow_notes);
+            reply.headers.extend(notes.into_iter().map(|note| (SHADOW_HEADER.into(), note)));
+            return Some(respond(reply));
         }
         let (allowed, change) = vm.breaker.borrow_mut().call_allowed(now);
         vm.breaker_changed(change);
@@ -317,6 +382,8 @@ impl Context for Sluice {
         vm.stats.latency(now.saturating_sub(call.sent_ms));
         let (status, body) = call_answer(num_headers, body_size);
         let answer = read_answer(status.as_deref(), body.as_deref(), &call.checks);
+        // Only a readable answer says whether the shim took a lease.
+        call.unconfirmed = answer.is_err();
         let change = match answer {
             Ok(_) => vm.breaker.borrow_mut().success(),
             Err(_) => vm.breaker.borrow_mut().failure(now),
@@ -343,14 +410,22 @@ impl HttpContext for Sluice {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         let Some(vm) = self.vm.clone() else { return Action::Continue };
         let req = HostRequest::read();
-        let applied = match vm.doc.evaluate(&req) {
-            Ok(applied) => applied,
+        let evaluation = match vm.doc.evaluate(&req) {
+            Ok(evaluation) => evaluation,
             Err(policy) => return respond(Reply::missing_key(policy)),
         };
-        for a in &applied {
+        for &index in &evaluation.shadow_missing_key {
+            self.shadow_missing_key(&vm, index);
+        }
+        for a in evaluation.iter() {
             self.calls[usize::from(a.policy.shadow)].push(a.index, a.check(&req));
         }
+        let enforced = evaluation.iter().filter(|a| !a.policy.shadow).map(|a| a.policy);
+        self.calls[0].wait_ms = request_wait_ms(enforced);
         if self.calls.iter().all(|c| c.checks.is_empty()) {
+            let notes = std::mem::take(&mut self.shadow_notes);
+            self.response_headers.extend(notes.into_iter().map(|note| (SHADOW_HEADER, note)));
+            self.admitted = !self.response_headers.is_empty();
             return Action::Continue;
         }
         let now = now_ms();
@@ -365,7 +440,10 @@ impl HttpContext for Sluice {
             // Named only when sent: most streams never need an id.
             call.id = vm.next_id();
             match post_check(&vm.doc, &call.request()) {
-                Ok(token) => call.token = Some(token),
+                Ok(token) => {
+                    call.token = Some(token);
+                    call.unconfirmed = true;
+                }
                 Err(reason) => {
                     let change = vm.breaker.borrow_mut().failure(now);
                     vm.breaker_changed(change);
@@ -387,6 +465,15 @@ impl HttpContext for Sluice {
         for (name, value) in &self.response_headers {
             if let Err(status) = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value) {
                 log::debug!("cannot add {name}: {status:?}");
+            }
+        }
+        if let Some(waited) = self.waited_ms {
+            let theirs = hostcalls::get_map_value(MapType::HttpResponseHeaders, SERVER_TIMING).ok().flatten();
+            let value = server_timing(theirs.as_deref(), waited);
+            if let Err(status) =
+                hostcalls::set_map_value(MapType::HttpResponseHeaders, SERVER_TIMING, Some(&value))
+            {
+                log::debug!("cannot set {SERVER_TIMING}: {status:?}");
             }
         }
         let adjustments: Vec<_> =
@@ -441,6 +528,11 @@ impl HttpContext for Sluice {
     fn on_log(&mut self) {
         self.release_leases();
     }
+}
+
+/// The `x-sluice-shadow` value for a shadow policy that would have denied.
+fn shadow_note(policy: &str) -> String {
+    format!("would-deny; policy=\"{policy}\"")
 }
 
 /// Sends a local response; the request stays paused.

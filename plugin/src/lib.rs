@@ -11,6 +11,8 @@
 //! - [`cache`]: the over-limit cache over a small store trait (Envoy shared data).
 //! - [`breaker`]: the outage breaker, over an injected clock.
 //! - [`throttle`]: a log line an outage cannot turn into a flood.
+//! - [`wait`]: egress waiting: the request's wait, the held call's timeout,
+//!   `server-timing`, lease overages.
 //!
 //! Over host calls, built for wasm32 only:
 //!
@@ -30,6 +32,7 @@ pub mod decision;
 pub mod ratelimit_headers;
 pub mod reply;
 pub mod throttle;
+pub mod wait;
 
 #[cfg(target_arch = "wasm32")]
 mod call;

@@ -4,7 +4,10 @@
 //!
 //! Per policy `P`: `sluice.P.allowed`, `.denied`, `.shadow_denied`,
 //! `.cache_denied`, `.failure_allowed`, `.failure_denied`, `.released`,
-//! `.release_failed` and `.reclaimed` (counters). For the whole filter:
+//! `.release_failed` and `.reclaimed` (counters). A policy with `wait` also
+//! has `.immediate`, `.waited`, `.wait_timeout`, `.wait_cancelled` (counters)
+//! and `.wait_ms` (histogram); one with a `concurrency` limit `.held_ms`
+//! (histogram) and `.overages` (counter). For the whole filter:
 //! `sluice.shim_latency_ms` (histogram), `sluice.breaker.opened` and
 //! `sluice.breaker.closed` (counters), and `sluice.breaker.open_workers` (a
 //! gauge: workers whose breaker is open right now).
@@ -12,6 +15,8 @@
 use proxy_wasm::hostcalls::{define_metric, increment_metric, record_metric};
 use proxy_wasm::types::MetricType;
 use sluice_policies::Document;
+
+use crate::wait::holds_leases;
 
 /// One counter per outcome, for one policy.
 #[derive(Debug, Clone, Copy, Default)]
@@ -25,6 +30,20 @@ pub struct PolicyStats {
     pub released: Option<u32>,
     pub release_failed: Option<u32>,
     pub reclaimed: Option<u32>,
+    /// A policy with `wait`: admitted without being held.
+    pub immediate: Option<u32>,
+    /// A policy with `wait`: admitted after being held.
+    pub waited: Option<u32>,
+    /// A policy with `wait` (histogram): how long each admitted request was held, 0 if not.
+    pub wait_ms: Option<u32>,
+    /// A policy with `wait`: refused at once, its slot further away than the wait.
+    pub wait_timeout: Option<u32>,
+    /// A policy with `wait`: the stream ended while the request was held.
+    pub wait_cancelled: Option<u32>,
+    /// A policy with a concurrency limit (histogram): admission to release.
+    pub held_ms: Option<u32>,
+    /// A policy with a concurrency limit: leases held longer than `lease`.
+    pub overages: Option<u32>,
 }
 
 #[derive(Debug, Default)]
@@ -45,6 +64,9 @@ impl Stats {
             .iter()
             .map(|p| {
                 let c = |what: &str| counter(format!("sluice.{}.{what}", p.name));
+                let h = |what: &str| metric(MetricType::Histogram, &format!("sluice.{}.{what}", p.name));
+                let waits = p.wait.is_some();
+                let leases = holds_leases(p);
                 PolicyStats {
                     allowed: c("allowed"),
                     denied: c("denied"),
@@ -55,6 +77,13 @@ impl Stats {
                     released: c("released"),
                     release_failed: c("release_failed"),
                     reclaimed: c("reclaimed"),
+                    immediate: waits.then(|| c("immediate")).flatten(),
+                    waited: waits.then(|| c("waited")).flatten(),
+                    wait_ms: waits.then(|| h("wait_ms")).flatten(),
+                    wait_timeout: waits.then(|| c("wait_timeout")).flatten(),
+                    wait_cancelled: waits.then(|| c("wait_cancelled")).flatten(),
+                    held_ms: leases.then(|| h("held_ms")).flatten(),
+                    overages: leases.then(|| c("overages")).flatten(),
                 }
             })
             .collect();
@@ -75,6 +104,13 @@ impl Stats {
     pub fn add(&self, index: usize, which: impl Fn(&PolicyStats) -> Option<u32>, n: u64) {
         if let Some(id) = self.policies.get(index).and_then(which) {
             bump(Some(id), i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Records `ms` in histogram `which` of policy `index`.
+    pub fn record(&self, index: usize, which: impl Fn(&PolicyStats) -> Option<u32>, ms: u64) {
+        if let Some(id) = self.policies.get(index).and_then(which) {
+            let _ = record_metric(id, ms);
         }
     }
 

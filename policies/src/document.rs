@@ -35,6 +35,7 @@ use crate::condition::{raw_key, Condition};
 use crate::key::{self, ClientIp, KeySource, OnMissingKey};
 pub use crate::response::FailureMode;
 use crate::response::{CacheSlots, CooldownMs, DenyResponse, DenyStatus, FailureThreshold, HeadersMode};
+use crate::wait::Wait;
 use crate::wire::WireLimit;
 use crate::{Limit, PolicyName, Request};
 
@@ -201,6 +202,8 @@ pub struct Policy {
     pub failure_mode: Option<FailureMode>,
     pub failure_status: Option<DenyStatus>,
     pub response: DenyResponse,
+    /// Egress waiting: hold this policy's requests for a slot instead of refusing them.
+    pub wait: Option<Wait>,
 }
 
 #[derive(serde::Deserialize)]
@@ -236,6 +239,9 @@ pub(crate) struct RawPolicy {
     /// The response to a request this policy denies: `status`, `body`, `headers`.
     #[serde(default)]
     response: DenyResponse,
+    /// Egress: hold a request until its slot (up to `timeout`) instead of answering 429.
+    #[serde(default)]
+    wait: Option<Wait>,
 }
 
 impl<'de> Deserialize<'de> for Policy {
@@ -251,6 +257,25 @@ impl<'de> Deserialize<'de> for Policy {
             if let Some(j) = suffixes[..i].iter().position(|s| s == suffix) {
                 return Err(de::Error::custom(format!(
                     "limits[{i}] would share its state with limits[{j}]: give one a different window, period or lease"
+                )));
+            }
+        }
+        if raw.wait.is_some() {
+            if raw.shadow {
+                return Err(de::Error::custom(
+                    "`wait` cannot be used on a shadow policy: a shadow policy never holds or refuses a request",
+                ));
+            }
+            let approximate =
+                raw.limits.iter().position(|l| matches!(l, Limit::SlidingWindow { approximate: true, .. }));
+            if !crate::wait::can_wait(&raw.limits) {
+                return Err(de::Error::custom(
+                    "`wait` on a concurrency limit together with other limits is not supported yet: the shim queues a request for one concurrency limit alone",
+                ));
+            }
+            if let Some(i) = approximate {
+                return Err(de::Error::custom(format!(
+                    "`wait` cannot be used with an approximate sliding_window (limits[{i}]): its estimate cannot tell when a slot opens; use an exact one"
                 )));
             }
         }
@@ -270,6 +295,7 @@ impl<'de> Deserialize<'de> for Policy {
             failure_mode: raw.failure_mode,
             failure_status: raw.failure_status,
             response: raw.response,
+            wait: raw.wait,
         })
     }
 }
@@ -322,17 +348,38 @@ impl Document {
     }
 
     /// The policies that apply to `req`, in document order; `Err` with the
-    /// first policy that refuses the request for a missing key.
-    pub fn evaluate<'d>(&'d self, req: &impl Request) -> Result<Vec<Applied<'d>>, &'d Policy> {
+    /// first enforced policy that refuses the request for a missing key. A
+    /// shadow policy never refuses: its missing key is a would-deny, listed
+    /// in [`Evaluation::shadow_missing_key`].
+    pub fn evaluate<'d>(&'d self, req: &impl Request) -> Result<Evaluation<'d>, &'d Policy> {
         let ip = self.trusted_hops.client_ip();
-        let mut applied = Vec::new();
+        let mut out = Evaluation::default();
         for (index, policy) in self.policies.iter().enumerate() {
             match policy.evaluate(req, ip) {
                 Verdict::NotApplied => {}
-                Verdict::Key(key) => applied.push(Applied { policy, index, key }),
+                Verdict::Key(key) => out.applied.push(Applied { policy, index, key }),
+                Verdict::MissingKey if policy.shadow => out.shadow_missing_key.push(index),
                 Verdict::MissingKey => return Err(policy),
             }
         }
-        Ok(applied)
+        Ok(out)
+    }
+}
+
+/// What a document makes of one request that it does not refuse outright.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Evaluation<'d> {
+    /// The policies that apply, in document order.
+    pub applied: Vec<Applied<'d>>,
+    /// Shadow policies with `on_missing_key: deny` whose key the request
+    /// lacks (document indexes): each would have refused it, so each counts
+    /// as a shadow denial, and none refuses.
+    pub shadow_missing_key: Vec<usize>,
+}
+
+impl<'d> std::ops::Deref for Evaluation<'d> {
+    type Target = [Applied<'d>];
+    fn deref(&self) -> &[Applied<'d>] {
+        &self.applied
     }
 }

@@ -17,6 +17,7 @@
 //! - [`error`]: [`ParseError`], the one error type of [`parse`].
 //! - [`feedback`]: which upstream answers mean "slow down", and for how long.
 //! - [`shed`]: the utilization shedder's controller, over an injected clock.
+//! - [`wait`]: egress waiting, a policy's `wait`, and the bounds of its wire fields.
 //! - [`wire`]: the compact JSON exchanged with the shim.
 //! - [`algorithm`]: the reference model of every limit type, twin of the
 //!   Redis scripts in `lua/`.
@@ -38,13 +39,15 @@ pub mod response;
 pub mod schema;
 pub mod shed;
 pub mod units;
+pub mod wait;
 pub mod wire;
 
 pub use condition::Condition;
-pub use document::{Applied, Document, FailureMode, Policy, Shim, Verdict};
+pub use document::{Applied, Document, Evaluation, FailureMode, Policy, Shim, Verdict};
 pub use error::{parse, ParseError};
 pub use key::{KeySource, OnMissingKey};
 pub use limit::{Cost, Limit};
 pub use request::Request;
 pub use response::{DenyResponse, DenyStatus, HeadersMode};
 pub use units::{Count, Duration, HeaderName, PolicyName};
+pub use wait::Wait;

@@ -136,6 +136,13 @@ impl<'d> Replay<'d> {
                 return Event { at_us: now, decision: "missing_key", policies: Vec::new() };
             }
         };
+        // A shadow policy's missing key is a would-deny, never a refusal.
+        for &i in &applied.shadow_missing_key {
+            if let Some(report) = self.reports.get_mut(i) {
+                report.matched += 1;
+                report.missing_key += 1;
+            }
+        }
         let mut event = Event { at_us: now, decision: "unlimited", policies: Vec::new() };
         for shadow in [false, true] {
             let chosen: Vec<(usize, Check)> = applied
@@ -247,5 +254,29 @@ fn describe(limit: &WireLimit) -> String {
         WireLimit::Interval { every_ms } => format!("interval {every_ms}ms"),
         WireLimit::Concurrency { limit, lease_ms } => format!("concurrency {limit}, lease {lease_ms}ms"),
         WireLimit::Points { capacity, refill_ms, .. } => format!("points {capacity} per {refill_ms}ms"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shadow policy's missing key (`on_missing_key: deny`) is counted
+    /// for that policy and refuses nothing: the enforced policy decides.
+    #[test]
+    fn a_shadow_missing_key_refuses_nothing() {
+        let doc = crate::parse(
+            r#"{"policies": [
+                {"name": "enforced", "limits": [{"type": "interval", "every": "1ms"}]},
+                {"name": "trial", "shadow": true, "key": ["header:x-api-key"], "on_missing_key": "deny",
+                 "limits": [{"type": "interval", "every": "1s"}]}]}"#,
+        )
+        .expect("valid document");
+        let mut replay = Replay::new(&doc);
+        let logged = Replayed { at_us: 1_000_000, request: SimpleRequest::new("GET", "/"), duration_ms: 1 };
+        assert_eq!(replay.request(&logged).decision, "admitted");
+        let reports = replay.finish();
+        assert_eq!((reports[1].matched, reports[1].missing_key), (1, 1));
+        assert_eq!(reports[0].admitted, 1);
     }
 }

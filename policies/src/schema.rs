@@ -13,6 +13,7 @@ use crate::condition::{Condition, PathRegex, RawCondition, RawValueCondition, Va
 use crate::document::{Policies, RawPolicy, TimeoutMs, TrustedHops};
 use crate::limit::RawCost;
 use crate::response::{CacheSlots, CooldownMs, DenyStatus, ExtraHeaders, FailureThreshold};
+use crate::wait::{Margin, RawWait, Wait};
 use crate::{Count, Document, Duration, HeaderName, KeySource, Limit, Policy, PolicyName};
 
 /// The schema of the whole document, as pretty JSON with a trailing newline.
@@ -81,6 +82,14 @@ fixed_schema!(KeySource, "KeySource", {
     "examples": ["header:x-api-key", "ip", "path", "method", "host", "query:tenant"]
 });
 
+fixed_schema!(Margin, "Margin", {
+    "type": "string",
+    "pattern": "^[0-9]+(ms|s|m|h|d)$",
+    "description": "An integer and a unit, 0ms to 10s.",
+    "examples": ["0ms", "1ms", "20ms"]
+});
+
+schema_of!(Wait, "Wait", RawWait);
 schema_of!(Condition, "Condition", RawCondition);
 schema_of!(ValueCondition, "ValueCondition", RawValueCondition);
 schema_of!(Policy, "Policy", RawPolicy);

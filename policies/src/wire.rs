@@ -204,7 +204,7 @@ impl Applied<'_> {
             policy: self.policy.name.as_str().to_string(),
             key: self.key.clone(),
             limits: self.policy.limits.iter().map(|l| WireLimit::of(l, req)).collect(),
-            margin_ms: None,
+            margin_ms: self.policy.wait.map(|w| w.margin_ms()),
             upstream: false,
         }
     }

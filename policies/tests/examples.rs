@@ -4,7 +4,22 @@ use sluice_policies::request::SimpleRequest;
 use sluice_policies::wire::WireLimit;
 use sluice_policies::{parse, Document};
 
+/// Every example this file tests; a new example must be added here.
+const TESTED: &[&str] = &[
+    "demo",
+    "partner-api",
+    "egress-partner",
+    "one-call-per-second",
+    "erp-concurrency",
+    "token-bucket-per-user",
+    "query-cost-points",
+    "leaky-bucket",
+    "fixed-windows",
+    "public-api-by-ip",
+];
+
 fn example(name: &str) -> Document {
+    assert!(TESTED.contains(&name), "add {name} to TESTED");
     let path = format!("{}/examples/{name}.json", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     parse(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
@@ -92,4 +107,32 @@ fn public_api_by_ip() {
     );
     assert_eq!(applied(&doc, &req), Some(want));
     assert_eq!(applied(&doc, &req.clone().header("x-internal-token", "change-me")), None);
+}
+
+/// The egress shape of S0: gateways in front of the partner hold each call
+/// (up to 15 s) until both windows of the provider account allow it.
+#[test]
+fn egress_partner() {
+    let doc = example("egress-partner");
+    let req = SimpleRequest::new("POST", "/v42/orders")
+        .authority("api.partner.example")
+        .header("x-provider-account", "acct-1");
+    let sw = |limit, window_ms| WireLimit::SlidingWindow { limit, window_ms, approximate: false };
+    let want = ("acct-1".to_string(), vec![sw(25, 5_000), sw(300, 300_000)]);
+    assert_eq!(applied(&doc, &req), Some(want));
+    let wait = doc.policies[0].wait.expect("the policy waits");
+    assert_eq!((wait.timeout_ms(), wait.margin_ms()), (15_000, 1));
+    let check = doc.evaluate(&req).expect("applies")[0].check(&req);
+    assert_eq!(check.margin_ms, Some(1), "each check carries its policy's margin");
+}
+
+/// Every document in `examples/` is in [`TESTED`], so each has a test here.
+#[test]
+fn every_example_is_tested() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");
+    for entry in std::fs::read_dir(dir).expect("examples dir") {
+        let path = entry.expect("dir entry").path();
+        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
+        assert!(TESTED.contains(&stem.as_str()), "example {} has no test", path.display());
+    }
 }

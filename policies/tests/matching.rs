@@ -117,6 +117,39 @@ fn missing_key_can_deny_the_request() {
     assert_eq!(key(&doc, &get("/?tenant=t1")).as_deref(), Some("t1"));
 }
 
+/// Regression (issue item 4, a shadow policy could refuse real traffic): a
+/// shadow policy with `on_missing_key: deny` never refuses a request that
+/// lacks its key; it is reported as a would-deny, and the enforced policies
+/// still apply. Before, `evaluate` returned the shadow policy as the refusal
+/// and the filter answered 400.
+#[test]
+fn a_shadow_policy_missing_key_is_a_would_deny_not_a_refusal() {
+    let text = format!(
+        r#"{{"policies": [
+            {{"name": "enforced", "limits": {LIMIT}}},
+            {{"name": "trial", "shadow": true, "key": ["header:x-api-key"], "on_missing_key": "deny", "limits": {LIMIT}}}
+        ]}}"#
+    );
+    let doc = parse(&text).expect("valid document");
+    let evaluation = doc.evaluate(&get("/")).expect("a shadow policy never refuses");
+    assert_eq!(evaluation.applied.iter().map(|a| a.policy.name.as_str()).collect::<Vec<_>>(), ["enforced"]);
+    assert_eq!(evaluation.shadow_missing_key, [1]);
+    let with_key = doc.evaluate(&get("/").header("x-api-key", "k")).expect("applies");
+    assert_eq!(with_key.len(), 2);
+    assert!(with_key.shadow_missing_key.is_empty());
+}
+
+/// Without `wait`, a check carries no margin (the shim decides at once, as before).
+#[test]
+fn a_policy_without_wait_sends_no_margin() {
+    let doc = doc_with(r#""key": []"#);
+    assert_eq!(doc.policies[0].wait, None);
+    assert_eq!(doc.evaluate(&get("/")).expect("applies")[0].check(&get("/")).margin_ms, None);
+    let waits = doc_with(r#""wait": {"timeout": "2s"}"#);
+    let check = waits.evaluate(&get("/")).expect("applies")[0].check(&get("/"));
+    assert_eq!(check.margin_ms, Some(sluice_policies::wait::DEFAULT_MARGIN_MS));
+}
+
 #[test]
 fn client_ip_honours_trusted_hops() {
     let text =

@@ -102,13 +102,16 @@ impl Envoy {
 fn spawn(policy_json: &str, shim_port: u16, upstream_port: u16) -> anyhow::Result<(Proc, u16, u16)> {
     let wasm = dist("sluice.wasm")?;
     let (port, admin_port) = (free_port()?, free_port()?);
-    let values = [
+    let mut values = vec![
         ("UPSTREAM_PORT", upstream_port.to_string()),
         ("SHIM_PORT", shim_port.to_string()),
         ("WASM_PATH", wasm.display().to_string()),
         // A JSON string literal is also a valid YAML double-quoted scalar.
         ("POLICY_JSON", serde_json::to_string(policy_json)?),
     ];
+    // The timeouts `sluice envoy-config` renders for the document's waits.
+    let timeouts = sluice_shim::envoy_config::timeout_values(policy_json);
+    values.extend(timeouts.iter().map(|(name, value)| (name.as_str(), value.clone())));
     let proc = spawn_template(&demo_template(), &values, DEMO_CONCURRENCY, port, admin_port)?;
     Ok((proc, port, admin_port))
 }

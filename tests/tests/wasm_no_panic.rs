@@ -5,8 +5,9 @@
 //!
 //! Each proptest case boots one VM (one Envoy worker) and runs 20 lifecycles
 //! through it, up to 4 in flight at once: random headers (huge, non-UTF-8,
-//! repeated, missing), random scripted shim outcomes (allow, deny, every
-//! fault), random client resets before or after the answer. Scripted answers
+//! repeated, missing), random scripted shim outcomes (allow, allow after a
+//! hold, deny, every fault), random client resets before or after the answer;
+//! one policy waits (egress `wait`), so held calls are covered too. Scripted answers
 //! keep it fast: no network.
 
 use proptest::collection::vec;
@@ -25,7 +26,7 @@ fn policy(failure_mode: &str) -> String {
                 "key": ["header:x-api-key"],
                 "limits": [{{"type": "sliding_window", "limit": 25, "window": "5s"}},
                            {{"type": "sliding_window", "limit": 300, "window": "1m"}}]}},
-              {{"name": "tenants", "key": ["header:x-tenant", "header:x-api-key"],
+              {{"name": "tenants", "key": ["header:x-tenant", "header:x-api-key"], "wait": {{"timeout": "2s"}},
                 "limits": [{{"type": "sliding_window", "limit": 1000, "window": "1h"}}]}}]}}"#
     )
 }
@@ -92,6 +93,7 @@ fn headers() -> impl Strategy<Value = Vec<(String, Vec<u8>)>> {
 fn answer() -> impl Strategy<Value = Answer> {
     prop_oneof![
         3 => Just(Answer::Allow),
+        1 => (1u64..2_000).prop_map(|waited_ms| Answer::Held { waited_ms }),
         2 => (0u64..400_000).prop_map(|retry_after_ms| Answer::Deny { retry_after_ms }),
         1 => prop_oneof![
             Just(Fault::Refused), Just(Fault::Timeout), Just(Fault::ServerError), Just(Fault::Garbage), Just(Fault::CutShort)
@@ -112,7 +114,7 @@ fn lifecycle() -> impl Strategy<Value = Lifecycle> {
 /// What the filter must do with a paused request once `answer` arrives.
 fn expected(answer: Answer, failure_mode: &str) -> &'static str {
     match (answer, failure_mode) {
-        (Answer::Allow, _) => "resume",
+        (Answer::Allow | Answer::Held { .. }, _) => "resume",
         (Answer::Deny { .. }, _) => "429",
         (_, "allow") => "resume",
         _ => "503",

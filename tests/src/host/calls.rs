@@ -39,6 +39,10 @@ pub enum Answer {
     Real,
     /// Scripted: every limit allows.
     Allow,
+    /// Scripted: every limit allows, after the shim held the request this long.
+    Held {
+        waited_ms: u64,
+    },
     /// Scripted: the first limit denies, for this long.
     Deny {
         retry_after_ms: u64,
@@ -169,19 +173,20 @@ pub(crate) fn scripted(answer: Answer, call: &HttpCall) -> Outcome {
     };
     match answer {
         Answer::Real | Answer::Fault(Fault::Refused | Fault::Timeout) => Outcome::Failure,
-        Answer::Allow => respond("200", check_response(call, None)),
-        Answer::Deny { retry_after_ms } => respond("200", check_response(call, Some(retry_after_ms))),
+        Answer::Allow => respond("200", check_response(call, None, None)),
+        Answer::Held { waited_ms } => respond("200", check_response(call, None, Some(waited_ms))),
+        Answer::Deny { retry_after_ms } => respond("200", check_response(call, Some(retry_after_ms), None)),
         Answer::Fault(Fault::ServerError) => respond("500", b"internal error\n".to_vec()),
         Answer::Fault(Fault::Garbage) => respond("200", b"<html>502 bad gateway</html>".to_vec()),
         Answer::Fault(Fault::CutShort) => {
-            let mut body = check_response(call, None);
+            let mut body = check_response(call, None, None);
             body.truncate(body.len() / 2);
             respond("200", body)
         }
     }
 }
 
-fn check_response(call: &HttpCall, denied_ms: Option<u64>) -> Vec<u8> {
+fn check_response(call: &HttpCall, denied_ms: Option<u64>, waited_ms: Option<u64>) -> Vec<u8> {
     let empty = CheckRequest { checks: Vec::new().into(), now_us: None, id: None, wait_ms: None };
     let request: CheckRequest = serde_json::from_slice(&call.body).unwrap_or(empty);
     let mut first = true;
@@ -206,7 +211,7 @@ fn check_response(call: &HttpCall, denied_ms: Option<u64>) -> Vec<u8> {
         retry_after_ms: Some(denied_ms.unwrap_or(0)),
         checks: checks.collect(),
         lease: None,
-        waited_ms: None,
+        waited_ms,
     };
     serde_json::to_vec(&response).unwrap_or_default()
 }

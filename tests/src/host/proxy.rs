@@ -288,6 +288,11 @@ impl Proxy {
         self.state().streams.get(&id).and_then(|s| s.answered)
     }
 
+    /// Stream `id`'s response headers as the filter left them, while it is open.
+    pub fn response_headers_of(&mut self, id: u32) -> Option<HeaderMap> {
+        self.state().streams.get(&id).map(|s| s.response_headers.clone())
+    }
+
     /// True while stream `id`'s request is paused.
     pub fn paused(&mut self, id: u32) -> bool {
         self.state().streams.get(&id).is_some_and(|s| s.paused)

@@ -123,6 +123,15 @@ impl Stream {
         self.step(Event::ResponseHeaders(headers), &format!("the upstream answers {status}"))
     }
 
+    /// The upstream's response headers arrive: `:status` and these.
+    pub fn upstream_responds_with(&self, status: u16, headers: &[(&str, &str)]) -> Step {
+        let mut map: HeaderMap = [(":status", status.to_string())].into_iter().collect();
+        for (name, value) in headers {
+            map.add(name, *value);
+        }
+        self.step(Event::ResponseHeaders(map), &format!("the upstream answers {status} with {headers:?}"))
+    }
+
     /// The response went out: `on_log`, `on_done`, `on_delete`.
     pub fn completes(&self) -> Step {
         self.step(Event::End(End::Complete), "the stream completes")
