@@ -84,11 +84,21 @@ impl<S: Store> OverLimitCache<S> {
 }
 
 /// The longest wait of the limits that denied `check`, and which one it is,
-/// if every one of them allows caching.
+/// if every one of them allows caching. A key the partner paused (upstream
+/// feedback) is refused until the pause's end whatever else denied it, and
+/// a pause only ever extends, so that refusal is always exact to cache.
 pub fn cacheable(policy: &Policy, check: &Check, outcome: &CheckOutcome) -> Option<(u64, u16)> {
     if !caches(policy) {
         return None;
     }
+    let paused = outcome.paused_ms.filter(|ms| *ms > 0).map(|ms| (ms, 0));
+    match (paused, limits_cacheable(policy, check, outcome)) {
+        (Some(p), Some(l)) => Some(if l.0 > p.0 { l } else { p }),
+        (p, l) => p.or(l),
+    }
+}
+
+fn limits_cacheable(policy: &Policy, check: &Check, outcome: &CheckOutcome) -> Option<(u64, u16)> {
     let mut longest: Option<(u64, u16)> = None;
     for (i, (wire, out)) in check.limits.iter().zip(&outcome.limits).enumerate() {
         if out.allowed {
@@ -268,5 +278,49 @@ mod tests {
         let off = Map::default();
         OverLimitCache::new(&off, 0).record(&p, &check(&p, "k"), &denied(&[Some(1000), Some(0)]), 0);
         assert!(off.0.borrow().is_empty());
+    }
+}
+
+#[cfg(test)]
+mod pause_tests {
+    use sluice_policies::wire::{CheckOutcome, LimitOutcome};
+
+    use super::*;
+
+    /// A key the partner paused is refused until the pause's end, even when
+    /// its own limits admit, or when only a concurrency limit denied.
+    #[test]
+    fn a_pause_is_cached_until_its_end() {
+        let doc = sluice_policies::parse(
+            r#"{"policies": [{"name": "p", "upstream": {},
+                "limits": [{"type": "concurrency", "limit": 1, "lease": "1m"}]}]}"#,
+        )
+        .expect("valid");
+        let policy = &doc.policies[0];
+        let check = Check {
+            policy: "p".into(),
+            key: "k".into(),
+            limits: vec![WireLimit::Concurrency { limit: 1, lease_ms: 60_000 }],
+            margin_ms: None,
+            upstream: true,
+        };
+        let outcome = |allowed: bool, paused_ms: Option<u64>| CheckOutcome {
+            limits: vec![LimitOutcome {
+                allowed,
+                remaining: 0,
+                reset_ms: 0,
+                retry_after_ms: None,
+                reclaimed: 0,
+                held_until_us: None,
+            }],
+            paused_ms,
+        };
+        assert_eq!(cacheable(policy, &check, &outcome(true, Some(4_000))), Some((4_000, 0)));
+        assert_eq!(cacheable(policy, &check, &outcome(false, Some(4_000))), Some((4_000, 0)));
+        assert_eq!(
+            cacheable(policy, &check, &outcome(false, None)),
+            None,
+            "a concurrency denial alone is never cached"
+        );
     }
 }

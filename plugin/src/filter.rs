@@ -29,13 +29,16 @@ use std::time::Duration;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
-use sluice_policies::wire::{AdjustRequest, CheckResponse, ReleaseRequest, ADJUST_PATH, RELEASE_PATH};
+use sluice_policies::wire::{
+    AdjustRequest, CheckResponse, FeedbackRequest, ReleaseRequest, ADJUST_PATH, FEEDBACK_PATH, RELEASE_PATH,
+};
 use sluice_policies::{FailureMode, HeadersMode};
 
 use crate::cache::OverLimitCache;
 use crate::call::Call;
 use crate::callout::{call_answer, post_bytes, post_check};
 use crate::decision::{read_answer, retry_after_secs};
+use crate::feedback;
 use crate::host::{now_ms, HostRequest, SharedData};
 use crate::ratelimit_headers::RateLimitHeaders;
 use crate::reply::Reply;
@@ -156,6 +159,9 @@ impl Sluice {
             vm.stats.count(index, |s| s.allowed);
             vm.stats.count(index, |s| if held > 0 { s.waited } else { s.immediate });
             vm.stats.record(index, |s| s.wait_ms, held);
+            if held > 0 && resp.checks.get(i).is_some_and(|c| c.paused_ms.is_some()) {
+                vm.stats.count(index, |s| s.paused_waited);
+            }
             let reclaimed: u64 = resp.checks.get(i).map_or(0, |c| c.limits.iter().map(|l| l.reclaimed).sum());
             if reclaimed > 0 {
                 vm.stats.add(index, |s| s.reclaimed, reclaimed);
@@ -163,6 +169,37 @@ impl Sluice {
         }
         call.lease = resp.lease.clone();
         call.charged = resp.checks.clone();
+    }
+
+    /// The partner's answer to an admitted request: pauses for the policies
+    /// that read upstream feedback, sent by the root context (not on the
+    /// response's path) and counted.
+    fn upstream_feedback(&self, vm: &Vm) {
+        let call = &self.calls[0];
+        let reads = |&i: &usize| vm.doc.policies.get(i).is_some_and(|p| p.upstream.is_some());
+        if !call.admitted || !call.policies.iter().any(reads) {
+            return;
+        }
+        let Some(status) = hostcalls::get_map_value(MapType::HttpResponseHeaders, ":status")
+            .ok()
+            .flatten()
+            .and_then(|s| s.trim().parse::<u16>().ok())
+        else {
+            return;
+        };
+        let header =
+            |name: &str| hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name).ok().flatten();
+        let got = feedback::read(&vm.doc, &call.policies, &call.checks, status, header, now_ms());
+        if got.pauses.is_empty() {
+            return;
+        }
+        for &index in &got.throttled {
+            vm.stats.count(index, |s| s.upstream_throttled);
+        }
+        for &index in &got.clamped {
+            vm.stats.count(index, |s| s.upstream_clamped);
+        }
+        vm.send_later(FEEDBACK_PATH, &FeedbackRequest { pauses: got.pauses, now_us: None }, Vec::new());
     }
 
     /// The shim denied: count it, remember it in the over-limit cache, answer.
@@ -176,6 +213,9 @@ impl Sluice {
         };
         let Some(policy) = vm.doc.policies.get(index) else { return Action::Continue };
         vm.stats.count(index, |s| s.denied);
+        if outcome.paused_ms.is_some() {
+            vm.stats.count(index, |s| s.paused_denied);
+        }
         if call.wait_ms > 0 {
             // The shim refuses a waiting request only when its slot lies
             // further away than the wait.
@@ -481,6 +521,7 @@ impl HttpContext for Sluice {
         if !adjustments.is_empty() {
             vm.send_later(ADJUST_PATH, &AdjustRequest { adjustments, now_us: None }, Vec::new());
         }
+        self.upstream_feedback(&vm);
         if end_of_stream {
             return self.release_at_end();
         }

@@ -6,6 +6,7 @@
 //! Plain Rust, tested natively:
 //!
 //! - [`decision`]: reads the shim's answer, or why it is none.
+//! - [`feedback`]: which policies a response's upstream answer pauses.
 //! - [`reply`]: the local responses: a policy's denial, a failure, a missing key.
 //! - [`ratelimit_headers`]: the IETF `RateLimit` and `RateLimit-Policy` headers.
 //! - [`cache`]: the over-limit cache over a small store trait (Envoy shared data).
@@ -29,6 +30,7 @@
 pub mod breaker;
 pub mod cache;
 pub mod decision;
+pub mod feedback;
 pub mod ratelimit_headers;
 pub mod reply;
 pub mod throttle;

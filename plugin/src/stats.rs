@@ -44,6 +44,14 @@ pub struct PolicyStats {
     pub held_ms: Option<u32>,
     /// A policy with a concurrency limit: leases held longer than `lease`.
     pub overages: Option<u32>,
+    /// A policy with `upstream`: the partner's answers that paused its key.
+    pub upstream_throttled: Option<u32>,
+    /// A policy with `upstream`: of those, hints cut to `max_pause` or ignored as broken.
+    pub upstream_clamped: Option<u32>,
+    /// A policy with `upstream`: requests refused because the partner paused the key.
+    pub paused_denied: Option<u32>,
+    /// A policy with `upstream` and `wait`: requests held until a pause ended.
+    pub paused_waited: Option<u32>,
 }
 
 #[derive(Debug, Default)]
@@ -66,6 +74,7 @@ impl Stats {
                 let c = |what: &str| counter(format!("sluice.{}.{what}", p.name));
                 let h = |what: &str| metric(MetricType::Histogram, &format!("sluice.{}.{what}", p.name));
                 let waits = p.wait.is_some();
+                let feedback = p.upstream.is_some();
                 let leases = holds_leases(p);
                 PolicyStats {
                     allowed: c("allowed"),
@@ -84,6 +93,10 @@ impl Stats {
                     wait_cancelled: waits.then(|| c("wait_cancelled")).flatten(),
                     held_ms: leases.then(|| h("held_ms")).flatten(),
                     overages: leases.then(|| c("overages")).flatten(),
+                    upstream_throttled: feedback.then(|| c("upstream_throttled")).flatten(),
+                    upstream_clamped: feedback.then(|| c("upstream_clamped")).flatten(),
+                    paused_denied: feedback.then(|| c("paused_denied")).flatten(),
+                    paused_waited: (feedback && waits).then(|| c("paused_waited")).flatten(),
                 }
             })
             .collect();

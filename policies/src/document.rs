@@ -32,6 +32,7 @@ use crate::algorithm::Algorithm;
 #[cfg(feature = "schema")]
 use crate::condition::RawCondition;
 use crate::condition::{raw_key, Condition};
+use crate::feedback::Upstream;
 use crate::key::{self, ClientIp, KeySource, OnMissingKey};
 pub use crate::response::FailureMode;
 use crate::response::{CacheSlots, CooldownMs, DenyResponse, DenyStatus, FailureThreshold, HeadersMode};
@@ -204,6 +205,7 @@ pub struct Policy {
     pub response: DenyResponse,
     /// Egress waiting: hold this policy's requests for a slot instead of refusing them.
     pub wait: Option<Wait>,
+    pub upstream: Option<Upstream>,
 }
 
 #[derive(serde::Deserialize)]
@@ -242,6 +244,9 @@ pub(crate) struct RawPolicy {
     /// Egress: hold a request until its slot (up to `timeout`) instead of answering 429.
     #[serde(default)]
     wait: Option<Wait>,
+    /// Egress: which answers of the partner mean "slow down"; `{}` takes every default.
+    #[serde(default)]
+    upstream: Option<Upstream>,
 }
 
 impl<'de> Deserialize<'de> for Policy {
@@ -279,6 +284,14 @@ impl<'de> Deserialize<'de> for Policy {
                 )));
             }
         }
+        if let Some(upstream) = &raw.upstream {
+            if raw.shadow {
+                return Err(de::Error::custom(
+                    "`upstream` cannot be used on a shadow policy: a shadow policy never holds or refuses a request",
+                ));
+            }
+            upstream.validate().map_err(|e| de::Error::custom(format!("upstream.{e}")))?;
+        }
         let matcher = raw.matcher.unwrap_or_default();
         let uses_keys = matcher.needs_key() || raw.bypass.iter().any(Condition::needs_key);
         if uses_keys && raw.key.len() != 1 {
@@ -296,6 +309,7 @@ impl<'de> Deserialize<'de> for Policy {
             failure_status: raw.failure_status,
             response: raw.response,
             wait: raw.wait,
+            upstream: raw.upstream,
         })
     }
 }

@@ -118,7 +118,36 @@ enum Hint {
     Broken,
 }
 
+/// The longest `max_pause`: a day, the most the shim records.
+pub const MAX_PAUSE_MS: u64 = 86_400_000;
+
 impl Upstream {
+    /// Checks what serde cannot: statuses are HTTP statuses, header names
+    /// are lower-case names, `max_pause` is at most a day and covers
+    /// `default_pause`. The error starts with the field's name.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(s) = self.statuses.iter().find(|s| !(100..=599).contains(*s)) {
+            return Err(format!("statuses: {s} is not an HTTP status (100 to 599)"));
+        }
+        for (field, name) in
+            [("remaining_header", &self.remaining_header), ("reset_header", &self.reset_header)]
+        {
+            if crate::HeaderName::new(name).is_none_or(|h| h.as_str() != name) {
+                return Err(format!("{field}: {name:?} is not a lower-case header name"));
+            }
+        }
+        if self.max_pause.as_millis() > MAX_PAUSE_MS {
+            return Err(format!("max_pause: at most 1d, got {}", self.max_pause));
+        }
+        if self.default_pause > self.max_pause {
+            return Err(format!(
+                "default_pause: {} is longer than max_pause {}",
+                self.default_pause, self.max_pause
+            ));
+        }
+        Ok(())
+    }
+
     /// The pause this response calls for, if any. `header` reads a response
     /// header by lower-case name; `now_ms` is the proxy's clock in
     /// milliseconds since the epoch (for HTTP dates and Unix resets).

@@ -205,7 +205,7 @@ impl Applied<'_> {
             key: self.key.clone(),
             limits: self.policy.limits.iter().map(|l| WireLimit::of(l, req)).collect(),
             margin_ms: self.policy.wait.map(|w| w.margin_ms()),
-            upstream: false,
+            upstream: self.policy.upstream.is_some(),
         }
     }
 }
@@ -270,8 +270,12 @@ fn is_zero(n: &u64) -> bool {
 
 impl CheckResponse {
     /// The index of the first check that denied the request, if any.
+    /// A limit's denial first; else a check whose key the partner paused.
     pub fn denied_check(&self) -> Option<usize> {
-        self.checks.iter().position(|c| c.limits.iter().any(|l| !l.allowed))
+        self.checks
+            .iter()
+            .position(|c| c.limits.iter().any(|l| !l.allowed))
+            .or_else(|| self.checks.iter().position(|c| c.paused_ms.is_some()))
     }
 }
 

@@ -9,6 +9,7 @@ const TESTED: &[&str] = &[
     "demo",
     "partner-api",
     "egress-partner",
+    "partner-feedback",
     "one-call-per-second",
     "erp-concurrency",
     "token-bucket-per-user",
@@ -124,6 +125,22 @@ fn egress_partner() {
     assert_eq!((wait.timeout_ms(), wait.margin_ms()), (15_000, 1));
     let check = doc.evaluate(&req).expect("applies")[0].check(&req);
     assert_eq!(check.margin_ms, Some(1), "each check carries its policy's margin");
+}
+
+/// Upstream feedback on the egress case: the partner's 429s and its
+/// `X-RateLimit-Reset` (a Unix time) pause the account fleet-wide, at most
+/// for 2 min; each check asks the shim to see the account's pause.
+#[test]
+fn partner_feedback() {
+    let doc = example("partner-feedback");
+    let req = SimpleRequest::new("POST", "/v42/orders")
+        .authority("api.partner.example")
+        .header("x-provider-account", "acct-1");
+    let upstream = doc.policies[0].upstream.as_ref().expect("the policy reads feedback");
+    assert_eq!(upstream.reset, sluice_policies::feedback::ResetFormat::Unix);
+    assert_eq!((upstream.default_pause.as_millis(), upstream.max_pause.as_millis()), (2_000, 120_000));
+    let check = doc.evaluate(&req).expect("applies")[0].check(&req);
+    assert!(check.upstream, "the check carries the account's pause");
 }
 
 /// Every document in `examples/` is in [`TESTED`], so each has a test here.
