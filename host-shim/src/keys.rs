@@ -6,16 +6,15 @@
 //! `sluice_policies::key`); the shim refuses anything else, so no request can
 //! smuggle `{`, `}` or spaces into a key name. The suffix names the limit's
 //! algorithm and period (`Algorithm::state_suffix`).
+//!
+//! The bounds on checks, limits and key length are `sluice_policies::bounds`,
+//! the ones the document parser holds every policy document to.
 
 use sluice_policies::algorithm::Algorithm;
+pub use sluice_policies::bounds::{MAX_ADJUSTMENTS, MAX_CHECKS, MAX_LIMITS};
 use sluice_policies::key::is_encoded;
 use sluice_policies::wire::{Adjustment, Check, WireLimit};
 use sluice_policies::PolicyName;
-
-/// The most checks one request may carry.
-pub const MAX_CHECKS: usize = 64;
-/// The most limits one check may carry.
-pub const MAX_LIMITS: usize = 32;
 
 /// A limit as the scripts take it: its state key and its algorithm.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,8 +76,8 @@ pub struct ScriptAdjustment {
 }
 
 pub fn script_adjustments(adjustments: &[Adjustment]) -> Result<Vec<ScriptAdjustment>, String> {
-    if adjustments.len() > MAX_CHECKS {
-        return Err(format!("too many adjustments: {} (at most {MAX_CHECKS})", adjustments.len()));
+    if adjustments.len() > MAX_ADJUSTMENTS {
+        return Err(format!("too many adjustments: {} (at most {MAX_ADJUSTMENTS})", adjustments.len()));
     }
     adjustments
         .iter()

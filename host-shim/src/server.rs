@@ -24,8 +24,8 @@ use sluice_policies::wire::{
 
 use crate::limiter::{CheckError, Limiter};
 
-/// The largest check body accepted.
-pub const MAX_BODY: usize = 64 * 1024;
+/// The largest body accepted: the bound every valid document stays within.
+pub use sluice_policies::bounds::MAX_BODY;
 
 pub fn router(limiter: Limiter) -> Router {
     Router::new()

@@ -16,11 +16,14 @@
 //!   responses, failure modes, the breaker and over-limit cache settings.
 //! - [`error`]: [`ParseError`], the one error type of [`parse`].
 //! - [`wire`]: the compact JSON exchanged with the shim.
+//! - [`bounds`]: the size bounds of a request to the shim, which the parser
+//!   holds every document to and the shim enforces.
 //! - [`algorithm`]: the reference model of every limit type, twin of the
 //!   Redis scripts in `lua/`.
 //! - `schema` (feature `schema`): the JSON Schema of the document.
 
 pub mod algorithm;
+pub mod bounds;
 pub mod condition;
 pub mod document;
 pub mod error;
