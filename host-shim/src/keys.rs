@@ -83,9 +83,14 @@ pub fn script_adjustments(adjustments: &[Adjustment]) -> Result<Vec<ScriptAdjust
         .iter()
         .enumerate()
         .map(|(i, a)| {
-            let WireLimit::Points { cost, .. } = a.limit else {
+            let WireLimit::Points { cost, capacity, .. } = a.limit else {
                 return Err(format!("adjustments[{i}].limit: only points limits are adjusted"));
             };
+            // An actual cost beyond the capacity could drive the bucket
+            // into years of debt (see `sluice_policies::cost`).
+            if a.actual > capacity {
+                return Err(format!("adjustments[{i}].actual: {} exceeds the capacity {capacity}", a.actual));
+            }
             let tag = tag(&a.policy, &a.key).map_err(|e| format!("adjustments[{i}]: {e}"))?;
             let limit = script_limit(&tag, &a.limit).map_err(|e| format!("adjustments[{i}].limit: {e}"))?;
             let Algorithm::Gcra { interval_us, .. } = limit.algorithm else {

@@ -8,6 +8,7 @@
 //!   every error carries a path and a line and column; which policies apply.
 //! - [`condition`]: `match` and `bypass` conditions on a request.
 //! - [`limit`]: the limit types and what each means.
+//! - [`cost`]: a points cost read from a header, clamped to the capacity.
 //! - [`key`]: key sources, the missing-key rule, and the encoding that keeps
 //!   user input out of Redis key syntax.
 //! - [`units`]: the validated scalars: durations, counts, names.
@@ -25,6 +26,7 @@
 pub mod algorithm;
 pub mod bounds;
 pub mod condition;
+pub mod cost;
 pub mod document;
 pub mod error;
 pub mod key;
