@@ -7,7 +7,9 @@
 //! - [`scripts`]: the Lua scripts, assembled from `lua/`.
 //! - [`store`]: one Redis server or a Redis Cluster.
 //! - [`keys`]: validates a check request and names its Redis keys.
-//! - [`server`]: the HTTP endpoints the filter calls, over HTTP/1.1 and h2c.
+//! - [`server`]: the HTTP endpoints the filter calls, over HTTP/1.1 and
+//!   HTTP/2, in cleartext or mutual TLS; connection caps and deadlines.
+//! - [`tls`]: rustls: the shim's mTLS server config, Redis's crypto provider.
 //! - [`validate`]: `sluice validate FILE...`.
 //! - [`envoy_config`]: `sluice envoy-config`, a complete envoy.yaml for a policy.
 
@@ -17,4 +19,5 @@ pub mod limiter;
 pub mod scripts;
 pub mod server;
 pub mod store;
+pub mod tls;
 pub mod validate;

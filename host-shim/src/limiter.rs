@@ -62,6 +62,17 @@ impl Limiter {
         })
     }
 
+    /// As [`Limiter::new`], on a store set up already (TLS, a CA of its own).
+    pub fn on(store: Store, test_time: bool) -> Limiter {
+        Limiter {
+            store,
+            scripts: Scripts::new(),
+            test_time,
+            nonce: rand::random(),
+            sequence: AtomicU64::new(0),
+        }
+    }
+
     /// The script's time argument: empty for Redis TIME.
     fn time_arg(&self, now_us: Option<u64>) -> Result<String, CheckError> {
         match (now_us, self.test_time) {

@@ -1,5 +1,11 @@
-//! The shim's HTTP endpoints. One port speaks HTTP/1.1 and HTTP/2 cleartext
-//! with prior knowledge, so Envoy can multiplex every call over one connection.
+//! The shim's HTTP endpoints. One port speaks HTTP/1.1 and HTTP/2 (prior
+//! knowledge in cleartext, ALPN over TLS), so Envoy can multiplex every call
+//! over one connection. With [`Options::tls`] every client must present a
+//! certificate signed by the configured CA (see [`crate::tls`]).
+//!
+//! The accept loop is hyper-util's, not `axum::serve`, for what a port open
+//! to a network needs: a cap on concurrent connections, and a deadline for a
+//! new connection's first bytes (or TLS handshake) and for HTTP/1.1 headers.
 //!
 //! - `POST /v1/check`, `/v1/release`, `/v1/adjust`: see `sluice_policies::wire`.
 //!   Each answers 200 with JSON, 400 for a malformed or oversized body, 503
@@ -8,19 +14,27 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use hyper_util::service::TowerToHyperService;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sluice_policies::wire::{
     AdjustRequest, CheckRequest, ReleaseRequest, ADJUST_PATH, CHECK_PATH, RELEASE_PATH,
 };
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
 
 use crate::limiter::{CheckError, Limiter};
 
@@ -37,23 +51,124 @@ pub fn router(limiter: Limiter) -> Router {
         .with_state(Arc::new(limiter))
 }
 
+/// How the shim accepts connections.
+#[derive(Clone)]
+pub struct Options {
+    /// Mutual TLS; `None` serves cleartext.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// The most connections served at once; further ones wait in the
+    /// listen backlog until one closes. Connections, not streams: one HTTP/2
+    /// connection from Envoy carries any number of calls.
+    pub max_connections: usize,
+    /// How long a new connection may take to send its first byte (cleartext)
+    /// or complete its TLS handshake, and an HTTP/1.1 request its headers.
+    pub header_read_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { tls: None, max_connections: 1024, header_read_timeout: Duration::from_secs(10) }
+    }
+}
+
 /// Serves until `shutdown` completes, then finishes the requests in flight.
 pub async fn run(
-    listener: tokio::net::TcpListener,
+    listener: TcpListener,
     limiter: Limiter,
+    options: Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    // Answers are small: without TCP_NODELAY, Nagle's algorithm holds each
-    // one back until the peer's delayed ACK, milliseconds per decision.
-    let listener = listener.tap_io(|tcp| {
+    let app = router(limiter);
+    let permits = Arc::new(Semaphore::new(options.max_connections));
+    let acceptor = options.tls.clone().map(TlsAcceptor::from);
+    let graceful = GracefulShutdown::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(options.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(10));
+    tokio::pin!(shutdown);
+    loop {
+        // Taken before accepting: at the cap, new connections wait in the
+        // kernel's backlog instead of costing a task each.
+        let permit = tokio::select! {
+            permit = permits.clone().acquire_owned() => permit?,
+            () = &mut shutdown => break,
+        };
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    // EMFILE and the like: wait rather than spin.
+                    tracing::warn!(%err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        // Answers are small: without TCP_NODELAY, Nagle's algorithm holds each
+        // one back until the peer's delayed ACK, milliseconds per decision.
         if let Err(err) = tcp.set_nodelay(true) {
             tracing::warn!(%err, "cannot set TCP_NODELAY");
         }
-    });
-    axum::serve(listener, router(limiter))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|e| anyhow::anyhow!("server failed: {e}"))
+        let connection = Connection {
+            builder: builder.clone(),
+            app: app.clone(),
+            acceptor: acceptor.clone(),
+            watcher: graceful.watcher(),
+            timeout: options.header_read_timeout,
+        };
+        tokio::spawn(async move {
+            if let Err(reason) = connection.serve(tcp).await {
+                tracing::debug!(%peer, %reason, "connection closed");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// What one accepted connection needs to be served.
+struct Connection {
+    builder: auto::Builder<TokioExecutor>,
+    app: Router,
+    acceptor: Option<TlsAcceptor>,
+    watcher: Watcher,
+    timeout: Duration,
+}
+
+impl Connection {
+    async fn serve(self, tcp: TcpStream) -> Result<(), String> {
+        let service = TowerToHyperService::new(self.app);
+        match self.acceptor {
+            Some(acceptor) => {
+                let tls = tokio::time::timeout(self.timeout, acceptor.accept(tcp))
+                    .await
+                    .map_err(|_| "TLS handshake timed out".to_string())?
+                    .map_err(|err| format!("TLS handshake failed: {err}"))?;
+                let conn = self.builder.serve_connection(TokioIo::new(tls), service);
+                self.watcher.watch(conn.into_owned()).await.map_err(|err| err.to_string())
+            }
+            None => {
+                // A client that connects and sends nothing would otherwise
+                // hold its connection (and a permit) for ever.
+                let mut first = [0u8; 1];
+                match tokio::time::timeout(self.timeout, tcp.peek(&mut first)).await {
+                    Ok(Ok(n)) if n > 0 => {}
+                    Ok(Ok(_)) => return Ok(()),
+                    Ok(Err(err)) => return Err(err.to_string()),
+                    Err(_) => return Err("no request before the header read timeout".to_string()),
+                }
+                let conn = self.builder.serve_connection(TokioIo::new(tcp), service);
+                self.watcher.watch(conn.into_owned()).await.map_err(|err| err.to_string())
+            }
+        }
+    }
 }
 
 async fn check(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {

@@ -83,7 +83,12 @@ async fn the_largest_valid_documents_make_calls_the_shim_accepts() {
     let limiter = Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), false).expect("limiter");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = listener.local_addr().expect("addr").port();
-    let server = tokio::spawn(sluice_shim::server::run(listener, limiter, std::future::pending()));
+    let server = tokio::spawn(sluice_shim::server::run(
+        listener,
+        limiter,
+        sluice_shim::server::Options::default(),
+        std::future::pending(),
+    ));
 
     let windows: Vec<String> =
         (1..=32).map(|s| format!(r#"{{"type": "fixed_window", "limit": 1000, "window": "{s}s"}}"#)).collect();

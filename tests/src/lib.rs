@@ -18,6 +18,7 @@
 //! - [`backend`]: [`Backend`], Redis and the shim, without Envoy.
 //! - [`stack`]: [`Stack`], all four started together, in a safe drop order.
 //! - [`service`]: [`Service`], any other server binary on a free port.
+//! - [`tls`]: [`tls::Pki`], a throwaway CA with server and client certificates.
 //! - [`client`]: [`burst`], N concurrent requests, collecting status and
 //!   `retry-after`.
 //! - [`gateway`]: for the gateway-behaviour tests: whole responses, Envoy's
@@ -43,6 +44,7 @@ pub mod redis;
 pub mod service;
 pub mod shim;
 pub mod stack;
+pub mod tls;
 pub mod upstream;
 
 pub use backend::Backend;
