@@ -38,8 +38,22 @@ impl Envoy {
     }
 
     fn start_once(policy_json: &str, shim_port: u16, upstream_port: u16) -> anyhow::Result<Envoy> {
-        let (proc, port, admin_port) = spawn(policy_json, shim_port, upstream_port)?;
+        let (proc, port, admin_port) = spawn(policy_json, shim_port, upstream_port, &[])?;
         Envoy::serving(proc, port, admin_port)
+    }
+
+    /// As [`Envoy::start`], with more template values, e.g. the shim's
+    /// `SHIM_TRANSPORT_SOCKET` for mutual TLS.
+    pub fn start_with(
+        policy_json: &str,
+        shim_port: u16,
+        upstream_port: u16,
+        values: &[(&str, String)],
+    ) -> anyhow::Result<Envoy> {
+        retry_port_clash(|| {
+            let (proc, port, admin_port) = spawn(policy_json, shim_port, upstream_port, values)?;
+            Envoy::serving(proc, port, admin_port)
+        })
     }
 
     /// Starts Envoy from any config `template` with `concurrency` workers and
@@ -73,7 +87,7 @@ impl Envoy {
         shim_port: u16,
         upstream_port: u16,
     ) -> anyhow::Result<(ExitStatus, String)> {
-        let (mut proc, _, admin_port) = spawn(policy_json, shim_port, upstream_port)?;
+        let (mut proc, _, admin_port) = spawn(policy_json, shim_port, upstream_port, &[])?;
         let outcome = proc.wait_ready(STARTUP, || matches!(http_get(admin_port, "/ready"), Some((200, _))));
         match (outcome, proc.wait_exit(Duration::ZERO)?) {
             (_, Some(status)) => Ok((status, proc.log())),
@@ -93,16 +107,22 @@ impl Envoy {
     }
 }
 
-fn spawn(policy_json: &str, shim_port: u16, upstream_port: u16) -> anyhow::Result<(Proc, u16, u16)> {
+fn spawn(
+    policy_json: &str,
+    shim_port: u16,
+    upstream_port: u16,
+    more: &[(&str, String)],
+) -> anyhow::Result<(Proc, u16, u16)> {
     let wasm = dist("sluice.wasm")?;
     let (port, admin_port) = (free_port()?, free_port()?);
-    let values = [
+    let mut values = vec![
         ("UPSTREAM_PORT", upstream_port.to_string()),
         ("SHIM_PORT", shim_port.to_string()),
         ("WASM_PATH", wasm.display().to_string()),
         // A JSON string literal is also a valid YAML double-quoted scalar.
         ("POLICY_JSON", serde_json::to_string(policy_json)?),
     ];
+    values.extend(more.iter().cloned());
     let proc = spawn_template(&demo_template(), &values, DEMO_CONCURRENCY, port, admin_port)?;
     Ok((proc, port, admin_port))
 }
@@ -129,6 +149,9 @@ fn spawn_template(
         all.push((host, "127.0.0.1".to_string()));
     }
     all.extend(values.iter().cloned());
+    // The shim in cleartext, unless `values` gave its TLS (the first value
+    // for a placeholder wins).
+    all.push(("SHIM_TRANSPORT_SOCKET", String::new()));
     let config = sluice_shim::envoy_config::render(&text, &all)
         .with_context(|| format!("rendering {}", template.display()))?;
     let config_path = dir.join("envoy.yaml");

@@ -21,7 +21,7 @@ use std::cell::{RefCell, RefMut};
 use std::rc::Rc;
 
 use serde_json::Value;
-use sluice_policies::wire::{CHECK_PATH, RELEASE_PATH};
+use sluice_policies::wire::{ADJUST_PATH, CHECK_PATH, RELEASE_PATH};
 
 use super::calls::{Answer, Route};
 use super::pairs::HeaderMap;
@@ -121,6 +121,15 @@ impl Stream {
     pub fn upstream_responds(&self, status: u16) -> Step {
         let headers = [(":status", status.to_string())].into_iter().collect();
         self.step(Event::ResponseHeaders(headers), &format!("the upstream answers {status}"))
+    }
+
+    /// The upstream's response headers arrive: `:status` and these.
+    pub fn upstream_responds_with(&self, status: u16, headers: &[(&str, &str)]) -> Step {
+        let mut map: HeaderMap = [(":status", status.to_string())].into_iter().collect();
+        for (name, value) in headers {
+            map.add(name, *value);
+        }
+        self.step(Event::ResponseHeaders(map), &format!("the upstream answers {status} with {headers:?}"))
     }
 
     /// The response went out: `on_log`, `on_done`, `on_delete`.
@@ -228,6 +237,11 @@ impl Step {
     /// One `http_call` to the shim's cluster that releases a lease: `POST /v1/release`.
     pub fn releases_the_lease(self) -> Step {
         self.expect(Expect::Calls(RELEASE_PATH))
+    }
+
+    /// One `http_call` to the shim's cluster that corrects points: `POST /v1/adjust`.
+    pub fn adjusts_points(self) -> Step {
+        self.expect(Expect::Calls(ADJUST_PATH))
     }
 
     /// The paused request is resumed (`continue_stream(HttpRequest)`).
