@@ -10,7 +10,9 @@
 //! - [`server`]: the HTTP endpoints the filter calls, over HTTP/1.1 and
 //!   HTTP/2, in cleartext or mutual TLS; connection caps and deadlines.
 //! - [`tls`]: rustls: the shim's mTLS server config, Redis's crypto provider.
+//! - [`shed`]: the utilization shedder's fleet-wide state (`lua/shed.lua`).
 //! - [`validate`]: `sluice validate FILE...`.
+//! - [`simulate`]: `sluice simulate`, an access log replayed through a policy.
 //! - [`envoy_config`]: `sluice envoy-config`, a complete envoy.yaml for a policy.
 
 pub mod envoy_config;
@@ -18,6 +20,8 @@ pub mod keys;
 pub mod limiter;
 pub mod scripts;
 pub mod server;
+pub mod shed;
+pub mod simulate;
 pub mod store;
 pub mod tls;
 pub mod validate;

@@ -26,6 +26,8 @@ enum Command {
     Schema,
     /// Print a complete envoy.yaml that loads the filter with this policy.
     EnvoyConfig(sluice_shim::envoy_config::Args),
+    /// Replay an access log through a policy: what would it have done?
+    Simulate(sluice_shim::simulate::Args),
 }
 
 #[derive(clap::Args)]
@@ -78,16 +80,8 @@ fn main() -> ExitCode {
             print!("{}", sluice_policies::schema::document_schema());
             ExitCode::SUCCESS
         }
-        Command::EnvoyConfig(args) => match sluice_shim::envoy_config::run(&args) {
-            Ok(yaml) => {
-                print!("{yaml}");
-                ExitCode::SUCCESS
-            }
-            Err(err) => {
-                eprintln!("sluice: {err:#}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::EnvoyConfig(args) => print_or_fail(sluice_shim::envoy_config::run(&args)),
+        Command::Simulate(args) => print_or_fail(sluice_shim::simulate::run(&args)),
     }
 }
 
@@ -146,6 +140,19 @@ fn serve(args: ServeArgs) -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("sluice: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_or_fail(result: anyhow::Result<String>) -> ExitCode {
+    match result {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
         Err(err) => {
             eprintln!("sluice: {err:#}");
             ExitCode::FAILURE

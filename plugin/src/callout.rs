@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use proxy_wasm::hostcalls;
-use proxy_wasm::types::Status;
+use proxy_wasm::types::{BufferType, MapType, Status};
 use sluice_policies::wire::{CheckRequest, CHECK_PATH};
 use sluice_policies::Document;
 
@@ -39,4 +39,15 @@ pub fn post_check(doc: &Document, req: &CheckRequest<'_>) -> Result<u32, String>
 /// The timeout of a release or adjust call: nobody waits for it.
 pub fn background_timeout(doc: &Document) -> Duration {
     Duration::from_millis(doc.shim.timeout_ms.get().into()).max(BACKGROUND_TIMEOUT)
+}
+
+/// The answer to a call: its `:status` (none when the call failed without
+/// one) and its body.
+pub fn call_answer(num_headers: usize, body_size: usize) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+    let status = match num_headers {
+        0 => None,
+        _ => hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status").ok().flatten(),
+    };
+    let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten();
+    (status, body)
 }

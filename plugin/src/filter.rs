@@ -1,8 +1,17 @@
 //! The HTTP context: for each request, match the policies, deny at once from
 //! the over-limit cache or an open breaker, else ask the shim and resume the
 //! request or answer it. After an admitted request: add the response headers,
-//! queue its leases for release at the stream's end, and correct the points
-//! it was charged once the response tells its true cost.
+//! release its leases, and correct the points it was charged once the
+//! response tells its true cost.
+//!
+//! A lease is released when the response's last bytes reach the filter, and
+//! they are held until the shim confirms the release: a client that sends
+//! its next request the moment it sees the response end finds its slot free.
+//! The last bytes are the chunk that ends the stream, or, when the response
+//! has a `content-length`, the chunk that completes it: an HTTP/1.1 client
+//! has the whole response then, before the stream's end reaches the filter.
+//! A stream that ends any other way (reset, error, timeout) queues its release
+//! for the root context, whose calls outlive the stream.
 //!
 //! Enforced and shadow policies go to the shim in two calls, sent together:
 //! each call is all-or-nothing, and a shadow policy's denial must neither
@@ -10,15 +19,17 @@
 
 use std::rc::Rc;
 
+use std::time::Duration;
+
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::{Action, BufferType, MapType};
+use proxy_wasm::types::{Action, MapType};
 use sluice_policies::wire::{AdjustRequest, CheckResponse, ReleaseRequest, ADJUST_PATH, RELEASE_PATH};
 use sluice_policies::{FailureMode, HeadersMode};
 
 use crate::cache::OverLimitCache;
 use crate::call::Call;
-use crate::callout::post_check;
+use crate::callout::{call_answer, post_bytes, post_check};
 use crate::decision::{read_answer, retry_after_secs};
 use crate::host::{now_ms, HostRequest, SharedData};
 use crate::ratelimit_headers::RateLimitHeaders;
@@ -34,11 +45,24 @@ pub struct Sluice {
     /// Headers to add to the upstream's response of an admitted request.
     response_headers: Vec<(&'static str, String)>,
     admitted: bool,
+    /// Releases sent at the response's end, whose answers hold its last
+    /// byte: (token, the release, the policies whose slots it frees).
+    releasing: Vec<(u32, ReleaseRequest, Vec<usize>)>,
+    /// For a response with a `content-length` whose end releases leases:
+    /// the bytes still to come.
+    body_left: Option<u64>,
 }
 
 impl Sluice {
     pub fn new(vm: Option<Rc<Vm>>) -> Sluice {
-        Sluice { vm, calls: [Call::new(), Call::new()], response_headers: Vec::new(), admitted: false }
+        Sluice {
+            vm,
+            calls: [Call::new(), Call::new()],
+            response_headers: Vec::new(),
+            admitted: false,
+            releasing: Vec::new(),
+            body_left: None,
+        }
     }
 
     /// The request's decision once every call it made has answered (or none
@@ -185,15 +209,69 @@ impl Sluice {
         RateLimitHeaders::most_restrictive(limits.flatten())
     }
 
-    /// Exactly once per admitted request that holds leases: queued for the
-    /// root context, whose calls outlive the stream.
-    fn release_leases(&mut self) {
-        let Some(vm) = self.vm.clone() else { return };
+    /// The releases still to send: one per call that holds (or may hold) a
+    /// lease, each taken once.
+    fn leases_to_release(&mut self, vm: &Vm) -> Vec<(ReleaseRequest, Vec<usize>)> {
+        let mut out = Vec::new();
         for call in &mut self.calls {
             let Some(lease) = call.lease_to_release(&vm.doc) else { continue };
             let policies = call.concurrency_policies(&vm.doc);
-            let request = ReleaseRequest { lease, checks: call.checks.clone() };
+            out.push((ReleaseRequest { lease, checks: call.checks.clone() }, policies));
+        }
+        out
+    }
+
+    /// The response's last byte has reached the filter: release the leases
+    /// now, from this stream, and hold that byte (`Pause`) until the shim
+    /// has answered, so the slot is free before the client sees the end. A
+    /// release that cannot be sent goes to the root context instead.
+    fn release_at_end(&mut self) -> Action {
+        let Some(vm) = self.vm.clone() else { return Action::Continue };
+        for (request, policies) in self.leases_to_release(&vm) {
+            let sent = serde_json::to_vec(&request).map_err(|e| e.to_string()).and_then(|body| {
+                let timeout = Duration::from_millis(vm.doc.shim.timeout_ms.get().into());
+                post_bytes(&vm.doc, RELEASE_PATH, &body, timeout)
+            });
+            match sent {
+                Ok(token) => self.releasing.push((token, request, policies)),
+                Err(reason) => {
+                    log::debug!("cannot release at the response's end ({reason}); the root will");
+                    vm.send_later(RELEASE_PATH, &request, policies);
+                }
+            }
+        }
+        if self.releasing.is_empty() {
+            Action::Continue
+        } else {
+            Action::Pause
+        }
+    }
+
+    /// Exactly once per admitted request that holds leases, when the stream
+    /// ends without a released response end: queued for the root context,
+    /// whose calls outlive the stream. A release still in flight here is
+    /// cancelled with the stream, so it is sent again (a second release of
+    /// one lease ends nothing).
+    fn release_leases(&mut self) {
+        let Some(vm) = self.vm.clone() else { return };
+        for (_, request, policies) in std::mem::take(&mut self.releasing) {
             vm.send_later(RELEASE_PATH, &request, policies);
+        }
+        for (request, policies) in self.leases_to_release(&vm) {
+            vm.send_later(RELEASE_PATH, &request, policies);
+        }
+    }
+
+    /// A release sent at the response's end answered: count it, and let
+    /// the response finish once every such release has.
+    fn released(&mut self, vm: &Vm, at: usize, num_headers: usize, body_size: usize) {
+        let (_, _, policies) = self.releasing.swap_remove(at);
+        let (status, body) = call_answer(num_headers, body_size);
+        vm.release_answered(&policies, status.as_deref(), body.as_deref(), now_ms());
+        if self.releasing.is_empty() {
+            if let Err(status) = hostcalls::resume_http_response() {
+                log::warn!("cannot resume the response: {status:?}");
+            }
         }
     }
 
@@ -230,15 +308,14 @@ impl Sluice {
 impl Context for Sluice {
     fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
         let Some(vm) = self.vm.clone() else { return };
+        if let Some(at) = self.releasing.iter().position(|(t, ..)| *t == token) {
+            return self.released(&vm, at, num_headers, body_size);
+        }
         let Some(call) = self.calls.iter_mut().find(|c| c.token == Some(token)) else { return };
         call.token = None;
         let now = now_ms();
         vm.stats.latency(now.saturating_sub(call.sent_ms));
-        let status = match num_headers {
-            0 => None,
-            _ => hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status").ok().flatten(),
-        };
-        let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten();
+        let (status, body) = call_answer(num_headers, body_size);
         let answer = read_answer(status.as_deref(), body.as_deref(), &call.checks);
         let change = match answer {
             Ok(_) => vm.breaker.borrow_mut().success(),
@@ -302,7 +379,7 @@ impl HttpContext for Sluice {
         self.finish(&vm)
     }
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let Some(vm) = self.vm.clone() else { return Action::Continue };
         if !self.admitted {
             return Action::Continue;
@@ -317,7 +394,48 @@ impl HttpContext for Sluice {
         if !adjustments.is_empty() {
             vm.send_later(ADJUST_PATH, &AdjustRequest { adjustments, now_us: None }, Vec::new());
         }
+        if end_of_stream {
+            return self.release_at_end();
+        }
+        if self.calls.iter().any(|c| c.lease.is_some()) {
+            self.body_left = hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, "content-length")
+                .ok()
+                .flatten()
+                .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse().ok());
+        }
         Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if !self.admitted {
+            return Action::Continue;
+        }
+        if !self.releasing.is_empty() {
+            // Still holding the last bytes (and any that follow) for a release.
+            return Action::Pause;
+        }
+        let completes = match &mut self.body_left {
+            Some(left) if *left <= body_size as u64 => true,
+            Some(left) => {
+                *left -= body_size as u64;
+                false
+            }
+            None => false,
+        };
+        if end_of_stream || completes {
+            return self.release_at_end();
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        if !self.admitted {
+            return Action::Continue;
+        }
+        if !self.releasing.is_empty() {
+            return Action::Pause;
+        }
+        self.release_at_end()
     }
 
     fn on_log(&mut self) {

@@ -8,10 +8,9 @@ use std::time::Duration;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{BufferType, ContextType, MapType};
-use sluice_policies::wire::ReleaseResponse;
+use proxy_wasm::types::{BufferType, ContextType};
 
-use crate::callout::{background_timeout, post_bytes};
+use crate::callout::{background_timeout, call_answer, post_bytes};
 use crate::filter::Sluice;
 use crate::host::now_ms;
 use crate::vm::Vm;
@@ -28,40 +27,14 @@ impl SluiceRoot {
     pub fn new() -> SluiceRoot {
         SluiceRoot { vm: None }
     }
-
-    /// A release call failed: the lease TTL will reclaim the slots.
-    fn release_failed(vm: &Vm, policies: &[usize], reason: &str) {
-        for &index in policies {
-            vm.stats.count(index, |s| s.release_failed);
-        }
-        vm.log_failure(now_ms(), &format!("release failed ({reason}); the lease TTL will reclaim the slot"));
-    }
 }
 
 impl Context for SluiceRoot {
     fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
         let Some(vm) = self.vm.clone() else { return };
         let Some(policies) = vm.releasing.borrow_mut().remove(&token) else { return };
-        let status = match num_headers {
-            0 => None,
-            _ => hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status").ok().flatten(),
-        };
-        if status.as_deref() != Some(b"200") {
-            let shown =
-                status.map(|s| String::from_utf8_lossy(&s).into_owned()).unwrap_or("no answer".into());
-            return SluiceRoot::release_failed(&vm, &policies, &shown);
-        }
-        let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten();
-        match serde_json::from_slice::<ReleaseResponse>(&body.unwrap_or_default()) {
-            Ok(resp) if resp.released > 0 => {
-                for &index in &policies {
-                    vm.stats.count(index, |s| s.released);
-                }
-            }
-            // Already reclaimed: the check that reclaimed it counted it.
-            Ok(_) => log::debug!("lease already gone when released"),
-            Err(err) => SluiceRoot::release_failed(&vm, &policies, &format!("malformed answer: {err}")),
-        }
+        let (status, body) = call_answer(num_headers, body_size);
+        vm.release_answered(&policies, status.as_deref(), body.as_deref(), now_ms());
     }
 }
 
@@ -100,7 +73,7 @@ impl RootContext for SluiceRoot {
                 }
                 Ok(_) => {}
                 Err(reason) if !call.releases.is_empty() => {
-                    SluiceRoot::release_failed(&vm, &call.releases, &reason)
+                    vm.release_failed(&call.releases, &reason, now_ms())
                 }
                 Err(reason) => log::warn!("{}: {reason}", call.path),
             }

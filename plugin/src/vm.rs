@@ -7,6 +7,7 @@ use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 
+use sluice_policies::wire::ReleaseResponse;
 use sluice_policies::Document;
 
 use crate::breaker::{Breaker, Change};
@@ -68,6 +69,39 @@ impl Vm {
             Ok(body) => self.outbox.borrow_mut().push(Outgoing { path, body, releases }),
             Err(err) => log::warn!("cannot encode {path}: {err}"),
         }
+    }
+
+    /// Counts a release call's answer for the policies whose slots it frees:
+    /// `status` and `body` as the call returned them, `None` if it failed.
+    pub fn release_answered(
+        &self,
+        policies: &[usize],
+        status: Option<&[u8]>,
+        body: Option<&[u8]>,
+        now_ms: u64,
+    ) {
+        if status != Some(b"200") {
+            let shown = status.map(|s| String::from_utf8_lossy(s).into_owned()).unwrap_or("no answer".into());
+            return self.release_failed(policies, &shown, now_ms);
+        }
+        match serde_json::from_slice::<ReleaseResponse>(body.unwrap_or_default()) {
+            Ok(resp) if resp.released > 0 => {
+                for &index in policies {
+                    self.stats.count(index, |s| s.released);
+                }
+            }
+            // Already reclaimed: the check that reclaimed it counted it.
+            Ok(_) => log::debug!("lease already gone when released"),
+            Err(err) => self.release_failed(policies, &format!("malformed answer: {err}"), now_ms),
+        }
+    }
+
+    /// A release call failed: the lease TTL will reclaim the slots.
+    pub fn release_failed(&self, policies: &[usize], reason: &str, now_ms: u64) {
+        for &index in policies {
+            self.stats.count(index, |s| s.release_failed);
+        }
+        self.log_failure(now_ms, &format!("release failed ({reason}); the lease TTL will reclaim the slot"));
     }
 
     /// Logs a failure-mode decision, at most once per period per worker.

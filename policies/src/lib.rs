@@ -16,11 +16,15 @@
 //! - [`response`]: what the gateway answers and when: headers, denial
 //!   responses, failure modes, the breaker and over-limit cache settings.
 //! - [`error`]: [`ParseError`], the one error type of [`parse`].
+//! - [`feedback`]: which upstream answers mean "slow down", and for how long.
+//! - [`shed`]: the utilization shedder's controller, over an injected clock.
 //! - [`wire`]: the compact JSON exchanged with the shim.
 //! - [`bounds`]: the size bounds of a request to the shim, which the parser
 //!   holds every document to and the shim enforces.
 //! - [`algorithm`]: the reference model of every limit type, twin of the
 //!   Redis scripts in `lua/`.
+//! - [`replay`]: traffic replayed through a document and the model, for
+//!   `sluice simulate` and the playground.
 //! - `schema` (feature `schema`): the JSON Schema of the document.
 
 pub mod algorithm;
@@ -29,12 +33,15 @@ pub mod condition;
 pub mod cost;
 pub mod document;
 pub mod error;
+pub mod feedback;
 pub mod key;
 pub mod limit;
+pub mod replay;
 pub mod request;
 pub mod response;
 #[cfg(feature = "schema")]
 pub mod schema;
+pub mod shed;
 pub mod units;
 pub mod wire;
 

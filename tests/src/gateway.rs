@@ -273,6 +273,10 @@ fn serve_rough(stream: TcpStream, received: &Mutex<usize>) {
                 return;
             }
             "/500" => b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 5\r\n\r\nboom\n",
+            "/slow" => {
+                std::thread::sleep(Duration::from_millis(200));
+                b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n"
+            }
             _ => b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n",
         };
         if stream.write_all(answer).is_err() {

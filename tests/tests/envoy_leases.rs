@@ -76,17 +76,37 @@ impl Pool {
     }
 }
 
-/// A normal end: 10 requests in turn each take the one slot and return it
-/// (the release is asynchronous: each waits for the slot to be back).
+/// A normal end: 10 requests in turn each take the one slot and return it.
+/// The filter holds the response's last byte until the shim has confirmed
+/// the release, so the slot is free the moment the client has the whole
+/// response: no waiting between requests.
 #[test]
 fn a_lease_is_released_once_on_a_normal_end() {
     let pool = Pool::start(1, "30s");
     for _ in 0..10 {
         let reply = pool.get("/ok");
         assert_eq!(reply.status, 200, "{reply:?}\n{}", pool.envoy.log());
-        assert!(eventually(WAIT, || pool.held() == 0), "the slot was not returned");
+        assert_eq!(pool.held(), 0, "the response ended before its slot was free");
     }
     pool.assert_released_once(10, 10);
+}
+
+/// Regression: a finished request's slot was not free for the next one. A
+/// concurrency limit of 3, a slow upstream, and three clients that each send
+/// their next request the moment their response ends (the ERP workers'
+/// back-to-back calls). The release used to wait for the root context's next
+/// tick, so the next request found its own slot still held and got 429.
+#[test]
+fn back_to_back_requests_find_their_own_slot_free() {
+    let pool = Pool::start(3, "30s");
+    let statuses: Vec<u16> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..3)
+            .map(|_| s.spawn(|| (0..5).map(|_| pool.get("/slow").status).collect::<Vec<u16>>()))
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().expect("worker")).collect()
+    });
+    assert_eq!(statuses, vec![200; 15], "{}", pool.envoy.log());
+    pool.assert_released_once(15, 15);
 }
 
 /// The upstream answers 500: the lease is still released once.

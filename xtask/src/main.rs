@@ -10,6 +10,7 @@
 //! - `test`: what CI runs.
 //! - `demo`: the dual-window demo through real Envoy.
 //! - `bench`: every benchmark scenario on loopback, written to `bench/results/`.
+//! - `fuzz`: the cargo-fuzz targets in `fuzz/`, for a given time each.
 
 mod apt;
 mod bench;
@@ -17,6 +18,7 @@ mod build;
 mod cmd;
 mod demo;
 mod deps;
+mod fuzz;
 mod test;
 mod wasm;
 
@@ -54,6 +56,14 @@ enum Task {
         #[arg(long)]
         quick: bool,
     },
+    /// Run the fuzz targets (nightly, libFuzzer, ASan); not part of `test`.
+    Fuzz {
+        /// How long each target runs.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Only this target (parse, wire, evaluate, key, answer).
+        target: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -63,6 +73,7 @@ fn main() -> ExitCode {
         Task::Test { test_args } => test::run(&test_args),
         Task::Demo { keep_running } => run_demo(keep_running),
         Task::Bench { quick } => bench::run(quick),
+        Task::Fuzz { seconds, target } => fuzz::run(seconds, target.as_deref()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

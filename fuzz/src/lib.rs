@@ -1,0 +1,205 @@
+//! The fuzz targets' logic: each function takes libFuzzer's bytes, drives
+//! one part of Sluice that reads untrusted input, and panics only where a
+//! stated property breaks. `fuzz_targets/*.rs` are one-line wrappers, so a
+//! crash found here is replayed as a plain test in the crate it concerns.
+//!
+//! - [`parse`]: the policy document parser (operators' input).
+//! - [`wire`]: the shim's request bodies (the filter's, or an attacker's).
+//! - [`evaluate`]: conditions, key sources and header handling over
+//!   arbitrary requests (clients' input), against every example document.
+//! - [`key`]: key encoding: whatever the bytes, the key is safe to name a
+//!   Redis key with.
+//! - [`answer`]: the filter reading the shim's answers and the over-limit
+//!   cache reading shared data.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use arbitrary::{Arbitrary, Unstructured};
+use sluice_plugin::cache::{OverLimitCache, Store};
+use sluice_plugin::decision::{read_answer, retry_after_secs};
+use sluice_policies::algorithm::Algorithm;
+use sluice_policies::key;
+use sluice_policies::request::SimpleRequest;
+use sluice_policies::wire::{
+    AdjustRequest, Check, CheckRequest, CheckResponse, ReleaseRequest, ReleaseResponse, WireLimit,
+};
+use sluice_policies::Document;
+
+/// The example documents, the policies the other targets run requests through.
+const EXAMPLES: &[&str] = &[
+    include_str!("../../policies/examples/demo.json"),
+    include_str!("../../policies/examples/erp-concurrency.json"),
+    include_str!("../../policies/examples/fixed-windows.json"),
+    include_str!("../../policies/examples/leaky-bucket.json"),
+    include_str!("../../policies/examples/one-call-per-second.json"),
+    include_str!("../../policies/examples/partner-api.json"),
+    include_str!("../../policies/examples/public-api-by-ip.json"),
+    include_str!("../../policies/examples/query-cost-points.json"),
+    include_str!("../../policies/examples/token-bucket-per-user.json"),
+];
+
+fn examples() -> Vec<Document> {
+    EXAMPLES.iter().map(|text| sluice_policies::parse(text).expect("the examples are valid")).collect()
+}
+
+/// A document that parses yields only checks the shim accepts.
+pub fn parse(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    match sluice_policies::parse(text) {
+        Ok(doc) => {
+            let req = SimpleRequest::new("GET", "/").header("x-api-key", "k");
+            if let Ok(applied) = doc.evaluate(&req) {
+                for a in applied {
+                    shim_accepts(&a.check(&req));
+                }
+            }
+        }
+        Err(err) => assert!(!err.to_string().is_empty(), "an error with no message"),
+    }
+}
+
+/// Every request body the shim reads parses or fails cleanly, and every
+/// limit that validates has an algorithm and a key suffix.
+pub fn wire(data: &[u8]) {
+    if let Ok(req) = serde_json::from_slice::<CheckRequest>(data) {
+        for check in req.checks.iter() {
+            for limit in &check.limits {
+                if limit.validate().is_ok() {
+                    let algorithm = Algorithm::of(limit);
+                    let _ = (algorithm.state_suffix(), algorithm.script_args());
+                }
+            }
+        }
+    }
+    let _ = serde_json::from_slice::<ReleaseRequest>(data);
+    let _ = serde_json::from_slice::<AdjustRequest>(data);
+    let _ = serde_json::from_slice::<CheckResponse>(data);
+    let _ = serde_json::from_slice::<ReleaseResponse>(data);
+}
+
+/// A request as a client could send it.
+#[derive(Debug, Arbitrary)]
+struct FuzzRequest {
+    document: u8,
+    method: String,
+    path: Vec<u8>,
+    authority: Vec<u8>,
+    /// Values for headers the examples read, and any others.
+    headers: Vec<(HeaderName, Vec<u8>)>,
+    source: Option<Vec<u8>>,
+}
+
+#[derive(Debug, Arbitrary)]
+enum HeaderName {
+    ApiKey,
+    Account,
+    User,
+    Tenant,
+    Cost,
+    ForwardedFor,
+    Other(String),
+}
+
+impl HeaderName {
+    fn as_str(&self) -> &str {
+        match self {
+            HeaderName::ApiKey => "x-api-key",
+            HeaderName::Account => "x-account",
+            HeaderName::User => "x-user",
+            HeaderName::Tenant => "x-tenant",
+            HeaderName::Cost => "x-cost",
+            HeaderName::ForwardedFor => "x-forwarded-for",
+            HeaderName::Other(name) => name,
+        }
+    }
+}
+
+/// Whatever the request, matching does not panic, and every check it yields
+/// has an encoded key and limits the shim accepts.
+pub fn evaluate(data: &[u8]) {
+    thread_local! {
+        static DOCS: Vec<Document> = examples();
+    }
+    let Ok(fuzz) = FuzzRequest::arbitrary(&mut Unstructured::new(data)) else { return };
+    let mut req = SimpleRequest::new(&fuzz.method, "");
+    req.path = fuzz.path;
+    req.authority = fuzz.authority;
+    req.source_address = fuzz.source;
+    for (name, value) in &fuzz.headers {
+        req = req.header(name.as_str(), value);
+    }
+    DOCS.with(|docs| {
+        let doc = &docs[usize::from(fuzz.document) % docs.len()];
+        if let Ok(applied) = doc.evaluate(&req) {
+            for a in applied {
+                shim_accepts(&a.check(&req));
+            }
+        }
+    });
+}
+
+/// Every key is safe in a Redis key name: encoded, so no `{`, `}` or space
+/// can move its hash slot or collide with another tenant's key.
+pub fn key(data: &[u8]) {
+    let encoded = key::encode(data);
+    assert!(key::is_encoded(&encoded), "encode({data:?}) = {encoded:?} is not an encoded key");
+    assert!(!encoded.contains(['{', '}', ' ']), "{encoded:?} holds key syntax");
+}
+
+/// The shim's answer, any status and body, is read without panicking, and
+/// an accepted answer has one outcome per limit asked. The over-limit cache
+/// reads whatever shared data holds without panicking.
+pub fn answer(data: &[u8]) {
+    let checks = [
+        Check {
+            policy: "a".into(),
+            key: "k".into(),
+            limits: vec![WireLimit::SlidingWindow { limit: 1, window_ms: 1000, approximate: false }],
+            margin_ms: None,
+        },
+        Check {
+            policy: "b".into(),
+            key: "k".into(),
+            limits: vec![WireLimit::Interval { every_ms: 10 }],
+            margin_ms: None,
+        },
+    ];
+    let (status, body): (&[u8], &[u8]) = match data.split_first() {
+        Some((0, rest)) => (b"200", rest),
+        Some((_, rest)) => (rest.get(..3).unwrap_or(rest), rest),
+        None => (b"200", data),
+    };
+    if let Ok(resp) = read_answer(Some(status), Some(body), &checks) {
+        assert_eq!(resp.checks.len(), checks.len());
+        let _ = retry_after_secs(resp.retry_after_ms);
+        let _ = resp.denied_check();
+    }
+    let cache = OverLimitCache::new(Bytes(RefCell::new(HashMap::new()), data.to_vec()), 16);
+    for check in &checks {
+        let _ = cache.lookup(
+            check,
+            u64::from_le_bytes(data.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8])),
+        );
+    }
+}
+
+/// Shared data in which every key holds the fuzzer's bytes (until written).
+struct Bytes(RefCell<HashMap<String, Vec<u8>>>, Vec<u8>);
+
+impl Store for Bytes {
+    fn get(&self, key: &str) -> Option<Vec<u8>> {
+        Some(self.0.borrow().get(key).cloned().unwrap_or_else(|| self.1.clone()))
+    }
+    fn set(&self, key: &str, value: &[u8]) {
+        self.0.borrow_mut().insert(key.to_string(), value.to_vec());
+    }
+}
+
+/// What the shim's `keys` module checks of a check the filter sends.
+fn shim_accepts(check: &Check) {
+    assert!(key::is_encoded(&check.key), "the filter built an unencoded key {:?}", check.key);
+    for limit in &check.limits {
+        assert_eq!(limit.validate(), Ok(()), "the filter sent a limit the shim refuses: {limit:?}");
+    }
+}

@@ -1,0 +1,151 @@
+//! Reading access logs: Envoy's default access-log format, or JSON lines.
+//!
+//! Envoy's default format (`[%START_TIME%] "%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%
+//! %PROTOCOL%" %RESPONSE_CODE% %RESPONSE_FLAGS% %BYTES_RECEIVED% %BYTES_SENT% %DURATION% ...
+//! "%REQ(X-FORWARDED-FOR)%" "%REQ(USER-AGENT)%" "%REQ(X-REQUEST-ID)%" "%REQ(:AUTHORITY)%" ...`)
+//! carries the method, path, duration, `x-forwarded-for`, `user-agent`,
+//! `x-request-id` and authority; a policy keyed on another header sees it
+//! missing. A JSON line carries whatever the operator logged:
+//!
+//! ```json
+//! {"time": "2026-11-23T10:00:00.250Z", "method": "GET", "path": "/v42/x",
+//!  "authority": "api", "headers": {"x-account": "acme"}, "source": "10.0.0.7:5521",
+//!  "duration_ms": 120}
+//! ```
+//!
+//! `time` may also be `time_ms`, milliseconds since the epoch.
+
+use std::collections::BTreeMap;
+use std::time::UNIX_EPOCH;
+
+use serde::Deserialize;
+use sluice_policies::replay::Replayed as Logged;
+use sluice_policies::request::SimpleRequest;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonLine {
+    time: Option<String>,
+    time_ms: Option<u64>,
+    #[serde(default = "get")]
+    method: String,
+    path: String,
+    #[serde(default)]
+    authority: String,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    source: Option<String>,
+    #[serde(default)]
+    duration_ms: u64,
+}
+
+fn get() -> String {
+    "GET".into()
+}
+
+/// Parses one line, either format; `line` numbers from 1 for the message.
+pub fn parse_line(text: &str, line: usize) -> Result<Logged, String> {
+    let text = text.trim();
+    let parsed = if text.starts_with('{') { json(text) } else { envoy(text) };
+    parsed.map_err(|reason| format!("line {line}: {reason}"))
+}
+
+fn json(text: &str) -> Result<Logged, String> {
+    let l: JsonLine = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let at_us = match (l.time, l.time_ms) {
+        (Some(time), _) => rfc3339_us(&time)?,
+        (None, Some(ms)) => ms.saturating_mul(1000),
+        (None, None) => return Err("no time or time_ms".into()),
+    };
+    let mut request = SimpleRequest::new(&l.method, &l.path).authority(&l.authority);
+    for (name, value) in &l.headers {
+        request = request.header(name, value);
+    }
+    if let Some(source) = &l.source {
+        request = request.source(source);
+    }
+    Ok(Logged { at_us, request, duration_ms: l.duration_ms })
+}
+
+fn rfc3339_us(time: &str) -> Result<u64, String> {
+    let at = humantime::parse_rfc3339_weak(time).map_err(|e| format!("time {time:?}: {e}"))?;
+    let since = at.duration_since(UNIX_EPOCH).map_err(|_| format!("time {time:?} is before 1970"))?;
+    u64::try_from(since.as_micros()).map_err(|_| format!("time {time:?} is out of range"))
+}
+
+/// Envoy's default format, read field by field: `[time] "METHOD PATH PROTO"
+/// code flags rx tx duration upstream_time "xff" "ua" "id" "authority" "host"`.
+fn envoy(text: &str) -> Result<Logged, String> {
+    let rest = text.strip_prefix('[').ok_or("expected [START_TIME] or a JSON object")?;
+    let (time, rest) = rest.split_once(']').ok_or("no ] after the start time")?;
+    let at_us = rfc3339_us(time)?;
+    let (request_line, rest) = quoted(rest.trim_start())?;
+    let mut parts = request_line.split(' ');
+    let (method, path) = match (parts.next(), parts.next()) {
+        (Some(method), Some(path)) => (method, path),
+        _ => return Err(format!("request {request_line:?} is not \"METHOD PATH PROTOCOL\"")),
+    };
+    let mut fields = rest.split_whitespace();
+    let duration_ms = fields.nth(4).and_then(|d| d.parse().ok()).unwrap_or(0);
+    // The quoted fields follow the upstream service time.
+    let mut quoted_fields = Vec::new();
+    let mut rest = rest;
+    while let Some(start) = rest.find('"') {
+        let (value, after) = quoted(&rest[start..])?;
+        quoted_fields.push(value);
+        rest = after;
+    }
+    let field = |i: usize| quoted_fields.get(i).copied().filter(|v| *v != "-");
+    let mut request = SimpleRequest::new(method, path);
+    if let Some(authority) = field(3) {
+        request = request.authority(authority);
+    }
+    for (i, name) in [(0, "x-forwarded-for"), (1, "user-agent"), (2, "x-request-id")] {
+        if let Some(value) = field(i) {
+            request = request.header(name, value);
+        }
+    }
+    Ok(Logged { at_us, request, duration_ms })
+}
+
+/// `"value"rest` → (value, rest).
+fn quoted(text: &str) -> Result<(&str, &str), String> {
+    let inner = text.strip_prefix('"').ok_or_else(|| format!("expected a quoted field at {text:?}"))?;
+    let end = inner.find('"').ok_or("an unclosed quote")?;
+    Ok((&inner[..end], &inner[end + 1..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_policies::Request;
+
+    use super::*;
+
+    #[test]
+    fn envoy_default_format() {
+        let line = r#"[2016-04-15T20:17:00.310Z] "POST /api/v1/locations HTTP/2" 204 - 154 0 226 100 "10.0.35.28" "nsq2http" "cc21d9b0-cf5c-432b-8c7e-98aeb7988cd2" "locations" "tcp://10.0.2.1:80""#;
+        let l = parse_line(line, 1).expect("parses");
+        assert_eq!(l.at_us, 1_460_751_420_310_000);
+        assert_eq!(l.request.method(), b"POST");
+        assert_eq!(l.request.path(), b"/api/v1/locations");
+        assert_eq!(Request::authority(&l.request), b"locations");
+        assert_eq!(Request::header(&l.request, "x-forwarded-for").as_deref(), Some(&b"10.0.35.28"[..]));
+        assert_eq!(l.duration_ms, 226);
+    }
+
+    #[test]
+    fn json_lines() {
+        let line = r#"{"time_ms": 1000, "method": "PUT", "path": "/v42/x", "headers": {"X-Account": "acme"}, "duration_ms": 5}"#;
+        let l = parse_line(line, 1).expect("parses");
+        assert_eq!(l.at_us, 1_000_000);
+        assert_eq!(Request::header(&l.request, "x-account").as_deref(), Some(&b"acme"[..]));
+        assert_eq!(l.duration_ms, 5);
+    }
+
+    #[test]
+    fn bad_lines_say_which_and_why() {
+        assert_eq!(parse_line("hello", 7).unwrap_err(), "line 7: expected [START_TIME] or a JSON object");
+        assert!(parse_line(r#"{"path": "/"}"#, 2).unwrap_err().starts_with("line 2: no time"));
+        assert!(parse_line(r#"[yesterday] "GET / HTTP/1.1""#, 3).unwrap_err().starts_with("line 3: time"));
+    }
+}

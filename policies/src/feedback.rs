@@ -1,0 +1,354 @@
+//! Upstream feedback: which answers of the partner mean "slow down", and for
+//! how long. A policy's `upstream` setting turns it on; the filter reads each
+//! response of a request the policy admitted through [`Upstream::throttle`],
+//! and the shim records the pause fleet-wide, extend-only.
+//!
+//! The partner knows its limits better than the policy does, and says so in
+//! three common ways, all read here:
+//!
+//! - `Retry-After`: delta-seconds or an HTTP date (RFC 9110);
+//! - the IETF `RateLimit` field (draft-ietf-httpapi-ratelimit-headers):
+//!   items whose `r` (remaining) is 0 pause for `t` seconds;
+//! - `X-RateLimit-Remaining` with `X-RateLimit-Reset`, the reset given as
+//!   seconds from now or as a Unix time (`reset`, because partners differ).
+//!
+//! A throttling status (`statuses`, default 429 and 503) pauses for the
+//! longest hint. A 429 with no usable hint pauses for `default_pause`; any
+//! other throttling status needs a hint (a 503 without `Retry-After` is an
+//! outage, not a limit). Remaining 0 with a reset pauses even on a 200.
+//!
+//! Hostile or broken values never lock a key out for long: a pause beyond
+//! `max_pause` is cut to it, and a hint that is negative, malformed or in
+//! the past is ignored; both are reported as `clamped`, so they can be
+//! counted. Disagreeing hints: the longest usable one wins (a pause only
+//! ever extends).
+
+use std::time::{Duration as StdDuration, UNIX_EPOCH};
+
+use serde::Deserialize;
+
+use crate::units::Duration;
+
+/// A policy's `upstream` setting. `"upstream": {}` takes every default.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Upstream {
+    /// Statuses that mean "slow down": a 429 pauses even without a usable
+    /// header (for `default_pause`); any other listed status needs one.
+    #[serde(default = "default_statuses")]
+    pub statuses: Vec<u16>,
+    /// How `X-RateLimit-Reset` counts: `seconds` from now, a `unix` time in
+    /// seconds, or `auto` (a value above 10^9 is a Unix time).
+    #[serde(default)]
+    pub reset: ResetFormat,
+    /// The remaining-count header of the common `X-RateLimit-*` pair.
+    #[serde(default = "default_remaining_header")]
+    pub remaining_header: String,
+    /// The reset header of the common `X-RateLimit-*` pair.
+    #[serde(default = "default_reset_header")]
+    pub reset_header: String,
+    /// The pause after a 429 that carries no usable header.
+    #[serde(default = "default_pause")]
+    pub default_pause: Duration,
+    /// The longest pause any answer can cause; longer ones are cut to it.
+    #[serde(default = "default_max_pause")]
+    pub max_pause: Duration,
+}
+
+impl Default for Upstream {
+    fn default() -> Self {
+        Upstream {
+            statuses: default_statuses(),
+            reset: ResetFormat::default(),
+            remaining_header: default_remaining_header(),
+            reset_header: default_reset_header(),
+            default_pause: default_pause(),
+            max_pause: default_max_pause(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum ResetFormat {
+    #[default]
+    Auto,
+    Seconds,
+    Unix,
+}
+
+fn default_statuses() -> Vec<u16> {
+    vec![429, 503]
+}
+
+fn default_remaining_header() -> String {
+    "x-ratelimit-remaining".into()
+}
+
+fn default_reset_header() -> String {
+    "x-ratelimit-reset".into()
+}
+
+fn default_pause() -> Duration {
+    Duration::from_millis(1_000).unwrap_or_else(|| unreachable!("1 s is a valid duration"))
+}
+
+fn default_max_pause() -> Duration {
+    Duration::from_millis(300_000).unwrap_or_else(|| unreachable!("5 min is a valid duration"))
+}
+
+/// A value above this in `X-RateLimit-Reset` is a Unix time under `auto`
+/// (10^9 s is 2001; no partner resets 31 years from now).
+const UNIX_THRESHOLD: u64 = 1_000_000_000;
+
+/// What one response says: pause the key for `pause_ms` from now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Throttle {
+    pub pause_ms: u64,
+    /// A hint was cut to `max_pause`, or ignored as broken (negative,
+    /// malformed, in the past).
+    pub clamped: bool,
+}
+
+/// One header's reading: a pause, or present but unusable.
+enum Hint {
+    Pause(u64),
+    Broken,
+}
+
+impl Upstream {
+    /// The pause this response calls for, if any. `header` reads a response
+    /// header by lower-case name; `now_ms` is the proxy's clock in
+    /// milliseconds since the epoch (for HTTP dates and Unix resets).
+    pub fn throttle<'a>(
+        &self,
+        status: u16,
+        header: impl Fn(&str) -> Option<&'a [u8]>,
+        now_ms: u64,
+    ) -> Option<Throttle> {
+        let throttling = self.statuses.contains(&status);
+        let mut hints: Vec<Hint> = Vec::new();
+        if throttling {
+            hints.extend(header("retry-after").map(|v| retry_after(v, now_ms)));
+        }
+        hints.extend(header("ratelimit").and_then(ratelimit_field));
+        let remaining = header(&self.remaining_header).map(|v| integer(v));
+        if let (Some(Some(left)), Some(reset)) = (remaining, header(&self.reset_header)) {
+            if left <= 0 {
+                hints.push(self.reset(reset, now_ms));
+            }
+        }
+        let broken = hints.iter().any(|h| matches!(h, Hint::Broken));
+        let longest =
+            hints.iter().filter_map(|h| if let Hint::Pause(ms) = h { Some(*ms) } else { None }).max();
+        let pause = match (longest, throttling && status == 429) {
+            (Some(ms), _) => ms,
+            (None, true) => self.default_pause.as_millis(),
+            (None, false) => return None,
+        };
+        let max = self.max_pause.as_millis();
+        Some(Throttle { pause_ms: pause.min(max), clamped: broken || pause > max })
+    }
+
+    fn reset(&self, value: &[u8], now_ms: u64) -> Hint {
+        let Some(n) = integer(value).and_then(|n| u64::try_from(n).ok()) else { return Hint::Broken };
+        let unix = match self.reset {
+            ResetFormat::Seconds => false,
+            ResetFormat::Unix => true,
+            ResetFormat::Auto => n > UNIX_THRESHOLD,
+        };
+        if unix {
+            until(n.saturating_mul(1000), now_ms)
+        } else {
+            Hint::Pause(n.saturating_mul(1000))
+        }
+    }
+}
+
+/// A pause until `at_ms`; a time already past is broken.
+fn until(at_ms: u64, now_ms: u64) -> Hint {
+    match at_ms.checked_sub(now_ms) {
+        Some(ms) if ms > 0 => Hint::Pause(ms),
+        _ => Hint::Broken,
+    }
+}
+
+/// A header value as a whole number, if it is one.
+fn integer(value: &[u8]) -> Option<i64> {
+    std::str::from_utf8(value).ok()?.trim().parse().ok()
+}
+
+/// `Retry-After`: delta-seconds or an HTTP date.
+fn retry_after(value: &[u8], now_ms: u64) -> Hint {
+    let Ok(text) = std::str::from_utf8(value) else { return Hint::Broken };
+    let text = text.trim();
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        // Digits beyond u64 are a hostile value: as long as possible, then cut.
+        return Hint::Pause(text.parse::<u64>().unwrap_or(u64::MAX).saturating_mul(1000));
+    }
+    match httpdate::parse_http_date(text).ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()) {
+        Some(at) => until(millis(at), now_ms),
+        None => Hint::Broken,
+    }
+}
+
+fn millis(d: StdDuration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The IETF `RateLimit` field: a list of items with `r` (remaining) and `t`
+/// (seconds until the quota resets). The longest `t` among items with no
+/// quota left; nothing if every item still has some.
+fn ratelimit_field(value: &[u8]) -> Option<Hint> {
+    let Ok(list) = sfv::Parser::new(value).parse::<sfv::List>() else { return Some(Hint::Broken) };
+    let mut longest: Option<Hint> = None;
+    for entry in &list {
+        let sfv::ListEntry::Item(item) = entry else { continue };
+        let param = |name: &str| item.params.iter().find(|(k, _)| k.as_str() == name).map(|(_, v)| v);
+        let (Some(r), Some(t)) = (param("r"), param("t")) else { continue };
+        let (Some(r), Some(t)) = (r.as_integer().map(i64::from), t.as_integer().map(i64::from)) else {
+            longest = longest.or(Some(Hint::Broken));
+            continue;
+        };
+        if r > 0 {
+            continue;
+        }
+        let hint = match u64::try_from(t) {
+            Ok(secs) if secs > 0 => Hint::Pause(secs.saturating_mul(1000)),
+            _ => Hint::Broken,
+        };
+        longest = match (longest, hint) {
+            (Some(Hint::Pause(a)), Hint::Pause(b)) => Some(Hint::Pause(a.max(b))),
+            (Some(Hint::Pause(a)), Hint::Broken) => Some(Hint::Pause(a)),
+            (_, hint) => Some(hint),
+        };
+    }
+    longest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 2026-11-23 12:00:00 UTC.
+    const NOW: u64 = 1_795_435_200_000;
+
+    fn throttle(status: u16, headers: &[(&str, &str)]) -> Option<Throttle> {
+        Upstream::default().throttle(
+            status,
+            |name| headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_bytes()),
+            NOW,
+        )
+    }
+
+    fn pause(ms: u64) -> Option<Throttle> {
+        Some(Throttle { pause_ms: ms, clamped: false })
+    }
+
+    fn clamped(ms: u64) -> Option<Throttle> {
+        Some(Throttle { pause_ms: ms, clamped: true })
+    }
+
+    #[test]
+    fn retry_after_in_seconds_or_as_a_date() {
+        assert_eq!(throttle(429, &[("retry-after", "30")]), pause(30_000));
+        assert_eq!(throttle(429, &[("retry-after", "Mon, 23 Nov 2026 12:00:07 GMT")]), pause(7_000));
+        // RFC 850 and asctime forms are HTTP dates too.
+        assert_eq!(throttle(429, &[("retry-after", "Monday, 23-Nov-26 12:00:07 GMT")]), pause(7_000));
+        assert_eq!(throttle(429, &[("retry-after", "Mon Nov 23 12:00:07 2026")]), pause(7_000));
+    }
+
+    #[test]
+    fn a_429_without_a_usable_header_pauses_for_the_default() {
+        assert_eq!(throttle(429, &[]), pause(1_000));
+    }
+
+    #[test]
+    fn a_503_pauses_only_with_retry_after() {
+        assert_eq!(throttle(503, &[]), None);
+        assert_eq!(throttle(503, &[("retry-after", "2")]), pause(2_000));
+    }
+
+    #[test]
+    fn other_statuses_ignore_retry_after() {
+        assert_eq!(throttle(200, &[("retry-after", "30")]), None);
+        assert_eq!(throttle(500, &[("retry-after", "30")]), None);
+    }
+
+    #[test]
+    fn remaining_zero_with_a_reset_pauses_even_a_200() {
+        let h = [("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "12")];
+        assert_eq!(throttle(200, &h), pause(12_000));
+        let unix = [("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "1795435215")];
+        assert_eq!(throttle(200, &unix), pause(15_000));
+        assert_eq!(throttle(200, &[("x-ratelimit-remaining", "3"), ("x-ratelimit-reset", "12")]), None);
+        assert_eq!(throttle(200, &[("x-ratelimit-remaining", "0")]), None, "no reset, no pause");
+    }
+
+    #[test]
+    fn the_reset_format_is_configurable() {
+        let seconds = Upstream { reset: ResetFormat::Seconds, ..Upstream::default() };
+        let unix = Upstream { reset: ResetFormat::Unix, ..Upstream::default() };
+        let h = |name: &str| match name {
+            "x-ratelimit-remaining" => Some(&b"0"[..]),
+            "x-ratelimit-reset" => Some(&b"1795435260"[..]),
+            _ => None,
+        };
+        // Read as seconds, a Unix time is decades: cut to the maximum pause.
+        assert_eq!(seconds.throttle(200, h, NOW), clamped(300_000));
+        assert_eq!(unix.throttle(200, h, NOW), pause(60_000));
+        let small = |name: &str| match name {
+            "x-ratelimit-remaining" => Some(&b"0"[..]),
+            "x-ratelimit-reset" => Some(&b"20"[..]),
+            _ => None,
+        };
+        // A Unix reset in 1970 is in the past: ignored.
+        assert_eq!(unix.throttle(200, small, NOW), None);
+    }
+
+    #[test]
+    fn the_ietf_field_pauses_for_items_with_nothing_left() {
+        assert_eq!(throttle(200, &[("ratelimit", "\"default\";r=0;t=30")]), pause(30_000));
+        assert_eq!(throttle(200, &[("ratelimit", "\"default\";r=5;t=30")]), None);
+        let two = "\"burst\";r=0;t=2, \"daily\";r=0;t=3600, \"hourly\";r=9;t=60";
+        assert_eq!(throttle(429, &[("ratelimit", two)]), clamped(300_000));
+        let upstream = Upstream { max_pause: Duration::parse("2h").expect("2h"), ..Upstream::default() };
+        let h = |name: &str| (name == "ratelimit").then_some(two.as_bytes());
+        assert_eq!(upstream.throttle(429, h, NOW), pause(3_600_000));
+    }
+
+    #[test]
+    fn hostile_values_are_cut_or_ignored_and_reported() {
+        // A year, and more digits than any integer holds: cut to the maximum.
+        assert_eq!(throttle(429, &[("retry-after", "31536000")]), clamped(300_000));
+        assert_eq!(throttle(429, &[("retry-after", "99999999999999999999999999")]), clamped(300_000));
+        // Negative, malformed, a date in the past: ignored; a 429 still pauses by default.
+        assert_eq!(throttle(429, &[("retry-after", "-5")]), clamped(1_000));
+        assert_eq!(throttle(429, &[("retry-after", "soon")]), clamped(1_000));
+        assert_eq!(throttle(429, &[("retry-after", "Mon, 23 Nov 2026 11:00:00 GMT")]), clamped(1_000));
+        assert_eq!(throttle(429, &[("retry-after", "Mon, 32 Foo 2026 99:00:00 GMT")]), clamped(1_000));
+        assert_eq!(throttle(429, &[("ratelimit", "r=0;;t=")]), clamped(1_000));
+        assert_eq!(throttle(429, &[("ratelimit", "\"q\";r=0;t=-4")]), clamped(1_000));
+        assert_eq!(throttle(200, &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "-1")]), None);
+        assert_eq!(
+            throttle(200, &[("x-ratelimit-remaining", "-3"), ("x-ratelimit-reset", "4")]),
+            pause(4_000)
+        );
+        assert_eq!(throttle(429, &[("retry-after", "\u{0}\u{7f}")]), clamped(1_000));
+    }
+
+    #[test]
+    fn disagreeing_headers_take_the_longest_usable_pause() {
+        let h = [
+            ("retry-after", "5"),
+            ("ratelimit", "\"default\";r=0;t=9"),
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", "7"),
+        ];
+        assert_eq!(throttle(429, &h), pause(9_000));
+        let with_broken = [("retry-after", "garbage"), ("ratelimit", "\"default\";r=0;t=9")];
+        assert_eq!(throttle(429, &with_broken), clamped(9_000));
+    }
+}

@@ -1,0 +1,249 @@
+//! Replaying traffic through a document: each request, in time order,
+//! through the matcher and the reference model of the Redis scripts (what
+//! the shim would have decided), counted per policy. `sluice simulate`
+//! replays access logs with it, and the browser playground generated traffic.
+//!
+//! Requests are decided as the filter sends them: the enforced policies that
+//! apply in one all-or-nothing check, the shadow ones in another. A request
+//! admitted with a concurrency limit holds its lease for its `duration_ms`.
+//! The model's state keys are named like the shim's: one per policy, key and
+//! limit.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+use serde::Serialize;
+
+use crate::algorithm::{self, Algorithm, Store};
+use crate::request::SimpleRequest;
+use crate::wire::{Check, LimitOutcome, WireLimit};
+use crate::Document;
+
+/// One request to replay.
+#[derive(Debug, Clone)]
+pub struct Replayed {
+    /// Microseconds since any fixed origin; requests come in this order.
+    pub at_us: u64,
+    pub request: SimpleRequest,
+    /// How long it is in flight: when a concurrency lease ends.
+    pub duration_ms: u64,
+}
+
+/// What happened to one request, for a timeline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Event {
+    pub at_us: u64,
+    /// `admitted`, `denied`, `missing_key` or `unlimited` (no policy applied).
+    pub decision: &'static str,
+    /// The enforced policies that applied, with their keys and each
+    /// limit's remaining capacity after the decision.
+    pub policies: Vec<PolicyEvent>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PolicyEvent {
+    pub policy: String,
+    pub key: String,
+    pub remaining: Vec<u64>,
+    pub allowed: Vec<bool>,
+}
+
+/// What one policy would have done to the traffic.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PolicyReport {
+    pub policy: String,
+    pub shadow: bool,
+    pub matched: u64,
+    pub admitted: u64,
+    /// Refused by one of this policy's limits.
+    pub denied: u64,
+    /// Refused for a missing key (`on_missing_key: deny`).
+    pub missing_key: u64,
+    pub limits: Vec<LimitReport>,
+    /// The keys with the most requests, most first.
+    pub busiest_keys: Vec<(String, u64)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LimitReport {
+    pub limit: String,
+    pub capacity: u64,
+    /// The most of `capacity` in use right after any admission.
+    pub peak: u64,
+    pub denied: u64,
+}
+
+/// How many busiest keys a report lists.
+const BUSIEST: usize = 5;
+
+pub struct Replay<'d> {
+    doc: &'d Document,
+    store: Store,
+    /// Leases to end: (until µs, sequence, lease id, lease keys).
+    leases: BinaryHeap<Reverse<(u64, u64, String, Vec<String>)>>,
+    reports: Vec<PolicyReport>,
+    keys: Vec<HashMap<String, u64>>,
+    sequence: u64,
+}
+
+impl<'d> Replay<'d> {
+    pub fn new(doc: &'d Document) -> Replay<'d> {
+        let reports = doc
+            .policies
+            .iter()
+            .map(|p| PolicyReport {
+                policy: p.name.as_str().to_string(),
+                shadow: p.shadow,
+                limits: p
+                    .limits
+                    .iter()
+                    .map(|l| {
+                        let wire = WireLimit::with_cost(l, 1);
+                        LimitReport { limit: describe(&wire), capacity: capacity(&wire), peak: 0, denied: 0 }
+                    })
+                    .collect(),
+                ..PolicyReport::default()
+            })
+            .collect();
+        Replay {
+            doc,
+            store: Store::default(),
+            leases: BinaryHeap::new(),
+            reports,
+            keys: vec![HashMap::new(); doc.policies.len()],
+            sequence: 0,
+        }
+    }
+
+    /// Decides one request; requests must come in time order.
+    pub fn request(&mut self, logged: &Replayed) -> Event {
+        let now = logged.at_us;
+        while let Some(Reverse((until, ..))) = self.leases.peek() {
+            if *until > now {
+                break;
+            }
+            if let Some(Reverse((_, _, id, keys))) = self.leases.pop() {
+                algorithm::release(&mut self.store, &keys, &id);
+            }
+        }
+        let applied = match self.doc.evaluate(&logged.request) {
+            Ok(applied) => applied,
+            Err(policy) => {
+                if let Some(i) = self.doc.policies.iter().position(|p| std::ptr::eq(p, policy)) {
+                    self.reports[i].matched += 1;
+                    self.reports[i].missing_key += 1;
+                }
+                return Event { at_us: now, decision: "missing_key", policies: Vec::new() };
+            }
+        };
+        let mut event = Event { at_us: now, decision: "unlimited", policies: Vec::new() };
+        for shadow in [false, true] {
+            let chosen: Vec<(usize, Check)> = applied
+                .iter()
+                .filter(|a| a.policy.shadow == shadow)
+                .map(|a| (a.index, a.check(&logged.request)))
+                .collect();
+            if chosen.is_empty() {
+                continue;
+            }
+            let (allowed, outcomes) = self.decide(now, logged.duration_ms, &chosen);
+            if !shadow {
+                event.decision = if allowed { "admitted" } else { "denied" };
+                let mut outcomes = outcomes.iter();
+                for (_, check) in &chosen {
+                    let mine: Vec<&LimitOutcome> = outcomes.by_ref().take(check.limits.len()).collect();
+                    event.policies.push(PolicyEvent {
+                        policy: check.policy.clone(),
+                        key: check.key.clone(),
+                        remaining: mine.iter().map(|o| o.remaining).collect(),
+                        allowed: mine.iter().map(|o| o.allowed).collect(),
+                    });
+                }
+            }
+        }
+        event
+    }
+
+    /// One all-or-nothing check; whether it passed, and each limit's outcome.
+    fn decide(&mut self, now: u64, duration_ms: u64, chosen: &[(usize, Check)]) -> (bool, Vec<LimitOutcome>) {
+        let mut model: Vec<(String, Algorithm)> = Vec::new();
+        for (_, check) in chosen {
+            for limit in &check.limits {
+                let algorithm = Algorithm::of(limit);
+                let key = format!("sluice:{{{}:{}}}:{}", check.policy, check.key, algorithm.state_suffix());
+                model.push((key, algorithm));
+            }
+        }
+        self.sequence += 1;
+        let id = format!("r{}", self.sequence);
+        let reply = algorithm::check(&mut self.store, now, &id, &model);
+        let mut outcomes = reply.limits.iter();
+        for (index, check) in chosen {
+            let report = &mut self.reports[*index];
+            report.matched += 1;
+            *self.keys[*index].entry(check.key.clone()).or_insert(0) += 1;
+            let mine: Vec<_> = outcomes.by_ref().take(check.limits.len()).collect();
+            if reply.allowed {
+                report.admitted += 1;
+                for (limit, outcome) in report.limits.iter_mut().zip(&mine) {
+                    limit.peak = limit.peak.max(limit.capacity.saturating_sub(outcome.remaining));
+                }
+            } else if mine.iter().any(|o| !o.allowed) {
+                report.denied += 1;
+                for (limit, outcome) in report.limits.iter_mut().zip(&mine) {
+                    limit.denied += u64::from(!outcome.allowed);
+                }
+            }
+        }
+        let lease_keys: Vec<String> = model
+            .iter()
+            .filter(|(_, a)| matches!(a, Algorithm::Concurrency { .. }))
+            .map(|(k, _)| k.clone())
+            .collect();
+        if reply.allowed && !lease_keys.is_empty() {
+            let until = now.saturating_add(duration_ms.saturating_mul(1000));
+            self.leases.push(Reverse((until, self.sequence, id, lease_keys)));
+        }
+        (reply.allowed, reply.limits)
+    }
+
+    pub fn finish(mut self) -> Vec<PolicyReport> {
+        for (report, keys) in self.reports.iter_mut().zip(self.keys) {
+            let mut busiest: Vec<(String, u64)> = keys.into_iter().collect();
+            busiest.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            busiest.truncate(BUSIEST);
+            report.busiest_keys = busiest;
+        }
+        self.reports
+    }
+}
+
+/// What a limit can hold at once.
+fn capacity(limit: &WireLimit) -> u64 {
+    u64::from(match *limit {
+        WireLimit::FixedWindow { limit, .. } | WireLimit::SlidingWindow { limit, .. } => limit,
+        WireLimit::TokenBucket { burst, .. } => burst,
+        WireLimit::LeakyBucket { capacity, .. } | WireLimit::Points { capacity, .. } => capacity,
+        WireLimit::Interval { .. } => 1,
+        WireLimit::Concurrency { limit, .. } => limit,
+    })
+}
+
+fn describe(limit: &WireLimit) -> String {
+    match *limit {
+        WireLimit::FixedWindow { limit, window_ms } => format!("fixed_window {limit} per {window_ms}ms"),
+        WireLimit::SlidingWindow { limit, window_ms, approximate } => {
+            let kind = if approximate { "approximate sliding_window" } else { "sliding_window" };
+            format!("{kind} {limit} per {window_ms}ms")
+        }
+        WireLimit::TokenBucket { rate, per_ms, burst } => {
+            format!("token_bucket {rate} per {per_ms}ms, burst {burst}")
+        }
+        WireLimit::LeakyBucket { capacity, drain_ms } => {
+            format!("leaky_bucket {capacity}, drained in {drain_ms}ms")
+        }
+        WireLimit::Interval { every_ms } => format!("interval {every_ms}ms"),
+        WireLimit::Concurrency { limit, lease_ms } => format!("concurrency {limit}, lease {lease_ms}ms"),
+        WireLimit::Points { capacity, refill_ms, .. } => format!("points {capacity} per {refill_ms}ms"),
+    }
+}
