@@ -1,7 +1,6 @@
 //! `sluice envoy-config`: a complete envoy.yaml that loads the filter with a
 //! policy embedded, from the template `envoy/demo.yaml` that the tests and the
-//! demo run too: paths normalized before the filter matches them, and the
-//! shim reached over HTTP/2, in mutual TLS when given the certificates.
+//! demo run too.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -87,6 +86,28 @@ impl ShimTls {
     }
 }
 
+/// The template's `SHIM_TRANSPORT_SOCKET`: mutual TLS from Envoy to the shim
+/// when `--shim-ca`, `--shim-client-cert` and `--shim-client-key` are given
+/// (each must exist; Envoy gets absolute paths), else empty: cleartext. The
+/// paths the filter matches are normalized by the template either way.
+fn shim_transport_socket(args: &Args) -> anyhow::Result<String> {
+    let (Some(ca), Some(cert), Some(key)) = (&args.shim_ca, &args.shim_client_cert, &args.shim_client_key)
+    else {
+        return Ok(String::new());
+    };
+    let readable = |flag: &str, path: &PathBuf| -> anyhow::Result<PathBuf> {
+        std::fs::metadata(path).with_context(|| format!("{flag} {}", path.display()))?;
+        std::path::absolute(path).with_context(|| format!("{flag} {}", path.display()))
+    };
+    let tls = ShimTls {
+        ca: readable("--shim-ca", ca)?,
+        client_cert: readable("--shim-client-cert", cert)?,
+        client_key: readable("--shim-client-key", key)?,
+        server_name: args.shim_server_name.clone(),
+    };
+    Ok(tls.transport_socket())
+}
+
 pub fn run(args: &Args) -> anyhow::Result<String> {
     let policy = std::fs::read_to_string(&args.policy)
         .with_context(|| format!("cannot read {}", args.policy.display()))?;
@@ -99,6 +120,7 @@ pub fn run(args: &Args) -> anyhow::Result<String> {
         ("WASM_PATH".to_string(), wasm.display().to_string()),
         // A JSON string literal is also a valid YAML double-quoted scalar.
         ("POLICY_JSON".to_string(), serde_json::to_string(&policy)?),
+        ("SHIM_TRANSPORT_SOCKET".to_string(), shim_transport_socket(args)?),
     ];
     for (name, addr) in
         [("LISTEN", args.listen), ("ADMIN", args.admin), ("UPSTREAM", args.upstream), ("SHIM", args.shim)]
@@ -106,23 +128,6 @@ pub fn run(args: &Args) -> anyhow::Result<String> {
         values.push((format!("{name}_HOST"), addr.ip().to_string()));
         values.push((format!("{name}_PORT"), addr.port().to_string()));
     }
-    let socket = match (&args.shim_ca, &args.shim_client_cert, &args.shim_client_key) {
-        (Some(ca), Some(cert), Some(key)) => {
-            let readable = |flag: &str, path: &PathBuf| -> anyhow::Result<PathBuf> {
-                std::fs::metadata(path).with_context(|| format!("{flag} {}", path.display()))?;
-                std::path::absolute(path).with_context(|| format!("{flag} {}", path.display()))
-            };
-            let tls = ShimTls {
-                ca: readable("--shim-ca", ca)?,
-                client_cert: readable("--shim-client-cert", cert)?,
-                client_key: readable("--shim-client-key", key)?,
-                server_name: args.shim_server_name.clone(),
-            };
-            tls.transport_socket()
-        }
-        _ => String::new(),
-    };
-    values.push(("SHIM_TRANSPORT_SOCKET".to_string(), socket));
     render(TEMPLATE, &values)
 }
 

@@ -38,7 +38,7 @@ impl Envoy {
     }
 
     fn start_once(policy_json: &str, shim_port: u16, upstream_port: u16) -> anyhow::Result<Envoy> {
-        let (proc, port, admin_port) = spawn(policy_json, shim_port, upstream_port, &[])?;
+        let (proc, port, admin_port) = spawn(policy_json, shim_port, upstream_port)?;
         Envoy::serving(proc, port, admin_port)
     }
 
@@ -50,10 +50,14 @@ impl Envoy {
         upstream_port: u16,
         values: &[(&str, String)],
     ) -> anyhow::Result<Envoy> {
-        retry_port_clash(|| {
-            let (proc, port, admin_port) = spawn(policy_json, shim_port, upstream_port, values)?;
-            Envoy::serving(proc, port, admin_port)
-        })
+        let mut all = vec![
+            ("UPSTREAM_PORT", upstream_port.to_string()),
+            ("SHIM_PORT", shim_port.to_string()),
+            ("WASM_PATH", dist("sluice.wasm")?.display().to_string()),
+            ("POLICY_JSON", serde_json::to_string(policy_json)?),
+        ];
+        all.extend(values.iter().cloned());
+        Envoy::start_template(&demo_template(), &all, DEMO_CONCURRENCY)
     }
 
     /// Starts Envoy from any config `template` with `concurrency` workers and
@@ -87,7 +91,7 @@ impl Envoy {
         shim_port: u16,
         upstream_port: u16,
     ) -> anyhow::Result<(ExitStatus, String)> {
-        let (mut proc, _, admin_port) = spawn(policy_json, shim_port, upstream_port, &[])?;
+        let (mut proc, _, admin_port) = spawn(policy_json, shim_port, upstream_port)?;
         let outcome = proc.wait_ready(STARTUP, || matches!(http_get(admin_port, "/ready"), Some((200, _))));
         match (outcome, proc.wait_exit(Duration::ZERO)?) {
             (_, Some(status)) => Ok((status, proc.log())),
@@ -107,22 +111,16 @@ impl Envoy {
     }
 }
 
-fn spawn(
-    policy_json: &str,
-    shim_port: u16,
-    upstream_port: u16,
-    more: &[(&str, String)],
-) -> anyhow::Result<(Proc, u16, u16)> {
+fn spawn(policy_json: &str, shim_port: u16, upstream_port: u16) -> anyhow::Result<(Proc, u16, u16)> {
     let wasm = dist("sluice.wasm")?;
     let (port, admin_port) = (free_port()?, free_port()?);
-    let mut values = vec![
+    let values = [
         ("UPSTREAM_PORT", upstream_port.to_string()),
         ("SHIM_PORT", shim_port.to_string()),
         ("WASM_PATH", wasm.display().to_string()),
         // A JSON string literal is also a valid YAML double-quoted scalar.
         ("POLICY_JSON", serde_json::to_string(policy_json)?),
     ];
-    values.extend(more.iter().cloned());
     let proc = spawn_template(&demo_template(), &values, DEMO_CONCURRENCY, port, admin_port)?;
     Ok((proc, port, admin_port))
 }
