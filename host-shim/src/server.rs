@@ -51,6 +51,12 @@ pub fn router(limiter: Limiter) -> Router {
         .with_state(Arc::new(limiter))
 }
 
+/// HTTP/2 streams one connection may have open at once. Hyper's default
+/// (200) is too low for egress waiting: Envoy multiplexes every call of a
+/// worker over one connection, and a shim may hold hundreds of waiting
+/// checks per connection, each an open stream until its slot comes.
+pub const MAX_STREAMS: u32 = 10_000;
+
 /// How the shim accepts connections.
 #[derive(Clone)]
 pub struct Options {
@@ -86,6 +92,7 @@ pub async fn run(
     builder.http1().timer(TokioTimer::new()).header_read_timeout(options.header_read_timeout);
     builder
         .http2()
+        .max_concurrent_streams(MAX_STREAMS)
         .timer(TokioTimer::new())
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(10));

@@ -18,7 +18,6 @@
 //! - [`backend`]: [`Backend`], Redis and the shim, without Envoy.
 //! - [`stack`]: [`Stack`], all four started together, in a safe drop order.
 //! - [`service`]: [`Service`], any other server binary on a free port.
-//! - [`tls`]: [`tls::Pki`], a throwaway CA with server and client certificates.
 //! - [`client`]: [`burst`], N concurrent requests, collecting status and
 //!   `retry-after`.
 //! - [`gateway`]: for the gateway-behaviour tests: whole responses, Envoy's
@@ -26,6 +25,7 @@
 //!   shim, a fake shim, an upstream that fails or hangs).
 //! - [`host`]: a proxy-wasm host on wasmtime that runs the real `sluice.wasm`
 //!   in process, with stories for tests ([`host::Plugin`]).
+//! - [`tls`]: [`tls::Pki`], a throwaway CA with server and client certificates.
 //!
 //! Every wait has a deadline, and every startup failure carries the tail of the
 //! failing process's log. Nothing is left running when a guard is dropped, even

@@ -75,7 +75,7 @@ fn no_spelling_of_a_path_steps_around_a_prefix_or_into_a_bypass() {
 fn envoy_reaches_a_shim_that_requires_mutual_tls() {
     let pki = Pki::generate().expect("certificates");
     let redis = Redis::start().expect("redis");
-    let shim = Shim::start_with(
+    let shim = Shim::start_with_args(
         &redis.url(),
         &[
             "--tls-cert".as_ref(),
