@@ -45,8 +45,8 @@ pub struct Worst {
 }
 
 impl Worst {
-    /// `for paths like "/a/b"`, or nothing when any path reaches it.
-    pub fn where_(&self) -> String {
+    /// ` (for paths like "/a/b")`, or nothing when any path reaches it.
+    pub fn path_hint(&self) -> String {
         self.path.as_ref().map(|p| format!(" (for paths like {p:?})")).unwrap_or_default()
     }
 }

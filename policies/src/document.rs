@@ -188,14 +188,14 @@ impl<'de> Deserialize<'de> for Policies {
                     return Err(de::Error::custom(format!(
                         "{} policies can apply to one request{}, more than the {MAX_CHECKS} the shim checks at once: give them paths that exclude each other, or merge some",
                         checks.total,
-                        checks.where_()
+                        checks.path_hint()
                     )));
                 }
                 let body = worst_case_body(&policies);
                 if body.total > MAX_BODY {
                     return Err(de::Error::custom(format!(
                         "the policies that can apply to one request{} could need a {}-byte call to the shim, more than the {MAX_BODY} it takes: use fewer policies, limits or key sources",
-                        body.where_(),
+                        body.path_hint(),
                         body.total
                     )));
                 }
