@@ -9,6 +9,8 @@
 -- ARGV[1]   the time in microseconds, or "" for Redis TIME
 -- ARGV[2]   the request id: a log entry, and the lease id
 -- ARGV[4i-1 .. 4i+2]   limit i: its algorithm and three numbers (Algorithm::script_args)
+-- ARGV[4n+3]   optional, n limits: the longest wait in microseconds; above 0
+--     the request takes the waiting path (reserve.lua), with its margins after
 --
 -- Returns {allowed, retry_after_ms, now, then for each limit i:
 --          allowed_i, remaining_i, reset_ms_i, retry_after_ms_i, reclaimed_i, held_until_i},
@@ -17,6 +19,18 @@
 -- (for adjust.lua), else 0.
 local now = clock(ARGV[1])
 local id = ARGV[2]
+local wait = tonumber(ARGV[4 * #KEYS + 3]) or 0
+if wait > 0 then return reserve(now, id, wait) end
+
+-- Expired leases go back first, to waiters first (queue.lua). A hand-over
+-- may charge a mixed waiter's time limits, which phase 1 must then see.
+local reclaimed = {}
+for i, key in ipairs(KEYS) do
+  local base = 4 * i - 1
+  if ARGV[base] == 'concurrency' then
+    reclaimed[i] = reclaim(key, now, tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]))
+  end
+end
 
 -- Phase 1: check.
 local found = {}
@@ -35,7 +49,7 @@ for i, key in ipairs(KEYS) do
   elseif kind == 'gcra' then
     f = gcra(key, now, a, b, c)
   elseif kind == 'concurrency' then
-    f = concurrency(key, now, id, a, b)
+    f = concurrency(key, now, id, a, b, reclaimed[i])
   else
     return redis.error_reply('unknown algorithm ' .. tostring(kind))
   end

@@ -26,3 +26,9 @@ local function clock(explicit)
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
+
+-- Sets key's TTL to at least ms: a reservation ahead of now may already
+-- need the key longer than the charge at hand does.
+local function keep_ms(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
+end

@@ -3,13 +3,14 @@
 -- A sorted set holds one member per request in flight (its lease id), scored
 -- by when its lease expires. A request passes while fewer than limit leases
 -- are live. The stream's end releases its lease (release.lua); a lease whose
--- holder died expires after lease and is reclaimed here, and counted.
-local function concurrency(key, now, id, limit, lease)
-  -- A lease that expires at x is live while now < x.
-  local reclaimed = redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+-- holder died expires after lease and is reclaimed (check.lua does it before
+-- phase 1: reclaimed of them), and counted; a slot reclaimed goes to the
+-- oldest waiter first (queue.lua). An id released before its check arrived
+-- (a tombstone) never takes a lease.
+local function concurrency(key, now, id, limit, lease, reclaimed)
   local count = redis.call('ZCARD', key)
   local soonest = tonumber(redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')[2])
-  local allowed = count < limit
+  local allowed = count < limit and not tombstoned(key, now, id)
   return {
     allowed = allowed,
     now = {math.max(limit - count, 0), soonest and (soonest - now) or 0},

@@ -32,3 +32,36 @@ local function gcra(key, now, interval, burst, cost)
     end,
   }
 end
+
+-- Waiting (reserve.lua): the earliest t at or after now at which the bucket
+-- takes the request with margin to spare: cost * interval <= tau and
+-- tat - t <= tau - cost * interval - margin, on the stored tat (for margin 0,
+-- check's rule). The partner's own bucket may see our requests up to margin
+-- late; its tolerance is then margin smaller. Committed at t, tat moves on
+-- from max(tat, t). A cost beyond the whole bucket never passes (-1).
+local function gcra_reserve(key, now, interval, burst, cost, margin)
+  local tau = interval * burst
+  local stored = tonumber(redis.call('GET', key))
+  local tat = stored or now
+  local need = cost * interval
+  local at = -1
+  if need <= tau then at = math.max(now, tat + need + margin - tau) end
+  return {
+    at = at,
+    remaining_now = math.floor(math.max(now + tau - math.max(tat, now), 0) / interval),
+    commit = function(t)
+      local new_tat = math.max(tat, t) + need
+      redis.call('SET', key, new_tat)
+      redis.call('PEXPIRE', key, ceil_ms(new_tat - now) + 1000)
+      return {math.floor(math.max(t + tau - new_tat, 0) / interval), new_tat - t}, new_tat
+    end,
+  }
+end
+
+-- Cancellation (cancel.lua): moves tat back by the request's charge only
+-- while it is still exactly the tat this reservation set (the newest).
+local function gcra_cancel(key, held_until, interval, cost)
+  if tonumber(redis.call('GET', key)) == held_until then
+    redis.call('SET', key, held_until - cost * interval, 'KEEPTTL')
+  end
+end

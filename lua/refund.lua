@@ -14,8 +14,12 @@ for i, key in ipairs(KEYS) do
   local base = 4 * i - 1
   local kind = ARGV[base]
   local a, b, c = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
-  if kind == 'sliding_window' or kind == 'concurrency' then
+  if kind == 'sliding_window' then
     redis.call('ZREM', key, id)
+  elseif kind == 'concurrency' then
+    -- The slot goes to the oldest waiter, if any (queue.lua), at Redis's
+    -- time: a hand-over may charge a waiter's time limits.
+    if redis.call('ZREM', key, id) == 1 then hand_over(key, clock(''), a, b) end
   elseif kind == 'gcra' then
     local tat = tonumber(redis.call('GET', key))
     if tat then

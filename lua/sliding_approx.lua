@@ -6,6 +6,10 @@
 -- the share of it that still overlaps, plus the current count. A request
 -- passes if the estimate, with it, stays within limit:
 --   previous * (window - elapsed) + (current + 1) * window <= limit * window
+--
+-- The hash never goes back to an older window: after the clock steps back,
+-- the stored newer window stays the current one, seen from its start, so
+-- its counts are kept and the wait runs to the same moments.
 local function sliding_approx_wait(current, previous, limit, window, elapsed)
   if current < limit and previous > 0 then
     -- Later in this window: previous * (window - e) <= (limit - current - 1) * window.
@@ -24,9 +28,12 @@ end
 
 local function sliding_approx(key, now, limit, window)
   local index = window_index(now, window)
-  local elapsed = now - index * window
   local state = redis.call('HMGET', key, 'w', 'c', 'p')
   local w, current, previous = tonumber(state[1]), 0, 0
+  if w and w > index then index = w end
+  -- Before the stored window starts (a clock step back), its start.
+  local elapsed = math.max(now - index * window, 0)
+  local ahead = math.max(index * window - now, 0)
   if w == index then
     current, previous = tonumber(state[2]), tonumber(state[3])
   elseif w and w + 1 == index then
@@ -38,8 +45,8 @@ local function sliding_approx(key, now, limit, window)
     return math.max(math.floor((limit * window - (weighted + charged * window)) / window), 0)
   end
   local retry = 0
-  if not allowed then retry = sliding_approx_wait(current, previous, limit, window, elapsed) end
-  local reset = window - elapsed
+  if not allowed then retry = sliding_approx_wait(current, previous, limit, window, elapsed) + ahead end
+  local reset = window - elapsed + ahead
   return {
     allowed = allowed,
     now = {remaining(current), reset},

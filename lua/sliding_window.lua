@@ -28,7 +28,45 @@ local function sliding_window(key, now, id, limit, window)
     commit = function()
       redis.call('ZADD', key, now, id)
       -- The newest entry lives one window; the key may go a second after it.
-      redis.call('PEXPIRE', key, ceil_ms(window) + 1000)
+      -- A reservation further ahead (reserve.lua) may already need longer.
+      keep_ms(key, ceil_ms(window) + 1000)
     end,
   }
+end
+
+-- Waiting (reserve.lua): the earliest t at or after now, and at or after the
+-- newest entry (reservations keep arrival order), at which fewer than limit
+-- entries lie in (t - span, t], span = window + margin. Entries may be in the
+-- future: they count. With t at or after every entry, that holds once the
+-- entry at rank count - limit (oldest first) is at or before t - span.
+local function sliding_window_reserve(key, now, id, limit, window, margin)
+  local span = window + margin
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - span)
+  local count = redis.call('ZCARD', key)
+  local at = now
+  local newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+  if newest and newest > at then at = newest end
+  if count >= limit then
+    local s = tonumber(redis.call('ZRANGE', key, count - limit, count - limit, 'WITHSCORES')[2])
+    at = math.max(at, s + span)
+  end
+  return {
+    at = at,
+    remaining_now = math.max(limit - count, 0),
+    commit = function(t)
+      local counting = redis.call('ZCOUNT', key, '(' .. string.format('%.0f', t - span), '+inf')
+      local oldest = tonumber(redis.call('ZRANGEBYSCORE', key, '(' .. string.format('%.0f', t - span), '+inf',
+        'WITHSCORES', 'LIMIT', 0, 1)[2])
+      redis.call('ZADD', key, t, id)
+      keep_ms(key, ceil_ms(t + span - now) + 1000)
+      return {math.max(limit - counting - 1, 0), (oldest or t) + span - t}
+    end,
+  }
+end
+
+-- Cancellation (cancel.lua): removes the request's entry while it is still
+-- in the future.
+local function sliding_window_cancel(key, now, id)
+  local score = tonumber(redis.call('ZSCORE', key, id))
+  if score and score > now then redis.call('ZREM', key, id) end
 end

@@ -11,6 +11,10 @@
 //!   HTTP/2, in cleartext or mutual TLS; connection caps and deadlines.
 //! - [`tls`]: rustls: the shim's mTLS server config, Redis's crypto provider.
 //! - [`shed`]: the utilization shedder's fleet-wide state (`lua/shed.lua`).
+//! - [`wait`]: egress waiting: reserve a slot, hold the answer until it, cancel.
+//! - [`mixed`]: egress waiting on a concurrency slot and time slots together.
+//! - [`queue`]: egress waiting on a concurrency slot: the FCFS queue, hand-over, timers.
+//! - [`wakeups`]: the shim's one pub/sub subscriber that wakes queued requests.
 //! - [`validate`]: `sluice validate FILE...`.
 //! - [`simulate`]: `sluice simulate`, an access log replayed through a policy.
 //! - [`envoy_config`]: `sluice envoy-config`, a complete envoy.yaml for a policy.
@@ -18,6 +22,8 @@
 pub mod envoy_config;
 pub mod keys;
 pub mod limiter;
+pub mod mixed;
+pub mod queue;
 pub mod scripts;
 pub mod server;
 pub mod shed;
@@ -25,3 +31,5 @@ pub mod simulate;
 pub mod store;
 pub mod tls;
 pub mod validate;
+pub mod wait;
+pub mod wakeups;

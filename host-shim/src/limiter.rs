@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::cluster_routing::Slot;
@@ -20,7 +21,7 @@ use sluice_policies::wire::{
 
 use crate::keys::{script_adjustments, script_limits, ScriptLimit};
 use crate::scripts::Scripts;
-use crate::store::{Store, Target};
+use crate::store::{Connect, Store, Target};
 
 /// Why a request could not be decided.
 #[derive(Debug)]
@@ -32,49 +33,69 @@ pub enum CheckError {
 }
 
 pub struct Limiter {
-    store: Store,
-    scripts: Scripts,
-    test_time: bool,
+    pub(crate) store: Arc<Store>,
+    pub(crate) scripts: Arc<Scripts>,
+    pub(crate) test_time: bool,
+    /// The shim's one pub/sub subscriber, for waiters on concurrency slots.
+    pub(crate) wakeups: Arc<crate::wakeups::Wakeups>,
+    pub(crate) timers: Arc<crate::queue::Timers>,
     /// Random per process: with `sequence` it makes request ids unique across shims.
     nonce: u64,
     sequence: AtomicU64,
 }
 
 /// One slot's answer to a check.
-struct SlotReply {
-    allowed: bool,
-    retry_after_ms: Option<u64>,
+pub(crate) struct SlotReply {
+    pub allowed: bool,
+    pub retry_after_ms: Option<u64>,
     /// The time the script charged at, for a refund.
-    now: i64,
-    limits: Vec<LimitOutcome>,
+    pub now: i64,
+    pub limits: Vec<LimitOutcome>,
+    /// The waiting path (`lua/reserve.lua`): the slot admitted at, in µs.
+    pub at: Option<u64>,
 }
 
 impl Limiter {
     /// Connects lazily: the shim starts while Redis is down, and checks fail
     /// (and reconnect) until it is up.
     pub fn new(target: &Target, timeout: Duration, test_time: bool) -> anyhow::Result<Limiter> {
+        let nonce: u64 = rand::random();
+        let url = match target {
+            Target::Single(url) => url.clone(),
+            Target::Cluster(seeds) => seeds.first().cloned().unwrap_or_default(),
+        };
         Ok(Limiter {
-            store: Store::new(target, timeout)?,
-            scripts: Scripts::new(),
+            wakeups: Arc::new(crate::wakeups::Wakeups::new(url, nonce)),
+            timers: Arc::default(),
+            store: Arc::new(Store::new(target, timeout)?),
+            scripts: Arc::new(Scripts::new()),
             test_time,
-            nonce: rand::random(),
+            nonce,
             sequence: AtomicU64::new(0),
         })
     }
 
-    /// As [`Limiter::new`], on a store set up already (TLS, a CA of its own).
-    pub fn on(store: Store, test_time: bool) -> Limiter {
-        Limiter {
-            store,
-            scripts: Scripts::new(),
+    /// As [`Limiter::new`], reaching Redis as `how` says: TLS with a CA of
+    /// its own for both the store and the wake-up subscriber.
+    pub fn connect(how: &Connect<'_>, test_time: bool) -> anyhow::Result<Limiter> {
+        let nonce: u64 = rand::random();
+        let url = match how.target {
+            Target::Single(url) => url.clone(),
+            Target::Cluster(seeds) => seeds.first().cloned().unwrap_or_default(),
+        };
+        Ok(Limiter {
+            wakeups: Arc::new(crate::wakeups::Wakeups::new(url, nonce).with_ca(how.ca.clone())),
+            timers: Arc::default(),
+            store: Arc::new(Store::connect(how)?),
+            scripts: Arc::new(Scripts::new()),
             test_time,
-            nonce: rand::random(),
+            nonce,
             sequence: AtomicU64::new(0),
-        }
+        })
     }
 
     /// The script's time argument: empty for Redis TIME.
-    fn time_arg(&self, now_us: Option<u64>) -> Result<String, CheckError> {
+    pub(crate) fn time_arg(&self, now_us: Option<u64>) -> Result<String, CheckError> {
         match (now_us, self.test_time) {
             (None, _) => Ok(String::new()),
             (Some(now), true) => Ok(now.to_string()),
@@ -121,7 +142,26 @@ impl Limiter {
             }
             None => format!("{:x}.{:x}", self.nonce, self.sequence.fetch_add(1, Ordering::Relaxed)),
         };
+        let wait_us = req.wait_ms.unwrap_or(0).saturating_mul(1000);
+        if wait_us > 0 {
+            crate::wait::refuse_unsupported(&limits, wait_us).map_err(CheckError::BadRequest)?;
+        }
+        if req.checks.iter().any(|c| c.margin_ms.is_some_and(|m| m > crate::wait::MAX_WAIT_MS)) {
+            return Err(CheckError::BadRequest(format!(
+                "margin_ms: at most {} (a day)",
+                crate::wait::MAX_WAIT_MS
+            )));
+        }
         let groups = self.slot_groups(&limits);
+        if wait_us > 0 && groups.len() == 1 {
+            return crate::wait::check(self, req, &limits, &id, &now, wait_us).await;
+        }
+        if wait_us > 0 {
+            tracing::debug!(
+                slots = groups.len(),
+                "a waiting request whose checks span several Redis Cluster slots is decided at once"
+            );
+        }
         let mut replies = Vec::with_capacity(groups.len());
         for group in &groups {
             let group_limits: Vec<&ScriptLimit> = group.iter().map(|&i| &limits[i]).collect();
@@ -140,12 +180,7 @@ impl Limiter {
                 outcomes[i] = Some(*outcome);
             }
         }
-        let mut outcomes = outcomes.into_iter().flatten();
-        let checks = req
-            .checks
-            .iter()
-            .map(|c| CheckOutcome { limits: outcomes.by_ref().take(c.limits.len()).collect() })
-            .collect();
+        let checks = by_check(req, outcomes.into_iter().flatten());
         let holds_lease = limits.iter().any(|l| matches!(l.algorithm, Algorithm::Concurrency { .. }));
         Ok(CheckResponse {
             allowed,
@@ -156,7 +191,7 @@ impl Limiter {
         })
     }
 
-    async fn check_slot(
+    pub(crate) async fn check_slot(
         &self,
         limits: &[&ScriptLimit],
         now: &str,
@@ -184,8 +219,19 @@ impl Limiter {
         Ok(())
     }
 
-    /// Ends the lease of an admitted request on each of its concurrency limits.
+    /// Ends the lease of an admitted request on each of its concurrency
+    /// limits, hands the freed slots to waiters, and tombstones the lease id.
     pub async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResponse, CheckError> {
+        self.release_at(req, None).await
+    }
+
+    /// [`Limiter::release`] at an explicit time (test mode only).
+    pub async fn release_at(
+        &self,
+        req: &ReleaseRequest,
+        now_us: Option<u64>,
+    ) -> Result<ReleaseResponse, CheckError> {
+        let now = self.time_arg(now_us)?;
         let limits = script_limits(&req.checks).map_err(CheckError::BadRequest)?;
         let leases: Vec<ScriptLimit> =
             limits.into_iter().filter(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })).collect();
@@ -195,9 +241,10 @@ impl Limiter {
         let mut released = 0;
         for group in self.slot_groups(&leases) {
             let mut call = self.scripts.release.prepare_invoke();
-            call.arg(&req.lease);
+            call.arg(&req.lease).arg(&now);
             for i in group {
-                call.key(&leases[i].key);
+                let (_, [limit, lease, _]) = leases[i].algorithm.script_args();
+                call.key(&leases[i].key).arg(limit).arg(lease);
             }
             released += self.store.invoke::<u64>(&call).await.map_err(store_error)?;
         }
@@ -218,11 +265,22 @@ impl Limiter {
     }
 }
 
+/// The outcomes of every limit, in order, split into the request's checks.
+pub(crate) fn by_check(
+    req: &CheckRequest<'_>,
+    mut outcomes: impl Iterator<Item = LimitOutcome>,
+) -> Vec<CheckOutcome> {
+    req.checks
+        .iter()
+        .map(|c| CheckOutcome { limits: outcomes.by_ref().take(c.limits.len()).collect() })
+        .collect()
+}
+
 fn valid_id(id: &str) -> bool {
     (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
-fn store_error(err: redis::RedisError) -> CheckError {
+pub(crate) fn store_error(err: redis::RedisError) -> CheckError {
     CheckError::Store(format!("redis: {err}"))
 }
 
@@ -236,12 +294,15 @@ fn combined_retry(replies: &[SlotReply]) -> Option<u64> {
 }
 
 /// Reads the check script's flat reply (see `lua/check.lua`). A retry of -1 is
-/// unknown; a held_until of 0 is none.
-fn decode(limits: usize, reply: &[i64]) -> Option<SlotReply> {
+/// unknown; a held_until of 0 is none. The waiting path (`lua/reserve.lua`)
+/// adds one number: the slot it admitted the request at, 0 when denied.
+pub(crate) fn decode(limits: usize, reply: &[i64]) -> Option<SlotReply> {
     let (head, rest) = reply.split_at_checked(3)?;
-    if rest.len() != 6 * limits {
-        return None;
-    }
+    let (rest, at) = match rest.len().checked_sub(6 * limits)? {
+        0 => (rest, None),
+        1 => (&rest[..6 * limits], u64::try_from(rest[6 * limits]).ok().filter(|&t| t > 0)),
+        _ => return None,
+    };
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
     let retry = |n: i64| u64::try_from(n).ok();
     let limits = rest
@@ -255,5 +316,5 @@ fn decode(limits: usize, reply: &[i64]) -> Option<SlotReply> {
             held_until_us: u64::try_from(r[5]).ok().filter(|&t| t > 0),
         })
         .collect();
-    Some(SlotReply { allowed: head[0] == 1, retry_after_ms: retry(head[1]), now: head[2], limits })
+    Some(SlotReply { allowed: head[0] == 1, retry_after_ms: retry(head[1]), now: head[2], limits, at })
 }

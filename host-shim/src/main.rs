@@ -114,8 +114,8 @@ fn serve(args: ServeArgs) -> ExitCode {
             ),
             None => None,
         };
-        let store = sluice_shim::store::Store::connect(&sluice_shim::store::Connect { target: &target, timeout, ca })?;
-        let limiter = sluice_shim::limiter::Limiter::on(store, args.test_time);
+        let how = sluice_shim::store::Connect { target: &target, timeout, ca };
+        let limiter = sluice_shim::limiter::Limiter::connect(&how, args.test_time)?;
         let tls = match (&args.tls_cert, &args.tls_key, &args.client_ca) {
             (Some(cert), Some(key), Some(ca)) => Some(sluice_shim::tls::server_config(cert, key, ca)?),
             _ => None,

@@ -9,6 +9,27 @@ pub struct Scripts {
     pub release: Script,
     pub adjust: Script,
     pub refund: Script,
+    pub cancel: Script,
+    pub acquire: Script,
+    pub leave: Script,
+    pub reclaim: Script,
+    pub take: Script,
+}
+
+/// The helpers, the time-based algorithms and the queue, which every script
+/// touching leases needs: a hand-over re-checks a mixed waiter's time limits.
+macro_rules! with_queue {
+    ($($file:literal),*) => {
+        concat!(
+            include_str!("../../lua/common.lua"),
+            include_str!("../../lua/fixed_window.lua"),
+            include_str!("../../lua/sliding_window.lua"),
+            include_str!("../../lua/gcra.lua"),
+            include_str!("../../lua/slots.lua"),
+            include_str!("../../lua/queue.lua"),
+            $(include_str!($file)),*
+        )
+    };
 }
 
 impl Scripts {
@@ -20,17 +41,28 @@ impl Scripts {
                 include_str!("../../lua/sliding_window.lua"),
                 include_str!("../../lua/sliding_approx.lua"),
                 include_str!("../../lua/gcra.lua"),
+                include_str!("../../lua/slots.lua"),
+                include_str!("../../lua/queue.lua"),
                 include_str!("../../lua/concurrency.lua"),
+                include_str!("../../lua/reserve.lua"),
                 include_str!("../../lua/check.lua"),
             )),
-            release: Script::new(include_str!("../../lua/release.lua")),
+            release: Script::new(with_queue!("../../lua/release.lua")),
+            acquire: Script::new(with_queue!("../../lua/acquire.lua")),
+            leave: Script::new(with_queue!("../../lua/leave.lua")),
+            reclaim: Script::new(with_queue!("../../lua/reclaim.lua")),
+            take: Script::new(with_queue!("../../lua/take.lua")),
             adjust: Script::new(concat!(
                 include_str!("../../lua/common.lua"),
                 include_str!("../../lua/adjust.lua")
             )),
-            refund: Script::new(concat!(
+            refund: Script::new(with_queue!("../../lua/refund.lua")),
+            cancel: Script::new(concat!(
                 include_str!("../../lua/common.lua"),
-                include_str!("../../lua/refund.lua")
+                include_str!("../../lua/fixed_window.lua"),
+                include_str!("../../lua/sliding_window.lua"),
+                include_str!("../../lua/gcra.lua"),
+                include_str!("../../lua/cancel.lua"),
             )),
         }
     }

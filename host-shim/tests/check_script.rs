@@ -245,3 +245,39 @@ async fn an_early_points_refund_returns_the_charge() {
     limiter.adjust(&refund).await.expect("adjust");
     assert!(check(&limiter, "k", &points(10), t0 + 2_000).await.allowed);
 }
+
+/// Regression (correctness issue, bug 9): after the clock steps back into an
+/// older window, a fixed window overwrote the newer stored window with the
+/// older one, so the newer window's count was lost and it admitted its limit
+/// again once the clock caught up. The newer window now keeps its count, and
+/// nothing is admitted before it.
+#[tokio::test]
+async fn a_clock_step_back_keeps_the_newer_fixed_window() {
+    let redis = Redis::start().expect("redis");
+    let limiter = limiter(&redis, true);
+    let limits = [WireLimit::FixedWindow { limit: 2, window_ms: 1_000 }];
+    let t0 = 1_700_000_005 * SECOND;
+    assert!(check(&limiter, "k", &limits, t0).await.allowed);
+    assert!(check(&limiter, "k", &limits, t0 + 1).await.allowed);
+    let back = check(&limiter, "k", &limits, t0 - SECOND / 2).await;
+    assert!(!back.allowed, "admitted in the older window after a step back: {back:?}");
+    assert_eq!(back.retry_after_ms, Some(1_500), "the stored window is full: wait for the next one");
+    let later = check(&limiter, "k", &limits, t0 + 2).await;
+    assert!(!later.allowed, "the newer window lost its count: a third request in it was admitted");
+}
+
+/// Regression (correctness issue, bug 9): the same for the approximate
+/// window, which overwrote its stored counts with the older window's.
+#[tokio::test]
+async fn a_clock_step_back_keeps_the_newer_approximate_window() {
+    let redis = Redis::start().expect("redis");
+    let limiter = limiter(&redis, true);
+    let limits = [WireLimit::SlidingWindow { limit: 2, window_ms: 1_000, approximate: true }];
+    let t0 = 1_700_000_005 * SECOND;
+    assert!(check(&limiter, "k", &limits, t0).await.allowed);
+    assert!(check(&limiter, "k", &limits, t0 + 1).await.allowed);
+    let back = check(&limiter, "k", &limits, t0 - SECOND / 2).await;
+    assert!(!back.allowed, "admitted in the older window after a step back: {back:?}");
+    let later = check(&limiter, "k", &limits, t0 + 2).await;
+    assert!(!later.allowed, "the newer window lost its counts: a third request in it was admitted");
+}

@@ -97,3 +97,77 @@ async fn one_slot_on_a_cluster_is_exact() {
     }
     assert_eq!(allowed, 25);
 }
+
+/// Egress waiting on a cluster. A waiting request whose checks land in one
+/// slot waits as on one server: held for its time slot, or queued for a
+/// concurrency slot and woken by pub/sub from whichever node holds the key.
+/// A waiting request whose checks span several slots does not wait: it is
+/// decided at once, as without `wait_ms` (one atomic call cannot reserve
+/// across slots). A mixed wait in one slot queues and is handed over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_on_a_cluster() {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start).await.expect("task").expect("cluster");
+    let limiter = std::sync::Arc::new(
+        Limiter::new(&Target::Cluster(cluster.urls()), Duration::from_secs(5), false).expect("limiter"),
+    );
+    let every = |ms| vec![WireLimit::Interval { every_ms: ms }];
+    let waiting = |checks: Vec<Check>, wait_ms| CheckRequest {
+        checks: checks.into(),
+        now_us: None,
+        id: None,
+        wait_ms: Some(wait_ms),
+    };
+
+    // One slot: held until the slot.
+    let one = waiting(vec![check("one", every(300))], 2_000);
+    assert!(limiter.check(&one).await.expect("check").allowed);
+    let started = std::time::Instant::now();
+    let held = limiter.check(&one).await.expect("check");
+    assert!(held.allowed && held.waited_ms.is_some(), "{held:?}");
+    assert!(started.elapsed() >= Duration::from_millis(250));
+
+    // Two slots: decided at once.
+    let spread = waiting(vec![check("wide", every(60_000)), check("narrow", every(60_000))], 2_000);
+    assert!(limiter.check(&spread).await.expect("check").allowed);
+    let started = std::time::Instant::now();
+    let denied = limiter.check(&spread).await.expect("check");
+    assert!(!denied.allowed && denied.waited_ms.is_none(), "{denied:?}");
+    assert!(started.elapsed() < Duration::from_millis(1_000), "a request spanning slots was held");
+
+    // A concurrency slot handed over across the cluster.
+    let slot = vec![check("leases", vec![WireLimit::Concurrency { limit: 1, lease_ms: 60_000 }])];
+    let holder = limiter.check(&waiting(slot.clone(), 1)).await.expect("check");
+    let lease = holder.lease.clone().expect("a lease");
+    let l = limiter.clone();
+    let s = slot.clone();
+    let waiter = tokio::spawn(async move { l.check(&waiting(s, 5_000)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = limiter
+        .release(&sluice_policies::wire::ReleaseRequest { lease, checks: slot })
+        .await
+        .expect("release");
+    assert_eq!(released.released, 1);
+    let served = waiter.await.expect("task").expect("check");
+    assert!(served.allowed && served.lease.is_some(), "{served:?}");
+
+    // A mixed wait (concurrency and interval in one policy, one slot): the
+    // waiter queues with its time limit, and the hand-over re-checks it on
+    // the node that holds the slot.
+    let mixed = vec![check(
+        "mixed",
+        vec![WireLimit::Concurrency { limit: 1, lease_ms: 60_000 }, WireLimit::Interval { every_ms: 100 }],
+    )];
+    let holder = limiter.check(&waiting(mixed.clone(), 1_000)).await.expect("check");
+    let lease = holder.lease.clone().expect("a lease");
+    let l = limiter.clone();
+    let m = mixed.clone();
+    let waiter = tokio::spawn(async move { l.check(&waiting(m, 5_000)).await });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let released = limiter
+        .release(&sluice_policies::wire::ReleaseRequest { lease, checks: mixed })
+        .await
+        .expect("release");
+    assert_eq!(released.released, 1);
+    let served = waiter.await.expect("task").expect("check");
+    assert!(served.allowed && served.lease.is_some(), "{served:?}");
+}

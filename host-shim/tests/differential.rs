@@ -23,6 +23,7 @@ use sluice_policies::wire::{AdjustRequest, Adjustment, Check, CheckRequest, Rele
 use sluice_shim::keys::script_limits;
 use sluice_shim::limiter::Limiter;
 use sluice_shim::store::Target;
+use sluice_shim::{mixed, queue, wait};
 use sluice_tests::Redis;
 
 struct World {
@@ -232,16 +233,18 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                     continue;
                 }
                 let (lease, checks) = held.remove(n % held.len());
-                let keys: Vec<String> = script_limits(&checks)
+                let keys: Vec<(String, u64, u64)> = script_limits(&checks)
                     .expect("valid limits")
                     .into_iter()
-                    .filter(|l| matches!(l.algorithm, Algorithm::Concurrency { .. }))
-                    .map(|l| l.key)
+                    .filter_map(|l| match l.algorithm {
+                        Algorithm::Concurrency { limit, lease_us } => Some((l.key, limit, lease_us)),
+                        _ => None,
+                    })
                     .collect();
-                let want = algorithm::release(&mut model, &keys, &lease);
+                let want = algorithm::release(&mut model, now, &keys, &lease);
                 let got = w
                     .runtime
-                    .block_on(w.limiter.release(&ReleaseRequest { lease, checks }))
+                    .block_on(w.limiter.release_at(&ReleaseRequest { lease, checks }, Some(now)))
                     .expect("release");
                 prop_assert_eq!(got.released, want, "released");
             }
@@ -286,6 +289,540 @@ fn scripts_decide_as_the_model() {
     let mut runner = TestRunner::new(ProptestConfig { cases: 500, ..ProptestConfig::default() });
     let cases = (limits(), prop::collection::vec(op(), 1..40));
     if let Err(failure) = runner.run(&cases, |(limits, ops)| run_case(&world, limits, ops)) {
+        panic!("{failure}");
+    }
+}
+
+/// The time-based limits a request may wait on (no approximate window, no
+/// concurrency), with the ops of the waiting path.
+fn waiting_limits() -> impl Strategy<Value = Vec<WireLimit>> {
+    limits().prop_filter("cannot wait", |ls| {
+        ls.iter().all(|l| {
+            !matches!(l, WireLimit::SlidingWindow { approximate: true, .. } | WireLimit::Concurrency { .. })
+        })
+    })
+}
+
+#[derive(Debug, Clone)]
+enum WaitOp {
+    /// After `dt` µs, a check that may wait `wait_ms` (0: decided at once).
+    Check { dt: u64, cost: u32, wait_ms: u64 },
+    /// The client of the `n`th held reservation goes away after `dt` µs.
+    Cancel { dt: u64, n: usize },
+    /// The clock steps back `dt` µs (a Redis failover to a slower clock).
+    Back { dt: u64 },
+}
+
+fn wait_op() -> impl Strategy<Value = WaitOp> {
+    let round = prop::sample::select(vec![1u64, 1_000, 7_000, 10_000, 50_000, 1_000_000, 3_000_000]);
+    let near = (round, -1i64..=1).prop_map(|(r, d)| r.saturating_add_signed(d));
+    let dt = prop_oneof![3 => Just(0u64), 3 => near, 2 => 0u64..2_000, 2 => 0u64..200_000];
+    let wait = prop_oneof![1 => Just(0u64), 3 => prop::sample::select(vec![1u64, 7, 50, 1_000, 5_000])];
+    prop_oneof![
+        8 => (dt.clone(), 0u32..60, wait).prop_map(|(dt, cost, wait_ms)| WaitOp::Check { dt, cost, wait_ms }),
+        2 => (dt, any::<usize>()).prop_map(|(dt, n)| WaitOp::Cancel { dt, n }),
+        1 => (0u64..20_000).prop_map(|dt| WaitOp::Back { dt }),
+    ]
+}
+
+fn run_waiting_case(
+    w: &World,
+    limits: Vec<WireLimit>,
+    margin_ms: u64,
+    ops: Vec<WaitOp>,
+) -> Result<(), TestCaseError> {
+    static CASE: AtomicU64 = AtomicU64::new(0);
+    let policy = format!("w{}", CASE.fetch_add(1, Ordering::Relaxed));
+    let mut model = Store::default();
+    let mut now = 1_700_000_000_000_000u64;
+    // Held reservations: id, checks, slot, the gcra tat each limit set.
+    let mut held: Vec<(String, Vec<Check>, u64, Vec<u64>)> = Vec::new();
+    for (n, op) in ops.into_iter().enumerate() {
+        match op {
+            WaitOp::Check { dt, cost, wait_ms } => {
+                now += dt;
+                let id = format!("r{n}");
+                let checks = vec![Check {
+                    policy: policy.clone(),
+                    key: "k".into(),
+                    limits: with_cost(&limits, cost),
+                    margin_ms: Some(margin_ms),
+                }];
+                let script = script_limits(&checks).expect("valid limits");
+                let req = CheckRequest {
+                    checks: checks.as_slice().into(),
+                    now_us: Some(now),
+                    id: Some(id.clone().into()),
+                    wait_ms: Some(wait_ms),
+                };
+                if wait_ms == 0 {
+                    let model_limits: Vec<(String, Algorithm)> =
+                        script.iter().map(|l| (l.key.clone(), l.algorithm)).collect();
+                    let got = w.runtime.block_on(w.limiter.check(&req)).expect("check");
+                    let want = algorithm::check(&mut model, now, &id, &model_limits);
+                    prop_assert_eq!(got.allowed, want.allowed, "decision at {}", now);
+                    prop_assert_eq!(got.retry_after_ms, want.retry_after_ms, "retry at {}", now);
+                    prop_assert_eq!(&got.checks[0].limits, &want.limits, "limits at {}", now);
+                    continue;
+                }
+                let waiting: Vec<algorithm::reserve::Waiting> =
+                    script.iter().map(|l| (l.key.clone(), l.algorithm, margin_ms * 1000)).collect();
+                let got = w.runtime.block_on(wait::reserve_request(&w.limiter, &req)).expect("reserve");
+                let want = algorithm::reserve::reserve(&mut model, now, &id, wait_ms * 1000, &waiting)
+                    .expect("waits");
+                prop_assert_eq!(got.response.allowed, want.reply.allowed, "decision at {}", now);
+                prop_assert_eq!(got.response.retry_after_ms, want.reply.retry_after_ms, "retry at {}", now);
+                prop_assert_eq!(&got.response.checks[0].limits, &want.reply.limits, "limits at {}", now);
+                prop_assert_eq!(got.at, want.at, "slot at {}", now);
+                if let Some(at) = got.at {
+                    prop_assert!(at >= now && at - now <= wait_ms * 1000, "slot {} beyond the wait", at);
+                    let tats =
+                        got.response.checks[0].limits.iter().map(|l| l.held_until_us.unwrap_or(0)).collect();
+                    held.push((id, checks, at, tats));
+                }
+            }
+            WaitOp::Cancel { dt, n } => {
+                if held.is_empty() {
+                    continue;
+                }
+                now += dt;
+                let (id, checks, at, tats) = held.remove(n % held.len());
+                let script = script_limits(&checks).expect("valid limits");
+                w.runtime
+                    .block_on(wait::cancel(&w.limiter, &script, Some(now), &id, at, &tats))
+                    .expect("cancel");
+                let reserved: Vec<algorithm::cancel::Reserved> = script
+                    .iter()
+                    .zip(&tats)
+                    .map(|(l, &t)| (l.key.clone(), l.algorithm, (t > 0).then_some(t)))
+                    .collect();
+                algorithm::cancel::cancel(&mut model, now, &id, at, &reserved);
+            }
+            WaitOp::Back { dt } => now -= dt,
+        }
+    }
+    Ok(())
+}
+
+/// The waiting path (reserve.lua, cancel.lua) decides exactly as the model:
+/// the same slots, waits and views, through waits, cancellations, checks
+/// decided at once, and clock steps back.
+#[test]
+fn waiting_scripts_decide_as_the_model() {
+    let world = World::start();
+    let mut runner = TestRunner::new(ProptestConfig { cases: 400, ..ProptestConfig::default() });
+    let cases = (
+        waiting_limits(),
+        prop::sample::select(vec![0u64, 0, 1, 30]),
+        prop::collection::vec(wait_op(), 1..40),
+    );
+    if let Err(failure) =
+        runner.run(&cases, |(limits, margin, ops)| run_waiting_case(&world, limits, margin, ops))
+    {
+        panic!("{failure}");
+    }
+}
+
+#[derive(Debug, Clone)]
+enum QueueOp {
+    /// After `dt` µs, a request that may wait `wait` µs (0: a plain check).
+    Arrive { dt: u64, wait: u64 },
+    /// The `n`th request that holds a lease or waits is released.
+    Release { n: usize },
+    /// The `n`th waiter leaves (its wait ran out or its client went away).
+    Leave { n: usize },
+    /// After `dt` µs, a waiting shim's reclaim timer fires.
+    Reclaim { dt: u64 },
+}
+
+fn queue_op() -> impl Strategy<Value = QueueOp> {
+    let dt = prop_oneof![2 => Just(0u64), 2 => 0u64..2_000, 1 => 0u64..200_000, 1 => Just(100_000u64)];
+    let wait = prop_oneof![1 => Just(0u64), 3 => prop::sample::select(vec![1u64, 1_000, 50_000, 1_000_000])];
+    prop_oneof![
+        5 => (dt.clone(), wait).prop_map(|(dt, wait)| QueueOp::Arrive { dt, wait }),
+        3 => any::<usize>().prop_map(|n| QueueOp::Release { n }),
+        2 => any::<usize>().prop_map(|n| QueueOp::Leave { n }),
+        1 => dt.prop_map(|dt| QueueOp::Reclaim { dt }),
+    ]
+}
+
+/// The lease set and the queue as Redis holds them.
+fn queue_state(conn: &mut redis::Connection, key: &str) -> (Vec<(String, f64)>, Vec<String>) {
+    let leases = conn.zrange_withscores(key, 0, -1).unwrap_or_default();
+    let queue = conn.zrange(format!("{key}:q"), 0, -1).unwrap_or_default();
+    (leases, queue)
+}
+
+fn model_state(model: &Store, key: &str) -> (Vec<(String, f64)>, Vec<String>) {
+    let mut leases: Vec<(u64, String)> = match model.keys.get(key) {
+        Some(algorithm::State::Set(entries)) => entries.clone(),
+        _ => Vec::new(),
+    };
+    leases.sort();
+    let mut queue: Vec<(u64, String)> = match model.keys.get(&format!("{key}:q")) {
+        Some(algorithm::State::Queue(waiters)) => waiters.iter().map(|w| (w.seq, w.id.clone())).collect(),
+        _ => Vec::new(),
+    };
+    queue.sort();
+    (leases.into_iter().map(|(x, m)| (m, x as f64)).collect(), queue.into_iter().map(|(_, m)| m).collect())
+}
+
+fn run_queue_case(w: &World, limit: u32, lease_ms: u64, ops: Vec<QueueOp>) -> Result<(), TestCaseError> {
+    static CASE: AtomicU64 = AtomicU64::new(0);
+    let policy = format!("q{}", CASE.fetch_add(1, Ordering::Relaxed));
+    let checks = vec![Check {
+        policy,
+        key: "k".into(),
+        limits: vec![WireLimit::Concurrency { limit, lease_ms }],
+        margin_ms: None,
+    }];
+    let script = script_limits(&checks).expect("valid limits");
+    let key = script[0].key.clone();
+    let (limit, lease) = (u64::from(limit), lease_ms * 1000);
+    let mut conn = w.redis.connection().expect("redis connection");
+    let mut model = Store::default();
+    let mut now = 1_700_000_000_000_000u64;
+    let mut ids: Vec<String> = Vec::new();
+    for (n, op) in ops.into_iter().enumerate() {
+        match op {
+            QueueOp::Arrive { dt, wait } => {
+                now += dt;
+                let id = format!("r{n}");
+                ids.push(id.clone());
+                if wait == 0 {
+                    let req = CheckRequest {
+                        checks: checks.as_slice().into(),
+                        now_us: Some(now),
+                        id: Some(id.clone().into()),
+                        wait_ms: None,
+                    };
+                    let got = w.runtime.block_on(w.limiter.check(&req)).expect("check");
+                    let want = algorithm::check(&mut model, now, &id, &[(key.clone(), script[0].algorithm)]);
+                    prop_assert_eq!(got.allowed, want.allowed, "check at {}", now);
+                    prop_assert_eq!(&got.checks[0].limits, &want.limits, "limits at {}", now);
+                } else {
+                    let (got, got_reclaimed) = w
+                        .runtime
+                        .block_on(queue::acquire(&w.limiter, &script[0], &now.to_string(), &id, wait, "ch"))
+                        .expect("acquire");
+                    let (want, want_reclaimed) =
+                        algorithm::queue::acquire(&mut model, &key, now, &id, limit, lease, wait, "ch");
+                    let want = match want {
+                        algorithm::queue::Acquired::Leased => queue::Acquired::Leased,
+                        algorithm::queue::Acquired::Queued { soonest } => queue::Acquired::Queued(soonest),
+                        algorithm::queue::Acquired::Refused => queue::Acquired::Refused,
+                    };
+                    prop_assert_eq!(got, want, "acquire at {}", now);
+                    prop_assert_eq!(got_reclaimed, want_reclaimed, "reclaimed at {}", now);
+                }
+            }
+            QueueOp::Release { n } => {
+                if ids.is_empty() {
+                    continue;
+                }
+                let lease_id = ids[n % ids.len()].clone();
+                let req = ReleaseRequest { lease: lease_id.clone(), checks: checks.clone() };
+                let got = w.runtime.block_on(w.limiter.release_at(&req, Some(now))).expect("release");
+                let want = algorithm::release(&mut model, now, &[(key.clone(), limit, lease)], &lease_id);
+                prop_assert_eq!(got.released, want, "released at {}", now);
+            }
+            QueueOp::Leave { n } => {
+                if ids.is_empty() {
+                    continue;
+                }
+                let id = ids[n % ids.len()].clone();
+                let got = w
+                    .runtime
+                    .block_on(queue::leave_now(&w.limiter, &script[0], &now.to_string(), &id))
+                    .expect("leave");
+                let want = algorithm::queue::leave(&mut model, &key, now, &id, limit, lease);
+                prop_assert_eq!(got, i64::from(want), "leave at {}", now);
+            }
+            QueueOp::Reclaim { dt } => {
+                now += dt;
+                let got = w
+                    .runtime
+                    .block_on(queue::reclaim_now(&w.limiter, &script[0], &now.to_string()))
+                    .expect("reclaim");
+                let want = algorithm::queue::reclaim_timer(&mut model, &key, now, limit, lease);
+                prop_assert_eq!(got, want, "reclaim at {}", now);
+            }
+        }
+        let (leases, queue) = queue_state(&mut conn, &key);
+        prop_assert_eq!(
+            (&leases, &queue),
+            (&model_state(&model, &key).0, &model_state(&model, &key).1),
+            "state after {}",
+            n
+        );
+        let live = leases.iter().filter(|(_, x)| *x > now as f64).count() as u64;
+        prop_assert!(live <= limit, "{} live leases over a limit of {}", live, limit);
+    }
+    Ok(())
+}
+
+/// The queue scripts (acquire, release with hand-over and tombstones, leave,
+/// reclaim) and plain checks on the same lease set decide exactly as the
+/// model, leave the same leases and the same queue, and never hold more
+/// than `limit` live leases.
+#[test]
+fn queue_scripts_decide_as_the_model() {
+    let world = World::start();
+    let mut runner = TestRunner::new(ProptestConfig { cases: 300, ..ProptestConfig::default() });
+    let cases =
+        (1u32..4, prop::sample::select(vec![5u64, 100, 1_000]), prop::collection::vec(queue_op(), 1..40));
+    if let Err(failure) =
+        runner.run(&cases, |(limit, lease_ms, ops)| run_queue_case(&world, limit, lease_ms, ops))
+    {
+        panic!("{failure}");
+    }
+}
+
+/// A time limit that a mixed request waits on beside its concurrency limit.
+fn time_limit() -> impl Strategy<Value = WireLimit> {
+    prop_oneof![
+        prop::sample::select(vec![1u64, 10, 100]).prop_map(|every_ms| WireLimit::Interval { every_ms }),
+        (1u32..4, prop::sample::select(vec![7u64, 100])).prop_map(|(limit, window_ms)| {
+            WireLimit::SlidingWindow { limit, window_ms, approximate: false }
+        }),
+        (1u32..4, prop::sample::select(vec![7u64, 100]))
+            .prop_map(|(limit, window_ms)| WireLimit::FixedWindow { limit, window_ms }),
+        (1u32..4, prop::sample::select(vec![10u64, 100]), 1u32..3)
+            .prop_map(|(rate, per_ms, burst)| WireLimit::TokenBucket { rate, per_ms, burst }),
+    ]
+}
+
+#[derive(Debug, Clone)]
+enum MixedOp {
+    /// After `dt` µs, a mixed request that may wait `wait` µs reserves its time slot.
+    Arrive { dt: u64, wait: u64 },
+    /// The `n`th reserved request reaches its time slot and takes the concurrency slot or queues.
+    Take { n: usize },
+    /// The `n`th request is released.
+    Release { n: usize },
+    /// The `n`th request leaves the queue.
+    Leave { n: usize },
+    /// After `dt` µs, a reclaim timer fires.
+    Reclaim { dt: u64 },
+    /// After `dt` µs, a request under both limits decided at once.
+    Check { dt: u64 },
+}
+
+fn mixed_op() -> impl Strategy<Value = MixedOp> {
+    let dt = prop_oneof![2 => Just(0u64), 2 => 0u64..2_000, 1 => 0u64..200_000];
+    let wait = prop::sample::select(vec![1u64, 1_000, 50_000, 1_000_000]);
+    prop_oneof![
+        4 => (dt.clone(), wait).prop_map(|(dt, wait)| MixedOp::Arrive { dt, wait }),
+        4 => any::<usize>().prop_map(|n| MixedOp::Take { n }),
+        3 => any::<usize>().prop_map(|n| MixedOp::Release { n }),
+        1 => any::<usize>().prop_map(|n| MixedOp::Leave { n }),
+        1 => dt.clone().prop_map(|dt| MixedOp::Reclaim { dt }),
+        2 => dt.prop_map(|dt| MixedOp::Check { dt }),
+    ]
+}
+
+/// A time limit's state as Redis holds it, and as the model does, in one form.
+fn time_state(conn: &mut redis::Connection, key: &str) -> String {
+    let kind: String = redis::cmd("TYPE").arg(key).query(conn).unwrap_or_default();
+    match kind.as_str() {
+        "zset" => {
+            format!("{:?}", conn.zrange_withscores::<_, Vec<(String, u64)>>(key, 0, -1).unwrap_or_default())
+        }
+        "hash" => {
+            let (w, n): (Option<u64>, Option<u64>) =
+                redis::cmd("HMGET").arg(key).arg("w").arg("n").query(conn).unwrap_or_default();
+            format!("{w:?} {n:?}")
+        }
+        "string" => format!("{:?}", conn.get::<_, Option<u64>>(key).unwrap_or_default()),
+        _ => String::new(),
+    }
+}
+
+fn model_time_state(model: &Store, key: &str) -> String {
+    match model.keys.get(key) {
+        Some(algorithm::State::Set(entries)) => {
+            let mut e: Vec<(u64, String)> = entries.clone();
+            e.sort();
+            if e.is_empty() {
+                return String::new();
+            }
+            format!("{:?}", e.into_iter().map(|(s, m)| (m, s)).collect::<Vec<_>>())
+        }
+        Some(algorithm::State::Counter { window, count }) => format!("{:?} {:?}", Some(window), Some(count)),
+        Some(algorithm::State::Tat(t)) => format!("{:?}", Some(t)),
+        _ => String::new(),
+    }
+}
+
+fn run_mixed_case(
+    w: &World,
+    (limit, lease_ms): (u32, u64),
+    time_limit: WireLimit,
+    time_first: bool,
+    ops: Vec<MixedOp>,
+) -> Result<(), TestCaseError> {
+    static CASE: AtomicU64 = AtomicU64::new(0);
+    let policy = format!("m{}", CASE.fetch_add(1, Ordering::Relaxed));
+    let check = |limits: Vec<WireLimit>| {
+        vec![Check { policy: policy.clone(), key: "k".into(), limits, margin_ms: None }]
+    };
+    let concurrency = WireLimit::Concurrency { limit, lease_ms };
+    let all = check(if time_first { vec![time_limit, concurrency] } else { vec![concurrency, time_limit] });
+    let time_only = check(vec![time_limit]);
+    let script = script_limits(&all).expect("valid limits");
+    let (c, t) = if time_first { (1, 0) } else { (0, 1) };
+    let (conc, time) = (script[c].clone(), vec![script[t].clone()]);
+    let model_limits: Vec<(String, Algorithm)> =
+        script.iter().map(|l| (l.key.clone(), l.algorithm)).collect();
+    let waiting: Vec<algorithm::reserve::Waiting> = vec![(time[0].key.clone(), time[0].algorithm, 0)];
+    let (limit, lease) = (u64::from(limit), lease_ms * 1000);
+    let mut conn = w.redis.connection().expect("redis connection");
+    let mut model = Store::default();
+    let mut now = 1_700_000_000_000_000u64;
+    let mut ids: Vec<String> = Vec::new();
+    // Reserved, not yet taken: id, slot, gcra tat set, wait left.
+    let mut pending: Vec<(String, u64, Vec<u64>, u64)> = Vec::new();
+    for (n, op) in ops.into_iter().enumerate() {
+        match op {
+            MixedOp::Arrive { dt, wait } => {
+                now += dt;
+                let id = format!("r{n}");
+                ids.push(id.clone());
+                let req = CheckRequest {
+                    checks: time_only.as_slice().into(),
+                    now_us: Some(now),
+                    id: Some(id.clone().into()),
+                    wait_ms: Some(wait.div_ceil(1000)),
+                };
+                let got = w.runtime.block_on(wait::reserve_request(&w.limiter, &req)).expect("reserve");
+                let want =
+                    algorithm::reserve::reserve(&mut model, now, &id, wait.div_ceil(1000) * 1000, &waiting)
+                        .expect("waits");
+                prop_assert_eq!(&got.response.checks[0].limits, &want.reply.limits, "reserve at {}", now);
+                prop_assert_eq!(got.at, want.at, "slot at {}", now);
+                if let Some(at) = got.at {
+                    let held =
+                        got.response.checks[0].limits.iter().map(|l| l.held_until_us.unwrap_or(0)).collect();
+                    pending.push((id, at, held, wait));
+                }
+            }
+            MixedOp::Take { n } => {
+                if pending.is_empty() {
+                    continue;
+                }
+                let (id, at, held, wait) = pending.remove(n % pending.len());
+                now = now.max(at);
+                let got = w
+                    .runtime
+                    .block_on(mixed::take(
+                        &w.limiter,
+                        &conc,
+                        &time,
+                        &[0],
+                        &now.to_string(),
+                        &id,
+                        wait,
+                        "ch",
+                        at,
+                        &held,
+                    ))
+                    .expect("take");
+                let (want, want_reclaimed) = algorithm::queue::take(
+                    &mut model,
+                    &conc.key,
+                    now,
+                    &id,
+                    (limit, lease, wait),
+                    "ch",
+                    at,
+                    &waiting,
+                    &held,
+                );
+                let want = match want {
+                    algorithm::queue::Acquired::Leased => queue::Acquired::Leased,
+                    algorithm::queue::Acquired::Queued { soonest } => queue::Acquired::Queued(soonest),
+                    algorithm::queue::Acquired::Refused => queue::Acquired::Refused,
+                };
+                prop_assert_eq!(got, (want, want_reclaimed), "take at {}", now);
+            }
+            MixedOp::Release { n } => {
+                if ids.is_empty() {
+                    continue;
+                }
+                let lease_id = ids[n % ids.len()].clone();
+                let req = ReleaseRequest { lease: lease_id.clone(), checks: all.clone() };
+                let got = w.runtime.block_on(w.limiter.release_at(&req, Some(now))).expect("release");
+                let want =
+                    algorithm::release(&mut model, now, &[(conc.key.clone(), limit, lease)], &lease_id);
+                prop_assert_eq!(got.released, want, "released at {}", now);
+            }
+            MixedOp::Leave { n } => {
+                if ids.is_empty() {
+                    continue;
+                }
+                let id = ids[n % ids.len()].clone();
+                let got = w
+                    .runtime
+                    .block_on(queue::leave_now(&w.limiter, &conc, &now.to_string(), &id))
+                    .expect("leave");
+                let want = algorithm::queue::leave(&mut model, &conc.key, now, &id, limit, lease);
+                prop_assert_eq!(got, i64::from(want), "leave at {}", now);
+            }
+            MixedOp::Check { dt } => {
+                now += dt;
+                let id = format!("r{n}");
+                ids.push(id.clone());
+                let req = CheckRequest {
+                    checks: all.as_slice().into(),
+                    now_us: Some(now),
+                    id: Some(id.clone().into()),
+                    wait_ms: None,
+                };
+                let got = w.runtime.block_on(w.limiter.check(&req)).expect("check");
+                let want = algorithm::check(&mut model, now, &id, &model_limits);
+                prop_assert_eq!(got.allowed, want.allowed, "check at {}", now);
+                prop_assert_eq!(&got.checks[0].limits, &want.limits, "check limits at {}", now);
+            }
+            MixedOp::Reclaim { dt } => {
+                now += dt;
+                let got = w
+                    .runtime
+                    .block_on(queue::reclaim_now(&w.limiter, &conc, &now.to_string()))
+                    .expect("reclaim");
+                let want = algorithm::queue::reclaim_timer(&mut model, &conc.key, now, limit, lease);
+                prop_assert_eq!(got, want, "reclaim at {}", now);
+            }
+        }
+        let (leases, queue) = queue_state(&mut conn, &conc.key);
+        let (want_leases, want_queue) = model_state(&model, &conc.key);
+        prop_assert_eq!((&leases, &queue), (&want_leases, &want_queue), "leases and queue after op {}", n);
+        prop_assert_eq!(
+            time_state(&mut conn, &time[0].key),
+            model_time_state(&model, &time[0].key),
+            "time state after op {}",
+            n
+        );
+        let live = leases.iter().filter(|(_, x)| *x > now as f64).count() as u64;
+        prop_assert!(live <= limit, "{} live leases over a limit of {}", live, limit);
+    }
+    Ok(())
+}
+
+/// Mixed waits: reserve the time slot, take the concurrency slot or queue
+/// with the time limits attached (take.lua), and hand-overs that re-check
+/// them (queue.lua), all decide as the model and leave the same leases,
+/// queue and time-limit state.
+#[test]
+fn mixed_scripts_decide_as_the_model() {
+    let world = World::start();
+    let mut runner = TestRunner::new(ProptestConfig { cases: 300, ..ProptestConfig::default() });
+    let cases = (
+        (1u32..3, prop::sample::select(vec![5u64, 100, 1_000])),
+        time_limit(),
+        any::<bool>(),
+        prop::collection::vec(mixed_op(), 1..40),
+    );
+    if let Err(failure) = runner.run(&cases, |(c, t, first, ops)| run_mixed_case(&world, c, t, first, ops)) {
         panic!("{failure}");
     }
 }

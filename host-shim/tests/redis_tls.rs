@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use sluice_policies::wire::{Check, CheckRequest, WireLimit};
 use sluice_shim::limiter::{CheckError, Limiter};
-use sluice_shim::store::{Connect, Store, Target};
+use sluice_shim::store::{Connect, Target};
 use sluice_tests::tls::Pki;
 use sluice_tests::{free_port, Redis};
 
@@ -24,9 +24,8 @@ fn request() -> CheckRequest<'static> {
 
 fn limiter(url: String, ca: Option<Vec<u8>>) -> Limiter {
     let target = Target::Single(url);
-    let store =
-        Store::connect(&Connect { target: &target, timeout: Duration::from_secs(2), ca }).expect("store");
-    Limiter::on(store, false)
+    Limiter::connect(&Connect { target: &target, timeout: Duration::from_secs(2), ca }, false)
+        .expect("limiter")
 }
 
 /// With the CA and the password, checks decide over TLS; a wrong password,
@@ -103,4 +102,36 @@ fn serve_logs_never_show_the_password() {
     assert!(log.contains(&format!("rediss://:***@127.0.0.1:{}", redis.port)), "{log}");
     assert!(log.contains("redis call failed"), "{log}");
     assert!(!log.contains(PASSWORD), "{log}");
+}
+
+/// Egress waiting over TLS: the wake-up subscriber connects with the same
+/// CA and password, so a check held for a concurrency slot is admitted when
+/// the holder releases it (without the CA it could not subscribe, and the
+/// held check would fail).
+#[tokio::test]
+async fn a_held_check_is_woken_over_tls() {
+    let pki = Pki::generate().expect("certificates");
+    let redis = Redis::start_tls(&pki.server.cert, &pki.server.key, PASSWORD).expect("redis with TLS");
+    let ca = std::fs::read(&pki.ca).expect("ca");
+    let url = format!("rediss://:{PASSWORD}@127.0.0.1:{}", redis.port);
+    let limiter = std::sync::Arc::new(limiter(url, Some(ca)));
+    let limits = vec![WireLimit::Concurrency { limit: 1, lease_ms: 30_000 }];
+    let checks = vec![Check { policy: "p".into(), key: "k".into(), limits, margin_ms: None }];
+    let held = |id: &str, wait_ms: Option<u64>| CheckRequest {
+        checks: checks.clone().into(),
+        now_us: None,
+        id: Some(id.to_string().into()),
+        wait_ms,
+    };
+    let first = limiter.check(&held("first", None)).await.expect("check over TLS");
+    assert_eq!(first.lease.as_deref(), Some("first"));
+    let waiting = {
+        let (limiter, req) = (limiter.clone(), held("second", Some(5_000)));
+        tokio::spawn(async move { limiter.check(&req).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let release = sluice_policies::wire::ReleaseRequest { lease: "first".into(), checks: checks.clone() };
+    assert_eq!(limiter.release(&release).await.expect("release over TLS").released, 1);
+    let second = waiting.await.expect("task").expect("the held check over TLS");
+    assert!(second.allowed && second.lease.as_deref() == Some("second"), "{second:?}");
 }

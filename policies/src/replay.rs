@@ -79,8 +79,8 @@ const BUSIEST: usize = 5;
 pub struct Replay<'d> {
     doc: &'d Document,
     store: Store,
-    /// Leases to end: (until µs, sequence, lease id, lease keys).
-    leases: BinaryHeap<Reverse<(u64, u64, String, Vec<String>)>>,
+    /// Leases to end: (until µs, sequence, lease id, (key, limit, lease µs) of each).
+    leases: BinaryHeap<Reverse<(u64, u64, String, Vec<(String, u64, u64)>)>>,
     reports: Vec<PolicyReport>,
     keys: Vec<HashMap<String, u64>>,
     sequence: u64,
@@ -122,8 +122,8 @@ impl<'d> Replay<'d> {
             if *until > now {
                 break;
             }
-            if let Some(Reverse((_, _, id, keys))) = self.leases.pop() {
-                algorithm::release(&mut self.store, &keys, &id);
+            if let Some(Reverse((until, _, id, keys))) = self.leases.pop() {
+                algorithm::release(&mut self.store, until, &keys, &id);
             }
         }
         let applied = match self.doc.evaluate(&logged.request) {
@@ -195,10 +195,12 @@ impl<'d> Replay<'d> {
                 }
             }
         }
-        let lease_keys: Vec<String> = model
+        let lease_keys: Vec<(String, u64, u64)> = model
             .iter()
-            .filter(|(_, a)| matches!(a, Algorithm::Concurrency { .. }))
-            .map(|(k, _)| k.clone())
+            .filter_map(|(k, a)| match *a {
+                Algorithm::Concurrency { limit, lease_us } => Some((k.clone(), limit, lease_us)),
+                _ => None,
+            })
             .collect();
         if reply.allowed && !lease_keys.is_empty() {
             let until = now.saturating_add(duration_ms.saturating_mul(1000));

@@ -77,7 +77,7 @@ proptest! {
             now += gap;
             if release && !held.is_empty() {
                 let id = held.remove(pick % held.len());
-                algorithm::release(&mut store, &["k".to_string()], &id);
+                algorithm::release(&mut store, now, &[("k".to_string(), limit, lease)], &id);
             } else if check(&mut store, now, i as u64, &limits) {
                 held.push(format!("r{i}"));
             }

@@ -105,6 +105,12 @@ impl Envoy {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// Fault injection: SIGKILL, as a crash. The filter gets no stream ends,
+    /// so the leases its requests hold are never released; their TTL frees them.
+    pub fn kill(&mut self) {
+        self.proc.kill();
+    }
+
     /// Envoy's log so far (the filter's log lines included).
     pub fn log(&self) -> String {
         self.proc.log()

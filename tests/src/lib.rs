@@ -10,16 +10,24 @@
 //! - `process`: a child process with its own log file and scratch dir, waited
 //!   on with deadlines and killed on drop (SIGTERM, then SIGKILL).
 //! - `probe`: tiny blocking readiness probes (HTTP GET, Redis PING).
-//! - [`redis`]: [`Redis`], a private `redis-server` on a free port.
-//! - [`cluster`]: [`RedisCluster`], three private cluster nodes, joined.
-//! - [`shim`]: [`Shim`], `dist/sluice serve` pointed at a Redis.
+//! - [`redis`]: [`Redis`], a private `redis-server` on a free port; it can
+//!   crash and come back on the same port, for fault tests.
+//! - [`cluster`]: [`RedisCluster`], three private cluster masters, joined;
+//!   or three masters with a replica each, for failover.
+//! - [`shim`]: [`Shim`], `dist/sluice serve` pointed at a Redis or a Redis
+//!   Cluster; it can crash and come back on the same port.
 //! - [`upstream`]: [`Upstream`], an in-process HTTP server answering `ok`.
-//! - [`envoy`]: [`Envoy`], `envoy/demo.yaml` rendered and run with a policy.
+//! - [`envoy`]: [`Envoy`], `envoy/demo.yaml` rendered and run with a policy;
+//!   it can crash (SIGKILL), for fault tests.
 //! - [`backend`]: [`Backend`], Redis and the shim, without Envoy.
 //! - [`stack`]: [`Stack`], all four started together, in a safe drop order.
 //! - [`service`]: [`Service`], any other server binary on a free port.
 //! - [`client`]: [`burst`], N concurrent requests, collecting status and
 //!   `retry-after`.
+//! - [`faults`]: steady traffic under an injected fault, and its judges
+//!   (admitted, refused, failed, longest wait, the busiest window).
+//! - [`recorder`]: [`recorder::RecordingUpstream`], an upstream that records
+//!   each request's arrival and end, to judge a limit from the far side.
 //! - [`gateway`]: for the gateway-behaviour tests: whole responses, Envoy's
 //!   Prometheus stats, a route timeout, and fault injectors (a blackhole
 //!   shim, a fake shim, an upstream that fails or hangs).
@@ -35,11 +43,13 @@ pub mod backend;
 pub mod client;
 pub mod cluster;
 pub mod envoy;
+pub mod faults;
 pub mod gateway;
 pub mod host;
 pub mod paths;
 mod probe;
 mod process;
+pub mod recorder;
 pub mod redis;
 pub mod service;
 pub mod shim;

@@ -98,6 +98,12 @@ impl Proc {
         }
     }
 
+    /// Fault injection: SIGKILL at once, no grace (a crash), and reap.
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// SIGTERM, up to [`GRACE`] to exit, then SIGKILL; always reaps.
     fn stop(&mut self) {
         if let Ok(None) = self.child.try_wait() {

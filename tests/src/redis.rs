@@ -1,5 +1,9 @@
 //! A private `redis-server` on a free loopback port, persistence off, its
 //! working dir in its scratch dir. Never touches a system instance.
+//!
+//! For fault injection it can crash ([`Redis::kill`]) and come back on the
+//! same port ([`Redis::start_again`]), empty: persistence is off, so the
+//! counters and the script cache are gone.
 
 use std::path::Path;
 use std::process::Command;
@@ -23,16 +27,22 @@ impl Redis {
     }
 
     fn start_once() -> anyhow::Result<Redis> {
-        let bin = binary("SLUICE_REDIS_SERVER", "redis-server")?;
         let port = free_port()?;
-        let dir = scratch_dir("redis")?;
-        let mut cmd = Command::new(bin);
-        cmd.arg("--port").arg(port.to_string());
-        cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
-        cmd.arg("--dir").arg(&dir);
-        let mut proc = Proc::spawn("redis-server", cmd, dir)?;
-        proc.wait_ready(STARTUP, || redis_ping(port))?;
-        Ok(Redis { port, proc })
+        Ok(Redis { port, proc: spawn(port)? })
+    }
+
+    /// Fault injection: SIGKILL, as a crash; the port refuses connections until
+    /// [`Redis::start_again`].
+    pub fn kill(&mut self) {
+        self.proc.kill();
+    }
+
+    /// Starts a fresh, empty redis-server on the same port (after [`Redis::kill`])
+    /// and waits until it answers PING.
+    pub fn start_again(&mut self) -> anyhow::Result<()> {
+        self.proc.kill();
+        self.proc = spawn(self.port)?;
+        Ok(())
     }
 
     /// Starts redis-server speaking only TLS (with `cert` and `key`, PEM),
@@ -86,4 +96,16 @@ impl Redis {
     pub fn log(&self) -> String {
         self.proc.log()
     }
+}
+
+fn spawn(port: u16) -> anyhow::Result<Proc> {
+    let bin = binary("SLUICE_REDIS_SERVER", "redis-server")?;
+    let dir = scratch_dir("redis")?;
+    let mut cmd = Command::new(bin);
+    cmd.arg("--port").arg(port.to_string());
+    cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
+    cmd.arg("--dir").arg(&dir);
+    let mut proc = Proc::spawn("redis-server", cmd, dir)?;
+    proc.wait_ready(STARTUP, || redis_ping(port))?;
+    Ok(proc)
 }

@@ -1,5 +1,8 @@
 //! The native shim, `dist/sluice serve`, on a free loopback port, pointed at
-//! a Redis. Ready once `GET /healthz` answers 200.
+//! a Redis or a Redis Cluster. Ready once `GET /healthz` answers 200.
+//!
+//! For fault injection it can crash ([`Shim::kill`]) and come back on the
+//! same port with the same arguments ([`Shim::start_again`]).
 
 use std::process::Command;
 use std::time::Duration;
@@ -12,24 +15,42 @@ const STARTUP: Duration = Duration::from_secs(15);
 
 pub struct Shim {
     pub port: u16,
+    /// Where the limits live: `--redis URL` or `--redis-cluster URL,URL,...`.
+    store: [String; 2],
     proc: Proc,
 }
 
 impl Shim {
     /// Starts `sluice serve --listen 127.0.0.1:PORT --redis URL` and waits for `/healthz`.
     pub fn start(redis_url: &str) -> anyhow::Result<Shim> {
-        retry_port_clash(|| Shim::start_once(redis_url))
+        Shim::start_with(["--redis".into(), redis_url.into()])
     }
 
-    fn start_once(redis_url: &str) -> anyhow::Result<Shim> {
-        let bin = dist("sluice")?;
-        let port = free_port()?;
-        let mut cmd = Command::new(bin);
-        cmd.arg("serve").arg("--listen").arg(format!("127.0.0.1:{port}"));
-        cmd.arg("--redis").arg(redis_url);
-        let mut proc = Proc::spawn("sluice-shim", cmd, scratch_dir("shim")?)?;
-        proc.wait_ready(STARTUP, || matches!(http_get(port, "/healthz"), Some((200, _))))?;
-        Ok(Shim { port, proc })
+    /// Starts `sluice serve --redis-cluster URL,...` (the seed nodes) and waits for `/healthz`.
+    pub fn start_cluster(seed_urls: &[String]) -> anyhow::Result<Shim> {
+        Shim::start_with(["--redis-cluster".into(), seed_urls.join(",")])
+    }
+
+    fn start_with(store: [String; 2]) -> anyhow::Result<Shim> {
+        retry_port_clash(|| {
+            let port = free_port()?;
+            let proc = spawn(port, &store)?;
+            Ok(Shim { port, store: store.clone(), proc })
+        })
+    }
+
+    /// Fault injection: SIGKILL, as a crash; the port refuses connections until
+    /// [`Shim::start_again`].
+    pub fn kill(&mut self) {
+        self.proc.kill();
+    }
+
+    /// Starts the shim again on the same port with the same store (after
+    /// [`Shim::kill`]) and waits for `/healthz`.
+    pub fn start_again(&mut self) -> anyhow::Result<()> {
+        self.proc.kill();
+        self.proc = spawn(self.port, &self.store)?;
+        Ok(())
     }
 
     /// The shim's log (its stderr) so far.
@@ -55,7 +76,18 @@ impl Shim {
                     matches!(http_get(port, "/healthz"), Some((200, _)))
                 }
             })?;
-            Ok(Shim { port, proc })
+            // `start_again` restarts it without `args`.
+            Ok(Shim { port, store: ["--redis".into(), redis_url.into()], proc })
         })
     }
+}
+
+fn spawn(port: u16, store: &[String; 2]) -> anyhow::Result<Proc> {
+    let bin = dist("sluice")?;
+    let mut cmd = Command::new(bin);
+    cmd.arg("serve").arg("--listen").arg(format!("127.0.0.1:{port}"));
+    cmd.args(store);
+    let mut proc = Proc::spawn("sluice-shim", cmd, scratch_dir("shim")?)?;
+    proc.wait_ready(STARTUP, || matches!(http_get(port, "/healthz"), Some((200, _))))?;
+    Ok(proc)
 }

@@ -8,17 +8,21 @@
 //! - `apt`: non-interactive Debian installs.
 //! - `cmd`: running external commands with clear errors and a clean environment.
 //! - `test`: what CI runs.
+//! - `browser`: Chromium, Node.js and playwright-core for the page tests, and running them.
 //! - `demo`: the dual-window demo through real Envoy.
 //! - `bench`: every benchmark scenario on loopback, written to `bench/results/`.
 //! - `fuzz`: the cargo-fuzz targets in `fuzz/`, for a given time each.
+//! - `playground`: the policy playground, a static site in `dist/playground/`.
 
 mod apt;
 mod bench;
+mod browser;
 mod build;
 mod cmd;
 mod demo;
 mod deps;
 mod fuzz;
+mod playground;
 mod test;
 mod wasm;
 
@@ -56,6 +60,8 @@ enum Task {
         #[arg(long)]
         quick: bool,
     },
+    /// Build the policy playground into dist/playground/ (the shim serves it at /playground).
+    Playground,
     /// Run the fuzz targets (nightly, libFuzzer, ASan); not part of `test`.
     Fuzz {
         /// How long each target runs.
@@ -73,6 +79,7 @@ fn main() -> ExitCode {
         Task::Test { test_args } => test::run(&test_args),
         Task::Demo { keep_running } => run_demo(keep_running),
         Task::Bench { quick } => bench::run(quick),
+        Task::Playground => playground::build().map(drop),
         Task::Fuzz { seconds, target } => fuzz::run(seconds, target.as_deref()),
     };
     match result {

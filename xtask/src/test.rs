@@ -2,13 +2,16 @@
 //! toolchain are there, builds `dist/`, then runs every test in the workspace
 //! with the three `SLUICE_*` variables pointing at what it found and built.
 //!
+//! Then it builds the playground and runs the page tests in headless
+//! Chromium (`playground/tests/`, Node's test runner).
+//!
 //! Last, it runs `cargo xtask bench --quick`, only to prove that the bench
 //! still runs end to end; its numbers are never judged (they go to
 //! `target/bench-quick/`, not to the committed results).
 
 use anyhow::{Context, Result};
 
-use crate::{bench, build, cmd, deps};
+use crate::{bench, browser, build, cmd, deps, playground};
 
 /// `test_args` go to the test binaries (after `--`), e.g. `--nocapture`.
 pub(crate) fn run(test_args: &[String]) -> Result<()> {
@@ -27,6 +30,9 @@ pub(crate) fn run(test_args: &[String]) -> Result<()> {
         test.arg("--").args(test_args);
     }
     cmd::run(&mut test)?;
+
+    let site = playground::build()?;
+    browser::test(&site)?;
 
     eprintln!("xtask: bench --quick, to prove the bench runs (its timings are not checked)");
     bench::run(true).context("the bench smoke run (cargo xtask bench --quick) failed")

@@ -54,14 +54,59 @@ pub(crate) fn build() -> Result<Artifacts> {
     Ok(Artifacts { plugin: artifact_in(&target_dir, PLUGIN.1)?, floor: artifact_in(&target_dir, FLOOR.1)? })
 }
 
-/// The rustup toolchain's wasm32-wasip1 lib dir, if it holds a libstd.
-fn rustup_wasm_std() -> Option<PathBuf> {
-    let sysroot = cmd::probe(cmd::clean("rustc").args(["--print", "sysroot"]))?;
-    wasm_std_in(Path::new(&sysroot))
+/// The browser target, for the playground (wasm-bindgen).
+const BROWSER: &str = "wasm32-unknown-unknown";
+
+/// Builds `package` for the browser (wasm32-unknown-unknown) by the same
+/// two routes; the path of its `.wasm` (named `artifact`).
+pub(crate) fn build_browser(package: &str, artifact: &str) -> Result<PathBuf> {
+    let started = Instant::now();
+    let target_dir = match rustup_std(BROWSER) {
+        Some(_) => {
+            let dir = workspace_root().join("target/wasm-rustup");
+            cmd::run(
+                cmd::cargo()
+                    .args(["build", "--profile", "wasm", "--target", BROWSER, "-p", package])
+                    .env("CARGO_TARGET_DIR", &dir),
+            )?;
+            dir
+        }
+        None => {
+            ensure_debian()?;
+            let dir = workspace_root().join("target/wasm");
+            cmd::run(
+                cmd::clean(DEBIAN_CARGO)
+                    .current_dir(workspace_root())
+                    .args(["build", "--profile", "wasm", "-Zbuild-std=std,panic_abort", "--target", BROWSER])
+                    .args(["-p", package])
+                    .env("RUSTC", DEBIAN_RUSTC)
+                    .env("RUSTC_BOOTSTRAP", "1")
+                    .env("CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER", WASM_LD)
+                    .env("CARGO_TARGET_DIR", &dir),
+            )?;
+            dir
+        }
+    };
+    eprintln!("xtask: {package} for the browser took {:.1}s", started.elapsed().as_secs_f64());
+    let path = target_dir.join(BROWSER).join("wasm").join(artifact);
+    path.is_file()
+        .then(|| path.clone())
+        .with_context(|| format!("the build succeeded but {} is missing", path.display()))
 }
 
-fn wasm_std_in(sysroot: &Path) -> Option<PathBuf> {
-    let lib = sysroot.join("lib/rustlib").join(TARGET).join("lib");
+/// The rustup toolchain's wasm32-wasip1 lib dir, if it holds a libstd.
+fn rustup_wasm_std() -> Option<PathBuf> {
+    rustup_std(TARGET)
+}
+
+/// The rustup toolchain's lib dir for `target`, if it holds a libstd.
+fn rustup_std(target: &str) -> Option<PathBuf> {
+    let sysroot = cmd::probe(cmd::clean("rustc").args(["--print", "sysroot"]))?;
+    std_in(Path::new(&sysroot), target)
+}
+
+fn std_in(sysroot: &Path, target: &str) -> Option<PathBuf> {
+    let lib = sysroot.join("lib/rustlib").join(target).join("lib");
     let has_std = std::fs::read_dir(&lib).ok()?.flatten().any(|entry| {
         let name = entry.file_name();
         let name = name.to_string_lossy();
@@ -81,11 +126,17 @@ fn build_rustup() -> Result<PathBuf> {
     Ok(target_dir)
 }
 
-fn build_debian() -> Result<PathBuf> {
+/// Debian's rustc-web, its std source, wasm-ld and wasi-libc, installed if missing.
+fn ensure_debian() -> Result<()> {
     let needed = [DEBIAN_RUSTC, DEBIAN_CARGO, DEBIAN_STD_SRC, WASM_LD, WASI_LIBC];
     if needed.iter().any(|p| !Path::new(p).exists()) {
-        apt::install(DEBIAN_PACKAGES, "building the wasm filter without rustup's wasm32-wasip1 std")?;
+        apt::install(DEBIAN_PACKAGES, "building wasm without rustup's wasm std")?;
     }
+    Ok(())
+}
+
+fn build_debian() -> Result<PathBuf> {
+    ensure_debian()?;
     let target_dir = workspace_root().join("target/wasm");
     cmd::run(
         cmd::clean(DEBIAN_CARGO)
@@ -119,10 +170,10 @@ mod tests {
         let sysroot = std::env::temp_dir().join(format!("xtask-sysroot-{}", std::process::id()));
         let lib = sysroot.join("lib/rustlib/wasm32-wasip1/lib");
         std::fs::create_dir_all(&lib).expect("create fake sysroot");
-        assert_eq!(wasm_std_in(&sysroot), None, "an empty lib dir is not a std");
+        assert_eq!(std_in(&sysroot, TARGET), None, "an empty lib dir is not a std");
 
         std::fs::write(lib.join("libstd-0123abcd.rlib"), b"").expect("write fake libstd");
-        assert_eq!(wasm_std_in(&sysroot), Some(lib));
+        assert_eq!(std_in(&sysroot, TARGET), Some(lib));
         std::fs::remove_dir_all(&sysroot).expect("clean up fake sysroot");
     }
 }

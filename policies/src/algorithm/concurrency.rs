@@ -3,11 +3,22 @@
 //! One entry per request in flight, scored by when its lease expires. A
 //! request passes while fewer than `limit` leases are live. The stream's end
 //! releases its lease; a lease whose holder died expires after `lease` and is
-//! reclaimed by the next check, which counts it.
+//! reclaimed by the next check, which counts it; a slot reclaimed goes to the
+//! oldest waiter first (`queue`, which `check` runs before this). An id
+//! released before its check arrived (tombstoned) never takes a lease.
 
 use super::{Found, State, View};
 
-pub fn check(state: Option<&State>, now: u64, id: &str, limit: u64, lease: u64) -> Found {
+/// `state` has had its expired leases reclaimed (`reclaimed` of them).
+pub fn check(
+    state: Option<&State>,
+    now: u64,
+    id: &str,
+    limit: u64,
+    lease: u64,
+    reclaimed: u64,
+    tombstoned: bool,
+) -> Found {
     let all: Vec<(u64, String)> = match state {
         Some(State::Set(entries)) => entries.clone(),
         _ => Vec::new(),
@@ -15,10 +26,9 @@ pub fn check(state: Option<&State>, now: u64, id: &str, limit: u64, lease: u64) 
     // A lease that expires at x is live while now < x.
     let mut live: Vec<(u64, String)> = all.iter().filter(|(x, _)| *x > now).cloned().collect();
     live.sort();
-    let reclaimed = (all.len() - live.len()) as u64;
     let count = live.len() as u64;
     let soonest = live.first().map(|(x, _)| *x);
-    let allowed = count < limit;
+    let allowed = count < limit && !tombstoned;
     let pruned = State::Set(live.clone());
     live.push((now + lease, id.to_string()));
     Found {
@@ -34,17 +44,5 @@ pub fn check(state: Option<&State>, now: u64, id: &str, limit: u64, lease: u64) 
         held_until: None,
         pruned: Some(pruned),
         commit: Some(State::Set(live)),
-    }
-}
-
-/// `lua/release.lua`: ends lease `id`; true if it was live.
-pub fn release(state: Option<&mut State>, id: &str) -> bool {
-    match state {
-        Some(State::Set(entries)) => {
-            let before = entries.len();
-            entries.retain(|(_, m)| m != id);
-            entries.len() < before
-        }
-        _ => false,
     }
 }

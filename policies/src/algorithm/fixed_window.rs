@@ -3,12 +3,35 @@
 //!
 //! The window of `now` is `now / window`; it ends at `(index + 1) * window`.
 //! A request passes while the window's count is below `limit`.
+//!
+//! The state holds one window and never goes back to an older one. A stored
+//! window newer than now's means now's window is full (a reservation moves on
+//! to a later window only when the current one is full) or the clock stepped
+//! back; either way nothing is admitted before the stored window, which keeps
+//! its count.
 
+use super::reserve::{Committed, Slot};
 use super::{Found, State, View};
 
 pub fn check(state: Option<&State>, now: u64, limit: u64, window: u64) -> Found {
     let index = now / window;
     let end = (index + 1) * window;
+    if let Some(&State::Counter { window: stored, count }) = state {
+        if stored > index {
+            let wait = stored * window - now + if count >= limit { window } else { 0 };
+            let view = View { remaining: 0, reset_us: wait };
+            return Found {
+                allowed: false,
+                now: view,
+                after: view,
+                retry_us: Some(wait),
+                reclaimed: 0,
+                held_until: None,
+                pruned: None,
+                commit: None,
+            };
+        }
+    }
     let count = match state {
         Some(&State::Counter { window: w, count }) if w == index => count,
         _ => 0,
@@ -24,5 +47,62 @@ pub fn check(state: Option<&State>, now: u64, limit: u64, window: u64) -> Found 
         held_until: None,
         pruned: None,
         commit: Some(State::Counter { window: index, count: count + 1 }),
+    }
+}
+
+/// Waiting (`reserve`): the earliest time at or after `now` at which a window
+/// has room. The stored window, if not older than now's, is where counting
+/// goes on; past a full one the next window is empty. A slot in a later
+/// window than now's moves on by `margin`, and so does one in a window that
+/// already holds requests (arrival order). Any later time is admissible too:
+/// the request counts in the window of the time it is committed at.
+pub fn reserve(state: Option<&State>, now: u64, limit: u64, window: u64, margin: u64) -> Slot {
+    let current = now / window;
+    let (stored, count) = match state {
+        Some(&State::Counter { window, count }) => (Some(window), count),
+        _ => (None, 0),
+    };
+    let (mut index, n) = match stored {
+        Some(w) if w >= current => (w, count),
+        _ => (current, 0),
+    };
+    let remaining_now = if index == current { limit.saturating_sub(n) } else { 0 };
+    if n >= limit {
+        index += 1;
+    }
+    // Reservations keep arrival order: a window already holding requests may
+    // hold some reserved at its start + margin, so nobody goes before that.
+    let at = if index > current {
+        index * window + margin
+    } else if Some(index) == stored {
+        now.max(index * window + margin)
+    } else {
+        now
+    };
+    Slot {
+        at: Some(at),
+        remaining_now,
+        pruned: None,
+        commit: Box::new(move |t| {
+            let slot = t / window;
+            let held = if Some(slot) == stored { count } else { 0 };
+            let stop = (slot + 1) * window;
+            Committed {
+                state: State::Counter { window: slot, count: held + 1 },
+                view: View { remaining: limit.saturating_sub(held + 1), reset_us: stop - t },
+                held_until: None,
+            }
+        }),
+    }
+}
+
+/// Cancellation (`cancel`): gives back a reservation's count only while its
+/// window is still ahead of `now` and still the stored one.
+pub fn cancel(state: Option<&mut State>, now: u64, at: u64, window: u64) {
+    let slot = at / window;
+    if let Some(State::Counter { window: stored, count }) = state {
+        if *stored == slot && slot > now / window {
+            *count = count.saturating_sub(1);
+        }
     }
 }

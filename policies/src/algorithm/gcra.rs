@@ -8,6 +8,7 @@
 //! `tat - now <= tau`. Over any interval `t`, at most `burst + t / interval`
 //! units pass.
 
+use super::reserve::{Committed, Slot};
 use super::{Found, State, View};
 
 pub fn check(state: Option<&State>, now: u64, interval: u64, burst: u64, cost: u64) -> Found {
@@ -58,5 +59,45 @@ pub fn adjust(state: Option<&State>, now: u64, interval: u64, delta: i64, held_u
         tat.saturating_add(change)
     } else {
         tat.saturating_sub(change.min(held_until.saturating_sub(now))).max(now)
+    }
+}
+
+/// Waiting (`reserve`): the earliest `t` at or after `now` at which the
+/// bucket takes the request with `margin` to spare: `cost * interval <= tau`
+/// and `tat - t <= tau - cost * interval - margin`, on the stored `tat` (for
+/// margin 0, `check`'s rule). The partner's own bucket may see our requests
+/// up to `margin` late; its tolerance is then `margin` smaller. Committed at
+/// `t`, `tat` moves on from `max(tat, t)`. A cost beyond the whole bucket
+/// never passes (`at: None`).
+pub fn reserve(state: Option<&State>, now: u64, interval: u64, burst: u64, cost: u64, margin: u64) -> Slot {
+    let tau = interval * burst;
+    let tat = match state {
+        Some(&State::Tat(tat)) => tat,
+        _ => now,
+    };
+    let need = cost.saturating_mul(interval);
+    let at = (need <= tau).then(|| now.max((tat + need + margin).saturating_sub(tau)));
+    Slot {
+        at,
+        remaining_now: (now + tau).saturating_sub(tat.max(now)) / interval,
+        pruned: None,
+        commit: Box::new(move |t| {
+            let new_tat = tat.max(t) + need;
+            Committed {
+                state: State::Tat(new_tat),
+                view: View { remaining: (t + tau).saturating_sub(new_tat) / interval, reset_us: new_tat - t },
+                held_until: Some(new_tat),
+            }
+        }),
+    }
+}
+
+/// Cancellation (`cancel`): moves `tat` back by the request's charge only
+/// while it is still exactly the `tat` this reservation set (the newest).
+pub fn cancel(state: Option<&mut State>, held_until: u64, interval: u64, cost: u64) {
+    if let Some(State::Tat(tat)) = state {
+        if *tat == held_until {
+            *tat = held_until - cost * interval;
+        }
     }
 }

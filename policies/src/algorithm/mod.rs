@@ -8,9 +8,12 @@
 //!
 //! Times are integer microseconds. Results are in milliseconds, rounded up.
 
+pub mod cancel;
 pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
+pub mod queue;
+pub mod reserve;
 pub mod sliding_approx;
 pub mod sliding_window;
 
@@ -117,6 +120,8 @@ pub enum State {
     Approx { window: u64, current: u64, previous: u64 },
     /// gcra: the theoretical arrival time (a string).
     Tat(u64),
+    /// concurrency: the requests waiting for a slot (Redis: `:q`, `:d`, `:w`).
+    Queue(Vec<queue::Waiter>),
 }
 
 /// The model's Redis: state by key. Expiry is not modelled: every key's TTL
@@ -167,10 +172,21 @@ pub struct Reply {
 
 /// `lua/check.lua`: decides every limit at once, all or nothing.
 pub fn check(store: &mut Store, now: u64, id: &str, limits: &[(String, Algorithm)]) -> Reply {
-    // Phase 1: check.
+    // Phase 1: check. Expired leases go back, to waiters first (queue.lua).
+    let reclaimed: Vec<(u64, bool)> = limits
+        .iter()
+        .map(|(key, alg)| match *alg {
+            Algorithm::Concurrency { limit, lease_us } => {
+                let reclaimed = queue::reclaim(store, key, now, limit, lease_us);
+                (reclaimed, queue::tombstoned(store, key, now, id))
+            }
+            _ => (0, false),
+        })
+        .collect();
     let found: Vec<Found> = limits
         .iter()
-        .map(|(key, alg)| {
+        .zip(&reclaimed)
+        .map(|((key, alg), &(reclaimed, tombstoned))| {
             let state = store.keys.get(key);
             match *alg {
                 Algorithm::FixedWindow { limit, window_us } => {
@@ -186,7 +202,7 @@ pub fn check(store: &mut Store, now: u64, id: &str, limits: &[(String, Algorithm
                     gcra::check(state, now, interval_us, burst, cost)
                 }
                 Algorithm::Concurrency { limit, lease_us } => {
-                    concurrency::check(state, now, id, limit, lease_us)
+                    concurrency::check(state, now, id, limit, lease_us, reclaimed, tombstoned)
                 }
             }
         })
@@ -229,9 +245,11 @@ pub fn check(store: &mut Store, now: u64, id: &str, limits: &[(String, Algorithm
     Reply { allowed, retry_after_ms: if allowed { Some(0) } else { retry_after_ms }, limits: outcomes }
 }
 
-/// `lua/release.lua`: ends lease `id` on each key; how many were there.
-pub fn release(store: &mut Store, keys: &[String], id: &str) -> u64 {
-    keys.iter().filter(|key| concurrency::release(store.keys.get_mut(*key), id)).count() as u64
+/// `lua/release.lua`: ends lease `id` on each (key, limit, lease); how many
+/// were there. Freed slots go to waiters (`queue`).
+pub fn release(store: &mut Store, now: u64, keys: &[(String, u64, u64)], id: &str) -> u64 {
+    keys.iter().filter(|(key, limit, lease)| queue::release(store, key, now, id, *limit, *lease)).count()
+        as u64
 }
 
 /// `lua/adjust.lua`: for each (key, interval, delta, held_until), charges or

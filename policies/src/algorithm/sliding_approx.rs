@@ -14,8 +14,14 @@
 use super::{Found, State, View};
 
 pub fn check(state: Option<&State>, now: u64, limit: u64, window: u64) -> Found {
-    let index = now / window;
-    let elapsed = now - index * window;
+    let mut index = now / window;
+    // The state never goes back to an older window: after the clock steps
+    // back, the stored newer window stays the current one, seen from its start.
+    if let Some(&State::Approx { window: w, .. }) = state {
+        index = index.max(w);
+    }
+    let elapsed = now.saturating_sub(index * window);
+    let ahead = (index * window).saturating_sub(now);
     let (current, previous) = match state {
         Some(&State::Approx { window: w, current, previous }) if w == index => (current, previous),
         Some(&State::Approx { window: w, current, .. }) if w + 1 == index => (0, current),
@@ -26,8 +32,8 @@ pub fn check(state: Option<&State>, now: u64, limit: u64, window: u64) -> Found 
     let weighted = p * (w - e);
     let allowed = weighted + (c + 1.0) * w <= l * w;
     let remaining = |charged: f64| ((l * w - (weighted + charged * w)) / w).floor().max(0.0) as u64;
-    let retry = if allowed { 0 } else { wait(current, previous, limit, window, elapsed) };
-    let reset = window - elapsed;
+    let retry = if allowed { 0 } else { wait(current, previous, limit, window, elapsed) + ahead };
+    let reset = window - elapsed + ahead;
     Found {
         allowed,
         now: View { remaining: remaining(c), reset_us: reset },

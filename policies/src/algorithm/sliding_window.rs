@@ -4,6 +4,7 @@
 //! `s` counts while `now < s + window`, so over any interval one window long
 //! at most `limit` requests are admitted.
 
+use super::reserve::{Committed, Slot};
 use super::{Found, State, View};
 
 pub fn check(state: Option<&State>, now: u64, id: &str, limit: u64, window: u64) -> Found {
@@ -33,5 +34,52 @@ pub fn check(state: Option<&State>, now: u64, id: &str, limit: u64, window: u64)
         held_until: None,
         pruned: Some(pruned),
         commit: Some(State::Set(live)),
+    }
+}
+
+/// Waiting (`reserve`): the earliest `t` at or after `now`, and at or after
+/// the newest entry (reservations keep arrival order), at which fewer than
+/// `limit` entries lie in `(t - span, t]`, `span = window + margin`. Entries
+/// may be in the future: they count. With `t` at or after every entry, that
+/// holds once the entry at rank `count - limit` (oldest first) is at or
+/// before `t - span`.
+pub fn reserve(state: Option<&State>, now: u64, id: &str, limit: u64, window: u64, margin: u64) -> Slot {
+    let span = window + margin;
+    let mut live: Vec<(u64, String)> = match state {
+        Some(State::Set(entries)) => entries.iter().filter(|(s, _)| s + span > now).cloned().collect(),
+        _ => Vec::new(),
+    };
+    live.sort();
+    let count = live.len() as u64;
+    let mut at = now.max(live.last().map_or(0, |(s, _)| *s));
+    if count >= limit {
+        at = at.max(live[(count - limit) as usize].0 + span);
+    }
+    let id = id.to_string();
+    Slot {
+        at: Some(at),
+        remaining_now: limit.saturating_sub(count),
+        pruned: Some(State::Set(live.clone())),
+        commit: Box::new(move |t| {
+            let counting: Vec<u64> = live.iter().map(|(s, _)| *s).filter(|s| s + span > t).collect();
+            let oldest = counting.first().copied().unwrap_or(t);
+            let view = View {
+                remaining: limit.saturating_sub(counting.len() as u64 + 1),
+                reset_us: oldest + span - t,
+            };
+            // ZADD: an entry already under this id (a mixed waiter's earlier
+            // slot) moves to t.
+            let mut entries: Vec<(u64, String)> = live.iter().filter(|(_, m)| *m != id).cloned().collect();
+            entries.push((t, id.clone()));
+            Committed { state: State::Set(entries), view, held_until: None }
+        }),
+    }
+}
+
+/// Cancellation (`cancel`): removes the request's entry while it is still in
+/// the future.
+pub fn cancel(state: Option<&mut State>, now: u64, id: &str) {
+    if let Some(State::Set(entries)) = state {
+        entries.retain(|(s, m)| m != id || *s <= now);
     }
 }

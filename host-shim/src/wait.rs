@@ -1,0 +1,247 @@
+//! Egress waiting: a check with `wait_ms` is held instead of denied.
+//!
+//! Time-based limits are reserved in one atomic call (`lua/reserve.lua`, the
+//! waiting path of `lua/check.lua`): the script finds the earliest slot at
+//! which every limit admits the request and charges them all there, or, if
+//! that slot is further away than the wait, charges nothing and says how far
+//! it is. The shim then sleeps for the delay the script computed on Redis's
+//! clock (never its own view of the slot) and answers allowed, with no second
+//! Redis call.
+//!
+//! If the client goes away while the answer is held (Envoy resets the h2
+//! stream and hyper drops the handler's future), a drop guard spawns
+//! `lua/cancel.lua`, which gives back only what is provably safe.
+//!
+//! Approximate windows keep no per-request state, so they cannot reserve; a
+//! waiting request holding one is refused (400).
+
+use std::time::{Duration, Instant};
+
+use sluice_policies::algorithm::Algorithm;
+use sluice_policies::wire::{CheckRequest, CheckResponse};
+
+use crate::keys::ScriptLimit;
+use crate::limiter::{by_check, decode, store_error, CheckError, Limiter, SlotReply};
+use crate::scripts::Scripts;
+use crate::store::Store;
+
+/// The longest a request may be held: a day, far beyond any sane wait, and
+/// short enough that deadlines never overflow.
+pub const MAX_WAIT_MS: u64 = 86_400_000;
+
+/// Refuses what waiting cannot do: a wait beyond [`MAX_WAIT_MS`], approximate windows, and more than one
+/// concurrency limit (one queue per request).
+pub(crate) fn refuse_unsupported(limits: &[ScriptLimit], wait_us: u64) -> Result<(), String> {
+    if wait_us > MAX_WAIT_MS * 1000 {
+        return Err(format!("wait_ms: at most {MAX_WAIT_MS} (a day)"));
+    }
+    if limits.iter().any(|l| matches!(l.algorithm, Algorithm::SlidingApprox { .. })) {
+        return Err("wait_ms: an approximate sliding window cannot wait (it keeps no per-request \
+                    state to reserve a slot in); use an exact sliding_window"
+            .into());
+    }
+    let leases = limits.iter().filter(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })).count();
+    if leases > 1 {
+        return Err("wait_ms: a request can wait on one concurrency limit, not several".into());
+    }
+    Ok(())
+}
+
+/// The margin of each limit, in µs: its check's `margin_ms`.
+pub(crate) fn margins(req: &CheckRequest<'_>) -> Vec<u64> {
+    req.checks
+        .iter()
+        .flat_map(|c| std::iter::repeat_n(c.margin_ms.unwrap_or(0).saturating_mul(1000), c.limits.len()))
+        .collect()
+}
+
+/// A waiting check on one Redis slot: reserve, hold, answer.
+pub(crate) async fn check(
+    limiter: &Limiter,
+    req: &CheckRequest<'_>,
+    limits: &[ScriptLimit],
+    id: &str,
+    now: &str,
+    wait_us: u64,
+) -> Result<CheckResponse, CheckError> {
+    if let [limit @ ScriptLimit { algorithm: Algorithm::Concurrency { .. }, .. }] = limits {
+        return crate::queue::check(limiter, req, limit, id, now, wait_us).await;
+    }
+    if limits.iter().any(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })) {
+        return crate::mixed::check(limiter, req, limits, id, now, wait_us).await;
+    }
+    let reply = reserve(limiter, limits, now, id, wait_us, &margins(req)).await?;
+    let held_until: Vec<u64> = reply.limits.iter().map(|l| l.held_until_us.unwrap_or(0)).collect();
+    let mut response = CheckResponse {
+        allowed: reply.allowed,
+        retry_after_ms: reply.retry_after_ms,
+        checks: by_check(req, reply.limits.into_iter()),
+        lease: None,
+        waited_ms: None,
+    };
+    let Some(at) = reply.at.filter(|_| reply.allowed) else { return Ok(response) };
+    let delay = at.saturating_sub(u64::try_from(reply.now).unwrap_or(0));
+    if delay == 0 {
+        return Ok(response);
+    }
+    let mut guard = Cancel::new(limiter, id, at, limits.to_vec(), held_until, now);
+    tokio::time::sleep(Duration::from_micros(delay)).await;
+    guard.disarm();
+    response.waited_ms = Some(ceil_ms(guard.started.elapsed()));
+    Ok(response)
+}
+
+fn ceil_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
+}
+
+/// A waiting request's reservation, not held: for tests.
+#[derive(Debug)]
+pub struct Reserved {
+    pub response: CheckResponse,
+    /// The slot admitted at, in µs on Redis's clock; `None` when denied.
+    pub at: Option<u64>,
+    /// The time the script decided at.
+    pub now: u64,
+}
+
+/// Reserves a waiting request's time slots (one Redis slot, time-based
+/// limits) without holding it: what [`check`] does before it sleeps.
+pub async fn reserve_request(limiter: &Limiter, req: &CheckRequest<'_>) -> Result<Reserved, CheckError> {
+    let limits = crate::keys::script_limits(&req.checks).map_err(CheckError::BadRequest)?;
+    let wait_us = req.wait_ms.unwrap_or(0).saturating_mul(1000);
+    refuse_unsupported(&limits, wait_us).map_err(CheckError::BadRequest)?;
+    let now = limiter.time_arg(req.now_us)?;
+    let id = req.id.as_deref().unwrap_or("reserved");
+    let reply = reserve(limiter, &limits, &now, id, wait_us, &margins(req)).await?;
+    Ok(Reserved {
+        at: reply.at.filter(|_| reply.allowed),
+        now: u64::try_from(reply.now).unwrap_or(0),
+        response: CheckResponse {
+            allowed: reply.allowed,
+            retry_after_ms: reply.retry_after_ms,
+            checks: by_check(req, reply.limits.into_iter()),
+            lease: None,
+            waited_ms: None,
+        },
+    })
+}
+
+/// One call of the check script's waiting path.
+pub(crate) async fn reserve(
+    limiter: &Limiter,
+    limits: &[ScriptLimit],
+    now: &str,
+    id: &str,
+    wait_us: u64,
+    margins: &[u64],
+) -> Result<SlotReply, CheckError> {
+    let mut call = limiter.scripts.check.prepare_invoke();
+    call.arg(now).arg(id);
+    for limit in limits {
+        let (name, [a, b, c]) = limit.algorithm.script_args();
+        call.key(&limit.key).arg(name).arg(a).arg(b).arg(c);
+    }
+    call.arg(wait_us);
+    for margin in margins {
+        call.arg(*margin);
+    }
+    let reply: Vec<i64> = limiter.store.invoke(&call).await.map_err(store_error)?;
+    decode(limits.len(), &reply)
+        .ok_or_else(|| CheckError::Store(format!("unexpected script reply {reply:?}")))
+}
+
+/// Gives a held reservation back if dropped while armed: the client went away.
+pub(crate) struct Cancel {
+    store: std::sync::Arc<Store>,
+    scripts: std::sync::Arc<Scripts>,
+    id: String,
+    at: u64,
+    limits: Vec<ScriptLimit>,
+    held_until: Vec<u64>,
+    /// The shim's test mode: the request's explicit time, moved on by the hold.
+    test_now: Option<u64>,
+    started: Instant,
+    armed: bool,
+}
+
+impl Cancel {
+    /// Armed, for a reservation at `at` made with the script time `now`.
+    pub(crate) fn new(
+        limiter: &Limiter,
+        id: &str,
+        at: u64,
+        limits: Vec<ScriptLimit>,
+        held_until: Vec<u64>,
+        now: &str,
+    ) -> Cancel {
+        Cancel {
+            store: limiter.store.clone(),
+            scripts: limiter.scripts.clone(),
+            id: id.to_string(),
+            at,
+            limits,
+            held_until,
+            test_now: now.parse().ok(),
+            started: Instant::now(),
+            armed: true,
+        }
+    }
+
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Cancel {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let now = self
+            .test_now
+            .map(|t| (t + u64::try_from(self.started.elapsed().as_micros()).unwrap_or(0)).to_string())
+            .unwrap_or_default();
+        let (store, scripts) = (self.store.clone(), self.scripts.clone());
+        let (id, at, limits, held) = (
+            self.id.clone(),
+            self.at,
+            std::mem::take(&mut self.limits),
+            std::mem::take(&mut self.held_until),
+        );
+        runtime.spawn(async move {
+            let mut call = scripts.cancel.prepare_invoke();
+            call.arg(now).arg(&id).arg(at);
+            for (limit, held) in limits.iter().zip(held) {
+                let (name, [a, b, c]) = limit.algorithm.script_args();
+                call.key(&limit.key).arg(name).arg(a).arg(b).arg(c).arg(held);
+            }
+            match store.invoke::<i64>(&call).await {
+                Ok(_) => tracing::debug!(%id, "client gone while held: reservation given back"),
+                Err(err) => tracing::warn!(%id, %err, "cannot give back a cancelled reservation"),
+            }
+        });
+    }
+}
+
+/// Runs `lua/cancel.lua` for a reservation now, for tests: what the drop
+/// guard does when the client goes away.
+pub async fn cancel(
+    limiter: &Limiter,
+    limits: &[ScriptLimit],
+    now: Option<u64>,
+    id: &str,
+    at: u64,
+    held_until: &[u64],
+) -> Result<(), CheckError> {
+    let now = limiter.time_arg(now)?;
+    let mut call = limiter.scripts.cancel.prepare_invoke();
+    call.arg(now).arg(id).arg(at);
+    for (limit, held) in limits.iter().zip(held_until) {
+        let (name, [a, b, c]) = limit.algorithm.script_args();
+        call.key(&limit.key).arg(name).arg(a).arg(b).arg(c).arg(*held);
+    }
+    let _: i64 = limiter.store.invoke(&call).await.map_err(store_error)?;
+    Ok(())
+}

@@ -1,0 +1,129 @@
+//! Wake-ups for requests waiting on a concurrency slot: ONE Redis pub/sub
+//! subscriber per shim, on the shim's own channel `sluice:wake:<nonce>`.
+//!
+//! A release or reclaim that hands a slot to a waiter PUBLISHes the waiter's
+//! id on its shim's channel in the same atomic call (`lua/queue.lua`); the
+//! subscriber routes it to the waiting task by id. A waiter registers before
+//! it queues, so a wake-up that races its own queueing reply is not lost.
+//! The subscriber starts on the first wait (the shim starts while Redis is
+//! down) and reconnects by itself; a wake-up lost while it reconnects is
+//! covered by the waiter's deadline (`lua/leave.lua` passes the slot on).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Once};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::{oneshot, watch};
+
+pub struct Wakeups {
+    url: String,
+    /// The CA that signs Redis's certificate, for `rediss://`.
+    ca: Option<Vec<u8>>,
+    channel: String,
+    waiters: Mutex<HashMap<String, oneshot::Sender<String>>>,
+    subscribed: watch::Sender<bool>,
+    start: Once,
+}
+
+/// A registered waiter: its wake-up (the message: `<id>` served, `<id> <t'>
+/// <delay>` a mixed waiter's time slot reserved at t', `<id> -1` refused),
+/// and its removal from the map when dropped.
+pub struct Registration {
+    wakeups: Arc<Wakeups>,
+    id: String,
+    pub woken: oneshot::Receiver<String>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Ok(mut waiters) = self.wakeups.waiters.lock() {
+            waiters.remove(&self.id);
+        }
+    }
+}
+
+impl Wakeups {
+    /// `url`: the Redis (or one node of the cluster: PUBLISH reaches every
+    /// node) to subscribe on.
+    pub fn new(url: String, nonce: u64) -> Wakeups {
+        Wakeups {
+            url,
+            ca: None,
+            channel: format!("sluice:wake:{nonce:x}"),
+            waiters: Mutex::new(HashMap::new()),
+            subscribed: watch::channel(false).0,
+            start: Once::new(),
+        }
+    }
+
+    /// Trusts `ca` (PEM) for a `rediss://` URL instead of the system's roots.
+    pub fn with_ca(mut self, ca: Option<Vec<u8>>) -> Wakeups {
+        self.ca = ca;
+        self
+    }
+
+    pub fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// Registers `id` for its wake-up; starts the subscriber if needed.
+    pub fn register(self: &Arc<Self>, id: &str) -> Registration {
+        let me = self.clone();
+        self.start.call_once(|| {
+            tokio::spawn(me.subscribe_forever());
+        });
+        let (tx, rx) = oneshot::channel();
+        if let Ok(mut waiters) = self.waiters.lock() {
+            waiters.insert(id.to_string(), tx);
+        }
+        Registration { wakeups: self.clone(), id: id.to_string(), woken: rx }
+    }
+
+    /// Waits until the subscriber listens, at most `limit`; false if it does not.
+    pub async fn subscribed(&self, limit: Duration) -> bool {
+        let mut rx = self.subscribed.subscribe();
+        tokio::time::timeout(limit, rx.wait_for(|up| *up)).await.is_ok_and(|r| r.is_ok())
+    }
+
+    /// Completes when the subscriber loses its connection.
+    pub async fn lost(&self) {
+        let mut rx = self.subscribed.subscribe();
+        if rx.wait_for(|up| !*up).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    async fn subscribe_forever(self: Arc<Self>) {
+        loop {
+            if let Err(err) = self.subscribe_once().await {
+                tracing::warn!(%err, channel = %self.channel, "wake-up subscriber lost; reconnecting");
+            }
+            self.subscribed.send_replace(false);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn subscribe_once(&self) -> redis::RedisResult<()> {
+        let client = match &self.ca {
+            Some(ca) => {
+                let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(ca.clone()) };
+                redis::Client::build_with_tls(self.url.as_str(), certs)?
+            }
+            None => redis::Client::open(self.url.as_str())?,
+        };
+        let mut pubsub = client.get_async_pubsub().await?;
+        pubsub.subscribe(&self.channel).await?;
+        self.subscribed.send_replace(true);
+        let mut messages = pubsub.on_message();
+        while let Some(msg) = messages.next().await {
+            let Ok(message) = msg.get_payload::<String>() else { continue };
+            let id = message.split(' ').next().unwrap_or_default();
+            let waiter = self.waiters.lock().ok().and_then(|mut w| w.remove(id));
+            if let Some(tx) = waiter {
+                let _ = tx.send(message);
+            }
+        }
+        Err(redis::RedisError::from((redis::ErrorKind::Io, "subscription ended")))
+    }
+}

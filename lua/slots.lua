@@ -1,0 +1,54 @@
+-- slots: the earliest slot at which every time-based limit of a request
+-- admits it, and its charge there. Twin of policies/src/algorithm/reserve.rs,
+-- reserve(). Used by the waiting path of check.lua (reserve.lua) and by the
+-- queue's hand-over (queue.lua), which re-checks a waiter's time limits.
+--
+-- specs[i] = {key, kind, a, b, c, margin}. Each limit names the earliest
+-- time at or after now at which it admits the request; past that time it
+-- keeps admitting it (reservations on a key keep arrival order). The slot is
+-- the latest of these. If slot - now <= wait every limit is charged at the
+-- slot. Returns {allowed, at (-1: never), found, committed}: committed[i] =
+-- {view, held_until} when allowed.
+local function reserve_slots(now, id, wait, specs)
+  local found = {}
+  local at, never = now, false
+  for i, s in ipairs(specs) do
+    local f
+    if s.kind == 'fixed_window' then
+      f = fixed_window_reserve(s.key, now, s.a, s.b, s.margin)
+    elseif s.kind == 'sliding_window' then
+      f = sliding_window_reserve(s.key, now, id, s.a, s.b, s.margin)
+    elseif s.kind == 'gcra' then
+      f = gcra_reserve(s.key, now, s.a, s.b, s.c, s.margin)
+    else
+      return nil, 'cannot wait on ' .. tostring(s.kind)
+    end
+    found[i] = f
+    if f.at < 0 then never = true elseif f.at > at then at = f.at end
+  end
+  local allowed = (not never) and at - now <= wait
+  local committed = {}
+  if allowed then
+    for i, f in ipairs(found) do
+      local view, held = f.commit(at)
+      committed[i] = {view, held or 0}
+    end
+  end
+  if never then at = -1 end
+  return {allowed = allowed, at = at, found = found, committed = committed}
+end
+
+-- The specs a shim stored for a waiter, "key kind a b c margin ..." (keys
+-- never hold spaces: the shim refuses them).
+local function parse_specs(text)
+  local words = {}
+  for w in string.gmatch(text, '%S+') do words[#words + 1] = w end
+  local specs = {}
+  for i = 1, #words - 5, 6 do
+    specs[#specs + 1] = {
+      key = words[i], kind = words[i + 1], a = tonumber(words[i + 2]), b = tonumber(words[i + 3]),
+      c = tonumber(words[i + 4]), margin = tonumber(words[i + 5]),
+    }
+  end
+  return specs
+end

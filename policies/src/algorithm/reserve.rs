@@ -1,0 +1,112 @@
+//! `reserve`: the waiting path of `check`, for a request that may be held up
+//! to `wait` microseconds. Twin of `lua/reserve.lua`.
+//!
+//! Each limit names the earliest time at or after `now` at which it admits
+//! the request; past that time it keeps admitting it (reservations on a key
+//! keep arrival order, so nothing recorded lies beyond a later slot). The
+//! request's slot `t` is the latest of these. If `t - now <= wait`, every
+//! limit is charged at `t` and the shim holds its answer until `t`;
+//! otherwise nothing changes but expired entries, and the reply says how far
+//! away `t` is (`None`: never).
+//!
+//! Per limit: `allowed` is whether its own slot lies within the wait;
+//! `remaining` is what it still admits (after the request at `t`, or at
+//! `now` if denied); `reset_ms` is, when admitted, the time from `t` until it
+//! frees capacity, and when denied its own wait, as is `retry_after_ms`.
+
+use super::{ceil_ms, fixed_window, gcra, sliding_window, Algorithm, Reply, State, Store, View};
+use crate::wire::LimitOutcome;
+
+/// One limit's earliest slot.
+pub struct Slot {
+    /// `None`: the limit never admits the request.
+    pub at: Option<u64>,
+    /// What the limit admits at `now`, without the request.
+    pub remaining_now: u64,
+    /// The state with its expired entries removed, stored whatever the decision.
+    pub pruned: Option<State>,
+    /// Charges the request at `t >= at`.
+    pub commit: Box<dyn Fn(u64) -> Committed>,
+}
+
+pub struct Committed {
+    pub state: State,
+    /// The limit seen from `t`, the request charged.
+    pub view: View,
+    pub held_until: Option<u64>,
+}
+
+/// The answer to a waiting request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    pub reply: Reply,
+    /// The slot it is admitted at, in µs; `None` when denied.
+    pub at: Option<u64>,
+}
+
+/// A limit as the waiting path takes it: its key, its algorithm, its margin in µs.
+pub type Waiting = (String, Algorithm, u64);
+
+/// `lua/reserve.lua`. Concurrency and approximate windows cannot wait: the
+/// shim refuses them before they get here, and so does this (`None`).
+pub fn reserve(store: &mut Store, now: u64, id: &str, wait: u64, limits: &[Waiting]) -> Option<Reservation> {
+    let mut slots = Vec::with_capacity(limits.len());
+    for (key, alg, margin) in limits {
+        let state = store.keys.get(key);
+        let slot = match *alg {
+            Algorithm::FixedWindow { limit, window_us } => {
+                fixed_window::reserve(state, now, limit, window_us, *margin)
+            }
+            Algorithm::SlidingWindow { limit, window_us } => {
+                sliding_window::reserve(state, now, id, limit, window_us, *margin)
+            }
+            Algorithm::Gcra { interval_us, burst, cost } => {
+                gcra::reserve(state, now, interval_us, burst, cost, *margin)
+            }
+            Algorithm::SlidingApprox { .. } | Algorithm::Concurrency { .. } => return None,
+        };
+        slots.push(slot);
+    }
+    for ((key, _, _), slot) in limits.iter().zip(&slots) {
+        if let Some(state) = &slot.pruned {
+            store.keys.insert(key.clone(), state.clone());
+        }
+    }
+    let at = slots.iter().try_fold(now, |t, s| s.at.map(|a| t.max(a)));
+    let allowed = at.is_some_and(|t| t - now <= wait);
+    let mut outcomes = Vec::with_capacity(slots.len());
+    for ((key, _, _), slot) in limits.iter().zip(&slots) {
+        let own = slot.at.map(|a| ceil_ms(a - now));
+        outcomes.push(match at.filter(|_| allowed) {
+            Some(t) => {
+                let c = (slot.commit)(t);
+                store.keys.insert(key.clone(), c.state);
+                LimitOutcome {
+                    allowed: true,
+                    remaining: c.view.remaining,
+                    reset_ms: ceil_ms(c.view.reset_us),
+                    retry_after_ms: Some(0),
+                    reclaimed: 0,
+                    held_until_us: c.held_until,
+                }
+            }
+            None => LimitOutcome {
+                allowed: slot.at.is_some_and(|a| a - now <= wait),
+                remaining: slot.remaining_now,
+                reset_ms: own.unwrap_or(0),
+                retry_after_ms: own,
+                reclaimed: 0,
+                held_until_us: None,
+            },
+        });
+    }
+    let retry_after_ms = match at {
+        _ if allowed => Some(0),
+        Some(t) => Some(ceil_ms(t - now)),
+        None => None,
+    };
+    Some(Reservation {
+        reply: Reply { allowed, retry_after_ms, limits: outcomes },
+        at: at.filter(|_| allowed),
+    })
+}

@@ -1,0 +1,235 @@
+//! Egress waiting over the reference model: whatever the arrivals, waits,
+//! margins and cancellations, the requests finally admitted (reserved and
+//! not cancelled) never break any limit, and they are admitted in arrival
+//! order. The invariants are stated over the admitted times against the
+//! limit, not over the model's own formulas. The shim's differential test
+//! ties the scripts to this model, so they hold for the scripts too.
+
+use proptest::prelude::*;
+use sluice_policies::algorithm::cancel::{cancel, Reserved};
+use sluice_policies::algorithm::reserve::{reserve, Waiting};
+use sluice_policies::algorithm::{Algorithm, Store};
+
+#[derive(Debug, Clone)]
+enum Event {
+    /// After `gap` µs, a request of `cost` units that may wait `wait` µs.
+    Arrive { gap: u64, cost: u64, wait: u64 },
+    /// After `gap` µs, the client of the `n`th request still held goes away.
+    Leave { gap: u64, n: usize },
+}
+
+fn events() -> impl Strategy<Value = Vec<Event>> {
+    let gap = prop_oneof![Just(0u64), 0u64..5_000, 0u64..300_000];
+    let event = prop_oneof![
+        4 => (gap.clone(), 1u64..4, prop_oneof![Just(1u64), 0u64..50_000, 0u64..2_000_000])
+            .prop_map(|(gap, cost, wait)| Event::Arrive { gap, cost, wait }),
+        1 => (gap, any::<usize>()).prop_map(|(gap, n)| Event::Leave { gap, n }),
+    ];
+    prop::collection::vec(event, 1..200)
+}
+
+/// One limit of each time-based kind.
+fn limit() -> impl Strategy<Value = Algorithm> {
+    prop_oneof![
+        (1u64..6, 1u64..500).prop_map(|(limit, ms)| Algorithm::SlidingWindow { limit, window_us: ms * 1000 }),
+        (1u64..6, 1u64..500).prop_map(|(limit, ms)| Algorithm::FixedWindow { limit, window_us: ms * 1000 }),
+        (1u64..100_000, 1u64..6).prop_map(|(interval_us, burst)| Algorithm::Gcra {
+            interval_us,
+            burst,
+            cost: 1
+        }),
+    ]
+}
+
+/// (slot, cost) of every request admitted in the end, in arrival order.
+fn run(limits: &[Algorithm], margin: u64, events: &[Event]) -> Vec<(u64, u64)> {
+    let mut store = Store::default();
+    let mut now = 1_000_000_000u64;
+    // Arrival order: the slot and cost of each reserved request, None once cancelled.
+    let mut reserved: Vec<Option<(u64, u64)>> = Vec::new();
+    // Held: (index in reserved, id, slot, what each limit's charge set).
+    let mut held: Vec<(usize, String, u64, Vec<Reserved>)> = Vec::new();
+    for (n, event) in events.iter().enumerate() {
+        match *event {
+            Event::Arrive { gap, cost, wait } => {
+                now += gap;
+                held.retain(|h| h.2 > now);
+                let waiting: Vec<Waiting> = limits
+                    .iter()
+                    .enumerate()
+                    .map(|(i, alg)| {
+                        let alg = match *alg {
+                            Algorithm::Gcra { interval_us, burst, .. } => {
+                                Algorithm::Gcra { interval_us, burst, cost }
+                            }
+                            other => other,
+                        };
+                        (format!("k{i}"), alg, margin)
+                    })
+                    .collect();
+                let id = format!("r{n}");
+                let got = reserve(&mut store, now, &id, wait, &waiting).expect("time-based limits wait");
+                if let Some(at) = got.at {
+                    reserved.push(Some((at, cost)));
+                    let charges = waiting
+                        .iter()
+                        .zip(&got.reply.limits)
+                        .map(|((key, alg, _), l)| (key.clone(), *alg, l.held_until_us))
+                        .collect();
+                    held.push((reserved.len() - 1, id, at, charges));
+                }
+            }
+            Event::Leave { gap, n } => {
+                now += gap;
+                held.retain(|h| h.2 > now);
+                if held.is_empty() {
+                    continue;
+                }
+                let (index, id, at, charges) = held.remove(n % held.len());
+                cancel(&mut store, now, &id, at, &charges);
+                reserved[index] = None;
+            }
+        }
+    }
+    reserved.into_iter().flatten().collect()
+}
+
+proptest! {
+    /// Every limit holds over the admitted slots, margin included: an exact
+    /// window of `window + margin` never holds more than `limit`, an aligned
+    /// window never more than `limit`, a bucket never more than
+    /// `burst + span / interval` units, and `interval` limits space requests
+    /// at least `interval + margin` apart. Slots never go back in arrival order.
+    #[test]
+    fn admitted_slots_keep_every_limit_in_arrival_order(
+        limits in prop::collection::vec(limit(), 1..=2),
+        margin in prop_oneof![Just(0u64), 0u64..20_000],
+        events in events(),
+    ) {
+        let admitted = run(&limits, margin, &events);
+        for pair in admitted.windows(2) {
+            prop_assert!(pair[0].0 <= pair[1].0, "out of arrival order: {:?}", pair);
+        }
+        for alg in &limits {
+            match *alg {
+                Algorithm::SlidingWindow { limit, window_us } => {
+                    for (i, &(start, _)) in admitted.iter().enumerate() {
+                        let within = admitted[i..].iter().take_while(|(t, _)| *t < start + window_us + margin).count();
+                        prop_assert!(within as u64 <= limit, "{} in the window from {}", within, start);
+                    }
+                }
+                Algorithm::FixedWindow { limit, window_us } => {
+                    for (i, &(start, _)) in admitted.iter().enumerate() {
+                        let same = admitted[i..].iter().take_while(|(t, _)| t / window_us == start / window_us).count();
+                        prop_assert!(same as u64 <= limit, "{} in the window of {}", same, start);
+                    }
+                }
+                Algorithm::Gcra { interval_us, burst, .. } => {
+                    for i in 0..admitted.len() {
+                        let mut units = 0;
+                        for &(t, cost) in &admitted[i..] {
+                            units += cost;
+                            let span = t - admitted[i].0;
+                            prop_assert!(units * interval_us <= burst * interval_us + span,
+                                "{} units in {} µs", units, span);
+                        }
+                    }
+                    if burst == 1 {
+                        for pair in admitted.windows(2) {
+                            prop_assert!(pair[1].0 - pair[0].0 >= pair[1].1 * interval_us + margin,
+                                "spacing {:?} under interval {} + margin {}", pair, interval_us, margin);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum QueueEvent {
+    /// After `gap` µs, a request that may wait `wait` µs for a slot.
+    Arrive { gap: u64, wait: u64 },
+    /// The `n`th request seen so far is released (held or queued).
+    Release { n: usize },
+    /// The `n`th request seen so far leaves the queue (timeout or client gone).
+    Leave { n: usize },
+    /// After `gap` µs, a waiting shim's reclaim timer fires.
+    Reclaim { gap: u64 },
+}
+
+fn queue_events() -> impl Strategy<Value = Vec<QueueEvent>> {
+    let gap = prop_oneof![Just(0u64), 0u64..5_000, 0u64..300_000];
+    let event = prop_oneof![
+        4 => (gap.clone(), prop_oneof![Just(1u64), 0u64..1_000_000]).prop_map(|(gap, wait)| QueueEvent::Arrive { gap, wait }),
+        3 => any::<usize>().prop_map(|n| QueueEvent::Release { n }),
+        1 => any::<usize>().prop_map(|n| QueueEvent::Leave { n }),
+        1 => gap.prop_map(|gap| QueueEvent::Reclaim { gap }),
+    ];
+    prop::collection::vec(event, 1..200)
+}
+
+proptest! {
+    /// Whatever the arrivals, releases, departures and lease expiries: never
+    /// more than `limit` live leases, and queued requests are served (given
+    /// a lease from the queue) in their order of arrival.
+    #[test]
+    fn the_queue_serves_in_arrival_order_within_the_limit(
+        limit in 1u64..4, lease in prop_oneof![Just(50_000u64), Just(10_000_000u64)], events in queue_events(),
+    ) {
+        use sluice_policies::algorithm::queue::{self, Acquired};
+        use sluice_policies::algorithm::State;
+        let mut store = Store::default();
+        let mut now = 1_000_000_000u64;
+        let mut ids: Vec<String> = Vec::new();
+        let mut waiting: Vec<usize> = Vec::new();
+        let mut served: Vec<usize> = Vec::new();
+        for event in events {
+            match event {
+                QueueEvent::Arrive { gap, wait } => {
+                    now += gap;
+                    let id = format!("r{}", ids.len());
+                    ids.push(id.clone());
+                    if let (Acquired::Queued { .. }, _) = queue::acquire(&mut store, "k", now, &id, limit, lease, wait, "c") {
+                        waiting.push(ids.len() - 1);
+                    }
+                }
+                QueueEvent::Release { n } if !ids.is_empty() => {
+                    let i = n % ids.len();
+                    queue::release(&mut store, "k", now, &ids[i], limit, lease);
+                }
+                QueueEvent::Leave { n } if !ids.is_empty() => {
+                    let i = n % ids.len();
+                    queue::leave(&mut store, "k", now, &ids[i], limit, lease);
+                }
+                QueueEvent::Reclaim { gap } => {
+                    now += gap;
+                    queue::reclaim_timer(&mut store, "k", now, limit, lease);
+                }
+                _ => {}
+            }
+            let leases: Vec<(u64, String)> = match store.keys.get("k") {
+                Some(State::Set(entries)) => entries.clone(),
+                _ => Vec::new(),
+            };
+            let live = leases.iter().filter(|(x, _)| *x > now).count() as u64;
+            prop_assert!(live <= limit, "{} live leases over {}", live, limit);
+            let queued: Vec<String> = match store.keys.get("k:q") {
+                Some(State::Queue(w)) => w.iter().map(|w| w.id.clone()).collect(),
+                _ => Vec::new(),
+            };
+            // A waiter that left the queue holding a lease was served.
+            waiting.retain(|&i| {
+                if queued.contains(&ids[i]) {
+                    return true;
+                }
+                if leases.iter().any(|(_, m)| *m == ids[i]) {
+                    served.push(i);
+                }
+                false
+            });
+        }
+        prop_assert!(served.windows(2).all(|w| w[0] < w[1]), "served out of arrival order: {:?}", served);
+    }
+}
