@@ -47,6 +47,83 @@ pub struct Args {
     /// Envoy's admin interface.
     #[arg(long, default_value = "127.0.0.1:9901")]
     admin: SocketAddr,
+    /// Mutual TLS to the shim: the CA (PEM) that signed the shim's
+    /// certificate. Needs --shim-client-cert and --shim-client-key.
+    #[arg(long, requires_all = ["shim_client_cert", "shim_client_key"])]
+    shim_ca: Option<PathBuf>,
+    /// Mutual TLS to the shim: Envoy's client certificate chain (PEM), signed
+    /// by the CA the shim's --client-ca names.
+    #[arg(long, requires_all = ["shim_ca", "shim_client_key"])]
+    shim_client_cert: Option<PathBuf>,
+    /// Mutual TLS to the shim: the client certificate's private key (PEM).
+    #[arg(long, requires_all = ["shim_ca", "shim_client_cert"])]
+    shim_client_key: Option<PathBuf>,
+    /// Mutual TLS to the shim: the name to send as SNI and to require among
+    /// the shim certificate's DNS names. Without it, any certificate the CA
+    /// signed is accepted.
+    #[arg(long, requires = "shim_ca")]
+    shim_server_name: Option<String>,
+}
+
+/// Mutual TLS from Envoy to the shim: files Envoy reads at startup.
+#[derive(Debug, Clone)]
+pub struct ShimTls {
+    pub ca: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+    pub server_name: Option<String>,
+}
+
+impl ShimTls {
+    /// The shim cluster's `transport_socket`, as one line of flow YAML (JSON),
+    /// the value of the template's `${SHIM_TRANSPORT_SOCKET}`. ALPN `h2`
+    /// keeps the cluster on HTTP/2.
+    pub fn transport_socket(&self) -> String {
+        let file = |path: &PathBuf| serde_json::json!({"filename": path.display().to_string()});
+        let mut validation = serde_json::json!({"trusted_ca": file(&self.ca)});
+        let mut context = serde_json::json!({
+            "common_tls_context": {
+                "alpn_protocols": ["h2"],
+                "tls_certificates": [{
+                    "certificate_chain": file(&self.client_cert),
+                    "private_key": file(&self.client_key),
+                }],
+            }
+        });
+        if let Some(name) = &self.server_name {
+            validation["match_typed_subject_alt_names"] =
+                serde_json::json!([{"san_type": "DNS", "matcher": {"exact": name}}]);
+            context["sni"] = serde_json::json!(name);
+        }
+        context["common_tls_context"]["validation_context"] = validation;
+        context["@type"] = serde_json::json!(
+            "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+        );
+        let socket = serde_json::json!({"name": "envoy.transport_sockets.tls", "typed_config": context});
+        format!("transport_socket: {socket}")
+    }
+}
+
+/// The template's `SHIM_TRANSPORT_SOCKET`: mutual TLS from Envoy to the shim
+/// when `--shim-ca`, `--shim-client-cert` and `--shim-client-key` are given
+/// (each must exist; Envoy gets absolute paths), else empty: cleartext. The
+/// paths the filter matches are normalized by the template either way.
+fn shim_transport_socket(args: &Args) -> anyhow::Result<String> {
+    let (Some(ca), Some(cert), Some(key)) = (&args.shim_ca, &args.shim_client_cert, &args.shim_client_key)
+    else {
+        return Ok(String::new());
+    };
+    let readable = |flag: &str, path: &PathBuf| -> anyhow::Result<PathBuf> {
+        std::fs::metadata(path).with_context(|| format!("{flag} {}", path.display()))?;
+        std::path::absolute(path).with_context(|| format!("{flag} {}", path.display()))
+    };
+    let tls = ShimTls {
+        ca: readable("--shim-ca", ca)?,
+        client_cert: readable("--shim-client-cert", cert)?,
+        client_key: readable("--shim-client-key", key)?,
+        server_name: args.shim_server_name.clone(),
+    };
+    Ok(tls.transport_socket())
 }
 
 pub fn run(args: &Args) -> anyhow::Result<String> {
@@ -61,6 +138,7 @@ pub fn run(args: &Args) -> anyhow::Result<String> {
         ("WASM_PATH".to_string(), wasm.display().to_string()),
         // A JSON string literal is also a valid YAML double-quoted scalar.
         ("POLICY_JSON".to_string(), serde_json::to_string(&policy)?),
+        ("SHIM_TRANSPORT_SOCKET".to_string(), shim_transport_socket(args)?),
     ];
     for (name, addr) in
         [("LISTEN", args.listen), ("ADMIN", args.admin), ("UPSTREAM", args.upstream), ("SHIM", args.shim)]

@@ -6,16 +6,15 @@
 //! `sluice_policies::key`); the shim refuses anything else, so no request can
 //! smuggle `{`, `}` or spaces into a key name. The suffix names the limit's
 //! algorithm and period (`Algorithm::state_suffix`).
+//!
+//! The bounds on checks, limits and key length are `sluice_policies::bounds`,
+//! the ones the document parser holds every policy document to.
 
 use sluice_policies::algorithm::Algorithm;
+pub use sluice_policies::bounds::{MAX_ADJUSTMENTS, MAX_CHECKS, MAX_LIMITS};
 use sluice_policies::key::is_encoded;
 use sluice_policies::wire::{Adjustment, Check, WireLimit};
 use sluice_policies::PolicyName;
-
-/// The most checks one request may carry.
-pub const MAX_CHECKS: usize = 64;
-/// The most limits one check may carry.
-pub const MAX_LIMITS: usize = 32;
 
 /// A limit as the scripts take it: its state key and its algorithm.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,16 +90,21 @@ pub struct ScriptAdjustment {
 }
 
 pub fn script_adjustments(adjustments: &[Adjustment]) -> Result<Vec<ScriptAdjustment>, String> {
-    if adjustments.len() > MAX_CHECKS {
-        return Err(format!("too many adjustments: {} (at most {MAX_CHECKS})", adjustments.len()));
+    if adjustments.len() > MAX_ADJUSTMENTS {
+        return Err(format!("too many adjustments: {} (at most {MAX_ADJUSTMENTS})", adjustments.len()));
     }
     adjustments
         .iter()
         .enumerate()
         .map(|(i, a)| {
-            let WireLimit::Points { cost, .. } = a.limit else {
+            let WireLimit::Points { cost, capacity, .. } = a.limit else {
                 return Err(format!("adjustments[{i}].limit: only points limits are adjusted"));
             };
+            // An actual cost beyond the capacity could drive the bucket
+            // into years of debt (see `sluice_policies::cost`).
+            if a.actual > capacity {
+                return Err(format!("adjustments[{i}].actual: {} exceeds the capacity {capacity}", a.actual));
+            }
             let tag = tag(&a.policy, &a.key).map_err(|e| format!("adjustments[{i}]: {e}"))?;
             let limit = script_limit(&tag, &a.limit).map_err(|e| format!("adjustments[{i}].limit: {e}"))?;
             let Algorithm::Gcra { interval_us, .. } = limit.algorithm else {

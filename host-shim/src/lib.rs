@@ -7,7 +7,9 @@
 //! - [`scripts`]: the Lua scripts, assembled from `lua/`.
 //! - [`store`]: one Redis server or a Redis Cluster.
 //! - [`keys`]: validates a check request and names its Redis keys.
-//! - [`server`]: the HTTP endpoints the filter calls, over HTTP/1.1 and h2c.
+//! - [`server`]: the HTTP endpoints the filter calls, over HTTP/1.1 and
+//!   HTTP/2, in cleartext or mutual TLS; connection caps and deadlines.
+//! - [`tls`]: rustls: the shim's mTLS server config, Redis's crypto provider.
 //! - [`shed`]: the utilization shedder's fleet-wide state (`lua/shed.lua`).
 //! - [`wait`]: egress waiting: reserve a slot, hold the answer until it, cancel.
 //! - [`mixed`]: egress waiting on a concurrency slot and time slots together.
@@ -27,6 +29,7 @@ pub mod server;
 pub mod shed;
 pub mod simulate;
 pub mod store;
+pub mod tls;
 pub mod validate;
 pub mod wait;
 pub mod wakeups;

@@ -22,7 +22,7 @@ use sluice_policies::wire::{
 
 use crate::keys::{pause_key, script_adjustments, script_limits, ScriptLimit, MAX_CHECKS};
 use crate::scripts::Scripts;
-use crate::store::{Store, Target};
+use crate::store::{Connect, Store, Target};
 
 /// Why a request could not be decided.
 #[derive(Debug)]
@@ -69,6 +69,25 @@ impl Limiter {
             wakeups: Arc::new(crate::wakeups::Wakeups::new(url, nonce)),
             timers: Arc::default(),
             store: Arc::new(Store::new(target, timeout)?),
+            scripts: Arc::new(Scripts::new()),
+            test_time,
+            nonce,
+            sequence: AtomicU64::new(0),
+        })
+    }
+
+    /// As [`Limiter::new`], reaching Redis as `how` says: TLS with a CA of
+    /// its own for both the store and the wake-up subscriber.
+    pub fn connect(how: &Connect<'_>, test_time: bool) -> anyhow::Result<Limiter> {
+        let nonce: u64 = rand::random();
+        let url = match how.target {
+            Target::Single(url) => url.clone(),
+            Target::Cluster(seeds) => seeds.first().cloned().unwrap_or_default(),
+        };
+        Ok(Limiter {
+            wakeups: Arc::new(crate::wakeups::Wakeups::new(url, nonce).with_ca(how.ca.clone())),
+            timers: Arc::default(),
+            store: Arc::new(Store::connect(how)?),
             scripts: Arc::new(Scripts::new()),
             test_time,
             nonce,

@@ -1,6 +1,7 @@
 //! `sluice`: parses its arguments and runs the subcommand from `sluice_shim`.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -31,7 +32,7 @@ enum Command {
 
 #[derive(clap::Args)]
 struct ServeArgs {
-    /// Where to listen, for HTTP/1.1 and HTTP/2 cleartext alike.
+    /// Where to listen, for HTTP/1.1 and HTTP/2 alike.
     #[arg(long, default_value = "127.0.0.1:8181")]
     listen: SocketAddr,
     /// The Redis to keep the limits in.
@@ -43,10 +44,31 @@ struct ServeArgs {
     /// How long one Redis connect or command may take before the check fails.
     #[arg(long, default_value_t = 1000)]
     redis_timeout_ms: u64,
+    /// PEM file of the CA certificates that sign Redis's TLS certificate, for
+    /// `rediss://` URLs; without it, the system's roots.
+    #[arg(long)]
+    redis_ca: Option<PathBuf>,
     /// Test mode: honour the explicit `now_us` time in check requests, so tests
     /// can be deterministic. Never use it in production.
     #[arg(long)]
     test_time: bool,
+    /// Mutual TLS: the shim's certificate chain (PEM). Needs --tls-key and --client-ca.
+    #[arg(long, requires_all = ["tls_key", "client_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// Mutual TLS: the shim's private key (PEM).
+    #[arg(long, requires_all = ["tls_cert", "client_ca"])]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS: the CA certificates (PEM) that sign the clients' (Envoy's)
+    /// certificates; a client without one is refused.
+    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+    client_ca: Option<PathBuf>,
+    /// The most connections served at once; more wait until one closes.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    max_connections: u32,
+    /// How long a new connection may take for its first bytes or TLS handshake,
+    /// and an HTTP/1.1 request for its headers.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    header_read_timeout_ms: u64,
 }
 
 fn main() -> ExitCode {
@@ -86,12 +108,35 @@ fn serve(args: ServeArgs) -> ExitCode {
         } else {
             sluice_shim::store::Target::Cluster(args.redis_cluster.clone())
         };
-        let limiter = sluice_shim::limiter::Limiter::new(&target, timeout, args.test_time)?;
+        let ca = match &args.redis_ca {
+            Some(path) => Some(
+                std::fs::read(path).map_err(|e| anyhow::anyhow!("cannot read --redis-ca {}: {e}", path.display()))?,
+            ),
+            None => None,
+        };
+        let how = sluice_shim::store::Connect { target: &target, timeout, ca };
+        let limiter = sluice_shim::limiter::Limiter::connect(&how, args.test_time)?;
+        let tls = match (&args.tls_cert, &args.tls_key, &args.client_ca) {
+            (Some(cert), Some(key), Some(ca)) => Some(sluice_shim::tls::server_config(cert, key, ca)?),
+            _ => None,
+        };
+        let options = sluice_shim::server::Options {
+            tls,
+            max_connections: args.max_connections as usize,
+            header_read_timeout: std::time::Duration::from_millis(args.header_read_timeout_ms),
+        };
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
-        tracing::info!(listen = %args.listen, redis = ?target, test_time = args.test_time, "sluice shim serving");
-        sluice_shim::server::run(listener, limiter, shutdown_signal()).await
+        let auth = if options.tls.is_some() { "mtls" } else { "none" };
+        tracing::info!(listen = %args.listen, redis = %target, auth, test_time = args.test_time, "sluice shim serving");
+        if options.tls.is_none() && !args.listen.ip().is_loopback() {
+            tracing::warn!(
+                listen = %args.listen,
+                "listening without authentication on a non-loopback address: anyone who reaches this port can refill buckets and release leases; use --tls-cert, --tls-key and --client-ca"
+            );
+        }
+        sluice_shim::server::run(listener, limiter, options, shutdown_signal()).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

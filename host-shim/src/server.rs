@@ -1,5 +1,11 @@
-//! The shim's HTTP endpoints. One port speaks HTTP/1.1 and HTTP/2 cleartext
-//! with prior knowledge, so Envoy can multiplex every call over one connection.
+//! The shim's HTTP endpoints. One port speaks HTTP/1.1 and HTTP/2 (prior
+//! knowledge in cleartext, ALPN over TLS), so Envoy can multiplex every call
+//! over one connection. With [`Options::tls`] every client must present a
+//! certificate signed by the configured CA (see [`crate::tls`]).
+//!
+//! The accept loop is hyper-util's, not `axum::serve`, for what a port open
+//! to a network needs: a cap on concurrent connections, and a deadline for a
+//! new connection's first bytes (or TLS handshake) and for HTTP/1.1 headers.
 //!
 //! - `POST /v1/check`, `/v1/release`, `/v1/adjust`: see `sluice_policies::wire`.
 //!   Each answers 200 with JSON, 400 for a malformed or oversized body, 503
@@ -8,6 +14,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
@@ -15,8 +22,9 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto::Builder;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -25,16 +33,14 @@ use sluice_policies::wire::{
     RELEASE_PATH,
 };
 
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
+
 use crate::limiter::{CheckError, Limiter};
 
-/// The largest check body accepted.
-pub const MAX_BODY: usize = 64 * 1024;
-
-/// HTTP/2 streams one connection may have open at once. Hyper's default
-/// (200) is too low for egress waiting: Envoy multiplexes every call of a
-/// worker over one connection, and a shim may hold hundreds of waiting
-/// checks per connection, each an open stream until its slot comes.
-pub const MAX_STREAMS: u32 = 10_000;
+/// The largest body accepted: the bound every valid document stays within.
+pub use sluice_policies::bounds::MAX_BODY;
 
 pub fn router(limiter: Limiter) -> Router {
     Router::new()
@@ -47,24 +53,66 @@ pub fn router(limiter: Limiter) -> Router {
         .with_state(Arc::new(limiter))
 }
 
+/// HTTP/2 streams one connection may have open at once. Hyper's default
+/// (200) is too low for egress waiting: Envoy multiplexes every call of a
+/// worker over one connection, and a shim may hold hundreds of waiting
+/// checks per connection, each an open stream until its slot comes.
+pub const MAX_STREAMS: u32 = 10_000;
+
+/// How the shim accepts connections.
+#[derive(Clone)]
+pub struct Options {
+    /// Mutual TLS; `None` serves cleartext.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// The most connections served at once; further ones wait in the
+    /// listen backlog until one closes. Connections, not streams: one HTTP/2
+    /// connection from Envoy carries any number of calls.
+    pub max_connections: usize,
+    /// How long a new connection may take to send its first byte (cleartext)
+    /// or complete its TLS handshake, and an HTTP/1.1 request its headers.
+    pub header_read_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { tls: None, max_connections: 1024, header_read_timeout: Duration::from_secs(10) }
+    }
+}
+
 /// Serves until `shutdown` completes, then finishes the requests in flight.
 pub async fn run(
-    listener: tokio::net::TcpListener,
+    listener: TcpListener,
     limiter: Limiter,
+    options: Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let app = router(limiter);
-    // Each connection holds a receiver; all dropped means all are done.
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut shutdown = std::pin::pin!(shutdown);
+    let permits = Arc::new(Semaphore::new(options.max_connections));
+    let acceptor = options.tls.clone().map(TlsAcceptor::from);
+    let graceful = GracefulShutdown::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(options.header_read_timeout);
+    builder
+        .http2()
+        .max_concurrent_streams(MAX_STREAMS)
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(10));
+    tokio::pin!(shutdown);
     loop {
-        let tcp = tokio::select! {
+        // Taken before accepting: at the cap, new connections wait in the
+        // kernel's backlog instead of costing a task each.
+        let permit = tokio::select! {
+            permit = permits.clone().acquire_owned() => permit?,
+            () = &mut shutdown => break,
+        };
+        let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => tcp,
+                Ok(accepted) => accepted,
                 Err(err) => {
-                    // Out of file descriptors and the like: wait, do not spin.
+                    // EMFILE and the like: wait rather than spin.
                     tracing::warn!(%err, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             },
@@ -75,32 +123,61 @@ pub async fn run(
         if let Err(err) = tcp.set_nodelay(true) {
             tracing::warn!(%err, "cannot set TCP_NODELAY");
         }
-        let service = TowerToHyperService::new(app.clone());
-        let mut stop = stop_rx.clone();
+        let connection = Connection {
+            builder: builder.clone(),
+            app: app.clone(),
+            acceptor: acceptor.clone(),
+            watcher: graceful.watcher(),
+            timeout: options.header_read_timeout,
+        };
         tokio::spawn(async move {
-            let mut builder = Builder::new(TokioExecutor::new());
-            builder.http2().max_concurrent_streams(MAX_STREAMS);
-            let conn = builder.serve_connection(TokioIo::new(tcp), service);
-            let mut conn = std::pin::pin!(conn);
-            tokio::select! {
-                result = conn.as_mut() => {
-                    if let Err(err) = result {
-                        tracing::debug!(%err, "connection ended");
-                    }
-                    return;
-                }
-                _ = stop.changed() => conn.as_mut().graceful_shutdown(),
+            if let Err(reason) = connection.serve(tcp).await {
+                tracing::debug!(%peer, %reason, "connection closed");
             }
-            if let Err(err) = conn.await {
-                tracing::debug!(%err, "connection ended");
-            }
+            drop(permit);
         });
     }
     drop(listener);
-    let _ = stop_tx.send(true);
-    drop(stop_rx);
-    stop_tx.closed().await;
+    graceful.shutdown().await;
     Ok(())
+}
+
+/// What one accepted connection needs to be served.
+struct Connection {
+    builder: auto::Builder<TokioExecutor>,
+    app: Router,
+    acceptor: Option<TlsAcceptor>,
+    watcher: Watcher,
+    timeout: Duration,
+}
+
+impl Connection {
+    async fn serve(self, tcp: TcpStream) -> Result<(), String> {
+        let service = TowerToHyperService::new(self.app);
+        match self.acceptor {
+            Some(acceptor) => {
+                let tls = tokio::time::timeout(self.timeout, acceptor.accept(tcp))
+                    .await
+                    .map_err(|_| "TLS handshake timed out".to_string())?
+                    .map_err(|err| format!("TLS handshake failed: {err}"))?;
+                let conn = self.builder.serve_connection(TokioIo::new(tls), service);
+                self.watcher.watch(conn.into_owned()).await.map_err(|err| err.to_string())
+            }
+            None => {
+                // A client that connects and sends nothing would otherwise
+                // hold its connection (and a permit) for ever.
+                let mut first = [0u8; 1];
+                match tokio::time::timeout(self.timeout, tcp.peek(&mut first)).await {
+                    Ok(Ok(n)) if n > 0 => {}
+                    Ok(Ok(_)) => return Ok(()),
+                    Ok(Err(err)) => return Err(err.to_string()),
+                    Err(_) => return Err("no request before the header read timeout".to_string()),
+                }
+                let conn = self.builder.serve_connection(TokioIo::new(tcp), service);
+                self.watcher.watch(conn.into_owned()).await.map_err(|err| err.to_string())
+            }
+        }
+    }
 }
 
 async fn check(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {

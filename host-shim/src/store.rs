@@ -1,21 +1,75 @@
 //! The Redis the shim keeps its limits in: one server over a managed,
 //! multiplexed connection, or a Redis Cluster. Both reconnect by themselves;
-//! both run scripts by EVALSHA and load them again on NOSCRIPT.
+//! both run scripts by EVALSHA and load them again on NOSCRIPT. `rediss://`
+//! URLs connect over TLS (rustls), and a password in a URL authenticates
+//! (AUTH); it never appears in a log line or an error.
 
+use std::fmt;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{FromRedisValue, RedisResult, ScriptInvocation};
+use redis::{FromRedisValue, RedisResult, ScriptInvocation, TlsCertificates};
 use tokio::sync::OnceCell;
 
-/// Where the limits live.
-#[derive(Debug, Clone)]
+/// Where the limits live. Its `Debug` and `Display` hide any password in
+/// the URLs, so it can be logged.
+#[derive(Clone)]
 pub enum Target {
     Single(String),
     /// Seed nodes of a Redis Cluster.
     Cluster(Vec<String>),
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Single(url) => f.write_str(&redact(url)),
+            Target::Cluster(seeds) => {
+                let seeds: Vec<String> = seeds.iter().map(|s| redact(s)).collect();
+                write!(f, "cluster {}", seeds.join(","))
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// `url` with the password of its user info, if any, replaced by `***`:
+/// `redis://:secret@host:6379/0` becomes `redis://:***@host:6379/0`. Text
+/// that is not a URL passes unchanged unless it holds an `@`, whose user
+/// info is hidden whole.
+pub fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return match url.rfind('@') {
+            Some(at) => format!("***{}", &url[at..]),
+            None => url.to_string(),
+        };
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_string();
+    };
+    let user = match rest[..at].split_once(':') {
+        Some((user, _password)) => format!("{user}:***"),
+        None => "***".to_string(),
+    };
+    format!("{}{user}{}", &url[..scheme_end], &rest[at..])
+}
+
+/// How to reach Redis: where, how long to wait, and the CA to trust for
+/// `rediss://` (the system's roots without one).
+pub struct Connect<'a> {
+    pub target: &'a Target,
+    pub timeout: Duration,
+    /// PEM of the CA certificates that sign Redis's TLS certificate.
+    pub ca: Option<Vec<u8>>,
 }
 
 pub enum Store {
@@ -29,10 +83,20 @@ pub enum Store {
 
 impl Store {
     pub fn new(target: &Target, timeout: Duration) -> anyhow::Result<Store> {
-        match target {
+        Store::connect(&Connect { target, timeout, ca: None })
+    }
+
+    pub fn connect(how: &Connect<'_>) -> anyhow::Result<Store> {
+        crate::tls::install_default_provider();
+        let timeout = how.timeout;
+        let certs = || TlsCertificates { client_tls: None, root_cert: how.ca.clone() };
+        match how.target {
             Target::Single(url) => {
-                let client = redis::Client::open(url.as_str())
-                    .map_err(|e| anyhow::anyhow!("invalid --redis {url:?}: {e}"))?;
+                let client = match how.ca {
+                    Some(_) => redis::Client::build_with_tls(url.as_str(), certs()),
+                    None => redis::Client::open(url.as_str()),
+                };
+                let client = client.map_err(|e| anyhow::anyhow!("invalid --redis {}: {e}", redact(url)))?;
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(timeout))
                     .set_response_timeout(Some(timeout))
@@ -43,12 +107,16 @@ impl Store {
                 Ok(Store::Single(conn))
             }
             Target::Cluster(seeds) => {
-                let client = ClusterClient::builder(seeds.iter().map(String::as_str))
+                let mut builder = ClusterClient::builder(seeds.iter().map(String::as_str))
                     .connection_timeout(timeout)
                     .response_timeout(timeout)
-                    .retries(3)
+                    .retries(3);
+                if how.ca.is_some() {
+                    builder = builder.certs(certs());
+                }
+                let client = builder
                     .build()
-                    .map_err(|e| anyhow::anyhow!("invalid --redis-cluster {seeds:?}: {e}"))?;
+                    .map_err(|e| anyhow::anyhow!("invalid --redis-cluster {}: {e}", how.target))?;
                 Ok(Store::Cluster { client, conn: OnceCell::new() })
             }
         }
@@ -66,5 +134,24 @@ impl Store {
                 call.invoke_async(&mut conn.clone()).await
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(redact("redis://:s3cret@10.0.0.1:6379/0"), "redis://:***@10.0.0.1:6379/0");
+        assert_eq!(redact("rediss://sluice:s3cret@redis:6380"), "rediss://sluice:***@redis:6380");
+        assert_eq!(redact("redis://s3cret@redis"), "redis://***@redis");
+        assert_eq!(redact("redis://:p@ss:w@rd@redis/0"), "redis://:***@redis/0");
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(redact("unix:///run/redis.sock"), "unix:///run/redis.sock");
+        assert_eq!(redact("s3cret@redis"), "***@redis");
+        let cluster = Target::Cluster(vec!["redis://:a1@n1:7000".into(), "redis://:a2@n2:7000".into()]);
+        assert_eq!(format!("{cluster:?}"), "cluster redis://:***@n1:7000,redis://:***@n2:7000");
+        assert_eq!(Target::Single("redis://u:pw@h".into()).to_string(), "redis://u:***@h");
     }
 }

@@ -18,6 +18,8 @@ use tokio::sync::{oneshot, watch};
 
 pub struct Wakeups {
     url: String,
+    /// The CA that signs Redis's certificate, for `rediss://`.
+    ca: Option<Vec<u8>>,
     channel: String,
     waiters: Mutex<HashMap<String, oneshot::Sender<String>>>,
     subscribed: watch::Sender<bool>,
@@ -47,11 +49,18 @@ impl Wakeups {
     pub fn new(url: String, nonce: u64) -> Wakeups {
         Wakeups {
             url,
+            ca: None,
             channel: format!("sluice:wake:{nonce:x}"),
             waiters: Mutex::new(HashMap::new()),
             subscribed: watch::channel(false).0,
             start: Once::new(),
         }
+    }
+
+    /// Trusts `ca` (PEM) for a `rediss://` URL instead of the system's roots.
+    pub fn with_ca(mut self, ca: Option<Vec<u8>>) -> Wakeups {
+        self.ca = ca;
+        self
     }
 
     pub fn channel(&self) -> &str {
@@ -96,7 +105,13 @@ impl Wakeups {
     }
 
     async fn subscribe_once(&self) -> redis::RedisResult<()> {
-        let client = redis::Client::open(self.url.as_str())?;
+        let client = match &self.ca {
+            Some(ca) => {
+                let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(ca.clone()) };
+                redis::Client::build_with_tls(self.url.as_str(), certs)?
+            }
+            None => redis::Client::open(self.url.as_str())?,
+        };
         let mut pubsub = client.get_async_pubsub().await?;
         pubsub.subscribe(&self.channel).await?;
         self.subscribed.send_replace(true);

@@ -105,11 +105,22 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// `actual` as the filter sends it: at most the points limit's capacity.
+fn clamped(actual: u32, limit: &WireLimit) -> u32 {
+    match *limit {
+        WireLimit::Points { capacity, .. } => actual.min(capacity),
+        _ => actual,
+    }
+}
+
 fn with_cost(limits: &[WireLimit], cost: u32) -> Vec<WireLimit> {
     limits
         .iter()
         .map(|l| match *l {
-            WireLimit::Points { capacity, refill_ms, .. } => WireLimit::Points { capacity, refill_ms, cost },
+            // The shim refuses a cost above the capacity; the filter clamps to it.
+            WireLimit::Points { capacity, refill_ms, .. } => {
+                WireLimit::Points { capacity, refill_ms, cost: cost.min(capacity) }
+            }
             other => other,
         })
         .collect()
@@ -249,7 +260,7 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                         policy: policy.clone(),
                         key: key.clone(),
                         limit: *l,
-                        actual,
+                        actual: clamped(actual, l),
                         held_until_us,
                     })
                     .collect();

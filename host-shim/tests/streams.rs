@@ -23,7 +23,8 @@ async fn hundreds_of_held_checks_share_one_connection() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(sluice_shim::server::run(listener, limiter, async {
+    let options = sluice_shim::server::Options::default();
+    let server = tokio::spawn(sluice_shim::server::run(listener, limiter, options, async {
         let _ = stopped.await;
     }));
 

@@ -101,12 +101,14 @@ impl Call {
             let Some(policy) = doc.policies.get(*index) else { continue };
             let outcomes = self.charged.get(i).map(|c| c.limits.as_slice()).unwrap_or_default();
             for (j, (limit, wire)) in policy.limits.iter().zip(&check.limits).enumerate() {
-                let (Limit::Points { actual_cost_header: Some(header), .. }, WireLimit::Points { .. }) =
-                    (limit, wire)
+                let (
+                    Limit::Points { actual_cost_header: Some(header), capacity, .. },
+                    WireLimit::Points { .. },
+                ) = (limit, wire)
                 else {
                     continue;
                 };
-                if let Some(actual) = response_number(header.as_str()) {
+                if let Some(actual) = response_cost(header.as_str(), capacity.get()) {
                     out.push(Adjustment {
                         policy: check.policy.clone(),
                         key: check.key.clone(),
@@ -121,8 +123,8 @@ impl Call {
     }
 }
 
-/// A response header as a whole number, if it is one.
-fn response_number(name: &str) -> Option<u32> {
+/// A response header as a cost, at most `capacity` (see `sluice_policies::cost`).
+fn response_cost(name: &str, capacity: u32) -> Option<u32> {
     let value = hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name).ok().flatten()?;
-    std::str::from_utf8(&value).ok()?.trim().parse().ok()
+    sluice_policies::cost::read_cost(&value, capacity)
 }

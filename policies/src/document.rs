@@ -29,6 +29,7 @@ use std::fmt;
 use serde::de::{self, Deserialize, Deserializer, SeqAccess, Visitor};
 
 use crate::algorithm::Algorithm;
+use crate::bounds::{worst_case_body, worst_case_checks, MAX_BODY, MAX_CHECKS, MAX_KEY_SOURCES, MAX_LIMITS};
 #[cfg(feature = "schema")]
 use crate::condition::RawCondition;
 use crate::condition::{raw_key, Condition};
@@ -184,6 +185,22 @@ impl<'de> Deserialize<'de> for Policies {
                     }
                     policies.push(policy);
                 }
+                let checks = worst_case_checks(&policies);
+                if checks.total > MAX_CHECKS {
+                    return Err(de::Error::custom(format!(
+                        "{} policies can apply to one request{}, more than the {MAX_CHECKS} the shim checks at once: give them paths that exclude each other, or merge some",
+                        checks.total,
+                        checks.path_hint()
+                    )));
+                }
+                let body = worst_case_body(&policies);
+                if body.total > MAX_BODY {
+                    return Err(de::Error::custom(format!(
+                        "the policies that can apply to one request{} could need a {}-byte call to the shim, more than the {MAX_BODY} it takes: use fewer policies, limits or key sources",
+                        body.path_hint(),
+                        body.total
+                    )));
+                }
                 Ok(Policies(policies))
             }
         }
@@ -254,6 +271,18 @@ impl<'de> Deserialize<'de> for Policy {
         let raw = RawPolicy::deserialize(d)?;
         if raw.limits.is_empty() {
             return Err(de::Error::custom("a policy needs at least one limit"));
+        }
+        if raw.limits.len() > MAX_LIMITS {
+            return Err(de::Error::custom(format!(
+                "{} limits, more than the {MAX_LIMITS} a policy may have",
+                raw.limits.len()
+            )));
+        }
+        if raw.key.len() > MAX_KEY_SOURCES {
+            return Err(de::Error::custom(format!(
+                "{} key sources, more than the {MAX_KEY_SOURCES} a policy may have",
+                raw.key.len()
+            )));
         }
         // Two limits whose state would live under one key would charge it twice.
         let suffixes: Vec<String> =

@@ -167,7 +167,8 @@ fn encode_into(out: &mut String, value: &[u8]) {
 /// Whether `key` could have come out of [`build`] or be [`MISSING`]: the shim
 /// refuses any other.
 pub fn is_encoded(key: &str) -> bool {
-    key.len() <= 8 * 1024 && key.bytes().all(|b| b.is_ascii_alphanumeric() || b"._~-%=!:".contains(&b))
+    key.len() <= crate::bounds::MAX_KEY_LEN
+        && key.bytes().all(|b| b.is_ascii_alphanumeric() || b"._~-%=!:".contains(&b))
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //!   every error carries a path and a line and column; which policies apply.
 //! - [`condition`]: `match` and `bypass` conditions on a request.
 //! - [`limit`]: the limit types and what each means.
+//! - [`cost`]: a points cost read from a header, clamped to the capacity.
 //! - [`key`]: key sources, the missing-key rule, and the encoding that keeps
 //!   user input out of Redis key syntax.
 //! - [`units`]: the validated scalars: durations, counts, names.
@@ -19,6 +20,8 @@
 //! - [`shed`]: the utilization shedder's controller, over an injected clock.
 //! - [`wait`]: egress waiting, a policy's `wait`, and the bounds of its wire fields.
 //! - [`wire`]: the compact JSON exchanged with the shim.
+//! - [`bounds`]: the size bounds of a request to the shim, which the parser
+//!   holds every document to and the shim enforces.
 //! - [`algorithm`]: the reference model of every limit type, twin of the
 //!   Redis scripts in `lua/`.
 //! - [`replay`]: traffic replayed through a document and the model, for
@@ -26,7 +29,9 @@
 //! - `schema` (feature `schema`): the JSON Schema of the document.
 
 pub mod algorithm;
+pub mod bounds;
 pub mod condition;
+pub mod cost;
 pub mod document;
 pub mod error;
 pub mod feedback;

@@ -12,6 +12,7 @@ use std::borrow::Cow;
 use serde::{Deserialize, Serialize};
 
 use crate::algorithm::Algorithm;
+use crate::cost::read_cost;
 use crate::limit::Cost;
 use crate::units::MAX_COUNT;
 use crate::{Applied, Count, Duration, Limit, Request};
@@ -116,7 +117,7 @@ impl WireLimit {
     /// `limit` as it applies to `req`: a `points` cost read from its header.
     pub fn of(limit: &Limit, req: &impl Request) -> WireLimit {
         let cost = match limit {
-            Limit::Points { cost, .. } => request_cost(cost, req),
+            Limit::Points { cost, capacity, .. } => request_cost(cost, capacity.get(), req),
             _ => 1,
         };
         WireLimit::with_cost(limit, cost)
@@ -149,7 +150,8 @@ impl WireLimit {
 
     /// Checks the ranges the policy language guarantees, for a shim that
     /// must not trust its caller: counts 1 to 1e9, durations 1 ms to a year,
-    /// a bucket unit of at least a microsecond, a refill of at most ten years.
+    /// a bucket unit of at least a microsecond, a refill of at most ten years,
+    /// a points cost of at most the capacity.
     pub fn validate(&self) -> Result<(), String> {
         let (counts, durations): (&[u32], &[u64]) = match self {
             WireLimit::FixedWindow { limit, window_ms }
@@ -178,6 +180,11 @@ impl WireLimit {
                 Duration::from_millis(period_ms).map(|d| d.to_string()).unwrap_or_default()
             ));
         }
+        if let WireLimit::Points { capacity, cost, .. } = *self {
+            if cost > capacity {
+                return Err(format!("cost {cost} exceeds the capacity {capacity}"));
+            }
+        }
         if let Algorithm::Gcra { interval_us, .. } = Algorithm::of(self) {
             if interval_us.saturating_mul(u64::from(burst)) > MAX_REFILL_US {
                 return Err("the bucket would take more than ten years to refill".to_string());
@@ -187,14 +194,14 @@ impl WireLimit {
     }
 }
 
-/// A request's cost: a header value that is not a plain integer counts as the default.
-fn request_cost(cost: &Cost, req: &impl Request) -> u32 {
+/// A request's cost, at most `capacity` (see [`crate::cost`]): a header
+/// value that is not a whole number counts as the default.
+fn request_cost(cost: &Cost, capacity: u32, req: &impl Request) -> u32 {
     match cost {
         Cost::Fixed(n) => *n,
-        Cost::Header { header, default } => req
-            .header(header.as_str())
-            .and_then(|v| std::str::from_utf8(&v).ok().and_then(|v| v.trim().parse().ok()))
-            .unwrap_or(*default),
+        Cost::Header { header, default } => {
+            req.header(header.as_str()).and_then(|v| read_cost(&v, capacity)).unwrap_or(*default)
+        }
     }
 }
 

@@ -78,6 +78,33 @@ fn query_cost_points() {
     assert_eq!(applied(&example("query-cost-points"), &req), Some(want));
 }
 
+/// Hostile cost headers are clamped to the capacity (1000) or fall back to
+/// the default (50); before, `4294967295` went to the shim as it was, and
+/// anything beyond u32 (or signed) fell back to the cheap default.
+#[test]
+fn query_cost_headers_are_clamped() {
+    let doc = example("query-cost-points");
+    let cost = |value: &str| {
+        let req = SimpleRequest::new("POST", "/admin/api/graphql.json")
+            .header("x-shop-id", "s1")
+            .header("x-query-cost", value);
+        match applied(&doc, &req) {
+            Some((_, limits)) => match limits[..] {
+                [WireLimit::Points { cost, .. }] => cost,
+                _ => panic!("{limits:?}"),
+            },
+            None => panic!("the policy applies"),
+        }
+    };
+    assert_eq!(cost("4294967295"), 1000);
+    assert_eq!(cost("99999999999999999999999"), 1000);
+    assert_eq!(cost("1001"), 1000);
+    assert_eq!(cost(" 120\t"), 120);
+    assert_eq!(cost("-120"), 50);
+    assert_eq!(cost("12 0"), 50);
+    assert_eq!(cost(""), 50);
+}
+
 /// S2d: a bucket of 60 that drains in 60 s.
 #[test]
 fn leaky_bucket() {

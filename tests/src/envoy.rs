@@ -42,6 +42,24 @@ impl Envoy {
         Envoy::serving(proc, port, admin_port)
     }
 
+    /// As [`Envoy::start`], with more template values, e.g. the shim's
+    /// `SHIM_TRANSPORT_SOCKET` for mutual TLS.
+    pub fn start_with(
+        policy_json: &str,
+        shim_port: u16,
+        upstream_port: u16,
+        values: &[(&str, String)],
+    ) -> anyhow::Result<Envoy> {
+        let mut all = vec![
+            ("UPSTREAM_PORT", upstream_port.to_string()),
+            ("SHIM_PORT", shim_port.to_string()),
+            ("WASM_PATH", dist("sluice.wasm")?.display().to_string()),
+            ("POLICY_JSON", serde_json::to_string(policy_json)?),
+        ];
+        all.extend(values.iter().cloned());
+        Envoy::start_template(&demo_template(), &all, DEMO_CONCURRENCY)
+    }
+
     /// Starts Envoy from any config `template` with `concurrency` workers and
     /// waits until it serves. The template's `${LISTEN_PORT}` and
     /// `${ADMIN_PORT}` are filled here; `values` fill its other placeholders.
@@ -138,6 +156,9 @@ fn spawn_template(
         all.push((host, "127.0.0.1".to_string()));
     }
     all.extend(values.iter().cloned());
+    // The shim in cleartext, unless `values` gave its TLS (the first value
+    // for a placeholder wins).
+    all.push(("SHIM_TRANSPORT_SOCKET", String::new()));
     let config = sluice_shim::envoy_config::render(&text, &all)
         .with_context(|| format!("rendering {}", template.display()))?;
     let config_path = dir.join("envoy.yaml");

@@ -33,6 +33,7 @@
 //!   shim, a fake shim, an upstream that fails or hangs).
 //! - [`host`]: a proxy-wasm host on wasmtime that runs the real `sluice.wasm`
 //!   in process, with stories for tests ([`host::Plugin`]).
+//! - [`tls`]: [`tls::Pki`], a throwaway CA with server and client certificates.
 //!
 //! Every wait has a deadline, and every startup failure carries the tail of the
 //! failing process's log. Nothing is left running when a guard is dropped, even
@@ -53,6 +54,7 @@ pub mod redis;
 pub mod service;
 pub mod shim;
 pub mod stack;
+pub mod tls;
 pub mod upstream;
 
 pub use backend::Backend;

@@ -5,11 +5,12 @@
 //! same port ([`Redis::start_again`]), empty: persistence is off, so the
 //! counters and the script cache are gone.
 
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use crate::paths::{binary, free_port};
-use crate::probe::redis_ping;
+use crate::probe::{listening, redis_ping};
 use crate::process::{retry_port_clash, scratch_dir, Proc};
 
 const STARTUP: Duration = Duration::from_secs(10);
@@ -42,6 +43,27 @@ impl Redis {
         self.proc.kill();
         self.proc = spawn(self.port)?;
         Ok(())
+    }
+
+    /// Starts redis-server speaking only TLS (with `cert` and `key`, PEM),
+    /// without client certificates, requiring `password` (AUTH). Ready once
+    /// its port accepts connections.
+    pub fn start_tls(cert: &Path, key: &Path, password: &str) -> anyhow::Result<Redis> {
+        retry_port_clash(|| {
+            let bin = binary("SLUICE_REDIS_SERVER", "redis-server")?;
+            let port = free_port()?;
+            let dir = scratch_dir("redis-tls")?;
+            let mut cmd = Command::new(bin);
+            cmd.args(["--port", "0", "--tls-port", &port.to_string()]);
+            cmd.arg("--tls-cert-file").arg(cert).arg("--tls-key-file").arg(key);
+            cmd.arg("--tls-ca-cert-file").arg(cert).args(["--tls-auth-clients", "no"]);
+            cmd.args(["--requirepass", password]);
+            cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
+            cmd.arg("--dir").arg(&dir);
+            let mut proc = Proc::spawn("redis-server", cmd, dir)?;
+            proc.wait_ready(STARTUP, || listening(port))?;
+            Ok(Redis { port, proc })
+        })
     }
 
     /// `redis://127.0.0.1:PORT`

@@ -57,6 +57,29 @@ impl Shim {
     pub fn log(&self) -> String {
         self.proc.log()
     }
+
+    /// Starts `sluice serve --redis URL` with `args` added (e.g. `--tls-cert
+    /// ...`). A shim with TLS is ready once it listens: the probe speaks
+    /// cleartext.
+    pub fn start_with_args(redis_url: &str, args: &[&std::ffi::OsStr]) -> anyhow::Result<Shim> {
+        retry_port_clash(|| {
+            let port = free_port()?;
+            let mut cmd = Command::new(dist("sluice")?);
+            cmd.arg("serve").arg("--listen").arg(format!("127.0.0.1:{port}"));
+            cmd.arg("--redis").arg(redis_url).args(args);
+            let tls = args.iter().any(|a| *a == "--tls-cert");
+            let mut proc = Proc::spawn("sluice-shim", cmd, scratch_dir("shim")?)?;
+            proc.wait_ready(STARTUP, || {
+                if tls {
+                    crate::probe::listening(port)
+                } else {
+                    matches!(http_get(port, "/healthz"), Some((200, _)))
+                }
+            })?;
+            // `start_again` restarts it without `args`.
+            Ok(Shim { port, store: ["--redis".into(), redis_url.into()], proc })
+        })
+    }
 }
 
 fn spawn(port: u16, store: &[String; 2]) -> anyhow::Result<Proc> {

@@ -1,0 +1,225 @@
+//! The size bounds of one request to the shim, in one place: the document
+//! parser refuses a document whose worst request could exceed them, and the
+//! shim refuses a request that does. A request the shim refuses is a shim
+//! failure, which `failure_mode: allow` lets through unlimited, so no valid
+//! document may be able to produce one.
+//!
+//! The worst request is the one to which the most policies apply at once.
+//! Policies whose `match` paths exclude each other (`/a/` and `/b/`) never
+//! apply together, so a document may hold many more than [`MAX_CHECKS`]
+//! policies as long as no one path reaches too many; every other condition
+//! (methods, host, headers, a `path_regex`) is assumed to hold, which can
+//! only overestimate. Each policy is weighed by building its largest check:
+//! a key as long as its key sources can make one, the largest number every
+//! field can hold, serialized as the filter serializes it.
+
+use std::borrow::Cow;
+
+use crate::condition::PathCondition;
+use crate::key::MAX_PART_LEN;
+use crate::wire::{AdjustRequest, Adjustment, Check, CheckRequest, WireLimit};
+use crate::{Limit, Policy};
+
+/// The most checks one request to the shim may carry: one per policy that
+/// applies, so also the most policies that may apply to one request.
+pub const MAX_CHECKS: usize = 64;
+/// The most limits one policy, and so one check, may have.
+pub const MAX_LIMITS: usize = 32;
+/// The most adjustments one `/v1/adjust` request may carry: one per limit.
+pub const MAX_ADJUSTMENTS: usize = MAX_CHECKS * MAX_LIMITS;
+/// The most key sources one policy may have.
+pub const MAX_KEY_SOURCES: usize = 8;
+/// The longest encoded key: every source at its longest, joined by `:`.
+pub const MAX_KEY_LEN: usize = MAX_KEY_SOURCES * (MAX_PART_LEN + 1);
+/// The largest request body the shim reads.
+pub const MAX_BODY: usize = 64 * 1024;
+/// The longest request id or lease the filter sends.
+pub const MAX_ID_LEN: usize = 64;
+
+/// A worst case: the largest total over the policies that can apply to one
+/// request, and a path that reaches it (`None`: any path).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Worst {
+    pub total: usize,
+    pub path: Option<String>,
+}
+
+impl Worst {
+    /// ` (for paths like "/a/b")`, or nothing when any path reaches it.
+    pub fn path_hint(&self) -> String {
+        self.path.as_ref().map(|p| format!(" (for paths like {p:?})")).unwrap_or_default()
+    }
+}
+
+/// The most policies that can apply to one request.
+pub fn worst_case_checks(policies: &[Policy]) -> Worst {
+    worst_set(policies, |_| 1)
+}
+
+/// The largest body, in bytes, that any request for `policies` can make the
+/// filter send: a check (or the smaller release) carrying every policy that
+/// applies, or the adjustment of every points limit with an
+/// `actual_cost_header` among them.
+pub fn worst_case_body(policies: &[Policy]) -> Worst {
+    let check = worst_set(policies, |p| json_len(&worst_case_check(p)) + 1);
+    let adjust =
+        worst_set(policies, |p| worst_case_adjustments(p).iter().map(|a| json_len(a) + 1).sum::<usize>());
+    let id = "x".repeat(MAX_ID_LEN);
+    let empty_check = CheckRequest {
+        checks: Cow::Borrowed(&[]),
+        id: Some(Cow::Borrowed(&id)),
+        now_us: Some(u64::MAX),
+        wait_ms: Some(u64::MAX),
+    };
+    let empty_adjust = AdjustRequest { adjustments: Vec::new(), now_us: Some(u64::MAX) };
+    let check = Worst { total: check.total + json_len(&empty_check), ..check };
+    let adjust = Worst { total: adjust.total + json_len(&empty_adjust), ..adjust };
+    if check.total >= adjust.total {
+        check
+    } else {
+        adjust
+    }
+}
+
+/// The largest sum of `weight` over a set of policies that can apply to one
+/// request. A path matches the prefixes that are prefixes of it and the
+/// exact path equal to it, so the policies that apply together, of those
+/// with a prefix or exact path, all sit on the path of one of them, the
+/// anchor: the sum over each anchor bounds every such set. Policies without
+/// either are counted always.
+fn worst_set(policies: &[Policy], weight: impl Fn(&Policy) -> usize) -> Worst {
+    let weights: Vec<usize> = policies.iter().map(&weight).collect();
+    let mut always = 0;
+    let mut anchored: Vec<(&PathCondition, usize)> = Vec::new();
+    for (policy, w) in policies.iter().zip(&weights) {
+        match &policy.matcher.path {
+            Some(path @ (PathCondition::Prefix(_) | PathCondition::Exact(_))) => anchored.push((path, *w)),
+            _ => always += w,
+        }
+    }
+    let reaches = |anchor: &str, anchor_exact: bool, other: &PathCondition| match other {
+        PathCondition::Prefix(p) => anchor.starts_with(p.as_str()),
+        PathCondition::Exact(e) => anchor_exact && e == anchor,
+        PathCondition::Regex(_) => false,
+    };
+    let best = anchored
+        .iter()
+        .filter_map(|(anchor, _)| {
+            let (text, exact) = match anchor {
+                PathCondition::Prefix(p) => (p.as_str(), false),
+                PathCondition::Exact(e) => (e.as_str(), true),
+                PathCondition::Regex(_) => return None,
+            };
+            let sum: usize = anchored.iter().filter(|(c, _)| reaches(text, exact, c)).map(|(_, w)| w).sum();
+            Some((sum, text))
+        })
+        .max_by_key(|(sum, _)| *sum);
+    match best {
+        Some((sum, path)) => Worst { total: always + sum, path: Some(path.to_string()) },
+        None => Worst { total: always, path: None },
+    }
+}
+
+/// `policy`'s check at its largest: the longest key its sources can make,
+/// the largest cost, the largest margin.
+fn worst_case_check(policy: &Policy) -> Check {
+    let key = match policy.key.len() {
+        0 => crate::key::MISSING.to_string(),
+        n => vec!["%".repeat(MAX_PART_LEN); n].join(":"),
+    };
+    let limits = policy
+        .limits
+        .iter()
+        .map(|limit| {
+            let cost = match limit {
+                Limit::Points { capacity, .. } => capacity.get(),
+                _ => 1,
+            };
+            WireLimit::with_cost(limit, cost)
+        })
+        .collect();
+    Check { policy: policy.name.as_str().to_string(), key, limits, margin_ms: Some(u64::MAX) }
+}
+
+/// The adjustments of `policy`'s points limits with an `actual_cost_header`, at their largest.
+fn worst_case_adjustments(policy: &Policy) -> Vec<Adjustment> {
+    let check = worst_case_check(policy);
+    let adjusted = policy
+        .limits
+        .iter()
+        .zip(&check.limits)
+        .filter(|(limit, _)| matches!(limit, Limit::Points { actual_cost_header: Some(_), .. }));
+    adjusted
+        .map(|(_, wire)| Adjustment {
+            policy: check.policy.clone(),
+            key: check.key.clone(),
+            limit: *wire,
+            actual: u32::MAX,
+            held_until_us: Some(u64::MAX),
+        })
+        .collect()
+}
+
+fn json_len(value: &impl serde::Serialize) -> usize {
+    // Serializing plain structs into memory cannot fail; count the worst if it did.
+    serde_json::to_vec(value).map_or(usize::MAX / 2, |json| json.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(policies: &[(&str, &str)]) -> Vec<Policy> {
+        let policies: Vec<String> = policies
+            .iter()
+            .enumerate()
+            .map(|(i, (kind, path))| {
+                let matcher = if kind.is_empty() {
+                    String::new()
+                } else {
+                    format!(r#""match": {{"{kind}": "{path}"}},"#)
+                };
+                format!(r#"{{"name": "p{i}", {matcher} "limits": [{{"type": "interval", "every": "1s"}}]}}"#)
+            })
+            .collect();
+        let text = format!(r#"{{"policies": [{}]}}"#, policies.join(","));
+        match crate::parse(&text) {
+            Ok(doc) => doc.policies.0,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    #[test]
+    fn the_longest_key_is_every_source_at_its_longest() {
+        assert_eq!(MAX_KEY_LEN, 8 * 257);
+        assert!(vec!["%".repeat(MAX_PART_LEN); MAX_KEY_SOURCES].join(":").len() <= MAX_KEY_LEN);
+    }
+
+    #[test]
+    fn disjoint_paths_never_apply_together() {
+        let policies = doc(&[("path_prefix", "/a/"), ("path_prefix", "/b/"), ("path_exact", "/c")]);
+        assert_eq!(worst_case_checks(&policies).total, 1);
+    }
+
+    #[test]
+    fn nested_prefixes_and_unconditioned_policies_add_up() {
+        let policies = doc(&[
+            ("path_prefix", "/"),
+            ("path_prefix", "/a/"),
+            ("path_exact", "/a/b"),
+            ("path_exact", "/a/b"),
+            ("path_prefix", "/b/"),
+            ("path_regex", "^/z"),
+            ("", ""),
+        ]);
+        let worst = worst_case_checks(&policies);
+        assert_eq!(worst.total, 6, "/, /a/, /a/b twice, the regex and the unconditioned one");
+        assert_eq!(worst.path.as_deref(), Some("/a/b"));
+    }
+
+    #[test]
+    fn an_exact_path_does_not_reach_a_longer_prefix() {
+        let policies = doc(&[("path_exact", "/a"), ("path_prefix", "/a/")]);
+        assert_eq!(worst_case_checks(&policies).total, 1);
+    }
+}
