@@ -23,8 +23,13 @@ fn points(cost: u32) -> WireLimit {
 }
 
 async fn check(limiter: &Limiter, cost: u32, now_us: u64) -> Result<CheckResponse, CheckError> {
-    let checks =
-        vec![Check { policy: "p".into(), key: "k".into(), limits: vec![points(cost)], margin_ms: None }];
+    let checks = vec![Check {
+        policy: "p".into(),
+        key: "k".into(),
+        limits: vec![points(cost)],
+        margin_ms: None,
+        upstream: false,
+    }];
     limiter
         .check(&CheckRequest { checks: checks.into(), now_us: Some(now_us), id: None, wait_ms: None })
         .await

@@ -138,7 +138,7 @@ fn worst_case_check(policy: &Policy) -> Check {
             WireLimit::with_cost(limit, cost)
         })
         .collect();
-    Check { policy: policy.name.as_str().to_string(), key, limits, margin_ms: Some(u64::MAX) }
+    Check { policy: policy.name.as_str().to_string(), key, limits, margin_ms: Some(u64::MAX), upstream: true }
 }
 
 /// The adjustments of `policy`'s points limits with an `actual_cost_header`, at their largest.
