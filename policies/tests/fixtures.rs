@@ -39,7 +39,7 @@ fixtures! {
     too_many_policies => r#"policies: 65 policies can apply to one request (for paths like "/v42/"), more than the 64 the shim checks at once: give them paths that exclude each other, or merge some at 68:3"#,
     too_many_limits => r#"policies[0]: 33 limits, more than the 32 a policy may have at 41:3"#,
     too_many_key_sources => r#"policies[0]: 9 key sources, more than the 8 a policy may have at 8:3"#,
-    check_body_too_large => r#"policies: the policies that can apply to one request could need a 69480-byte call to the shim, more than the 65536 it takes: use fewer policies, limits or key sources at 35:3"#,
+    check_body_too_large => r#"policies: the policies that can apply to one request could need a 69992-byte call to the shim, more than the 65536 it takes: use fewer policies, limits or key sources at 35:3"#,
     limits_sharing_state => r#"policies[0]: limits[1] would share its state with limits[0]: give one a different window, period or lease at 10:3"#,
     bucket_refill_too_long => r#"policies[0].limits[0]: the bucket would take more than ten years to refill at 7:7"#,
     bad_duration => r#"policies[0].limits[0].window: invalid duration "5 sec" (expected e.g. "5s", "250ms"; from 1ms to 365d) at 6:66"#,
