@@ -163,25 +163,50 @@ impl Limiter {
                 "a waiting request whose checks span several Redis Cluster slots is decided at once"
             );
         }
+        // Slot by slot, stopping at the first that denies or fails: a slot
+        // after a denial would only be charged to be refunded.
         let mut replies = Vec::with_capacity(groups.len());
+        let mut failed = None;
         for group in &groups {
             let group_limits: Vec<&ScriptLimit> = group.iter().map(|&i| &limits[i]).collect();
-            replies.push(self.check_slot(&group_limits, &now, &id).await?);
+            match self.check_slot(&group_limits, &now, &id).await {
+                Ok(reply) => {
+                    let denied = !reply.allowed;
+                    replies.push(reply);
+                    if denied {
+                        break;
+                    }
+                }
+                Err(err) => {
+                    failed = Some(err);
+                    break;
+                }
+            }
         }
-        let allowed = replies.iter().all(|r| r.allowed);
+        let allowed = failed.is_none() && replies.len() == groups.len() && replies.iter().all(|r| r.allowed);
         if !allowed {
+            // Give back what the slots before the denial (or failure) charged.
+            // A refund that fails leaves that charge in place, which can only
+            // under-admit; the decision stays a denial (never a 503 that
+            // failure_mode could turn into an admission).
             for (group, reply) in groups.iter().zip(&replies).filter(|(_, r)| r.allowed) {
                 let group_limits: Vec<&ScriptLimit> = group.iter().map(|&i| &limits[i]).collect();
-                self.refund(&group_limits, reply.now, &id).await?;
+                if let Err(err) = self.refund(&group_limits, reply.now, &id).await {
+                    tracing::warn!(?err, "refund after a denial failed; the charge stays until it expires");
+                }
             }
         }
-        let mut outcomes: Vec<Option<LimitOutcome>> = vec![None; limits.len()];
+        if let Some(err) = failed {
+            return Err(err);
+        }
+        // Slots never asked (after the denial) show their limits as full.
+        let mut outcomes: Vec<LimitOutcome> = limits.iter().map(|l| unasked(&l.algorithm)).collect();
         for (group, reply) in groups.iter().zip(&replies) {
             for (&i, outcome) in group.iter().zip(&reply.limits) {
-                outcomes[i] = Some(*outcome);
+                outcomes[i] = *outcome;
             }
         }
-        let checks = by_check(req, outcomes.into_iter().flatten());
+        let checks = by_check(req, outcomes.into_iter());
         let holds_lease = limits.iter().any(|l| matches!(l.algorithm, Algorithm::Concurrency { .. }));
         Ok(CheckResponse {
             allowed,
@@ -290,6 +315,27 @@ impl Limiter {
 /// The longest pause the shim records: a day. The filter clamps to each
 /// policy's `max_pause` first; this bounds a caller that does not.
 pub const MAX_PAUSE_MS: u64 = 86_400_000;
+
+/// The outcome shown for a limit on a cluster slot the shim did not ask
+/// (another slot had already denied): allowed, with its whole capacity.
+fn unasked(algorithm: &Algorithm) -> LimitOutcome {
+    let capacity = match *algorithm {
+        Algorithm::FixedWindow { limit, .. }
+        | Algorithm::SlidingWindow { limit, .. }
+        | Algorithm::SlidingApprox { limit, .. }
+        | Algorithm::Concurrency { limit, .. } => limit,
+        Algorithm::Gcra { burst, .. } => burst,
+        Algorithm::Pause => 1,
+    };
+    LimitOutcome {
+        allowed: true,
+        remaining: capacity,
+        reset_ms: 0,
+        retry_after_ms: Some(0),
+        reclaimed: 0,
+        held_until_us: None,
+    }
+}
 
 /// The outcomes of every limit, in order, split into the request's checks.
 /// The pauses of checks with upstream feedback come after every limit, in

@@ -171,3 +171,78 @@ async fn waiting_on_a_cluster() {
     let served = waiter.await.expect("task").expect("check");
     assert!(served.allowed && served.lease.is_some(), "{served:?}");
 }
+
+/// The fixed window's count of `policy` on the cluster, 0 when the key does not exist.
+async fn fixed_count(cluster: &RedisCluster, policy: &str) -> (bool, i64) {
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).expect("client");
+    let mut conn = client.get_async_connection().await.expect("connection");
+    let key = format!("sluice:{{{policy}:k}}:fw:31536000000");
+    let exists: bool = redis::cmd("EXISTS").arg(&key).query_async(&mut conn).await.expect("EXISTS");
+    let n: Option<i64> = redis::cmd("HGET").arg(&key).arg("n").query_async(&mut conn).await.expect("HGET");
+    (exists, n.unwrap_or(0))
+}
+
+/// Regression: a slot that denies stops the request there. The shim used
+/// to go on charging the later slots only to refund them; now a slot after
+/// the denial is never asked, so its keys are never written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_stops_before_the_later_slots() {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start).await.expect("task").expect("cluster");
+    let limiter =
+        Limiter::new(&Target::Cluster(cluster.urls()), Duration::from_secs(5), false).expect("limiter");
+    let spent = WireLimit::FixedWindow { limit: 1, window_ms: 31_536_000_000 };
+    let narrow = CheckRequest {
+        checks: vec![check("narrow", vec![spent])].into(),
+        now_us: None,
+        id: None,
+        wait_ms: None,
+    };
+    assert!(limiter.check(&narrow).await.expect("check").allowed);
+    let both = CheckRequest {
+        checks: vec![check("narrow", vec![spent]), check("wide", every_algorithm(5))].into(),
+        now_us: None,
+        id: None,
+        wait_ms: None,
+    };
+    let denied = limiter.check(&both).await.expect("check");
+    assert!(!denied.allowed);
+    assert_eq!(fixed_count(&cluster, "wide").await, (false, 0), "a slot after the denial was charged");
+    // The unasked limits read as allowed and full: the denial is narrow's.
+    assert_eq!(denied.denied_check(), Some(0));
+    assert!(denied.checks[1].limits.iter().all(|l| l.allowed));
+}
+
+/// Regression: a slot whose call fails gives back what the slots before it
+/// charged. The shim used to return the error at once, leaving the earlier
+/// slot charged until its window ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_slot_refunds_the_slots_before_it() {
+    let mut cluster = tokio::task::spawn_blocking(|| RedisCluster::start_with_replicas(60_000))
+        .await
+        .expect("task")
+        .expect("cluster");
+    let wide_master = cluster.master_of("sluice:{wide:k}").expect("master");
+    // A second policy on another master.
+    let (other, dead) = (0..100)
+        .map(|i| format!("other{i}"))
+        .find_map(|name| {
+            let master = cluster.master_of(&format!("sluice:{{{name}:k}}")).ok()?;
+            (master != wide_master).then_some((name, master))
+        })
+        .expect("a policy on another master");
+    let limiter =
+        Limiter::new(&Target::Cluster(cluster.urls()), Duration::from_secs(2), false).expect("limiter");
+    let one = WireLimit::FixedWindow { limit: 5, window_ms: 31_536_000_000 };
+    let both = CheckRequest {
+        checks: vec![check("wide", vec![one]), check(&other, vec![one])].into(),
+        now_us: None,
+        id: None,
+        wait_ms: None,
+    };
+    assert!(limiter.check(&both).await.expect("check").allowed);
+    assert_eq!(fixed_count(&cluster, "wide").await, (true, 1));
+    // The other policy's master goes away (its replica is not promoted for a minute).
+    tokio::task::block_in_place(|| cluster.kill(dead)).expect("kill");
+    assert!(limiter.check(&both).await.is_err(), "a dead slot is a store error");
+    assert_eq!(fixed_count(&cluster, "wide").await, (true, 1), "the failed request kept wide's charge");
+}

@@ -57,6 +57,9 @@ pub struct Sluice {
     /// Releases sent at the response's end, whose answers hold its last
     /// byte: (token, the release, the policies whose slots it frees).
     releasing: Vec<(u32, ReleaseRequest, Vec<usize>)>,
+    /// Upstream feedback sent from this stream: its token and body, while
+    /// the response's headers wait for the shim to record the pause.
+    reporting: Option<(u32, FeedbackRequest)>,
     /// For a response with a `content-length` whose end releases leases:
     /// the bytes still to come.
     body_left: Option<u64>,
@@ -75,6 +78,7 @@ impl Sluice {
             response_headers: Vec::new(),
             admitted: false,
             releasing: Vec::new(),
+            reporting: None,
             body_left: None,
             waited_ms: None,
             shadow_notes: Vec::new(),
@@ -172,26 +176,29 @@ impl Sluice {
     }
 
     /// The partner's answer to an admitted request: pauses for the policies
-    /// that read upstream feedback, sent by the root context (not on the
-    /// response's path) and counted.
-    fn upstream_feedback(&self, vm: &Vm) {
+    /// that read upstream feedback, counted and sent to the shim from this
+    /// stream. The response's headers wait until the shim has recorded the
+    /// pause (true: hold them), so every call checked after the client sees
+    /// the partner's "slow down" is paused, on every gateway. A pause that
+    /// cannot be sent from here goes through the root context.
+    fn upstream_feedback(&mut self, vm: &Vm) -> bool {
         let call = &self.calls[0];
         let reads = |&i: &usize| vm.doc.policies.get(i).is_some_and(|p| p.upstream.is_some());
         if !call.admitted || !call.policies.iter().any(reads) {
-            return;
+            return false;
         }
         let Some(status) = hostcalls::get_map_value(MapType::HttpResponseHeaders, ":status")
             .ok()
             .flatten()
             .and_then(|s| s.trim().parse::<u16>().ok())
         else {
-            return;
+            return false;
         };
         let header =
             |name: &str| hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name).ok().flatten();
         let got = feedback::read(&vm.doc, &call.policies, &call.checks, status, header, now_ms());
         if got.pauses.is_empty() {
-            return;
+            return false;
         }
         for &index in &got.throttled {
             vm.stats.count(index, |s| s.upstream_throttled);
@@ -199,7 +206,22 @@ impl Sluice {
         for &index in &got.clamped {
             vm.stats.count(index, |s| s.upstream_clamped);
         }
-        vm.send_later(FEEDBACK_PATH, &FeedbackRequest { pauses: got.pauses, now_us: None }, Vec::new());
+        let request = FeedbackRequest { pauses: got.pauses, now_us: None };
+        let timeout = Duration::from_millis(vm.doc.shim.timeout_ms.get().into());
+        let sent = serde_json::to_vec(&request)
+            .map_err(|e| e.to_string())
+            .and_then(|body| post_bytes(&vm.doc, FEEDBACK_PATH, &body, timeout));
+        match sent {
+            Ok(token) => {
+                self.reporting = Some((token, request));
+                true
+            }
+            Err(reason) => {
+                log::debug!("cannot send upstream feedback from the stream ({reason}); the root will");
+                vm.send_later(FEEDBACK_PATH, &request, Vec::new());
+                false
+            }
+        }
     }
 
     /// The shim denied: count it, remember it in the over-limit cache, answer.
@@ -349,6 +371,10 @@ impl Sluice {
         for (_, request, policies) in std::mem::take(&mut self.releasing) {
             vm.send_later(RELEASE_PATH, &request, policies);
         }
+        if let Some((_, feedback)) = self.reporting.take() {
+            // Cancelled with the stream: recording a pause twice extends nothing.
+            vm.send_later(FEEDBACK_PATH, &feedback, Vec::new());
+        }
         for (request, policies, _) in self.leases_to_release(&vm) {
             vm.send_later(RELEASE_PATH, &request, policies);
         }
@@ -360,7 +386,12 @@ impl Sluice {
         let (_, _, policies) = self.releasing.swap_remove(at);
         let (status, body) = call_answer(num_headers, body_size);
         vm.release_answered(&policies, status.as_deref(), body.as_deref(), now_ms());
-        if self.releasing.is_empty() {
+        self.resume_response();
+    }
+
+    /// Lets the response go on once no release or feedback holds it.
+    fn resume_response(&self) {
+        if self.releasing.is_empty() && self.reporting.is_none() {
             if let Err(status) = hostcalls::resume_http_response() {
                 log::warn!("cannot resume the response: {status:?}");
             }
@@ -415,6 +446,14 @@ impl Context for Sluice {
         let Some(vm) = self.vm.clone() else { return };
         if let Some(at) = self.releasing.iter().position(|(t, ..)| *t == token) {
             return self.released(&vm, at, num_headers, body_size);
+        }
+        if self.reporting.as_ref().is_some_and(|(t, _)| *t == token) {
+            self.reporting = None;
+            let (status, _) = call_answer(num_headers, 0);
+            if status.as_deref() != Some(b"200") {
+                log::debug!("the shim did not record upstream feedback: {status:?}");
+            }
+            return self.resume_response();
         }
         let Some(call) = self.calls.iter_mut().find(|c| c.token == Some(token)) else { return };
         call.token = None;
@@ -521,9 +560,11 @@ impl HttpContext for Sluice {
         if !adjustments.is_empty() {
             vm.send_later(ADJUST_PATH, &AdjustRequest { adjustments, now_us: None }, Vec::new());
         }
-        self.upstream_feedback(&vm);
+        let reporting = self.upstream_feedback(&vm);
         if end_of_stream {
-            return self.release_at_end();
+            // Holds the response while the releases, or the feedback, are in flight.
+            let releasing = self.release_at_end();
+            return if reporting { Action::Pause } else { releasing };
         }
         if self.calls.iter().any(|c| c.lease.is_some()) {
             self.body_left = hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, "content-length")
@@ -531,7 +572,11 @@ impl HttpContext for Sluice {
                 .flatten()
                 .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse().ok());
         }
-        Action::Continue
+        if reporting {
+            Action::Pause
+        } else {
+            Action::Continue
+        }
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
