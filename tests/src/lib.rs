@@ -14,10 +14,15 @@
 //! - [`cluster`]: [`RedisCluster`], three private cluster nodes, joined.
 //! - [`shim`]: [`Shim`], `dist/sluice serve` pointed at a Redis.
 //! - [`upstream`]: [`Upstream`], an in-process HTTP server answering `ok`.
+//! - [`partner`]: [`Partner`], a mock third-party API enforcing its own
+//!   limits exactly (windows, interval, concurrency) and logging each call.
 //! - [`envoy`]: [`Envoy`], `envoy/demo.yaml` rendered and run with a policy.
 //! - [`backend`]: [`Backend`], Redis and the shim, without Envoy.
 //! - [`stack`]: [`Stack`], all four started together, in a safe drop order.
 //! - [`service`]: [`Service`], any other server binary on a free port.
+//! - [`egress`]: [`Egress`], gateways sharing one Redis in front of a
+//!   [`Partner`]; workers and single calls that say who answered and how
+//!   long the gateway held them; what is left in Redis.
 //! - [`client`]: [`burst`], N concurrent requests, collecting status and
 //!   `retry-after`.
 //! - [`gateway`]: for the gateway-behaviour tests: whole responses, Envoy's
@@ -33,9 +38,11 @@
 pub mod backend;
 pub mod client;
 pub mod cluster;
+pub mod egress;
 pub mod envoy;
 pub mod gateway;
 pub mod host;
+pub mod partner;
 pub mod paths;
 mod probe;
 mod process;
@@ -48,7 +55,9 @@ pub mod upstream;
 pub use backend::Backend;
 pub use client::{burst, Reply};
 pub use cluster::RedisCluster;
+pub use egress::Egress;
 pub use envoy::Envoy;
+pub use partner::Partner;
 pub use paths::{dist, free_port, workspace_root};
 pub use redis::Redis;
 pub use service::Service;
