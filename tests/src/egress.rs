@@ -14,6 +14,7 @@
 //! call has taken its place), [`leftovers`] lists the non-empty collections
 //! under a prefix (to know that nothing is left behind).
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,7 +43,12 @@ pub struct Egress {
 impl Egress {
     /// `gateways` gateways running `policy_json`, all sharing one Redis, all
     /// forwarding to `partner`.
+    /// The policy is parsed first, so a document the filter would refuse
+    /// fails here with the parser's message instead of Envoy's exit.
     pub fn start(policy_json: &str, gateways: usize, partner: Partner) -> anyhow::Result<Egress> {
+        if let Err(err) = sluice_policies::parse(policy_json) {
+            anyhow::bail!("the policy document is refused: {err}");
+        }
         let redis = Redis::start()?;
         let mut started = Vec::with_capacity(gateways);
         for _ in 0..gateways {
@@ -122,23 +128,27 @@ pub fn server_timing_ms(value: &str) -> Option<f64> {
 /// Sends calls and keeps them in flight while the test does other things.
 pub struct Caller {
     runtime: Runtime,
+    target: Target,
+}
+
+/// What every call shares: the client (its connection pools), the path and
+/// account, and the clock calls are timed by.
+#[derive(Clone)]
+struct Target {
     client: reqwest::Client,
     path: String,
     account: String,
     started: Instant,
 }
 
-impl Caller {
-    /// Calls `GET path` with `x-account: account`; each call gives up after `timeout`.
-    pub fn new(path: &str, account: &str, timeout: Duration) -> anyhow::Result<Caller> {
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-        let client = reqwest::Client::builder().timeout(timeout).build()?;
-        Ok(Caller { runtime, client, path: path.into(), account: account.into(), started: Instant::now() })
-    }
-
-    /// Starts call `seq` through the gateway on `port` (index `gateway`),
-    /// with `extra` headers.
-    pub fn spawn(&self, port: u16, gateway: usize, seq: u64, extra: &[(&str, String)]) -> JoinHandle<Call> {
+impl Target {
+    fn call(
+        &self,
+        port: u16,
+        gateway: usize,
+        seq: u64,
+        extra: &[(&str, String)],
+    ) -> impl Future<Output = Call> {
         let mut request = self
             .client
             .get(format!("http://127.0.0.1:{port}{}", self.path))
@@ -147,8 +157,23 @@ impl Caller {
         for (name, value) in extra {
             request = request.header(*name, value);
         }
-        let started = self.started;
-        self.runtime.spawn(async move { call(request, gateway, seq, started).await })
+        call(request, gateway, seq, self.started)
+    }
+}
+
+impl Caller {
+    /// Calls `GET path` with `x-account: account`; each call gives up after `timeout`.
+    pub fn new(path: &str, account: &str, timeout: Duration) -> anyhow::Result<Caller> {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        let client = reqwest::Client::builder().timeout(timeout).build()?;
+        let target = Target { client, path: path.into(), account: account.into(), started: Instant::now() };
+        Ok(Caller { runtime, target })
+    }
+
+    /// Starts call `seq` through the gateway on `port` (index `gateway`),
+    /// with `extra` headers.
+    pub fn spawn(&self, port: u16, gateway: usize, seq: u64, extra: &[(&str, String)]) -> JoinHandle<Call> {
+        self.runtime.spawn(self.target.call(port, gateway, seq, extra))
     }
 
     /// Waits for a spawned call.
@@ -236,13 +261,13 @@ impl Run {
 impl Workers {
     pub fn run(&self, ports: &[u16]) -> anyhow::Result<Run> {
         anyhow::ensure!(!ports.is_empty(), "no gateway to call");
-        let caller = Arc::new(Caller::new(&self.path, &self.account, self.timeout)?);
+        let caller = Caller::new(&self.path, &self.account, self.timeout)?;
         let next = Arc::new(AtomicU64::new(0));
         let total = self.calls as u64;
         let started = Instant::now();
         let mut workers = Vec::with_capacity(self.workers);
         for worker in 0..self.workers {
-            let (caller_ref, next) = (caller.clone(), next.clone());
+            let (target, next) = (caller.target.clone(), next.clone());
             let (gateway, port) = (worker % ports.len(), ports[worker % ports.len()]);
             workers.push(caller.runtime.spawn(async move {
                 let mut calls = Vec::new();
@@ -251,11 +276,7 @@ impl Workers {
                     if seq >= total {
                         return calls;
                     }
-                    let handle = caller_ref.spawn(port, gateway, seq, &[]);
-                    match handle.await {
-                        Ok(call) => calls.push(call),
-                        Err(_) => return calls,
-                    }
+                    calls.push(target.call(port, gateway, seq, &[]).await);
                 }
             }));
         }
@@ -265,8 +286,6 @@ impl Workers {
         }
         let elapsed = started.elapsed();
         calls.sort_by_key(|c| c.seq);
-        // The runtime must not be dropped inside itself: the workers held clones.
-        drop(Arc::try_unwrap(caller).ok());
         Ok(Run { calls, elapsed })
     }
 }
