@@ -215,6 +215,27 @@ fn s0_waiting_calls_are_served_in_arrival_order() {
     assert!(held > 0, "no held call carries `server-timing: sluice;dur=<ms>`: {calls:?}");
 }
 
+/// A call whose slot lies beyond `wait.timeout` is not held: the gateway
+/// answers 429 at once, with the exact wait in `retry-after`. The window
+/// (2 per 10 s) is full, the timeout 2 s: the slot is 10 s away.
+#[test]
+fn a_call_whose_slot_is_beyond_the_timeout_is_refused_at_once() {
+    let partner = Partner::start(Limits::default().window(2, ms(10_000))).expect("partner");
+    let window = r#"{"type": "sliding_window", "limit": 2, "window": "10s"}"#;
+    let egress = egress(&document(&policy("too-far", &wait("2s", Some(MARGIN)), window)), 1, partner);
+    let (caller, port) = (caller(), egress.ports()[0]);
+    for seq in 0..2 {
+        assert!(caller.send(port, 0, seq, &[]).expect("call").served(), "{}", egress.logs());
+    }
+    let call = caller.send(port, 0, 2, &[]).expect("call");
+    println!("beyond the timeout: answered in {:?}", call.done - call.sent);
+    assert!(call.refused_by_gateway(), "{call:?}\n{}", egress.logs());
+    let secs: u64 = call.retry_after.as_deref().and_then(|s| s.parse().ok()).expect("retry-after");
+    assert!((9..=11).contains(&secs), "retry-after {secs} for a slot about 10 s away");
+    assert_eq!(call.held_ms, None, "a refused call was not held");
+    assert_eq!(egress.partner.log().seqs(), [0, 1]);
+}
+
 /// S1 scaled: one call every 200 ms, shared by 4 workers with separate
 /// connections. The partner never sees two calls closer than 200 ms.
 #[test]
