@@ -32,6 +32,21 @@ pub struct Gateway {
     pub shim: Shim,
 }
 
+impl Gateway {
+    /// A shim on `redis` and an Envoy running `policy_json` in front of the
+    /// partner on `partner_port`. The policy is parsed first, so a document
+    /// the filter would refuse fails here with the parser's message instead
+    /// of Envoy's exit.
+    pub fn start(policy_json: &str, redis: &Redis, partner_port: u16) -> anyhow::Result<Gateway> {
+        if let Err(err) = sluice_policies::parse(policy_json) {
+            anyhow::bail!("the policy document is refused: {err}");
+        }
+        let shim = Shim::start(&redis.url())?;
+        let envoy = Envoy::start(policy_json, shim.port, partner_port)?;
+        Ok(Gateway { envoy, shim })
+    }
+}
+
 /// Gateways, the partner behind them and the Redis they share, in drop
 /// order: the gateways stop first, Redis last.
 pub struct Egress {
@@ -43,19 +58,11 @@ pub struct Egress {
 impl Egress {
     /// `gateways` gateways running `policy_json`, all sharing one Redis, all
     /// forwarding to `partner`.
-    /// The policy is parsed first, so a document the filter would refuse
-    /// fails here with the parser's message instead of Envoy's exit.
     pub fn start(policy_json: &str, gateways: usize, partner: Partner) -> anyhow::Result<Egress> {
-        if let Err(err) = sluice_policies::parse(policy_json) {
-            anyhow::bail!("the policy document is refused: {err}");
-        }
         let redis = Redis::start()?;
-        let mut started = Vec::with_capacity(gateways);
-        for _ in 0..gateways {
-            let shim = Shim::start(&redis.url())?;
-            let envoy = Envoy::start(policy_json, shim.port, partner.port)?;
-            started.push(Gateway { envoy, shim });
-        }
+        let started = (0..gateways)
+            .map(|_| Gateway::start(policy_json, &redis, partner.port))
+            .collect::<anyhow::Result<Vec<Gateway>>>()?;
         Ok(Egress { gateways: started, partner, redis })
     }
 

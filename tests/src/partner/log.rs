@@ -26,6 +26,11 @@ pub struct Arrival {
 pub struct Log(pub Vec<Arrival>);
 
 impl Log {
+    /// The calls of one key only.
+    pub fn of(&self, key: &str) -> Log {
+        Log(self.0.iter().filter(|a| a.key == key).cloned().collect())
+    }
+
     pub fn admitted(&self) -> impl Iterator<Item = &Arrival> {
         self.0.iter().filter(|a| a.refused.is_none())
     }
