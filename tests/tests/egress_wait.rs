@@ -18,8 +18,9 @@
 //! partner allows. [`MARGIN`] is generous for loopback on a busy machine.
 
 use std::collections::BTreeSet;
+use std::io::Read;
 use std::thread::sleep;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sluice_tests::egress::{activity, await_activity, leftovers, Call, Caller, Run, Workers};
 use sluice_tests::gateway::{eventually, open_request};
@@ -277,27 +278,30 @@ fn s2a_concurrency_holds_callers_until_a_slot_is_released() {
     assert_all_served(&egress, &run, &log);
 }
 
-/// Cancellation in a window: with the window (2 per 3 s) full, 4 callers
-/// wait (slots at 3 s and 6 s), then hang up. A fifth caller then fits in
-/// the first freed slot, 3 s away, within its 5 s timeout: it is served.
-/// Had the cancelled callers kept their places, its slot would be 9 s away
-/// and it would get 429 at once. The partner never sees the cancelled
-/// calls, and Redis holds no more entries than calls served.
+/// Cancellation in a window. The window (2 per 5 s) is full; 2 callers
+/// wait for the next slot pair, about 5 s away, then hang up. A third
+/// caller then gets that freed slot, less than 5 s away, within its 5.5 s
+/// timeout: it is served. Had the cancelled callers kept their places, its
+/// slot would be about 10 s away and, the hang-ups having taken at most
+/// about 3.5 s, still beyond its timeout: it would get 429 at once. The
+/// partner never sees the cancelled calls, and Redis holds no more entries
+/// than calls served.
 #[test]
 fn cancelled_waiters_free_their_slots_in_a_window() {
-    let limits = Limits::default().window(2, ms(3000));
+    let limits = Limits::default().window(2, ms(5000));
     let partner = Partner::start(limits).expect("partner");
-    let window = r#"{"type": "sliding_window", "limit": 2, "window": "3s"}"#;
-    let egress = egress(&document(&policy("cancel-window", &wait("5s", Some(MARGIN)), window)), 1, partner);
+    let window = r#"{"type": "sliding_window", "limit": 2, "window": "5s"}"#;
+    let doc = document(&policy("cancel-window", &wait("5500ms", Some(MARGIN)), window));
+    let egress = egress(&doc, 1, partner);
     let (caller, port) = (caller(), egress.ports()[0]);
     for seq in 0..2 {
         assert!(caller.send(port, 0, seq, &[]).expect("call").served(), "{}", egress.logs());
     }
-    let waiting = queue_and_hang_up(&egress, port, 100..104);
+    let waiting = queue_and_hang_up(&egress, port, 100..102);
     let call = caller.send(port, 0, 2, &[]).expect("call");
     assert!(
         call.served(),
-        "a cancelled caller kept its place: {call:?} (waiting {waiting})\n{}",
+        "a cancelled caller kept its place: {call:?} (the hang-ups took {waiting:?})\n{}",
         egress.logs()
     );
     let log = egress.partner.log();
@@ -306,7 +310,7 @@ fn cancelled_waiters_free_their_slots_in_a_window() {
     assert!(left.iter().all(|(_, _, len)| *len <= 3), "entries beyond the 3 calls served: {left:?}");
 }
 
-/// Cancellation in a concurrency queue: one slot, held 2 s by a slow call;
+/// Cancellation in a concurrency queue: one slot, held 4 s by a slow call;
 /// 3 callers queue behind it and hang up; a fourth queues after them. When
 /// the slot is released it goes to the fourth, which is served within its
 /// 5 s timeout (a slot handed to a caller that left would stay taken for
@@ -320,7 +324,7 @@ fn cancelled_waiters_free_their_places_in_a_concurrency_queue() {
     let pool = r#"{"type": "concurrency", "limit": 1, "lease": "30s"}"#;
     let egress = egress(&document(&policy("cancel-queue", &wait("5s", None), pool)), 1, partner);
     let (caller, port) = (caller(), egress.ports()[0]);
-    let slow = caller.spawn(port, 0, 0, &[(DELAY, "2000".into())]);
+    let slow = caller.spawn(port, 0, 0, &[(DELAY, "4000".into())]);
     let arrived = eventually(SETTLE, || egress.partner.log().seqs() == [0]);
     assert!(arrived, "the slow call never reached the partner\n{}", egress.logs());
     let waiting = queue_and_hang_up(&egress, port, 100..103);
@@ -329,7 +333,7 @@ fn cancelled_waiters_free_their_places_in_a_concurrency_queue() {
     assert!(slow.served(), "{slow:?}\n{}", egress.logs());
     assert!(
         next.served(),
-        "a cancelled caller kept its place: {next:?} (waiting {waiting})\n{}",
+        "a cancelled caller kept its place: {next:?} (the hang-ups took {waiting:?})\n{}",
         egress.logs()
     );
     let after = caller.send(port, 0, 2, &[]).expect("call");
@@ -342,26 +346,32 @@ fn cancelled_waiters_free_their_places_in_a_concurrency_queue() {
 }
 
 /// Opens one raw call per `seqs` while the limit is exhausted, each once
-/// the previous one reached Redis, waits a little so every one is placed,
-/// then hangs all up and waits until the gateways have told Redis (at least
-/// one command each) and a little more. Returns how many it placed.
-fn queue_and_hang_up(egress: &Egress, port: u16, seqs: std::ops::Range<u64>) -> usize {
+/// the previous one reached Redis, and checks after a moment that the
+/// gateway holds every one (no answer yet). Then hangs all up and waits
+/// until the gateways have told Redis (at least one command each; at most
+/// 2 s, then goes on and lets the next call show whether the places were
+/// freed), and half a second more. Returns how long the hang-ups took.
+fn queue_and_hang_up(egress: &Egress, port: u16, seqs: std::ops::Range<u64>) -> Duration {
     let mut open = Vec::new();
     for seq in seqs {
         let before = activity(&egress.redis).expect("INFO");
         let headers = [(partner::ACCOUNT, ACCOUNT), (partner::SEQ, &seq.to_string())];
-        open.push(open_request(port, PATH, &headers).expect("open a call"));
+        open.push((seq, open_request(port, PATH, &headers).expect("open a call")));
         assert!(await_activity(&egress.redis, before, 1, ms(5000)), "call {seq} never reached Redis");
     }
     sleep(ms(300));
-    let placed = open.len();
+    for (seq, stream) in &open {
+        stream.set_nonblocking(true).expect("nonblocking");
+        let answered = (&*stream).read(&mut [0u8; 64]).is_ok_and(|n| n > 0);
+        assert!(!answered, "call {seq} was answered instead of held\n{}", egress.logs());
+    }
+    let started = Instant::now();
+    let placed = open.len() as u64;
     let before = activity(&egress.redis).expect("INFO");
     drop(open);
-    // Each hang-up is told to Redis; if not seen within 3 s, go on anyway
-    // and let the next call show whether the places were freed.
-    let _ = await_activity(&egress.redis, before, placed as u64, ms(3000));
+    let _ = await_activity(&egress.redis, before, placed, ms(2000));
     sleep(ms(500));
-    placed
+    started.elapsed()
 }
 
 /// Two gateways, each with its own shim, on one Redis, S2a: 12 workers
