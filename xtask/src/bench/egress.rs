@@ -231,7 +231,7 @@ fn document(limits: &Limits) -> String {
         format!(r#"{{"timeout": "{WAIT_TIMEOUT}", "margin": "{WAIT_MARGIN}"}}"#)
     };
     format!(
-        r#"{{"shim": {{"timeout_ms": 20000}}, "failure_mode": "deny", "policies": [
+        r#"{{"shim": {{"timeout_ms": 2000}}, "failure_mode": "deny", "policies": [
             {{"name": "partner-api", "match": {{"path_prefix": "/v42/"}}, "key": ["header:x-account"],
               "wait": {wait}, "limits": [{}]}}]}}"#,
         parts.join(", ")
