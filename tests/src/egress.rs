@@ -10,9 +10,10 @@
 //! `server-timing: sluice;dur=<ms>` of a held call).
 //!
 //! The Redis helpers see what the gateways do in Redis without knowing their
-//! key layout: [`activity`] counts the commands clients sent (to know that a
-//! call has taken its place), [`leftovers`] lists the non-empty collections
-//! under a prefix (to know that nothing is left behind).
+//! key layout: [`activity`] counts the commands Redis has run (to know that
+//! a call has reached Redis and taken its place), [`leftovers`] lists the
+//! non-empty collections under a prefix (to know that nothing is left
+//! behind).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
