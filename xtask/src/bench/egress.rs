@@ -35,6 +35,8 @@ const WAIT_TIMEOUT: &str = "15s";
 const WAIT_MARGIN: &str = "20ms";
 /// The path the partner serves and the policy matches.
 const PATH: &str = "/v42/orders";
+/// A hand-written run starts no call after twice the least span plus this.
+const BUDGET_SLACK: Duration = Duration::from_secs(30);
 
 pub(crate) struct Scenario {
     pub(crate) plan: plan::Egress,
@@ -62,6 +64,9 @@ pub(crate) struct Numbers {
     pub(crate) max_in_flight: u32,
     /// Freed slot to the next admission at the partner: p50, p99.
     pub(crate) handoff: Option<(Duration, Duration)>,
+    /// The run's budget ran out before every call was made (hand-written
+    /// callers only): the span covers only the calls served.
+    pub(crate) stopped: bool,
 }
 
 pub(crate) fn run(plan: &Plan, tools: &Tools) -> Result<Vec<Scenario>> {
@@ -95,7 +100,7 @@ fn scenario(egress: &plan::Egress, tools: &Tools) -> Result<Scenario> {
         Ok(gateway) => measure(tools, &redis, &partner, account, || {
             let run = workers.run(&[gateway.envoy.port])?;
             let served = run.count(|c| c.served());
-            Ok((served, run.calls.len() - served, run.elapsed))
+            Ok((served, run.calls.len() - served, run.elapsed, false))
         }),
     };
     report("Sluice wait", &outcome);
@@ -116,8 +121,9 @@ fn scenario(egress: &plan::Egress, tools: &Tools) -> Result<Scenario> {
                 &egress.limits,
                 egress.workers,
                 egress.calls,
+                fastest * 2 + BUDGET_SLACK,
             )?;
-            Ok((tally.served, tally.gave_up, tally.elapsed))
+            Ok((tally.served, tally.gave_up, tally.elapsed, tally.stopped))
         });
         report(client.label(), &outcome);
         approaches.push(Measured { approach: client.label(), outcome });
@@ -126,21 +132,22 @@ fn scenario(egress: &plan::Egress, tools: &Tools) -> Result<Scenario> {
 }
 
 /// Runs one approach under MONITOR and reads the partner's log of its
-/// account. `go` returns (served, unserved, elapsed); its error becomes
+/// account. `go` returns (served, unserved, elapsed, stopped at its
+/// budget); its error becomes
 /// the row's "not measured" reason.
 fn measure(
     tools: &Tools,
     redis: &Redis,
     partner: &Partner,
     account: &str,
-    go: impl FnOnce() -> Result<(usize, usize, Duration)>,
+    go: impl FnOnce() -> Result<(usize, usize, Duration, bool)>,
 ) -> Result<Numbers, String> {
     let mut outcome = None;
     let commands = monitor::client_commands(&tools.redis_cli, redis.port, || {
         outcome = Some(go());
         Ok(())
     });
-    let (served, unserved, elapsed) = match outcome {
+    let (served, unserved, elapsed, stopped) = match outcome {
         Some(Ok(tally)) => tally,
         Some(Err(err)) => return Err(format!("{err:#}")),
         None => return Err("did not run".into()),
@@ -162,6 +169,7 @@ fn measure(
         mean_gap,
         max_in_flight: log.max_in_flight(),
         handoff,
+        stopped,
     })
 }
 

@@ -12,8 +12,10 @@
 //!   clock; when either remaining count is zero the job raises OverLimit,
 //!   sleeps 0.5 s and retries (as does a 429 from the partner).
 //!
-//! Each worker makes calls until the run's total is reached; every call
-//! carries the account and a sequence number, like the gateway's callers.
+//! Each worker makes calls until the run's total is reached, or until the
+//! run's budget is spent (the S0 script can starve itself: it charges the
+//! window that admits even when the other one refuses); every call carries
+//! the account and a sequence number, like the gateway's callers.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -62,9 +64,12 @@ impl Client {
 /// What the callers saw.
 pub(crate) struct Tally {
     pub(crate) served: usize,
-    /// Calls given up (or failed without an answer).
+    /// Calls given up (or failed without an answer), and calls never
+    /// started because the budget was spent.
     pub(crate) gave_up: usize,
     pub(crate) elapsed: Duration,
+    /// The budget ran out before every call was made.
+    pub(crate) stopped: bool,
 }
 
 struct Ctx {
@@ -77,9 +82,13 @@ struct Ctx {
     script: redis::Script,
     next: AtomicU64,
     total: u64,
+    /// No call starts after this.
+    deadline: Instant,
 }
 
-/// Runs `workers` callers of kind `client` until `calls` calls are made.
+/// Runs `workers` callers of kind `client` until `calls` calls are made,
+/// starting none after `budget`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     client: Client,
     partner_port: u16,
@@ -88,6 +97,7 @@ pub(crate) fn run(
     limits: &Limits,
     workers: usize,
     calls: usize,
+    budget: Duration,
 ) -> Result<Tally> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {
@@ -102,16 +112,20 @@ pub(crate) fn run(
             script: redis::Script::new(include_str!("../../../bench/handwritten/dual_window_zset.lua")),
             next: AtomicU64::new(0),
             total: calls as u64,
+            deadline: Instant::now() + budget,
         });
         let started = Instant::now();
         let tasks: Vec<_> = (0..workers).map(|w| tokio::spawn(worker(ctx.clone(), w as u64))).collect();
-        let mut tally = Tally { served: 0, gave_up: 0, elapsed: Duration::ZERO };
+        let mut tally = Tally { served: 0, gave_up: 0, elapsed: Duration::ZERO, stopped: false };
         for task in tasks {
             let (served, gave_up) = task.await.context("a worker panicked")??;
             tally.served += served;
             tally.gave_up += gave_up;
         }
         tally.elapsed = started.elapsed();
+        let never_started = calls.saturating_sub(tally.served + tally.gave_up);
+        tally.stopped = never_started > 0;
+        tally.gave_up += never_started;
         Ok(tally)
     })
 }
@@ -120,6 +134,9 @@ async fn worker(ctx: Arc<Ctx>, id: u64) -> Result<(usize, usize)> {
     let (mut served, mut gave_up) = (0, 0);
     let mut rng = XorShift(0x9E37_79B9_7F4A_7C15 ^ (id + 1).wrapping_mul(0x2545_F491_4F6C_DD1D));
     loop {
+        if Instant::now() >= ctx.deadline {
+            return Ok((served, gave_up));
+        }
         let seq = ctx.next.fetch_add(1, Ordering::SeqCst);
         if seq >= ctx.total {
             return Ok((served, gave_up));

@@ -112,11 +112,16 @@ fn egress(md: &mut String, scenarios: &[super::egress::Scenario]) -> std::fmt::R
                     continue;
                 }
             };
-            let ratio =
-                if s.fastest.is_zero() { f64::NAN } else { n.span.as_secs_f64() / s.fastest.as_secs_f64() };
+            let ratio = if n.stopped {
+                "stopped at its budget".to_string()
+            } else if s.fastest.is_zero() {
+                "–".to_string()
+            } else {
+                format!("{:.3}×", n.span.as_secs_f64() / s.fastest.as_secs_f64())
+            };
             write!(
                 md,
-                "| {} | {} | {} | {} | {:.2} | {:.2} | {ratio:.3}× | {:.2} |",
+                "| {} | {} | {} | {} | {:.2} | {:.2} | {ratio} | {:.2} |",
                 a.approach,
                 n.served,
                 n.unserved,
