@@ -29,6 +29,8 @@ use sluice_tests::partner::{self, Limits};
 const RETRY_SLEEP: Duration = Duration::from_millis(500);
 /// S1's callers give up after this long.
 const S1_GIVE_UP: Duration = Duration::from_secs(15);
+/// How long one Redis command may take.
+const REDIS_TIMEOUT: Duration = Duration::from_secs(10);
 /// Any other caller gives up after this long, so a run always ends.
 const GIVE_UP: Duration = Duration::from_secs(180);
 
@@ -101,7 +103,10 @@ pub(crate) fn run(
 ) -> Result<Tally> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {
-        let redis = redis::Client::open(redis_url)?.get_multiplexed_async_connection().await?;
+        let mut redis = redis::Client::open(redis_url)?.get_multiplexed_async_connection().await?;
+        // The crate's 500 ms default is too short for a loaded machine with
+        // MONITOR on; a slow answer is still an answer here.
+        redis.set_response_timeout(REDIS_TIMEOUT);
         let ctx = Arc::new(Ctx {
             client,
             http: reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?,
