@@ -19,9 +19,14 @@
 //! - [`upstream`]: [`Upstream`], an in-process HTTP server answering `ok`.
 //! - [`envoy`]: [`Envoy`], `envoy/demo.yaml` rendered and run with a policy;
 //!   it can crash (SIGKILL), for fault tests.
+//! - [`partner`]: [`Partner`], a mock third-party API enforcing its own
+//!   limits exactly (windows, interval, concurrency) and logging each call.
 //! - [`backend`]: [`Backend`], Redis and the shim, without Envoy.
 //! - [`stack`]: [`Stack`], all four started together, in a safe drop order.
 //! - [`service`]: [`Service`], any other server binary on a free port.
+//! - [`egress`]: [`Egress`], gateways sharing one Redis in front of a
+//!   [`Partner`]; workers and single calls that say who answered and how
+//!   long the gateway held them; what is left in Redis.
 //! - [`client`]: [`burst`], N concurrent requests, collecting status and
 //!   `retry-after`.
 //! - [`faults`]: steady traffic under an injected fault, and its judges
@@ -42,10 +47,12 @@
 pub mod backend;
 pub mod client;
 pub mod cluster;
+pub mod egress;
 pub mod envoy;
 pub mod faults;
 pub mod gateway;
 pub mod host;
+pub mod partner;
 pub mod paths;
 mod probe;
 mod process;
@@ -60,7 +67,9 @@ pub mod upstream;
 pub use backend::Backend;
 pub use client::{burst, Reply};
 pub use cluster::RedisCluster;
+pub use egress::Egress;
 pub use envoy::Envoy;
+pub use partner::Partner;
 pub use paths::{dist, free_port, workspace_root};
 pub use redis::Redis;
 pub use service::Service;

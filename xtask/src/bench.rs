@@ -18,10 +18,15 @@
 //! - `redis_cost`: scenario 3, Redis CPU and memory per limit type, beside
 //!   the hand-written scripts of `bench/handwritten/`.
 //! - `scale`: scenario 4, latency and memory from 1k to 1M keys.
+//! - `egress`: scenario 5, egress waits (S0, S1, S2a) against a strict mock
+//!   partner, Sluice's `wait` beside `egress_clients`, the hand-written
+//!   callers.
 //! - `noise`: how busy the machine was while the bench ran.
 //! - `report`: LATEST.md. `plot`: the PNG.
 //!
 
+mod egress;
+mod egress_clients;
 mod gateway;
 mod load;
 mod monitor;
@@ -46,7 +51,7 @@ use crate::{build, cmd};
 
 const PLOT: &str = "latency.png";
 
-pub(crate) fn run(quick: bool) -> Result<()> {
+pub(crate) fn run(quick: bool, egress_only: bool) -> Result<()> {
     let started = Instant::now();
     let plan = plan::Plan::new(quick);
     let tools = tools::ensure()?;
@@ -55,6 +60,9 @@ pub(crate) fn run(quick: bool) -> Result<()> {
     std::env::set_var("SLUICE_REDIS_SERVER", &tools.redis_server);
     std::env::set_var("SLUICE_ENVOY", &tools.envoy);
     std::env::set_var("SLUICE_DIST", build::dist_dir());
+    if egress_only {
+        return run_egress(&plan, &tools, started);
+    }
 
     let sampler = noise::Sampler::start();
     let measured = Instant::now();
@@ -73,6 +81,8 @@ pub(crate) fn run(quick: bool) -> Result<()> {
         redis_cost::run(&mut redis.connection()?, plan.cost_calls)?
     };
     done("scenario 3, Redis cost per limit type,");
+    let egress = egress::run(&plan, &tools)?;
+    done("scenario 5, egress waits,");
     let noise = sampler.finish();
 
     let about = about(&tools, &plan, measured.elapsed().as_secs_f64());
@@ -85,6 +95,7 @@ pub(crate) fn run(quick: bool) -> Result<()> {
         shim,
         scale,
         cost,
+        egress,
     };
     let dir = out_dir(quick);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -94,6 +105,23 @@ pub(crate) fn run(quick: bool) -> Result<()> {
     std::fs::write(&md, report::markdown(&results, PLOT))
         .with_context(|| format!("writing {}", md.display()))?;
     eprintln!("bench: wrote {} and {PLOT} in {:.0} s", md.display(), started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Scenario 5 alone (`--egress`), written to `EGRESS.md` beside LATEST.md.
+fn run_egress(plan: &plan::Plan, tools: &tools::Tools, started: Instant) -> Result<()> {
+    let sampler = noise::Sampler::start();
+    let measured = Instant::now();
+    let egress = egress::run(plan, tools)?;
+    let noise = sampler.finish();
+    let about = about(tools, plan, measured.elapsed().as_secs_f64());
+    let dir = out_dir(plan.quick);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let md = dir.join("EGRESS.md");
+    let seconds = started.elapsed().as_secs_f64();
+    std::fs::write(&md, report::egress_markdown(plan, &about, &noise, seconds, &egress))
+        .with_context(|| format!("writing {}", md.display()))?;
+    eprintln!("bench: wrote {} in {seconds:.0} s", md.display());
     Ok(())
 }
 

@@ -59,6 +59,9 @@ enum Task {
         /// A short smoke run (about a minute) that proves the bench works; its numbers mean little.
         #[arg(long)]
         quick: bool,
+        /// Only scenario 5, the egress waits (S0, S1, S2a); writes EGRESS.md instead of LATEST.md.
+        #[arg(long)]
+        egress: bool,
     },
     /// Build the policy playground into dist/playground/ (the shim serves it at /playground).
     Playground,
@@ -78,7 +81,7 @@ fn main() -> ExitCode {
         Task::Build => build::build().map(drop),
         Task::Test { test_args } => test::run(&test_args),
         Task::Demo { keep_running } => run_demo(keep_running),
-        Task::Bench { quick } => bench::run(quick),
+        Task::Bench { quick, egress } => bench::run(quick, egress),
         Task::Playground => playground::build().map(drop),
         Task::Fuzz { seconds, target } => fuzz::run(seconds, target.as_deref()),
     };

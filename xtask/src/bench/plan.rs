@@ -1,8 +1,10 @@
-//! How much of each scenario to run: the full run (about 8 minutes on 2
-//! cores) or `--quick` (about a minute, to prove the bench works; its numbers
-//! mean little).
+//! How much of each scenario to run: the full run (about 17 minutes on 2
+//! cores, 6 of them the three S0 egress runs) or `--quick` (about two
+//! minutes, to prove the bench works; its numbers mean little).
 
 use std::time::Duration;
+
+use sluice_tests::partner::Limits;
 
 pub(crate) struct Plan {
     pub(crate) quick: bool,
@@ -26,6 +28,57 @@ pub(crate) struct Plan {
     pub(crate) scale_requests: u64,
     /// Decisions per case of the Redis cost scenario.
     pub(crate) cost_calls: usize,
+    /// The egress scenarios, S0, S1 and S2a.
+    pub(crate) egress: Vec<Egress>,
+}
+
+/// One egress scenario: the partner's limits (Sluice's policy states the
+/// same ones), how slow it answers, and the callers.
+#[derive(Clone, Debug)]
+pub(crate) struct Egress {
+    pub(crate) scenario: &'static str,
+    pub(crate) limits: Limits,
+    pub(crate) delay: Duration,
+    pub(crate) workers: usize,
+    pub(crate) calls: usize,
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// S0 at full scale takes at least 115 s per approach by construction (600
+/// calls at 300 a minute); `--quick` scales the windows down.
+fn egress(quick: bool) -> Vec<Egress> {
+    let (s0, s0_workers, s0_calls) = if quick {
+        (Limits::default().window(5, secs(1)).window(12, secs(3)), 10, 24)
+    } else {
+        (Limits::default().window(25, secs(5)).window(300, secs(60)), 20, 600)
+    };
+    let (s1_workers, s1_calls) = if quick { (5, 20) } else { (10, 100) };
+    let (s2a_limit, s2a_workers, s2a_calls, s2a_delay) =
+        if quick { (10, 40, 200, 50) } else { (50, 200, 2000, 100) };
+    vec![
+        Egress { scenario: "S0", limits: s0, delay: Duration::ZERO, workers: s0_workers, calls: s0_calls },
+        Egress {
+            scenario: "S1",
+            limits: Limits::default().interval(ms(100)),
+            delay: Duration::ZERO,
+            workers: s1_workers,
+            calls: s1_calls,
+        },
+        Egress {
+            scenario: "S2a",
+            limits: Limits::default().concurrency(s2a_limit),
+            delay: ms(s2a_delay),
+            workers: s2a_workers,
+            calls: s2a_calls,
+        },
+    ]
 }
 
 impl Plan {
@@ -42,6 +95,7 @@ impl Plan {
                 scale_keys: &[1_000, 10_000],
                 scale_requests: 10_000,
                 cost_calls: 2_000,
+                egress: egress(true),
             }
         } else {
             Plan {
@@ -55,6 +109,7 @@ impl Plan {
                 scale_keys: &[1_000, 100_000, 1_000_000],
                 scale_requests: 100_000,
                 cost_calls: 20_000,
+                egress: egress(false),
             }
         }
     }

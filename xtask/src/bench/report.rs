@@ -22,6 +22,7 @@ pub(crate) struct Results {
     pub(crate) shim: ShimAlone,
     pub(crate) scale: Vec<(&'static str, Outcome)>,
     pub(crate) cost: Vec<super::redis_cost::Cost>,
+    pub(crate) egress: Vec<super::egress::Scenario>,
 }
 
 /// Flat means: the largest key count's mean latency within this factor of the
@@ -36,21 +37,148 @@ pub(crate) fn markdown(r: &Results, plot_file: &str) -> String {
 }
 
 fn write_all(md: &mut String, r: &Results, plot_file: &str) -> std::fmt::Result {
-    let mode = if r.plan.quick { "quick (a smoke run: its numbers mean little)" } else { "full" };
-    writeln!(md, "# Sluice bench: latest run\n")?;
-    writeln!(md, "Written by `cargo xtask bench`; see `bench/README.md` for what each scenario measures.\n")?;
-    writeln!(md, "- mode: {mode}; took {:.0} s", r.seconds)?;
-    for (what, value) in &r.about {
-        writeln!(md, "- {what}: {value}")?;
-    }
-    noise(md, &r.noise)?;
+    header(md, "latest run", &r.plan, &r.about, &r.noise, r.seconds)?;
     gateway(md, r, plot_file)?;
     targets(md, r)?;
     shim(md, &r.shim)?;
     writeln!(md, "\n## 3. Redis cost per limit type\n")?;
     writeln!(md, "EVALSHA `usec_per_call` (INFO commandstats) and MEMORY USAGE per client key, each case on its allow path in one Redis:\n")?;
     write!(md, "{}", super::redis_cost::table(&r.cost))?;
-    scale(md, &r.scale)
+    scale(md, &r.scale)?;
+    egress(md, &r.egress)
+}
+
+fn egress(md: &mut String, scenarios: &[super::egress::Scenario]) -> std::fmt::Result {
+    writeln!(md, "\n## 5. Egress waits\n")?;
+    writeln!(
+        md,
+        "Workers call a mock partner that enforces its limits exactly on arrival and answers 429 beyond \
+         them: through Sluice with `wait` (one gateway), or straight to the partner with a hand-written \
+         limiter. \"unserved\": refused by the gateway or given up. \"span\": first to last admitted call \
+         at the partner; \"÷ least\": the span over the least the partner's limits allow. Redis commands: \
+         what clients sent (MONITOR), per served call.\n"
+    )?;
+    for s in scenarios {
+        let p = &s.plan;
+        let concurrency = p.limits.concurrency.is_some();
+        let interval = p.limits.interval.is_some();
+        let mut limits: Vec<String> =
+            p.limits.windows.iter().map(|w| format!("{} per {} ms", w.limit, w.window.as_millis())).collect();
+        if let Some(every) = p.limits.interval {
+            limits.push(format!("one per {} ms", every.as_millis()));
+        }
+        if let Some(max) = p.limits.concurrency {
+            limits.push(format!("{max} in flight, {} ms per call", p.delay.as_millis()));
+        }
+        writeln!(
+            md,
+            "### {}: {} workers, {} calls; the partner allows {} (least span {:.2} s)\n",
+            p.scenario,
+            p.workers,
+            p.calls,
+            limits.join(" and "),
+            s.fastest.as_secs_f64()
+        )?;
+        write!(
+            md,
+            "| approach | served | unserved | partner 429s | time s | span s | ÷ least | Redis cmds/call |"
+        )?;
+        if interval {
+            write!(md, " min gap ms | mean gap ms |")?;
+        }
+        if concurrency {
+            write!(md, " most in flight | freed slot empty p50 ms | p99 ms |")?;
+        }
+        writeln!(md)?;
+        write!(md, "|---|---:|---:|---:|---:|---:|---:|---:|")?;
+        if interval {
+            write!(md, "---:|---:|")?;
+        }
+        if concurrency {
+            write!(md, "---:|---:|---:|")?;
+        }
+        writeln!(md)?;
+        let ms = |d: Option<std::time::Duration>| {
+            d.map_or("–".to_string(), |d| format!("{:.1}", d.as_secs_f64() * 1e3))
+        };
+        for a in &s.approaches {
+            let n = match &a.outcome {
+                Ok(n) => n,
+                Err(why) => {
+                    // The first clause is enough in a table; the bench's log has it all.
+                    let why = why.lines().next().unwrap_or("").split(", expected").next().unwrap_or("");
+                    let why = why.replace('|', "/");
+                    writeln!(md, "| {} | not measured: {why} | | | | | | |", a.approach)?;
+                    continue;
+                }
+            };
+            let ratio = if n.stopped {
+                "stopped at its budget".to_string()
+            } else if s.fastest.is_zero() {
+                "–".to_string()
+            } else {
+                format!("{:.3}×", n.span.as_secs_f64() / s.fastest.as_secs_f64())
+            };
+            write!(
+                md,
+                "| {} | {} | {} | {} | {:.2} | {:.2} | {ratio} | {:.2} |",
+                a.approach,
+                n.served,
+                n.unserved,
+                n.partner_429,
+                n.elapsed.as_secs_f64(),
+                n.span.as_secs_f64(),
+                n.redis_per_call
+            )?;
+            if interval {
+                write!(md, " {} | {} |", ms(n.min_gap), ms(n.mean_gap))?;
+            }
+            if concurrency {
+                write!(
+                    md,
+                    " {} | {} | {} |",
+                    n.max_in_flight,
+                    ms(n.handoff.map(|h| h.0)),
+                    ms(n.handoff.map(|h| h.1))
+                )?;
+            }
+            writeln!(md)?;
+        }
+        writeln!(md)?;
+    }
+    Ok(())
+}
+
+/// `cargo xtask bench --egress`: scenario 5 alone.
+pub(crate) fn egress_markdown(
+    plan: &Plan,
+    about: &[(&'static str, String)],
+    noise: &Noise,
+    seconds: f64,
+    scenarios: &[super::egress::Scenario],
+) -> String {
+    let mut md = String::new();
+    let _ = header(&mut md, "egress waits only (`--egress`)", plan, about, noise, seconds)
+        .and_then(|()| egress(&mut md, scenarios));
+    md
+}
+
+fn header(
+    md: &mut String,
+    title: &str,
+    plan: &Plan,
+    about: &[(&'static str, String)],
+    n: &Noise,
+    seconds: f64,
+) -> std::fmt::Result {
+    let mode = if plan.quick { "quick (a smoke run: its numbers mean little)" } else { "full" };
+    writeln!(md, "# Sluice bench: {title}\n")?;
+    writeln!(md, "Written by `cargo xtask bench`; see `bench/README.md` for what each scenario measures.\n")?;
+    writeln!(md, "- mode: {mode}; took {seconds:.0} s")?;
+    for (what, value) in about {
+        writeln!(md, "- {what}: {value}")?;
+    }
+    noise(md, n)
 }
 
 fn noise(md: &mut String, n: &Noise) -> std::fmt::Result {
