@@ -40,6 +40,9 @@ pub struct Limiter {
     /// The shim's one pub/sub subscriber, for waiters on concurrency slots.
     pub(crate) wakeups: Arc<crate::wakeups::Wakeups>,
     pub(crate) timers: Arc<crate::queue::Timers>,
+    /// Requests held until their time slot, by id: a release for the id
+    /// (the filter's, when the client goes away) ends the hold at once.
+    pub(crate) held: Arc<crate::wait::Held>,
     /// Random per process: with `sequence` it makes request ids unique across shims.
     nonce: u64,
     sequence: AtomicU64,
@@ -68,6 +71,7 @@ impl Limiter {
         Ok(Limiter {
             wakeups: Arc::new(crate::wakeups::Wakeups::new(url, nonce)),
             timers: Arc::default(),
+            held: Arc::default(),
             store: Arc::new(Store::new(target, timeout)?),
             scripts: Arc::new(Scripts::new()),
             test_time,
@@ -87,6 +91,7 @@ impl Limiter {
         Ok(Limiter {
             wakeups: Arc::new(crate::wakeups::Wakeups::new(url, nonce).with_ca(how.ca.clone())),
             timers: Arc::default(),
+            held: Arc::default(),
             store: Arc::new(Store::connect(how)?),
             scripts: Arc::new(Scripts::new()),
             test_time,
@@ -259,10 +264,16 @@ impl Limiter {
     ) -> Result<ReleaseResponse, CheckError> {
         let now = self.time_arg(now_us)?;
         let limits = script_limits(&req.checks).map_err(CheckError::BadRequest)?;
+        if req.lease.is_empty() || req.lease.len() > 64 {
+            return Err(CheckError::BadRequest("a release needs a lease id of 1 to 64 bytes".into()));
+        }
+        // A request this shim still holds for its time slot is let go: its
+        // reservation is given back where safe (wait::Cancel).
+        self.held.cancel(&req.lease);
         let leases: Vec<ScriptLimit> =
             limits.into_iter().filter(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })).collect();
-        if leases.is_empty() || req.lease.is_empty() || req.lease.len() > 64 {
-            return Err(CheckError::BadRequest("a release needs a lease and a concurrency limit".into()));
+        if leases.is_empty() {
+            return Ok(ReleaseResponse { released: 0 });
         }
         let mut released = 0;
         for group in self.slot_groups(&leases) {

@@ -87,10 +87,56 @@ pub(crate) async fn check(
         return Ok(response);
     }
     let mut guard = Cancel::new(limiter, id, at, limits.to_vec(), held_until, now);
-    tokio::time::sleep(Duration::from_micros(delay)).await;
+    let mut holding = limiter.held.hold(id);
+    tokio::select! {
+        _ = tokio::time::sleep(Duration::from_micros(delay)) => {}
+        _ = &mut holding.released => {
+            // Let go by a release for this id: the guard, still armed, gives
+            // the reservation back as it is dropped.
+            return Ok(CheckResponse { allowed: false, retry_after_ms: None, ..response });
+        }
+    }
     guard.disarm();
     response.waited_ms = Some(ceil_ms(guard.started.elapsed()));
     Ok(response)
+}
+
+/// The requests a shim holds for their time slots, by id.
+#[derive(Default)]
+pub struct Held(std::sync::Mutex<std::collections::HashMap<String, tokio::sync::oneshot::Sender<()>>>);
+
+/// One held request's registration; dropping it forgets the id.
+pub(crate) struct Holding<'a> {
+    held: &'a Held,
+    id: String,
+    pub(crate) released: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl Held {
+    fn map(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, tokio::sync::oneshot::Sender<()>>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn hold(&self, id: &str) -> Holding<'_> {
+        let (tx, released) = tokio::sync::oneshot::channel();
+        self.map().insert(id.to_string(), tx);
+        Holding { held: self, id: id.to_string(), released }
+    }
+
+    /// Ends the hold of request `id`, if this shim holds it.
+    pub(crate) fn cancel(&self, id: &str) {
+        if let Some(tx) = self.map().remove(id) {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl Drop for Holding<'_> {
+    fn drop(&mut self) {
+        self.held.map().remove(&self.id);
+    }
 }
 
 fn ceil_ms(d: Duration) -> u64 {

@@ -362,10 +362,17 @@ impl Sluice {
         let Some(vm) = self.vm.clone() else { return };
         let held = &self.calls[0];
         if held.token.is_some() && held.wait_ms > 0 {
-            // Envoy cancels the call with the stream; the shim gives the
-            // held slot back when it sees the call dropped.
+            // Envoy cancels the call with the stream. The shim gives the held
+            // slot back when it sees the call dropped, and, so that this does
+            // not rest on the reset reaching it, also when a release names
+            // the request (a waiter on a concurrency slot gets its release
+            // below, with its lease).
             for &index in &held.policies {
                 vm.stats.count(index, |s| s.wait_cancelled);
+            }
+            if held.concurrency_policies(&vm.doc).is_empty() {
+                let request = ReleaseRequest { lease: held.id.clone(), checks: held.checks.clone() };
+                vm.send_later(RELEASE_PATH, &request, Vec::new());
             }
         }
         for (_, request, policies) in std::mem::take(&mut self.releasing) {
