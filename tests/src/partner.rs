@@ -52,6 +52,8 @@ pub struct Partner {
 struct Shared {
     started: Instant,
     delay: Duration,
+    /// Admitted answers carry `x-ratelimit-remaining` and `x-ratelimit-reset`.
+    announce: bool,
     state: Mutex<(Rules, Vec<Arrival>)>,
 }
 
@@ -71,11 +73,22 @@ impl Partner {
     /// Serves on 127.0.0.1:0; each admitted call takes `delay` to answer
     /// (a slow partner, for concurrency limits).
     pub fn start_with_delay(limits: Limits, delay: Duration) -> anyhow::Result<Partner> {
+        Partner::spawn(limits, delay, false)
+    }
+
+    /// Serves on 127.0.0.1:0, and every admitted answer announces what its
+    /// first window has left: `x-ratelimit-remaining` and, in whole seconds
+    /// rounded up, `x-ratelimit-reset`, as many partners do on a 200.
+    pub fn start_announcing(limits: Limits) -> anyhow::Result<Partner> {
+        Partner::spawn(limits, Duration::ZERO, true)
+    }
+
+    fn spawn(limits: Limits, delay: Duration, announce: bool) -> anyhow::Result<Partner> {
         let listener = TcpListener::bind("127.0.0.1:0").context("binding the partner")?;
         listener.set_nonblocking(true)?;
         let port = listener.local_addr()?.port();
         let state = Mutex::new((Rules::new(limits), Vec::new()));
-        let shared = Arc::new(Shared { started: Instant::now(), delay, state });
+        let shared = Arc::new(Shared { started: Instant::now(), delay, announce, state });
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let (stop, stopped) = oneshot::channel();
         let serving = shared.clone();
@@ -138,17 +151,18 @@ async fn call(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response
     let key = header(ACCOUNT).unwrap_or_default();
     let seq = header(SEQ).and_then(|v| v.trim().parse().ok());
     let delay = header(DELAY).and_then(|v| v.trim().parse().ok()).map_or(shared.delay, Duration::from_millis);
-    let (verdict, index) = {
+    let (verdict, index, quota) = {
         let mut state = shared.state();
         let at = shared.started.elapsed();
         let verdict = state.0.arrive(&key, at);
+        let quota = if shared.announce { state.0.quota(&key, at) } else { None };
         let in_flight = state.0.in_flight(&key);
         let refused = match &verdict {
             Verdict::Admit => None,
             Verdict::Refuse { limit, .. } => Some(limit.clone()),
         };
         state.1.push(Arrival { at, key: key.clone(), seq, in_flight, refused, finished: None });
-        (verdict, state.1.len() - 1)
+        (verdict, state.1.len() - 1, quota)
     };
     match verdict {
         Verdict::Admit => {
@@ -156,7 +170,12 @@ async fn call(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
-            answer(StatusCode::OK, &[(MARK, "ok".into())], "ok\n".into())
+            let mut headers = vec![(MARK, "ok".to_string())];
+            if let Some((remaining, reset)) = quota {
+                headers.push(("x-ratelimit-remaining", remaining.to_string()));
+                headers.push(("x-ratelimit-reset", reset.as_millis().div_ceil(1000).to_string()));
+            }
+            answer(StatusCode::OK, &headers, "ok\n".into())
         }
         Verdict::Refuse { limit, retry_after } => {
             // Whole seconds, rounded up, at least 1 (also when unknown).

@@ -157,6 +157,21 @@ impl Rules {
         }
     }
 
+    /// What the first window has left for `key` at `now`, and how long
+    /// until a slot of it frees: the `X-RateLimit-Remaining` and
+    /// `X-RateLimit-Reset` a partner announces.
+    pub fn quota(&self, key: &str, now: Duration) -> Option<(u32, Duration)> {
+        let w = self.limits.windows.first()?;
+        let live: Vec<Duration> = self
+            .keys
+            .get(key)
+            .map(|state| state.admitted.iter().copied().filter(|&s| s + w.window > now).collect())
+            .unwrap_or_default();
+        let remaining = w.limit.saturating_sub(live.len() as u32);
+        let reset = live.first().map_or(Duration::ZERO, |&oldest| oldest + w.window - now);
+        Some((remaining, reset))
+    }
+
     /// Admitted calls of `key` still being answered.
     pub fn in_flight(&self, key: &str) -> u32 {
         self.keys.get(key).map_or(0, |state| state.in_flight)
