@@ -50,7 +50,7 @@ pub fn parse(data: &[u8]) {
         Ok(doc) => {
             let req = SimpleRequest::new("GET", "/").header("x-api-key", "k");
             if let Ok(applied) = doc.evaluate(&req) {
-                for a in applied {
+                for a in applied.iter() {
                     shim_accepts(&a.check(&req));
                 }
             }
@@ -132,7 +132,7 @@ pub fn evaluate(data: &[u8]) {
     DOCS.with(|docs| {
         let doc = &docs[usize::from(fuzz.document) % docs.len()];
         if let Ok(applied) = doc.evaluate(&req) {
-            for a in applied {
+            for a in applied.iter() {
                 shim_accepts(&a.check(&req));
             }
         }
@@ -177,13 +177,20 @@ pub fn answer(data: &[u8]) {
         let _ = retry_after_secs(resp.retry_after_ms);
         let _ = resp.denied_check();
     }
-    let cache = OverLimitCache::new(Bytes(RefCell::new(HashMap::new()), data.to_vec()), 16);
-    for check in &checks {
-        let _ = cache.lookup(
-            check,
-            u64::from_le_bytes(data.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8])),
-        );
+    thread_local! {
+        static DOC: Document = sluice_policies::parse(
+            r#"{"policies": [{"name": "a", "limits": [{"type": "sliding_window", "limit": 1, "window": "1s"}]},
+                             {"name": "b", "limits": [{"type": "interval", "every": "10ms"}]}]}"#,
+        )
+        .expect("valid");
     }
+    let cache = OverLimitCache::new(Bytes(RefCell::new(HashMap::new()), data.to_vec()), 16);
+    let now = u64::from_le_bytes(data.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]));
+    DOC.with(|doc| {
+        for (policy, check) in doc.policies.iter().zip(&checks) {
+            let _ = cache.lookup(policy, check, now);
+        }
+    });
 }
 
 /// Shared data in which every key holds the fuzzer's bytes (until written).
