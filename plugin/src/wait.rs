@@ -7,9 +7,9 @@
 //! for every enforced policy that applies. A request waits only if *every*
 //! one of them has a `wait`, and then for the shortest `wait.timeout` among
 //! them: a policy without `wait` asks for today's answer at once, and no
-//! policy is held longer than it allows. Shadow policies never wait. (Until
-//! the shim can queue a concurrency limit together with other limits, such a
-//! request is decided at once too.)
+//! policy is held longer than it allows. Shadow policies never wait. The
+//! shim queues a request for one concurrency limit (alone or with time-based
+//! limits); a request under two is decided at once.
 
 use sluice_policies::wait::can_wait;
 use sluice_policies::{Limit, Policy};
@@ -17,8 +17,8 @@ use sluice_policies::{Limit, Policy};
 /// The longest the shim may hold a request that these enforced policies
 /// apply to: the shortest of their `wait.timeout`s; 0 (decide now) if any of
 /// them has no `wait`, if there are none, or if their limits together are
-/// ones the shim cannot hold (a concurrency limit with others: it would
-/// refuse the check, and `failure_mode` would decide instead of the limits).
+/// ones the shim cannot hold (two concurrency limits: it would refuse the
+/// check, and `failure_mode` would decide instead of the limits).
 pub fn request_wait_ms<'p>(enforced: impl IntoIterator<Item = &'p Policy> + Clone) -> u64 {
     let mut shortest: Option<u64> = None;
     for policy in enforced.clone() {
@@ -93,11 +93,21 @@ mod tests {
     }
 
     #[test]
-    fn a_concurrency_limit_with_other_limits_is_decided_now() {
+    fn one_concurrency_limit_waits_with_others_and_two_are_decided_now() {
         let queue = r#"{"name": "q", "wait": {"timeout": "15s"}, "limits": [{"type": "concurrency", "limit": 5, "lease": "30s"}]}"#;
-        let d = doc(&[queue, &policy("i", r#"{"timeout": "15s"}"#)]);
+        let other = r#"{"name": "r", "wait": {"timeout": "15s"}, "limits": [{"type": "concurrency", "limit": 9, "lease": "30s"}]}"#;
+        let d = doc(&[queue, &policy("i", r#"{"timeout": "15s"}"#), other]);
         assert_eq!(request_wait_ms(d.policies.iter().take(1)), 15_000, "a queue alone waits");
-        assert_eq!(request_wait_ms(d.policies.iter()), 0, "the shim cannot hold both yet");
+        assert_eq!(
+            request_wait_ms(d.policies.iter().take(2)),
+            15_000,
+            "a queue with time limits waits (mixed)"
+        );
+        assert_eq!(
+            request_wait_ms(d.policies.iter()),
+            0,
+            "the shim queues for one concurrency limit, not two"
+        );
     }
 
     #[test]

@@ -304,7 +304,7 @@ impl<'de> Deserialize<'de> for Policy {
                 raw.limits.iter().position(|l| matches!(l, Limit::SlidingWindow { approximate: true, .. }));
             if !crate::wait::can_wait(&raw.limits) {
                 return Err(de::Error::custom(
-                    "`wait` on a concurrency limit together with other limits is not supported yet: the shim queues a request for one concurrency limit alone",
+                    "`wait` on two concurrency limits is not supported: the shim queues a request for one concurrency limit",
                 ));
             }
             if let Some(i) = approximate {

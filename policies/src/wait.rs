@@ -83,15 +83,11 @@ pub fn check_wire(wait_ms: Option<u64>, margin_ms: Option<u64>) -> Result<(), St
 }
 
 /// Whether the shim can hold a request with all these limits (of every
-/// enforced policy that applies to it): a `concurrency` limit is queued for
-/// only alone, not yet together with other limits.
+/// enforced policy that applies to it): it queues a request for one
+/// `concurrency` limit (alone, or with time-based limits: a mixed wait),
+/// not for several.
 pub fn can_wait<'l>(limits: impl IntoIterator<Item = &'l Limit>) -> bool {
-    let (mut count, mut leases) = (0, 0);
-    for limit in limits {
-        count += 1;
-        leases += usize::from(matches!(limit, Limit::Concurrency { .. }));
-    }
-    leases == 0 || count == 1
+    limits.into_iter().filter(|limit| matches!(limit, Limit::Concurrency { .. })).count() <= 1
 }
 
 fn show(ms: u64) -> String {

@@ -104,6 +104,6 @@ fixtures! {
     upstream_max_pause_too_long => r#"policies[0]: upstream.max_pause: at most 1d, got 2d at 8:3"#,
     wait_on_shadow_policy => r#"policies[0]: `wait` cannot be used on a shadow policy: a shadow policy never holds or refuses a request at 9:3"#,
     wait_on_approximate_window => r#"policies[0]: `wait` cannot be used with an approximate sliding_window (limits[1]): its estimate cannot tell when a slot opens; use an exact one at 11:3"#,
-    wait_concurrency_with_other_limits => r#"policies[0]: `wait` on a concurrency limit together with other limits is not supported yet: the shim queues a request for one concurrency limit alone at 11:3"#,
+    wait_two_concurrency_limits => r#"policies[0]: `wait` on two concurrency limits is not supported: the shim queues a request for one concurrency limit at 11:3"#,
     zero_limit => r#"policies[0].limits[0].limit: invalid count 0 (expected 1 to 1000000000) at 6:45"#,
 }
