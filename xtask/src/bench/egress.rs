@@ -86,6 +86,32 @@ fn scenario(egress: &plan::Egress, tools: &Tools) -> Result<Scenario> {
     let partner = Partner::start_with_delay(egress.limits.clone(), egress.delay)?;
     let fastest = least_span(egress);
     let mut approaches = Vec::new();
+    if egress.feedback {
+        for (approach, account, upstream) in [
+            ("Sluice `wait`, feedback off", "feedback-off", false),
+            ("Sluice `wait`, upstream feedback on", "feedback-on", true),
+        ] {
+            let workers = Workers {
+                workers: egress.workers,
+                calls: egress.calls,
+                path: PATH.into(),
+                account: account.into(),
+                timeout: Duration::from_secs(60),
+            };
+            let doc = document(&egress.limits, 2, upstream);
+            let outcome = match start_gateway(&doc, &redis, &partner) {
+                Err(err) => Err(format!("{err:#}")),
+                Ok(gateway) => measure(tools, &redis, &partner, account, || {
+                    let run = workers.run(&[gateway.envoy.port])?;
+                    let served = run.count(|c| c.served());
+                    Ok((served, run.calls.len() - served, run.elapsed, false))
+                }),
+            };
+            report(approach, &outcome);
+            approaches.push(Measured { approach, outcome });
+        }
+        return Ok(Scenario { plan: egress.clone(), fastest, approaches });
+    }
 
     let account = "sluice";
     let workers = Workers {
@@ -95,7 +121,7 @@ fn scenario(egress: &plan::Egress, tools: &Tools) -> Result<Scenario> {
         account: account.into(),
         timeout: Duration::from_secs(60),
     };
-    let outcome = match start_gateway(&egress.limits, &redis, &partner) {
+    let outcome = match start_gateway(&document(&egress.limits, 1, false), &redis, &partner) {
         Err(err) => Err(format!("{err:#}")),
         Ok(gateway) => measure(tools, &redis, &partner, account, || {
             let run = workers.run(&[gateway.envoy.port])?;
@@ -175,8 +201,8 @@ fn measure(
 
 /// A gateway for `limits`, warmed up with one call of another account (so
 /// the script is loaded and pools are open before MONITOR counts).
-fn start_gateway(limits: &Limits, redis: &Redis, partner: &Partner) -> Result<Gateway> {
-    let gateway = Gateway::start(&document(limits), redis, partner.port)?;
+fn start_gateway(document: &str, redis: &Redis, partner: &Partner) -> Result<Gateway> {
+    let gateway = Gateway::start(document, redis, partner.port)?;
     let warm = Caller::new(PATH, "warm-up", Duration::from_secs(10))?.send(gateway.envoy.port, 0, 0, &[])?;
     anyhow::ensure!(warm.served(), "the warm-up call was not served: {warm:?}");
     Ok(gateway)
@@ -213,16 +239,18 @@ fn percentile(values: &[Duration], p: f64) -> Duration {
     sorted.get(((sorted.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or_default()
 }
 
-/// The policy document stating the partner's limits, with `wait`; fails
-/// closed so a shim failure shows as a 503, never as a call let through.
-fn document(limits: &Limits) -> String {
+/// The policy document stating the partner's limits (its windows `scale`
+/// times too generous, for the feedback case), with `wait`, and with
+/// `upstream` feedback if asked; fails closed so a shim failure shows as a
+/// 503, never as a call let through.
+fn document(limits: &Limits, scale: u32, upstream: bool) -> String {
     let mut parts: Vec<String> = limits
         .windows
         .iter()
         .map(|w| {
             format!(
                 r#"{{"type": "sliding_window", "limit": {}, "window": "{}ms"}}"#,
-                w.limit,
+                w.limit * scale,
                 w.window.as_millis()
             )
         })
@@ -238,10 +266,11 @@ fn document(limits: &Limits) -> String {
     } else {
         format!(r#"{{"timeout": "{WAIT_TIMEOUT}", "margin": "{WAIT_MARGIN}"}}"#)
     };
+    let upstream = if upstream { r#""upstream": {"max_pause": "1m"},"# } else { "" };
     format!(
         r#"{{"shim": {{"timeout_ms": 2000}}, "failure_mode": "deny", "policies": [
             {{"name": "partner-api", "match": {{"path_prefix": "/v42/"}}, "key": ["header:x-account"],
-              "wait": {wait}, "limits": [{}]}}]}}"#,
+              {upstream} "wait": {wait}, "limits": [{}]}}]}}"#,
         parts.join(", ")
     )
 }

@@ -41,6 +41,9 @@ pub(crate) struct Egress {
     pub(crate) delay: Duration,
     pub(crate) workers: usize,
     pub(crate) calls: usize,
+    /// Upstream feedback: Sluice's policy states twice the partner's
+    /// windows (the operator guessed wrong), run with feedback off and on.
+    pub(crate) feedback: bool,
 }
 
 fn secs(n: u64) -> Duration {
@@ -62,14 +65,24 @@ fn egress(quick: bool) -> Vec<Egress> {
     let (s1_workers, s1_calls) = if quick { (5, 20) } else { (10, 100) };
     let (s2a_limit, s2a_workers, s2a_calls, s2a_delay) =
         if quick { (10, 40, 200, 50) } else { (50, 200, 2000, 100) };
+    let (feedback_limit, feedback_window, feedback_workers, feedback_calls) =
+        if quick { (3, 1, 6, 15) } else { (12, 5, 20, 100) };
     vec![
-        Egress { scenario: "S0", limits: s0, delay: Duration::ZERO, workers: s0_workers, calls: s0_calls },
+        Egress {
+            scenario: "S0",
+            limits: s0,
+            delay: Duration::ZERO,
+            workers: s0_workers,
+            calls: s0_calls,
+            feedback: false,
+        },
         Egress {
             scenario: "S1",
             limits: Limits::default().interval(ms(100)),
             delay: Duration::ZERO,
             workers: s1_workers,
             calls: s1_calls,
+            feedback: false,
         },
         Egress {
             scenario: "S2a",
@@ -77,6 +90,15 @@ fn egress(quick: bool) -> Vec<Egress> {
             delay: ms(s2a_delay),
             workers: s2a_workers,
             calls: s2a_calls,
+            feedback: false,
+        },
+        Egress {
+            scenario: "Feedback (the policy states twice the partner's limit)",
+            limits: Limits::default().window(feedback_limit, secs(feedback_window)),
+            delay: Duration::ZERO,
+            workers: feedback_workers,
+            calls: feedback_calls,
+            feedback: true,
         },
     ]
 }
