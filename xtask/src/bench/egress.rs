@@ -91,44 +91,16 @@ fn scenario(egress: &plan::Egress, tools: &Tools) -> Result<Scenario> {
             ("Sluice `wait`, feedback off", "feedback-off", false),
             ("Sluice `wait`, upstream feedback on", "feedback-on", true),
         ] {
-            let workers = Workers {
-                workers: egress.workers,
-                calls: egress.calls,
-                path: PATH.into(),
-                account: account.into(),
-                timeout: Duration::from_secs(60),
-            };
             let doc = document(&egress.limits, 2, upstream);
-            let outcome = match start_gateway(&doc, &redis, &partner) {
-                Err(err) => Err(format!("{err:#}")),
-                Ok(gateway) => measure(tools, &redis, &partner, account, || {
-                    let run = workers.run(&[gateway.envoy.port])?;
-                    let served = run.count(|c| c.served());
-                    Ok((served, run.calls.len() - served, run.elapsed, false))
-                }),
-            };
+            let outcome = through_sluice(egress, &doc, account, tools, &redis, &partner);
             report(approach, &outcome);
             approaches.push(Measured { approach, outcome });
         }
         return Ok(Scenario { plan: egress.clone(), fastest, approaches });
     }
 
-    let account = "sluice";
-    let workers = Workers {
-        workers: egress.workers,
-        calls: egress.calls,
-        path: PATH.into(),
-        account: account.into(),
-        timeout: Duration::from_secs(60),
-    };
-    let outcome = match start_gateway(&document(&egress.limits, 1, false), &redis, &partner) {
-        Err(err) => Err(format!("{err:#}")),
-        Ok(gateway) => measure(tools, &redis, &partner, account, || {
-            let run = workers.run(&[gateway.envoy.port])?;
-            let served = run.count(|c| c.served());
-            Ok((served, run.calls.len() - served, run.elapsed, false))
-        }),
-    };
+    let outcome =
+        through_sluice(egress, &document(&egress.limits, 1, false), "sluice", tools, &redis, &partner);
     report("Sluice wait", &outcome);
     approaches.push(Measured { approach: "Sluice `wait`", outcome });
 
@@ -155,6 +127,32 @@ fn scenario(egress: &plan::Egress, tools: &Tools) -> Result<Scenario> {
         approaches.push(Measured { approach: client.label(), outcome });
     }
     Ok(Scenario { plan: egress.clone(), fastest, approaches })
+}
+
+/// The scenario's workers through one gateway running `document`, as `account`.
+fn through_sluice(
+    egress: &plan::Egress,
+    document: &str,
+    account: &str,
+    tools: &Tools,
+    redis: &Redis,
+    partner: &Partner,
+) -> Result<Numbers, String> {
+    let workers = Workers {
+        workers: egress.workers,
+        calls: egress.calls,
+        path: PATH.into(),
+        account: account.into(),
+        timeout: Duration::from_secs(60),
+    };
+    match start_gateway(document, redis, partner) {
+        Err(err) => Err(format!("{err:#}")),
+        Ok(gateway) => measure(tools, redis, partner, account, || {
+            let run = workers.run(&[gateway.envoy.port])?;
+            let served = run.count(|c| c.served());
+            Ok((served, run.calls.len() - served, run.elapsed, false))
+        }),
+    }
 }
 
 /// Runs one approach under MONITOR and reads the partner's log of its
