@@ -94,6 +94,15 @@ impl Call {
         self.policies.iter().copied().filter(holds).collect()
     }
 
+    /// Whether a policy of this call has a points limit whose true cost the
+    /// response tells (`actual_cost_header`): only then are its outcomes kept.
+    pub fn corrects_costs(&self, doc: &Document) -> bool {
+        self.policies
+            .iter()
+            .filter_map(|&i| doc.policies.get(i))
+            .any(|p| p.limits.iter().any(|l| matches!(l, Limit::Points { actual_cost_header: Some(_), .. })))
+    }
+
     /// The points corrections that the response's actual-cost headers call for.
     pub fn adjustments(&self, doc: &Document) -> Vec<Adjustment> {
         let mut out = Vec::new();

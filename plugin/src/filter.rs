@@ -172,7 +172,10 @@ impl Sluice {
             }
         }
         call.lease = resp.lease.clone();
-        call.charged = resp.checks.clone();
+        // Only a points limit corrected after the response needs the outcomes.
+        if call.corrects_costs(&vm.doc) {
+            call.charged = resp.checks.clone();
+        }
     }
 
     /// The partner's answer to an admitted request: pauses for the policies
