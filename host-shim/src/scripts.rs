@@ -15,6 +15,7 @@ pub struct Scripts {
     pub reclaim: Script,
     pub take: Script,
     pub upstream: Script,
+    pub paused: Script,
 }
 
 /// The helpers, the time-based algorithms and the queue, which every script
@@ -63,6 +64,10 @@ impl Scripts {
             upstream: Script::new(concat!(
                 include_str!("../../lua/common.lua"),
                 include_str!("../../lua/upstream.lua")
+            )),
+            paused: Script::new(concat!(
+                include_str!("../../lua/common.lua"),
+                include_str!("../../lua/paused.lua")
             )),
             cancel: Script::new(concat!(
                 include_str!("../../lua/common.lua"),

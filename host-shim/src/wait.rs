@@ -12,6 +12,11 @@
 //! stream and hyper drops the handler's future), a drop guard spawns
 //! `lua/cancel.lua`, which gives back only what is provably safe.
 //!
+//! A request of a policy that reads upstream feedback may have reserved its
+//! slot before the partner paused the key. At its slot it checks the pause
+//! (`lua/paused.lua`); if the key is paused, it gives the slot back and
+//! reserves again, from the pause's end, within what is left of its wait.
+//!
 //! Approximate windows keep no per-request state, so they cannot reserve; a
 //! waiting request holding one is refused (400).
 
@@ -72,33 +77,69 @@ pub(crate) async fn check(
     if limits.iter().any(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })) {
         return crate::mixed::check(limiter, req, limits, id, now, wait_us).await;
     }
-    let reply = reserve(limiter, limits, now, id, wait_us, &margins(req)).await?;
-    let held_until: Vec<u64> = reply.limits.iter().map(|l| l.held_until_us.unwrap_or(0)).collect();
-    let mut response = CheckResponse {
-        allowed: reply.allowed,
-        retry_after_ms: reply.retry_after_ms,
-        checks: by_check(req, reply.limits.into_iter()),
-        lease: None,
-        waited_ms: None,
+    let pauses: Vec<&ScriptLimit> =
+        limits.iter().filter(|l| matches!(l.algorithm, Algorithm::Pause)).collect();
+    let started = Instant::now();
+    // The request's time, moved on by the hold (the shim's test mode), or Redis TIME.
+    let at_now = |elapsed: Duration| {
+        now.parse::<u64>()
+            .map(|t| (t + u64::try_from(elapsed.as_micros()).unwrap_or(0)).to_string())
+            .unwrap_or_default()
     };
-    let Some(at) = reply.at.filter(|_| reply.allowed) else { return Ok(response) };
-    let delay = at.saturating_sub(u64::try_from(reply.now).unwrap_or(0));
-    if delay == 0 {
+    let mut left_us = wait_us;
+    loop {
+        let now = at_now(started.elapsed());
+        let reply = reserve(limiter, limits, &now, id, left_us, &margins(req)).await?;
+        let held_until: Vec<u64> = reply.limits.iter().map(|l| l.held_until_us.unwrap_or(0)).collect();
+        let mut response = CheckResponse {
+            allowed: reply.allowed,
+            retry_after_ms: reply.retry_after_ms,
+            checks: by_check(req, reply.limits.into_iter()),
+            lease: None,
+            waited_ms: None,
+        };
+        let Some(at) = reply.at.filter(|_| reply.allowed) else { return Ok(response) };
+        let delay = at.saturating_sub(u64::try_from(reply.now).unwrap_or(0));
+        if delay == 0 {
+            response.waited_ms =
+                (started.elapsed() > Duration::ZERO && left_us < wait_us).then(|| ceil_ms(started.elapsed()));
+            return Ok(response);
+        }
+        let mut guard = Cancel::new(limiter, id, at, limits.to_vec(), held_until, &now);
+        let mut holding = limiter.held.hold(id);
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_micros(delay)) => {}
+            _ = &mut holding.released => {
+                // Let go by a release for this id: the guard, still armed, gives
+                // the reservation back as it is dropped.
+                return Ok(CheckResponse { allowed: false, retry_after_ms: None, ..response });
+            }
+        }
+        // The partner may have paused the key while this request was held
+        // for a slot reserved before the pause: then its slot falls inside
+        // the pause. Give it back and reserve again from the pause's end,
+        // within what is left of the wait.
+        if !pauses.is_empty() && paused_for(limiter, &pauses, &at_now(started.elapsed())).await? > 0 {
+            guard.give_back().await;
+            left_us =
+                wait_us.saturating_sub(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
+            continue;
+        }
+        guard.disarm();
+        response.waited_ms = Some(ceil_ms(started.elapsed()));
         return Ok(response);
     }
-    let mut guard = Cancel::new(limiter, id, at, limits.to_vec(), held_until, now);
-    let mut holding = limiter.held.hold(id);
-    tokio::select! {
-        _ = tokio::time::sleep(Duration::from_micros(delay)) => {}
-        _ = &mut holding.released => {
-            // Let go by a release for this id: the guard, still armed, gives
-            // the reservation back as it is dropped.
-            return Ok(CheckResponse { allowed: false, retry_after_ms: None, ..response });
-        }
+}
+
+/// How much longer the partner's pauses hold, in µs (`lua/paused.lua`).
+async fn paused_for(limiter: &Limiter, pauses: &[&ScriptLimit], now: &str) -> Result<u64, CheckError> {
+    let mut call = limiter.scripts.paused.prepare_invoke();
+    call.arg(now);
+    for pause in pauses {
+        call.key(&pause.key);
     }
-    guard.disarm();
-    response.waited_ms = Some(ceil_ms(guard.started.elapsed()));
-    Ok(response)
+    let left: i64 = limiter.store.invoke(&call).await.map_err(store_error)?;
+    Ok(u64::try_from(left).unwrap_or(0))
 }
 
 /// The requests a shim holds for their time slots, by id.
@@ -241,31 +282,68 @@ impl Cancel {
     }
 }
 
+/// What the cancel script needs, owned, so that it can run after the guard.
+struct GiveBack {
+    store: std::sync::Arc<Store>,
+    scripts: std::sync::Arc<Scripts>,
+    now: String,
+    id: String,
+    at: u64,
+    limits: Vec<ScriptLimit>,
+    held_until: Vec<u64>,
+}
+
+impl GiveBack {
+    async fn run(self) -> redis::RedisResult<i64> {
+        let mut call = self.scripts.cancel.prepare_invoke();
+        call.arg(&self.now).arg(&self.id).arg(self.at);
+        for (limit, held) in self.limits.iter().zip(&self.held_until) {
+            let (name, [a, b, c]) = limit.algorithm.script_args();
+            call.key(&limit.key).arg(name).arg(a).arg(b).arg(c).arg(*held);
+        }
+        self.store.invoke::<i64>(&call).await
+    }
+}
+
+impl Cancel {
+    fn give_back_args(&mut self) -> GiveBack {
+        let now = self
+            .test_now
+            .map(|t| (t + u64::try_from(self.started.elapsed().as_micros()).unwrap_or(0)).to_string())
+            .unwrap_or_default();
+        GiveBack {
+            store: self.store.clone(),
+            scripts: self.scripts.clone(),
+            now,
+            id: self.id.clone(),
+            at: self.at,
+            limits: std::mem::take(&mut self.limits),
+            held_until: std::mem::take(&mut self.held_until),
+        }
+    }
+
+    /// Gives the reservation back now and waits for it: the request reserves
+    /// again under the same id, which a late cancel must not touch.
+    pub(crate) async fn give_back(mut self) {
+        self.armed = false;
+        let args = self.give_back_args();
+        let id = args.id.clone();
+        if let Err(err) = args.run().await {
+            tracing::warn!(%id, %err, "cannot give back a reservation inside a pause");
+        }
+    }
+}
+
 impl Drop for Cancel {
     fn drop(&mut self) {
         if !self.armed {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let now = self
-            .test_now
-            .map(|t| (t + u64::try_from(self.started.elapsed().as_micros()).unwrap_or(0)).to_string())
-            .unwrap_or_default();
-        let (store, scripts) = (self.store.clone(), self.scripts.clone());
-        let (id, at, limits, held) = (
-            self.id.clone(),
-            self.at,
-            std::mem::take(&mut self.limits),
-            std::mem::take(&mut self.held_until),
-        );
+        let args = self.give_back_args();
+        let id = args.id.clone();
         runtime.spawn(async move {
-            let mut call = scripts.cancel.prepare_invoke();
-            call.arg(now).arg(&id).arg(at);
-            for (limit, held) in limits.iter().zip(held) {
-                let (name, [a, b, c]) = limit.algorithm.script_args();
-                call.key(&limit.key).arg(name).arg(a).arg(b).arg(c).arg(held);
-            }
-            match store.invoke::<i64>(&call).await {
+            match args.run().await {
                 Ok(_) => tracing::debug!(%id, "client gone while held: reservation given back"),
                 Err(err) => tracing::warn!(%id, %err, "cannot give back a cancelled reservation"),
             }

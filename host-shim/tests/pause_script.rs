@@ -187,3 +187,45 @@ fn bad_feedback_is_refused() {
         assert!(runtime.block_on(limiter.feedback(&req)).is_err(), "{req:?} accepted");
     }
 }
+
+/// Regression: a request held for a slot it reserved before the partner
+/// paused its key went out at that slot, inside the pause. Now, at its slot,
+/// it finds the pause, gives the slot back and reserves again from the
+/// pause's end: one per second, r2 reserved at about 1 s, a 2 s pause lands
+/// at 0.2 s, so r2 is admitted after about 2.2 s, not 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_request_is_moved_past_a_pause_that_lands_while_it_waits() {
+    let redis = Redis::start().expect("redis");
+    let limiter = std::sync::Arc::new(
+        Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), false).expect("limiter"),
+    );
+    let one_per_second = WireLimit::SlidingWindow { limit: 1, window_ms: 1_000, approximate: false };
+    let request = move |id: &str| CheckRequest {
+        checks: vec![Check {
+            policy: "p".into(),
+            key: "k".into(),
+            limits: vec![one_per_second],
+            margin_ms: None,
+            upstream: true,
+        }]
+        .into(),
+        now_us: None,
+        id: Some(id.to_string().into()),
+        wait_ms: Some(5_000),
+    };
+    assert!(limiter.check(&request("r1")).await.expect("r1").allowed);
+    let held = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limiter.check(&request("r2")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pause = FeedbackRequest {
+        pauses: vec![Pause { policy: "p".into(), key: "k".into(), pause_ms: 2_000 }],
+        now_us: None,
+    };
+    assert_eq!(limiter.feedback(&pause).await.expect("feedback").extended, 1);
+    let r2 = held.await.expect("task").expect("r2");
+    assert!(r2.allowed, "{r2:?}");
+    let waited = r2.waited_ms.expect("held");
+    assert!(waited >= 2_000, "r2 went out after {waited} ms, inside the 2 s pause that began at 0.2 s");
+}
