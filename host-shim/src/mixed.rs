@@ -165,16 +165,7 @@ pub(crate) async fn check(
             Acquired::Refused => return Ok(answer(false, None, false, false)),
             Acquired::Queued(soonest) => soonest,
         };
-        let mut leave = Leave {
-            store: limiter.store.clone(),
-            scripts: limiter.scripts.clone(),
-            limit: concurrency.clone(),
-            id: id.to_string(),
-            armed: true,
-        };
-        if let Some(us) = soonest {
-            limiter.timers.arm(limiter, concurrency, Duration::from_micros(us));
-        }
+        let mut leave = Leave::queued(limiter, concurrency, id, soonest);
         // 3. The hand-over decides, with our time limits.
         let message = tokio::select! {
             woken = &mut registration.woken => woken.ok(),

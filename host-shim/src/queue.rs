@@ -161,16 +161,7 @@ pub(crate) async fn check(
         Acquired::Refused => return Ok(response(req, false, reclaimed)),
         Acquired::Queued(soonest) => soonest,
     };
-    let mut guard = Leave {
-        store: limiter.store.clone(),
-        scripts: limiter.scripts.clone(),
-        limit: limit.clone(),
-        id: id.to_string(),
-        armed: true,
-    };
-    if let Some(us) = soonest {
-        limiter.timers.arm(limiter, limit, Duration::from_micros(us));
-    }
+    let mut guard = Leave::queued(limiter, limit, id, soonest);
     let woken = tokio::select! {
         woken = &mut registration.woken => woken.is_ok_and(|m| m == id),
         () = tokio::time::sleep_until(deadline.into()) => false,
@@ -203,6 +194,24 @@ pub(crate) struct Leave {
     pub limit: ScriptLimit,
     pub id: String,
     pub armed: bool,
+}
+
+impl Leave {
+    /// Armed for request `id`, just queued on `limit`; with the soonest
+    /// lease expiry the queueing script reported (µs from now), arms the
+    /// reclaim timer, so a crashed holder's slot reaches the queue.
+    pub(crate) fn queued(limiter: &Limiter, limit: &ScriptLimit, id: &str, soonest: Option<u64>) -> Leave {
+        if let Some(us) = soonest {
+            limiter.timers.arm(limiter, limit, Duration::from_micros(us));
+        }
+        Leave {
+            store: limiter.store.clone(),
+            scripts: limiter.scripts.clone(),
+            limit: limit.clone(),
+            id: id.to_string(),
+            armed: true,
+        }
+    }
 }
 
 impl Drop for Leave {
