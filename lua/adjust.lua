@@ -3,29 +3,42 @@
 --
 -- KEYS[i]   the gcra key of points limit i
 -- ARGV[1]   the time in microseconds, or "" for Redis TIME
--- ARGV[3i-1], ARGV[3i], ARGV[3i+1]   limit i: its interval in microseconds,
---     the units to charge (positive) or refund (negative), and held_until: the
---     time the request's own charge held the bucket until (check.lua's reply)
+-- ARGV[4i-2 .. 4i+1]   limit i: its interval in microseconds, the units to
+--     charge (positive) or refund (negative), and from check.lua's reply the
+--     time the request's charge held the bucket until and the bucket's refund
+--     counter then (held_until, refunded)
 --
--- A refund returns at most what the request's charge still holds: the part
--- of it that lies after now. What the bucket has refilled since the charge
--- was never the request's to give back, and returning it would let later
--- requests spend tokens the cap had already thrown away. A refund never
--- fills a bucket beyond full. Returns the number of keys changed.
+-- Refunds since the check of charges made before this one moved it earlier,
+-- by at most what the refund counter (key .. ':r') grew since. A refund
+-- returns at most what the request's charge still holds: the part of it that
+-- lies after now. What the bucket has refilled since the charge was never
+-- the request's to give back, and returning it would let later requests
+-- spend tokens the cap had already thrown away. A refund never fills a
+-- bucket beyond full. Returns the number of keys changed.
 local now = clock(ARGV[1])
 for i, key in ipairs(KEYS) do
-  local base = 3 * i - 1
-  local interval, delta, held_until = tonumber(ARGV[base]), tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
+  local base = 4 * i - 2
+  local interval, delta = tonumber(ARGV[base]), tonumber(ARGV[base + 1])
+  local held_until, at_check = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
   local stored = tonumber(redis.call('GET', key)) or now
   local tat = math.max(stored, now)
-  local new_tat
+  local refunded = refunded_count(key)
+  local new_tat = tat
   if delta >= 0 then
     new_tat = tat + delta * interval
-  else
-    local change = math.min(-delta * interval, math.max(held_until - now, 0))
+  elseif refunded >= at_check then
+    -- (A counter below the check's went with an idle bucket: nothing is left.)
+    local until_ = held_until - (refunded - at_check)
+    local change = math.min(-delta * interval, math.max(until_ - now, 0))
     new_tat = math.max(tat - change, now)
   end
+  local ttl = ceil_ms(new_tat - now) + 1000
   redis.call('SET', key, new_tat)
-  redis.call('PEXPIRE', key, ceil_ms(new_tat - now) + 1000)
+  redis.call('PEXPIRE', key, ttl)
+  if new_tat < tat then
+    refunded = refunded + (tat - new_tat)
+    redis.call('SET', key .. ':r', refunded)
+  end
+  keep_refunded(key, refunded, ttl)
 end
 return #KEYS

@@ -13,10 +13,11 @@
 --     the request takes the waiting path (reserve.lua), with its margins after
 --
 -- Returns {allowed, retry_after_ms, now, then for each limit i:
---          allowed_i, remaining_i, reset_ms_i, retry_after_ms_i, reclaimed_i, held_until_i},
+--          allowed_i, remaining_i, reset_ms_i, retry_after_ms_i, reclaimed_i,
+--          held_until_i, refunded_i},
 -- a retry of -1 meaning unknown; now is the time it charged at, for refund.lua;
--- held_until_i, for an admitted gcra limit, the time its charge holds until
--- (for adjust.lua), else 0.
+-- held_until_i and refunded_i, for an admitted gcra limit, the time its charge
+-- holds until and the bucket's refund counter then (for adjust.lua), else 0.
 local now = clock(ARGV[1])
 local id = ARGV[2]
 local wait = tonumber(ARGV[4 * #KEYS + 3]) or 0
@@ -81,7 +82,8 @@ for _, f in ipairs(found) do
   local retry = f.retry
   if retry > 0 then retry = ceil_ms(retry) end
   local held = (allowed and f.held_until) or 0
-  for _, v in ipairs({f.allowed and 1 or 0, view[1], ceil_ms(view[2]), retry, f.reclaimed, held}) do
+  local refunded = (allowed and f.refunded) or 0
+  for _, v in ipairs({f.allowed and 1 or 0, view[1], ceil_ms(view[2]), retry, f.reclaimed, held, refunded}) do
     reply[#reply + 1] = v
   end
 end

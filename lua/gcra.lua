@@ -5,9 +5,26 @@
 -- would be full again. One unit refills every interval; the bucket holds burst
 -- units, which take tau = interval * burst to refill. A request of cost units
 -- moves tat on by cost * interval, and passes if then tat - now <= tau.
+-- Beside tat, key .. ':r' counts the microseconds refunds have given back
+-- (adjust.lua). A check replies it with held_until: refunds since of earlier
+-- charges moved this one earlier, by at most what the counter grew. It
+-- outlives its bucket by an hour, so a refund still in flight when the
+-- bucket empties finds it.
+local REFUNDED_GRACE_MS = 3600000
+
+local function refunded_count(key)
+  return tonumber(redis.call('GET', key .. ':r')) or 0
+end
+
+-- Keeps the refund counter, if any, an hour beyond the bucket's TTL of ms.
+local function keep_refunded(key, refunded, ms)
+  if refunded > 0 then redis.call('PEXPIRE', key .. ':r', ms + REFUNDED_GRACE_MS) end
+end
+
 local function gcra(key, now, interval, burst, cost)
   local tau = interval * burst
   local stored = tonumber(redis.call('GET', key)) or now
+  local refunded = refunded_count(key)
   local tat = math.max(stored, now)
   local new_tat = tat + cost * interval
   local allowed = new_tat - now <= tau
@@ -25,10 +42,12 @@ local function gcra(key, now, interval, burst, cost)
     reclaimed = 0,
     -- What this request's charge holds until, for a later refund (adjust.lua).
     held_until = new_tat,
+    refunded = refunded,
     commit = function()
       redis.call('SET', key, new_tat)
       -- Once tat has passed, the bucket is full: the key may go.
       redis.call('PEXPIRE', key, ceil_ms(new_tat - now) + 1000)
+      keep_refunded(key, refunded, ceil_ms(new_tat - now) + 1000)
     end,
   }
 end
@@ -51,9 +70,11 @@ local function gcra_reserve(key, now, interval, burst, cost, margin)
     remaining_now = math.floor(math.max(now + tau - math.max(tat, now), 0) / interval),
     commit = function(t)
       local new_tat = math.max(tat, t) + need
+      local refunded = refunded_count(key)
       redis.call('SET', key, new_tat)
       redis.call('PEXPIRE', key, ceil_ms(new_tat - now) + 1000)
-      return {math.floor(math.max(t + tau - new_tat, 0) / interval), new_tat - t}, new_tat
+      keep_refunded(key, refunded, ceil_ms(new_tat - now) + 1000)
+      return {math.floor(math.max(t + tau - new_tat, 0) / interval), new_tat - t}, new_tat, refunded
     end,
   }
 end

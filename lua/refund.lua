@@ -23,8 +23,13 @@ for i, key in ipairs(KEYS) do
   elseif kind == 'gcra' then
     local tat = tonumber(redis.call('GET', key))
     if tat then
+      local ttl = math.max(ceil_ms(tat - c * a - charged), 0) + 1000
       redis.call('SET', key, tat - c * a)
-      redis.call('PEXPIRE', key, math.max(ceil_ms(tat - c * a - charged), 0) + 1000)
+      redis.call('PEXPIRE', key, ttl)
+      -- Charges made since moved earlier: the refund counter says by how much (adjust.lua).
+      local refunded = refunded_count(key) + c * a
+      redis.call('SET', key .. ':r', refunded)
+      keep_refunded(key, refunded, ttl)
     end
   else
     -- fixed_window and sliding_approx count in the window of the charge.

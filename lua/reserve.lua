@@ -32,11 +32,11 @@ local function reserve(now, id, wait)
     local own = -1
     if f.at >= 0 then own = ceil_ms(f.at - now) end
     if r.allowed then
-      local view, held = r.committed[i][1], r.committed[i][2]
-      for _, v in ipairs({1, view[1], ceil_ms(view[2]), 0, 0, held}) do reply[#reply + 1] = v end
+      local view, held, refunded = r.committed[i][1], r.committed[i][2], r.committed[i][3]
+      for _, v in ipairs({1, view[1], ceil_ms(view[2]), 0, 0, held, refunded}) do reply[#reply + 1] = v end
     else
       local fits = (f.at >= 0 and f.at - now <= wait) and 1 or 0
-      for _, v in ipairs({fits, f.remaining_now, math.max(own, 0), own, 0, 0}) do reply[#reply + 1] = v end
+      for _, v in ipairs({fits, f.remaining_now, math.max(own, 0), own, 0, 0, 0}) do reply[#reply + 1] = v end
     end
   end
   reply[#reply + 1] = r.allowed and r.at or 0

@@ -8,7 +8,7 @@
 -- keeps admitting it (reservations on a key keep arrival order). The slot is
 -- the latest of these. If slot - now <= wait every limit is charged at the
 -- slot. Returns {allowed, at (-1: never), found, committed}: committed[i] =
--- {view, held_until} when allowed.
+-- {view, held_until, refunded} when allowed.
 local function reserve_slots(now, id, wait, specs)
   local found = {}
   local at, never = now, false
@@ -32,8 +32,8 @@ local function reserve_slots(now, id, wait, specs)
   local committed = {}
   if allowed then
     for i, f in ipairs(found) do
-      local view, held = f.commit(at)
-      committed[i] = {view, held or 0}
+      local view, held, refunded = f.commit(at)
+      committed[i] = {view, held or 0, refunded or 0}
     end
   end
   if never then at = -1 end

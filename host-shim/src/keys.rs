@@ -10,7 +10,7 @@
 //! The bounds on checks, limits and key length are `sluice_policies::bounds`,
 //! the ones the document parser holds every policy document to.
 
-use sluice_policies::algorithm::Algorithm;
+use sluice_policies::algorithm::{Algorithm, Correction};
 pub use sluice_policies::bounds::{MAX_ADJUSTMENTS, MAX_CHECKS, MAX_LIMITS};
 use sluice_policies::key::is_encoded;
 use sluice_policies::wire::{Adjustment, Check, WireLimit};
@@ -77,19 +77,8 @@ pub fn pause_key(policy: &str, key: &str) -> Result<String, String> {
     Ok(format!("{}:{}", tag(policy, key)?, Algorithm::Pause.state_suffix()))
 }
 
-/// A points correction as the adjust script takes it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ScriptAdjustment {
-    pub key: String,
-    pub interval_us: u64,
-    /// Units to charge (positive) or refund (negative).
-    pub delta: i64,
-    /// Until when the request's charge held the bucket (µs); 0 when unknown,
-    /// which lets a refund return nothing.
-    pub held_until_us: u64,
-}
-
-pub fn script_adjustments(adjustments: &[Adjustment]) -> Result<Vec<ScriptAdjustment>, String> {
+/// The points corrections as the adjust script takes them.
+pub fn script_adjustments(adjustments: &[Adjustment]) -> Result<Vec<Correction>, String> {
     if adjustments.len() > MAX_ADJUSTMENTS {
         return Err(format!("too many adjustments: {} (at most {MAX_ADJUSTMENTS})", adjustments.len()));
     }
@@ -110,11 +99,12 @@ pub fn script_adjustments(adjustments: &[Adjustment]) -> Result<Vec<ScriptAdjust
             let Algorithm::Gcra { interval_us, .. } = limit.algorithm else {
                 return Err(format!("adjustments[{i}].limit: not a bucket"));
             };
-            Ok(ScriptAdjustment {
+            Ok(Correction {
                 key: limit.key,
                 interval_us,
                 delta: i64::from(a.actual) - i64::from(cost),
                 held_until_us: a.held_until_us.unwrap_or(0),
+                refunded_us: a.refunded_us,
             })
         })
         .collect()
@@ -192,16 +182,23 @@ mod tests {
     #[test]
     fn adjustments_charge_the_difference() {
         let limit = WireLimit::Points { capacity: 1000, refill_ms: 20_000, cost: 50 };
-        let a =
-            |actual| Adjustment { policy: "p".into(), key: "k".into(), limit, actual, held_until_us: None };
+        let a = |actual| Adjustment {
+            policy: "p".into(),
+            key: "k".into(),
+            limit,
+            actual,
+            held_until_us: None,
+            refunded_us: 0,
+        };
         let got = script_adjustments(&[a(80), a(10)]).expect("valid");
         assert_eq!(
             got[0],
-            ScriptAdjustment {
+            Correction {
                 key: "sluice:{p:k}:gcra:20000".into(),
                 interval_us: 20_000,
                 delta: 30,
-                held_until_us: 0
+                held_until_us: 0,
+                refunded_us: 0,
             }
         );
         assert_eq!(got[1].delta, -40);

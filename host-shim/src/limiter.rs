@@ -295,7 +295,7 @@ impl Limiter {
         // One call per key keeps every call in one slot.
         for a in adjustments.iter().filter(|a| a.delta != 0) {
             let mut call = self.scripts.adjust.prepare_invoke();
-            call.arg(&now).key(&a.key).arg(a.interval_us).arg(a.delta).arg(a.held_until_us);
+            call.arg(&now).key(&a.key).arg(a.interval_us).arg(a.delta).arg(a.held_until_us).arg(a.refunded_us);
             let _: i64 = self.store.invoke(&call).await.map_err(store_error)?;
         }
         Ok(())
@@ -345,6 +345,7 @@ fn unasked(algorithm: &Algorithm) -> LimitOutcome {
         retry_after_ms: Some(0),
         reclaimed: 0,
         held_until_us: None,
+        refunded_us: 0,
     }
 }
 
@@ -390,15 +391,15 @@ fn combined_retry(replies: &[SlotReply]) -> Option<u64> {
 /// adds one number: the slot it admitted the request at, 0 when denied.
 pub(crate) fn decode(limits: usize, reply: &[i64]) -> Option<SlotReply> {
     let (head, rest) = reply.split_at_checked(3)?;
-    let (rest, at) = match rest.len().checked_sub(6 * limits)? {
+    let (rest, at) = match rest.len().checked_sub(7 * limits)? {
         0 => (rest, None),
-        1 => (&rest[..6 * limits], u64::try_from(rest[6 * limits]).ok().filter(|&t| t > 0)),
+        1 => (&rest[..7 * limits], u64::try_from(rest[7 * limits]).ok().filter(|&t| t > 0)),
         _ => return None,
     };
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
     let retry = |n: i64| u64::try_from(n).ok();
     let limits = rest
-        .chunks_exact(6)
+        .chunks_exact(7)
         .map(|r| LimitOutcome {
             allowed: r[0] == 1,
             remaining: count(r[1]),
@@ -406,6 +407,7 @@ pub(crate) fn decode(limits: usize, reply: &[i64]) -> Option<SlotReply> {
             retry_after_ms: retry(r[3]),
             reclaimed: count(r[4]),
             held_until_us: u64::try_from(r[5]).ok().filter(|&t| t > 0),
+            refunded_us: count(r[6]),
         })
         .collect();
     Some(SlotReply { allowed: head[0] == 1, retry_after_ms: retry(head[1]), now: head[2], limits, at })

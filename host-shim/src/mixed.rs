@@ -112,6 +112,7 @@ pub(crate) async fn check(
         retry_after_ms: Some(0),
         reclaimed: 0,
         held_until_us: None,
+        refunded_us: 0,
     };
     let outcomes: Vec<LimitOutcome> = limits
         .iter()

@@ -120,6 +120,7 @@ pub(crate) fn response(req: &CheckRequest<'_>, allowed: bool, reclaimed: u64) ->
         retry_after_ms: allowed.then_some(0),
         reclaimed,
         held_until_us: None,
+        refunded_us: 0,
     };
     CheckResponse {
         allowed,

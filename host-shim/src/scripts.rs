@@ -58,6 +58,7 @@ impl Scripts {
             take: Script::new(with_queue!("../../lua/take.lua")),
             adjust: Script::new(concat!(
                 include_str!("../../lua/common.lua"),
+                include_str!("../../lua/gcra.lua"),
                 include_str!("../../lua/adjust.lua")
             )),
             refund: Script::new(with_queue!("../../lua/refund.lua")),

@@ -130,6 +130,7 @@ async fn the_largest_valid_documents_make_calls_the_shim_accepts() {
                 limit: *l,
                 actual: 1,
                 held_until_us: Some(u64::MAX / 2),
+                refunded_us: u64::MAX / 2,
             })
             .collect();
         let adjust = AdjustRequest { adjustments, now_us: None };

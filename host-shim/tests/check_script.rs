@@ -197,6 +197,21 @@ async fn unreachable_redis_is_a_store_error() {
     assert!(matches!(err, Err(CheckError::Store(_))), "{err:?}");
 }
 
+/// Corrects the points cost of `admitted` (a check of key "k") to `actual` at `now_us`.
+async fn adjust(limiter: &Limiter, admitted: &CheckResponse, limit: WireLimit, actual: u32, now_us: u64) {
+    let outcome = &admitted.checks[0].limits[0];
+    let adjustment = Adjustment {
+        policy: "p".into(),
+        key: "k".into(),
+        limit,
+        actual,
+        held_until_us: outcome.held_until_us,
+        refunded_us: outcome.refunded_us,
+    };
+    let req = AdjustRequest { adjustments: vec![adjustment], now_us: Some(now_us) };
+    limiter.adjust(&req).await.expect("adjust");
+}
+
 /// Regression: a late points refund over-admitted. Capacity 10, refilling in
 /// 10 s. R1 costs 10 at t=0; R2 costs 10 at t=10 s and is admitted; R1's
 /// adjustment (actual 0) lands at t=10.001 s. R1's charge had refilled by
@@ -213,17 +228,7 @@ async fn a_late_points_refund_cannot_over_admit() {
     let r1 = check(&limiter, "k", &points(10), t0).await;
     assert!(r1.allowed);
     assert!(check(&limiter, "k", &points(10), t0 + 10 * SECOND).await.allowed);
-    let refund = AdjustRequest {
-        adjustments: vec![Adjustment {
-            policy: "p".into(),
-            key: "k".into(),
-            limit: points(10)[0],
-            actual: 0,
-            held_until_us: r1.checks[0].limits[0].held_until_us,
-        }],
-        now_us: Some(t0 + 10 * SECOND + 1_000),
-    };
-    limiter.adjust(&refund).await.expect("adjust");
+    adjust(&limiter, &r1, points(10)[0], 0, t0 + 10 * SECOND + 1_000).await;
     let r3 = check(&limiter, "k", &points(10), t0 + 10 * SECOND + 2_000).await;
     assert!(!r3.allowed, "20 points admitted within 2 ms against a bucket of 10");
 }
@@ -238,18 +243,35 @@ async fn an_early_points_refund_returns_the_charge() {
     let t0 = 1_700_000_000 * SECOND;
 
     let r1 = check(&limiter, "k", &points(10), t0).await;
-    let refund = AdjustRequest {
-        adjustments: vec![Adjustment {
-            policy: "p".into(),
-            key: "k".into(),
-            limit: points(10)[0],
-            actual: 0,
-            held_until_us: r1.checks[0].limits[0].held_until_us,
-        }],
-        now_us: Some(t0 + 1_000),
-    };
-    limiter.adjust(&refund).await.expect("adjust");
+    adjust(&limiter, &r1, points(10)[0], 0, t0 + 1_000).await;
     assert!(check(&limiter, "k", &points(10), t0 + 2_000).await.allowed);
+}
+
+/// Regression: an earlier refund moves the charges behind it, and a later
+/// refund may return only what its moved charge still holds. Capacity 3, one
+/// point per 100 ms: R0 and R1 cost 1 at 0 and R0's refund (actual 0) lands
+/// at once; R2 costs 1 at 50 ms and turns out to cost 3; R1's refund (actual
+/// 0) at 60 ms. A bucket charged the true costs holds 2.4 points at 110 ms,
+/// so R3 (cost 1) is refused. Refunding R1 from where its charge first ended
+/// returned a whole point and admitted R3.
+#[tokio::test]
+async fn a_refund_behind_an_earlier_refund_cannot_over_admit() {
+    let redis = Redis::start().expect("redis");
+    let limiter = limiter(&redis, true);
+    let points = |cost| [WireLimit::Points { capacity: 3, refill_ms: 300, cost }];
+    let ms = 1_000;
+    let t0 = 1_700_000_000 * SECOND;
+
+    let r0 = check(&limiter, "k", &points(1), t0).await;
+    let r1 = check(&limiter, "k", &points(1), t0).await;
+    assert!(r0.allowed && r1.allowed);
+    adjust(&limiter, &r0, points(1)[0], 0, t0 + 1).await;
+    let r2 = check(&limiter, "k", &points(1), t0 + 50 * ms).await;
+    assert!(r2.allowed);
+    adjust(&limiter, &r2, points(1)[0], 3, t0 + 50 * ms).await;
+    adjust(&limiter, &r1, points(1)[0], 0, t0 + 60 * ms).await;
+    let r3 = check(&limiter, "k", &points(1), t0 + 110 * ms).await;
+    assert!(!r3.allowed, "a refund returned more than its moved charge still held");
 }
 
 /// Regression (correctness issue, bug 9): after the clock steps back into an

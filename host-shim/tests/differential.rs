@@ -154,7 +154,7 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
     let mut now = 1_700_000_000_000_000u64;
     let mut held: Vec<(String, Vec<Check>)> = Vec::new();
     // The last admitted check, with what each of its limits charged until.
-    let mut last_admitted: Option<(Vec<Check>, Vec<Option<u64>>)> = None;
+    let mut last_admitted: Option<(Vec<Check>, Vec<(Option<u64>, u64)>)> = None;
     let mut id = 0u64;
 
     for op in ops {
@@ -191,7 +191,7 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                 prop_assert_eq!(&got.checks[0].limits, &want.limits, "limits at {}", now);
 
                 if got.allowed {
-                    let held_until = got.checks[0].limits.iter().map(|l| l.held_until_us).collect();
+                    let held_until = got.checks[0].limits.iter().map(|l| (l.held_until_us, l.refunded_us)).collect();
                     last_admitted = Some((checks.clone(), held_until));
                     if let Some(lease) = got.lease {
                         held.push((lease, checks));
@@ -256,23 +256,20 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                     .iter()
                     .zip(held_until)
                     .filter(|(l, _)| matches!(l, WireLimit::Points { .. }))
-                    .map(|(l, held_until_us)| Adjustment {
+                    .map(|(l, (held_until_us, refunded_us))| Adjustment {
                         policy: policy.clone(),
                         key: key.clone(),
                         limit: *l,
                         actual: clamped(actual, l),
                         held_until_us,
+                        refunded_us,
                     })
                     .collect();
                 if adjustments.is_empty() {
                     continue;
                 }
                 let script = sluice_shim::keys::script_adjustments(&adjustments).expect("valid adjustments");
-                let model_adjust: Vec<(String, u64, i64, u64)> = script
-                    .iter()
-                    .filter(|a| a.delta != 0)
-                    .map(|a| (a.key.clone(), a.interval_us, a.delta, a.held_until_us))
-                    .collect();
+                let model_adjust: Vec<_> = script.into_iter().filter(|a| a.delta != 0).collect();
                 let req = AdjustRequest { adjustments, now_us: Some(now) };
                 w.runtime.block_on(w.limiter.adjust(&req)).expect("adjust");
                 algorithm::adjust(&mut model, now, &model_adjust);

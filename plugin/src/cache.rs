@@ -198,6 +198,7 @@ mod tests {
             retry_after_ms: *retry,
             reclaimed: 0,
             held_until_us: None,
+            refunded_us: 0,
         };
         CheckOutcome { limits: retries.iter().map(limit).collect(), paused_ms: None }
     }
@@ -312,6 +313,7 @@ mod pause_tests {
                 retry_after_ms: None,
                 reclaimed: 0,
                 held_until_us: None,
+                refunded_us: 0,
             }],
             paused_ms,
         };

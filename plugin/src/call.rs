@@ -124,6 +124,7 @@ impl Call {
                         limit: *wire,
                         actual,
                         held_until_us: outcomes.get(j).and_then(|o| o.held_until_us),
+                        refunded_us: outcomes.get(j).map_or(0, |o| o.refunded_us),
                     });
                 }
             }

@@ -104,6 +104,7 @@ mod tests {
             retry_after_ms: retry,
             reclaimed: 0,
             held_until_us: None,
+            refunded_us: 0,
         }
     }
 

@@ -156,6 +156,7 @@ fn worst_case_adjustments(policy: &Policy) -> Vec<Adjustment> {
             limit: *wire,
             actual: u32::MAX,
             held_until_us: Some(u64::MAX),
+            refunded_us: u64::MAX,
         })
         .collect()
 }

@@ -269,6 +269,12 @@ pub struct LimitOutcome {
     /// refilled since was never the request's to return.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_until_us: Option<u64>,
+    /// With `held_until_us`: what the bucket's refunds had given back so
+    /// far, in microseconds, when this charge was made. Refunds since then
+    /// of earlier charges moved this one earlier; the counter tells a later
+    /// refund by how much at most.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub refunded_us: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -325,6 +331,9 @@ pub struct Adjustment {
     /// (`actual` below the estimate) without it returns nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_until_us: Option<u64>,
+    /// The admitted check's `refunded_us` for this limit.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub refunded_us: u64,
 }
 
 /// Upstream feedback: the partner asked these keys to slow down. The shim

@@ -3,7 +3,7 @@
 //! the Lua scripts to this model, so they hold for the scripts too.
 
 use proptest::prelude::*;
-use sluice_policies::algorithm::{self, Algorithm, State, Store};
+use sluice_policies::algorithm::{self, Algorithm, Correction, State, Store};
 
 /// Arrival gaps in µs, same-instant arrivals included.
 fn gaps() -> impl Strategy<Value = Vec<u64>> {
@@ -133,14 +133,36 @@ fn costed() -> impl Strategy<Value = Vec<Costed>> {
     prop::collection::vec(one, 1..120)
 }
 
+/// One admitted request of `run_costed`: when its check ran and when its
+/// adjustment landed, each as an event's (time, order) so that events of
+/// the same instant compare exactly as the run applied them.
+#[derive(Debug, Clone, Copy)]
+struct Admitted {
+    checked: (u64, usize),
+    adjusted: (u64, usize),
+    estimate: u64,
+    actual: u64,
+}
+
+impl Admitted {
+    /// The units this request's charge still owed the bucket at `event`:
+    /// its under-estimate while its adjustment had not landed yet.
+    fn owed_at(&self, event: (u64, usize)) -> u64 {
+        if self.checked <= event && self.adjusted > event {
+            self.actual.saturating_sub(self.estimate)
+        } else {
+            0
+        }
+    }
+}
+
 /// Runs `requests` through a points bucket in time order: each is checked
 /// at its estimate and, if admitted, adjusted to its true cost `delay` later
-/// (adjustments land in any order relative to later checks). Returns the
-/// admissions as (time, true cost, when its adjustment landed).
-fn run_costed(interval: u64, burst: u64, requests: &[Costed]) -> Vec<(u64, u64, u64, u64)> {
+/// (adjustments land in any order relative to later checks).
+fn run_costed(interval: u64, burst: u64, requests: &[Costed]) -> Vec<Admitted> {
     enum Event {
         Check(usize),
-        Adjust(usize, u64),
+        Adjust(Correction),
     }
     let key = "k".to_string();
     let mut store = Store::default();
@@ -150,8 +172,8 @@ fn run_costed(interval: u64, burst: u64, requests: &[Costed]) -> Vec<(u64, u64, 
         now += r.gap;
         arrivals.push(now);
     }
-    // (time, order, event): at equal times, arrivals keep their order and
-    // adjustments land after the check of the same instant.
+    // (time, order, event): at equal times, events run in `order`; request
+    // n's check is 2n and its adjustment 2n + 1.
     let mut events: Vec<(u64, usize, Event)> =
         arrivals.iter().enumerate().map(|(i, &t)| (t, 2 * i, Event::Check(i))).collect();
     let mut admitted = Vec::new();
@@ -167,17 +189,26 @@ fn run_costed(interval: u64, burst: u64, requests: &[Costed]) -> Vec<(u64, u64, 
                     [(key.clone(), Algorithm::Gcra { interval_us: interval, burst, cost: r.estimate })];
                 let reply = algorithm::check(&mut store, t, &format!("r{n}"), &limits);
                 if reply.allowed {
-                    let held_until =
-                        reply.limits[0].held_until_us.expect("an admitted bucket says until when");
-                    admitted.push((t, r.estimate, r.actual, t + r.delay));
-                    events.push((t + r.delay, 2 * n + 1, Event::Adjust(n, held_until)));
+                    let outcome = &reply.limits[0];
+                    let correction = Correction {
+                        key: key.clone(),
+                        interval_us: interval,
+                        delta: r.actual as i64 - r.estimate as i64,
+                        held_until_us: outcome.held_until_us.expect("an admitted bucket says until when"),
+                        refunded_us: outcome.refunded_us,
+                    };
+                    admitted.push(Admitted {
+                        checked: (t, 2 * n),
+                        adjusted: (t + r.delay, 2 * n + 1),
+                        estimate: r.estimate,
+                        actual: r.actual,
+                    });
+                    events.push((t + r.delay, 2 * n + 1, Event::Adjust(correction)));
                 }
             }
-            Event::Adjust(n, held_until) => {
-                let r = &requests[n];
-                let delta = r.actual as i64 - r.estimate as i64;
-                if delta != 0 {
-                    algorithm::adjust(&mut store, t, &[(key.clone(), interval, delta, held_until)]);
+            Event::Adjust(ref correction) => {
+                if correction.delta != 0 {
+                    algorithm::adjust(&mut store, t, std::slice::from_ref(correction));
                 }
             }
         }
@@ -190,31 +221,30 @@ proptest! {
     /// Cost correction is judged over true costs, not the model's own
     /// formula: over any span from one admission to a later one, the true
     /// units admitted never exceed what a bucket charged the true costs
-    /// would admit (`burst + span / interval`), plus the under-estimates of
-    /// requests whose adjustment had not landed yet. Late refunds may only
-    /// give back what a request's own charge still holds (the over-admission
-    /// of a refund that returned what the cap had already thrown away).
+    /// would admit (`burst + span / interval`), plus the under-estimates
+    /// the bucket had not been charged yet: those owed when the span began
+    /// (they left it room it should not have had), and those of the span's
+    /// own requests still owed when it ended. Late refunds may only give
+    /// back what a request's own charge still holds (the over-admission of a
+    /// refund that returned what the cap had already thrown away).
     #[test]
     fn points_admitted_never_exceed_a_bucket_charged_the_true_costs(
         interval in 1_000u64..1_000_000, burst in 1u64..20, requests in costed(),
     ) {
         let admitted = run_costed(interval, burst, &requests);
         for i in 0..admitted.len() {
-            let (start, ..) = admitted[i];
+            let start = admitted[i].checked;
+            let owed_before: u64 = admitted[..i].iter().map(|a| a.owed_at(start)).sum();
             let mut units = 0;
             for j in i..admitted.len() {
-                let (t, _, actual, _) = admitted[j];
-                units += actual;
-                let in_flight: u64 = admitted[i..=j]
-                    .iter()
-                    .filter(|(_, _, _, adjusted)| *adjusted > t)
-                    .map(|(_, estimate, actual, _)| actual.saturating_sub(*estimate))
-                    .sum();
-                let span = t - start;
+                let end = admitted[j].checked;
+                units += admitted[j].actual;
+                let owed_after: u64 = admitted[i..=j].iter().map(|a| a.owed_at(end)).sum();
+                let span = end.0 - start.0;
                 prop_assert!(
-                    units <= burst + span / interval + in_flight,
-                    "{} true units in {} µs (burst {}, interval {}, {} under-estimated in flight)",
-                    units, span, burst, interval, in_flight
+                    units <= burst + span / interval + owed_before + owed_after,
+                    "{} true units in {} µs (burst {}, interval {}, {} owed at the start, {} at the end)",
+                    units, span, burst, interval, owed_before, owed_after
                 );
             }
         }
@@ -236,8 +266,48 @@ fn a_late_refund_returns_nothing_the_bucket_already_refilled() {
     let r1 = algorithm::check(&mut store, t0, "r1", &limits(10));
     assert!(r1.allowed);
     assert!(algorithm::check(&mut store, t0 + 10 * second, "r2", &limits(10)).allowed);
-    let held_until = r1.limits[0].held_until_us.expect("held until");
-    algorithm::adjust(&mut store, t0 + 10 * second + 1_000, &[("k".to_string(), interval, -10, held_until)]);
+    let refund = Correction {
+        key: "k".to_string(),
+        interval_us: interval,
+        delta: -10,
+        held_until_us: r1.limits[0].held_until_us.expect("held until"),
+        refunded_us: r1.limits[0].refunded_us,
+    };
+    algorithm::adjust(&mut store, t0 + 10 * second + 1_000, &[refund]);
     let r3 = algorithm::check(&mut store, t0 + 10 * second + 2_000, "r3", &limits(10));
     assert!(!r3.allowed, "a late refund gave back points the cap had already thrown away");
+}
+
+
+/// An earlier refund moves the charges behind it: points with capacity 3,
+/// one unit per 100 ms. R0 and R1 cost 1 each at 0; R0's refund (actual 0)
+/// lands at once and moves R1's charge from [100, 200] ms to [0, 100] ms.
+/// R2 costs 1 at 50 ms and turns out to cost 3. R1's refund (actual 0) at
+/// 60 ms may return only the 40 ms its moved charge still holds. A bucket
+/// charged the true costs holds R2's 3 units from 50 ms: at 110 ms, 2.4
+/// units, so R3 (cost 1) does not fit. Refunding R1 from where its charge
+/// first ended returned a whole unit and admitted R3.
+#[test]
+fn a_refund_behind_an_earlier_refund_returns_only_what_its_moved_charge_holds() {
+    let interval = 100_000u64;
+    let limits = |cost| [("k".to_string(), Algorithm::Gcra { interval_us: interval, burst: 3, cost })];
+    let refund = |reply: &algorithm::Reply, delta| Correction {
+        key: "k".to_string(),
+        interval_us: interval,
+        delta,
+        held_until_us: reply.limits[0].held_until_us.expect("held until"),
+        refunded_us: reply.limits[0].refunded_us,
+    };
+    let t0 = 1_000_000_000u64;
+    let mut store = Store::default();
+    let r0 = algorithm::check(&mut store, t0, "r0", &limits(1));
+    let r1 = algorithm::check(&mut store, t0, "r1", &limits(1));
+    assert!(r0.allowed && r1.allowed);
+    algorithm::adjust(&mut store, t0 + 1, &[refund(&r0, -1)]);
+    let r2 = algorithm::check(&mut store, t0 + 50_000, "r2", &limits(1));
+    assert!(r2.allowed);
+    algorithm::adjust(&mut store, t0 + 50_000, &[refund(&r2, 2)]);
+    algorithm::adjust(&mut store, t0 + 60_000, &[refund(&r1, -1)]);
+    let r3 = algorithm::check(&mut store, t0 + 110_000, "r3", &limits(1));
+    assert!(!r3.allowed, "a refund returned more than its moved charge still held");
 }

@@ -9,7 +9,7 @@
 //! units pass.
 
 use super::reserve::{Committed, Slot};
-use super::{Found, State, View};
+use super::{Correction, Found, State, View};
 
 pub fn check(state: Option<&State>, now: u64, interval: u64, burst: u64, cost: u64) -> Found {
     let tau = interval * burst;
@@ -41,25 +41,35 @@ pub fn check(state: Option<&State>, now: u64, interval: u64, burst: u64, cost: u
     }
 }
 
-/// `lua/adjust.lua`: charges `delta` more units (or refunds, when negative)
-/// once the true cost is known.
+/// `lua/adjust.lua`: charges `c.delta` more units (or refunds, when
+/// negative) once the true cost is known. Returns the new `tat` and the
+/// microseconds refunded, which the bucket's `refunded` counter adds up.
 ///
-/// The request's charge held the bucket until `held_until`. A refund returns
-/// at most the part of that charge still after `now`: what the bucket has
-/// refilled since was never the request's to give back. A refund never fills
-/// the bucket beyond full.
-pub fn adjust(state: Option<&State>, now: u64, interval: u64, delta: i64, held_until: u64) -> u64 {
+/// The request's charge held the bucket until `c.held_until_us` when it was
+/// made. Refunds since then of requests charged before it moved it earlier,
+/// by at most what the bucket has refunded since (`refunded`, against the
+/// counter at its check, `c.refunded_us`). A refund returns at most the part
+/// of the charge still after `now`: what the bucket has refilled since was
+/// never the request's to give back. A refund never fills the bucket beyond
+/// full.
+pub fn adjust(state: Option<&State>, refunded: u64, now: u64, c: &Correction) -> (u64, u64) {
     let stored = match state {
         Some(&State::Tat(tat)) => tat,
         _ => now,
     };
     let tat = stored.max(now);
-    let change = delta.unsigned_abs().saturating_mul(interval);
-    if delta >= 0 {
-        tat.saturating_add(change)
-    } else {
-        tat.saturating_sub(change.min(held_until.saturating_sub(now))).max(now)
+    let change = c.delta.unsigned_abs().saturating_mul(c.interval_us);
+    if c.delta >= 0 {
+        return (tat.saturating_add(change), 0);
     }
+    // A counter below the one the check saw went with an idle bucket (its
+    // key expired): nothing of the charge is left.
+    let Some(moved) = refunded.checked_sub(c.refunded_us) else {
+        return (tat, 0);
+    };
+    let held_until = c.held_until_us.saturating_sub(moved);
+    let new_tat = tat.saturating_sub(change.min(held_until.saturating_sub(now))).max(now);
+    (new_tat, tat - new_tat)
 }
 
 /// Waiting (`reserve`): the earliest `t` at or after `now` at which the

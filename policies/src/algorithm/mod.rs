@@ -130,6 +130,37 @@ pub enum State {
     Queue(Vec<queue::Waiter>),
     /// pause: until when the partner asked us to stop (a string).
     Pause(u64),
+    /// gcra, beside the `tat` (Redis: `:r`): the microseconds refunds have
+    /// given back so far, which tells a later refund how far the charges
+    /// behind it have moved (`adjust`).
+    Refunded(u64),
+}
+
+/// The key of a bucket's refund counter ([`State::Refunded`]).
+pub fn refunded_key(key: &str) -> String {
+    format!("{key}:r")
+}
+
+/// A bucket's refund counter, 0 before its first refund.
+pub fn refunded(store: &Store, key: &str) -> u64 {
+    match store.keys.get(&refunded_key(key)) {
+        Some(&State::Refunded(us)) => us,
+        _ => 0,
+    }
+}
+
+/// A points correction, as `lua/adjust.lua` takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Correction {
+    pub key: String,
+    pub interval_us: u64,
+    /// Units to charge (positive) or refund (negative).
+    pub delta: i64,
+    /// The admitted check's `held_until_us`; 0 when unknown, which lets a
+    /// refund return nothing.
+    pub held_until_us: u64,
+    /// The admitted check's `refunded_us`.
+    pub refunded_us: u64,
 }
 
 /// The model's Redis: state by key. Expiry is not modelled: every key's TTL
@@ -239,15 +270,18 @@ pub fn check(store: &mut Store, now: u64, id: &str, limits: &[(String, Algorithm
     }
     let outcomes = found
         .iter()
-        .map(|f| {
+        .zip(limits)
+        .map(|(f, (key, _))| {
             let view = if allowed { f.after } else { f.now };
+            let held_until_us = if allowed { f.held_until } else { None };
             LimitOutcome {
                 allowed: f.allowed,
                 remaining: view.remaining,
                 reset_ms: ceil_ms(view.reset_us),
                 retry_after_ms: if f.allowed { Some(0) } else { f.retry_us.map(ceil_ms) },
                 reclaimed: f.reclaimed,
-                held_until_us: if allowed { f.held_until } else { None },
+                held_until_us,
+                refunded_us: if held_until_us.is_some() { refunded(store, key) } else { 0 },
             }
         })
         .collect();
@@ -261,11 +295,14 @@ pub fn release(store: &mut Store, now: u64, keys: &[(String, u64, u64)], id: &st
         as u64
 }
 
-/// `lua/adjust.lua`: for each (key, interval, delta, held_until), charges or
-/// refunds `delta` units of a gcra key.
-pub fn adjust(store: &mut Store, now: u64, adjustments: &[(String, u64, i64, u64)]) {
-    for (key, interval, delta, held_until) in adjustments {
-        let tat = gcra::adjust(store.keys.get(key), now, *interval, *delta, *held_until);
-        store.keys.insert(key.clone(), State::Tat(tat));
+/// `lua/adjust.lua`: charges or refunds each correction's bucket.
+pub fn adjust(store: &mut Store, now: u64, corrections: &[Correction]) {
+    for c in corrections {
+        let (tat, refund) = gcra::adjust(store.keys.get(&c.key), refunded(store, &c.key), now, c);
+        store.keys.insert(c.key.clone(), State::Tat(tat));
+        if refund > 0 {
+            let total = refunded(store, &c.key) + refund;
+            store.keys.insert(refunded_key(&c.key), State::Refunded(total));
+        }
     }
 }

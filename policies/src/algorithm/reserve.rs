@@ -89,6 +89,7 @@ pub fn reserve(store: &mut Store, now: u64, id: &str, wait: u64, limits: &[Waiti
                     retry_after_ms: Some(0),
                     reclaimed: 0,
                     held_until_us: c.held_until,
+                    refunded_us: if c.held_until.is_some() { super::refunded(store, key) } else { 0 },
                 }
             }
             None => LimitOutcome {
@@ -98,6 +99,7 @@ pub fn reserve(store: &mut Store, now: u64, id: &str, wait: u64, limits: &[Waiti
                 retry_after_ms: own,
                 reclaimed: 0,
                 held_until_us: None,
+                refunded_us: 0,
             },
         });
     }

@@ -200,6 +200,7 @@ fn check_response(call: &HttpCall, denied_ms: Option<u64>, waited_ms: Option<u64
             retry_after_ms,
             reclaimed: 0,
             held_until_us: None,
+            refunded_us: 0,
         }
     };
     let checks = request.checks.iter().map(|check| CheckOutcome {
