@@ -17,7 +17,7 @@ use redis::cluster_routing::Slot;
 use sluice_policies::algorithm::Algorithm;
 use sluice_policies::wire::{
     AdjustRequest, CheckOutcome, CheckRequest, CheckResponse, FeedbackRequest, FeedbackResponse,
-    LimitOutcome, ReleaseRequest, ReleaseResponse,
+    LimitOutcome, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse,
 };
 
 use crate::keys::{pause_key, script_adjustments, script_limits, ScriptLimit, MAX_CHECKS};
@@ -263,18 +263,10 @@ impl Limiter {
         now_us: Option<u64>,
     ) -> Result<ReleaseResponse, CheckError> {
         let now = self.time_arg(now_us)?;
-        let limits = script_limits(&req.checks).map_err(CheckError::BadRequest)?;
-        if req.lease.is_empty() || req.lease.len() > 64 {
-            return Err(CheckError::BadRequest("a release needs a lease id of 1 to 64 bytes".into()));
-        }
+        let leases = lease_limits(req)?;
         // A request this shim still holds for its time slot is let go: its
         // reservation is given back where safe (wait::Cancel).
         self.held.cancel(&req.lease);
-        let leases: Vec<ScriptLimit> =
-            limits.into_iter().filter(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })).collect();
-        if leases.is_empty() {
-            return Ok(ReleaseResponse { released: 0 });
-        }
         let mut released = 0;
         for group in self.slot_groups(&leases) {
             let mut call = self.scripts.release.prepare_invoke();
@@ -288,6 +280,34 @@ impl Limiter {
         Ok(ReleaseResponse { released })
     }
 
+    /// Keeps the leases of a request still in flight: each live one lasts
+    /// another lease length from now. Renewing never admits: a lease
+    /// already gone stays gone.
+    pub async fn renew(&self, req: &RenewRequest) -> Result<RenewResponse, CheckError> {
+        self.renew_at(req, None).await
+    }
+
+    /// [`Limiter::renew`] at an explicit time (test mode only).
+    pub async fn renew_at(
+        &self,
+        req: &RenewRequest,
+        now_us: Option<u64>,
+    ) -> Result<RenewResponse, CheckError> {
+        let now = self.time_arg(now_us)?;
+        let leases = lease_limits(req)?;
+        let mut renewed = 0;
+        for group in self.slot_groups(&leases) {
+            let mut call = self.scripts.renew.prepare_invoke();
+            call.arg(&req.lease).arg(&now);
+            for i in group {
+                let (_, [_, lease, _]) = leases[i].algorithm.script_args();
+                call.key(&leases[i].key).arg(lease);
+            }
+            renewed += self.store.invoke::<u64>(&call).await.map_err(store_error)?;
+        }
+        Ok(RenewResponse { renewed })
+    }
+
     /// Charges or refunds points once the true costs are known.
     pub async fn adjust(&self, req: &AdjustRequest) -> Result<(), CheckError> {
         let adjustments = script_adjustments(&req.adjustments).map_err(CheckError::BadRequest)?;
@@ -295,7 +315,12 @@ impl Limiter {
         // One call per key keeps every call in one slot.
         for a in adjustments.iter().filter(|a| a.delta != 0) {
             let mut call = self.scripts.adjust.prepare_invoke();
-            call.arg(&now).key(&a.key).arg(a.interval_us).arg(a.delta).arg(a.held_until_us).arg(a.refunded_us);
+            call.arg(&now)
+                .key(&a.key)
+                .arg(a.interval_us)
+                .arg(a.delta)
+                .arg(a.held_until_us)
+                .arg(a.refunded_us);
             let _: i64 = self.store.invoke(&call).await.map_err(store_error)?;
         }
         Ok(())
@@ -378,6 +403,15 @@ pub(crate) fn store_error(err: redis::RedisError) -> CheckError {
 }
 
 /// Admitted: 0. Denied: the longest wait of any denying slot, unknown if any is.
+/// The concurrency limits a release or renewal names, checked.
+fn lease_limits(req: &ReleaseRequest) -> Result<Vec<ScriptLimit>, CheckError> {
+    let limits = script_limits(&req.checks).map_err(CheckError::BadRequest)?;
+    if req.lease.is_empty() || req.lease.len() > 64 {
+        return Err(CheckError::BadRequest("a lease id is 1 to 64 bytes".into()));
+    }
+    Ok(limits.into_iter().filter(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })).collect())
+}
+
 fn combined_retry(replies: &[SlotReply]) -> Option<u64> {
     let denied: Vec<&SlotReply> = replies.iter().filter(|r| !r.allowed).collect();
     if denied.is_empty() {

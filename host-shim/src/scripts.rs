@@ -7,6 +7,7 @@ use redis::Script;
 pub struct Scripts {
     pub check: Script,
     pub release: Script,
+    pub renew: Script,
     pub adjust: Script,
     pub refund: Script,
     pub cancel: Script,
@@ -52,6 +53,10 @@ impl Scripts {
                 include_str!("../../lua/check.lua"),
             )),
             release: Script::new(with_queue!("../../lua/release.lua")),
+            renew: Script::new(concat!(
+                include_str!("../../lua/common.lua"),
+                include_str!("../../lua/renew.lua")
+            )),
             acquire: Script::new(with_queue!("../../lua/acquire.lua")),
             leave: Script::new(with_queue!("../../lua/leave.lua")),
             reclaim: Script::new(with_queue!("../../lua/reclaim.lua")),

@@ -7,7 +7,7 @@
 //! to a network needs: a cap on concurrent connections, and a deadline for a
 //! new connection's first bytes (or TLS handshake) and for HTTP/1.1 headers.
 //!
-//! - `POST /v1/check`, `/v1/release`, `/v1/adjust`: see `sluice_policies::wire`.
+//! - `POST /v1/check`, `/v1/release`, `/v1/renew`, `/v1/adjust`: see `sluice_policies::wire`.
 //!   Each answers 200 with JSON, 400 for a malformed or oversized body, 503
 //!   when Redis fails.
 //! - `GET /healthz`: 200 while the shim serves.
@@ -29,8 +29,8 @@ use hyper_util::service::TowerToHyperService;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sluice_policies::wire::{
-    AdjustRequest, CheckRequest, FeedbackRequest, ReleaseRequest, ADJUST_PATH, CHECK_PATH, FEEDBACK_PATH,
-    RELEASE_PATH,
+    AdjustRequest, CheckRequest, FeedbackRequest, ReleaseRequest, RenewRequest, ADJUST_PATH, CHECK_PATH,
+    FEEDBACK_PATH, RELEASE_PATH, RENEW_PATH,
 };
 
 use tokio::net::{TcpListener, TcpStream};
@@ -46,6 +46,7 @@ pub fn router(limiter: Limiter) -> Router {
     Router::new()
         .route(CHECK_PATH, post(check))
         .route(RELEASE_PATH, post(release))
+        .route(RENEW_PATH, post(renew))
         .route(ADJUST_PATH, post(adjust))
         .route(FEEDBACK_PATH, post(feedback))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -190,6 +191,13 @@ async fn check(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
 async fn release(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
     match parse::<ReleaseRequest>(&body) {
         Ok(req) => answer(limiter.release(&req).await),
+        Err(resp) => resp,
+    }
+}
+
+async fn renew(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
+    match parse::<RenewRequest>(&body) {
+        Ok(req) => answer(limiter.renew(&req).await),
         Err(resp) => resp,
     }
 }

@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use redis::Commands;
-use sluice_policies::wire::{AdjustRequest, Adjustment, Check, CheckRequest, CheckResponse, WireLimit};
+use sluice_policies::wire::{
+    AdjustRequest, Adjustment, Check, CheckRequest, CheckResponse, RenewRequest, WireLimit,
+};
 use sluice_shim::limiter::{CheckError, Limiter};
 use sluice_shim::store::Target;
 use sluice_tests::Redis;
@@ -308,4 +310,29 @@ async fn a_clock_step_back_keeps_the_newer_approximate_window() {
     assert!(!back.allowed, "admitted in the older window after a step back: {back:?}");
     let later = check(&limiter, "k", &limits, t0 + 2).await;
     assert!(!later.allowed, "the newer window lost its counts: a third request in it was admitted");
+}
+
+/// A renewal keeps a live lease past its length, and never revives one that
+/// has expired. Concurrency 1 with 1 s leases: A's lease, renewed at 0.8 s,
+/// still holds the slot at 1.5 s, so B is refused. Not renewed again, it
+/// expires at 1.8 s; a renewal at 3 s renews nothing, and C takes the slot.
+#[tokio::test]
+async fn a_renewed_lease_outlives_its_length_and_an_expired_one_stays_gone() {
+    let redis = Redis::start().expect("redis");
+    let limiter = limiter(&redis, true);
+    let pool = [WireLimit::Concurrency { limit: 1, lease_ms: 1_000 }];
+    let ms = 1_000;
+    let t0 = 1_700_000_000 * SECOND;
+
+    let a = check(&limiter, "k", &pool, t0).await;
+    let lease = a.lease.clone().expect("A holds a lease");
+    let renew = |at| {
+        let req = RenewRequest { lease: lease.clone(), checks: request("k", &pool, None).checks.to_vec() };
+        let limiter = &limiter;
+        async move { limiter.renew_at(&req, Some(at)).await.expect("renew").renewed }
+    };
+    assert_eq!(renew(t0 + 800 * ms).await, 1);
+    assert!(!check(&limiter, "k", &pool, t0 + 1_500 * ms).await.allowed, "the renewed lease was reclaimed");
+    assert_eq!(renew(t0 + 3 * SECOND).await, 0, "an expired lease came back");
+    assert!(check(&limiter, "k", &pool, t0 + 3 * SECOND).await.allowed);
 }

@@ -86,6 +86,8 @@ enum Op {
     Check { dt: u64, cost: u32 },
     /// Release the `n`th lease held (modulo how many are held).
     Release { n: usize },
+    /// Renew the `n`th lease held (modulo how many are held).
+    Renew { n: usize },
     /// Correct the last admitted check's points to `actual`.
     Adjust { actual: u32 },
 }
@@ -101,6 +103,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         8 => (dt, 0u32..60).prop_map(|(dt, cost)| Op::Check { dt, cost }),
         1 => any::<usize>().prop_map(|n| Op::Release { n }),
+        1 => any::<usize>().prop_map(|n| Op::Renew { n }),
         1 => (0u32..60).prop_map(|actual| Op::Adjust { actual }),
     ]
 }
@@ -191,7 +194,8 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                 prop_assert_eq!(&got.checks[0].limits, &want.limits, "limits at {}", now);
 
                 if got.allowed {
-                    let held_until = got.checks[0].limits.iter().map(|l| (l.held_until_us, l.refunded_us)).collect();
+                    let held_until =
+                        got.checks[0].limits.iter().map(|l| (l.held_until_us, l.refunded_us)).collect();
                     last_admitted = Some((checks.clone(), held_until));
                     if let Some(lease) = got.lease {
                         held.push((lease, checks));
@@ -248,6 +252,26 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                     .block_on(w.limiter.release_at(&ReleaseRequest { lease, checks }, Some(now)))
                     .expect("release");
                 prop_assert_eq!(got.released, want, "released");
+            }
+            Op::Renew { n } => {
+                if held.is_empty() {
+                    continue;
+                }
+                let (lease, checks) = held[n % held.len()].clone();
+                let keys: Vec<(String, u64)> = script_limits(&checks)
+                    .expect("valid limits")
+                    .into_iter()
+                    .filter_map(|l| match l.algorithm {
+                        Algorithm::Concurrency { lease_us, .. } => Some((l.key, lease_us)),
+                        _ => None,
+                    })
+                    .collect();
+                let want = algorithm::renew(&mut model, now, &keys, &lease);
+                let got = w
+                    .runtime
+                    .block_on(w.limiter.renew_at(&ReleaseRequest { lease, checks }, Some(now)))
+                    .expect("renew");
+                prop_assert_eq!(got.renewed, want, "renewed");
             }
             Op::Adjust { actual } => {
                 let Some((checks, held_until)) = last_admitted.clone() else { continue };

@@ -30,7 +30,8 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
 use sluice_policies::wire::{
-    AdjustRequest, CheckResponse, FeedbackRequest, ReleaseRequest, ADJUST_PATH, FEEDBACK_PATH, RELEASE_PATH,
+    AdjustRequest, CheckResponse, FeedbackRequest, ReleaseRequest, RenewRequest, ADJUST_PATH, FEEDBACK_PATH,
+    RELEASE_PATH,
 };
 use sluice_policies::{FailureMode, HeadersMode};
 
@@ -172,6 +173,10 @@ impl Sluice {
             }
         }
         call.lease = resp.lease.clone();
+        if let Some(lease) = &call.lease {
+            let request = RenewRequest { lease: lease.clone(), checks: call.checks.clone() };
+            vm.live.borrow_mut().hold(request, call.admitted_ms);
+        }
         // Only a points limit corrected after the response needs the outcomes.
         if call.corrects_costs(&vm.doc) {
             call.charged = resp.checks.clone();
@@ -309,6 +314,7 @@ impl Sluice {
         for call in &mut self.calls {
             let confirmed = call.lease.is_some();
             let Some(lease) = call.lease_to_release(&vm.doc) else { continue };
+            vm.live.borrow_mut().end(&lease);
             let policies = call.concurrency_policies(&vm.doc);
             if confirmed {
                 let held = now.saturating_sub(call.admitted_ms);

@@ -12,13 +12,15 @@
 //! - [`cache`]: the over-limit cache over a small store trait (Envoy shared data).
 //! - [`breaker`]: the outage breaker, over an injected clock.
 //! - [`throttle`]: a log line an outage cannot turn into a flood.
+//! - [`leases`]: the leases of live streams, and when each is due for renewal.
 //! - [`wait`]: egress waiting: the request's wait, the held call's timeout,
 //!   `server-timing`, lease overages.
 //!
 //! Over host calls, built for wasm32 only:
 //!
 //! - `root`: the root context; parses the policy document once, in
-//!   `on_configure`; sends queued release and adjust calls on its tick.
+//!   `on_configure`; sends queued release and adjust calls, and lease
+//!   renewals, on its tick.
 //! - `vm`: what one VM (one worker) shares between requests.
 //! - `filter`: the HTTP context; matches, decides locally or asks the shim,
 //!   resumes or answers, adds headers, queues releases and adjustments.
@@ -31,6 +33,7 @@ pub mod breaker;
 pub mod cache;
 pub mod decision;
 pub mod feedback;
+pub mod leases;
 pub mod ratelimit_headers;
 pub mod reply;
 pub mod throttle;

@@ -1,7 +1,7 @@
 //! The root context: parses the policy document once and shares it, with
 //! the VM's stats, breaker and outbox, with every request. On each tick it
-//! sends the release and adjust calls that streams queued, and it receives
-//! their answers, counting released leases.
+//! renews the leases of live streams, sends the release and adjust calls
+//! that streams queued, and receives their answers, counting released leases.
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -9,6 +9,8 @@ use std::time::Duration;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType};
+
+use sluice_policies::wire::RENEW_PATH;
 
 use crate::callout::{background_timeout, call_answer, post_bytes};
 use crate::filter::Sluice;
@@ -65,6 +67,10 @@ impl RootContext for SluiceRoot {
 
     fn on_tick(&mut self) {
         let Some(vm) = self.vm.clone() else { return };
+        let renewals = vm.live.borrow_mut().due(now_ms());
+        for renewal in renewals {
+            vm.send_later(RENEW_PATH, &renewal, Vec::new());
+        }
         let outgoing = std::mem::take(&mut *vm.outbox.borrow_mut());
         for call in outgoing {
             match post_bytes(&vm.doc, call.path, &call.body, background_timeout(&vm.doc)) {

@@ -1,6 +1,7 @@
 //! What one VM (one Envoy worker) shares between its requests: the parsed
-//! document, its stats, the outage breaker, the log throttle, and the leases
-//! release and adjust calls waiting for the root context to send them.
+//! document, its stats, the outage breaker, the log throttle, the release
+//! and adjust calls waiting for the root context to send them, and the
+//! leases of live streams it renews.
 
 use std::cell::{Cell, RefCell};
 use std::collections::hash_map::RandomState;
@@ -11,6 +12,7 @@ use sluice_policies::wire::ReleaseResponse;
 use sluice_policies::Document;
 
 use crate::breaker::{Breaker, Change};
+use crate::leases::Live;
 use crate::stats::{bump, Stats};
 use crate::throttle::Throttle;
 
@@ -34,6 +36,8 @@ pub struct Vm {
     pub outbox: RefCell<Vec<Outgoing>>,
     /// Release calls in flight, by token.
     pub releasing: RefCell<HashMap<u32, Vec<usize>>>,
+    /// The leases live streams hold, renewed by the root on its tick.
+    pub live: RefCell<Live>,
     /// Random per VM: with `sequence`, request ids unique across workers and gateways.
     nonce: u64,
     sequence: Cell<u64>,
@@ -50,6 +54,7 @@ impl Vm {
             throttle: RefCell::new(Throttle::new(LOG_PERIOD_MS)),
             outbox: RefCell::new(Vec::new()),
             releasing: RefCell::new(HashMap::new()),
+            live: RefCell::new(Live::default()),
             // Seeded by the host's random source (WASI random_get).
             nonce: RandomState::new().build_hasher().finish(),
             sequence: Cell::new(0),

@@ -19,6 +19,7 @@ use crate::{Applied, Count, Duration, Limit, Request};
 
 pub const CHECK_PATH: &str = "/v1/check";
 pub const RELEASE_PATH: &str = "/v1/release";
+pub const RENEW_PATH: &str = "/v1/renew";
 pub const ADJUST_PATH: &str = "/v1/adjust";
 pub const FEEDBACK_PATH: &str = "/v1/feedback";
 
@@ -299,6 +300,17 @@ impl CheckResponse {
 pub struct ReleaseRequest {
     pub lease: String,
     pub checks: Vec<Check>,
+}
+
+/// Keeps the leases of a request still in flight: the same lease and checks
+/// as its release.
+pub type RenewRequest = ReleaseRequest;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenewResponse {
+    /// Leases renewed; 0 when they were gone (released, or reclaimed).
+    pub renewed: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

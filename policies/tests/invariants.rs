@@ -278,7 +278,6 @@ fn a_late_refund_returns_nothing_the_bucket_already_refilled() {
     assert!(!r3.allowed, "a late refund gave back points the cap had already thrown away");
 }
 
-
 /// An earlier refund moves the charges behind it: points with capacity 3,
 /// one unit per 100 ms. R0 and R1 cost 1 each at 0; R0's refund (actual 0)
 /// lands at once and moves R1's charge from [100, 200] ms to [0, 100] ms.

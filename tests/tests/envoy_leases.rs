@@ -28,6 +28,11 @@ struct Pool {
 impl Pool {
     /// `limit` in flight per `x-api-key`, leases of `lease`; the route times out after 1 s.
     fn start(limit: u32, lease: &str) -> Pool {
+        Pool::with_route_timeout(limit, lease, "1s")
+    }
+
+    /// As [`Pool::start`], the route timing out after `route_timeout`.
+    fn with_route_timeout(limit: u32, lease: &str, route_timeout: &str) -> Pool {
         let doc = format!(
             r#"{{"shim": {{"timeout_ms": 2000}}, "failure_mode": "deny", "policies": [{{"name": "pool",
                 "key": ["header:x-api-key"], "limits": [{{"type": "concurrency", "limit": {limit}, "lease": "{lease}"}}]}}]}}"#
@@ -35,7 +40,7 @@ impl Pool {
         let redis = Redis::start().expect("redis");
         let shim = Shim::start(&redis.url()).expect("shim");
         let upstream = RoughUpstream::start().expect("upstream");
-        let envoy = envoy_with_route_timeout(&doc, shim.port, upstream.port, "1s").expect("envoy");
+        let envoy = envoy_with_route_timeout(&doc, shim.port, upstream.port, route_timeout).expect("envoy");
         let lease_ms = sluice_policies::Duration::parse(lease).expect("lease").as_millis();
         Pool { envoy, shim, _upstream: upstream, redis, set: format!("sluice:{{pool:alice}}:cc:{lease_ms}") }
     }
@@ -164,4 +169,23 @@ fn a_failed_release_is_reclaimed_by_the_lease_ttl() {
     assert_eq!(pool.stat("sluice_pool_reclaimed"), 1.0);
     let own = eventually(WAIT, || pool.stat("sluice_pool_released") == 1.0);
     assert!(own, "the admitted request's own lease: released {}", pool.stat("sluice_pool_released"));
+}
+
+/// Regression: a live request lost its lease. Leases were never renewed, so
+/// a stream that ran longer than its lease was reclaimed while it still ran,
+/// and the check that reclaimed it admitted a second request into a pool of
+/// one. The filter now renews a live stream's lease every third of its
+/// length: after two and a half lease lengths the slot is still held, the
+/// next request is refused, and nothing was reclaimed.
+#[test]
+fn a_live_stream_keeps_its_lease_past_the_lease_length() {
+    let pool = Pool::with_route_timeout(1, "2s", "30s");
+    let client = open_request(pool.envoy.port, "/hang", &[("x-api-key", "alice")]).expect("request");
+    assert!(eventually(WAIT, || pool.held() == 1), "the slot was never taken");
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(pool.get("/ok").status, 429, "the live stream's lease was reclaimed\n{}", pool.envoy.log());
+    assert_eq!(pool.stat("sluice_pool_reclaimed"), 0.0);
+    drop(client);
+    assert!(eventually(WAIT, || pool.held() == 0), "the ended stream kept its slot");
+    assert_eq!(pool.get("/ok").status, 200, "the slot is free again");
 }

@@ -295,6 +295,12 @@ pub fn release(store: &mut Store, now: u64, keys: &[(String, u64, u64)], id: &st
         as u64
 }
 
+/// `lua/renew.lua`: lease `id`, where live, lasts another lease length on
+/// each (key, lease); how many it renewed.
+pub fn renew(store: &mut Store, now: u64, keys: &[(String, u64)], id: &str) -> u64 {
+    keys.iter().filter(|(key, lease)| queue::renew(store, key, now, id, *lease)).count() as u64
+}
+
 /// `lua/adjust.lua`: charges or refunds each correction's bucket.
 pub fn adjust(store: &mut Store, now: u64, corrections: &[Correction]) {
     for c in corrections {

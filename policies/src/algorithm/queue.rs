@@ -228,6 +228,20 @@ pub fn release(store: &mut Store, key: &str, now: u64, id: &str, limit: u64, lea
     released
 }
 
+/// `lua/renew.lua`: lease `id`, while live, lasts another `lease` from
+/// `now`. A lease already gone or expired is not taken again: renewing
+/// never admits.
+pub fn renew(store: &mut Store, key: &str, now: u64, id: &str, lease: u64) -> bool {
+    let leases = set(store, key);
+    match leases.iter_mut().find(|(expiry, m)| m == id && *expiry > now) {
+        Some(entry) => {
+            entry.0 = now + lease;
+            true
+        }
+        None => false,
+    }
+}
+
 /// `lua/leave.lua`: a waiter whose wait ran out, or whose client went away,
 /// leaves the queue; a slot it was handed meanwhile passes on. 1: it was
 /// queued, 2: it passed a slot on, 0: neither.
