@@ -30,10 +30,10 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
 use sluice_policies::wire::{
-    AdjustRequest, CheckResponse, FeedbackRequest, ReleaseRequest, RenewRequest, ADJUST_PATH, FEEDBACK_PATH,
-    RELEASE_PATH,
+    AdjustRequest, CheckOutcome, CheckResponse, FeedbackRequest, ReleaseRequest, RenewRequest, ADJUST_PATH,
+    FEEDBACK_PATH, RELEASE_PATH,
 };
-use sluice_policies::{FailureMode, HeadersMode};
+use sluice_policies::{FailureMode, HeadersMode, Limit, Policy};
 
 use crate::cache::OverLimitCache;
 use crate::call::Call;
@@ -69,6 +69,8 @@ pub struct Sluice {
     /// `x-sluice-shadow` values of shadow policies that would have denied
     /// the request for a missing key (with `shadow_header` only).
     shadow_notes: Vec<String>,
+    /// The request's priority class (0 without classes).
+    class: usize,
 }
 
 impl Sluice {
@@ -83,6 +85,7 @@ impl Sluice {
             body_left: None,
             waited_ms: None,
             shadow_notes: Vec::new(),
+            class: 0,
         }
     }
 
@@ -152,6 +155,9 @@ impl Sluice {
     /// Counts an admission by call `which` and keeps its lease, and how long
     /// the shim held it (the wait stats exist for policies with `wait` only).
     fn admit(&mut self, vm: &Vm, resp: &CheckResponse, which: usize) {
+        if which == 0 {
+            vm.stats.count_class(self.class, |c| c.allowed);
+        }
         let call = &mut self.calls[which];
         call.admitted = true;
         call.admitted_ms = now_ms();
@@ -243,6 +249,7 @@ impl Sluice {
         };
         let Some(policy) = vm.doc.policies.get(index) else { return Action::Continue };
         vm.stats.count(index, |s| s.denied);
+        vm.stats.count_class(self.class, |c| c.denied);
         if outcome.paused_ms.is_some() {
             vm.stats.count(index, |s| s.paused_denied);
         }
@@ -262,7 +269,12 @@ impl Sluice {
             HeadersMode::Off => None,
             _ => self.ratelimit_headers(vm, resp),
         };
-        let mut reply = Reply::denial(policy, retry_after_secs(resp.retry_after_ms), headers);
+        let retry_after = retry_after_secs(resp.retry_after_ms);
+        let mut reply = if held_out_by_reserve(policy, outcome) {
+            Reply::reduced_capacity(policy, vm.doc.classes.name(self.class), retry_after)
+        } else {
+            Reply::denial(policy, retry_after, headers)
+        };
         reply.headers.extend(shadow_notes.iter().map(|note| (SHADOW_HEADER.into(), note.clone())));
         respond(reply)
     }
@@ -509,6 +521,7 @@ impl HttpContext for Sluice {
             Ok(evaluation) => evaluation,
             Err(policy) => return respond(Reply::missing_key(policy)),
         };
+        self.class = evaluation.class;
         for &index in &evaluation.shadow_missing_key {
             self.shadow_missing_key(&vm, index);
         }
@@ -644,4 +657,15 @@ fn respond(reply: Reply) -> Action {
         log::warn!("cannot send the local response: {status:?}");
     }
     Action::Pause
+}
+
+/// Whether a concurrency pool refused the request because its reserve holds
+/// the request's class out: the service is short of capacity (503), not the
+/// client over a quota.
+fn held_out_by_reserve(policy: &Policy, outcome: &CheckOutcome) -> bool {
+    policy
+        .limits
+        .iter()
+        .zip(&outcome.limits)
+        .any(|(limit, o)| !o.allowed && matches!(limit, Limit::Concurrency { reserve: Some(_), .. }))
 }

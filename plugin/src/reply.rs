@@ -1,5 +1,5 @@
-//! The local responses the filter sends: a policy's denial, a refusal when
-//! the shim failed, and a 400 for a missing key.
+//! The local responses the filter sends: a policy's denial, a refusal for
+//! want of capacity, a refusal when the shim failed, and a 400 for a missing key.
 
 use sluice_policies::{DenyResponse, Policy};
 
@@ -15,26 +15,58 @@ pub struct Reply {
 
 const JSON: &str = "application/json";
 const TEXT: &str = "text/plain; charset=utf-8";
+const PROBLEM_JSON: &str = "application/problem+json";
+/// The IETF RateLimit draft's problem type for a service short of capacity.
+pub const REDUCED_CAPACITY: &str =
+    "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
 
 impl Reply {
     /// `policy` denies: its response (429 and the small JSON body unless it
     /// says otherwise), always with `retry-after`, and the RateLimit headers if given.
     pub fn denial(policy: &Policy, retry_after_secs: u64, ratelimit: Option<RateLimitHeaders>) -> Reply {
+        let name = policy.name.as_str();
+        let json =
+            serde_json::json!({"error": "rate_limited", "policy": name, "retry_after": retry_after_secs});
+        Reply::refusal(policy, 429, json, JSON, retry_after_secs, ratelimit)
+    }
+
+    /// `policy` refuses for want of capacity, not for a client's quota: a
+    /// pool's reserve held the request's class out (S4c), or the shedder
+    /// shed it (S4d). 503 and the IETF problem type
+    /// `temporary-reduced-capacity`, unless the policy's response says
+    /// otherwise; always with `retry-after`.
+    pub fn reduced_capacity(policy: &Policy, class: &str, retry_after_secs: u64) -> Reply {
+        let json = serde_json::json!({
+            "type": REDUCED_CAPACITY,
+            "title": "Temporary reduced capacity",
+            "status": 503,
+            "policy": policy.name.as_str(),
+            "class": class,
+            "retry_after": retry_after_secs,
+        });
+        Reply::refusal(policy, 503, json, PROBLEM_JSON, retry_after_secs, None)
+    }
+
+    fn refusal(
+        policy: &Policy,
+        status: u16,
+        json: serde_json::Value,
+        json_type: &str,
+        retry_after_secs: u64,
+        ratelimit: Option<RateLimitHeaders>,
+    ) -> Reply {
         let response: &DenyResponse = &policy.response;
         let (body, content_type) = match &response.body {
             Some(body) => (body.clone().into_bytes(), TEXT),
-            None => {
-                let name = policy.name.as_str();
-                let json = serde_json::json!({"error": "rate_limited", "policy": name, "retry_after": retry_after_secs});
-                (json.to_string().into_bytes(), JSON)
-            }
+            None => (json.to_string().into_bytes(), json_type),
         };
         let mut headers = vec![("retry-after".to_string(), retry_after_secs.to_string())];
         if let Some(h) = ratelimit {
             headers.push((RateLimitHeaders::POLICY.into(), h.policy));
             headers.push((RateLimitHeaders::RATELIMIT.into(), h.ratelimit));
         }
-        let mut reply = Reply { status: response.status(), headers, body };
+        let status = response.status.map_or(status, |s| s.get());
+        let mut reply = Reply { status, headers, body };
         reply.finish(content_type, &response.headers.0);
         reply
     }
@@ -108,5 +140,19 @@ mod tests {
         let reply = Reply::denial(&json, 1, None);
         assert_eq!(header(&reply, "content-type"), Some("application/problem+json"));
         assert_eq!(reply.headers.iter().filter(|(n, _)| n == "content-type").count(), 1);
+    }
+
+    #[test]
+    fn a_refusal_for_want_of_capacity_is_503_with_the_problem_type() {
+        let reply = Reply::reduced_capacity(&policy(""), "batch", 2);
+        assert_eq!(reply.status, 503);
+        assert_eq!(header(&reply, "retry-after"), Some("2"));
+        assert_eq!(header(&reply, "content-type"), Some(PROBLEM_JSON));
+        let body: serde_json::Value = serde_json::from_slice(&reply.body).expect("json");
+        assert_eq!(body["type"], REDUCED_CAPACITY);
+        assert_eq!(body["status"], 503);
+        assert_eq!(body["class"], "batch");
+        let own = policy(r#""response":{"status":429},"#);
+        assert_eq!(Reply::reduced_capacity(&own, "batch", 2).status, 429, "the policy's own status wins");
     }
 }

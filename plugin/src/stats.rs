@@ -10,7 +10,11 @@
 //! (histogram) and `.overages` (counter). For the whole filter:
 //! `sluice.shim_latency_ms` (histogram), `sluice.breaker.opened` and
 //! `sluice.breaker.closed` (counters), and `sluice.breaker.open_workers` (a
-//! gauge: workers whose breaker is open right now).
+//! gauge: workers whose breaker is open right now). A document with
+//! priority classes has, per class `C`: `sluice.class.C.allowed`, `.denied`
+//! and `.shed` (counters: requests of the class, once each however many
+//! policies apply), and `.shed_permille` (a gauge: the fraction of the
+//! class the shedder drops now, in thousandths, summed over the workers).
 
 use proxy_wasm::hostcalls::{define_metric, increment_metric, record_metric};
 use proxy_wasm::types::MetricType;
@@ -54,10 +58,21 @@ pub struct PolicyStats {
     pub paused_waited: Option<u32>,
 }
 
+/// One priority class's counters.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClassStats {
+    pub allowed: Option<u32>,
+    pub denied: Option<u32>,
+    pub shed: Option<u32>,
+    pub shed_permille: Option<u32>,
+}
+
 #[derive(Debug, Default)]
 pub struct Stats {
     /// Indexed like the document's policies.
     pub policies: Vec<PolicyStats>,
+    /// Indexed like the document's classes; empty without classes.
+    pub classes: Vec<ClassStats>,
     pub shim_latency_ms: Option<u32>,
     pub breaker_opened: Option<u32>,
     pub breaker_closed: Option<u32>,
@@ -100,8 +115,23 @@ impl Stats {
                 }
             })
             .collect();
+        let classes = doc
+            .classes
+            .0
+            .iter()
+            .map(|class| {
+                let name = |what: &str| format!("sluice.class.{}.{what}", class.name);
+                ClassStats {
+                    allowed: counter(name("allowed")),
+                    denied: counter(name("denied")),
+                    shed: counter(name("shed")),
+                    shed_permille: metric(MetricType::Gauge, &name("shed_permille")),
+                }
+            })
+            .collect();
         Stats {
             policies,
+            classes,
             shim_latency_ms: metric(MetricType::Histogram, "sluice.shim_latency_ms"),
             breaker_opened: counter("sluice.breaker.opened".into()),
             breaker_closed: counter("sluice.breaker.closed".into()),
@@ -118,6 +148,11 @@ impl Stats {
         if let Some(id) = self.policies.get(index).and_then(which) {
             bump(Some(id), i64::try_from(n).unwrap_or(i64::MAX));
         }
+    }
+
+    /// Adds 1 to `which` of class `class`, if the document has classes.
+    pub fn count_class(&self, class: usize, which: impl Fn(&ClassStats) -> Option<u32>) {
+        bump(self.classes.get(class).and_then(which), 1);
     }
 
     /// Records `ms` in histogram `which` of policy `index`.

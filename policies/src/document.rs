@@ -30,6 +30,7 @@ use serde::de::{self, Deserialize, Deserializer, SeqAccess, Visitor};
 
 use crate::algorithm::Algorithm;
 use crate::bounds::{worst_case_body, worst_case_checks, MAX_BODY, MAX_CHECKS, MAX_KEY_SOURCES, MAX_LIMITS};
+use crate::class::Classes;
 #[cfg(feature = "schema")]
 use crate::condition::RawCondition;
 use crate::condition::{raw_key, Condition};
@@ -39,7 +40,7 @@ pub use crate::response::FailureMode;
 use crate::response::{CacheSlots, CooldownMs, DenyResponse, DenyStatus, FailureThreshold, HeadersMode};
 use crate::wait::Wait;
 use crate::wire::WireLimit;
-use crate::{Limit, PolicyName, Request};
+use crate::{HeaderName, Limit, PolicyName, Request};
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -69,6 +70,13 @@ pub struct Document {
     /// takes the Nth address from the right of `x-forwarded-for`.
     #[serde(default)]
     pub trusted_hops: TrustedHops,
+    /// Priority classes, most important first (see `class`); none: one class.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(with = "Vec<crate::class::RawClass>"))]
+    pub classes: Classes,
+    /// A request header that names the request's class.
+    #[serde(default)]
+    pub class_header: Option<HeaderName>,
     pub policies: Policies,
 }
 
@@ -312,6 +320,13 @@ impl<'de> Deserialize<'de> for Policy {
                     "`wait` cannot be used with an approximate sliding_window (limits[{i}]): its estimate cannot tell when a slot opens; use an exact one"
                 )));
             }
+            let reserved =
+                raw.limits.iter().position(|l| matches!(l, Limit::Concurrency { reserve: Some(_), .. }));
+            if let Some(i) = reserved {
+                return Err(de::Error::custom(format!(
+                    "`wait` cannot be used with a concurrency `reserve` (limits[{i}]): a freed slot goes to the oldest waiter, whatever its class; a reserve protects a service, refusing at once"
+                )));
+            }
         }
         if let Some(upstream) = &raw.upstream {
             if raw.shadow {
@@ -378,6 +393,8 @@ pub struct Applied<'d> {
     /// The policy's position in the document.
     pub index: usize,
     pub key: String,
+    /// The request's class (see [`Evaluation::class`]).
+    pub class: usize,
 }
 
 impl Document {
@@ -396,11 +413,12 @@ impl Document {
     /// in [`Evaluation::shadow_missing_key`].
     pub fn evaluate<'d>(&'d self, req: &impl Request) -> Result<Evaluation<'d>, &'d Policy> {
         let ip = self.trusted_hops.client_ip();
-        let mut out = Evaluation::default();
+        let class = self.classes.classify(req, self.class_header.as_ref());
+        let mut out = Evaluation { class, ..Evaluation::default() };
         for (index, policy) in self.policies.iter().enumerate() {
             match policy.evaluate(req, ip) {
                 Verdict::NotApplied => {}
-                Verdict::Key(key) => out.applied.push(Applied { policy, index, key }),
+                Verdict::Key(key) => out.applied.push(Applied { policy, index, key, class }),
                 Verdict::MissingKey if policy.shadow => out.shadow_missing_key.push(index),
                 Verdict::MissingKey => return Err(policy),
             }
@@ -418,6 +436,9 @@ pub struct Evaluation<'d> {
     /// lacks (document indexes): each would have refused it, so each counts
     /// as a shadow denial, and none refuses.
     pub shadow_missing_key: Vec<usize>,
+    /// The request's priority class: an index into the document's classes,
+    /// 0 the most important.
+    pub class: usize,
 }
 
 impl<'d> std::ops::Deref for Evaluation<'d> {

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::Document;
+use crate::{Document, Limit};
 
 /// Why a policy document was refused: the JSON path of the offending value,
 /// the reason, and the line and column where the parser stood.
@@ -31,6 +31,37 @@ pub fn parse(text: &str) -> Result<Document, ParseError> {
     })?;
     // Trailing text after the document is an error too.
     de.end().map_err(|err| from_json(".", err))?;
+    resolve_classes(doc, text)
+}
+
+/// Resolves each concurrency `reserve.for` to its class's index; a name
+/// that is no class is an error, placed at the document's end (it is known
+/// only once the whole document is read).
+fn resolve_classes(mut doc: Document, text: &str) -> Result<Document, ParseError> {
+    let names: Vec<&str> = doc.classes.0.iter().map(|c| c.name.as_str()).collect();
+    let known = if names.is_empty() {
+        "the document has no `classes`".to_string()
+    } else {
+        format!("classes: {}", names.join(", "))
+    };
+    for (i, policy) in doc.policies.0.iter_mut().enumerate() {
+        for (j, limit) in policy.limits.iter_mut().enumerate() {
+            let Limit::Concurrency { reserve: Some(reserve), .. } = limit else { continue };
+            match doc.classes.index_of(reserve.for_class.as_str()) {
+                Some(index) => reserve.for_index = index,
+                None => {
+                    let line = text.lines().count().max(1);
+                    let column = text.lines().last().map_or(0, |l| l.chars().count()) + 1;
+                    return Err(ParseError {
+                        path: format!("policies[{i}].limits[{j}].reserve.for"),
+                        reason: format!("no class named \"{}\" ({known})", reserve.for_class),
+                        line,
+                        column,
+                    });
+                }
+            }
+        }
+    }
     Ok(doc)
 }
 

@@ -7,6 +7,7 @@
 //! - [`document`]: the JSON policy document, validated while it is parsed, so
 //!   every error carries a path and a line and column; which policies apply.
 //! - [`condition`]: `match` and `bypass` conditions on a request.
+//! - [`class`]: priority classes, most important first.
 //! - [`limit`]: the limit types and what each means.
 //! - [`cost`]: a points cost read from a header, clamped to the capacity.
 //! - [`key`]: key sources, the missing-key rule, and the encoding that keeps
@@ -30,6 +31,7 @@
 
 pub mod algorithm;
 pub mod bounds;
+pub mod class;
 pub mod condition;
 pub mod cost;
 pub mod document;
@@ -51,7 +53,7 @@ pub use condition::Condition;
 pub use document::{Applied, Document, Evaluation, FailureMode, Policy, Shim, Verdict};
 pub use error::{parse, ParseError};
 pub use key::{KeySource, OnMissingKey};
-pub use limit::{Cost, Limit};
+pub use limit::{Cost, Limit, Reserve};
 pub use request::Request;
 pub use response::{DenyResponse, DenyStatus, HeadersMode};
 pub use units::{Count, Duration, HeaderName, PolicyName};

@@ -8,12 +8,12 @@
 //! | `token_bucket` | `rate`, `per`, `burst` | `rate` tokens refill every `per`; the bucket holds at most `burst` |
 //! | `leaky_bucket` | `capacity`, `drain` | a full bucket of `capacity` drains in `drain`: burst, then one every `drain / capacity` |
 //! | `interval` | `every` | at most one request per `every` |
-//! | `concurrency` | `limit`, `lease` | at most `limit` in flight; a slot returns at stream end, or after `lease` if its holder died |
+//! | `concurrency` | `limit`, `lease`, `reserve` | at most `limit` in flight; a slot returns at stream end, or after `lease` if its holder died; `reserve` holds a share back for the more important classes |
 //! | `points` | `capacity`, `refill`, `cost`, `actual_cost_header` | a bucket of `capacity` points refilled completely in `refill`; each request costs `cost` |
 
 use serde::de::{self, Deserialize, Deserializer};
 
-use crate::{Count, Duration, HeaderName};
+use crate::{Count, Duration, HeaderName, PolicyName};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Limit {
@@ -22,7 +22,7 @@ pub enum Limit {
     TokenBucket { rate: Count, per: Duration, burst: Count },
     LeakyBucket { capacity: Count, drain: Duration },
     Interval { every: Duration },
-    Concurrency { limit: Count, lease: Duration },
+    Concurrency { limit: Count, lease: Duration, reserve: Option<Reserve> },
     Points { capacity: Count, refill: Duration, cost: Cost, actual_cost_header: Option<HeaderName> },
 }
 
@@ -38,6 +38,42 @@ impl Limit {
             Limit::Points { .. } => "points",
         }
     }
+}
+
+/// Slots of a `concurrency` pool held back for the more important classes
+/// (scenario S4c): `{"for": "critical", "share": 0.2}`. The class `for` and
+/// every more important one may use the whole pool; a less important class
+/// is admitted only while fewer than `limit - slots` are in flight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reserve {
+    /// The least important class that may use the whole pool.
+    pub for_class: PolicyName,
+    /// Its index among the document's classes, set once the document is read.
+    pub for_index: usize,
+    /// The slots held back: `share` of the pool, rounded, 1 to `limit - 1`.
+    pub slots: u32,
+}
+
+impl Reserve {
+    /// The pool a request of `class` may fill.
+    pub fn pool_for(&self, limit: u32, class: usize) -> u32 {
+        if class > self.for_index {
+            limit - self.slots
+        } else {
+            limit
+        }
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawReserve {
+    /// The least important class that may use the whole pool.
+    #[serde(rename = "for")]
+    for_class: PolicyName,
+    /// The share of the pool held back, above 0 and below 1.
+    share: f64,
 }
 
 /// What one request costs a `points` limit.
@@ -71,6 +107,7 @@ pub(crate) struct RawLimit {
     refill: Option<Duration>,
     cost: Option<RawCost>,
     actual_cost_header: Option<HeaderName>,
+    reserve: Option<RawReserve>,
 }
 
 #[derive(Clone, Copy, serde::Deserialize)]
@@ -137,6 +174,7 @@ impl RawLimit {
             ("refill", self.refill.is_some()),
             ("cost", self.cost.is_some()),
             ("actual_cost_header", self.actual_cost_header.is_some()),
+            ("reserve", self.reserve.is_some()),
         ];
         fields.iter().filter(|(_, given)| *given).map(|(name, _)| *name).collect()
     }
@@ -148,7 +186,7 @@ impl RawLimit {
             LimitType::TokenBucket => ("token_bucket", &["rate", "per", "burst"]),
             LimitType::LeakyBucket => ("leaky_bucket", &["capacity", "drain"]),
             LimitType::Interval => ("interval", &["every"]),
-            LimitType::Concurrency => ("concurrency", &["limit", "lease"]),
+            LimitType::Concurrency => ("concurrency", &["limit", "lease", "reserve"]),
             LimitType::Points => ("points", &["capacity", "refill", "cost", "actual_cost_header"]),
         };
         if let Some(extra) = self.given().into_iter().find(|f| !allowed.contains(f)) {
@@ -180,7 +218,9 @@ impl RawLimit {
             },
             LimitType::Interval => Limit::Interval { every: need(self.every, "every")? },
             LimitType::Concurrency => {
-                Limit::Concurrency { limit: need(self.limit, "limit")?, lease: need(self.lease, "lease")? }
+                let limit = need(self.limit, "limit")?;
+                let reserve = self.reserve.map(|r| reserve(r, limit)).transpose()?;
+                Limit::Concurrency { limit, lease: need(self.lease, "lease")?, reserve }
             }
             LimitType::Points => {
                 let capacity = need(self.capacity, "capacity")?;
@@ -206,6 +246,22 @@ impl RawLimit {
         check_rate(&limit)?;
         Ok(limit)
     }
+}
+
+/// `raw`'s share of a pool of `limit`, in whole slots.
+fn reserve(raw: RawReserve, limit: Count) -> Result<Reserve, String> {
+    if !(raw.share > 0.0 && raw.share < 1.0) {
+        return Err(format!("reserve.share {} is not above 0 and below 1", raw.share));
+    }
+    let slots = (f64::from(limit.get()) * raw.share).round() as u32;
+    if slots < 1 || slots >= limit.get() {
+        return Err(format!(
+            "reserve.share {} of a pool of {} is {slots} slots: it must hold back at least 1 and leave at least 1",
+            raw.share,
+            limit.get()
+        ));
+    }
+    Ok(Reserve { for_class: raw.for_class, for_index: 0, slots })
 }
 
 /// The bounds the shim checks too, in one place: see [`WireLimit::validate`].

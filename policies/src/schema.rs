@@ -126,8 +126,14 @@ enum LimitSchema {
     LeakyBucket { capacity: Count, drain: Duration },
     /// At most one request per `every`.
     Interval { every: Duration },
-    /// At most `limit` in flight; a slot is reclaimed after `lease` if its holder died.
-    Concurrency { limit: Count, lease: Duration },
+    /// At most `limit` in flight; a slot is reclaimed after `lease` if its
+    /// holder died; `reserve` holds a share back for the more important classes.
+    Concurrency {
+        limit: Count,
+        lease: Duration,
+        #[schemars(default)]
+        reserve: Option<crate::limit::RawReserve>,
+    },
     /// A bucket of `capacity` points refilled completely in `refill`; each
     /// request costs `cost`, a number or `{"header": NAME, "default": N}`.
     Points { capacity: Count, refill: Duration, cost: RawCost, actual_cost_header: Option<HeaderName> },

@@ -115,13 +115,20 @@ fn is_false(b: &bool) -> bool {
 pub const MAX_REFILL_US: u64 = 10 * 365 * 24 * 3600 * 1_000_000;
 
 impl WireLimit {
-    /// `limit` as it applies to `req`: a `points` cost read from its header.
-    pub fn of(limit: &Limit, req: &impl Request) -> WireLimit {
-        let cost = match limit {
-            Limit::Points { cost, capacity, .. } => request_cost(cost, capacity.get(), req),
-            _ => 1,
-        };
-        WireLimit::with_cost(limit, cost)
+    /// `limit` as it applies to `req` of `class`: a `points` cost read from
+    /// its header; a `concurrency` pool less its reserve for a class the
+    /// reserve holds out.
+    pub fn of(limit: &Limit, req: &impl Request, class: usize) -> WireLimit {
+        match limit {
+            Limit::Points { cost, capacity, .. } => {
+                WireLimit::with_cost(limit, request_cost(cost, capacity.get(), req))
+            }
+            Limit::Concurrency { limit, lease, reserve: Some(reserve) } => WireLimit::Concurrency {
+                limit: reserve.pool_for(limit.get(), class),
+                lease_ms: lease.as_millis(),
+            },
+            _ => WireLimit::with_cost(limit, 1),
+        }
     }
 
     /// `limit` with a `points` cost of `cost`.
@@ -140,7 +147,7 @@ impl WireLimit {
                 WireLimit::LeakyBucket { capacity: capacity.get(), drain_ms: drain.as_millis() }
             }
             Limit::Interval { every } => WireLimit::Interval { every_ms: every.as_millis() },
-            Limit::Concurrency { limit, lease } => {
+            Limit::Concurrency { limit, lease, .. } => {
                 WireLimit::Concurrency { limit: limit.get(), lease_ms: lease.as_millis() }
             }
             Limit::Points { capacity, refill, .. } => {
@@ -211,7 +218,7 @@ impl Applied<'_> {
         Check {
             policy: self.policy.name.as_str().to_string(),
             key: self.key.clone(),
-            limits: self.policy.limits.iter().map(|l| WireLimit::of(l, req)).collect(),
+            limits: self.policy.limits.iter().map(|l| WireLimit::of(l, req, self.class)).collect(),
             margin_ms: self.policy.wait.map(|w| w.margin_ms()),
             upstream: self.policy.upstream.is_some(),
         }

@@ -17,6 +17,7 @@ const TESTED: &[&str] = &[
     "leaky-bucket",
     "fixed-windows",
     "public-api-by-ip",
+    "fleet-reserve",
 ];
 
 fn example(name: &str) -> Document {
@@ -168,6 +169,19 @@ fn partner_feedback() {
     assert_eq!((upstream.default_pause.as_millis(), upstream.max_pause.as_millis()), (2_000, 120_000));
     let check = doc.evaluate(&req).expect("applies")[0].check(&req);
     assert!(check.upstream, "the check carries the account's pause");
+}
+
+/// S4c: a fleet pool of 500 whose last 20% only payments may use: a
+/// payment sees the whole pool, anything else 400 of it; `x-priority` may
+/// name the class.
+#[test]
+fn fleet_reserve() {
+    let doc = example("fleet-reserve");
+    let pool = |limit| Some((String::new(), vec![WireLimit::Concurrency { limit, lease_ms: 30_000 }]));
+    assert_eq!(applied(&doc, &SimpleRequest::new("POST", "/payments/charge")), pool(500));
+    assert_eq!(applied(&doc, &SimpleRequest::new("GET", "/catalog")), pool(400));
+    let named = SimpleRequest::new("GET", "/catalog").header("x-priority", "critical");
+    assert_eq!(applied(&doc, &named), pool(500));
 }
 
 /// Every document in `examples/` is in [`TESTED`], so each has a test here.

@@ -36,6 +36,10 @@ macro_rules! fixtures {
 }
 
 fixtures! {
+    reserve_unknown_class => r#"policies[0].limits[0].reserve.for: no class named "vip" (classes: critical, normal) at 7:2"#,
+    reserve_share_too_small => r#"policies[0].limits[0]: reserve.share 0.1 of a pool of 4 is 0 slots: it must hold back at least 1 and leave at least 1 at 5:113"#,
+    reserve_with_wait => r#"policies[0]: `wait` cannot be used with a concurrency `reserve` (limits[0]): a freed slot goes to the oldest waiter, whatever its class; a reserve protects a service, refusing at once at 7:4"#,
+    reserve_on_a_window => r#"policies[0].limits[0]: `reserve` is not a field of a sliding_window limit (expected `limit`, `window`, `approximate`) at 5:117"#,
     too_many_policies => r#"policies: 65 policies can apply to one request (for paths like "/v42/"), more than the 64 the shim checks at once: give them paths that exclude each other, or merge some at 68:3"#,
     too_many_limits => r#"policies[0]: 33 limits, more than the 32 a policy may have at 41:3"#,
     too_many_key_sources => r#"policies[0]: 9 key sources, more than the 8 a policy may have at 8:3"#,
@@ -77,10 +81,10 @@ fixtures! {
     trailing_characters => r#"(document): trailing characters at 2:1"#,
     trusted_hops_too_large => r#"trusted_hops: invalid trusted_hops 17 (expected 0 to 16) at 2:20"#,
     two_path_conditions => r#"policies[0].match: give at most one of `path_prefix`, `path_exact`, `path_regex` at 5:65"#,
-    unknown_limit_field => r#"policies[0].limits[0].brust: unknown field `brust`, expected one of `type`, `limit`, `window`, `approximate`, `rate`, `per`, `burst`, `capacity`, `drain`, `every`, `lease`, `refill`, `cost`, `actual_cost_header` at 6:66"#,
+    unknown_limit_field => r#"policies[0].limits[0].brust: unknown field `brust`, expected one of `type`, `limit`, `window`, `approximate`, `rate`, `per`, `burst`, `capacity`, `drain`, `every`, `lease`, `refill`, `cost`, `actual_cost_header`, `reserve` at 6:66"#,
     unknown_limit_type => r#"policies[0].limits[0].type: unknown variant `sliding`, expected one of `fixed_window`, `sliding_window`, `token_bucket`, `leaky_bucket`, `interval`, `concurrency`, `points` at 6:26"#,
     unknown_policy_field => r#"policies[0].shadow_mode: unknown field `shadow_mode`, expected one of `name`, `match`, `bypass`, `key`, `on_missing_key`, `limits`, `shadow`, `failure_mode`, `failure_status`, `response`, `wait`, `upstream` at 5:19"#,
-    unknown_top_level_field => r#"polices: unknown field `polices`, expected one of `$schema`, `shim`, `failure_mode`, `failure_status`, `headers`, `shadow_header`, `over_limit_cache_slots`, `trusted_hops`, `policies` at 2:11"#,
+    unknown_top_level_field => r#"polices: unknown field `polices`, expected one of `$schema`, `shim`, `failure_mode`, `failure_status`, `headers`, `shadow_header`, `over_limit_cache_slots`, `trusted_hops`, `classes`, `class_header`, `policies` at 2:11"#,
     bad_headers_mode => r#"headers: unknown variant `sometimes`, expected one of `off`, `on_deny`, `always` at 2:24"#,
     failure_status_not_an_error => r#"failure_status: invalid status 200 (expected 400 to 599) at 3:23"#,
     policy_failure_mode_unknown => r#"policies[0].failure_mode: unknown variant `closed`, expected `allow` or `deny` at 5:30"#,

@@ -1,0 +1,123 @@
+//! Load shedding end to end through two real Envoys, the shim and one
+//! Redis (scenario S4c): a fleet pool of 10 whose last 20% only `critical`
+//! may use. Lower classes never hold more than 8 slots, across both
+//! gateways; critical requests are admitted whenever fewer than 10 are
+//! held; a request the reserve holds out gets 503 with the IETF problem
+//! type `temporary-reduced-capacity`.
+
+use std::io::Read;
+use std::net::TcpStream;
+use std::time::Duration;
+
+use sluice_tests::gateway::{
+    envoy_with_route_timeout, eventually, open_request, prometheus, sample, send, RoughUpstream,
+};
+use sluice_tests::{Envoy, Redis, Shim};
+
+const WAIT: Duration = Duration::from_secs(15);
+
+const DOC: &str = r#"{"shim": {"timeout_ms": 2000}, "failure_mode": "deny",
+    "class_header": "x-priority",
+    "classes": [{"name": "critical", "match": {"path_prefix": "/pay/"}}, {"name": "normal"}],
+    "policies": [{"name": "pool", "limits": [{"type": "concurrency", "limit": 10, "lease": "30s",
+        "reserve": {"for": "critical", "share": 0.2}}]}]}"#;
+
+struct Fleet {
+    gateways: [Envoy; 2],
+    _shim: Shim,
+    _upstream: RoughUpstream,
+    redis: Redis,
+}
+
+impl Fleet {
+    fn start() -> Fleet {
+        let redis = Redis::start().expect("redis");
+        let shim = Shim::start(&redis.url()).expect("shim");
+        let upstream = RoughUpstream::start().expect("upstream");
+        let gateway = || envoy_with_route_timeout(DOC, shim.port, upstream.port, "60s").expect("envoy");
+        Fleet { gateways: [gateway(), gateway()], _shim: shim, _upstream: upstream, redis }
+    }
+
+    /// Slots held in the pool, fleet-wide.
+    fn held(&self) -> u64 {
+        let mut conn = self.redis.connection().expect("redis");
+        redis::cmd("ZCARD").arg("sluice:{pool:}:cc:30000").query(&mut conn).expect("ZCARD")
+    }
+
+    /// A request of `class` that holds its slot (the upstream never
+    /// answers `/hang`) until dropped, through gateway `n`.
+    fn hold(&self, n: usize, class: &str) -> TcpStream {
+        open_request(self.gateways[n % 2].port, "/hang", &[("x-priority", class)]).expect("request")
+    }
+
+    /// Holds a slot for `class` through gateway `n`, and waits until the pool holds `expect`.
+    fn take(&self, n: usize, class: &str, expect: u64) -> TcpStream {
+        let stream = self.hold(n, class);
+        assert!(eventually(WAIT, || self.held() == expect), "held {}, expected {expect}", self.held());
+        stream
+    }
+
+    /// The status of a request that is refused at once, through gateway `n`.
+    fn refused(&self, n: usize, path: &str, headers: &[(&str, &str)]) -> (u16, String, Option<String>) {
+        let reply = send(self.gateways[n % 2].port, "GET", path, headers).expect("request");
+        let content_type = reply.header("content-type").map(str::to_string);
+        (reply.status, reply.body, content_type)
+    }
+
+    fn stat(&self, name: &str) -> f64 {
+        self.gateways.iter().map(|g| prometheus(g).map(|page| sample(&page, name)).unwrap_or(0.0)).sum()
+    }
+}
+
+/// Twenty `normal` requests at once through two gateways: the pool holds
+/// exactly 8 of them, and the other 12 get 503 at once.
+#[test]
+fn lower_classes_never_hold_more_than_their_share() {
+    let fleet = Fleet::start();
+    let mut streams: Vec<TcpStream> = (0..20).map(|n| fleet.hold(n, "normal")).collect();
+    // An admitted request hangs (the upstream never answers); a refused one
+    // is answered at once.
+    let statuses: Vec<Option<u16>> = streams.iter_mut().map(status_within_a_second).collect();
+    let refused: Vec<u16> = statuses.iter().flatten().copied().collect();
+    assert_eq!(refused, vec![503; 12], "the 12 beyond the share are refused with 503");
+    assert_eq!(fleet.held(), 8, "normal requests hold 8 slots");
+    assert_eq!(fleet.stat("sluice_class_normal_denied"), 12.0);
+}
+
+/// The status line of the answer on `stream`, if one comes within a second.
+fn status_within_a_second(stream: &mut TcpStream) -> Option<u16> {
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).ok()?;
+    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+}
+
+/// Critical requests are admitted whenever fewer than 10 slots are held,
+/// and only then; a normal request never while 8 or more are.
+#[test]
+fn critical_requests_use_the_reserve() {
+    let fleet = Fleet::start();
+    let mut held: Vec<TcpStream> = (0..8).map(|n| fleet.take(n, "normal", n as u64 + 1)).collect();
+
+    let (status, body, content_type) = fleet.refused(0, "/catalog", &[]);
+    assert_eq!(status, 503, "a ninth normal request: {body}");
+    assert_eq!(content_type.as_deref(), Some("application/problem+json"));
+    let problem: serde_json::Value = serde_json::from_str(&body).expect("problem json");
+    assert_eq!(problem["type"], "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity");
+    assert_eq!(problem["class"], "normal");
+
+    held.push(fleet.take(0, "critical", 9));
+    held.push(fleet.take(1, "critical", 10));
+    // A payment is critical by its path.
+    assert_eq!(fleet.refused(0, "/pay/3", &[]).0, 503, "the whole pool is held");
+
+    // One normal request ends: 9 held. A normal request is still refused;
+    // a critical one takes the tenth slot.
+    held.remove(0);
+    assert!(eventually(WAIT, || fleet.held() == 9), "held {}", fleet.held());
+    assert_eq!(fleet.refused(1, "/catalog", &[]).0, 503, "9 held: above the normal share of 8");
+    held.push(fleet.take(1, "critical", 10));
+    assert_eq!(fleet.stat("sluice_class_critical_allowed"), 3.0);
+    drop(held);
+    assert!(eventually(WAIT, || fleet.held() == 0), "every slot comes back");
+}
