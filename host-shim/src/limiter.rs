@@ -17,7 +17,7 @@ use redis::cluster_routing::Slot;
 use sluice_policies::algorithm::Algorithm;
 use sluice_policies::wire::{
     AdjustRequest, CheckOutcome, CheckRequest, CheckResponse, FeedbackRequest, FeedbackResponse,
-    LimitOutcome, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse,
+    LimitOutcome, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse, ShedRequest, ShedResponse,
 };
 
 use crate::keys::{pause_key, script_adjustments, script_limits, ScriptLimit, MAX_CHECKS};
@@ -43,6 +43,8 @@ pub struct Limiter {
     /// Requests held until their time slot, by id: a release for the id
     /// (the filter's, when the client goes away) ends the hold at once.
     pub(crate) held: Arc<crate::wait::Held>,
+    /// The load shedder's fleet-wide controller (`lua/shed.lua`).
+    shed: Arc<crate::shed::Shed>,
     /// Random per process: with `sequence` it makes request ids unique across shims.
     nonce: u64,
     sequence: AtomicU64,
@@ -72,6 +74,7 @@ impl Limiter {
             wakeups: Arc::new(crate::wakeups::Wakeups::new(url, nonce)),
             timers: Arc::default(),
             held: Arc::default(),
+            shed: Arc::default(),
             store: Arc::new(Store::new(target, timeout)?),
             scripts: Arc::new(Scripts::new()),
             test_time,
@@ -92,6 +95,7 @@ impl Limiter {
             wakeups: Arc::new(crate::wakeups::Wakeups::new(url, nonce).with_ca(how.ca.clone())),
             timers: Arc::default(),
             held: Arc::default(),
+            shed: Arc::default(),
             store: Arc::new(Store::connect(how)?),
             scripts: Arc::new(Scripts::new()),
             test_time,
@@ -306,6 +310,22 @@ impl Limiter {
             renewed += self.store.invoke::<u64>(&call).await.map_err(store_error)?;
         }
         Ok(RenewResponse { renewed })
+    }
+
+    /// Load shedding: records a gateway's utilization report for a policy
+    /// (or, without one, only reads) and answers the fleet's shed level.
+    pub async fn shed(&self, req: &ShedRequest) -> Result<ShedResponse, CheckError> {
+        let settings = req.settings().map_err(CheckError::BadRequest)?;
+        if req.now_ms.is_some() && !self.test_time {
+            return Err(CheckError::BadRequest("now_ms is honoured only with --test-time".into()));
+        }
+        let level = match req.utilization {
+            Some(u) => {
+                self.shed.report(&self.store, &req.policy, req.classes, &settings, u, req.now_ms).await
+            }
+            None => self.shed.read(&self.store, &req.policy, req.classes).await,
+        };
+        level.map(|l| ShedResponse { level: l.level }).map_err(CheckError::BadRequest)
     }
 
     /// Charges or refunds points once the true costs are known.

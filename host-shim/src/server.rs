@@ -7,7 +7,8 @@
 //! to a network needs: a cap on concurrent connections, and a deadline for a
 //! new connection's first bytes (or TLS handshake) and for HTTP/1.1 headers.
 //!
-//! - `POST /v1/check`, `/v1/release`, `/v1/renew`, `/v1/adjust`: see `sluice_policies::wire`.
+//! - `POST /v1/check`, `/v1/release`, `/v1/renew`, `/v1/adjust`, `/v1/feedback`,
+//!   `/v1/shed`: see `sluice_policies::wire`.
 //!   Each answers 200 with JSON, 400 for a malformed or oversized body, 503
 //!   when Redis fails.
 //! - `GET /healthz`: 200 while the shim serves.
@@ -29,8 +30,8 @@ use hyper_util::service::TowerToHyperService;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sluice_policies::wire::{
-    AdjustRequest, CheckRequest, FeedbackRequest, ReleaseRequest, RenewRequest, ADJUST_PATH, CHECK_PATH,
-    FEEDBACK_PATH, RELEASE_PATH, RENEW_PATH,
+    AdjustRequest, CheckRequest, FeedbackRequest, ReleaseRequest, RenewRequest, ShedRequest, ADJUST_PATH,
+    CHECK_PATH, FEEDBACK_PATH, RELEASE_PATH, RENEW_PATH, SHED_PATH,
 };
 
 use tokio::net::{TcpListener, TcpStream};
@@ -47,6 +48,7 @@ pub fn router(limiter: Limiter) -> Router {
         .route(CHECK_PATH, post(check))
         .route(RELEASE_PATH, post(release))
         .route(RENEW_PATH, post(renew))
+        .route(SHED_PATH, post(shed))
         .route(ADJUST_PATH, post(adjust))
         .route(FEEDBACK_PATH, post(feedback))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -198,6 +200,13 @@ async fn release(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
 async fn renew(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
     match parse::<RenewRequest>(&body) {
         Ok(req) => answer(limiter.renew(&req).await),
+        Err(resp) => resp,
+    }
+}
+
+async fn shed(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
+    match parse::<ShedRequest>(&body) {
+        Ok(req) => answer(limiter.shed(&req).await),
         Err(resp) => resp,
     }
 }

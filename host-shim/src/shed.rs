@@ -31,6 +31,21 @@ impl Shed {
         Shed { script: Script::new(include_str!("../../lua/shed.lua")) }
     }
 
+    /// The level of `policy` now, changing nothing: a read never moves the
+    /// controller's clock, which would lose the time a rise counts from.
+    pub async fn read(&self, store: &Store, policy: &str, classes: usize) -> Result<Level, String> {
+        if PolicyName::new(policy).is_none() {
+            return Err(format!("invalid policy name {policy:?}"));
+        }
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(key(policy)).arg("level").arg("since");
+        let (level, since): (Option<String>, Option<u64>) =
+            store.query(&cmd).await.map_err(|e| format!("redis: {e}"))?;
+        let top = classes.saturating_sub(1) as f64;
+        let level = level.and_then(|l| l.parse::<f64>().ok()).unwrap_or(0.0).clamp(0.0, top);
+        Ok(Level { level, trouble_since_ms: since })
+    }
+
     /// Reports `utilization` (0 to 1) for `policy` and returns the level.
     /// `now_ms` is for the shim's test mode; `None` uses Redis TIME.
     pub async fn report(
@@ -49,7 +64,7 @@ impl Shed {
             return Err(format!("utilization {utilization} is not a number from 0 to 1"));
         }
         let mut call = self.script.prepare_invoke();
-        call.key(format!("sluice:{{shed:{policy}}}"))
+        call.key(key(policy))
             .arg(now_ms.map(|t| t.to_string()).unwrap_or_default())
             .arg(utilization.to_string())
             .arg(classes)
@@ -62,4 +77,9 @@ impl Shed {
         let level = level.parse().map_err(|_| format!("unexpected level {level:?}"))?;
         Ok(Level { level, trouble_since_ms: u64::try_from(since).ok() })
     }
+}
+
+/// The state hash of `policy`'s controller.
+fn key(policy: &str) -> String {
+    format!("sluice:{{shed:{policy}}}")
 }

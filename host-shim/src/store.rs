@@ -135,6 +135,17 @@ impl Store {
             }
         }
     }
+
+    /// Runs one plain command (not a script).
+    pub async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> RedisResult<T> {
+        match self {
+            Store::Single(conn) => cmd.query_async(&mut conn.clone()).await,
+            Store::Cluster { client, conn } => {
+                let conn = conn.get_or_try_init(|| client.get_async_connection()).await?;
+                cmd.query_async(&mut conn.clone()).await
+            }
+        }
+    }
 }
 
 #[cfg(test)]

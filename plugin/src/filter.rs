@@ -29,11 +29,13 @@ use std::time::Duration;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
+use sluice_policies::load::{pool_occupancy, Signal};
+use sluice_policies::wire::WireLimit;
 use sluice_policies::wire::{
-    AdjustRequest, CheckOutcome, CheckResponse, FeedbackRequest, ReleaseRequest, RenewRequest, ADJUST_PATH,
-    FEEDBACK_PATH, RELEASE_PATH,
+    AdjustRequest, Check, CheckOutcome, CheckResponse, FeedbackRequest, ReleaseRequest, RenewRequest,
+    ADJUST_PATH, FEEDBACK_PATH, RELEASE_PATH,
 };
-use sluice_policies::{FailureMode, HeadersMode, Limit, Policy};
+use sluice_policies::{Evaluation, FailureMode, HeadersMode, Limit, Policy};
 
 use crate::cache::OverLimitCache;
 use crate::call::Call;
@@ -43,6 +45,7 @@ use crate::feedback;
 use crate::host::{now_ms, HostRequest, SharedData};
 use crate::ratelimit_headers::RateLimitHeaders;
 use crate::reply::Reply;
+use crate::shedding::REPORT_MS;
 use crate::vm::Vm;
 use crate::wait::{overran_lease, request_wait_ms, server_timing, SERVER_TIMING};
 
@@ -152,6 +155,39 @@ impl Sluice {
         }
     }
 
+    /// Load shedding: the first enforced policy that sheds this request's
+    /// class, by its fraction now, refuses it (503, `temporary-reduced-capacity`)
+    /// with no shim call.
+    fn shed(&self, vm: &Vm, evaluation: &Evaluation) -> Option<Action> {
+        let shedding = vm.shedding.borrow();
+        if !shedding.any() {
+            return None;
+        }
+        let shed = evaluation
+            .iter()
+            .filter(|a| !a.policy.shadow && a.policy.shed.is_some())
+            .find(|a| shedding.sheds(a.index, self.class, vm.draw()))?;
+        vm.stats.count(shed.index, |s| s.shed);
+        vm.stats.count_class(self.class, |c| c.shed);
+        let retry_after = REPORT_MS.div_ceil(1000);
+        Some(respond(Reply::reduced_capacity(shed.policy, vm.doc.classes.name(self.class), retry_after)))
+    }
+
+    /// The utilization the upstream's response reports, for each admitted
+    /// policy that sheds by a response header.
+    fn observe_load(&self, vm: &Vm) {
+        let mut shedding = vm.shedding.borrow_mut();
+        for &index in &self.calls[0].policies {
+            let Some(shed) = vm.doc.policies.get(index).and_then(|p| p.shed.as_ref()) else { continue };
+            let header = |name: &str| {
+                hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name).ok().flatten()
+            };
+            if let Some(utilization) = shed.signal.read(header) {
+                shedding.observe(index, utilization);
+            }
+        }
+    }
+
     /// Counts an admission by call `which` and keeps its lease, and how long
     /// the shim held it (the wait stats exist for policies with `wait` only).
     fn admit(&mut self, vm: &Vm, resp: &CheckResponse, which: usize) {
@@ -177,6 +213,9 @@ impl Sluice {
             if reclaimed > 0 {
                 vm.stats.add(index, |s| s.reclaimed, reclaimed);
             }
+        }
+        if which == 0 {
+            observe_pools(vm, &call.policies, &call.checks, resp);
         }
         call.lease = resp.lease.clone();
         if let Some(lease) = &call.lease {
@@ -522,6 +561,9 @@ impl HttpContext for Sluice {
             Err(policy) => return respond(Reply::missing_key(policy)),
         };
         self.class = evaluation.class;
+        if let Some(action) = self.shed(&vm, &evaluation) {
+            return action;
+        }
         for &index in &evaluation.shadow_missing_key {
             self.shadow_missing_key(&vm, index);
         }
@@ -583,6 +625,9 @@ impl HttpContext for Sluice {
             {
                 log::debug!("cannot set {SERVER_TIMING}: {status:?}");
             }
+        }
+        if self.calls[0].admitted {
+            self.observe_load(&vm);
         }
         let adjustments: Vec<_> =
             self.calls.iter().filter(|c| c.admitted).flat_map(|c| c.adjustments(&vm.doc)).collect();
@@ -668,4 +713,27 @@ fn held_out_by_reserve(policy: &Policy, outcome: &CheckOutcome) -> bool {
         .iter()
         .zip(&outcome.limits)
         .any(|(limit, o)| !o.allowed && matches!(limit, Limit::Concurrency { reserve: Some(_), .. }))
+}
+
+/// The occupancy of the pool of each admitted policy that sheds by it.
+fn observe_pools(vm: &Vm, policies: &[usize], checks: &[Check], resp: &CheckResponse) {
+    let mut shedding = vm.shedding.borrow_mut();
+    for (i, &index) in policies.iter().enumerate() {
+        let Some(policy) = vm.doc.policies.get(index) else { continue };
+        if policy.shed.as_ref().is_none_or(|s| s.signal != Signal::Pool) {
+            continue;
+        }
+        let (Some(check), Some(outcome)) = (checks.get(i), resp.checks.get(i)) else { continue };
+        let pools = policy.limits.iter().zip(&check.limits).zip(&outcome.limits);
+        for ((limit, wire), o) in pools {
+            if let (Limit::Concurrency { limit: full, .. }, WireLimit::Concurrency { limit: pool, .. }) =
+                (limit, wire)
+            {
+                // Held after this admission: the pool it saw less what remains.
+                let held = u64::from(*pool).saturating_sub(o.remaining);
+                shedding
+                    .observe(index, pool_occupancy(full.get(), u64::from(full.get()).saturating_sub(held)));
+            }
+        }
+    }
 }

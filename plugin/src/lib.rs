@@ -13,6 +13,7 @@
 //! - [`breaker`]: the outage breaker, over an injected clock.
 //! - [`throttle`]: a log line an outage cannot turn into a flood.
 //! - [`leases`]: the leases of live streams, and when each is due for renewal.
+//! - [`shedding`]: load shedding in one worker: its reports, the fleet's level.
 //! - [`wait`]: egress waiting: the request's wait, the held call's timeout,
 //!   `server-timing`, lease overages.
 //!
@@ -36,6 +37,7 @@ pub mod feedback;
 pub mod leases;
 pub mod ratelimit_headers;
 pub mod reply;
+pub mod shedding;
 pub mod throttle;
 pub mod wait;
 

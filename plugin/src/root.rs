@@ -1,7 +1,8 @@
 //! The root context: parses the policy document once and shares it, with
 //! the VM's stats, breaker and outbox, with every request. On each tick it
-//! renews the leases of live streams, sends the release and adjust calls
-//! that streams queued, and receives their answers, counting released leases.
+//! renews the leases of live streams, reports the utilization its responses
+//! showed and learns the fleet's shed level, sends the release and adjust
+//! calls that streams queued, and receives their answers.
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -10,7 +11,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType};
 
-use sluice_policies::wire::RENEW_PATH;
+use sluice_policies::wire::{ShedRequest, RENEW_PATH, SHED_PATH};
 
 use crate::callout::{background_timeout, call_answer, post_bytes};
 use crate::filter::Sluice;
@@ -34,6 +35,11 @@ impl SluiceRoot {
 impl Context for SluiceRoot {
     fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
         let Some(vm) = self.vm.clone() else { return };
+        let shed = vm.shed_calls.borrow_mut().remove(&token);
+        if let Some(index) = shed {
+            let (status, body) = call_answer(num_headers, body_size);
+            return vm.shed_answered(index, status.as_deref(), body.as_deref());
+        }
         let Some(policies) = vm.releasing.borrow_mut().remove(&token) else { return };
         let (status, body) = call_answer(num_headers, body_size);
         vm.release_answered(&policies, status.as_deref(), body.as_deref(), now_ms());
@@ -55,7 +61,7 @@ impl RootContext for SluiceRoot {
         match sluice_policies::parse(text) {
             Ok(doc) => {
                 log::info!("loaded {} policies", doc.policies.len());
-                self.vm = Some(Rc::new(Vm::new(doc)));
+                self.vm = Some(Rc::new(Vm::new(doc, now_ms())));
                 if let Err(status) = hostcalls::set_tick_period(TICK) {
                     log::warn!("cannot set the tick period: {status:?}; leases will be reclaimed by TTL");
                 }
@@ -70,6 +76,21 @@ impl RootContext for SluiceRoot {
         let renewals = vm.live.borrow_mut().due(now_ms());
         for renewal in renewals {
             vm.send_later(RENEW_PATH, &renewal, Vec::new());
+        }
+        let reports = vm.shedding.borrow_mut().due(now_ms());
+        for (index, utilization) in reports {
+            let Some(policy) = vm.doc.policies.get(index) else { continue };
+            let Some(shed) = &policy.shed else { continue };
+            let report = ShedRequest::new(policy, shed, vm.doc.classes.count(), utilization);
+            let sent = serde_json::to_vec(&report)
+                .map_err(|e| e.to_string())
+                .and_then(|body| post_bytes(&vm.doc, SHED_PATH, &body, background_timeout(&vm.doc)));
+            match sent {
+                Ok(token) => {
+                    vm.shed_calls.borrow_mut().insert(token, index);
+                }
+                Err(reason) => log::debug!("{SHED_PATH}: {reason}"),
+            }
         }
         let outgoing = std::mem::take(&mut *vm.outbox.borrow_mut());
         for call in outgoing {

@@ -7,7 +7,8 @@
 //! `.release_failed` and `.reclaimed` (counters). A policy with `wait` also
 //! has `.immediate`, `.waited`, `.wait_timeout`, `.wait_cancelled` (counters)
 //! and `.wait_ms` (histogram); one with a `concurrency` limit `.held_ms`
-//! (histogram) and `.overages` (counter). For the whole filter:
+//! (histogram) and `.overages` (counter); one with `shed` `.shed` (counter).
+//! For the whole filter:
 //! `sluice.shim_latency_ms` (histogram), `sluice.breaker.opened` and
 //! `sluice.breaker.closed` (counters), and `sluice.breaker.open_workers` (a
 //! gauge: workers whose breaker is open right now). A document with
@@ -56,6 +57,8 @@ pub struct PolicyStats {
     pub paused_denied: Option<u32>,
     /// A policy with `upstream` and `wait`: requests held until a pause ended.
     pub paused_waited: Option<u32>,
+    /// A policy with `shed`: requests shed.
+    pub shed: Option<u32>,
 }
 
 /// One priority class's counters.
@@ -112,6 +115,7 @@ impl Stats {
                     upstream_clamped: feedback.then(|| c("upstream_clamped")).flatten(),
                     paused_denied: feedback.then(|| c("paused_denied")).flatten(),
                     paused_waited: (feedback && waits).then(|| c("paused_waited")).flatten(),
+                    shed: p.shed.is_some().then(|| c("shed")).flatten(),
                 }
             })
             .collect();

@@ -8,11 +8,12 @@ use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 
-use sluice_policies::wire::ReleaseResponse;
+use sluice_policies::wire::{ReleaseResponse, ShedResponse};
 use sluice_policies::Document;
 
 use crate::breaker::{Breaker, Change};
 use crate::leases::Live;
+use crate::shedding::Shedding;
 use crate::stats::{bump, Stats};
 use crate::throttle::Throttle;
 
@@ -38,15 +39,24 @@ pub struct Vm {
     pub releasing: RefCell<HashMap<u32, Vec<usize>>>,
     /// The leases live streams hold, renewed by the root on its tick.
     pub live: RefCell<Live>,
+    /// Load shedding: the utilization seen and the fleet's level, per policy.
+    pub shedding: RefCell<Shedding>,
+    /// Shed reports in flight, by token: the policy each is for.
+    pub shed_calls: RefCell<HashMap<u32, usize>>,
+    /// The draws that decide which requests of a partly shed class go.
+    rng: RefCell<fastrand::Rng>,
     /// Random per VM: with `sequence`, request ids unique across workers and gateways.
     nonce: u64,
     sequence: Cell<u64>,
 }
 
 impl Vm {
-    pub fn new(doc: Document) -> Vm {
+    pub fn new(doc: Document, now_ms: u64) -> Vm {
         let stats = Stats::define(&doc);
         let breaker = Breaker::new(doc.shim.failure_threshold.get(), doc.shim.cooldown_ms.get().into());
+        // Seeded by the host's random source (WASI random_get).
+        let nonce = RandomState::new().build_hasher().finish();
+        let shedding = Shedding::new(&doc, now_ms);
         Vm {
             doc,
             stats,
@@ -55,10 +65,17 @@ impl Vm {
             outbox: RefCell::new(Vec::new()),
             releasing: RefCell::new(HashMap::new()),
             live: RefCell::new(Live::default()),
-            // Seeded by the host's random source (WASI random_get).
-            nonce: RandomState::new().build_hasher().finish(),
+            shedding: RefCell::new(shedding),
+            shed_calls: RefCell::new(HashMap::new()),
+            rng: RefCell::new(fastrand::Rng::with_seed(nonce)),
+            nonce,
             sequence: Cell::new(0),
         }
+    }
+
+    /// A uniform draw from 0 to 1.
+    pub fn draw(&self) -> f64 {
+        self.rng.borrow_mut().f64()
     }
 
     /// A fresh request id, for the shim to name the request's lease with.
@@ -98,6 +115,28 @@ impl Vm {
             // Already reclaimed: the check that reclaimed it counted it.
             Ok(_) => log::debug!("lease already gone when released"),
             Err(err) => self.release_failed(policies, &format!("malformed answer: {err}"), now_ms),
+        }
+    }
+
+    /// The shim answered a shed report for policy `index`: keep the fleet's
+    /// level, and show each class's fraction. A failed report keeps the
+    /// level it had: shedding neither starts nor stops on a shim outage.
+    pub fn shed_answered(&self, index: usize, status: Option<&[u8]>, body: Option<&[u8]>) {
+        if status != Some(b"200") {
+            return log::debug!("shed report for policy {index} failed");
+        }
+        match serde_json::from_slice::<ShedResponse>(body.unwrap_or_default()) {
+            Ok(resp) => {
+                let mut shedding = self.shedding.borrow_mut();
+                shedding.set_level(index, resp.level);
+                for (class, stats) in self.stats.classes.iter().enumerate() {
+                    let permille = (shedding.class_fraction(class) * 1000.0).round() as u64;
+                    if let Some(id) = stats.shed_permille {
+                        let _ = proxy_wasm::hostcalls::record_metric(id, permille);
+                    }
+                }
+            }
+            Err(err) => log::debug!("shed report for policy {index}: malformed answer: {err}"),
         }
     }
 

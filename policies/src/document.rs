@@ -38,6 +38,7 @@ use crate::feedback::Upstream;
 use crate::key::{self, ClientIp, KeySource, OnMissingKey};
 pub use crate::response::FailureMode;
 use crate::response::{CacheSlots, CooldownMs, DenyResponse, DenyStatus, FailureThreshold, HeadersMode};
+use crate::shed::Shed;
 use crate::wait::Wait;
 use crate::wire::WireLimit;
 use crate::{HeaderName, Limit, PolicyName, Request};
@@ -231,6 +232,8 @@ pub struct Policy {
     /// Egress waiting: hold this policy's requests for a slot instead of refusing them.
     pub wait: Option<Wait>,
     pub upstream: Option<Upstream>,
+    /// Load shedding by class when the service is busy (S4d).
+    pub shed: Option<Shed>,
 }
 
 #[derive(serde::Deserialize)]
@@ -272,6 +275,9 @@ pub(crate) struct RawPolicy {
     /// Egress: which answers of the partner mean "slow down"; `{}` takes every default.
     #[serde(default)]
     upstream: Option<Upstream>,
+    /// Load shedding: drop this policy's less important classes while the
+    /// service is busy.
+    shed: Option<Shed>,
 }
 
 impl<'de> Deserialize<'de> for Policy {
@@ -336,6 +342,20 @@ impl<'de> Deserialize<'de> for Policy {
             }
             upstream.validate().map_err(|e| de::Error::custom(format!("upstream.{e}")))?;
         }
+        if let Some(shed) = &raw.shed {
+            if raw.shadow {
+                return Err(de::Error::custom(
+                    "`shed` cannot be used on a shadow policy: a shadow policy never refuses a request",
+                ));
+            }
+            shed.controller.validate().map_err(|e| de::Error::custom(format!("shed.{e}")))?;
+            let pool = raw.limits.iter().any(|l| matches!(l, Limit::Concurrency { .. }));
+            if shed.signal == crate::load::Signal::Pool && !pool {
+                return Err(de::Error::custom(
+                    "shed.signal \"pool\" needs a concurrency limit in the policy",
+                ));
+            }
+        }
         let matcher = raw.matcher.unwrap_or_default();
         let uses_keys = matcher.needs_key() || raw.bypass.iter().any(Condition::needs_key);
         if uses_keys && raw.key.len() != 1 {
@@ -354,6 +374,7 @@ impl<'de> Deserialize<'de> for Policy {
             response: raw.response,
             wait: raw.wait,
             upstream: raw.upstream,
+            shed: raw.shed,
         })
     }
 }

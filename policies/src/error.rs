@@ -34,9 +34,9 @@ pub fn parse(text: &str) -> Result<Document, ParseError> {
     resolve_classes(doc, text)
 }
 
-/// Resolves each concurrency `reserve.for` to its class's index; a name
-/// that is no class is an error, placed at the document's end (it is known
-/// only once the whole document is read).
+/// Resolves each concurrency `reserve.for` to its class's index, and makes
+/// sure a shedding policy has classes to shed. Errors are placed at the
+/// document's end: they are known only once the whole document is read.
 fn resolve_classes(mut doc: Document, text: &str) -> Result<Document, ParseError> {
     let names: Vec<&str> = doc.classes.0.iter().map(|c| c.name.as_str()).collect();
     let known = if names.is_empty() {
@@ -44,14 +44,28 @@ fn resolve_classes(mut doc: Document, text: &str) -> Result<Document, ParseError
     } else {
         format!("classes: {}", names.join(", "))
     };
+    let end = || {
+        let line = text.lines().count().max(1);
+        (line, text.lines().last().map_or(0, |l| l.chars().count()) + 1)
+    };
     for (i, policy) in doc.policies.0.iter_mut().enumerate() {
+        if policy.shed.is_some() && names.len() < 2 {
+            let (line, column) = end();
+            return Err(ParseError {
+                path: format!("policies[{i}].shed"),
+                reason: format!(
+                    "shedding needs at least two `classes`: the most critical is never shed ({known})"
+                ),
+                line,
+                column,
+            });
+        }
         for (j, limit) in policy.limits.iter_mut().enumerate() {
             let Limit::Concurrency { reserve: Some(reserve), .. } = limit else { continue };
             match doc.classes.index_of(reserve.for_class.as_str()) {
                 Some(index) => reserve.for_index = index,
                 None => {
-                    let line = text.lines().count().max(1);
-                    let column = text.lines().last().map_or(0, |l| l.chars().count()) + 1;
+                    let (line, column) = end();
                     return Err(ParseError {
                         path: format!("policies[{i}].limits[{j}].reserve.for"),
                         reason: format!("no class named \"{}\" ({known})", reserve.for_class),

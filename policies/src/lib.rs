@@ -18,7 +18,9 @@
 //!   responses, failure modes, the breaker and over-limit cache settings.
 //! - [`error`]: [`ParseError`], the one error type of [`parse`].
 //! - [`feedback`]: which upstream answers mean "slow down", and for how long.
-//! - [`shed`]: the utilization shedder's controller, over an injected clock.
+//! - [`shed`]: a policy's `shed`, and the utilization shedder's controller,
+//!   over an injected clock.
+//! - [`load`]: the utilization signal a shedding policy reads.
 //! - [`wait`]: egress waiting, a policy's `wait`, and the bounds of its wire fields.
 //! - [`wire`]: the compact JSON exchanged with the shim.
 //! - [`bounds`]: the size bounds of a request to the shim, which the parser
@@ -39,6 +41,7 @@ pub mod error;
 pub mod feedback;
 pub mod key;
 pub mod limit;
+pub mod load;
 pub mod replay;
 pub mod request;
 pub mod response;

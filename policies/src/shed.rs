@@ -24,7 +24,40 @@
 
 use serde::Deserialize;
 
+use crate::load::Signal;
 use crate::units::Duration;
+
+/// A policy's `shed` (scenario S4d): when `signal` says the service is
+/// busy, the policy's requests are shed by class, least important first.
+///
+/// ```json
+/// "shed": {"signal": {"orca": "cpu_utilization"}, "controller": {"delay": "28s"}}
+/// ```
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Shed {
+    /// Where utilization comes from: `"pool"`, `{"header": NAME}` or `{"orca": FIELD}`.
+    #[cfg_attr(feature = "schema", schemars(with = "crate::load::RawSignal"))]
+    pub signal: Signal,
+    /// The controller's settings; the defaults are the scenario's numbers.
+    #[serde(default)]
+    pub controller: ShedSettings,
+}
+
+impl ShedSettings {
+    /// `low <= high`, both from 0 to 1.
+    pub fn validate(&self) -> Result<(), String> {
+        let unit = 0.0..=1.0;
+        if !unit.contains(&self.high) || !unit.contains(&self.low) || self.low > self.high {
+            return Err(format!(
+                "controller: high {} and low {} must lie from 0 to 1, low at most high",
+                self.high, self.low
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// The controller's settings; the defaults are the scenario's numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
@@ -171,9 +204,19 @@ impl Shedder {
     /// The probability that a request of `class` (0 is the most critical)
     /// is shed now.
     pub fn shed_fraction(&self, class: usize) -> f64 {
-        let rank_from_least = self.top - class as f64;
-        (self.level - rank_from_least).clamp(0.0, 1.0)
+        shed_fraction(self.level, self.top as usize + 1, class)
     }
+}
+
+/// The probability that a request of `class` (0 is the most critical) of
+/// `classes` is shed at `level`: `clamp(level - (classes - 1 - class), 0, 1)`.
+/// The most critical class is never shed.
+pub fn shed_fraction(level: f64, classes: usize, class: usize) -> f64 {
+    if class == 0 {
+        return 0.0;
+    }
+    let rank_from_least = classes.saturating_sub(1) as f64 - class as f64;
+    (level - rank_from_least).clamp(0.0, 1.0)
 }
 
 #[cfg(test)]

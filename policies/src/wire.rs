@@ -22,6 +22,7 @@ pub const RELEASE_PATH: &str = "/v1/release";
 pub const RENEW_PATH: &str = "/v1/renew";
 pub const ADJUST_PATH: &str = "/v1/adjust";
 pub const FEEDBACK_PATH: &str = "/v1/feedback";
+pub const SHED_PATH: &str = "/v1/shed";
 
 /// Every policy that applies to one request. The shim decides them all at
 /// once: the request is admitted, and charged, only if every limit allows it.
@@ -381,4 +382,81 @@ pub struct Pause {
 pub struct FeedbackResponse {
     /// Pauses that moved later (a shorter or stale answer moves none).
     pub extended: u64,
+}
+
+/// Load shedding: a gateway's utilization report for one policy, and a read
+/// of the fleet's shed level. The shim runs the controller on one state per
+/// policy (`lua/shed.lua`), so every gateway sheds the same fraction.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShedRequest {
+    pub policy: String,
+    /// The document's classes, 1 to [`crate::class::MAX_CLASSES`].
+    pub classes: usize,
+    pub high: f64,
+    pub low: f64,
+    pub delay_ms: u64,
+    pub ramp_ms: u64,
+    pub recovery_ms: u64,
+    /// The utilization this gateway saw since its last report, 0 to 1;
+    /// absent, the level is only read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization: Option<f64>,
+    /// As in [`CheckRequest::now_us`], in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub now_ms: Option<u64>,
+}
+
+impl ShedRequest {
+    /// The report of `utilization` (none: a read) for `policy`.
+    pub fn new(
+        policy: &crate::Policy,
+        shed: &crate::shed::Shed,
+        classes: usize,
+        utilization: Option<f64>,
+    ) -> Self {
+        let c = &shed.controller;
+        ShedRequest {
+            policy: policy.name.as_str().to_string(),
+            classes,
+            high: c.high,
+            low: c.low,
+            delay_ms: c.delay.as_millis(),
+            ramp_ms: c.ramp.as_millis(),
+            recovery_ms: c.recovery.as_millis(),
+            utilization,
+            now_ms: None,
+        }
+    }
+
+    /// The controller's settings, checked as the parser checks a policy's.
+    pub fn settings(&self) -> Result<crate::shed::ShedSettings, String> {
+        let duration = |ms: u64, name: &str| {
+            Duration::from_millis(ms).ok_or_else(|| format!("{name} {ms}ms out of range (1ms to 365d)"))
+        };
+        let settings = crate::shed::ShedSettings {
+            high: self.high,
+            low: self.low,
+            delay: duration(self.delay_ms, "delay_ms")?,
+            ramp: duration(self.ramp_ms, "ramp_ms")?,
+            recovery: duration(self.recovery_ms, "recovery_ms")?,
+        };
+        settings.validate()?;
+        if !(1..=crate::class::MAX_CLASSES).contains(&self.classes) {
+            return Err(format!(
+                "classes {} out of range (1 to {})",
+                self.classes,
+                crate::class::MAX_CLASSES
+            ));
+        }
+        Ok(settings)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShedResponse {
+    /// From 0 (nothing shed) to `classes - 1` (every class but the most
+    /// critical): see [`crate::shed::Shedder::shed_fraction`].
+    pub level: f64,
 }
