@@ -43,6 +43,8 @@ pub struct Limiter {
     /// Requests held until their time slot, by id: a release for the id
     /// (the filter's, when the client goes away) ends the hold at once.
     pub(crate) held: Arc<crate::wait::Held>,
+    /// What `GET /metrics` shows; the store and the wake-ups count in it too.
+    pub(crate) metrics: Arc<crate::metrics::Metrics>,
     /// Random per process: with `sequence` it makes request ids unique across shims.
     nonce: u64,
     sequence: AtomicU64,
@@ -63,21 +65,7 @@ impl Limiter {
     /// Connects lazily: the shim starts while Redis is down, and checks fail
     /// (and reconnect) until it is up.
     pub fn new(target: &Target, timeout: Duration, test_time: bool) -> anyhow::Result<Limiter> {
-        let nonce: u64 = rand::random();
-        let url = match target {
-            Target::Single(url) => url.clone(),
-            Target::Cluster(seeds) => seeds.first().cloned().unwrap_or_default(),
-        };
-        Ok(Limiter {
-            wakeups: Arc::new(crate::wakeups::Wakeups::new(url, nonce)),
-            timers: Arc::default(),
-            held: Arc::default(),
-            store: Arc::new(Store::new(target, timeout)?),
-            scripts: Arc::new(Scripts::new()),
-            test_time,
-            nonce,
-            sequence: AtomicU64::new(0),
-        })
+        Limiter::connect(&Connect { target, timeout, ca: None }, test_time)
     }
 
     /// As [`Limiter::new`], reaching Redis as `how` says: TLS with a CA of
@@ -88,11 +76,15 @@ impl Limiter {
             Target::Single(url) => url.clone(),
             Target::Cluster(seeds) => seeds.first().cloned().unwrap_or_default(),
         };
+        let metrics = Arc::new(crate::metrics::Metrics::new());
         Ok(Limiter {
-            wakeups: Arc::new(crate::wakeups::Wakeups::new(url, nonce).with_ca(how.ca.clone())),
+            wakeups: Arc::new(
+                crate::wakeups::Wakeups::new(url, nonce).with_ca(how.ca.clone()).counting(&metrics),
+            ),
             timers: Arc::default(),
             held: Arc::default(),
-            store: Arc::new(Store::connect(how)?),
+            store: Arc::new(Store::connect(how)?.with_metrics(metrics.clone())),
+            metrics,
             scripts: Arc::new(Scripts::new()),
             test_time,
             nonce,
@@ -295,7 +287,12 @@ impl Limiter {
         // One call per key keeps every call in one slot.
         for a in adjustments.iter().filter(|a| a.delta != 0) {
             let mut call = self.scripts.adjust.prepare_invoke();
-            call.arg(&now).key(&a.key).arg(a.interval_us).arg(a.delta).arg(a.held_until_us).arg(a.refunded_us);
+            call.arg(&now)
+                .key(&a.key)
+                .arg(a.interval_us)
+                .arg(a.delta)
+                .arg(a.held_until_us)
+                .arg(a.refunded_us);
             let _: i64 = self.store.invoke(&call).await.map_err(store_error)?;
         }
         Ok(())
