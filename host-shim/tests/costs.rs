@@ -36,14 +36,8 @@ async fn check(limiter: &Limiter, cost: u32, now_us: u64) -> Result<CheckRespons
 }
 
 async fn adjust(limiter: &Limiter, cost: u32, actual: u32, now_us: u64) -> Result<(), CheckError> {
-    let adjustment = Adjustment {
-        policy: "p".into(),
-        key: "k".into(),
-        limit: points(cost),
-        actual,
-        held_until_us: None,
-        refunded_us: 0,
-    };
+    let adjustment =
+        Adjustment { policy: "p".into(), key: "k".into(), limit: points(cost), actual, held_until_us: None, refunded_us: 0 };
     limiter.adjust(&AdjustRequest { adjustments: vec![adjustment], now_us: Some(now_us) }).await
 }
 

@@ -191,8 +191,7 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                 prop_assert_eq!(&got.checks[0].limits, &want.limits, "limits at {}", now);
 
                 if got.allowed {
-                    let held_until =
-                        got.checks[0].limits.iter().map(|l| (l.held_until_us, l.refunded_us)).collect();
+                    let held_until = got.checks[0].limits.iter().map(|l| (l.held_until_us, l.refunded_us)).collect();
                     last_admitted = Some((checks.clone(), held_until));
                     if let Some(lease) = got.lease {
                         held.push((lease, checks));
