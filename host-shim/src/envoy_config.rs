@@ -219,6 +219,33 @@ mod tests {
         assert!(render("x: ${X}\n", &[("A", String::new())]).is_err());
     }
 
+    /// Every per-policy stat the filter defines is named in the template's
+    /// `policy` tag regex: one missing would stay unlabelled, as
+    /// `sluice_<policy>_<stat>`.
+    #[test]
+    fn the_policy_tag_covers_every_per_policy_stat() {
+        let regex = TEMPLATE
+            .lines()
+            .find_map(|line| line.trim().strip_prefix("regex: \"^wasmcustom"))
+            .expect("the policy tag's regex");
+        let named: Vec<&str> = regex
+            .split_once("(?:")
+            .and_then(|(_, rest)| rest.split_once(")$"))
+            .map(|(names, _)| names.split('|').collect())
+            .expect("the stat names");
+        let stats = include_str!("../../plugin/src/stats.rs");
+        // Each is defined as ` c("name")` (counter) or ` h("name")` (histogram).
+        let defined: Vec<&str> = [" c(\"", " h(\""]
+            .iter()
+            .flat_map(|open| stats.match_indices(open).map(|(i, _)| &stats[i + open.len()..]))
+            .filter_map(|rest| rest.split_once('"').map(|(name, _)| name))
+            .collect();
+        assert!(defined.len() >= 20, "found {defined:?}");
+        for stat in defined {
+            assert!(named.contains(&stat), "sluice.<policy>.{stat} is not in the policy tag's regex");
+        }
+    }
+
     #[test]
     fn the_idle_timeout_outlasts_the_longest_hold() {
         let doc = |wait: &str| {

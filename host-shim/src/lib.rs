@@ -9,6 +9,7 @@
 //! - [`keys`]: validates a check request and names its Redis keys.
 //! - [`server`]: the HTTP endpoints the filter calls, over HTTP/1.1 and
 //!   HTTP/2, in cleartext or mutual TLS; connection caps and deadlines.
+//! - [`metrics`]: `GET /metrics`: decisions, Redis latency, script errors, waiters.
 //! - [`tls`]: rustls: the shim's mTLS server config, Redis's crypto provider.
 //! - [`shed`]: the utilization shedder's fleet-wide state (`lua/shed.lua`).
 //! - [`wait`]: egress waiting: reserve a slot, hold the answer until it, cancel.
@@ -22,6 +23,7 @@
 pub mod envoy_config;
 pub mod keys;
 pub mod limiter;
+pub mod metrics;
 pub mod mixed;
 pub mod queue;
 pub mod scripts;

@@ -45,6 +45,8 @@ pub struct Limiter {
     pub(crate) held: Arc<crate::wait::Held>,
     /// The load shedder's fleet-wide controller (`lua/shed.lua`).
     shed: Arc<crate::shed::Shed>,
+    /// What `GET /metrics` shows; the store and the wake-ups count in it too.
+    pub(crate) metrics: Arc<crate::metrics::Metrics>,
     /// Random per process: with `sequence` it makes request ids unique across shims.
     nonce: u64,
     sequence: AtomicU64,
@@ -65,22 +67,7 @@ impl Limiter {
     /// Connects lazily: the shim starts while Redis is down, and checks fail
     /// (and reconnect) until it is up.
     pub fn new(target: &Target, timeout: Duration, test_time: bool) -> anyhow::Result<Limiter> {
-        let nonce: u64 = rand::random();
-        let url = match target {
-            Target::Single(url) => url.clone(),
-            Target::Cluster(seeds) => seeds.first().cloned().unwrap_or_default(),
-        };
-        Ok(Limiter {
-            wakeups: Arc::new(crate::wakeups::Wakeups::new(url, nonce)),
-            timers: Arc::default(),
-            held: Arc::default(),
-            shed: Arc::default(),
-            store: Arc::new(Store::new(target, timeout)?),
-            scripts: Arc::new(Scripts::new()),
-            test_time,
-            nonce,
-            sequence: AtomicU64::new(0),
-        })
+        Limiter::connect(&Connect { target, timeout, ca: None }, test_time)
     }
 
     /// As [`Limiter::new`], reaching Redis as `how` says: TLS with a CA of
@@ -91,12 +78,16 @@ impl Limiter {
             Target::Single(url) => url.clone(),
             Target::Cluster(seeds) => seeds.first().cloned().unwrap_or_default(),
         };
+        let metrics = Arc::new(crate::metrics::Metrics::new());
         Ok(Limiter {
-            wakeups: Arc::new(crate::wakeups::Wakeups::new(url, nonce).with_ca(how.ca.clone())),
+            wakeups: Arc::new(
+                crate::wakeups::Wakeups::new(url, nonce).with_ca(how.ca.clone()).counting(&metrics),
+            ),
             timers: Arc::default(),
             held: Arc::default(),
             shed: Arc::default(),
-            store: Arc::new(Store::connect(how)?),
+            store: Arc::new(Store::connect(how)?.with_metrics(metrics.clone())),
+            metrics,
             scripts: Arc::new(Scripts::new()),
             test_time,
             nonce,

@@ -143,6 +143,7 @@ pub(crate) async fn check(
     // Held at all (a time slot ahead, or the queue): then `waited_ms` is set.
     let mut held_any = delay > 0;
     loop {
+        let _counted = limiter.metrics.hold();
         // Hold until the time slot; a client gone meanwhile gives it back.
         let mut cancel = Cancel::new(limiter, id, at, time.clone(), held.clone(), now);
         // Never past the deadline, whatever a wake-up said.

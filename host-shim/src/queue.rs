@@ -163,6 +163,7 @@ pub(crate) async fn check(
         Acquired::Queued(soonest) => soonest,
     };
     let mut guard = Leave::queued(limiter, limit, id, soonest);
+    let _counted = limiter.metrics.hold();
     let woken = tokio::select! {
         woken = &mut registration.woken => woken.is_ok_and(|m| m == id),
         () = tokio::time::sleep_until(deadline.into()) => false,

@@ -12,6 +12,7 @@
 //!   Each answers 200 with JSON, 400 for a malformed or oversized body, 503
 //!   when Redis fails.
 //! - `GET /healthz`: 200 while the shim serves.
+//! - `GET /metrics`: see [`crate::metrics`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -44,7 +45,8 @@ use crate::limiter::{CheckError, Limiter};
 pub use sluice_policies::bounds::MAX_BODY;
 
 pub fn router(limiter: Limiter) -> Router {
-    Router::new()
+    let metrics = limiter.metrics.clone();
+    let app = Router::new()
         .route(CHECK_PATH, post(check))
         .route(RELEASE_PATH, post(release))
         .route(RENEW_PATH, post(renew))
@@ -53,7 +55,8 @@ pub fn router(limiter: Limiter) -> Router {
         .route(FEEDBACK_PATH, post(feedback))
         .route("/healthz", get(|| async { "ok\n" }))
         .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(Arc::new(limiter))
+        .with_state(Arc::new(limiter));
+    crate::metrics::serve(app, metrics)
 }
 
 /// HTTP/2 streams one connection may have open at once. Hyper's default
@@ -185,7 +188,7 @@ impl Connection {
 
 async fn check(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
     match parse::<CheckRequest<'static>>(&body) {
-        Ok(req) => answer(limiter.check(&req).await),
+        Ok(req) => answer(limiter.metrics.decided(&req, limiter.check(&req).await)),
         Err(resp) => resp,
     }
 }

@@ -3,15 +3,24 @@
 //! both run scripts by EVALSHA and load them again on NOSCRIPT. `rediss://`
 //! URLs connect over TLS (rustls), and a password in a URL authenticates
 //! (AUTH); it never appears in a log line or an error.
+//!
+//! Each script call is timed and its failures and reloads counted
+//! ([`crate::metrics`]): a reload is the `SCRIPT LOAD` redis-rs sends after
+//! Redis answered NOSCRIPT, seen on its way through [`Observed`].
 
 use std::fmt;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{FromRedisValue, RedisResult, ScriptInvocation, TlsCertificates};
+use redis::{
+    Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, ScriptInvocation, TlsCertificates, Value,
+};
 use tokio::sync::OnceCell;
+
+use crate::metrics::Metrics;
 
 /// Where the limits live. Its `Debug` and `Display` hide any password in
 /// the URLs, so it can be logged.
@@ -72,7 +81,12 @@ pub struct Connect<'a> {
     pub ca: Option<Vec<u8>>,
 }
 
-pub enum Store {
+pub struct Store {
+    conn: Conn,
+    metrics: Arc<Metrics>,
+}
+
+enum Conn {
     Single(ConnectionManager),
     /// Connected on first use, so the shim starts while the cluster is down.
     Cluster {
@@ -104,7 +118,7 @@ impl Store {
                     .set_max_delay(Duration::from_millis(500));
                 let conn = ConnectionManager::new_lazy_with_config(client, config)
                     .map_err(|e| anyhow::anyhow!("cannot set up the Redis connection: {e}"))?;
-                Ok(Store::Single(conn))
+                Ok(Store { conn: Conn::Single(conn), metrics: Arc::default() })
             }
             Target::Cluster(seeds) => {
                 let mut builder = ClusterClient::builder(seeds.iter().map(String::as_str))
@@ -117,34 +131,80 @@ impl Store {
                 let client = builder
                     .build()
                     .map_err(|e| anyhow::anyhow!("invalid --redis-cluster {}: {e}", how.target))?;
-                Ok(Store::Cluster { client, conn: OnceCell::new() })
+                Ok(Store { conn: Conn::Cluster { client, conn: OnceCell::new() }, metrics: Arc::default() })
             }
         }
+    }
+
+    /// Counts its script calls in `metrics` instead of metrics of its own.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Store {
+        self.metrics = metrics;
+        self
     }
 
     pub fn is_cluster(&self) -> bool {
-        matches!(self, Store::Cluster { .. })
+        matches!(self.conn, Conn::Cluster { .. })
     }
 
     pub async fn invoke<T: FromRedisValue>(&self, call: &ScriptInvocation<'_>) -> RedisResult<T> {
-        match self {
-            Store::Single(conn) => call.invoke_async(&mut conn.clone()).await,
-            Store::Cluster { client, conn } => {
-                let conn = conn.get_or_try_init(|| client.get_async_connection()).await?;
-                call.invoke_async(&mut conn.clone()).await
+        let started = Instant::now();
+        let result = match &self.conn {
+            Conn::Single(conn) => call.invoke_async(&mut self.observed(conn.clone())).await,
+            Conn::Cluster { client, conn } => {
+                match conn.get_or_try_init(|| client.get_async_connection()).await {
+                    Ok(conn) => call.invoke_async(&mut self.observed(conn.clone())).await,
+                    Err(err) => Err(err),
+                }
             }
-        }
+        };
+        self.metrics.script_call(started, &result);
+        result
     }
 
     /// Runs one plain command (not a script).
-    pub async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> RedisResult<T> {
-        match self {
-            Store::Single(conn) => cmd.query_async(&mut conn.clone()).await,
-            Store::Cluster { client, conn } => {
+    pub async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> RedisResult<T> {
+        match &self.conn {
+            Conn::Single(conn) => cmd.query_async(&mut conn.clone()).await,
+            Conn::Cluster { client, conn } => {
                 let conn = conn.get_or_try_init(|| client.get_async_connection()).await?;
                 cmd.query_async(&mut conn.clone()).await
             }
         }
+    }
+
+    fn observed<C>(&self, conn: C) -> Observed<'_, C> {
+        Observed { conn, metrics: &self.metrics }
+    }
+}
+
+/// A connection that counts the scripts loaded through it: redis-rs loads a
+/// script only after Redis answered NOSCRIPT to its EVALSHA.
+struct Observed<'a, C> {
+    conn: C,
+    metrics: &'a Metrics,
+}
+
+impl<C: redis::aio::ConnectionLike + Send> redis::aio::ConnectionLike for Observed<'_, C> {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let mut args = cmd.args_iter();
+        let is = |arg: Option<redis::Arg<&[u8]>>, word: &[u8]| matches!(arg, Some(redis::Arg::Simple(a)) if a.eq_ignore_ascii_case(word));
+        if is(args.next(), b"SCRIPT") && is(args.next(), b"LOAD") {
+            self.metrics.script_reloaded();
+        }
+        self.conn.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        self.conn.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.conn.get_db()
     }
 }
 

@@ -107,6 +107,7 @@ pub(crate) async fn check(
         }
         let mut guard = Cancel::new(limiter, id, at, limits.to_vec(), held_until, &now);
         let mut holding = limiter.held.hold(id);
+        let _counted = limiter.metrics.hold();
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_micros(delay)) => {}
             _ = &mut holding.released => {

@@ -14,7 +14,10 @@ use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{oneshot, watch};
+
+use crate::metrics::Metrics;
 
 pub struct Wakeups {
     url: String,
@@ -24,6 +27,8 @@ pub struct Wakeups {
     waiters: Mutex<HashMap<String, oneshot::Sender<String>>>,
     subscribed: watch::Sender<bool>,
     start: Once,
+    /// Wake-ups delivered to a waiter (`sluice_handovers`).
+    handovers: Counter,
 }
 
 /// A registered waiter: its wake-up (the message: `<id>` served, `<id> <t'>
@@ -54,12 +59,19 @@ impl Wakeups {
             waiters: Mutex::new(HashMap::new()),
             subscribed: watch::channel(false).0,
             start: Once::new(),
+            handovers: Counter::default(),
         }
     }
 
     /// Trusts `ca` (PEM) for a `rediss://` URL instead of the system's roots.
     pub fn with_ca(mut self, ca: Option<Vec<u8>>) -> Wakeups {
         self.ca = ca;
+        self
+    }
+
+    /// Counts the wake-ups it delivers in `metrics`.
+    pub fn counting(mut self, metrics: &Metrics) -> Wakeups {
+        self.handovers = metrics.handovers.clone();
         self
     }
 
@@ -121,6 +133,7 @@ impl Wakeups {
             let id = message.split(' ').next().unwrap_or_default();
             let waiter = self.waiters.lock().ok().and_then(|mut w| w.remove(id));
             if let Some(tx) = waiter {
+                self.handovers.inc();
                 let _ = tx.send(message);
             }
         }

@@ -74,9 +74,13 @@ fn a_failing_shim_lets_the_policies_decide_and_deny_wins() {
     assert_eq!(strict_reply.status, 429, "{strict_reply:?}\n{}", shim.log());
     assert_eq!(send(envoy.port, "GET", "/other", &[]).expect("request").status, 200);
     let page = prometheus(&envoy).expect("stats");
-    assert_eq!(sample(&page, "sluice_lenient_failure_denied"), 1.0, "both applied to /strict/x");
-    assert_eq!(sample(&page, "sluice_strict_failure_denied"), 1.0);
-    assert_eq!(sample(&page, "sluice_lenient_failure_allowed"), 1.0, "only lenient applied to /other");
+    assert_eq!(sample(&page, r#"sluice_failure_denied{policy="lenient"}"#), 1.0, "both applied to /strict/x");
+    assert_eq!(sample(&page, r#"sluice_failure_denied{policy="strict"}"#), 1.0);
+    assert_eq!(
+        sample(&page, r#"sluice_failure_allowed{policy="lenient"}"#),
+        1.0,
+        "only lenient applied to /other"
+    );
     let log = envoy.log();
     assert!(log.contains("failure_mode deny (policy strict) answers 429"), "{log}");
 }
@@ -113,7 +117,7 @@ fn the_breaker_stops_asking_a_failing_shim_and_closes_when_it_recovers() {
     let page = prometheus(&envoy).expect("stats");
     let shim_calls = sample(&page, r#"envoy_cluster_upstream_rq_total{envoy_cluster_name="sluice_shim"}"#);
     assert!(shim_calls <= 4.0, "{shim_calls} shim calls for 30 requests on 2 workers");
-    assert_eq!(sample(&page, "sluice_api_failure_allowed"), 30.0);
+    assert_eq!(sample(&page, r#"sluice_failure_allowed{policy="api"}"#), 30.0);
     let opened = sample(&page, "sluice_breaker_opened");
     assert!((1.0..=2.0).contains(&opened), "opened {opened}");
     let lines = envoy.log().matches("shim failing: deciding locally").count();

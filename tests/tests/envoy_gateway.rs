@@ -134,9 +134,9 @@ fn a_shadow_policy_counts_but_never_refuses() {
         redis::cmd("ZCARD").arg("sluice:{trial:alice}:sw:60000").query(&mut redis).expect("ZCARD");
     assert_eq!(entries, 2, "a shadow policy charges what it admits, nothing more");
     let page = prometheus(&stack.envoy).expect("stats");
-    assert_eq!(sample(&page, "sluice_trial_allowed"), 2.0, "{page}");
-    assert_eq!(sample(&page, "sluice_trial_shadow_denied"), 3.0);
-    assert_eq!(sample(&page, "sluice_trial_denied"), 0.0);
+    assert_eq!(sample(&page, r#"sluice_allowed{policy="trial"}"#), 2.0, "{page}");
+    assert_eq!(sample(&page, r#"sluice_shadow_denied{policy="trial"}"#), 3.0);
+    assert_eq!(sample(&page, r#"sluice_denied{policy="trial"}"#), 0.0);
 }
 
 /// A shadow policy's denial does not stop an enforced policy from charging:
@@ -181,7 +181,13 @@ fn the_over_limit_cache_denies_locally_until_the_retry_moment() {
     }
     let page = prometheus(&stack.envoy).expect("stats");
     assert_eq!(sample(&page, r#"envoy_cluster_upstream_rq_total{envoy_cluster_name="sluice_shim"}"#), 2.0);
-    assert_eq!((sample(&page, "sluice_api_denied"), sample(&page, "sluice_api_cache_denied")), (1.0, 20.0));
+    assert_eq!(
+        (
+            sample(&page, r#"sluice_denied{policy="api"}"#),
+            sample(&page, r#"sluice_cache_denied{policy="api"}"#)
+        ),
+        (1.0, 20.0)
+    );
     assert_eq!(get(&stack, "/other/x", "alice").status, 200, "another policy, same key");
     assert_eq!(get(&stack, "/api/x", "bob").status, 200, "same policy, another key");
 }
@@ -200,11 +206,37 @@ fn the_stats_match_the_traffic() {
     let counts: Vec<f64> =
         ["allowed", "denied", "cache_denied", "shadow_denied", "failure_allowed", "failure_denied"]
             .iter()
-            .map(|what| sample(&page, &format!("sluice_metered_api_{what}")))
+            .map(|what| sample(&page, &format!(r#"sluice_{what}{{policy="metered-api"}}"#)))
             .collect();
     assert_eq!(counts, [3.0, 1.0, 1.0, 0.0, 0.0, 0.0], "{page}");
     let calls =
         || prometheus(&stack.envoy).map(|page| sample(&page, "sluice_shim_latency_ms_count")).unwrap_or(0.0);
     let flushed = sluice_tests::gateway::eventually(std::time::Duration::from_secs(20), || calls() == 4.0);
     assert!(flushed, "sluice_shim_latency_ms_count = {}, want 4", calls());
+}
+
+/// The rendered config's `stats_tags` make the policy a label: after 3
+/// requests to `partner-api` (2 per minute) and 1 to `search`, Envoy's
+/// Prometheus page has `sluice_allowed{policy="partner-api"} 2`,
+/// `sluice_denied{policy="partner-api"} 1` and
+/// `sluice_allowed{policy="search"} 1` (the label keeps the dash), no
+/// per-policy stat under its old name, and the filter-wide breaker stats
+/// under theirs.
+#[test]
+fn envoy_stats_carry_the_policy_as_a_label() {
+    let doc =
+        document("", &[policy("partner-api", TWO_PER_MINUTE, ""), policy("search", TWO_PER_MINUTE, "")]);
+    let stack = Stack::start(&doc).expect("stack");
+    let replies: Vec<Response> = (0..3).map(|_| get(&stack, "/partner-api/x", "alice")).collect();
+    assert_eq!(statuses(&replies), [200, 200, 429]);
+    assert_eq!(get(&stack, "/search/x", "alice").status, 200);
+    let page = prometheus(&stack.envoy).expect("stats");
+    assert_eq!(sample(&page, r#"sluice_allowed{policy="partner-api"}"#), 2.0, "{page}");
+    assert_eq!(sample(&page, r#"sluice_denied{policy="partner-api"}"#), 1.0);
+    assert_eq!(sample(&page, r#"sluice_allowed{policy="search"}"#), 1.0);
+    assert!(page.contains("# TYPE sluice_allowed counter"), "{page}");
+    let untagged: Vec<&str> =
+        page.lines().filter(|l| l.starts_with("sluice_partner") || l.starts_with("sluice_search")).collect();
+    assert!(untagged.is_empty(), "per-policy stats without the label: {untagged:?}");
+    assert!(page.lines().any(|l| l == "sluice_breaker_opened{} 0"), "{page}");
 }

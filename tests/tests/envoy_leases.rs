@@ -69,15 +69,20 @@ impl Pool {
             self.envoy.log()
         );
         let n = requests as f64;
-        let released = eventually(WAIT, || self.stat("sluice_pool_released") == n);
-        assert!(released, "released {} of {n}\n{}", self.stat("sluice_pool_released"), self.shim.log());
+        let released = eventually(WAIT, || self.stat(r#"sluice_released{policy="pool"}"#) == n);
+        assert!(
+            released,
+            "released {} of {n}\n{}",
+            self.stat(r#"sluice_released{policy="pool"}"#),
+            self.shim.log()
+        );
         let shim_calls = r#"envoy_cluster_upstream_rq_total{envoy_cluster_name="sluice_shim"}"#;
         assert!(
             eventually(WAIT, || self.stat(shim_calls) == n + checks as f64),
             "shim calls {}",
             self.stat(shim_calls)
         );
-        assert_eq!(self.stat("sluice_pool_release_failed"), 0.0);
+        assert_eq!(self.stat(r#"sluice_release_failed{policy="pool"}"#), 0.0);
     }
 }
 
@@ -162,13 +167,21 @@ fn a_failed_release_is_reclaimed_by_the_lease_ttl() {
     // The shim answers 503 to everything, the release included.
     pool.redis.refuse_scripts().expect("ACL");
     drop(client);
-    assert!(eventually(WAIT, || pool.stat("sluice_pool_release_failed") == 1.0), "{}", pool.envoy.log());
+    assert!(
+        eventually(WAIT, || pool.stat(r#"sluice_release_failed{policy="pool"}"#) == 1.0),
+        "{}",
+        pool.envoy.log()
+    );
     assert_eq!(pool.held(), 1, "the failed release left the slot held");
     pool.redis.allow_scripts().expect("ACL");
     assert!(eventually(WAIT, || pool.get("/ok").status == 200), "the lease never expired");
-    assert_eq!(pool.stat("sluice_pool_reclaimed"), 1.0);
-    let own = eventually(WAIT, || pool.stat("sluice_pool_released") == 1.0);
-    assert!(own, "the admitted request's own lease: released {}", pool.stat("sluice_pool_released"));
+    assert_eq!(pool.stat(r#"sluice_reclaimed{policy="pool"}"#), 1.0);
+    let own = eventually(WAIT, || pool.stat(r#"sluice_released{policy="pool"}"#) == 1.0);
+    assert!(
+        own,
+        "the admitted request's own lease: released {}",
+        pool.stat(r#"sluice_released{policy="pool"}"#)
+    );
 }
 
 /// Regression: a live request lost its lease. Leases were never renewed, so
@@ -184,7 +197,7 @@ fn a_live_stream_keeps_its_lease_past_the_lease_length() {
     assert!(eventually(WAIT, || pool.held() == 1), "the slot was never taken");
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(pool.get("/ok").status, 429, "the live stream's lease was reclaimed\n{}", pool.envoy.log());
-    assert_eq!(pool.stat("sluice_pool_reclaimed"), 0.0);
+    assert_eq!(pool.stat(r#"sluice_reclaimed{policy="pool"}"#), 0.0);
     drop(client);
     assert!(eventually(WAIT, || pool.held() == 0), "the ended stream kept its slot");
     assert_eq!(pool.get("/ok").status, 200, "the slot is free again");

@@ -45,9 +45,9 @@ fn a_request_held_longer_than_the_route_timeout_still_passes() {
 
     let stats = || prometheus(&envoy).unwrap_or_default();
     assert!(
-        eventually(Duration::from_secs(5), || sample(&stats(), "sluice_partner_waited") == 1.0),
+        eventually(Duration::from_secs(5), || sample(&stats(), r#"sluice_waited{policy="partner"}"#) == 1.0),
         "one request waited:\n{}",
         stats()
     );
-    assert_eq!(sample(&stats(), "sluice_partner_immediate"), 1.0);
+    assert_eq!(sample(&stats(), r#"sluice_immediate{policy="partner"}"#), 1.0);
 }

@@ -378,7 +378,7 @@ fn a_killed_envoy_holding_leases_gets_every_slot_back_within_the_lease() {
     std::thread::sleep(Duration::from_millis(500));
     doomed.kill();
     let killed = Instant::now();
-    let reclaimed = || sample(&stats(&survivor), "sluice_pool_reclaimed");
+    let reclaimed = || sample(&stats(&survivor), r#"sluice_reclaimed{policy="pool"}"#);
     assert!(eventually(lease + WAIT, || reclaimed() >= SLOTS as f64), "reclaimed {}", reclaimed());
     std::thread::sleep(Duration::from_millis(1500));
     let sent = traffic.finish();
@@ -412,8 +412,8 @@ fn a_killed_envoy_holding_leases_gets_every_slot_back_within_the_lease() {
         .collect();
     let most = most_at_once(&intervals);
     let page = stats(&survivor);
-    let reclaimed = sample(&page, "sluice_pool_reclaimed");
-    let release_failed = sample(&page, "sluice_pool_release_failed");
+    let reclaimed = sample(&page, r#"sluice_reclaimed{policy="pool"}"#);
+    let release_failed = sample(&page, r#"sluice_release_failed{policy="pool"}"#);
     // A check and, for an admitted request, its release; plus the upstream's own time.
     let bound = 2 * timeout() + SLOW + MARGIN;
     eprintln!(

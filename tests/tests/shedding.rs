@@ -81,7 +81,7 @@ fn lower_classes_never_hold_more_than_their_share() {
     let refused: Vec<u16> = statuses.iter().flatten().copied().collect();
     assert_eq!(refused, vec![503; 12], "the 12 beyond the share are refused with 503");
     assert_eq!(fleet.held(), 8, "normal requests hold 8 slots");
-    assert_eq!(fleet.stat("sluice_class_normal_denied"), 12.0);
+    assert_eq!(fleet.stat(r#"sluice_class_denied{class="normal"}"#), 12.0);
 }
 
 /// The status line of the answer on `stream`, if one comes within a second.
@@ -117,7 +117,7 @@ fn critical_requests_use_the_reserve() {
     assert!(eventually(WAIT, || fleet.held() == 9), "held {}", fleet.held());
     assert_eq!(fleet.refused(1, "/catalog", &[]).0, 503, "9 held: above the normal share of 8");
     held.push(fleet.take(1, "critical", 10));
-    assert_eq!(fleet.stat("sluice_class_critical_allowed"), 3.0);
+    assert_eq!(fleet.stat(r#"sluice_class_allowed{class="critical"}"#), 3.0);
     drop(held);
     assert!(eventually(WAIT, || fleet.held() == 0), "every slot comes back");
 }
