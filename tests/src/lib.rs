@@ -17,6 +17,7 @@
 //! - [`shim`]: [`Shim`], `dist/sluice serve` pointed at a Redis or a Redis
 //!   Cluster; it can crash and come back on the same port.
 //! - [`upstream`]: [`Upstream`], an in-process HTTP server answering `ok`.
+//! - [`loaded`]: [`loaded::LoadedUpstream`], an upstream reporting the load the test sets (ORCA).
 //! - [`envoy`]: [`Envoy`], `envoy/demo.yaml` rendered and run with a policy;
 //!   it can crash (SIGKILL), for fault tests.
 //! - [`partner`]: [`Partner`], a mock third-party API enforcing its own
@@ -52,6 +53,7 @@ pub mod envoy;
 pub mod faults;
 pub mod gateway;
 pub mod host;
+pub mod loaded;
 pub mod partner;
 pub mod paths;
 mod probe;

@@ -1,17 +1,23 @@
-//! Load shedding end to end through two real Envoys, the shim and one
-//! Redis (scenario S4c): a fleet pool of 10 whose last 20% only `critical`
-//! may use. Lower classes never hold more than 8 slots, across both
-//! gateways; critical requests are admitted whenever fewer than 10 are
+//! Load shedding end to end through real Envoy, the shim and Redis.
+//!
+//! S4c, two Envoys and one Redis: a fleet pool of 10 whose last 20% only
+//! `critical` may use. Lower classes never hold more than 8 slots, across
+//! both gateways; critical requests are admitted whenever fewer than 10 are
 //! held; a request the reserve holds out gets 503 with the IETF problem
 //! type `temporary-reduced-capacity`.
+//!
+//! S4d: an upstream whose ORCA load report the test drives; the shedding
+//! starts, grows and recovers on a scaled-down timeline, and never sheds
+//! the critical class.
 
 use std::io::Read;
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sluice_tests::gateway::{
     envoy_with_route_timeout, eventually, open_request, prometheus, sample, send, RoughUpstream,
 };
+use sluice_tests::loaded::LoadedUpstream;
 use sluice_tests::{Envoy, Redis, Shim};
 
 const WAIT: Duration = Duration::from_secs(15);
@@ -120,4 +126,103 @@ fn critical_requests_use_the_reserve() {
     assert_eq!(fleet.stat(r#"sluice_class_allowed{class="critical"}"#), 3.0);
     drop(held);
     assert!(eventually(WAIT, || fleet.held() == 0), "every slot comes back");
+}
+
+/// The utilization shedder (S4d), with the scenario's timeline scaled down:
+/// shedding starts 2 s into trouble and reaches every class but `critical`
+/// 4 s later; it takes 4 s to recover. The upstream reports its load in the
+/// ORCA header, as the test sets it.
+const SHEDDING: &str = r#"{"shim": {"timeout_ms": 2000}, "failure_mode": "deny",
+    "class_header": "x-priority",
+    "classes": [{"name": "critical"}, {"name": "normal"}, {"name": "batch"}],
+    "policies": [{"name": "svc",
+        "shed": {"signal": {"orca": "cpu_utilization"},
+                 "controller": {"delay": "2s", "ramp": "4s", "recovery": "4s"}},
+        "limits": [{"type": "concurrency", "limit": 1000, "lease": "30s"}]}]}"#;
+
+const CLASSES: [&str; 3] = ["critical", "normal", "batch"];
+
+/// What one request of the steady traffic got.
+struct Sample {
+    at: Instant,
+    class: usize,
+    status: u16,
+}
+
+/// Sends one request of each class, in turn, through `envoy` until `done`
+/// holds of what was sent so far (or `within` runs out: false).
+fn drive(
+    envoy: &Envoy,
+    samples: &mut Vec<Sample>,
+    within: Duration,
+    done: impl Fn(&[Sample]) -> bool,
+) -> bool {
+    let deadline = Instant::now() + within;
+    let from = samples.len();
+    while Instant::now() < deadline {
+        for (class, name) in CLASSES.iter().enumerate() {
+            let reply = send(envoy.port, "GET", "/", &[("x-priority", name)]).expect("request");
+            samples.push(Sample { at: Instant::now(), class, status: reply.status });
+        }
+        if done(&samples[from..]) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+fn shed(samples: &[Sample], class: usize) -> usize {
+    samples.iter().filter(|s| s.class == class && s.status == 503).count()
+}
+
+/// Under steady traffic of every class: nothing is shed while the load is
+/// low; once it is high, nothing for the delay, then the least important
+/// class first, then the next, up to every request of both; the critical
+/// class never. When the load falls, the shedding falls until nothing is shed.
+#[test]
+fn the_shedder_starts_grows_and_recovers_on_its_timeline() {
+    let redis = Redis::start().expect("redis");
+    let shim = Shim::start(&redis.url()).expect("shim");
+    let upstream = LoadedUpstream::start(0.5).expect("upstream");
+    let envoy = Envoy::start(SHEDDING, shim.port, upstream.port).expect("envoy");
+    let mut samples = Vec::new();
+
+    // Low load: a few report periods, nothing shed.
+    let calm = drive(&envoy, &mut samples, Duration::from_secs(3), |_| false);
+    assert!(!calm);
+    assert_eq!(samples.iter().filter(|s| s.status != 200).count(), 0, "shed under low load");
+
+    // High load: batch is shed first, then normal, then all of both.
+    upstream.set_load(0.95);
+    let trouble = Instant::now();
+    let all_shed = |s: &[Sample]| {
+        let last: Vec<&Sample> = s.iter().rev().take(3 * 5).collect();
+        last.len() == 15 && last.iter().all(|x| x.class == 0 || x.status == 503)
+    };
+    let reached = drive(&envoy, &mut samples, Duration::from_secs(30), all_shed);
+    assert!(reached, "never shed every non-critical request\n{}", envoy.log());
+    let first = |class| samples.iter().find(|s| s.class == class && s.status == 503).map(|s| s.at);
+    let (batch, normal) = (first(2).expect("batch shed"), first(1).expect("normal shed"));
+    assert!(
+        batch - trouble >= Duration::from_secs(2),
+        "shed {:?} into trouble, before the 2 s delay",
+        batch - trouble
+    );
+    assert!(batch < normal, "the least important class goes first");
+    assert_eq!(shed(&samples, 0), 0, "the critical class is never shed");
+
+    // Low load again: the shedding falls until nothing is shed.
+    upstream.set_load(0.3);
+    let recovered = |s: &[Sample]| {
+        let last: Vec<&Sample> = s.iter().rev().take(3 * 5).collect();
+        last.len() == 15 && last.iter().all(|x| x.status == 200)
+    };
+    assert!(drive(&envoy, &mut samples, Duration::from_secs(30), recovered), "never recovered");
+    assert_eq!(shed(&samples, 0), 0, "the critical class is never shed");
+
+    let page = prometheus(&envoy).expect("stats");
+    assert!(sample(&page, r#"sluice_class_shed{class="batch"}"#) > 0.0);
+    assert_eq!(sample(&page, r#"sluice_class_shed{class="critical"}"#), 0.0);
+    assert_eq!(sample(&page, r#"sluice_shed{policy="svc"}"#), (shed(&samples, 1) + shed(&samples, 2)) as f64);
 }
