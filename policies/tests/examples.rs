@@ -18,6 +18,7 @@ const TESTED: &[&str] = &[
     "fixed-windows",
     "public-api-by-ip",
     "fleet-reserve",
+    "utilization-shedder",
 ];
 
 fn example(name: &str) -> Document {
@@ -182,6 +183,22 @@ fn fleet_reserve() {
     assert_eq!(applied(&doc, &SimpleRequest::new("GET", "/catalog")), pool(400));
     let named = SimpleRequest::new("GET", "/catalog").header("x-priority", "critical");
     assert_eq!(applied(&doc, &named), pool(500));
+}
+
+/// S4d: the service's ORCA `cpu_utilization` sheds batch traffic (all that
+/// matches no other class) first, then interactive traffic, never payments,
+/// on the scenario's timeline (the controller's defaults).
+#[test]
+fn utilization_shedder() {
+    let doc = example("utilization-shedder");
+    let shed = doc.policies[0].shed.as_ref().expect("the policy sheds");
+    assert_eq!(shed.signal, sluice_policies::load::Signal::Orca("cpu_utilization".into()));
+    assert_eq!(shed.controller, sluice_policies::shed::ShedSettings::default());
+    let class = |req: &SimpleRequest| doc.evaluate(req).expect("applies").class;
+    assert_eq!(class(&SimpleRequest::new("POST", "/payments/charge")), 0);
+    assert_eq!(class(&SimpleRequest::new("GET", "/app/cart")), 1);
+    assert_eq!(class(&SimpleRequest::new("GET", "/export")), 2, "matching none: the last class");
+    assert_eq!(class(&SimpleRequest::new("GET", "/export").header("x-priority", "interactive")), 1);
 }
 
 /// Every document in `examples/` is in [`TESTED`], so each has a test here.
