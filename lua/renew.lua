@@ -4,7 +4,7 @@
 -- KEYS[i]   the lease sets of the request's concurrency limits
 -- ARGV[1]   the lease id
 -- ARGV[2]   the time in microseconds, or "" for Redis TIME
--- ARGV[i+2]   limit i's lease length (µs)
+-- ARGV[2i+1], ARGV[2i+2]   limit i's limit and lease length (µs), as release.lua
 --
 -- A live lease lasts another lease length from now. A lease already gone
 -- (released, or reclaimed) or expired is not taken again: renewing never
@@ -13,7 +13,7 @@ local id = ARGV[1]
 local now = clock(ARGV[2])
 local renewed = 0
 for i, key in ipairs(KEYS) do
-  local lease = tonumber(ARGV[i + 2])
+  local lease = tonumber(ARGV[2 * i + 2])
   local expiry = tonumber(redis.call('ZSCORE', key, id))
   if expiry and expiry > now then
     redis.call('ZADD', key, 'XX', now + lease, id)

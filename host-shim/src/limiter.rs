@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::cluster_routing::Slot;
+use redis::Script;
 use sluice_policies::algorithm::Algorithm;
 use sluice_policies::wire::{
     AdjustRequest, CheckOutcome, CheckRequest, CheckResponse, FeedbackRequest, FeedbackResponse,
@@ -262,16 +263,7 @@ impl Limiter {
         // A request this shim still holds for its time slot is let go: its
         // reservation is given back where safe (wait::Cancel).
         self.held.cancel(&req.lease);
-        let mut released = 0;
-        for group in self.slot_groups(&leases) {
-            let mut call = self.scripts.release.prepare_invoke();
-            call.arg(&req.lease).arg(&now);
-            for i in group {
-                let (_, [limit, lease, _]) = leases[i].algorithm.script_args();
-                call.key(&leases[i].key).arg(limit).arg(lease);
-            }
-            released += self.store.invoke::<u64>(&call).await.map_err(store_error)?;
-        }
+        let released = self.on_leases(&self.scripts.release, &req.lease, &leases, &now).await?;
         Ok(ReleaseResponse { released })
     }
 
@@ -290,17 +282,31 @@ impl Limiter {
     ) -> Result<RenewResponse, CheckError> {
         let now = self.time_arg(now_us)?;
         let leases = lease_limits(req)?;
-        let mut renewed = 0;
-        for group in self.slot_groups(&leases) {
-            let mut call = self.scripts.renew.prepare_invoke();
-            call.arg(&req.lease).arg(&now);
-            for i in group {
-                let (_, [_, lease, _]) = leases[i].algorithm.script_args();
-                call.key(&leases[i].key).arg(lease);
-            }
-            renewed += self.store.invoke::<u64>(&call).await.map_err(store_error)?;
-        }
+        let renewed = self.on_leases(&self.scripts.renew, &req.lease, &leases, &now).await?;
         Ok(RenewResponse { renewed })
+    }
+
+    /// Runs `script` (release.lua or renew.lua) for lease `lease` on each
+    /// of `leases`, one call per Redis Cluster slot; the leases it ended or
+    /// renewed.
+    async fn on_leases(
+        &self,
+        script: &Script,
+        lease: &str,
+        leases: &[ScriptLimit],
+        now: &str,
+    ) -> Result<u64, CheckError> {
+        let mut changed = 0;
+        for group in self.slot_groups(leases) {
+            let mut call = script.prepare_invoke();
+            call.arg(lease).arg(now);
+            for i in group {
+                let (_, [limit, lease_us, _]) = leases[i].algorithm.script_args();
+                call.key(&leases[i].key).arg(limit).arg(lease_us);
+            }
+            changed += self.store.invoke::<u64>(&call).await.map_err(store_error)?;
+        }
+        Ok(changed)
     }
 
     /// Load shedding: records a gateway's utilization report for a policy

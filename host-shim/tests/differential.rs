@@ -108,6 +108,19 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// The (key, limit, lease) of each concurrency limit of `checks`, as the
+/// model's release and renewal take them.
+fn lease_keys(checks: &[Check]) -> Vec<(String, u64, u64)> {
+    script_limits(checks)
+        .expect("valid limits")
+        .into_iter()
+        .filter_map(|l| match l.algorithm {
+            Algorithm::Concurrency { limit, lease_us } => Some((l.key, limit, lease_us)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// `actual` as the filter sends it: at most the points limit's capacity.
 fn clamped(actual: u32, limit: &WireLimit) -> u32 {
     match *limit {
@@ -238,15 +251,7 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                     continue;
                 }
                 let (lease, checks) = held.remove(n % held.len());
-                let keys: Vec<(String, u64, u64)> = script_limits(&checks)
-                    .expect("valid limits")
-                    .into_iter()
-                    .filter_map(|l| match l.algorithm {
-                        Algorithm::Concurrency { limit, lease_us } => Some((l.key, limit, lease_us)),
-                        _ => None,
-                    })
-                    .collect();
-                let want = algorithm::release(&mut model, now, &keys, &lease);
+                let want = algorithm::release(&mut model, now, &lease_keys(&checks), &lease);
                 let got = w
                     .runtime
                     .block_on(w.limiter.release_at(&ReleaseRequest { lease, checks }, Some(now)))
@@ -258,15 +263,7 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                     continue;
                 }
                 let (lease, checks) = held[n % held.len()].clone();
-                let keys: Vec<(String, u64)> = script_limits(&checks)
-                    .expect("valid limits")
-                    .into_iter()
-                    .filter_map(|l| match l.algorithm {
-                        Algorithm::Concurrency { lease_us, .. } => Some((l.key, lease_us)),
-                        _ => None,
-                    })
-                    .collect();
-                let want = algorithm::renew(&mut model, now, &keys, &lease);
+                let want = algorithm::renew(&mut model, now, &lease_keys(&checks), &lease);
                 let got = w
                     .runtime
                     .block_on(w.limiter.renew_at(&ReleaseRequest { lease, checks }, Some(now)))

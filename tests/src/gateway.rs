@@ -178,40 +178,15 @@ impl Drop for Blackhole {
 /// HTTP/1.1 and HTTP/2 cleartext like the real one.
 pub struct FakeShim {
     pub port: u16,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    _server: crate::Upstream,
 }
 
 impl FakeShim {
     pub fn start(status: u16, body: &'static str) -> anyhow::Result<FakeShim> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
-        listener.set_nonblocking(true)?;
-        let port = listener.local_addr()?.port();
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let status = axum::http::StatusCode::from_u16(status)?;
-        let thread = std::thread::spawn(move || {
-            runtime.block_on(async move {
-                let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
-                let app = axum::Router::new().fallback(move || async move { (status, body) });
-                tokio::select! {
-                    _ = axum::serve(listener, app) => {}
-                    _ = stopped => {}
-                }
-            });
-        });
-        Ok(FakeShim { port, stop: Some(stop), thread: Some(thread) })
-    }
-}
-
-impl Drop for FakeShim {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        let server =
+            crate::Upstream::serving(axum::Router::new().fallback(move || async move { (status, body) }))?;
+        Ok(FakeShim { port: server.port, _server: server })
     }
 }
 

@@ -17,23 +17,27 @@ pub struct Upstream {
 impl Upstream {
     /// Binds 127.0.0.1:0 (so the port is ours before this returns) and serves.
     pub fn start() -> anyhow::Result<Upstream> {
+        Upstream::serving(axum::Router::new().fallback(|| async { "ok\n" }))
+    }
+
+    /// As [`Upstream::start`], answering with `app`.
+    pub fn serving(app: axum::Router) -> anyhow::Result<Upstream> {
         let listener = TcpListener::bind("127.0.0.1:0").context("binding the upstream")?;
         listener.set_nonblocking(true)?;
         let port = listener.local_addr()?.port();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let (stop, stopped) = oneshot::channel();
         let thread = std::thread::Builder::new().name("upstream".into()).spawn(move || {
-            runtime.block_on(serve(listener, stopped));
+            runtime.block_on(serve(listener, app, stopped));
         })?;
         Ok(Upstream { port, stop: Some(stop), thread: Some(thread) })
     }
 }
 
-async fn serve(listener: TcpListener, stopped: oneshot::Receiver<()>) {
+async fn serve(listener: TcpListener, app: axum::Router, stopped: oneshot::Receiver<()>) {
     let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
         return;
     };
-    let app = axum::Router::new().fallback(|| async { "ok\n" });
     tokio::select! {
         result = axum::serve(listener, app) => {
             if let Err(err) = result {

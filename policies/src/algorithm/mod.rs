@@ -296,9 +296,9 @@ pub fn release(store: &mut Store, now: u64, keys: &[(String, u64, u64)], id: &st
 }
 
 /// `lua/renew.lua`: lease `id`, where live, lasts another lease length on
-/// each (key, lease); how many it renewed.
-pub fn renew(store: &mut Store, now: u64, keys: &[(String, u64)], id: &str) -> u64 {
-    keys.iter().filter(|(key, lease)| queue::renew(store, key, now, id, *lease)).count() as u64
+/// each (key, limit, lease), as `release` takes them; how many it renewed.
+pub fn renew(store: &mut Store, now: u64, keys: &[(String, u64, u64)], id: &str) -> u64 {
+    keys.iter().filter(|(key, _, lease)| queue::renew(store, key, now, id, *lease)).count() as u64
 }
 
 /// `lua/adjust.lua`: charges or refunds each correction's bucket.

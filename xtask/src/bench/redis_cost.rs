@@ -53,17 +53,7 @@ pub(crate) fn run(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost
     let scripts = Scripts::new();
     let mut costs = Vec::new();
     for (name, limits) in sluice_cases() {
-        let keys_of = |client: usize| -> Result<Vec<(String, Algorithm)>> {
-            let check = Check {
-                policy: "bench".into(),
-                key: format!("client{client}"),
-                limits: limits.clone(),
-                margin_ms: None,
-                upstream: false,
-            };
-            let limits = script_limits(&[check]).map_err(anyhow::Error::msg)?;
-            Ok(limits.into_iter().map(|l| (l.key, l.algorithm)).collect())
-        };
+        let keys_of = |client: usize| case_keys(&limits, client);
         let cost = measure(
             conn,
             name,
@@ -87,6 +77,19 @@ pub(crate) fn run(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost
     Ok(costs)
 }
 
+/// The state keys and algorithms of `limits` for client `client`, as the shim names them.
+fn case_keys(limits: &[WireLimit], client: usize) -> Result<Vec<(String, Algorithm)>> {
+    let check = Check {
+        policy: "bench".into(),
+        key: format!("client{client}"),
+        limits: limits.to_vec(),
+        margin_ms: None,
+        upstream: false,
+    };
+    let limits = script_limits(&[check]).map_err(anyhow::Error::msg)?;
+    Ok(limits.into_iter().map(|l| (l.key, l.algorithm)).collect())
+}
+
 /// The check script as a Redis Function (`FUNCTION LOAD`, Redis 7), for the
 /// two cases that weigh it against EVALSHA: a library survives restarts and
 /// failover without a NOSCRIPT round trip, and is defined once.
@@ -105,17 +108,7 @@ fn functions(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost>> {
     for (name, limits) in
         sluice_cases().into_iter().filter(|(n, _)| n.starts_with("fixed_window") || n.ends_with("(S0)"))
     {
-        let keys_of = |client: usize| -> Result<Vec<(String, Algorithm)>> {
-            let check = Check {
-                policy: "bench".into(),
-                key: format!("client{client}"),
-                limits: limits.clone(),
-                margin_ms: None,
-                upstream: false,
-            };
-            let limits = script_limits(&[check]).map_err(anyhow::Error::msg)?;
-            Ok(limits.into_iter().map(|l| (l.key, l.algorithm)).collect())
-        };
+        let keys_of = |client: usize| case_keys(&limits, client);
         redis::cmd("FLUSHDB").query::<()>(conn)?;
         redis::cmd("CONFIG").arg("RESETSTAT").query::<()>(conn)?;
         for call in 0..calls {
