@@ -150,9 +150,16 @@ impl Run {
     }
 
     /// The `p` quantile (0 to 1) of the latency of `class`'s served
-    /// requests due in the overload phase, in ms; None if none was served.
-    pub(crate) fn served_latency(&self, plan: &plan::Shed, class: usize, p: f64) -> Option<f64> {
-        let served = self.overload(plan, class).filter(|s| s.answer == Answer::Served);
+    /// requests due in the overload phase from `from` on, in ms; None if
+    /// none was served.
+    pub(crate) fn served_latency(
+        &self,
+        plan: &plan::Shed,
+        class: usize,
+        from: Duration,
+        p: f64,
+    ) -> Option<f64> {
+        let served = self.overload(plan, class).filter(|s| s.answer == Answer::Served && s.due >= from);
         quantile(served.map(|s| s.latency.as_secs_f64() * 1000.0).collect(), p)
     }
 
