@@ -1,4 +1,4 @@
-//! How much of each scenario to run: the full run (about 17 minutes on 2
+//! How much of each scenario to run: the full run (about 19 minutes on 2
 //! cores, 6 of them the three S0 egress runs) or `--quick` (about two
 //! minutes, to prove the bench works; its numbers mean little).
 
