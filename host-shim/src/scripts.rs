@@ -36,22 +36,25 @@ macro_rules! with_queue {
     };
 }
 
+/// The check script's source: every decision runs it.
+pub const CHECK: &str = concat!(
+    include_str!("../../lua/common.lua"),
+    include_str!("../../lua/fixed_window.lua"),
+    include_str!("../../lua/sliding_window.lua"),
+    include_str!("../../lua/sliding_approx.lua"),
+    include_str!("../../lua/gcra.lua"),
+    include_str!("../../lua/pause.lua"),
+    include_str!("../../lua/slots.lua"),
+    include_str!("../../lua/queue.lua"),
+    include_str!("../../lua/concurrency.lua"),
+    include_str!("../../lua/reserve.lua"),
+    include_str!("../../lua/check.lua"),
+);
+
 impl Scripts {
     pub fn new() -> Scripts {
         Scripts {
-            check: Script::new(concat!(
-                include_str!("../../lua/common.lua"),
-                include_str!("../../lua/fixed_window.lua"),
-                include_str!("../../lua/sliding_window.lua"),
-                include_str!("../../lua/sliding_approx.lua"),
-                include_str!("../../lua/gcra.lua"),
-                include_str!("../../lua/pause.lua"),
-                include_str!("../../lua/slots.lua"),
-                include_str!("../../lua/queue.lua"),
-                include_str!("../../lua/concurrency.lua"),
-                include_str!("../../lua/reserve.lua"),
-                include_str!("../../lua/check.lua"),
-            )),
+            check: Script::new(CHECK),
             release: Script::new(with_queue!("../../lua/release.lua")),
             renew: Script::new(concat!(
                 include_str!("../../lua/common.lua"),

@@ -37,8 +37,11 @@
 //! - [`gateway`]: for the gateway-behaviour tests: whole responses, Envoy's
 //!   Prometheus stats, a route timeout, and fault injectors (a blackhole
 //!   shim, a fake shim, an upstream that fails or hangs).
-//! - [`host`]: a proxy-wasm host on wasmtime that runs the real `sluice.wasm`
-//!   in process, with stories for tests ([`host::Plugin`]).
+//!
+//! The proxy-wasm host on wasmtime that runs the real `sluice.wasm` in
+//! process, and its tests, are the crate `sluice-wasm-host` (`tests/host/`):
+//! `cargo xtask` depends on this crate, the process harness, and so compiles
+//! no wasmtime.
 //! - [`tls`]: [`tls::Pki`], a throwaway CA with server and client certificates.
 //!
 //! Every wait has a deadline, and every startup failure carries the tail of the
@@ -52,7 +55,6 @@ pub mod egress;
 pub mod envoy;
 pub mod faults;
 pub mod gateway;
-pub mod host;
 pub mod loaded;
 pub mod partner;
 pub mod paths;

@@ -82,8 +82,77 @@ pub(crate) fn run(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost
         )?;
         costs.push(cost);
     }
+    costs.extend(functions(conn, calls)?);
     costs.extend(handwritten(conn, calls)?);
     Ok(costs)
+}
+
+/// The check script as a Redis Function (`FUNCTION LOAD`, Redis 7), for the
+/// two cases that weigh it against EVALSHA: a library survives restarts and
+/// failover without a NOSCRIPT round trip, and is defined once.
+fn functions(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost>> {
+    let library = format!(
+        "#!lua name=sluicebench\nredis.register_function('check', function(KEYS, ARGV)\n{}\nend)\n",
+        sluice_shim::scripts::CHECK
+    );
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(&library)
+        .query::<String>(conn)
+        .context("FUNCTION LOAD")?;
+    let mut costs = Vec::new();
+    for (name, limits) in
+        sluice_cases().into_iter().filter(|(n, _)| n.starts_with("fixed_window") || n.ends_with("(S0)"))
+    {
+        let keys_of = |client: usize| -> Result<Vec<(String, Algorithm)>> {
+            let check = Check {
+                policy: "bench".into(),
+                key: format!("client{client}"),
+                limits: limits.clone(),
+                margin_ms: None,
+                upstream: false,
+            };
+            let limits = script_limits(&[check]).map_err(anyhow::Error::msg)?;
+            Ok(limits.into_iter().map(|l| (l.key, l.algorithm)).collect())
+        };
+        redis::cmd("FLUSHDB").query::<()>(conn)?;
+        redis::cmd("CONFIG").arg("RESETSTAT").query::<()>(conn)?;
+        for call in 0..calls {
+            let keys = keys_of(call % CLIENTS)?;
+            let mut fcall = redis::cmd("FCALL");
+            fcall.arg("check").arg(keys.len());
+            for (key, _) in &keys {
+                fcall.arg(key);
+            }
+            fcall.arg("").arg(format!("r{call}"));
+            for (_, alg) in &keys {
+                let (kind, [a, b, c]) = alg.script_args();
+                fcall.arg(kind).arg(a).arg(b).arg(c);
+            }
+            let _: redis::Value =
+                fcall.query(conn).with_context(|| format!("{name} (FCALL): call {call}"))?;
+        }
+        let usec_per_call = usec_per_call(conn, "fcall").with_context(|| format!("{name} (FCALL)"))?;
+        costs.push(Cost {
+            case: format!("{name}, as a Redis Function (FCALL)"),
+            usec_per_call,
+            bytes_per_client: f64::NAN,
+        });
+    }
+    redis::cmd("FUNCTION").arg("DELETE").arg("sluicebench").query::<()>(conn)?;
+    Ok(costs)
+}
+
+/// `usec_per_call` of `command` in INFO commandstats.
+fn usec_per_call(conn: &mut redis::Connection, command: &str) -> Result<f64> {
+    let stats: String = redis::cmd("INFO").arg("commandstats").query(conn)?;
+    stats
+        .lines()
+        .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
+        .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("usec_per_call=")))
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("no {command} in INFO commandstats"))
 }
 
 fn handwritten(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost>> {
@@ -162,13 +231,7 @@ fn measure<'s>(
         let inv = invocation(call % CLIENTS, call)?;
         let _: redis::Value = inv.invoke(conn).with_context(|| format!("{case}: call {call}"))?;
     }
-    let stats: String = redis::cmd("INFO").arg("commandstats").query(conn)?;
-    let usec_per_call = stats
-        .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("usec_per_call=")))
-        .and_then(|v| v.parse().ok())
-        .with_context(|| format!("{case}: no EVALSHA in INFO commandstats"))?;
+    let usec_per_call = usec_per_call(conn, "evalsha").with_context(|| case.to_string())?;
     let mut bytes = 0u64;
     for client in 0..SAMPLE {
         for key in keys(client)? {
@@ -186,7 +249,12 @@ pub(crate) fn table(costs: &[Cost]) -> String {
         "| case | Redis CPU per decision (µs) | memory per client key (bytes) |\n|---|---:|---:|\n",
     );
     for c in costs {
-        out.push_str(&format!("| {} | {:.2} | {:.0} |\n", c.case, c.usec_per_call, c.bytes_per_client));
+        let bytes = if c.bytes_per_client.is_nan() {
+            "as above".into()
+        } else {
+            format!("{:.0}", c.bytes_per_client)
+        };
+        out.push_str(&format!("| {} | {:.2} | {bytes} |\n", c.case, c.usec_per_call));
     }
     out
 }

@@ -11,7 +11,7 @@ use std::net::TcpListener;
 
 use serde_json::json;
 use sluice_tests::free_port;
-use sluice_tests::host::{Answer, Fault, Plugin, Route, Step, Stream};
+use sluice_wasm_host::{Answer, Fault, Plugin, Route, Step, Stream};
 
 const SHIM: &str = "sluice_shim";
 const NO_RESPONSE: &str = "no response from the shim";

@@ -3,8 +3,8 @@
 //! says when each answer arrives, so the order of events is exact.
 
 use serde_json::json;
-use sluice_tests::host::{Answer, Plugin, Route, Stream};
 use sluice_tests::Backend;
+use sluice_wasm_host::{Answer, Plugin, Route, Stream};
 
 const SHIM: &str = "sluice_shim";
 

@@ -4,7 +4,7 @@
 //! is not played or meets an unexpected effect fails).
 //! Scenario 3, leases released at these stream ends, is `wasm_concurrency.rs`.
 
-use sluice_tests::host::{Answer, End, HostConfig, Plugin, Proxy, Route, Stream};
+use sluice_wasm_host::{Answer, End, HostConfig, Plugin, Proxy, Route, Stream};
 
 const SHIM: &str = "sluice_shim";
 
@@ -12,7 +12,7 @@ const POLICY: &str = r#"{"shim": {"cluster": "sluice_shim", "timeout_ms": 50}, "
     "policies": [{"name": "p", "match": {"path_prefix": "/v42/"}, "key": ["header:x-api-key"],
                   "limits": [{"type": "sliding_window", "limit": 5, "window": "1s"}]}]}"#;
 
-fn get(stream: &Stream, path: &str) -> sluice_tests::host::Step {
+fn get(stream: &Stream, path: &str) -> sluice_wasm_host::Step {
     let headers: [(&str, &[u8]); 4] =
         [(":method", b"GET"), (":path", path.as_bytes()), (":authority", b"api"), ("x-api-key", b"k")];
     stream.request_headers(&headers)
@@ -50,7 +50,7 @@ fn overlapping_streams_get_their_own_answers() {
 fn a_client_reset_while_waiting_cancels_the_call() {
     let config = HostConfig::new(POLICY).cluster(SHIM, Route::Scripted);
     let mut proxy = Proxy::boot(config).expect("booting sluice.wasm");
-    assert_eq!(proxy.configure().expect("configuring").returned, sluice_tests::host::Returned::Bool(true));
+    assert_eq!(proxy.configure().expect("configuring").returned, sluice_wasm_host::Returned::Bool(true));
     let id = proxy.open().expect("a stream");
     let headers = [(":method", "GET"), (":path", "/v42/a"), (":authority", "api")].into_iter().collect();
     proxy.request_headers(id, headers, true).expect("request headers");

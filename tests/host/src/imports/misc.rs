@@ -6,11 +6,11 @@
 use wasmtime::{Caller, Linker, Result};
 
 use super::status::{BAD_ARGUMENT, CAS_MISMATCH, NOT_FOUND, OK};
-use crate::host::memory::{give, read, read_str, write_u32, write_u64};
-use crate::host::metrics::{MetricError, MetricType};
-use crate::host::properties;
-use crate::host::shared_data::SetResult;
-use crate::host::state::{Effect, HostState, LogLevel, MetricChange};
+use crate::memory::{give, read, read_str, write_u32, write_u64};
+use crate::metrics::{MetricError, MetricType};
+use crate::properties;
+use crate::shared_data::SetResult;
+use crate::state::{Effect, HostState, LogLevel, MetricChange};
 
 fn metric_status(result: std::result::Result<(), MetricError>) -> i32 {
     match result {

@@ -12,9 +12,9 @@
 use wasmtime::{Caller, Linker, Result};
 
 use super::status::{BAD_ARGUMENT, NOT_FOUND, OK};
-use crate::host::memory::{give, read, read_str};
-use crate::host::pairs::HeaderMap;
-use crate::host::state::HostState;
+use crate::memory::{give, read, read_str};
+use crate::pairs::HeaderMap;
+use crate::state::HostState;
 
 const REQUEST: i32 = 0;
 const RESPONSE: i32 = 2;

@@ -9,10 +9,10 @@
 use wasmtime::{Caller, Linker, Result};
 
 use super::status::{BAD_ARGUMENT, INTERNAL_FAILURE, OK};
-use crate::host::calls::Refusal;
-use crate::host::memory::{read, read_str, write_u32};
-use crate::host::pairs::HeaderMap;
-use crate::host::state::{Effect, HostState, HttpCall, LocalResponse};
+use crate::calls::Refusal;
+use crate::memory::{read, read_str, write_u32};
+use crate::pairs::HeaderMap;
+use crate::state::{Effect, HostState, HttpCall, LocalResponse};
 
 const REQUEST: i32 = 0;
 

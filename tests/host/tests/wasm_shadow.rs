@@ -1,7 +1,7 @@
 //! Shadow policies never refuse: the real `dist/sluice.wasm` in the wasm
 //! host, with a scripted shim.
 
-use sluice_tests::host::{Answer, Plugin, Route};
+use sluice_wasm_host::{Answer, Plugin, Route};
 
 const SHIM: &str = "sluice_shim";
 

@@ -18,7 +18,7 @@ use wasmtime::{Config, Engine, InstancePre, Linker, Module};
 
 use super::imports;
 use super::state::HostState;
-use crate::paths::{dist, workspace_root};
+use sluice_tests::paths::{dist, workspace_root};
 
 pub(crate) struct Compiled {
     pub engine: Engine,

@@ -7,8 +7,8 @@
 //! Redis is the judge: the lease set shows what is held.
 
 use sluice_policies::wire::{CHECK_PATH, RELEASE_PATH};
-use sluice_tests::host::{Answer, Effect, Fault, MetricChange, Plugin, Route, Stream};
 use sluice_tests::Backend;
+use sluice_wasm_host::{Answer, Effect, Fault, MetricChange, Plugin, Route, Stream};
 
 const SHIM: &str = "sluice_shim";
 const POLICY: &str = r#"{"shim": {"cluster": "sluice_shim", "timeout_ms": 2000}, "failure_mode": "deny",
@@ -130,7 +130,7 @@ fn a_reset_while_the_check_is_in_flight_leaks_no_lease() {
 }
 
 /// The lease id of the one check call a step made, and of the one release.
-fn call_body(outcome: &sluice_tests::host::Outcome, path: &str) -> serde_json::Value {
+fn call_body(outcome: &sluice_wasm_host::Outcome, path: &str) -> serde_json::Value {
     let body = outcome.effects.iter().find_map(|e| match e {
         Effect::HttpCall(call) if call.headers.get(":path") == Some(path.as_bytes()) => {
             Some(call.body.clone())
@@ -208,7 +208,7 @@ fn held_time_is_recorded_and_a_hold_past_the_lease_is_an_overage() {
 }
 
 /// What the `held_ms` histogram recorded during a step.
-fn held(outcome: &sluice_tests::host::Outcome) -> Vec<u64> {
+fn held(outcome: &sluice_wasm_host::Outcome) -> Vec<u64> {
     let records = outcome.effects.iter().filter_map(|e| match e {
         Effect::Metric { name, change: MetricChange::Record(ms) } if name == "sluice.uploads.held_ms" => {
             Some(*ms)

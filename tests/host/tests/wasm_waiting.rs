@@ -9,7 +9,7 @@
 
 use serde_json::{json, Value};
 use sluice_policies::wire::CHECK_PATH;
-use sluice_tests::host::{Answer, Effect, HttpCall, MetricChange, Outcome, Plugin, Route, Stream};
+use sluice_wasm_host::{Answer, Effect, HttpCall, MetricChange, Outcome, Plugin, Route, Stream};
 
 const SHIM: &str = "sluice_shim";
 

@@ -6,8 +6,8 @@
 //! years of lockout.
 
 use redis::Commands;
-use sluice_tests::host::{Answer, Plugin, Route, Stream};
 use sluice_tests::Backend;
+use sluice_wasm_host::{Answer, Plugin, Route, Stream};
 
 const POLICY: &str = r#"{"shim": {"cluster": "sluice_shim", "timeout_ms": 2000}, "failure_mode": "deny",
     "policies": [{"name": "gql", "key": ["header:x-api-key"],

@@ -9,8 +9,8 @@
 use wasmtime::{Caller, Linker, Result};
 
 use super::status::{BAD_ARGUMENT, NOT_FOUND, OK};
-use crate::host::memory::give;
-use crate::host::state::HostState;
+use crate::memory::give;
+use crate::state::HostState;
 
 const HTTP_CALL_RESPONSE_BODY: i32 = 4;
 const VM_CONFIGURATION: i32 = 6;

@@ -13,7 +13,7 @@
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::test_runner::Config;
-use sluice_tests::host::{Answer, Effect, End, Fault, HeaderMap, HostConfig, Proxy, Returned, Route};
+use sluice_wasm_host::{Answer, Effect, End, Fault, HeaderMap, HostConfig, Proxy, Returned, Route};
 
 const CASES: u32 = 500;
 const LIFECYCLES_PER_CASE: usize = 20;
@@ -211,7 +211,7 @@ proptest! {
         while let Some((id, life)) = open.pop_front() {
             finish(&mut proxy, id, life, failure_mode)?;
         }
-        let critical = proxy.logs().iter().filter(|l| l.level == sluice_tests::host::LogLevel::Critical).count();
+        let critical = proxy.logs().iter().filter(|l| l.level == sluice_wasm_host::LogLevel::Critical).count();
         prop_assert_eq!(critical, 0);
     }
 }

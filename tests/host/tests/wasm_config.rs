@@ -3,7 +3,7 @@
 //! configuration) and says why in exactly one error line, naming the place.
 //! The wasm host runs the real `dist/sluice.wasm`; no shim is needed.
 
-use sluice_tests::host::{Plugin, Route};
+use sluice_wasm_host::{Plugin, Route};
 
 const SHIM: &str = "sluice_shim";
 
