@@ -1,7 +1,8 @@
 //! `cargo xtask bench`: every benchmark scenario on loopback with real
 //! processes, side by side in one run, written to `bench/results/LATEST.md`
-//! and `bench/results/latency.png` (with `--quick`, to `target/bench-quick/`,
-//! so a smoke run never overwrites the committed results).
+//! and `bench/results/latency.png`, and scenario 6 also to `SHED.md` and
+//! `shed.png` (with `--quick`, to `target/bench-quick/`, so a smoke run
+//! never overwrites the committed results).
 //!
 //! # Layout
 //!
@@ -21,6 +22,10 @@
 //! - `egress`: scenario 5, egress waits (S0, S1, S2a) against a strict mock
 //!   partner, Sluice's `wait` beside `egress_clients`, the hand-written
 //!   callers.
+//! - `shed`: scenario 6, load shedding with the shedder on and off;
+//!   `overloaded`, the mock service it overloads; `shed_load`, the
+//!   open-loop mix of classes; `shed_report` and `shed_plot`, its section
+//!   of the report and its PNG.
 //! - `noise`: how busy the machine was while the bench ran.
 //! - `report`: LATEST.md. `plot`: the PNG.
 //!
@@ -31,6 +36,7 @@ mod gateway;
 mod load;
 mod monitor;
 mod noise;
+mod overloaded;
 mod plan;
 mod plot;
 mod redis_bench;
@@ -38,6 +44,10 @@ mod redis_cost;
 mod report;
 mod scale;
 mod setups;
+mod shed;
+mod shed_load;
+mod shed_plot;
+mod shed_report;
 mod shim_alone;
 mod tools;
 
@@ -50,8 +60,11 @@ use anyhow::{Context, Result};
 use crate::{build, cmd};
 
 const PLOT: &str = "latency.png";
+const SHED_PLOT: &str = "shed.png";
 
-pub(crate) fn run(quick: bool, egress_only: bool) -> Result<()> {
+/// The whole bench, or with `egress_only` scenario 5 alone, or with
+/// `shed_only` scenario 6 alone.
+pub(crate) fn run(quick: bool, egress_only: bool, shed_only: bool) -> Result<()> {
     let started = Instant::now();
     let plan = plan::Plan::new(quick);
     let tools = tools::ensure()?;
@@ -62,6 +75,9 @@ pub(crate) fn run(quick: bool, egress_only: bool) -> Result<()> {
     std::env::set_var("SLUICE_DIST", build::dist_dir());
     if egress_only {
         return run_egress(&plan, &tools, started);
+    }
+    if shed_only {
+        return run_shed(&plan, &tools, started);
     }
 
     let sampler = noise::Sampler::start();
@@ -83,6 +99,8 @@ pub(crate) fn run(quick: bool, egress_only: bool) -> Result<()> {
     done("scenario 3, Redis cost per limit type,");
     let egress = egress::run(&plan, &tools)?;
     done("scenario 5, egress waits,");
+    let shed = shed::run(&plan.shed)?;
+    done("scenario 6, load shedding,");
     let noise = sampler.finish();
 
     let about = about(&tools, &plan, measured.elapsed().as_secs_f64());
@@ -96,14 +114,16 @@ pub(crate) fn run(quick: bool, egress_only: bool) -> Result<()> {
         scale,
         cost,
         egress,
+        shed,
     };
     let dir = out_dir(quick);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let title = format!("Sluice gateway latency by setup ({})", if quick { "quick run" } else { "full run" });
     plot::draw(&dir.join(PLOT), &tools.font, &title, &results.gateway.fixed)?;
     let md = dir.join("LATEST.md");
-    std::fs::write(&md, report::markdown(&results, PLOT))
+    std::fs::write(&md, report::markdown(&results, PLOT, SHED_PLOT))
         .with_context(|| format!("writing {}", md.display()))?;
+    write_shed(&results.plan, &results.about, &results.noise, results.seconds, &results.shed, &tools.font)?;
     eprintln!("bench: wrote {} and {PLOT} in {:.0} s", md.display(), started.elapsed().as_secs_f64());
     Ok(())
 }
@@ -122,6 +142,35 @@ fn run_egress(plan: &plan::Plan, tools: &tools::Tools, started: Instant) -> Resu
     std::fs::write(&md, report::egress_markdown(plan, &about, &noise, seconds, &egress))
         .with_context(|| format!("writing {}", md.display()))?;
     eprintln!("bench: wrote {} in {seconds:.0} s", md.display());
+    Ok(())
+}
+
+/// Scenario 6 alone (`--shed`), written to `SHED.md` and `shed.png`.
+fn run_shed(plan: &plan::Plan, tools: &tools::Tools, started: Instant) -> Result<()> {
+    let sampler = noise::Sampler::start();
+    let measured = Instant::now();
+    let shed = shed::run(&plan.shed)?;
+    let noise = sampler.finish();
+    let about = about(tools, plan, measured.elapsed().as_secs_f64());
+    write_shed(plan, &about, &noise, started.elapsed().as_secs_f64(), &shed, &tools.font)
+}
+
+fn write_shed(
+    plan: &plan::Plan,
+    about: &[(&'static str, String)],
+    noise: &noise::Noise,
+    seconds: f64,
+    shed: &shed::Shedding,
+    font: &std::path::Path,
+) -> Result<()> {
+    let dir = out_dir(plan.quick);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let title = format!("Sluice load shedding ({})", if plan.quick { "quick run" } else { "full run" });
+    shed_plot::draw(&dir.join(SHED_PLOT), font, &title, shed)?;
+    let md = dir.join("SHED.md");
+    std::fs::write(&md, report::shed_markdown(plan, about, noise, seconds, shed, SHED_PLOT))
+        .with_context(|| format!("writing {}", md.display()))?;
+    eprintln!("bench: wrote {} and {SHED_PLOT} in {seconds:.0} s", md.display());
     Ok(())
 }
 

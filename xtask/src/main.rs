@@ -62,6 +62,9 @@ enum Task {
         /// Only scenario 5, the egress waits (S0, S1, S2a); writes EGRESS.md instead of LATEST.md.
         #[arg(long)]
         egress: bool,
+        /// Only scenario 6, load shedding with the shedder on and off; writes SHED.md and shed.png.
+        #[arg(long, conflicts_with = "egress")]
+        shed: bool,
     },
     /// Build the policy playground into dist/playground/ (the shim serves it at /playground).
     Playground,
@@ -81,7 +84,7 @@ fn main() -> ExitCode {
         Task::Build => build::build().map(drop),
         Task::Test { test_args } => test::run(&test_args),
         Task::Demo { keep_running } => run_demo(keep_running),
-        Task::Bench { quick, egress } => bench::run(quick, egress),
+        Task::Bench { quick, egress, shed } => bench::run(quick, egress, shed),
         Task::Playground => playground::build().map(drop),
         Task::Fuzz { seconds, target } => fuzz::run(seconds, target.as_deref()),
     };

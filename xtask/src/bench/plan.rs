@@ -1,4 +1,4 @@
-//! How much of each scenario to run: the full run (about 17 minutes on 2
+//! How much of each scenario to run: the full run (about 19 minutes on 2
 //! cores, 6 of them the three S0 egress runs) or `--quick` (about two
 //! minutes, to prove the bench works; its numbers mean little).
 
@@ -30,6 +30,37 @@ pub(crate) struct Plan {
     pub(crate) cost_calls: usize,
     /// The egress scenarios, S0, S1 and S2a.
     pub(crate) egress: Vec<Egress>,
+    /// Scenario 6, load shedding.
+    pub(crate) shed: Shed,
+}
+
+/// Scenario 6: an upstream of `slots` slots held `work` each (so
+/// `slots / work` requests a second at most) and a queue of `queue`,
+/// offered `overload_rate` requests a second of a class mix for
+/// `overload`, then `calm_rate` for `calm` to show the recovery.
+#[derive(Clone, Debug)]
+pub(crate) struct Shed {
+    pub(crate) slots: u32,
+    pub(crate) work: Duration,
+    pub(crate) queue: u32,
+    pub(crate) overload_rate: u32,
+    pub(crate) overload: Duration,
+    pub(crate) calm_rate: u32,
+    pub(crate) calm: Duration,
+}
+
+impl Shed {
+    /// The most requests a second the upstream serves.
+    pub(crate) fn capacity(&self) -> f64 {
+        f64::from(self.slots) / self.work.as_secs_f64()
+    }
+}
+
+/// 200 requests a second of capacity with a queue of one second, offered
+/// 2.5 times that, then 0.4 times; `--quick` only shortens the phases.
+fn shed(quick: bool) -> Shed {
+    let (overload, calm) = if quick { (secs(6), secs(2)) } else { (secs(30), secs(10)) };
+    Shed { slots: 8, work: ms(40), queue: 200, overload_rate: 500, overload, calm_rate: 80, calm }
 }
 
 /// One egress scenario: the partner's limits (Sluice's policy states the
@@ -118,6 +149,7 @@ impl Plan {
                 scale_requests: 10_000,
                 cost_calls: 2_000,
                 egress: egress(true),
+                shed: shed(true),
             }
         } else {
             Plan {
@@ -132,6 +164,7 @@ impl Plan {
                 scale_requests: 100_000,
                 cost_calls: 20_000,
                 egress: egress(false),
+                shed: shed(false),
             }
         }
     }

@@ -12,17 +12,22 @@ use super::load::{Run, P50, P90, P99};
 use super::setups::Setup;
 
 const SIZE: (u32, u32) = (1100, 900);
-const FONT: &str = "sans-serif";
+pub(crate) const FONT: &str = "sans-serif";
 /// p50, p90, p99.
 const COLORS: [RGBColor; 3] = [RGBColor(66, 133, 244), RGBColor(251, 188, 5), RGBColor(219, 68, 55)];
 
 /// Draws `fixed` (each rate's setups and their median runs) into `png`.
 pub(crate) fn draw(png: &Path, font: &Path, title: &str, fixed: &[(u32, Vec<(Setup, Run)>)]) -> Result<()> {
+    register_font(font)?;
+    draw_with_font(png, title, fixed).map_err(|e| anyhow!("drawing {}: {e}", png.display()))
+}
+
+/// Makes `font` the one every plot's text is drawn with, as `FONT`.
+pub(crate) fn register_font(font: &Path) -> Result<()> {
     let bytes = std::fs::read(font).with_context(|| format!("reading the font {}", font.display()))?;
     // plotters keeps fonts for the life of the process.
     plotters::style::register_font(FONT, FontStyle::Normal, Box::leak(bytes.into_boxed_slice()))
-        .map_err(|_| anyhow!("{} is not a font ab_glyph can read", font.display()))?;
-    draw_with_font(png, title, fixed).map_err(|e| anyhow!("drawing {}: {e}", png.display()))
+        .map_err(|_| anyhow!("{} is not a font ab_glyph can read", font.display()))
 }
 
 fn draw_with_font(

@@ -10,6 +10,7 @@ use super::noise::Noise;
 use super::plan::Plan;
 use super::scale::Outcome;
 use super::setups::{Setup, ENVOY_WORKERS};
+use super::shed_report;
 use super::shim_alone::ShimAlone;
 
 /// Everything one bench run measured.
@@ -23,6 +24,7 @@ pub(crate) struct Results {
     pub(crate) scale: Vec<(&'static str, Outcome)>,
     pub(crate) cost: Vec<super::redis_cost::Cost>,
     pub(crate) egress: Vec<super::egress::Scenario>,
+    pub(crate) shed: super::shed::Shedding,
 }
 
 /// Flat means: the largest key count's mean latency within this factor of the
@@ -30,9 +32,10 @@ pub(crate) struct Results {
 /// steps, too coarse for a ratio of ~0.1 ms figures.
 const FLAT: f64 = 1.2;
 
-pub(crate) fn markdown(r: &Results, plot_file: &str) -> String {
+pub(crate) fn markdown(r: &Results, plot_file: &str, shed_plot_file: &str) -> String {
     let mut md = String::new();
-    let _ = write_all(&mut md, r, plot_file);
+    let _ = write_all(&mut md, r, plot_file)
+        .and_then(|()| shed_report::section(&mut md, &r.shed, shed_plot_file));
     md
 }
 
@@ -160,6 +163,21 @@ pub(crate) fn egress_markdown(
     let mut md = String::new();
     let _ = header(&mut md, "egress waits only (`--egress`)", plan, about, noise, seconds)
         .and_then(|()| egress(&mut md, scenarios));
+    md
+}
+
+/// `cargo xtask bench --shed`: scenario 6 alone (the full run writes it too).
+pub(crate) fn shed_markdown(
+    plan: &Plan,
+    about: &[(&'static str, String)],
+    noise: &Noise,
+    seconds: f64,
+    shedding: &super::shed::Shedding,
+    plot_file: &str,
+) -> String {
+    let mut md = String::new();
+    let _ = header(&mut md, "load shedding (`--shed`)", plan, about, noise, seconds)
+        .and_then(|()| shed_report::section(&mut md, shedding, plot_file));
     md
 }
 
