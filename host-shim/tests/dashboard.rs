@@ -37,7 +37,8 @@ fn partner_limits() -> Vec<WireLimit> {
 async fn serve(redis: &Redis, document: Option<&str>) -> u16 {
     let limiter = Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), false).expect("limiter");
     let policies = document.map(|d| Arc::new(sluice_policies::parse(d).expect("the document parses")));
-    let options = Options { dashboard: dashboard::Options { policies, playground: None }, ..Options::default() };
+    let options =
+        Options { dashboard: dashboard::Options { policies, playground: None }, ..Options::default() };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = listener.local_addr().expect("addr").port();
     tokio::spawn(run(listener, limiter, options, std::future::pending()));
@@ -63,7 +64,12 @@ async fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String) 
 /// Posts one check; its answer.
 async fn check(port: u16, id: &str, policy: &str, key: &str, limits: Vec<WireLimit>) -> CheckResponse {
     let check = Check { policy: policy.into(), key: key.into(), limits, margin_ms: None, upstream: false };
-    let req = CheckRequest { checks: vec![check].into(), id: Some(id.to_string().into()), now_us: None, wait_ms: None };
+    let req = CheckRequest {
+        checks: vec![check].into(),
+        id: Some(id.to_string().into()),
+        now_us: None,
+        wait_ms: None,
+    };
     let (status, body) = http(port, "POST", "/v1/check", &serde_json::to_string(&req).expect("json")).await;
     assert_eq!(status, 200, "{body}");
     serde_json::from_str(&body).expect("a check answer")
@@ -96,12 +102,14 @@ async fn the_document_shows_every_policy_before_traffic() {
     let redis = Redis::start().expect("redis");
     let port = serve(&redis, Some(DOCUMENT)).await;
     let board = dashboard(port).await;
-    let names: Vec<&str> = board["policies"].as_array().expect("policies").iter().filter_map(|p| p["name"].as_str()).collect();
+    let names: Vec<&str> =
+        board["policies"].as_array().expect("policies").iter().filter_map(|p| p["name"].as_str()).collect();
     assert_eq!(names, ["partner-api", "erp", "quiet"]);
     assert!(board["now_ms"].as_u64().is_some_and(|ms| ms > 0), "Redis's clock: {board:#}");
     let partner = policy(&board, "partner-api");
     assert_eq!(partner["source"], "document");
-    let texts: Vec<&str> = partner["limits"].as_array().expect("limits").iter().filter_map(|l| l["text"].as_str()).collect();
+    let texts: Vec<&str> =
+        partner["limits"].as_array().expect("limits").iter().filter_map(|l| l["text"].as_str()).collect();
     assert_eq!(texts, ["5 per 1m", "1 per 1h, burst 10"]);
     assert_eq!(policy(&board, "erp")["limits"][0]["capacity"], 4);
     assert_eq!(partner["totals"]["allowed"], 0);
@@ -134,9 +142,16 @@ async fn busy_keys_show_their_state_from_redis() {
     }
     let release = ReleaseRequest {
         lease: "e0".into(),
-        checks: vec![Check { policy: "erp".into(), key: "acme".into(), limits: erp(), margin_ms: None, upstream: false }],
+        checks: vec![Check {
+            policy: "erp".into(),
+            key: "acme".into(),
+            limits: erp(),
+            margin_ms: None,
+            upstream: false,
+        }],
     };
-    let (status, body) = http(port, "POST", "/v1/release", &serde_json::to_string(&release).expect("json")).await;
+    let (status, body) =
+        http(port, "POST", "/v1/release", &serde_json::to_string(&release).expect("json")).await;
     assert_eq!(status, 200, "{body}");
     let fixed = vec![WireLimit::FixedWindow { limit: 100, window_ms: 86_400_000 }];
     check(port, "u0", "unlisted", "k", fixed).await;
@@ -152,7 +167,10 @@ async fn busy_keys_show_their_state_from_redis() {
     assert!(alice["state"][0]["reset_ms"].as_u64().is_some_and(|ms| ms > 0 && ms <= 60_000));
     assert_eq!(alice["state"][1]["remaining"], 5, "10 tokens, 5 taken: {alice:#}");
     let bob = key(partner, "bob");
-    assert_eq!((&bob["state"][0]["remaining"], &bob["state"][1]["remaining"]), (&Value::from(4), &Value::from(9)));
+    assert_eq!(
+        (&bob["state"][0]["remaining"], &bob["state"][1]["remaining"]),
+        (&Value::from(4), &Value::from(9))
+    );
 
     let acme = key(policy(&board, "erp"), "acme");
     assert_eq!(acme["state"][0]["held"], 2, "three leases, one released: {acme:#}");

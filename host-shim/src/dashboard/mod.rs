@@ -135,9 +135,8 @@ pub struct KeyView {
 
 async fn json(State(dashboard): State<Arc<Dashboard>>) -> Response {
     match serde_json::to_vec(&dashboard.snapshot().await) {
-        Ok(json) => {
-            ([(header::CONTENT_TYPE, "application/json"), (header::CACHE_CONTROL, "no-store")], json).into_response()
-        }
+        Ok(json) => ([(header::CONTENT_TYPE, "application/json"), (header::CACHE_CONTROL, "no-store")], json)
+            .into_response(),
         Err(err) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, format!("{err}\n")).into_response(),
     }
 }
@@ -201,7 +200,9 @@ impl Dashboard {
 fn describe(limit: &WireLimit) -> LimitView {
     let t = |ms: u64| humantime::format_duration(std::time::Duration::from_millis(ms)).to_string();
     let (kind, text, capacity) = match *limit {
-        WireLimit::FixedWindow { limit, window_ms } => ("fixed_window", format!("{limit} per {}", t(window_ms)), limit),
+        WireLimit::FixedWindow { limit, window_ms } => {
+            ("fixed_window", format!("{limit} per {}", t(window_ms)), limit)
+        }
         WireLimit::SlidingWindow { limit, window_ms, approximate } => {
             let how = if approximate { " (approximate)" } else { "" };
             ("sliding_window", format!("{limit} per {}{how}", t(window_ms)), limit)

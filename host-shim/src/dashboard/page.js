@@ -24,7 +24,9 @@ function policyCard(p, seconds) {
   const card = $("section", { className: "policy" });
   card.dataset.policy = p.name;
   card.append(
-    $("h2", {}, p.name, $("span", { className: "tag", textContent: p.source === "document" ? "from the document" : "seen in traffic" })),
+    $("h2", {}, p.name,
+      $("span", { className: "tag", textContent: p.source === "document" ? "from the document" : "seen in traffic" }),
+      ...(p.wait ? [$("span", { className: "tag", textContent: "waits" })] : [])),
     $("p", { className: "limits", textContent: p.limits.map((l) => l.text).join(" · ") || "no checks yet" }),
   );
   const rates = $("div", { className: "rates", title: `per second, over the last ${seconds} s` });

@@ -42,7 +42,8 @@ impl SpaceSaving {
         let mut inherited = 0;
         if self.counters.len() >= self.capacity {
             // Linear in the capacity: a few dozen counters, only for a key not kept.
-            let smallest = self.counters.iter().min_by_key(|(_, e)| e.count).map(|(k, e)| (k.clone(), e.count));
+            let smallest =
+                self.counters.iter().min_by_key(|(_, e)| e.count).map(|(k, e)| (k.clone(), e.count));
             if let Some((key, count)) = smallest {
                 self.counters.remove(&key);
                 inherited = count;

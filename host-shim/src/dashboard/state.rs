@@ -33,7 +33,8 @@ pub struct LimitState {
 
 /// Redis's clock, in microseconds: the scripts' clock too.
 pub async fn now_us(store: &Store) -> Result<u64, String> {
-    let (secs, micros): (u64, u64) = store.query(&redis::cmd("TIME")).await.map_err(|e| format!("redis: {e}"))?;
+    let (secs, micros): (u64, u64) =
+        store.query(&redis::cmd("TIME")).await.map_err(|e| format!("redis: {e}"))?;
     Ok(secs * 1_000_000 + micros)
 }
 
@@ -54,12 +55,19 @@ pub async fn read(
     };
     let mut states = Vec::with_capacity(limits.len());
     for limit in script_limits(&[check])? {
-        states.push(read_one(store, now, &limit.key, limit.algorithm).await.map_err(|e| format!("redis: {e}"))?);
+        states.push(
+            read_one(store, now, &limit.key, limit.algorithm).await.map_err(|e| format!("redis: {e}"))?,
+        );
     }
     Ok(states)
 }
 
-async fn read_one(store: &Store, now: u64, key: &str, algorithm: Algorithm) -> redis::RedisResult<LimitState> {
+async fn read_one(
+    store: &Store,
+    now: u64,
+    key: &str,
+    algorithm: Algorithm,
+) -> redis::RedisResult<LimitState> {
     let state = match algorithm {
         Algorithm::FixedWindow { limit, window_us } => {
             let [w, n] = hmget(store, key, ["w", "n"]).await?;
@@ -68,11 +76,8 @@ async fn read_one(store: &Store, now: u64, key: &str, algorithm: Algorithm) -> r
         }
         Algorithm::SlidingApprox { limit, window_us } => {
             let [w, c, p] = hmget(store, key, ["w", "c", "p"]).await?;
-            let state = w.map(|window| State::Approx {
-                window,
-                current: c.unwrap_or(0),
-                previous: p.unwrap_or(0),
-            });
+            let state =
+                w.map(|window| State::Approx { window, current: c.unwrap_or(0), previous: p.unwrap_or(0) });
             timed(sliding_approx::check(state.as_ref(), now, limit, window_us).now)
         }
         Algorithm::Gcra { interval_us, burst, cost } => {
@@ -85,7 +90,16 @@ async fn read_one(store: &Store, now: u64, key: &str, algorithm: Algorithm) -> r
             let since = format!("({}", now.saturating_sub(window_us));
             let count: u64 = store.query(redis::cmd("ZCOUNT").arg(key).arg(&since).arg("+inf")).await?;
             let oldest: Vec<(String, String)> = store
-                .query(redis::cmd("ZRANGEBYSCORE").arg(key).arg(&since).arg("+inf").arg("WITHSCORES").arg("LIMIT").arg(0).arg(1))
+                .query(
+                    redis::cmd("ZRANGEBYSCORE")
+                        .arg(key)
+                        .arg(&since)
+                        .arg("+inf")
+                        .arg("WITHSCORES")
+                        .arg("LIMIT")
+                        .arg(0)
+                        .arg(1),
+                )
                 .await?;
             let oldest = oldest.first().and_then(|(_, score)| number(score));
             LimitState {
@@ -97,9 +111,15 @@ async fn read_one(store: &Store, now: u64, key: &str, algorithm: Algorithm) -> r
         }
         Algorithm::Concurrency { limit, .. } => {
             // A lease scored at its expiry x is live while now < x.
-            let held: u64 = store.query(redis::cmd("ZCOUNT").arg(key).arg(format!("({now}")).arg("+inf")).await?;
+            let held: u64 =
+                store.query(redis::cmd("ZCOUNT").arg(key).arg(format!("({now}")).arg("+inf")).await?;
             let waiters: u64 = store.query(redis::cmd("ZCARD").arg(format!("{key}:q"))).await?;
-            LimitState { remaining: limit.saturating_sub(held), reset_ms: None, held: Some(held), waiters: Some(waiters) }
+            LimitState {
+                remaining: limit.saturating_sub(held),
+                reset_ms: None,
+                held: Some(held),
+                waiters: Some(waiters),
+            }
         }
         Algorithm::Pause => LimitState { remaining: 1, reset_ms: Some(0), held: None, waiters: None },
     };
@@ -107,10 +127,19 @@ async fn read_one(store: &Store, now: u64, key: &str, algorithm: Algorithm) -> r
 }
 
 fn timed(view: View) -> LimitState {
-    LimitState { remaining: view.remaining, reset_ms: Some(view.reset_us.div_ceil(1000)), held: None, waiters: None }
+    LimitState {
+        remaining: view.remaining,
+        reset_ms: Some(view.reset_us.div_ceil(1000)),
+        held: None,
+        waiters: None,
+    }
 }
 
-async fn hmget<const N: usize>(store: &Store, key: &str, fields: [&str; N]) -> redis::RedisResult<[Option<u64>; N]> {
+async fn hmget<const N: usize>(
+    store: &Store,
+    key: &str,
+    fields: [&str; N],
+) -> redis::RedisResult<[Option<u64>; N]> {
     let values: Vec<Option<String>> = store.query(redis::cmd("HMGET").arg(key).arg(&fields[..])).await?;
     let mut out = [None; N];
     for (slot, value) in out.iter_mut().zip(values) {

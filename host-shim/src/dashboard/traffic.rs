@@ -174,7 +174,12 @@ impl Traffic {
         policies
             .iter()
             .map(|(name, p)| {
-                let seen = Seen { limits: p.limits.clone(), totals: p.totals, rates: p.rates(now), keys: p.keys.top(top) };
+                let seen = Seen {
+                    limits: p.limits.clone(),
+                    totals: p.totals,
+                    rates: p.rates(now),
+                    keys: p.keys.top(top),
+                };
                 (name.clone(), seen)
             })
             .collect()
