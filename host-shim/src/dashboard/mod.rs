@@ -41,8 +41,9 @@ use sluice_policies::Document;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use crate::store::Store;
+use sketch::Estimate;
 use state::LimitState;
-use traffic::{Rates, Totals};
+use traffic::{Rates, Seen, Totals};
 
 /// Busy keys per policy whose state the page shows (read from Redis on
 /// each poll); the sketch keeps more, [`traffic::KEYS_PER_POLICY`].
@@ -141,58 +142,85 @@ async fn json(State(dashboard): State<Arc<Dashboard>>) -> Response {
     }
 }
 
+/// A policy to show: where its limits come from, and what this shim saw of it.
+struct Listed {
+    name: String,
+    source: &'static str,
+    wait: bool,
+    limits: Vec<WireLimit>,
+    seen: Seen,
+}
+
 impl Dashboard {
     async fn snapshot(&self) -> Snapshot {
-        let mut seen = self.metrics.traffic.seen(SHOWN_KEYS);
         let now = state::now_us(&self.store).await;
-        // The document's policies first, in its order; then the others seen, by name.
-        let mut policies = Vec::new();
-        for policy in self.document.iter().flat_map(|d| d.policies.iter()) {
-            let name = policy.name.to_string();
-            let from_doc: Vec<WireLimit> = policy.limits.iter().map(|l| WireLimit::with_cost(l, 1)).collect();
-            let seen = seen.remove(&name);
-            policies.push((name, "document", policy.wait.is_some(), from_doc, seen));
-        }
-        let mut rest: Vec<_> = seen.into_iter().collect();
-        rest.sort_by(|a, b| a.0.cmp(&b.0));
-        for (name, seen) in rest {
-            policies.push((name, "traffic", false, seen.limits.clone(), Some(seen)));
-        }
-        let now = &now;
-        let views = policies.into_iter().map(|(name, source, wait, limits, seen)| async move {
-            let busy = seen.as_ref().map(|s| s.keys.clone()).unwrap_or_default();
-            let keys = busy.into_iter().map(|(key, estimate)| {
-                let (name, limits) = (&name, &limits);
-                async move {
-                    let read = match now {
-                        Ok(now) => state::read(&self.store, *now, name, &key, limits).await,
-                        Err(err) => Err(err.clone()),
-                    };
-                    let (state, state_error) = match read {
-                        Ok(state) => (state, None),
-                        Err(err) => (Vec::new(), Some(err)),
-                    };
-                    KeyView { key, checks: estimate.count, error: estimate.error, state, state_error }
-                }
-            });
-            let keys = join_all(keys).await;
-            PolicyView {
-                limits: limits.iter().map(describe).collect(),
-                rates: seen.as_ref().map(|s| s.rates).unwrap_or_default(),
-                totals: seen.as_ref().map(|s| s.totals).unwrap_or_default(),
-                name,
-                source,
-                wait,
-                keys,
-            }
-        });
-        let policies = join_all(views).await;
+        let policies = join_all(self.listed().into_iter().map(|policy| self.view(policy, &now))).await;
         Snapshot {
             now_ms: now.as_ref().ok().map(|us| us / 1000),
-            redis_error: now.as_ref().err().cloned(),
+            redis_error: now.err(),
             rate_seconds: traffic::RATE_SECONDS,
             policies,
         }
+    }
+
+    /// The document's policies first, in its order; then the others seen, by name.
+    fn listed(&self) -> Vec<Listed> {
+        let mut seen = self.metrics.traffic.seen(SHOWN_KEYS);
+        let mut listed: Vec<Listed> = self
+            .document
+            .iter()
+            .flat_map(|doc| doc.policies.iter())
+            .map(|policy| Listed {
+                name: policy.name.to_string(),
+                source: "document",
+                wait: policy.wait.is_some(),
+                limits: policy.limits.iter().map(|l| WireLimit::with_cost(l, 1)).collect(),
+                seen: seen.remove(policy.name.as_str()).unwrap_or_default(),
+            })
+            .collect();
+        let mut rest: Vec<(String, Seen)> = seen.into_iter().collect();
+        rest.sort_by(|a, b| a.0.cmp(&b.0));
+        listed.extend(rest.into_iter().map(|(name, seen)| Listed {
+            name,
+            source: "traffic",
+            wait: false,
+            limits: seen.limits.clone(),
+            seen,
+        }));
+        listed
+    }
+
+    async fn view(&self, policy: Listed, now: &Result<u64, String>) -> PolicyView {
+        let keys = policy.seen.keys.iter().map(|(key, estimate)| self.key(&policy, key, *estimate, now));
+        let keys = join_all(keys).await;
+        PolicyView {
+            limits: policy.limits.iter().map(describe).collect(),
+            rates: policy.seen.rates,
+            totals: policy.seen.totals,
+            name: policy.name,
+            source: policy.source,
+            wait: policy.wait,
+            keys,
+        }
+    }
+
+    /// A busy key, with its state read from Redis under the policy's limits.
+    async fn key(
+        &self,
+        policy: &Listed,
+        key: &str,
+        estimate: Estimate,
+        now: &Result<u64, String>,
+    ) -> KeyView {
+        let read = match now {
+            Ok(now) => state::read(&self.store, *now, &policy.name, key, &policy.limits).await,
+            Err(err) => Err(err.clone()),
+        };
+        let (state, state_error) = match read {
+            Ok(state) => (state, None),
+            Err(err) => (Vec::new(), Some(err)),
+        };
+        KeyView { key: key.to_string(), checks: estimate.count, error: estimate.error, state, state_error }
     }
 }
 

@@ -5,13 +5,15 @@
 //! shim only; what a key holds is read from Redis when the page asks.
 //!
 //! Memory is bounded: at most [`MAX_POLICIES`] policies, each with at most
-//! [`KEYS_PER_POLICY`] keys and [`MAX_LIMITS`] limits.
+//! [`KEYS_PER_POLICY`] keys (each a valid encoded key, at most
+//! `sluice_policies::bounds::MAX_KEY_LEN` bytes) and [`MAX_LIMITS`] limits.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
 use serde::Serialize;
+use sluice_policies::key::is_encoded;
 use sluice_policies::wire::{CheckRequest, CheckResponse, WireLimit};
 use sluice_policies::PolicyName;
 
@@ -76,7 +78,7 @@ struct Policy {
 }
 
 /// One policy as the page shows it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Seen {
     pub limits: Vec<WireLimit>,
     pub totals: Totals,
@@ -130,7 +132,10 @@ impl Traffic {
             }
             let policy = policies.entry(check.policy.to_string()).or_insert_with(|| Policy::new(now));
             policy.age(now);
-            policy.keys.add(&check.key);
+            // Only keys the shim would take: at most MAX_KEY_LEN bytes each.
+            if is_encoded(&check.key) {
+                policy.keys.add(&check.key);
+            }
             if check.limits.len() <= MAX_LIMITS && policy.limits != check.limits {
                 policy.limits = check.limits.clone();
             }
@@ -321,5 +326,16 @@ mod tests {
         }
         traffic.record_at(1, &request(&[("not a name", "k")], None), &admitted(1, None, 0), "allowed", None);
         assert_eq!(traffic.seen_at(1, 1).len(), MAX_POLICIES);
+        // A key the shim refuses is never kept.
+        let long = "k".repeat(70_000);
+        traffic.record_at(
+            1,
+            &request(&[("p0", long.as_str()), ("p0", "a b")], None),
+            &Err(CheckError::BadRequest(String::new())),
+            "invalid",
+            None,
+        );
+        let p0 = &traffic.seen_at(1, 5)["p0"];
+        assert_eq!((p0.keys.len(), p0.totals.errors), (1, 2));
     }
 }
