@@ -9,6 +9,7 @@
 //! - [`keys`]: validates a check request and names its Redis keys.
 //! - [`server`]: the HTTP endpoints the filter calls, over HTTP/1.1 and
 //!   HTTP/2, in cleartext or mutual TLS; connection caps and deadlines.
+//! - [`dashboard`]: `GET /`, the live Limits dashboard, and the playground at `/playground/`.
 //! - [`metrics`]: `GET /metrics`: decisions, Redis latency, script errors, waiters.
 //! - [`tls`]: rustls: the shim's mTLS server config, Redis's crypto provider.
 //! - [`shed`]: the utilization shedder's fleet-wide state (`lua/shed.lua`).
@@ -20,6 +21,7 @@
 //! - [`simulate`]: `sluice simulate`, an access log replayed through a policy.
 //! - [`envoy_config`]: `sluice envoy-config`, a complete envoy.yaml for a policy.
 
+pub mod dashboard;
 pub mod envoy_config;
 pub mod keys;
 pub mod limiter;

@@ -69,6 +69,14 @@ struct ServeArgs {
     /// and an HTTP/1.1 request for its headers.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
     header_read_timeout_ms: u64,
+    /// The policy document, so the dashboard at `/` shows every policy and
+    /// its limits before traffic arrives; refused if it does not parse.
+    #[arg(long)]
+    policy: Option<PathBuf>,
+    /// The playground's built files, served at `/playground/`.
+    /// [default: `playground/` beside this binary, e.g. `dist/playground`]
+    #[arg(long)]
+    playground: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -120,7 +128,12 @@ fn serve(args: ServeArgs) -> ExitCode {
             (Some(cert), Some(key), Some(ca)) => Some(sluice_shim::tls::server_config(cert, key, ca)?),
             _ => None,
         };
+        let dashboard = sluice_shim::dashboard::Options {
+            policies: args.policy.as_deref().map(sluice_shim::validate::read).transpose()?.map(Into::into),
+            playground: args.playground.clone().or_else(sluice_shim::dashboard::playground::beside_binary),
+        };
         let options = sluice_shim::server::Options {
+            dashboard,
             tls,
             max_connections: args.max_connections as usize,
             header_read_timeout: std::time::Duration::from_millis(args.header_read_timeout_ms),

@@ -8,7 +8,9 @@
 //! - Redis latency, script errors and script reloads, around each script
 //!   call in [`crate::store::Store::invoke`];
 //! - requests in flight, around the `/v1/*` and `/healthz` handlers;
-//! - waiters held and hand-overs, in egress waiting.
+//! - waiters held and hand-overs, in egress waiting;
+//! - per policy, for the dashboard: rates, totals and the busiest keys
+//!   ([`crate::dashboard::traffic`]), where decisions are counted.
 //!
 //! The policy label comes from the caller's request, so its values are
 //! capped: the first [`MAX_POLICY_LABELS`] valid policy names seen keep
@@ -67,6 +69,8 @@ pub struct Metrics {
     pub(crate) handovers: Counter,
     /// The policy names with a label of their own.
     policies: Mutex<HashSet<String>>,
+    /// Per policy, for the dashboard: rates, totals and the busiest keys.
+    pub(crate) traffic: crate::dashboard::traffic::Traffic,
 }
 
 impl Default for Metrics {
@@ -88,6 +92,7 @@ impl Metrics {
             waiters: Gauge::default(),
             handovers: Counter::default(),
             policies: Mutex::new(HashSet::new()),
+            traffic: Default::default(),
         };
         let r = &mut metrics.registry;
         r.register(
@@ -137,13 +142,8 @@ impl Metrics {
         req: &CheckRequest<'_>,
         result: Result<CheckResponse, CheckError>,
     ) -> Result<CheckResponse, CheckError> {
-        let (result_label, only) = match &result {
-            Ok(resp) if resp.allowed && resp.waited_ms.is_some_and(|ms| ms > 0) => ("waited", None),
-            Ok(resp) if resp.allowed => ("allowed", None),
-            Ok(resp) => ("denied", Some(resp.denied_check().unwrap_or(0))),
-            Err(CheckError::Store(_)) => ("error", None),
-            Err(CheckError::BadRequest(_)) => ("invalid", None),
-        };
+        let (result_label, only) = classify(&result);
+        self.traffic.record(req, &result, result_label, only);
         for (i, check) in req.checks.iter().enumerate() {
             if only.is_none_or(|only| only == i) {
                 let policy = self.policy_label(&check.policy);
@@ -191,6 +191,18 @@ impl Metrics {
     pub(crate) fn hold(&self) -> Held {
         self.waiters.inc();
         Held(self.waiters.clone())
+    }
+}
+
+/// What a check's answer counts as: its result label, and the one check
+/// it counts for (the one that denied), or `None` for every check.
+pub(crate) fn classify(result: &Result<CheckResponse, CheckError>) -> (&'static str, Option<usize>) {
+    match result {
+        Ok(resp) if resp.allowed && resp.waited_ms.is_some_and(|ms| ms > 0) => ("waited", None),
+        Ok(resp) if resp.allowed => ("allowed", None),
+        Ok(resp) => ("denied", Some(resp.denied_check().unwrap_or(0))),
+        Err(CheckError::Store(_)) => ("error", None),
+        Err(CheckError::BadRequest(_)) => ("invalid", None),
     }
 }
 

@@ -13,6 +13,7 @@
 //!   when Redis fails.
 //! - `GET /healthz`: 200 while the shim serves.
 //! - `GET /metrics`: see [`crate::metrics`].
+//! - `GET /`, `/dashboard.json`, `/playground/`: see [`crate::dashboard`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -45,6 +46,12 @@ use crate::limiter::{CheckError, Limiter};
 pub use sluice_policies::bounds::MAX_BODY;
 
 pub fn router(limiter: Limiter) -> Router {
+    router_with(limiter, crate::dashboard::Options::default())
+}
+
+/// [`router`], with the dashboard given a policy document and the playground.
+pub fn router_with(limiter: Limiter, dashboard: crate::dashboard::Options) -> Router {
+    let pages = crate::dashboard::routes(&limiter, dashboard);
     let metrics = limiter.metrics.clone();
     let app = Router::new()
         .route(CHECK_PATH, post(check))
@@ -56,7 +63,7 @@ pub fn router(limiter: Limiter) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(Arc::new(limiter));
-    crate::metrics::serve(app, metrics)
+    crate::metrics::serve(app, metrics).merge(pages)
 }
 
 /// HTTP/2 streams one connection may have open at once. Hyper's default
@@ -77,11 +84,18 @@ pub struct Options {
     /// How long a new connection may take to send its first byte (cleartext)
     /// or complete its TLS handshake, and an HTTP/1.1 request its headers.
     pub header_read_timeout: Duration,
+    /// The dashboard's policy document and playground directory.
+    pub dashboard: crate::dashboard::Options,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { tls: None, max_connections: 1024, header_read_timeout: Duration::from_secs(10) }
+        Options {
+            tls: None,
+            max_connections: 1024,
+            header_read_timeout: Duration::from_secs(10),
+            dashboard: Default::default(),
+        }
     }
 }
 
@@ -92,7 +106,7 @@ pub async fn run(
     options: Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let app = router(limiter);
+    let app = router_with(limiter, options.dashboard.clone());
     let permits = Arc::new(Semaphore::new(options.max_connections));
     let acceptor = options.tls.clone().map(TlsAcceptor::from);
     let graceful = GracefulShutdown::new();

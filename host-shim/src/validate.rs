@@ -27,3 +27,10 @@ pub fn run(files: &[PathBuf]) -> ExitCode {
         ExitCode::SUCCESS
     }
 }
+
+/// Reads and parses the policy document at `path`; the error names the file.
+pub fn read(path: &std::path::Path) -> anyhow::Result<sluice_policies::Document> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+    sluice_policies::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}

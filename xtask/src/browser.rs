@@ -1,7 +1,8 @@
 //! What the page tests need: Debian's Chromium, Node.js, and the npm
 //! packages of `playground/package.json` (playwright-core, which drives the
 //! browser; it never downloads one). Then the tests themselves, with Node's
-//! test runner.
+//! test runner: the playground's, and the Limits dashboard's, which runs the
+//! built shim (`dist/sluice`) and a redis-server.
 
 use std::path::{Path, PathBuf};
 
@@ -28,15 +29,20 @@ fn ensure() -> Result<PathBuf> {
     Ok(PathBuf::from(CHROMIUM))
 }
 
-/// Runs every page test in `playground/tests/` against the built `site`.
-pub fn test(site: &Path) -> Result<()> {
+/// Runs every page test in `playground/tests/` against the built `site`;
+/// the dashboard's test runs `dist/sluice` in front of `redis`. Screenshots
+/// go to `target/screenshots/`.
+pub fn test(site: &Path, redis: &Path) -> Result<()> {
     let chromium = ensure()?;
     cmd::run(
         cmd::clean("node")
             .args(["--test", "tests/"])
             .current_dir(workspace_root().join("playground"))
             .env("SLUICE_CHROMIUM", chromium)
-            .env("SLUICE_PLAYGROUND", site),
+            .env("SLUICE_PLAYGROUND", site)
+            .env("SLUICE_DIST", crate::build::dist_dir())
+            .env("SLUICE_REDIS_SERVER", redis)
+            .env("SLUICE_SCREENSHOTS", workspace_root().join("target/screenshots")),
     )
     .context("the page tests failed")
 }

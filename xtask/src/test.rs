@@ -3,7 +3,8 @@
 //! with the three `SLUICE_*` variables pointing at what it found and built.
 //!
 //! Then it builds the playground and runs the page tests in headless
-//! Chromium (`playground/tests/`, Node's test runner).
+//! Chromium (`playground/tests/`, Node's test runner): the playground's, and
+//! the Limits dashboard's against `dist/sluice` and a redis-server.
 //!
 //! Last, it runs `cargo xtask bench --quick`, only to prove that the bench
 //! still runs end to end; its numbers are never judged (they go to
@@ -32,7 +33,7 @@ pub(crate) fn run(test_args: &[String]) -> Result<()> {
     cmd::run(&mut test)?;
 
     let site = playground::build()?;
-    browser::test(&site)?;
+    browser::test(&site, &redis)?;
 
     eprintln!("xtask: bench --quick, to prove the bench runs (its timings are not checked)");
     bench::run(true, false, false).context("the bench smoke run (cargo xtask bench --quick) failed")
