@@ -4,7 +4,8 @@
 // known decisions on the page.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { resolve } from "node:path";
+import { mkdirSync } from "node:fs";
+import { join, resolve } from "node:path";
 import { serve, launch } from "./browser.mjs";
 
 const SITE = process.env.SLUICE_PLAYGROUND || resolve(import.meta.dirname, "../../dist/playground");
@@ -74,4 +75,8 @@ test("a known document and pattern give the known decisions", async () => {
   ]);
   assert.equal(await page.textContent("#summary"), "9 requests: 6 admitted, 3 denied");
   assert.equal(await page.locator("#chart circle.denied").count(), 3);
+  if (process.env.SLUICE_SCREENSHOTS) {
+    mkdirSync(process.env.SLUICE_SCREENSHOTS, { recursive: true });
+    await page.screenshot({ path: join(process.env.SLUICE_SCREENSHOTS, "playground.png"), fullPage: true });
+  }
 });
