@@ -246,3 +246,45 @@ async fn a_failed_slot_refunds_the_slots_before_it() {
     assert!(limiter.check(&both).await.is_err(), "a dead slot is a store error");
     assert_eq!(fixed_count(&cluster, "wide").await, (true, 1), "the failed request kept wide's charge");
 }
+
+/// Regression: a refund that fails keeps the request's denial. The shim
+/// used to return the refund's error, a 503 that `failure_mode: allow`
+/// turns into an admission of a request a limit had denied. Policy `wide`
+/// admits and `narrow` (on another master) denies; `wide`'s master has the
+/// check script cached but refuses to load any other (an ACL), so the
+/// refund fails there. The answer is still the denial, and `wide` keeps the
+/// charge: under-admission until it expires, never over-admission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_refund_keeps_the_denial() {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start).await.expect("task").expect("cluster");
+    let wide_master = cluster.master_of("sluice:{wide:k}").expect("master");
+    let narrow = (0..100)
+        .map(|i| format!("narrow{i}"))
+        .find(|name| cluster.master_of(&format!("sluice:{{{name}:k}}")).is_ok_and(|m| m != wide_master))
+        .expect("a policy on another master");
+    let limiter =
+        Limiter::new(&Target::Cluster(cluster.urls()), Duration::from_secs(5), false).expect("limiter");
+    let request = |checks: Vec<Check>| CheckRequest { checks: checks.into(), now_us: None, id: None, wait_ms: None };
+    let one = WireLimit::FixedWindow { limit: 5, window_ms: 31_536_000_000 };
+    let spent = WireLimit::FixedWindow { limit: 1, window_ms: 31_536_000_000 };
+    // The check script is cached on both masters; narrow is spent.
+    assert!(limiter.check(&request(vec![check("wide", vec![one])])).await.expect("check").allowed);
+    assert!(limiter.check(&request(vec![check(&narrow, vec![spent])])).await.expect("check").allowed);
+    // wide's master runs cached scripts but loads no new one: the refund fails there.
+    let node = redis::Client::open(format!("redis://127.0.0.1:{wide_master}")).expect("client");
+    let mut conn = node.get_multiplexed_async_connection().await.expect("connection");
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg("-script|load")
+        .arg("-eval")
+        .query_async(&mut conn)
+        .await
+        .expect("ACL");
+
+    let both = request(vec![check("wide", vec![one]), check(&narrow, vec![spent])]);
+    let answer = limiter.check(&both).await.expect("a denial, not a store error");
+    assert!(!answer.allowed);
+    assert_eq!(answer.denied_check(), Some(1), "the denial is narrow's");
+    assert_eq!(fixed_count(&cluster, "wide").await, (true, 2), "the failed refund left wide's charge");
+}
