@@ -264,7 +264,8 @@ async fn a_failed_refund_keeps_the_denial() {
         .expect("a policy on another master");
     let limiter =
         Limiter::new(&Target::Cluster(cluster.urls()), Duration::from_secs(5), false).expect("limiter");
-    let request = |checks: Vec<Check>| CheckRequest { checks: checks.into(), now_us: None, id: None, wait_ms: None };
+    let request =
+        |checks: Vec<Check>| CheckRequest { checks: checks.into(), now_us: None, id: None, wait_ms: None };
     let one = WireLimit::FixedWindow { limit: 5, window_ms: 31_536_000_000 };
     let spent = WireLimit::FixedWindow { limit: 1, window_ms: 31_536_000_000 };
     // The check script is cached on both masters; narrow is spent.
