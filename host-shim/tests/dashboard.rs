@@ -14,9 +14,8 @@ use sluice_shim::dashboard;
 use sluice_shim::limiter::Limiter;
 use sluice_shim::server::{run, Options};
 use sluice_shim::store::Target;
+use sluice_tests::client::http;
 use sluice_tests::Redis;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 const DOCUMENT: &str = r#"{"policies": [
   {"name": "partner-api", "key": ["header:x-api-key"],
@@ -43,22 +42,6 @@ async fn serve(redis: &Redis, document: Option<&str>) -> u16 {
     let port = listener.local_addr().expect("addr").port();
     tokio::spawn(run(listener, limiter, options, std::future::pending()));
     port
-}
-
-/// One HTTP/1.1 request: the status and the body.
-async fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut tcp = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nhost: shim\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    );
-    tcp.write_all(head.as_bytes()).await.expect("write head");
-    tcp.write_all(body.as_bytes()).await.expect("write body");
-    let mut got = String::new();
-    tcp.read_to_string(&mut got).await.expect("read answer");
-    let (head, body) = got.split_once("\r\n\r\n").unwrap_or((&got, ""));
-    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    (status, body.to_string())
 }
 
 /// Posts one check; its answer.

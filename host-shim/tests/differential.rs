@@ -108,6 +108,9 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// A limit's charge as an admitted check reported it: (held_until_us, refunded_us).
+type Charge = (Option<u64>, u64);
+
 /// The (key, limit, lease) of each concurrency limit of `checks`, as the
 /// model's release and renewal take them.
 fn lease_keys(checks: &[Check]) -> Vec<(String, u64, u64)> {
@@ -170,7 +173,8 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
     let mut now = 1_700_000_000_000_000u64;
     let mut held: Vec<(String, Vec<Check>)> = Vec::new();
     // The last admitted check, with what each of its limits charged until.
-    let mut last_admitted: Option<(Vec<Check>, Vec<(Option<u64>, u64)>)> = None;
+    // The last admitted checks, and each limit's (held_until_us, refunded_us).
+    let mut last_admitted: Option<(Vec<Check>, Vec<Charge>)> = None;
     let mut id = 0u64;
 
     for op in ops {

@@ -10,9 +10,8 @@ use sluice_policies::wire::{Check, CheckRequest, CheckResponse, ReleaseRequest, 
 use sluice_shim::limiter::Limiter;
 use sluice_shim::server::{run, Options};
 use sluice_shim::store::Target;
+use sluice_tests::client::http;
 use sluice_tests::Redis;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// A shim on a free port until the test ends; its port.
 async fn serve(redis: &Redis, test_time: bool) -> u16 {
@@ -22,22 +21,6 @@ async fn serve(redis: &Redis, test_time: bool) -> u16 {
     let port = listener.local_addr().expect("addr").port();
     tokio::spawn(run(listener, limiter, Options::default(), std::future::pending()));
     port
-}
-
-/// One HTTP/1.1 request: the status and the body.
-async fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut tcp = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nhost: shim\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    );
-    tcp.write_all(head.as_bytes()).await.expect("write head");
-    tcp.write_all(body.as_bytes()).await.expect("write body");
-    let mut got = String::new();
-    tcp.read_to_string(&mut got).await.expect("read answer");
-    let (head, body) = got.split_once("\r\n\r\n").unwrap_or((&got, ""));
-    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    (status, body.to_string())
 }
 
 fn check(policy: &str, key: &str, limit: WireLimit) -> Check {

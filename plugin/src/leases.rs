@@ -58,7 +58,9 @@ impl Live {
         out
     }
 
-    pub fn len(&self) -> usize {
+    /// How many leases are held (for the tests).
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.leases.len()
     }
 }

@@ -163,7 +163,7 @@ impl Upstream {
             hints.extend(header("retry-after").map(|v| retry_after(v, now_ms)));
         }
         hints.extend(header("ratelimit").and_then(ratelimit_field));
-        let remaining = header(&self.remaining_header).map(|v| integer(v));
+        let remaining = header(&self.remaining_header).map(integer);
         if let (Some(Some(left)), Some(reset)) = (remaining, header(&self.reset_header)) {
             if left <= 0 {
                 hints.push(self.reset(reset, now_ms));

@@ -76,11 +76,14 @@ pub struct LimitReport {
 /// How many busiest keys a report lists.
 const BUSIEST: usize = 5;
 
+/// A lease to end: (until µs, sequence, lease id, (key, limit, lease µs) of each).
+type Ending = (u64, u64, String, Vec<(String, u64, u64)>);
+
 pub struct Replay<'d> {
     doc: &'d Document,
     store: Store,
-    /// Leases to end: (until µs, sequence, lease id, (key, limit, lease µs) of each).
-    leases: BinaryHeap<Reverse<(u64, u64, String, Vec<(String, u64, u64)>)>>,
+    /// Leases to end, soonest first.
+    leases: BinaryHeap<Reverse<Ending>>,
     reports: Vec<PolicyReport>,
     keys: Vec<HashMap<String, u64>>,
     sequence: u64,

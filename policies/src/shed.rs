@@ -304,7 +304,7 @@ mod tests {
     #[test]
     fn a_noisy_signal_at_a_boundary_never_oscillates() {
         // Noise around 0.8: the level only rises or holds.
-        let noise = |t: u64| if (t / 100) % 3 == 0 { 0.78 } else { 0.83 };
+        let noise = |t: u64| if (t / 100).is_multiple_of(3) { 0.78 } else { 0.83 };
         let mut s = Shedder::new(ShedSettings::default(), CLASSES);
         let levels = replay(&mut s, 200_000, 100, noise);
         assert!(levels.windows(2).all(|w| w[1].1 >= w[0].1), "fell while the signal stayed near 0.8");

@@ -1,5 +1,6 @@
 //! A small HTTP client for driving Envoy: a burst of N concurrent requests,
-//! each answer reduced to its status and `retry-after` header.
+//! each answer reduced to its status and `retry-after` header; and one raw
+//! HTTP/1.1 request with a JSON body, for the shim's own endpoints.
 
 use std::time::Duration;
 
@@ -60,4 +61,22 @@ pub fn burst(
 /// How many replies have this status.
 pub fn count(replies: &[Reply], status: u16) -> usize {
     replies.iter().filter(|reply| reply.status == status).count()
+}
+
+/// One HTTP/1.1 request with a JSON `body` to `127.0.0.1:port`: the status
+/// and the body of the answer (status 0 if it is not HTTP).
+pub async fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: shim\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).await.expect("write head");
+    tcp.write_all(body.as_bytes()).await.expect("write body");
+    let mut got = String::new();
+    tcp.read_to_string(&mut got).await.expect("read answer");
+    let (head, body) = got.split_once("\r\n\r\n").unwrap_or((&got, ""));
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, body.to_string())
 }

@@ -47,7 +47,7 @@ fn asks(plugin: &Plugin) -> Stream {
 fn admitted(backend: &Backend, plugin: &Plugin) -> Stream {
     let stream = asks(plugin);
     stream.shim_answers().resumes().done();
-    assert!(leases(&backend) >= 1, "an admitted request holds a lease");
+    assert!(leases(backend) >= 1, "an admitted request holds a lease");
     stream
 }
 
