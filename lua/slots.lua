@@ -3,13 +3,15 @@
 -- reserve(). Used by the waiting path of check.lua (reserve.lua) and by the
 -- queue's hand-over (queue.lua), which re-checks a waiter's time limits.
 --
--- specs[i] = {key, kind, a, b, c, margin}. Each limit names the earliest
+-- specs[i] = {key, kind, a, b, c, margin}, scaled first by what the
+-- partner's refusals taught (rate.lua). Each limit names the earliest
 -- time at or after now at which it admits the request; past that time it
 -- keeps admitting it (reservations on a key keep arrival order). The slot is
 -- the latest of these. If slot - now <= wait every limit is charged at the
 -- slot. Returns {allowed, at (-1: never), found, committed}: committed[i] =
 -- {view, held_until, refunded} when allowed.
 local function reserve_slots(now, id, wait, specs)
+  apply_rates(specs, now)
   local found = {}
   local at, never = now, false
   for i, s in ipairs(specs) do
@@ -22,6 +24,8 @@ local function reserve_slots(now, id, wait, specs)
       f = gcra_reserve(s.key, now, s.a, s.b, s.c, s.margin)
     elseif s.kind == 'pause' then
       f = pause_reserve(s.key, now)
+    elseif s.kind == 'rate' then
+      f = rate_reserve(s.key, now)
     else
       return nil, 'cannot wait on ' .. tostring(s.kind)
     end

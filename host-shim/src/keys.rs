@@ -56,13 +56,13 @@ pub fn script_limits(checks: &[Check]) -> Result<Vec<ScriptLimit>, String> {
         }
     }
     // The partner's pauses come after every limit, in the checks' order
-    // (`limiter::by_check` reads them there).
-    for check in checks.iter().filter(|c| c.upstream) {
-        let tag = tag(&check.policy, &check.key)?;
-        out.push(ScriptLimit {
-            key: format!("{tag}:{}", Algorithm::Pause.state_suffix()),
-            algorithm: Algorithm::Pause,
-        });
+    // (`limiter::by_check` reads them there), then the rates its refusals
+    // taught, which scale the limits of their check (`lua/rate.lua`).
+    for algorithm in [Algorithm::Pause, Algorithm::Rate] {
+        for check in checks.iter().filter(|c| c.upstream) {
+            let tag = tag(&check.policy, &check.key)?;
+            out.push(ScriptLimit { key: format!("{tag}:{}", algorithm.state_suffix()), algorithm });
+        }
     }
     let mut keys: Vec<&str> = out.iter().map(|l| l.key.as_str()).collect();
     keys.sort_unstable();
@@ -72,9 +72,11 @@ pub fn script_limits(checks: &[Check]) -> Result<Vec<ScriptLimit>, String> {
     Ok(out)
 }
 
-/// The key of the partner's pause for `policy`'s `key` (upstream feedback).
-pub fn pause_key(policy: &str, key: &str) -> Result<String, String> {
-    Ok(format!("{}:{}", tag(policy, key)?, Algorithm::Pause.state_suffix()))
+/// The keys of the partner's pause and of the rate its refusals taught,
+/// for `policy`'s `key` (upstream feedback).
+pub fn feedback_keys(policy: &str, key: &str) -> Result<[String; 2], String> {
+    let tag = tag(policy, key)?;
+    Ok([Algorithm::Pause, Algorithm::Rate].map(|a| format!("{tag}:{}", a.state_suffix())))
 }
 
 /// The points corrections as the adjust script takes them.

@@ -21,7 +21,7 @@ use sluice_policies::wire::{
     LimitOutcome, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse, ShedRequest, ShedResponse,
 };
 
-use crate::keys::{pause_key, script_adjustments, script_limits, ScriptLimit, MAX_CHECKS};
+use crate::keys::{feedback_keys, script_adjustments, script_limits, ScriptLimit, MAX_CHECKS};
 use crate::scripts::Scripts;
 use crate::store::{Connect, Store, Target};
 
@@ -343,25 +343,39 @@ impl Limiter {
         Ok(())
     }
 
-    /// Records the partner's pauses, fleet-wide and extend-only.
+    /// Records the partner's pauses, fleet-wide and extend-only, and lowers
+    /// the rates of keys it refused while they ran freely.
     pub async fn feedback(&self, req: &FeedbackRequest) -> Result<FeedbackResponse, CheckError> {
         if req.pauses.len() > MAX_CHECKS {
             return Err(CheckError::BadRequest(format!("too many pauses: at most {MAX_CHECKS}")));
         }
         let now = self.time_arg(req.now_us)?;
-        let mut extended = 0;
+        let mut out = FeedbackResponse { extended: 0, slowed: 0 };
         // One call per key keeps every call in one slot.
         for (i, pause) in req.pauses.iter().enumerate() {
-            let key = pause_key(&pause.policy, &pause.key)
-                .map_err(|e| CheckError::BadRequest(format!("pauses[{i}]: {e}")))?;
+            let bad = |e: String| CheckError::BadRequest(format!("pauses[{i}]{e}"));
+            let [pause_key, rate_key] =
+                feedback_keys(&pause.policy, &pause.key).map_err(|e| bad(format!(": {e}")))?;
             if pause.pause_ms > MAX_PAUSE_MS {
-                return Err(CheckError::BadRequest(format!("pauses[{i}].pause_ms: at most {MAX_PAUSE_MS}")));
+                return Err(bad(format!(".pause_ms: at most {MAX_PAUSE_MS}")));
             }
+            let slow = match &pause.slow {
+                Some(slow) => {
+                    slow.validate().map_err(|e| bad(format!(".slow.{e}")))?;
+                    [slow.decrease_ppm, slow.recover_ms.saturating_mul(1000), slow.min_ppm]
+                }
+                None => [0, 0, 0],
+            };
             let mut call = self.scripts.upstream.prepare_invoke();
-            call.arg(&now).key(key).arg(pause.pause_ms.saturating_mul(1000));
-            extended += self.store.invoke::<u64>(&call).await.map_err(store_error)?;
+            call.arg(&now).key(pause_key).key(rate_key).arg(pause.pause_ms.saturating_mul(1000));
+            for n in slow {
+                call.arg(n);
+            }
+            let (moved, slowed): (u64, u64) = self.store.invoke(&call).await.map_err(store_error)?;
+            out.extended += moved;
+            out.slowed += slowed;
         }
-        Ok(FeedbackResponse { extended })
+        Ok(out)
     }
 }
 
@@ -379,6 +393,7 @@ fn unasked(algorithm: &Algorithm) -> LimitOutcome {
         | Algorithm::Concurrency { limit, .. } => limit,
         Algorithm::Gcra { burst, .. } => burst,
         Algorithm::Pause => 1,
+        Algorithm::Rate => sluice_policies::algorithm::rate::PPM,
     };
     LimitOutcome {
         allowed: true,

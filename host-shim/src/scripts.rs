@@ -29,6 +29,7 @@ macro_rules! with_queue {
             include_str!("../../lua/sliding_window.lua"),
             include_str!("../../lua/gcra.lua"),
             include_str!("../../lua/pause.lua"),
+            include_str!("../../lua/rate.lua"),
             include_str!("../../lua/slots.lua"),
             include_str!("../../lua/queue.lua"),
             $(include_str!($file)),*
@@ -44,6 +45,7 @@ pub const CHECK: &str = concat!(
     include_str!("../../lua/sliding_approx.lua"),
     include_str!("../../lua/gcra.lua"),
     include_str!("../../lua/pause.lua"),
+    include_str!("../../lua/rate.lua"),
     include_str!("../../lua/slots.lua"),
     include_str!("../../lua/queue.lua"),
     include_str!("../../lua/concurrency.lua"),
@@ -72,6 +74,7 @@ impl Scripts {
             refund: Script::new(with_queue!("../../lua/refund.lua")),
             upstream: Script::new(concat!(
                 include_str!("../../lua/common.lua"),
+                include_str!("../../lua/rate.lua"),
                 include_str!("../../lua/upstream.lua")
             )),
             paused: Script::new(concat!(

@@ -57,8 +57,8 @@ pub(crate) fn margins(req: &CheckRequest<'_>) -> Vec<u64> {
     req.checks
         .iter()
         .flat_map(|c| std::iter::repeat_n(c.margin_ms.unwrap_or(0).saturating_mul(1000), c.limits.len()))
-        // The partner's pauses, after every limit (`keys::script_limits`), have none.
-        .chain(req.checks.iter().filter(|c| c.upstream).map(|_| 0))
+        // The partner's pauses and rates, after every limit (`keys::script_limits`), have none.
+        .chain(req.checks.iter().filter(|c| c.upstream).flat_map(|_| [0, 0]))
         .collect()
 }
 

@@ -1,9 +1,10 @@
-//! Upstream feedback in the scripts (`lua/upstream.lua` records a pause,
-//! `lua/pause.lua` is the pause seen by every check) against their Rust
-//! twin, `algorithm::pause`, on a real redis-server: the same decisions,
-//! waits and slots over random traffic; and the properties judged on true
-//! outcomes: a pause only ever extends, nothing is admitted inside one, and
-//! no reservation falls inside one.
+//! Upstream feedback in the scripts (`lua/upstream.lua` records a pause and
+//! lowers the rate, `lua/pause.lua` and `lua/rate.lua` are what every check
+//! sees) against their Rust twins, `algorithm::pause` and `algorithm::rate`,
+//! on a real redis-server: the same decisions, waits and slots over random
+//! traffic; and the properties judged on true outcomes: a pause only ever
+//! extends, nothing is admitted inside one, and no reservation falls inside
+//! one.
 
 use std::cell::Cell;
 use std::time::Duration;
@@ -11,8 +12,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
 use sluice_policies::algorithm::reserve::{self, Waiting};
-use sluice_policies::algorithm::{self, pause, Algorithm, State, Store};
-use sluice_policies::wire::{Check, CheckRequest, FeedbackRequest, Pause, WireLimit};
+use sluice_policies::algorithm::{self, Algorithm, State, Store};
+use sluice_policies::wire::{Check, CheckRequest, FeedbackRequest, Pause, Slowdown, WireLimit};
 use sluice_shim::keys::script_limits;
 use sluice_shim::limiter::Limiter;
 use sluice_shim::store::Target;
@@ -21,8 +22,8 @@ use sluice_tests::Redis;
 
 #[derive(Debug, Clone)]
 enum Op {
-    /// The partner says: stop for pause_ms.
-    Feedback { dt: u64, pause_ms: u64 },
+    /// The partner says: stop for pause_ms; refused, it also lowers the rate.
+    Feedback { dt: u64, pause_ms: u64, refused: bool },
     /// A request decided at once.
     Check { dt: u64 },
     /// A request that may wait up to wait_ms.
@@ -32,8 +33,8 @@ enum Op {
 fn ops() -> impl Strategy<Value = Vec<Op>> {
     let dt = prop_oneof![Just(0u64), 0u64..2_000, 0u64..400_000, 0u64..3_000_000];
     let op = prop_oneof![
-        2 => (dt.clone(), prop_oneof![Just(0u64), 1u64..3_000, Just(1_000u64)])
-            .prop_map(|(dt, pause_ms)| Op::Feedback { dt, pause_ms }),
+        2 => (dt.clone(), prop_oneof![Just(0u64), 1u64..3_000, Just(1_000u64)], any::<bool>())
+            .prop_map(|(dt, pause_ms, refused)| Op::Feedback { dt, pause_ms, refused }),
         4 => dt.clone().prop_map(|dt| Op::Check { dt }),
         4 => (dt, prop_oneof![Just(1u64), 1u64..4_000]).prop_map(|(dt, wait_ms)| Op::Wait { dt, wait_ms }),
     ];
@@ -41,6 +42,8 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
 }
 
 const LIMIT: WireLimit = WireLimit::SlidingWindow { limit: 3, window_ms: 1_000, approximate: false };
+/// Halves the rate, back in 4 s, never below a tenth: 3 a second becomes 1.
+const SLOW: Slowdown = Slowdown { decrease_ppm: 500_000, recover_ms: 4_000, min_ppm: 100_000 };
 
 fn request(policy: &str, now_us: u64, id: &str, wait_ms: Option<u64>) -> CheckRequest<'static> {
     CheckRequest {
@@ -77,7 +80,7 @@ fn the_pause_scripts_decide_as_the_model() {
                 .into_iter()
                 .map(|l| (l.key, l.algorithm))
                 .collect();
-            let pause_key = keys[1].0.clone();
+            let (pause_key, rate_key) = (keys[1].0.clone(), keys[2].0.clone());
             let mut model = Store::default();
             let mut now = 1_700_000_000_000_000u64;
             // The pause's end as the partner set it: it must only grow.
@@ -86,18 +89,29 @@ fn the_pause_scripts_decide_as_the_model() {
             for (n, op) in ops.into_iter().enumerate() {
                 let id = format!("r{n}");
                 match op {
-                    Op::Feedback { dt, pause_ms } => {
+                    Op::Feedback { dt, pause_ms, refused } => {
                         now += dt;
+                        let slow = refused.then_some(SLOW);
                         let req = FeedbackRequest {
-                            pauses: vec![Pause { policy: policy.clone(), key: "k".into(), pause_ms }],
+                            pauses: vec![Pause { policy: policy.clone(), key: "k".into(), pause_ms, slow }],
                             now_us: Some(now),
                         };
                         let got = runtime
                             .block_on(limiter.feedback(&req))
                             .map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
-                        let (stored, moved) = pause::record(model.keys.get(&pause_key), now, pause_ms * 1000);
-                        model.keys.insert(pause_key.clone(), State::Pause(stored));
+                        let (moved, slowed) = algorithm::upstream(
+                            &mut model,
+                            now,
+                            (&pause_key, &rate_key),
+                            pause_ms * 1000,
+                            slow.as_ref(),
+                        );
                         prop_assert_eq!(got.extended, u64::from(moved));
+                        prop_assert_eq!(got.slowed, u64::from(slowed));
+                        prop_assert!(!slowed || now >= until, "a refusal inside a pause lowered the rate");
+                        let Some(State::Pause(stored)) = model.keys.get(&pause_key).cloned() else {
+                            return Err(TestCaseError::fail("no pause stored"));
+                        };
                         prop_assert!(stored >= until, "a pause moved earlier: {} -> {}", until, stored);
                         until = stored;
                     }
@@ -109,6 +123,12 @@ fn the_pause_scripts_decide_as_the_model() {
                         let want = algorithm::check(&mut model, now, &id, &keys);
                         prop_assert_eq!(got.allowed, want.allowed, "decision at {}", now);
                         prop_assert_eq!(got.retry_after_ms, want.retry_after_ms);
+                        prop_assert_eq!(
+                            &got.checks[0].limits[0],
+                            &want.limits[0],
+                            "the scaled limit at {}",
+                            now
+                        );
                         let paused = want.limits[1].reset_ms;
                         prop_assert_eq!(got.checks[0].paused_ms, (paused > 0).then_some(paused));
                         if got.allowed {
@@ -155,7 +175,7 @@ fn a_pause_only_extends() {
     let t0 = 1_700_000_000_000_000u64;
     let record = |dt: u64, pause_ms: u64| {
         let req = FeedbackRequest {
-            pauses: vec![Pause { policy: "p".into(), key: "k".into(), pause_ms }],
+            pauses: vec![Pause { policy: "p".into(), key: "k".into(), pause_ms, slow: None }],
             now_us: Some(t0 + dt),
         };
         runtime.block_on(limiter.feedback(&req)).expect("feedback").extended
@@ -180,7 +200,7 @@ fn bad_feedback_is_refused() {
     let _in_runtime = runtime.enter();
     let limiter = Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), false).expect("limiter");
     let bad = |policy: &str, key: &str, pause_ms: u64| FeedbackRequest {
-        pauses: vec![Pause { policy: policy.into(), key: key.into(), pause_ms }],
+        pauses: vec![Pause { policy: policy.into(), key: key.into(), pause_ms, slow: None }],
         now_us: None,
     };
     for req in [bad("p{", "k", 1), bad("p", "a b", 1), bad("p", "k", u64::MAX)] {
@@ -220,7 +240,7 @@ async fn a_held_request_is_moved_past_a_pause_that_lands_while_it_waits() {
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
     let pause = FeedbackRequest {
-        pauses: vec![Pause { policy: "p".into(), key: "k".into(), pause_ms: 2_000 }],
+        pauses: vec![Pause { policy: "p".into(), key: "k".into(), pause_ms: 2_000, slow: None }],
         now_us: None,
     };
     assert_eq!(limiter.feedback(&pause).await.expect("feedback").extended, 1);

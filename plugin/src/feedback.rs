@@ -4,6 +4,7 @@
 //! to the shim, which records them fleet-wide. Plain Rust: the adapter
 //! hands in the status and a header reader.
 
+use sluice_policies::feedback::Adaptation;
 use sluice_policies::wire::{Check, Pause};
 use sluice_policies::Document;
 
@@ -39,10 +40,16 @@ pub fn read(
         if throttle.pause_ms == 0 {
             continue;
         }
+        // A refusal also teaches the rate, if the policy adapts it.
+        let slow = match upstream.adapt {
+            Adaptation::On(adapt) if throttle.refused => Some(adapt.slowdown()),
+            _ => None,
+        };
         out.pauses.push(Pause {
             policy: check.policy.clone(),
             key: check.key.clone(),
             pause_ms: throttle.pause_ms,
+            slow,
         });
         out.throttled.push(index);
         if throttle.clamped {
@@ -83,8 +90,24 @@ mod tests {
     fn a_429_pauses_only_the_policies_that_read_feedback() {
         let doc = sluice_policies::parse(DOC).expect("valid");
         let got = read(&doc, &[0, 1], &checks(), 429, headers(&[("retry-after", "7")]), 0);
-        assert_eq!(got.pauses, [Pause { policy: "partner".into(), key: "acme".into(), pause_ms: 7_000 }]);
+        let slow = Some(sluice_policies::feedback::Adapt::default().slowdown());
+        assert_eq!(
+            got.pauses,
+            [Pause { policy: "partner".into(), key: "acme".into(), pause_ms: 7_000, slow }]
+        );
         assert_eq!((got.throttled, got.clamped), (vec![0], vec![]));
+    }
+
+    #[test]
+    fn only_a_refusal_lowers_the_rate_and_only_where_the_policy_adapts() {
+        let doc = sluice_policies::parse(DOC).expect("valid");
+        let nothing_left = headers(&[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "3")]);
+        let got = read(&doc, &[0, 1], &checks(), 200, nothing_left, 0);
+        assert_eq!((got.pauses[0].pause_ms, got.pauses[0].slow), (3_000, None));
+        let fixed = DOC.replace(r#""max_pause": "1m""#, r#""max_pause": "1m", "adapt": false"#);
+        let doc = sluice_policies::parse(&fixed).expect("valid");
+        let got = read(&doc, &[0, 1], &checks(), 429, headers(&[("retry-after", "7")]), 0);
+        assert_eq!((got.pauses[0].pause_ms, got.pauses[0].slow), (7_000, None));
     }
 
     #[test]

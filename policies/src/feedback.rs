@@ -27,10 +27,12 @@ use std::time::{Duration as StdDuration, UNIX_EPOCH};
 
 use serde::Deserialize;
 
+use crate::algorithm::rate::PPM;
 use crate::units::Duration;
+pub use crate::wire::Slowdown;
 
 /// A policy's `upstream` setting. `"upstream": {}` takes every default.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Upstream {
@@ -54,6 +56,108 @@ pub struct Upstream {
     /// The longest pause any answer can cause; longer ones are cut to it.
     #[serde(default = "default_max_pause")]
     pub max_pause: Duration,
+    /// Learn the partner's rate from its refusals: `true` (the default) or
+    /// settings to turn it on, `false` to keep the policy's own rate.
+    #[serde(default)]
+    pub adapt: Adaptation,
+}
+
+/// Whether a refusal also lowers the key's rate, and how.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Adaptation {
+    Off,
+    On(Adapt),
+}
+
+impl Default for Adaptation {
+    fn default() -> Self {
+        Adaptation::On(Adapt::default())
+    }
+}
+
+/// Rate adaptation. A pause is not a rate: when it ends, a policy that
+/// overstates the partner's limits sends too much again. So the first
+/// refusal after a key ran freely also multiplies the rate of its time
+/// limits by `decrease`; the rate then climbs back linearly, by the policy's
+/// whole rate every `recover`, and never goes below `min` of it
+/// (`algorithm::rate`).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Adapt {
+    /// The factor a refusal multiplies the rate by: above 0, below 1.
+    #[serde(default = "default_decrease")]
+    pub decrease: f64,
+    /// How long the rate takes to climb from nothing back to the policy's own.
+    #[serde(default = "default_recover")]
+    pub recover: Duration,
+    /// The lowest the rate goes, as a share of the policy's own: above 0, at most 1.
+    #[serde(default = "default_min")]
+    pub min: f64,
+}
+
+impl Default for Adapt {
+    fn default() -> Self {
+        Adapt { decrease: default_decrease(), recover: default_recover(), min: default_min() }
+    }
+}
+
+impl Adapt {
+    /// As the shim takes it.
+    pub fn slowdown(&self) -> Slowdown {
+        Slowdown {
+            decrease_ppm: ppm(self.decrease),
+            recover_ms: self.recover.as_millis(),
+            min_ppm: ppm(self.min),
+        }
+    }
+}
+
+fn ppm(share: f64) -> u64 {
+    (share * PPM as f64).round() as u64
+}
+
+fn default_decrease() -> f64 {
+    0.5
+}
+
+fn default_recover() -> Duration {
+    Duration::from_millis(1_800_000).unwrap_or_else(|| unreachable!("30 min is a valid duration"))
+}
+
+fn default_min() -> f64 {
+    0.05
+}
+
+impl<'de> Deserialize<'de> for Adaptation {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Toggle(bool),
+            Settings(Adapt),
+        }
+        Ok(match Raw::deserialize(d)? {
+            Raw::Toggle(false) => Adaptation::Off,
+            Raw::Toggle(true) => Adaptation::default(),
+            Raw::Settings(adapt) => Adaptation::On(adapt),
+        })
+    }
+}
+
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for Adaptation {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Adaptation".into()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let adapt = generator.subschema_for::<Adapt>();
+        schemars::json_schema!({
+            "description": "`true` (the default) or settings: a refusal also lowers the key's rate; `false`: only pauses.",
+            "anyOf": [{"type": "boolean"}, adapt]
+        })
+    }
 }
 
 impl Default for Upstream {
@@ -65,6 +169,7 @@ impl Default for Upstream {
             reset_header: default_reset_header(),
             default_pause: default_pause(),
             max_pause: default_max_pause(),
+            adapt: Adaptation::default(),
         }
     }
 }
@@ -107,6 +212,10 @@ const UNIX_THRESHOLD: u64 = 1_000_000_000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Throttle {
     pub pause_ms: u64,
+    /// The partner refused the call (a throttling status), as opposed to
+    /// saying on a good answer that nothing is left: only a refusal teaches
+    /// that the rate is too high.
+    pub refused: bool,
     /// A hint was cut to `max_pause`, or ignored as broken (negative,
     /// malformed, in the past).
     pub clamped: bool,
@@ -138,6 +247,9 @@ impl Upstream {
         }
         if self.max_pause.as_millis() > MAX_PAUSE_MS {
             return Err(format!("max_pause: at most 1d, got {}", self.max_pause));
+        }
+        if let Adaptation::On(adapt) = self.adapt {
+            adapt.slowdown().validate().map_err(|e| format!("adapt.{e}"))?;
         }
         if self.default_pause > self.max_pause {
             return Err(format!(
@@ -178,7 +290,7 @@ impl Upstream {
             (None, false) => return None,
         };
         let max = self.max_pause.as_millis();
-        Some(Throttle { pause_ms: pause.min(max), clamped: broken || pause > max })
+        Some(Throttle { pause_ms: pause.min(max), refused: throttling, clamped: broken || pause > max })
     }
 
     fn reset(&self, value: &[u8], now_ms: u64) -> Hint {
@@ -265,19 +377,49 @@ mod tests {
     const NOW: u64 = 1_795_435_200_000;
 
     fn throttle(status: u16, headers: &[(&str, &str)]) -> Option<Throttle> {
-        Upstream::default().throttle(
-            status,
-            |name| headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_bytes()),
-            NOW,
-        )
+        Upstream::default()
+            .throttle(status, |name| headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_bytes()), NOW)
+            // Whether the call was refused has its own test.
+            .map(|t| Throttle { refused: false, ..t })
     }
 
     fn pause(ms: u64) -> Option<Throttle> {
-        Some(Throttle { pause_ms: ms, clamped: false })
+        Some(Throttle { pause_ms: ms, refused: false, clamped: false })
     }
 
     fn clamped(ms: u64) -> Option<Throttle> {
-        Some(Throttle { pause_ms: ms, clamped: true })
+        Some(Throttle { pause_ms: ms, refused: false, clamped: true })
+    }
+
+    #[test]
+    fn only_a_throttling_status_is_a_refusal() {
+        let read = |status: u16| {
+            let h = |name: &str| match name {
+                "retry-after" => Some(&b"2"[..]),
+                "x-ratelimit-remaining" => Some(&b"0"[..]),
+                "x-ratelimit-reset" => Some(&b"2"[..]),
+                _ => None,
+            };
+            Upstream::default().throttle(status, h, NOW).map(|t| t.refused)
+        };
+        assert_eq!(read(429), Some(true));
+        assert_eq!(read(503), Some(true));
+        assert_eq!(read(200), Some(false), "nothing left on a good answer is not a refusal");
+    }
+
+    #[test]
+    fn adaptation_is_on_by_default_and_can_be_turned_off_or_tuned() {
+        let parse = |json: &str| serde_json::from_str::<Upstream>(json).map(|u| u.adapt);
+        assert_eq!(parse("{}").ok(), Some(Adaptation::On(Adapt::default())));
+        assert_eq!(parse(r#"{"adapt": true}"#).ok(), Some(Adaptation::On(Adapt::default())));
+        assert_eq!(parse(r#"{"adapt": false}"#).ok(), Some(Adaptation::Off));
+        let tuned = parse(r#"{"adapt": {"decrease": 0.7, "recover": "5m"}}"#).ok();
+        let want = Adapt { decrease: 0.7, recover: Duration::parse("5m").expect("5m"), min: 0.05 };
+        assert_eq!(tuned, Some(Adaptation::On(want)));
+        let defaults = Adapt::default().slowdown();
+        assert_eq!(defaults, Slowdown { decrease_ppm: 500_000, recover_ms: 1_800_000, min_ppm: 50_000 });
+        assert!(parse(r#"{"adapt": {"decrease": 1.5}}"#)
+            .is_ok_and(|a| { matches!(a, Adaptation::On(a) if a.slowdown().validate().is_err()) }));
     }
 
     #[test]
@@ -345,7 +487,8 @@ mod tests {
         assert_eq!(throttle(429, &[("ratelimit", two)]), clamped(300_000));
         let upstream = Upstream { max_pause: Duration::parse("2h").expect("2h"), ..Upstream::default() };
         let h = |name: &str| (name == "ratelimit").then_some(two.as_bytes());
-        assert_eq!(upstream.throttle(429, h, NOW), pause(3_600_000));
+        let refused = Throttle { pause_ms: 3_600_000, refused: true, clamped: false };
+        assert_eq!(upstream.throttle(429, h, NOW), Some(refused));
     }
 
     #[test]

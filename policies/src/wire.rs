@@ -375,6 +375,52 @@ pub struct Pause {
     /// How long from now the partner asked us to stop, already clamped to
     /// the policy's `max_pause` by the filter.
     pub pause_ms: u64,
+    /// The partner refused the call and the policy adapts its rate: the
+    /// first refusal after the key ran freely lowers it (`lua/upstream.lua`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slow: Option<Slowdown>,
+}
+
+/// How a refusal lowers a key's rate, in parts per million of the policy's
+/// own (`algorithm::rate`): the filter sends it from the policy's `adapt`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Slowdown {
+    /// The factor the rate is multiplied by.
+    pub decrease_ppm: u64,
+    /// How long the rate takes to climb from nothing back to the policy's own.
+    pub recover_ms: u64,
+    /// The lowest the rate goes.
+    pub min_ppm: u64,
+}
+
+impl Slowdown {
+    /// The longest `recover`: a day.
+    pub const MAX_RECOVER_MS: u64 = 86_400_000;
+    /// The lowest `min`: a thousandth of the policy's rate.
+    pub const LEAST_MIN_PPM: u64 = 1_000;
+
+    /// The bounds the parser and the shim both hold it to; the error starts
+    /// with the field's name.
+    pub fn validate(&self) -> Result<(), String> {
+        use crate::algorithm::rate::PPM;
+        if self.decrease_ppm == 0 || self.decrease_ppm >= PPM {
+            return Err(format!(
+                "decrease: above 0 and below 1, got {}",
+                self.decrease_ppm as f64 / PPM as f64
+            ));
+        }
+        if self.recover_ms == 0 || self.recover_ms > Self::MAX_RECOVER_MS {
+            return Err(format!("recover: above 0 and at most 1d, got {} ms", self.recover_ms));
+        }
+        if !(Self::LEAST_MIN_PPM..=PPM).contains(&self.min_ppm) {
+            return Err(format!(
+                "min: at least 0.001 and at most 1, got {}",
+                self.min_ppm as f64 / PPM as f64
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -382,6 +428,9 @@ pub struct Pause {
 pub struct FeedbackResponse {
     /// Pauses that moved later (a shorter or stale answer moves none).
     pub extended: u64,
+    /// Rates lowered (only the first refusal after a key ran freely lowers it).
+    #[serde(default)]
+    pub slowed: u64,
 }
 
 /// Load shedding: a gateway's utilization report for one policy, and a read

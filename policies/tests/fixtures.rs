@@ -106,6 +106,7 @@ fixtures! {
     upstream_on_shadow_policy => r#"policies[0]: `upstream` cannot be used on a shadow policy: a shadow policy never holds or refuses a request at 9:3"#,
     upstream_bad_status => r#"policies[0]: upstream.statuses: 1000 is not an HTTP status (100 to 599) at 8:3"#,
     upstream_max_pause_too_long => r#"policies[0]: upstream.max_pause: at most 1d, got 2d at 8:3"#,
+    upstream_adapt_no_decrease => r#"policies[0]: upstream.adapt.decrease: above 0 and below 1, got 1 at 8:3"#,
     wait_on_shadow_policy => r#"policies[0]: `wait` cannot be used on a shadow policy: a shadow policy never holds or refuses a request at 9:3"#,
     wait_on_approximate_window => r#"policies[0]: `wait` cannot be used with an approximate sliding_window (limits[1]): its estimate cannot tell when a slot opens; use an exact one at 11:3"#,
     wait_two_concurrency_limits => r#"policies[0]: `wait` on two concurrency limits is not supported: the shim queues a request for one concurrency limit at 11:3"#,

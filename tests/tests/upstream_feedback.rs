@@ -107,3 +107,52 @@ fn remaining_zero_on_a_200_pauses_until_the_reset() {
     assert!(log.refused() < WORKERS, "the partner refused {}\n{}", log.refused(), egress.logs());
     assert_eq!(run.count(|c| c.served()), 4, "the partner's 4 per 3 s, and no more");
 }
+
+/// The operator's guess with `wait`: 8 per 2 s per account, and the
+/// partner's answers pause the account; `adapt` says whether a refusal also
+/// lowers the rate.
+fn waiting_document(adapt: bool) -> String {
+    format!(
+        r#"{{"shim": {{"timeout_ms": 2000}}, "failure_mode": "deny", "policies": [
+            {{"name": "partner-api", "match": {{"path_prefix": "/v42/"}}, "key": ["header:x-account"],
+              "upstream": {{"max_pause": "10s", "adapt": {adapt}}}, "wait": {{"timeout": "15s", "margin": "20ms"}},
+              "limits": [{{"type": "sliding_window", "limit": 8, "window": "2s"}}]}}]}}"#
+    )
+}
+
+fn run_waiting(adapt: bool) -> (Run, Log, String) {
+    let partner = Partner::start(Limits::default().window(4, Duration::from_secs(2))).expect("partner");
+    let egress = Egress::start(&waiting_document(adapt), 2, partner).expect("egress");
+    let workers = Workers {
+        workers: WORKERS,
+        calls: 20,
+        path: PATH.into(),
+        account: "alice".into(),
+        timeout: Duration::from_secs(30),
+    };
+    let run = workers.run(&egress.ports()).expect("workers");
+    let log = egress.partner.log();
+    (run, log, egress.logs())
+}
+
+/// A pause is not a rate: the partner's hidden limit is half the policy's,
+/// and requests wait through several of its windows. The first refusal
+/// halves the account's rate on both gateways, so after the calls in flight
+/// then, the partner refuses nothing more: at most one per worker in all.
+#[test]
+fn a_refusal_lowers_the_rate_and_the_partner_refuses_no_more() {
+    let (run, log, logs) = run_waiting(true);
+    report("waiting, rate lowered", &run, &log);
+    assert!(log.refused() <= WORKERS, "the partner refused {} calls\n{logs}", log.refused());
+    assert!(log.refused() > 0, "the partner never refused: the test shows nothing");
+    assert_eq!(run.count(|c| c.served()) + log.refused(), 20, "every call was sent once\n{logs}");
+}
+
+/// The control: with the pause alone, each window after a pause lets the
+/// policy's own 8 through again, and the partner refuses beyond its 4.
+#[test]
+fn with_the_pause_alone_the_partner_refuses_again_after_each_pause() {
+    let (run, log, _) = run_waiting(false);
+    report("waiting, pause alone", &run, &log);
+    assert!(log.refused() > WORKERS, "the partner refused only {}", log.refused());
+}

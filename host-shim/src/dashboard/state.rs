@@ -121,7 +121,9 @@ async fn read_one(
                 waiters: Some(waiters),
             }
         }
-        Algorithm::Pause => LimitState { remaining: 1, reset_ms: Some(0), held: None, waiters: None },
+        Algorithm::Pause | Algorithm::Rate => {
+            LimitState { remaining: 1, reset_ms: Some(0), held: None, waiters: None }
+        }
     };
     Ok(state)
 }

@@ -22,7 +22,10 @@ pub fn cancel(store: &mut Store, now: u64, id: &str, at: u64, limits: &[Reserved
             Algorithm::Gcra { interval_us, cost, .. } => {
                 gcra::cancel(state, held.unwrap_or(0), interval_us, cost)
             }
-            Algorithm::SlidingApprox { .. } | Algorithm::Concurrency { .. } | Algorithm::Pause => {}
+            Algorithm::SlidingApprox { .. }
+            | Algorithm::Concurrency { .. }
+            | Algorithm::Pause
+            | Algorithm::Rate => {}
         }
     }
 }

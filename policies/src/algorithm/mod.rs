@@ -14,6 +14,7 @@ pub mod fixed_window;
 pub mod gcra;
 pub mod pause;
 pub mod queue;
+pub mod rate;
 pub mod reserve;
 pub mod sliding_approx;
 pub mod sliding_window;
@@ -50,6 +51,10 @@ pub enum Algorithm {
     /// The partner's pause (upstream feedback): one more limit on the checks
     /// of a policy that reads it. Never from the policy's own limits.
     Pause,
+    /// The rate the partner's refusals taught us (upstream feedback): it
+    /// scales the other limits of its check (`rate`). Never from the
+    /// policy's own limits.
+    Rate,
 }
 
 impl Algorithm {
@@ -99,6 +104,7 @@ impl Algorithm {
             Algorithm::Gcra { interval_us, .. } => format!("gcra:{interval_us}"),
             Algorithm::Concurrency { lease_us, .. } => format!("cc:{}", lease_us / 1000),
             Algorithm::Pause => "pause".to_string(),
+            Algorithm::Rate => "rate".to_string(),
         }
     }
 
@@ -111,6 +117,7 @@ impl Algorithm {
             Algorithm::Gcra { interval_us, burst, cost } => ("gcra", [interval_us, burst, cost]),
             Algorithm::Concurrency { limit, lease_us } => ("concurrency", [limit, lease_us, 0]),
             Algorithm::Pause => ("pause", [0, 0, 0]),
+            Algorithm::Rate => ("rate", [0, 0, 0]),
         }
     }
 }
@@ -130,6 +137,9 @@ pub enum State {
     Queue(Vec<queue::Waiter>),
     /// pause: until when the partner asked us to stop (a string).
     Pause(u64),
+    /// rate: the factor in parts per million set at `at`, climbing back
+    /// over `recover_us` (a hash `f`, `t`, `r`).
+    Rate { factor: u64, at: u64, recover_us: u64 },
     /// gcra, beside the `tat` (Redis: `:r`): the microseconds refunds have
     /// given back so far, which tells a later refund how far the charges
     /// behind it have moved (`adjust`).
@@ -222,10 +232,13 @@ pub fn check(store: &mut Store, now: u64, id: &str, limits: &[(String, Algorithm
             _ => (0, false),
         })
         .collect();
+    // The partner's refusals scale the limits of their check first.
+    let scaled = rate::apply(|k| store.keys.get(k).cloned(), now, limits);
     let found: Vec<Found> = limits
         .iter()
+        .zip(&scaled)
         .zip(&reclaimed)
-        .map(|((key, alg), &(reclaimed, tombstoned))| {
+        .map(|(((key, _), alg), &(reclaimed, tombstoned))| {
             let state = store.keys.get(key);
             match *alg {
                 Algorithm::FixedWindow { limit, window_us } => {
@@ -244,6 +257,7 @@ pub fn check(store: &mut Store, now: u64, id: &str, limits: &[(String, Algorithm
                     concurrency::check(state, now, id, limit, lease_us, reclaimed, tombstoned)
                 }
                 Algorithm::Pause => pause::check(state, now),
+                Algorithm::Rate => rate::check(state, now),
             }
         })
         .collect();
@@ -299,6 +313,31 @@ pub fn release(store: &mut Store, now: u64, keys: &[(String, u64, u64)], id: &st
 /// each (key, limit, lease), as `release` takes them; how many it renewed.
 pub fn renew(store: &mut Store, now: u64, keys: &[(String, u64, u64)], id: &str) -> u64 {
     keys.iter().filter(|(key, _, lease)| queue::renew(store, key, now, id, *lease)).count() as u64
+}
+
+/// `lua/upstream.lua`, for one answer of the partner: pauses `pause_key`
+/// for `pause_us` (extend-only) and, if `slow` (a refusal of a policy that
+/// adapts), lowers the rate at `rate_key` unless the key was already
+/// paused. Whether the pause moved, and whether the rate was lowered.
+pub fn upstream(
+    store: &mut Store,
+    now: u64,
+    (pause_key, rate_key): (&str, &str),
+    pause_us: u64,
+    slow: Option<&crate::wire::Slowdown>,
+) -> (bool, bool) {
+    let paused_until = match store.keys.get(pause_key) {
+        Some(&State::Pause(until)) => until,
+        _ => 0,
+    };
+    let lowered = slow.and_then(|s| rate::slow(store.keys.get(rate_key), now, paused_until, s));
+    let slowed = lowered.is_some();
+    if let Some(state) = lowered {
+        store.keys.insert(rate_key.to_string(), state);
+    }
+    let (until, moved) = pause::record(store.keys.get(pause_key), now, pause_us);
+    store.keys.insert(pause_key.to_string(), State::Pause(until));
+    (moved, slowed)
 }
 
 /// `lua/adjust.lua`: charges or refunds each correction's bucket.

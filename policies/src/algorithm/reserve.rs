@@ -14,7 +14,7 @@
 //! `now` if denied); `reset_ms` is, when admitted, the time from `t` until it
 //! frees capacity, and when denied its own wait, as is `retry_after_ms`.
 
-use super::{ceil_ms, fixed_window, gcra, pause, sliding_window, Algorithm, Reply, State, Store, View};
+use super::{ceil_ms, fixed_window, gcra, pause, rate, sliding_window, Algorithm, Reply, State, Store, View};
 use crate::wire::LimitOutcome;
 
 /// One limit's earliest slot.
@@ -51,7 +51,10 @@ pub type Waiting = (String, Algorithm, u64);
 /// shim refuses them before they get here, and so does this (`None`).
 pub fn reserve(store: &mut Store, now: u64, id: &str, wait: u64, limits: &[Waiting]) -> Option<Reservation> {
     let mut slots = Vec::with_capacity(limits.len());
-    for (key, alg, margin) in limits {
+    // The partner's refusals scale the limits of their check first.
+    let keyed: Vec<(String, Algorithm)> = limits.iter().map(|(key, alg, _)| (key.clone(), *alg)).collect();
+    let scaled = rate::apply(|k| store.keys.get(k).cloned(), now, &keyed);
+    for ((key, _, margin), alg) in limits.iter().zip(&scaled) {
         let state = store.keys.get(key);
         let slot = match *alg {
             Algorithm::FixedWindow { limit, window_us } => {
@@ -64,6 +67,7 @@ pub fn reserve(store: &mut Store, now: u64, id: &str, wait: u64, limits: &[Waiti
                 gcra::reserve(state, now, interval_us, burst, cost, *margin)
             }
             Algorithm::Pause => pause::reserve(state, now),
+            Algorithm::Rate => rate::reserve(state, now),
             Algorithm::SlidingApprox { .. } | Algorithm::Concurrency { .. } => return None,
         };
         slots.push(slot);
