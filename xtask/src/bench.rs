@@ -62,11 +62,12 @@ use crate::{build, cmd};
 const PLOT: &str = "latency.png";
 const SHED_PLOT: &str = "shed.png";
 
-/// The whole bench, or with `egress_only` scenario 5 alone, or with
-/// `shed_only` scenario 6 alone.
-pub(crate) fn run(quick: bool, egress_only: bool, shed_only: bool) -> Result<()> {
+/// The whole bench, or with `egress_only` scenario 5 alone, with
+/// `feedback_only` its feedback case alone, or with `shed_only` scenario 6
+/// alone.
+pub(crate) fn run(quick: bool, egress_only: bool, shed_only: bool, feedback_only: bool) -> Result<()> {
     let started = Instant::now();
-    let plan = plan::Plan::new(quick);
+    let mut plan = plan::Plan::new(quick);
     let tools = tools::ensure()?;
     let built = build::build()?;
     // The sluice-tests guards find their binaries through these.
@@ -74,7 +75,11 @@ pub(crate) fn run(quick: bool, egress_only: bool, shed_only: bool) -> Result<()>
     std::env::set_var("SLUICE_ENVOY", &tools.envoy);
     std::env::set_var("SLUICE_DIST", build::dist_dir());
     if egress_only {
-        return run_egress(&plan, &tools, started);
+        return run_egress(&plan, &tools, started, "EGRESS.md");
+    }
+    if feedback_only {
+        plan.egress.retain(|e| e.feedback);
+        return run_egress(&plan, &tools, started, "FEEDBACK.md");
     }
     if shed_only {
         return run_shed(&plan, &tools, started);
@@ -128,8 +133,9 @@ pub(crate) fn run(quick: bool, egress_only: bool, shed_only: bool) -> Result<()>
     Ok(())
 }
 
-/// Scenario 5 alone (`--egress`), written to `EGRESS.md` beside LATEST.md.
-fn run_egress(plan: &plan::Plan, tools: &tools::Tools, started: Instant) -> Result<()> {
+/// Scenario 5 alone (`--egress`, to `EGRESS.md`) or its feedback case
+/// (`--feedback`, to `FEEDBACK.md`), beside LATEST.md.
+fn run_egress(plan: &plan::Plan, tools: &tools::Tools, started: Instant, file: &str) -> Result<()> {
     let sampler = noise::Sampler::start();
     let measured = Instant::now();
     let egress = egress::run(plan, tools)?;
@@ -137,7 +143,7 @@ fn run_egress(plan: &plan::Plan, tools: &tools::Tools, started: Instant) -> Resu
     let about = about(tools, plan, measured.elapsed().as_secs_f64());
     let dir = out_dir(plan.quick);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let md = dir.join("EGRESS.md");
+    let md = dir.join(file);
     let seconds = started.elapsed().as_secs_f64();
     std::fs::write(&md, report::egress_markdown(plan, &about, &noise, seconds, &egress))
         .with_context(|| format!("writing {}", md.display()))?;

@@ -65,6 +65,10 @@ enum Task {
         /// Only scenario 6, load shedding with the shedder on and off; writes SHED.md and shed.png.
         #[arg(long, conflicts_with = "egress")]
         shed: bool,
+        /// Only scenario 5's upstream feedback case (the policy states twice the partner's limit);
+        /// writes FEEDBACK.md.
+        #[arg(long, conflicts_with_all = ["egress", "shed"])]
+        feedback: bool,
     },
     /// Build the policy playground into dist/playground/ (the shim serves it at /playground).
     Playground,
@@ -84,7 +88,7 @@ fn main() -> ExitCode {
         Task::Build => build::build().map(drop),
         Task::Test { test_args } => test::run(&test_args),
         Task::Demo { keep_running } => run_demo(keep_running),
-        Task::Bench { quick, egress, shed } => bench::run(quick, egress, shed),
+        Task::Bench { quick, egress, shed, feedback } => bench::run(quick, egress, shed, feedback),
         Task::Playground => playground::build().map(drop),
         Task::Fuzz { seconds, target } => fuzz::run(seconds, target.as_deref()),
     };

@@ -88,8 +88,9 @@ fn scenario(egress: &plan::Egress, tools: &Tools) -> Result<Scenario> {
     let mut approaches = Vec::new();
     if egress.feedback {
         for (approach, account, upstream) in [
-            ("Sluice `wait`, feedback off", "feedback-off", false),
-            ("Sluice `wait`, upstream feedback on", "feedback-on", true),
+            ("Sluice `wait`, feedback off", "feedback-off", None),
+            ("Sluice `wait`, feedback on, pause only (`adapt: false`)", "feedback-pause", Some(false)),
+            ("Sluice `wait`, feedback on, pause and rate (the default)", "feedback-on", Some(true)),
         ] {
             let doc = document(&egress.limits, 2, upstream);
             let outcome = through_sluice(egress, &doc, account, tools, &redis, &partner);
@@ -100,7 +101,7 @@ fn scenario(egress: &plan::Egress, tools: &Tools) -> Result<Scenario> {
     }
 
     let outcome =
-        through_sluice(egress, &document(&egress.limits, 1, false), "sluice", tools, &redis, &partner);
+        through_sluice(egress, &document(&egress.limits, 1, None), "sluice", tools, &redis, &partner);
     report("Sluice wait", &outcome);
     approaches.push(Measured { approach: "Sluice `wait`", outcome });
 
@@ -239,9 +240,10 @@ fn percentile(values: &[Duration], p: f64) -> Duration {
 
 /// The policy document stating the partner's limits (its windows `scale`
 /// times too generous, for the feedback case), with `wait`, and with
-/// `upstream` feedback if asked; fails closed so a shim failure shows as a
-/// 503, never as a call let through.
-fn document(limits: &Limits, scale: u32, upstream: bool) -> String {
+/// `upstream` feedback if asked (`Some(adapt)`: whether a refusal also
+/// lowers the rate); fails closed so a shim failure shows as a 503, never
+/// as a call let through.
+fn document(limits: &Limits, scale: u32, upstream: Option<bool>) -> String {
     let mut parts: Vec<String> = limits
         .windows
         .iter()
@@ -264,7 +266,10 @@ fn document(limits: &Limits, scale: u32, upstream: bool) -> String {
     } else {
         format!(r#"{{"timeout": "{WAIT_TIMEOUT}", "margin": "{WAIT_MARGIN}"}}"#)
     };
-    let upstream = if upstream { r#""upstream": {"max_pause": "1m"},"# } else { "" };
+    let upstream = match upstream {
+        Some(adapt) => format!(r#""upstream": {{"max_pause": "1m", "adapt": {adapt}}},"#),
+        None => String::new(),
+    };
     format!(
         r#"{{"shim": {{"timeout_ms": 2000}}, "failure_mode": "deny", "policies": [
             {{"name": "partner-api", "match": {{"path_prefix": "/v42/"}}, "key": ["header:x-account"],

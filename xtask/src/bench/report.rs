@@ -147,6 +147,15 @@ fn egress(md: &mut String, scenarios: &[super::egress::Scenario]) -> std::fmt::R
             }
             writeln!(md)?;
         }
+        if p.feedback {
+            writeln!(
+                md,
+                "\nEach worker sends its next call only after its last answer, so at most {} calls are on \
+                 their way when the partner's first 429 comes back: the most 429s feedback should let \
+                 through.",
+                p.workers
+            )?;
+        }
         writeln!(md)?;
     }
     Ok(())
@@ -161,7 +170,12 @@ pub(crate) fn egress_markdown(
     scenarios: &[super::egress::Scenario],
 ) -> String {
     let mut md = String::new();
-    let _ = header(&mut md, "egress waits only (`--egress`)", plan, about, noise, seconds)
+    let only = if plan.egress.iter().all(|e| e.feedback) {
+        "the upstream feedback case only (`--feedback`)"
+    } else {
+        "egress waits only (`--egress`)"
+    };
+    let _ = header(&mut md, only, plan, about, noise, seconds)
         .and_then(|()| egress(&mut md, scenarios));
     md
 }
