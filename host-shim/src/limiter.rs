@@ -372,6 +372,7 @@ impl Limiter {
                 call.arg(n);
             }
             let (moved, slowed): (u64, u64) = self.store.invoke(&call).await.map_err(store_error)?;
+            self.metrics.fed_back(&pause.policy, moved > 0, slowed > 0);
             out.extended += moved;
             out.slowed += slowed;
         }

@@ -53,6 +53,13 @@ struct Decision {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Feedback {
+    policy: String,
+    /// `paused` (a pause moved later) or `slowed` (the key's rate was lowered).
+    effect: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ScriptError {
     /// `timeout`, `connection`, `server` (Redis answered an error) or `other`.
     kind: &'static str,
@@ -61,6 +68,7 @@ struct ScriptError {
 pub struct Metrics {
     registry: Registry,
     decisions: Family<Decision, Counter>,
+    feedback: Family<Feedback, Counter>,
     redis_seconds: Histogram,
     script_errors: Family<ScriptError, Counter>,
     script_reloads: Counter,
@@ -84,6 +92,7 @@ impl Metrics {
         let mut metrics = Metrics {
             registry: Registry::default(),
             decisions: Family::default(),
+            feedback: Family::default(),
             // 100 µs to about 3.3 s.
             redis_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             script_errors: Family::default(),
@@ -99,6 +108,11 @@ impl Metrics {
             "sluice_decisions",
             "Checks answered, per policy and result (allowed, waited, denied, error, invalid)",
             metrics.decisions.clone(),
+        );
+        r.register(
+            "sluice_upstream_feedback",
+            "The partner's answers recorded, per policy and effect (paused: a pause moved later; slowed: the key's rate was lowered)",
+            metrics.feedback.clone(),
         );
         r.register(
             "sluice_redis_call_seconds",
@@ -151,6 +165,16 @@ impl Metrics {
             }
         }
         result
+    }
+
+    /// Counts what one answer of the partner did to `policy`'s key.
+    pub(crate) fn fed_back(&self, policy: &str, paused: bool, slowed: bool) {
+        for (effect, happened) in [("paused", paused), ("slowed", slowed)] {
+            if happened {
+                let policy = self.policy_label(policy);
+                self.feedback.get_or_create(&Feedback { policy, effect }).inc();
+            }
+        }
     }
 
     /// `name` if it may have a label of its own, else [`OTHER_POLICY`].

@@ -154,3 +154,29 @@ async fn a_held_waiter_and_its_hand_over_are_counted() {
     assert_eq!(sample(&page, "sluice_waiters"), 0.0);
     assert_eq!(sample(&page, "sluice_requests_in_flight"), 0.0);
 }
+
+/// The partner's answers are counted by what they did: the first refusal
+/// pauses the key and lowers its rate; a second one inside the pause, as
+/// long, moves nothing; a longer one only extends the pause.
+#[tokio::test]
+async fn the_partners_answers_are_counted_by_effect() {
+    use sluice_policies::wire::{FeedbackRequest, Pause, Slowdown};
+    let redis = Redis::start().expect("redis");
+    let port = serve(&redis, true).await;
+    let slow = Some(Slowdown { decrease_ppm: 500_000, recover_ms: 60_000, min_ppm: 50_000 });
+    let t0 = 1_700_000_000_000_000u64;
+    for (dt, pause_ms) in [(0, 2_000), (1_000, 1_000), (2_000, 5_000)] {
+        let req = FeedbackRequest {
+            pauses: vec![Pause { policy: "partner".into(), key: "acme".into(), pause_ms, slow }],
+            now_us: Some(t0 + dt),
+        };
+        let (status, body) =
+            http(port, "POST", "/v1/feedback", &serde_json::to_string(&req).expect("json")).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let page = metrics(port).await;
+    let effect = |effect: &str| {
+        sample(&page, &format!(r#"sluice_upstream_feedback_total{{policy="partner",effect="{effect}"}}"#))
+    };
+    assert_eq!((effect("paused"), effect("slowed")), (2.0, 1.0), "{page}");
+}

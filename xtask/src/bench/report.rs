@@ -175,8 +175,7 @@ pub(crate) fn egress_markdown(
     } else {
         "egress waits only (`--egress`)"
     };
-    let _ = header(&mut md, only, plan, about, noise, seconds)
-        .and_then(|()| egress(&mut md, scenarios));
+    let _ = header(&mut md, only, plan, about, noise, seconds).and_then(|()| egress(&mut md, scenarios));
     md
 }
 
