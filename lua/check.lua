@@ -23,29 +23,45 @@ local id = ARGV[2]
 local wait = tonumber(ARGV[4 * #KEYS + 3]) or 0
 if wait > 0 then return reserve(now, id, wait) end
 
--- The limits, each scaled by what the partner's refusals taught (rate.lua).
-local specs = {}
-for i, key in ipairs(KEYS) do
-  local base = 4 * i - 1
-  specs[i] = {
-    key = key, kind = ARGV[base], a = tonumber(ARGV[base + 1]), b = tonumber(ARGV[base + 2]),
-    c = tonumber(ARGV[base + 3]),
-  }
+-- The partner's refusals scale the limits of their check (rate.lua). The
+-- specs are built only when a check carries a rate: the hot path reads ARGV.
+local specs = nil
+for i = 1, #KEYS do
+  if ARGV[4 * i - 1] == 'rate' then specs = {} break end
 end
-apply_rates(specs, now)
+if specs then
+  for i, key in ipairs(KEYS) do
+    local base = 4 * i - 1
+    specs[i] = {
+      key = key, kind = ARGV[base], a = tonumber(ARGV[base + 1]), b = tonumber(ARGV[base + 2]),
+      c = tonumber(ARGV[base + 3]),
+    }
+  end
+  apply_rates(specs, now)
+end
 
 -- Expired leases go back first, to waiters first (queue.lua). A hand-over
 -- may charge a mixed waiter's time limits, which phase 1 must then see.
 local reclaimed = {}
-for i, s in ipairs(specs) do
-  if s.kind == 'concurrency' then reclaimed[i] = reclaim(s.key, now, s.a, s.b) end
+for i, key in ipairs(KEYS) do
+  local base = 4 * i - 1
+  if ARGV[base] == 'concurrency' then
+    reclaimed[i] = reclaim(key, now, tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]))
+  end
 end
 
 -- Phase 1: check.
 local found = {}
 local allowed = true
-for i, s in ipairs(specs) do
-  local key, kind, a, b, c = s.key, s.kind, s.a, s.b, s.c
+for i, key in ipairs(KEYS) do
+  local base = 4 * i - 1
+  local kind = ARGV[base]
+  local a, b, c
+  if specs then
+    a, b, c = specs[i].a, specs[i].b, specs[i].c
+  else
+    a, b, c = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
+  end
   local f
   if kind == 'fixed_window' then
     f = fixed_window(key, now, a, b)

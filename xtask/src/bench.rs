@@ -62,10 +62,21 @@ use crate::{build, cmd};
 const PLOT: &str = "latency.png";
 const SHED_PLOT: &str = "shed.png";
 
-/// The whole bench, or with `egress_only` scenario 5 alone, with
-/// `feedback_only` its feedback case alone, or with `shed_only` scenario 6
-/// alone.
-pub(crate) fn run(quick: bool, egress_only: bool, shed_only: bool, feedback_only: bool) -> Result<()> {
+/// Which part of the bench alone, if any.
+#[derive(Debug, Default)]
+pub(crate) struct Only {
+    /// Scenario 5, to EGRESS.md.
+    pub(crate) egress: bool,
+    /// Scenario 6, to SHED.md and shed.png.
+    pub(crate) shed: bool,
+    /// Scenario 5's feedback case, to FEEDBACK.md.
+    pub(crate) feedback: bool,
+    /// Scenario 3, printed.
+    pub(crate) redis_cost: bool,
+}
+
+/// The whole bench, or one part of it alone.
+pub(crate) fn run(quick: bool, only: Only) -> Result<()> {
     let started = Instant::now();
     let mut plan = plan::Plan::new(quick);
     let tools = tools::ensure()?;
@@ -74,14 +85,20 @@ pub(crate) fn run(quick: bool, egress_only: bool, shed_only: bool, feedback_only
     std::env::set_var("SLUICE_REDIS_SERVER", &tools.redis_server);
     std::env::set_var("SLUICE_ENVOY", &tools.envoy);
     std::env::set_var("SLUICE_DIST", build::dist_dir());
-    if egress_only {
+    if only.redis_cost {
+        let redis = sluice_tests::Redis::start()?;
+        let cost = redis_cost::run(&mut redis.connection()?, plan.cost_calls)?;
+        println!("{}", redis_cost::table(&cost));
+        return Ok(());
+    }
+    if only.egress {
         return run_egress(&plan, &tools, started, "EGRESS.md");
     }
-    if feedback_only {
+    if only.feedback {
         plan.egress.retain(|e| e.feedback);
         return run_egress(&plan, &tools, started, "FEEDBACK.md");
     }
-    if shed_only {
+    if only.shed {
         return run_shed(&plan, &tools, started);
     }
 

@@ -69,6 +69,9 @@ enum Task {
         /// writes FEEDBACK.md.
         #[arg(long, conflicts_with_all = ["egress", "shed"])]
         feedback: bool,
+        /// Only scenario 3, Redis cost per limit type (seconds); prints its table.
+        #[arg(long, conflicts_with_all = ["egress", "shed", "feedback"])]
+        redis_cost: bool,
     },
     /// Build the policy playground into dist/playground/ (the shim serves it at /playground).
     Playground,
@@ -88,7 +91,9 @@ fn main() -> ExitCode {
         Task::Build => build::build().map(drop),
         Task::Test { test_args } => test::run(&test_args),
         Task::Demo { keep_running } => run_demo(keep_running),
-        Task::Bench { quick, egress, shed, feedback } => bench::run(quick, egress, shed, feedback),
+        Task::Bench { quick, egress, shed, feedback, redis_cost } => {
+            bench::run(quick, bench::Only { egress, shed, feedback, redis_cost })
+        }
         Task::Playground => playground::build().map(drop),
         Task::Fuzz { seconds, target } => fuzz::run(seconds, target.as_deref()),
     };
