@@ -230,7 +230,7 @@ impl Limiter {
             let (name, [a, b, c]) = limit.algorithm.script_args();
             call.key(&limit.key).arg(name).arg(a).arg(b).arg(c);
         }
-        let reply: Vec<i64> = self.store.invoke(&call).await.map_err(store_error)?;
+        let reply: Vec<i64> = self.store.call(&call).await.map_err(store_error)?;
         decode(limits.len(), &reply)
             .ok_or_else(|| CheckError::Store(format!("unexpected script reply {reply:?}")))
     }

@@ -9,6 +9,7 @@
 //! Redis answered NOSCRIPT, seen on its way through [`Observed`].
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,7 @@ use redis::{
 use tokio::sync::OnceCell;
 
 use crate::metrics::Metrics;
+use crate::scripts::Invocation;
 
 /// Where the limits live. Its `Debug` and `Display` hide any password in
 /// the URLs, so it can be logged.
@@ -84,6 +86,9 @@ pub struct Connect<'a> {
 pub struct Store {
     conn: Conn,
     metrics: Arc<Metrics>,
+    /// Whether Redis runs functions; false once it refused them (Redis
+    /// before 7, or an ACL that forbids `FCALL` or `FUNCTION`).
+    functions: AtomicBool,
 }
 
 enum Conn {
@@ -118,7 +123,11 @@ impl Store {
                     .set_max_delay(Duration::from_millis(500));
                 let conn = ConnectionManager::new_lazy_with_config(client, config)
                     .map_err(|e| anyhow::anyhow!("cannot set up the Redis connection: {e}"))?;
-                Ok(Store { conn: Conn::Single(conn), metrics: Arc::default() })
+                Ok(Store {
+                    conn: Conn::Single(conn),
+                    metrics: Arc::default(),
+                    functions: AtomicBool::new(true),
+                })
             }
             Target::Cluster(seeds) => {
                 let mut builder = ClusterClient::builder(seeds.iter().map(String::as_str))
@@ -131,7 +140,11 @@ impl Store {
                 let client = builder
                     .build()
                     .map_err(|e| anyhow::anyhow!("invalid --redis-cluster {}: {e}", how.target))?;
-                Ok(Store { conn: Conn::Cluster { client, conn: OnceCell::new() }, metrics: Arc::default() })
+                Ok(Store {
+                    conn: Conn::Cluster { client, conn: OnceCell::new() },
+                    metrics: Arc::default(),
+                    functions: AtomicBool::new(true),
+                })
             }
         }
     }
@@ -161,6 +174,37 @@ impl Store {
         result
     }
 
+    /// Runs a script that is also a function library: by FCALL, loading the
+    /// library on first use and again after Redis lost it (a restart
+    /// without persistence, `FUNCTION FLUSH`); by EVALSHA where Redis runs
+    /// no functions, from the first refusal on.
+    pub async fn call<T: FromRedisValue>(&self, call: &Invocation<'_>) -> RedisResult<T> {
+        if !self.functions.load(Ordering::Relaxed) {
+            return self.invoke(&call.script()).await;
+        }
+        let started = Instant::now();
+        let mut result = self.query(&call.fcall()).await;
+        if result.as_ref().is_err_and(|e| detail_has(e, "Function not found")) {
+            result = match self.query::<String>(&call.load()).await {
+                Ok(_) => {
+                    self.metrics.script_reloaded();
+                    self.query(&call.fcall()).await
+                }
+                Err(err) => Err(err),
+            };
+        }
+        if let Err(err) = &result {
+            if refuses_functions(err) {
+                if self.functions.swap(false, Ordering::Relaxed) {
+                    tracing::warn!(%err, "Redis runs no functions (before 7, or an ACL): running the check script by EVALSHA");
+                }
+                return self.invoke(&call.script()).await;
+            }
+        }
+        self.metrics.script_call(started, &result);
+        result
+    }
+
     /// Runs one plain command (not a script).
     pub async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> RedisResult<T> {
         match &self.conn {
@@ -175,6 +219,15 @@ impl Store {
     fn observed<C>(&self, conn: C) -> Observed<'_, C> {
         Observed { conn, metrics: &self.metrics }
     }
+}
+
+fn detail_has(err: &redis::RedisError, text: &str) -> bool {
+    err.detail().is_some_and(|d| d.contains(text)) || err.to_string().contains(text)
+}
+
+/// Redis before 7 knows no `FCALL` or `FUNCTION`; an ACL may forbid them.
+fn refuses_functions(err: &redis::RedisError) -> bool {
+    err.code() == Some("NOPERM") || detail_has(err, "unknown command")
 }
 
 /// A connection that counts the scripts loaded through it: redis-rs loads a

@@ -236,7 +236,7 @@ pub(crate) async fn reserve(
     for margin in margins {
         call.arg(*margin);
     }
-    let reply: Vec<i64> = limiter.store.invoke(&call).await.map_err(store_error)?;
+    let reply: Vec<i64> = limiter.store.call(&call).await.map_err(store_error)?;
     decode(limits.len(), &reply)
         .ok_or_else(|| CheckError::Store(format!("unexpected script reply {reply:?}")))
 }

@@ -76,10 +76,11 @@ impl Redis {
         Ok(redis::Client::open(self.url())?.get_connection()?)
     }
 
-    /// Fault injection: the default user may no longer run scripts, so every
+    /// Fault injection: the default user may no longer run scripts or
+    /// functions (EVAL, EVALSHA, FCALL), so every
     /// check fails at once (the shim answers 503) while Redis stays up.
     pub fn refuse_scripts(&self) -> anyhow::Result<()> {
-        self.acl(&["-evalsha", "-eval"])
+        self.acl(&["-evalsha", "-eval", "-fcall"])
     }
 
     /// Undoes [`Redis::refuse_scripts`].

@@ -13,7 +13,7 @@ use redis::Script;
 use sluice_policies::algorithm::Algorithm;
 use sluice_policies::wire::{Check, WireLimit};
 use sluice_shim::keys::script_limits;
-use sluice_shim::scripts::Scripts;
+use sluice_shim::scripts::{Invocation, Scripts};
 
 const CLIENTS: usize = 1_000;
 const SAMPLE: usize = 100;
@@ -51,28 +51,46 @@ fn sluice_cases() -> Vec<(&'static str, Vec<WireLimit>)> {
 
 pub(crate) fn run(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost>> {
     let scripts = Scripts::new();
+    let check = |client: usize, call: usize, limits: &[WireLimit]| -> Result<Invocation<'_>> {
+        let mut inv = scripts.check.prepare_invoke();
+        inv.arg("").arg(format!("r{call}"));
+        for (key, alg) in case_keys(limits, client)? {
+            let (kind, [a, b, c]) = alg.script_args();
+            inv.key(key).arg(kind).arg(a).arg(b).arg(c);
+        }
+        Ok(inv)
+    };
+    let keys = |client: usize, limits: &[WireLimit]| -> Result<Vec<String>> {
+        Ok(case_keys(limits, client)?.into_iter().map(|(k, _)| k).collect())
+    };
+    let _: String = scripts.check.prepare_invoke().load().query(conn).context("FUNCTION LOAD")?;
     let mut costs = Vec::new();
+    // As the shim runs it: the library's function.
     for (name, limits) in sluice_cases() {
-        let keys_of = |client: usize| case_keys(&limits, client);
-        let cost = measure(
+        costs.push(measure(
             conn,
             name,
             calls,
-            &scripts.check,
-            |client, call| {
-                let mut inv = scripts.check.prepare_invoke();
-                inv.arg("").arg(format!("r{call}"));
-                for (key, alg) in keys_of(client)? {
-                    let (kind, [a, b, c]) = alg.script_args();
-                    inv.key(key).arg(kind).arg(a).arg(b).arg(c);
-                }
-                Ok(inv)
-            },
-            |client| Ok(keys_of(client)?.into_iter().map(|(k, _)| k).collect()),
-        )?;
-        costs.push(cost);
+            "fcall",
+            |conn, client, call| Ok(check(client, call, &limits)?.fcall().query(conn)?),
+            |client| keys(client, &limits),
+        )?);
     }
-    costs.extend(functions(conn, calls)?);
+    // As a script, where Redis has no functions: its helpers defined on
+    // every call.
+    let _: String = scripts.check.script.prepare_invoke().load(conn).context("SCRIPT LOAD")?;
+    for (name, limits) in
+        sluice_cases().into_iter().filter(|(n, _)| n.starts_with("fixed_window") || n.ends_with("(S0)"))
+    {
+        costs.push(measure(
+            conn,
+            &format!("{name}, as a script (EVALSHA)"),
+            calls,
+            "evalsha",
+            |conn, client, call| Ok(check(client, call, &limits)?.script().invoke(conn)?),
+            |client| keys(client, &limits),
+        )?);
+    }
     costs.extend(handwritten(conn, calls)?);
     Ok(costs)
 }
@@ -88,53 +106,6 @@ fn case_keys(limits: &[WireLimit], client: usize) -> Result<Vec<(String, Algorit
     };
     let limits = script_limits(&[check]).map_err(anyhow::Error::msg)?;
     Ok(limits.into_iter().map(|l| (l.key, l.algorithm)).collect())
-}
-
-/// The check script as a Redis Function (`FUNCTION LOAD`, Redis 7), for the
-/// two cases that weigh it against EVALSHA: a library survives restarts and
-/// failover without a NOSCRIPT round trip, and is defined once.
-fn functions(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost>> {
-    let library = format!(
-        "#!lua name=sluicebench\nredis.register_function('check', function(KEYS, ARGV)\n{}\nend)\n",
-        sluice_shim::scripts::CHECK
-    );
-    redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg("REPLACE")
-        .arg(&library)
-        .query::<String>(conn)
-        .context("FUNCTION LOAD")?;
-    let mut costs = Vec::new();
-    for (name, limits) in
-        sluice_cases().into_iter().filter(|(n, _)| n.starts_with("fixed_window") || n.ends_with("(S0)"))
-    {
-        let keys_of = |client: usize| case_keys(&limits, client);
-        redis::cmd("FLUSHDB").query::<()>(conn)?;
-        redis::cmd("CONFIG").arg("RESETSTAT").query::<()>(conn)?;
-        for call in 0..calls {
-            let keys = keys_of(call % CLIENTS)?;
-            let mut fcall = redis::cmd("FCALL");
-            fcall.arg("check").arg(keys.len());
-            for (key, _) in &keys {
-                fcall.arg(key);
-            }
-            fcall.arg("").arg(format!("r{call}"));
-            for (_, alg) in &keys {
-                let (kind, [a, b, c]) = alg.script_args();
-                fcall.arg(kind).arg(a).arg(b).arg(c);
-            }
-            let _: redis::Value =
-                fcall.query(conn).with_context(|| format!("{name} (FCALL): call {call}"))?;
-        }
-        let usec_per_call = usec_per_call(conn, "fcall").with_context(|| format!("{name} (FCALL)"))?;
-        costs.push(Cost {
-            case: format!("{name}, as a Redis Function (FCALL)"),
-            usec_per_call,
-            bytes_per_client: f64::NAN,
-        });
-    }
-    redis::cmd("FUNCTION").arg("DELETE").arg("sluicebench").query::<()>(conn)?;
-    Ok(costs)
 }
 
 /// `usec_per_call` of `command` in INFO commandstats.
@@ -162,18 +133,21 @@ fn handwritten(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost>> 
     let keys = |client: usize, names: &[&str]| {
         names.iter().map(|n| format!("hand:{n}:client{client}")).collect::<Vec<_>>()
     };
+    for script in [&dual, &incr, &bucket] {
+        let _: String = script.prepare_invoke().load(conn).context("SCRIPT LOAD")?;
+    }
     costs.push(measure(
         conn,
         "hand-written S0 dual sorted sets",
         calls,
-        &dual,
-        |client, _| {
+        "evalsha",
+        |conn, client, _| {
             let mut inv = dual.prepare_invoke();
             for k in keys(client, &["w5", "w300"]) {
                 inv.key(k);
             }
             inv.arg(now()).arg(5).arg(25).arg(300).arg(300);
-            Ok(inv)
+            Ok(inv.invoke(conn)?)
         },
         |client| Ok(keys(client, &["w5", "w300"])),
     )?);
@@ -181,11 +155,11 @@ fn handwritten(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost>> 
         conn,
         "hand-written S3 INCR with SET NX EX",
         calls,
-        &incr,
-        |client, _| {
+        "evalsha",
+        |conn, client, _| {
             let mut inv = incr.prepare_invoke();
             inv.key(keys(client, &["n"])[0].clone()).arg(60);
-            Ok(inv)
+            Ok(inv.invoke(conn)?)
         },
         |client| Ok(keys(client, &["n"])),
     )?);
@@ -193,38 +167,38 @@ fn handwritten(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost>> 
         conn,
         "hand-written S4a two-key token bucket",
         calls,
-        &bucket,
-        |client, _| {
+        "evalsha",
+        |conn, client, _| {
             let mut inv = bucket.prepare_invoke();
             for k in keys(client, &["tokens", "ts"]) {
                 inv.key(k);
             }
             inv.arg(100).arg(500).arg(now()).arg(1);
-            Ok(inv)
+            Ok(inv.invoke(conn)?)
         },
         |client| Ok(keys(client, &["tokens", "ts"])),
     )?);
     Ok(costs)
 }
 
-/// Runs `calls` invocations round-robin over the clients, then reads the
-/// CPU per call and the memory of a sample of clients' keys.
-fn measure<'s>(
+/// Runs `calls` decisions round-robin over the clients (`decide(conn,
+/// client, call)`, loaded beforehand), then reads the CPU per call of
+/// `command` and the memory of a sample of clients' keys. Flushing the
+/// keys keeps loaded scripts and functions.
+fn measure(
     conn: &mut redis::Connection,
     case: &str,
     calls: usize,
-    script: &Script,
-    invocation: impl Fn(usize, usize) -> Result<redis::ScriptInvocation<'s>>,
+    command: &str,
+    decide: impl Fn(&mut redis::Connection, usize, usize) -> Result<redis::Value>,
     keys: impl Fn(usize) -> Result<Vec<String>>,
 ) -> Result<Cost> {
-    let _: String = script.prepare_invoke().load(conn).with_context(|| format!("{case}: SCRIPT LOAD"))?;
     redis::cmd("FLUSHALL").query::<()>(conn)?;
     redis::cmd("CONFIG").arg("RESETSTAT").query::<()>(conn)?;
     for call in 0..calls {
-        let inv = invocation(call % CLIENTS, call)?;
-        let _: redis::Value = inv.invoke(conn).with_context(|| format!("{case}: call {call}"))?;
+        decide(conn, call % CLIENTS, call).with_context(|| format!("{case}: call {call}"))?;
     }
-    let usec_per_call = usec_per_call(conn, "evalsha").with_context(|| case.to_string())?;
+    let usec_per_call = usec_per_call(conn, command).with_context(|| case.to_string())?;
     let mut bytes = 0u64;
     for client in 0..SAMPLE {
         for key in keys(client)? {
