@@ -1,6 +1,7 @@
-//! Raw EVALSHA load with `redis-benchmark`: the command the shim sends,
-//! captured with MONITOR and replayed straight to Redis, so the script, the
-//! keys and the arguments are the shim's own. Arguments that differ per
+//! Raw script load with `redis-benchmark`: the command the shim sends (FCALL
+//! of its check library, or EVALSHA where Redis has no functions), captured
+//! with MONITOR and replayed straight to Redis, so the script, the keys and
+//! the arguments are the shim's own. Arguments that differ per
 //! request (the request id; the key, where the scenario varies it) become
 //! redis-benchmark's `__rand_int__`, a random 12-digit number per request.
 //!
@@ -28,23 +29,26 @@ pub(crate) struct Raw {
     pub(crate) p99: f64,
 }
 
-/// The EVALSHA that the shim sent for two checks (as MONITOR saw them), with
-/// each argument that differs between the two replaced by `vary(first, second)`.
+/// The script call (FCALL or EVALSHA) that the shim sent for two checks (as
+/// MONITOR saw them), with each argument that differs between the two
+/// replaced by `vary(first, second)`.
 pub(crate) fn template(commands: &[Vec<String>], vary: impl Fn(&str, &str) -> String) -> Result<Vec<String>> {
-    let mut evalshas: Vec<&Vec<String>> =
-        commands.iter().filter(|c| c.first().is_some_and(|n| n.eq_ignore_ascii_case("EVALSHA"))).collect();
-    // A retry after NOSCRIPT sends the same EVALSHA again.
-    evalshas.dedup();
-    let [first, second] = evalshas[..] else {
-        bail!("expected the shim to send 2 EVALSHAs, MONITOR saw {}: {commands:?}", evalshas.len());
+    let is_call = |c: &&Vec<String>| {
+        c.first().is_some_and(|n| n.eq_ignore_ascii_case("FCALL") || n.eq_ignore_ascii_case("EVALSHA"))
+    };
+    let mut calls: Vec<&Vec<String>> = commands.iter().filter(is_call).collect();
+    // A retry after NOSCRIPT, or after loading the library, sends the same call again.
+    calls.dedup();
+    let [first, second] = calls[..] else {
+        bail!("expected the shim to send 2 script calls, MONITOR saw {}: {commands:?}", calls.len());
     };
     if first.len() != second.len() {
-        bail!("the shim's two EVALSHAs have different shapes: {first:?} and {second:?}");
+        bail!("the shim's two script calls have different shapes: {first:?} and {second:?}");
     }
     Ok(first.iter().zip(second).map(|(a, b)| if a == b { a.clone() } else { vary(a, b) }).collect())
 }
 
-/// `requests` EVALSHAs over `clients` connections, `__rand_int__` drawn from `0..keyspace`.
+/// `requests` script calls over `clients` connections, `__rand_int__` drawn from `0..keyspace`.
 pub(crate) fn run(
     bin: &Path,
     port: u16,

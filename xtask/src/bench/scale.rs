@@ -1,9 +1,9 @@
 //! Scenario 4, scale: decision latency and Redis memory as the number of
 //! distinct keys grows, for each limit type the shim decides.
 //!
-//! - The keys are made by the real script: the shim's own EVALSHA (captured
+//! - The keys are made by the real script: the shim's own script call (captured
 //!   with MONITOR) is replayed for keys `0..N` in pipelined batches.
-//! - Latency: redis-benchmark replays the same EVALSHA on a key drawn at
+//! - Latency: redis-benchmark replays the same script call on a key drawn at
 //!   random among the N, so every call finds existing state. That is the part
 //!   of a decision that can feel the key count; the shim's and the filter's
 //!   share of a decision does not depend on it.
@@ -86,7 +86,7 @@ pub(crate) fn run(rig: &Rig, plan: &Plan, tools: &Tools) -> Result<Vec<(&'static
     Ok(out)
 }
 
-/// The shim's EVALSHA for `kind` with [`RAND`] where the key goes; or why the
+/// The shim's script call for `kind` with [`RAND`] where the key goes; or why the
 /// shim would not decide it.
 fn capture(rig: &Rig, tools: &Tools, kind: &Kind) -> Result<Result<Vec<String>, String>> {
     let url = format!("http://127.0.0.1:{}/v1/check", rig.shim.port);

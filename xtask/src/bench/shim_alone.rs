@@ -1,6 +1,6 @@
 //! Scenario 2, the shim alone: decisions per second through `sluice serve`
 //! (oha POSTs one fixed check to `/v1/check`) against redis-benchmark sending
-//! the shim's own EVALSHA straight to the same Redis, with as many
+//! the shim's own script call (FCALL) straight to the same Redis, with as many
 //! connections. The two alternate, in a different order each round.
 
 use anyhow::Result;
@@ -20,7 +20,7 @@ const IDS: u64 = 2_000_000_000;
 pub(crate) struct ShimAlone {
     pub(crate) shim: Run,
     pub(crate) raw: Raw,
-    /// The EVALSHA replayed, with its placeholders.
+    /// The script call replayed, with its placeholders.
     pub(crate) command: Vec<String>,
 }
 
