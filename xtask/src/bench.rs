@@ -73,6 +73,8 @@ pub(crate) struct Only {
     pub(crate) feedback: bool,
     /// Scenario 3, printed.
     pub(crate) redis_cost: bool,
+    /// With `redis_cost`: Redis under callgrind, counting instructions.
+    pub(crate) callgrind: bool,
 }
 
 /// The whole bench, or one part of it alone.
@@ -86,10 +88,7 @@ pub(crate) fn run(quick: bool, only: Only) -> Result<()> {
     std::env::set_var("SLUICE_ENVOY", &tools.envoy);
     std::env::set_var("SLUICE_DIST", build::dist_dir());
     if only.redis_cost {
-        let redis = sluice_tests::Redis::start()?;
-        let cost = redis_cost::run(&mut redis.connection()?, plan.cost_calls)?;
-        println!("{}", redis_cost::table(&cost));
-        return Ok(());
+        return run_redis_cost(&plan, &tools.redis_server, only.callgrind);
     }
     if only.egress {
         return run_egress(&plan, &tools, started, "EGRESS.md");
@@ -116,7 +115,7 @@ pub(crate) fn run(quick: bool, only: Only) -> Result<()> {
     drop(rig);
     let cost = {
         let redis = sluice_tests::Redis::start()?;
-        redis_cost::run(&mut redis.connection()?, plan.cost_calls)?
+        redis_cost::run(&mut redis.connection()?, plan.cost_calls, None)?
     };
     done("scenario 3, Redis cost per limit type,");
     let egress = egress::run(&plan, &tools)?;
@@ -147,6 +146,35 @@ pub(crate) fn run(quick: bool, only: Only) -> Result<()> {
         .with_context(|| format!("writing {}", md.display()))?;
     write_shed(&results.plan, &results.about, &results.noise, results.seconds, &results.shed, &tools.font)?;
     eprintln!("bench: wrote {} and {PLOT} in {:.0} s", md.display(), started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Scenario 3 alone (`--redis-cost`), its table printed; with `callgrind`,
+/// redis-server runs under valgrind's callgrind and each case also reports
+/// the instructions Redis ran per decision (2,000 decisions a case).
+fn run_redis_cost(plan: &plan::Plan, redis_server: &std::path::Path, callgrind: bool) -> Result<()> {
+    let counter = if callgrind {
+        let dir = build::workspace_root().join("target/bench-callgrind");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let wrapper = dir.join("redis-server");
+        let script = format!(
+            "#!/bin/sh\nexec valgrind --tool=callgrind --callgrind-out-file={}/callgrind.%p {} \"$@\"\n",
+            dir.display(),
+            redis_server.display()
+        );
+        std::fs::write(&wrapper, script).with_context(|| format!("writing {}", wrapper.display()))?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
+        std::env::set_var("SLUICE_REDIS_SERVER", &wrapper);
+        Some(redis_cost::Callgrind { dir })
+    } else {
+        None
+    };
+    let calls = if callgrind { 2_000 } else { plan.cost_calls };
+    let redis = sluice_tests::Redis::start()?;
+    let cost = redis_cost::run(&mut redis.connection()?, calls, counter.as_ref())?;
+    println!("{}", redis_cost::table(&cost));
     Ok(())
 }
 

@@ -72,6 +72,9 @@ enum Task {
         /// Only scenario 3, Redis cost per limit type (seconds); prints its table.
         #[arg(long, conflicts_with_all = ["egress", "shed", "feedback"])]
         redis_cost: bool,
+        /// With --redis-cost: run Redis under valgrind's callgrind and count its instructions per decision.
+        #[arg(long, requires = "redis_cost")]
+        callgrind: bool,
     },
     /// Build the policy playground into dist/playground/ (the shim serves it at /playground).
     Playground,
@@ -91,8 +94,8 @@ fn main() -> ExitCode {
         Task::Build => build::build().map(drop),
         Task::Test { test_args } => test::run(&test_args),
         Task::Demo { keep_running } => run_demo(keep_running),
-        Task::Bench { quick, egress, shed, feedback, redis_cost } => {
-            bench::run(quick, bench::Only { egress, shed, feedback, redis_cost })
+        Task::Bench { quick, egress, shed, feedback, redis_cost, callgrind } => {
+            bench::run(quick, bench::Only { egress, shed, feedback, redis_cost, callgrind })
         }
         Task::Playground => playground::build().map(drop),
         Task::Fuzz { seconds, target } => fuzz::run(seconds, target.as_deref()),

@@ -22,6 +22,39 @@ pub(crate) struct Cost {
     pub case: String,
     pub usec_per_call: f64,
     pub bytes_per_client: f64,
+    /// Instructions Redis ran per decision, counted by callgrind (`--callgrind`).
+    pub instructions: Option<u64>,
+}
+
+/// Counts the instructions of a redis-server that runs under valgrind's
+/// callgrind (`cargo xtask bench --redis-cost --callgrind`): unlike times,
+/// the counts repeat on a busy machine.
+pub(crate) struct Callgrind {
+    /// Where callgrind writes its dumps.
+    pub(crate) dir: std::path::PathBuf,
+}
+
+impl Callgrind {
+    fn zero(&self) -> Result<()> {
+        crate::cmd::probe(std::process::Command::new("callgrind_control").arg("--zero"))
+            .map(drop)
+            .context("callgrind_control --zero")
+    }
+
+    /// Dumps the counts since the last zero and returns their total.
+    fn dump(&self) -> Result<u64> {
+        crate::cmd::probe(std::process::Command::new("callgrind_control").arg("--dump"))
+            .context("callgrind_control --dump")?;
+        let newest = std::fs::read_dir(&self.dir)?
+            .filter_map(|e| e.ok())
+            .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+            .context("no callgrind dump")?;
+        let text = std::fs::read_to_string(newest.path())?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("summary:").or_else(|| l.strip_prefix("totals:")))
+            .and_then(|n| n.trim().split_whitespace().next()?.parse().ok())
+            .context("no totals in the callgrind dump")
+    }
 }
 
 /// The cases: each Sluice type, then the hand-written scripts.
@@ -49,7 +82,11 @@ fn sluice_cases() -> Vec<(&'static str, Vec<WireLimit>)> {
     ]
 }
 
-pub(crate) fn run(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost>> {
+pub(crate) fn run(
+    conn: &mut redis::Connection,
+    calls: usize,
+    counter: Option<&Callgrind>,
+) -> Result<Vec<Cost>> {
     let scripts = Scripts::new();
     let check = |client: usize, call: usize, limits: &[WireLimit]| -> Result<Invocation<'_>> {
         let mut inv = scripts.check.prepare_invoke();
@@ -69,6 +106,7 @@ pub(crate) fn run(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost
     for (name, limits) in sluice_cases() {
         costs.push(measure(
             conn,
+            counter,
             name,
             calls,
             "fcall",
@@ -84,6 +122,7 @@ pub(crate) fn run(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost
     {
         costs.push(measure(
             conn,
+            counter,
             &format!("{name}, as a script (EVALSHA)"),
             calls,
             "evalsha",
@@ -91,7 +130,7 @@ pub(crate) fn run(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost
             |client| keys(client, &limits),
         )?);
     }
-    costs.extend(handwritten(conn, calls)?);
+    costs.extend(handwritten(conn, calls, counter)?);
     Ok(costs)
 }
 
@@ -119,7 +158,7 @@ fn usec_per_call(conn: &mut redis::Connection, command: &str) -> Result<f64> {
         .with_context(|| format!("no {command} in INFO commandstats"))
 }
 
-fn handwritten(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost>> {
+fn handwritten(conn: &mut redis::Connection, calls: usize, counter: Option<&Callgrind>) -> Result<Vec<Cost>> {
     let dual = Script::new(include_str!("../../../bench/handwritten/dual_window_zset.lua"));
     let incr = Script::new(include_str!("../../../bench/handwritten/incr_counter.lua"));
     let bucket = Script::new(include_str!("../../../bench/handwritten/token_bucket_two_keys.lua"));
@@ -138,6 +177,7 @@ fn handwritten(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost>> 
     }
     costs.push(measure(
         conn,
+        counter,
         "hand-written S0 dual sorted sets",
         calls,
         "evalsha",
@@ -153,6 +193,7 @@ fn handwritten(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost>> 
     )?);
     costs.push(measure(
         conn,
+        counter,
         "hand-written S3 INCR with SET NX EX",
         calls,
         "evalsha",
@@ -165,6 +206,7 @@ fn handwritten(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost>> 
     )?);
     costs.push(measure(
         conn,
+        counter,
         "hand-written S4a two-key token bucket",
         calls,
         "evalsha",
@@ -185,8 +227,10 @@ fn handwritten(conn: &mut redis::Connection, calls: usize) -> Result<Vec<Cost>> 
 /// client, call)`, loaded beforehand), then reads the CPU per call of
 /// `command` and the memory of a sample of clients' keys. Flushing the
 /// keys keeps loaded scripts and functions.
+#[allow(clippy::too_many_arguments)]
 fn measure(
     conn: &mut redis::Connection,
+    counter: Option<&Callgrind>,
     case: &str,
     calls: usize,
     command: &str,
@@ -195,9 +239,16 @@ fn measure(
 ) -> Result<Cost> {
     redis::cmd("FLUSHALL").query::<()>(conn)?;
     redis::cmd("CONFIG").arg("RESETSTAT").query::<()>(conn)?;
+    if let Some(counter) = counter {
+        counter.zero()?;
+    }
     for call in 0..calls {
         decide(conn, call % CLIENTS, call).with_context(|| format!("{case}: call {call}"))?;
     }
+    let instructions = match counter {
+        Some(counter) => Some(counter.dump()? / calls.max(1) as u64),
+        None => None,
+    };
     let usec_per_call = usec_per_call(conn, command).with_context(|| case.to_string())?;
     let mut bytes = 0u64;
     for client in 0..SAMPLE {
@@ -207,21 +258,34 @@ fn measure(
             bytes += usage.unwrap_or(0);
         }
     }
-    Ok(Cost { case: case.to_string(), usec_per_call, bytes_per_client: bytes as f64 / SAMPLE as f64 })
+    Ok(Cost {
+        case: case.to_string(),
+        usec_per_call,
+        bytes_per_client: bytes as f64 / SAMPLE as f64,
+        instructions,
+    })
 }
 
 /// The table for `bench/README.md`.
 pub(crate) fn table(costs: &[Cost]) -> String {
-    let mut out = String::from(
-        "| case | Redis CPU per decision (µs) | memory per client key (bytes) |\n|---|---:|---:|\n",
-    );
+    let counted = costs.iter().any(|c| c.instructions.is_some());
+    let mut out = String::from("| case | Redis CPU per decision (µs) | memory per client key (bytes) |");
+    out.push_str(if counted {
+        " Redis instructions per decision |\n|---|---:|---:|---:|\n"
+    } else {
+        "\n|---|---:|---:|\n"
+    });
     for c in costs {
         let bytes = if c.bytes_per_client.is_nan() {
             "as above".into()
         } else {
             format!("{:.0}", c.bytes_per_client)
         };
-        out.push_str(&format!("| {} | {:.2} | {bytes} |\n", c.case, c.usec_per_call));
+        out.push_str(&format!("| {} | {:.2} | {bytes} |", c.case, c.usec_per_call));
+        if let Some(n) = c.instructions {
+            out.push_str(&format!(" {n} |"));
+        }
+        out.push('\n');
     }
     out
 }
