@@ -12,6 +12,7 @@
 //! - [`cache`]: the over-limit cache over a small store trait (Envoy shared data).
 //! - [`breaker`]: the outage breaker, over an injected clock.
 //! - [`throttle`]: a log line an outage cannot turn into a flood.
+//! - [`leased`]: leased mode: the pool of a leased policy's tokens the workers spend.
 //! - [`leases`]: the leases of live streams, and when each is due for renewal.
 //! - [`shedding`]: load shedding in one worker: its reports, the fleet's level.
 //! - [`wait`]: egress waiting: the request's wait, the held call's timeout,
@@ -34,6 +35,7 @@ pub mod breaker;
 pub mod cache;
 pub mod decision;
 pub mod feedback;
+pub mod leased;
 pub mod leases;
 pub mod ratelimit_headers;
 pub mod reply;
