@@ -65,6 +65,9 @@ enum Task {
         /// Only scenario 6, load shedding with the shedder on and off; writes SHED.md and shed.png.
         #[arg(long, conflicts_with = "egress")]
         shed: bool,
+        /// Only scenario 7, leased mode against exact and native; writes LEASED.md.
+        #[arg(long, conflicts_with_all = ["egress", "shed"])]
+        leased: bool,
     },
     /// Build the policy playground into dist/playground/ (the shim serves it at /playground).
     Playground,
@@ -84,7 +87,7 @@ fn main() -> ExitCode {
         Task::Build => build::build().map(drop),
         Task::Test { test_args } => test::run(&test_args),
         Task::Demo { keep_running } => run_demo(keep_running),
-        Task::Bench { quick, egress, shed } => bench::run(quick, egress, shed),
+        Task::Bench { quick, egress, shed, leased } => bench::run(quick, egress, shed, leased),
         Task::Playground => playground::build().map(drop),
         Task::Fuzz { seconds, target } => fuzz::run(seconds, target.as_deref()),
     };

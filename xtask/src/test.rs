@@ -36,5 +36,5 @@ pub(crate) fn run(test_args: &[String]) -> Result<()> {
     browser::test(&site, &redis)?;
 
     eprintln!("xtask: bench --quick, to prove the bench runs (its timings are not checked)");
-    bench::run(true, false, false).context("the bench smoke run (cargo xtask bench --quick) failed")
+    bench::run(true, false, false, false).context("the bench smoke run (cargo xtask bench --quick) failed")
 }
