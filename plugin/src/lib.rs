@@ -21,8 +21,8 @@
 //! Over host calls, built for wasm32 only:
 //!
 //! - `root`: the root context; parses the policy document once, in
-//!   `on_configure`; sends queued release and adjust calls, and lease
-//!   renewals, on its tick.
+//!   `on_configure`; sends queued release and adjust calls, lease
+//!   renewals, and leased mode's lease calls, on its tick.
 //! - `vm`: what one VM (one worker) shares between requests.
 //! - `filter`: the HTTP context; matches, decides locally or asks the shim,
 //!   resumes or answers, adds headers, queues releases and adjustments.
