@@ -49,16 +49,28 @@ pub(crate) enum Mode {
     Native,
     Exact,
     Leased,
+    /// A diagnostic: the leased Envoy on a path no policy matches, so the
+    /// filter runs (reads the request, matches) but spends nothing: what
+    /// the Wasm filter costs before any lease.
+    Unmatched,
 }
 
 impl Mode {
-    pub(crate) const ALL: [Mode; 3] = [Mode::Native, Mode::Exact, Mode::Leased];
+    pub(crate) const ALL: [Mode; 4] = [Mode::Native, Mode::Exact, Mode::Leased, Mode::Unmatched];
 
     pub(crate) fn label(self) -> &'static str {
         match self {
             Mode::Native => "native `local_ratelimit`, allowing",
             Mode::Exact => "Sluice, exact (one shim call per request)",
             Mode::Leased => "Sluice, leased",
+            Mode::Unmatched => "Sluice, no policy applies (the Wasm filter alone)",
+        }
+    }
+
+    fn path(self) -> &'static str {
+        match self {
+            Mode::Unmatched => "/other",
+            _ => "/allow",
         }
     }
 }
@@ -83,7 +95,7 @@ fn policy(name: &str, limit: u32, window: &str, leased: Option<(u32, &str)>) -> 
     });
     format!(
         r#"{{"shim": {{"cluster": "sluice_shim", "timeout_ms": 1000}}, "failure_mode": "deny",
-            "policies": [{{"name": "{name}", {leased}
+            "policies": [{{"name": "{name}", "match": {{"path_prefix": "/allow"}}, {leased}
               "limits": [{{"type": "fixed_window", "limit": {limit}, "window": "{window}"}}]}}]}}"#
     )
 }
@@ -108,6 +120,7 @@ pub(crate) fn run(plan: &Plan, tools: &Tools, built: &BenchArtifacts) -> Result<
         start(demo_template(), &values)
     };
     eprintln!("bench: leased mode, starting seven envoys");
+    // Exact and leased Envoys match `/allow`; `/other` runs the filter with no policy.
     let native = start(
         workspace_root().join("bench/envoy/native.yaml"),
         &[up.clone(), ("MAX_TOKENS", "1000000000".into()), ("FILL_INTERVAL", "1s".into())],
@@ -118,10 +131,10 @@ pub(crate) fn run(plan: &Plan, tools: &Tools, built: &BenchArtifacts) -> Result<
     let envoy = |mode: Mode| match mode {
         Mode::Native => &native,
         Mode::Exact => &exact,
-        Mode::Leased => &leased,
+        Mode::Leased | Mode::Unmatched => &leased,
     };
     let load = |mode: Mode, shape: &Shape| {
-        let target = Target { url: format!("{}/allow", envoy(mode).url()), body: None };
+        let target = Target { url: format!("{}{}", envoy(mode).url(), mode.path()), body: None };
         load::run(&tools.oha, &target, shape, plan.connections).with_context(|| mode.label())
     };
     for mode in Mode::ALL {
@@ -241,7 +254,7 @@ pub(crate) fn markdown(leased: &Leased, plan: &Plan) -> String {
         out.push_str("---:|---:|");
     }
     out.push_str("---:|\n");
-    for mode in [Mode::Exact, Mode::Leased] {
+    for mode in [Mode::Exact, Mode::Leased, Mode::Unmatched] {
         out.push_str(&format!("| {} |", mode.label()));
         for (_, runs) in &leased.fixed {
             let (r, n) = (get(runs, mode).unwrap_or_default(), get(runs, Mode::Native).unwrap_or_default());
