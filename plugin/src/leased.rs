@@ -88,7 +88,7 @@ impl Pool {
     /// is the pool's and has not ended; otherwise it stays charged unspent.
     pub fn unspend(&mut self, token: Token, now: u64) {
         if token.window == self.window && now < self.ends_ms {
-            self.tokens += 1;
+            self.tokens = self.tokens.saturating_add(1);
         }
     }
 
@@ -142,7 +142,7 @@ impl Pool {
         } else {
             self.ends_ms = self.ends_ms.min(ends);
         }
-        self.tokens += u64::from(answer.granted);
+        self.tokens = self.tokens.saturating_add(u64::from(answer.granted));
         self.expires_ms = now.saturating_add(lease.ttl_ms()).min(self.ends_ms);
     }
 
