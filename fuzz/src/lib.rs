@@ -9,8 +9,8 @@
 //!   arbitrary requests (clients' input), against every example document.
 //! - [`key`]: key encoding: whatever the bytes, the key is safe to name a
 //!   Redis key with.
-//! - [`answer`]: the filter reading the shim's answers and the over-limit
-//!   cache reading shared data.
+//! - [`answer`]: the filter reading the shim's answers, and the over-limit
+//!   cache and leased mode's pool reading shared data.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -76,6 +76,13 @@ pub fn wire(data: &[u8]) {
     let _ = serde_json::from_slice::<AdjustRequest>(data);
     let _ = serde_json::from_slice::<CheckResponse>(data);
     let _ = serde_json::from_slice::<ReleaseResponse>(data);
+    if let Ok(req) = serde_json::from_slice::<sluice_policies::wire::LeaseRequest>(data) {
+        if req.validate().is_ok() {
+            let algorithm = Algorithm::of(&req.limit);
+            let _ = (algorithm.state_suffix(), algorithm.script_args());
+        }
+    }
+    let _ = serde_json::from_slice::<sluice_policies::wire::LeaseResponse>(data);
 }
 
 /// A request as a client could send it.
@@ -184,6 +191,7 @@ pub fn answer(data: &[u8]) {
         )
         .expect("valid");
     }
+    lease_pool(data);
     let cache = OverLimitCache::new(Bytes(RefCell::new(HashMap::new()), data.to_vec()), 16);
     let now = u64::from_le_bytes(data.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]));
     DOC.with(|doc| {
@@ -191,6 +199,27 @@ pub fn answer(data: &[u8]) {
             let _ = cache.lookup(policy, check, now);
         }
     });
+}
+
+/// Leased mode's pool as any bytes in shared data make it: what decodes
+/// encodes back to itself, and its rules never panic on it.
+fn lease_pool(data: &[u8]) {
+    use sluice_plugin::leased::{Pool, Token};
+    let Some(mut pool) = Pool::decode(data) else { return };
+    assert_eq!(Pool::decode(&pool.encode()), Some(pool));
+    let lease = sluice_policies::leased::Leased::new(10, 1_000).expect("valid");
+    let now = pool.demand_ms ^ pool.ends_ms;
+    let token = pool.spend(now);
+    pool.unspend(token.unwrap_or(Token { window: pool.window }), now);
+    let _ = pool.tick(lease, now);
+    let answer = sluice_policies::wire::LeaseResponse {
+        granted: u32::try_from(pool.tokens % 1_000).unwrap_or(0),
+        window: pool.window,
+        expires_in_ms: pool.expires_ms,
+        remaining: 0,
+    };
+    pool.granted(lease, pool.asking_ms, now, answer);
+    pool.failed(now);
 }
 
 /// Shared data in which every key holds the fuzzer's bytes (until written).

@@ -13,7 +13,7 @@
 use sluice_policies::algorithm::{Algorithm, Correction};
 pub use sluice_policies::bounds::{MAX_ADJUSTMENTS, MAX_CHECKS, MAX_LIMITS};
 use sluice_policies::key::is_encoded;
-use sluice_policies::wire::{Adjustment, Check, WireLimit};
+use sluice_policies::wire::{Adjustment, Check, LeaseRequest, WireLimit};
 use sluice_policies::PolicyName;
 
 /// A limit as the scripts take it: its state key and its algorithm.
@@ -77,6 +77,13 @@ pub fn script_limits(checks: &[Check]) -> Result<Vec<ScriptLimit>, String> {
 pub fn feedback_keys(policy: &str, key: &str) -> Result<[String; 2], String> {
     let tag = tag(policy, key)?;
     Ok([Algorithm::Pause, Algorithm::Rate].map(|a| format!("{tag}:{}", a.state_suffix())))
+}
+
+/// The state key of a leased policy's window, after checking the request.
+pub fn lease_key(req: &LeaseRequest) -> Result<ScriptLimit, String> {
+    req.validate()?;
+    let tag = tag(&req.policy, &req.key)?;
+    script_limit(&tag, &req.limit).map_err(|e| format!("limit: {e}"))
 }
 
 /// The points corrections as the adjust script takes them.

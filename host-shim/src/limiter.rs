@@ -18,10 +18,11 @@ use redis::Script;
 use sluice_policies::algorithm::Algorithm;
 use sluice_policies::wire::{
     AdjustRequest, CheckOutcome, CheckRequest, CheckResponse, FeedbackRequest, FeedbackResponse,
-    LimitOutcome, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse, ShedRequest, ShedResponse,
+    LeaseRequest, LeaseResponse, LimitOutcome, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse,
+    ShedRequest, ShedResponse,
 };
 
-use crate::keys::{feedback_keys, script_adjustments, script_limits, ScriptLimit, MAX_CHECKS};
+use crate::keys::{feedback_keys, lease_key, script_adjustments, script_limits, ScriptLimit, MAX_CHECKS};
 use crate::scripts::Scripts;
 use crate::store::{Connect, Store, Target};
 
@@ -341,6 +342,33 @@ impl Limiter {
             let _: i64 = self.store.invoke(&call).await.map_err(store_error)?;
         }
         Ok(())
+    }
+
+    /// Leased mode: takes back a gateway's unused tokens, then grants it up
+    /// to `want` more of the window (`lua/lease.lua`), in one atomic call.
+    pub async fn lease(&self, req: &LeaseRequest) -> Result<LeaseResponse, CheckError> {
+        let limit = lease_key(req).map_err(CheckError::BadRequest)?;
+        let now = self.time_arg(req.now_us)?;
+        let Algorithm::FixedWindow { limit: most, window_us } = limit.algorithm else {
+            return Err(CheckError::BadRequest("limit: only a fixed_window is leased".into()));
+        };
+        let mut call = self.scripts.lease.prepare_invoke();
+        call.key(&limit.key).arg(now).arg(most).arg(window_us).arg(req.want);
+        match req.give_back {
+            Some(back) => call.arg(back.window).arg(back.tokens),
+            None => call.arg("").arg(0),
+        };
+        let reply: Vec<i64> = self.store.invoke(&call).await.map_err(store_error)?;
+        let unexpected = || CheckError::Store(format!("unexpected lease reply {reply:?}"));
+        let [granted, window, expires_in_us, remaining] = reply[..] else { return Err(unexpected()) };
+        let count = |n: i64| u64::try_from(n).map_err(|_| unexpected());
+        Ok(LeaseResponse {
+            granted: u32::try_from(granted).map_err(|_| unexpected())?,
+            window: count(window)?,
+            // Rounded down: the gateway stops spending no later than the window ends.
+            expires_in_ms: count(expires_in_us)? / 1000,
+            remaining: count(remaining)?,
+        })
     }
 
     /// Records the partner's pauses, fleet-wide and extend-only, and lowers

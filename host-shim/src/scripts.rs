@@ -24,6 +24,7 @@ pub struct Scripts {
     pub take: Script,
     pub upstream: Script,
     pub paused: Script,
+    pub lease: Script,
 }
 
 /// The helpers, the time-based algorithms and the queue, which every script
@@ -90,6 +91,10 @@ impl Scripts {
             paused: Script::new(concat!(
                 include_str!("../../lua/common.lua"),
                 include_str!("../../lua/paused.lua")
+            )),
+            lease: Script::new(concat!(
+                include_str!("../../lua/common.lua"),
+                include_str!("../../lua/lease.lua")
             )),
             cancel: Script::new(concat!(
                 include_str!("../../lua/common.lua"),

@@ -8,7 +8,7 @@
 //! new connection's first bytes (or TLS handshake) and for HTTP/1.1 headers.
 //!
 //! - `POST /v1/check`, `/v1/release`, `/v1/renew`, `/v1/adjust`, `/v1/feedback`,
-//!   `/v1/shed`: see `sluice_policies::wire`.
+//!   `/v1/shed`, `/v1/lease`: see `sluice_policies::wire`.
 //!   Each answers 200 with JSON, 400 for a malformed or oversized body, 503
 //!   when Redis fails.
 //! - `GET /healthz`: 200 while the shim serves.
@@ -32,8 +32,8 @@ use hyper_util::service::TowerToHyperService;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sluice_policies::wire::{
-    AdjustRequest, CheckRequest, FeedbackRequest, ReleaseRequest, RenewRequest, ShedRequest, ADJUST_PATH,
-    CHECK_PATH, FEEDBACK_PATH, RELEASE_PATH, RENEW_PATH, SHED_PATH,
+    AdjustRequest, CheckRequest, FeedbackRequest, LeaseRequest, ReleaseRequest, RenewRequest, ShedRequest,
+    ADJUST_PATH, CHECK_PATH, FEEDBACK_PATH, LEASE_PATH, RELEASE_PATH, RENEW_PATH, SHED_PATH,
 };
 
 use tokio::net::{TcpListener, TcpStream};
@@ -60,6 +60,7 @@ pub fn router_with(limiter: Limiter, dashboard: crate::dashboard::Options) -> Ro
         .route(SHED_PATH, post(shed))
         .route(ADJUST_PATH, post(adjust))
         .route(FEEDBACK_PATH, post(feedback))
+        .route(LEASE_PATH, post(lease))
         .route("/healthz", get(|| async { "ok\n" }))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(Arc::new(limiter));
@@ -238,6 +239,13 @@ async fn adjust(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
 async fn feedback(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
     match parse::<FeedbackRequest>(&body) {
         Ok(req) => answer(limiter.feedback(&req).await),
+        Err(resp) => resp,
+    }
+}
+
+async fn lease(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
+    match parse::<LeaseRequest>(&body) {
+        Ok(req) => answer(limiter.lease(&req).await),
         Err(resp) => resp,
     }
 }

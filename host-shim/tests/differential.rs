@@ -19,7 +19,10 @@ use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
 use redis::Commands;
 use sluice_policies::algorithm::{self, Algorithm, Store};
-use sluice_policies::wire::{AdjustRequest, Adjustment, Check, CheckRequest, ReleaseRequest, WireLimit};
+use sluice_policies::wire::{
+    AdjustRequest, Adjustment, Check, CheckRequest, GiveBack, LeaseRequest, LeaseResponse, ReleaseRequest,
+    WireLimit,
+};
 use sluice_shim::keys::script_limits;
 use sluice_shim::limiter::Limiter;
 use sluice_shim::store::Target;
@@ -848,6 +851,113 @@ fn mixed_scripts_decide_as_the_model() {
         prop::collection::vec(mixed_op(), 1..40),
     );
     if let Err(failure) = runner.run(&cases, |(c, t, first, ops)| run_mixed_case(&world, c, t, first, ops)) {
+        panic!("{failure}");
+    }
+}
+
+#[derive(Debug, Clone)]
+enum LeaseOp {
+    /// After `dt` µs, an exact check of the window (a request that found its lease empty).
+    Check { dt: u64 },
+    /// After `dt` µs, a lease of up to `want` tokens, after giving back
+    /// `back` tokens to the window `offset` windows before now's (if `back` > 0).
+    Lease { dt: u64, want: u32, back: u32, offset: u64 },
+}
+
+fn lease_op() -> impl Strategy<Value = LeaseOp> {
+    let round = prop::sample::select(vec![1u64, 1_000, 7_000, 50_000, 1_000_000]);
+    let near = (round, -1i64..=1).prop_map(|(r, d)| r.saturating_add_signed(d));
+    let dt = prop_oneof![3 => Just(0u64), 3 => near, 2 => 0u64..2_000, 1 => 0u64..200_000];
+    prop_oneof![
+        2 => dt.clone().prop_map(|dt| LeaseOp::Check { dt }),
+        3 => (dt, 0u32..12, prop_oneof![2 => Just(0u32), 1 => 0u32..12], 0u64..2)
+            .prop_map(|(dt, want, back, offset)| LeaseOp::Lease { dt, want, back, offset }),
+    ]
+}
+
+fn run_lease_case(w: &World, limit: u32, window_ms: u64, ops: Vec<LeaseOp>) -> Result<(), TestCaseError> {
+    static CASE: AtomicU64 = AtomicU64::new(0);
+    let policy = format!("l{}", CASE.fetch_add(1, Ordering::Relaxed));
+    let wire = WireLimit::FixedWindow { limit, window_ms };
+    let checks = vec![Check {
+        policy: policy.clone(),
+        key: String::new(),
+        limits: vec![wire],
+        margin_ms: None,
+        upstream: false,
+    }];
+    let script = script_limits(&checks).expect("valid limit");
+    let key = script[0].key.clone();
+    let model_limits: Vec<(String, Algorithm)> =
+        script.iter().map(|l| (l.key.clone(), l.algorithm)).collect();
+    let window_us = window_ms * 1000;
+    let mut conn = w.redis.connection().expect("redis connection");
+    let mut model = Store::default();
+    let mut now = 1_700_000_000_000_000u64;
+    for (i, op) in ops.into_iter().enumerate() {
+        match op {
+            LeaseOp::Check { dt } => {
+                now += dt;
+                let req = CheckRequest {
+                    checks: checks.as_slice().into(),
+                    now_us: Some(now),
+                    id: None,
+                    wait_ms: None,
+                };
+                let got = w.runtime.block_on(w.limiter.check(&req)).expect("check");
+                let want = algorithm::check(&mut model, now, &format!("m{i}"), &model_limits);
+                prop_assert_eq!(got.allowed, want.allowed, "check at {}", now);
+                prop_assert_eq!(&got.checks[0].limits, &want.limits, "check at {}", now);
+            }
+            LeaseOp::Lease { dt, want, back, offset } => {
+                now += dt;
+                let back_window = (now / window_us).saturating_sub(offset);
+                let give_back =
+                    (back > 0).then_some(GiveBack { window: back_window, tokens: back.min(limit) });
+                let req = LeaseRequest {
+                    policy: policy.clone(),
+                    key: String::new(),
+                    limit: wire,
+                    want: want.min(limit),
+                    give_back,
+                    now_us: Some(now),
+                };
+                let got = w.runtime.block_on(w.limiter.lease(&req)).expect("lease");
+                let grant = algorithm::lease(
+                    &mut model,
+                    now,
+                    &key,
+                    limit.into(),
+                    window_us,
+                    want.min(limit).into(),
+                    give_back.map(|b| (b.window, b.tokens.into())),
+                );
+                let modelled = LeaseResponse {
+                    granted: u32::try_from(grant.granted).expect("small"),
+                    window: grant.window,
+                    expires_in_ms: grant.expires_in_us / 1000,
+                    remaining: grant.remaining,
+                };
+                prop_assert_eq!(got, modelled, "lease at {}", now);
+            }
+        }
+        prop_assert_eq!(time_state(&mut conn, &key), model_time_state(&model, &key), "state after op {}", i);
+    }
+    Ok(())
+}
+
+/// Leased mode: `lua/lease.lua` grants and takes back exactly as the model,
+/// interleaved with the window's exact checks, around window boundaries,
+/// with give-backs to now's window and to the one before.
+#[test]
+fn lease_script_decides_as_the_model() {
+    let world = World::start();
+    let mut runner = TestRunner::new(ProptestConfig { cases: 300, ..ProptestConfig::default() });
+    let cases =
+        (1u32..20, prop::sample::select(vec![1u64, 7, 50, 1_000]), prop::collection::vec(lease_op(), 1..40));
+    if let Err(failure) =
+        runner.run(&cases, |(limit, window_ms, ops)| run_lease_case(&world, limit, window_ms, ops))
+    {
         panic!("{failure}");
     }
 }

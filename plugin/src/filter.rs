@@ -42,7 +42,8 @@ use crate::call::Call;
 use crate::callout::{call_answer, post_bytes, post_check};
 use crate::decision::{read_answer, retry_after_secs};
 use crate::feedback;
-use crate::host::{now_ms, HostRequest, SharedData};
+use crate::host::{now_ms, update_pool, HostRequest, SharedData};
+use crate::leased::{pool_key, Token};
 use crate::ratelimit_headers::RateLimitHeaders;
 use crate::reply::Reply;
 use crate::shedding::REPORT_MS;
@@ -74,6 +75,9 @@ pub struct Sluice {
     shadow_notes: Vec<String>,
     /// The request's priority class (0 without classes).
     class: usize,
+    /// Leased policies (document indexes) whose token this request took;
+    /// put back if the request is refused after all.
+    spent: Vec<(usize, Token)>,
 }
 
 impl Sluice {
@@ -89,6 +93,7 @@ impl Sluice {
             waited_ms: None,
             shadow_notes: Vec::new(),
             class: 0,
+            spent: Vec::new(),
         }
     }
 
@@ -121,7 +126,43 @@ impl Sluice {
             self.response_headers.extend(shadow_notes.into_iter().map(|note| (SHADOW_HEADER, note)));
         }
         self.admitted = matches!(action, Action::Continue);
+        self.settle_tokens(vm, self.admitted);
         action
+    }
+
+    /// Leased mode: takes a token from each leased policy's pool. A policy
+    /// whose pool has none is checked by the shim exactly, as without a lease.
+    fn spend_tokens(&mut self, vm: &Vm, evaluation: &Evaluation, req: &HostRequest, now: u64) {
+        for a in evaluation.iter() {
+            let Some(_) = a.policy.leased.filter(|_| !a.policy.shadow) else {
+                self.calls[usize::from(a.policy.shadow)].push(a.index, a.check(req));
+                continue;
+            };
+            let key = pool_key(a.policy.name.as_str());
+            match update_pool(&key, |pool| pool.spend(now)) {
+                Some(Some(token)) => self.spent.push((a.index, token)),
+                _ => {
+                    vm.stats.count(a.index, |s| s.lease_empty);
+                    self.calls[0].push(a.index, a.check(req));
+                }
+            }
+        }
+    }
+
+    /// The request's decision is made: its spent tokens count as admitted
+    /// requests, or go back to their pools if it was refused.
+    fn settle_tokens(&mut self, vm: &Vm, admitted: bool) {
+        let now = now_ms();
+        for (index, token) in std::mem::take(&mut self.spent) {
+            if admitted {
+                vm.stats.count(index, |s| s.allowed);
+                vm.stats.count(index, |s| s.leased);
+                continue;
+            }
+            if let Some(policy) = vm.doc.policies.get(index) {
+                update_pool(&pool_key(policy.name.as_str()), |pool| pool.unspend(token, now));
+            }
+        }
     }
 
     /// Counts the shadow call's answer; the `x-sluice-shadow` value if it would have denied.
@@ -492,6 +533,7 @@ impl Sluice {
             let mut reply = Reply::denial(policy, retry_after_secs(Some(hit.wait_ms)), headers);
             let notes = std::mem::take(&mut self.shadow_notes);
             reply.headers.extend(notes.into_iter().map(|note| (SHADOW_HEADER.into(), note)));
+            self.settle_tokens(vm, false);
             return Some(respond(reply));
         }
         let (allowed, change) = vm.breaker.borrow_mut().call_allowed(now);
@@ -548,6 +590,10 @@ impl Context for Sluice {
 
     fn on_done(&mut self) -> bool {
         self.release_leases();
+        if let Some(vm) = self.vm.clone() {
+            // Reset before its decision: the tokens go back.
+            self.settle_tokens(&vm, false);
+        }
         true
     }
 }
@@ -567,15 +613,14 @@ impl HttpContext for Sluice {
         for &index in &evaluation.shadow_missing_key {
             self.shadow_missing_key(&vm, index);
         }
-        for a in evaluation.iter() {
-            self.calls[usize::from(a.policy.shadow)].push(a.index, a.check(&req));
-        }
+        self.spend_tokens(&vm, &evaluation, &req, now_ms());
         let enforced = evaluation.iter().filter(|a| !a.policy.shadow).map(|a| a.policy);
         self.calls[0].wait_ms = request_wait_ms(enforced);
         if self.calls.iter().all(|c| c.checks.is_empty()) {
             let notes = std::mem::take(&mut self.shadow_notes);
             self.response_headers.extend(notes.into_iter().map(|note| (SHADOW_HEADER, note)));
             self.admitted = !self.response_headers.is_empty();
+            self.settle_tokens(&vm, true);
             return Action::Continue;
         }
         let now = now_ms();

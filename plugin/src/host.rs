@@ -9,10 +9,15 @@ use std::time::UNIX_EPOCH;
 use proxy_wasm::hostcalls::{
     get_current_time, get_map_value_bytes, get_property, get_shared_data, set_shared_data,
 };
-use proxy_wasm::types::MapType;
+use proxy_wasm::types::{MapType, Status};
 use sluice_policies::Request;
 
 use crate::cache::Store;
+use crate::leased::Pool;
+
+/// How often a lease pool's compare-and-swap is tried again after another
+/// worker wrote first, before the request is checked by the shim instead.
+const CAS_TRIES: usize = 8;
 
 pub struct HostRequest {
     path: Vec<u8>,
@@ -69,6 +74,28 @@ impl Store for SharedData {
             log::debug!("cannot write shared data {key}: {status:?}");
         }
     }
+}
+
+/// Applies `rule` to the lease pool at `key` in shared data, read and
+/// written with compare-and-swap: on a conflict the pool is read again and
+/// the rule applied again. `None` when it could not be stored, so nothing
+/// the rule did happened. A pool that is absent or unreadable starts empty
+/// (its tokens, if any, are lost: under-admission, never over).
+pub fn update_pool<R>(key: &str, mut rule: impl FnMut(&mut Pool) -> R) -> Option<R> {
+    for _ in 0..CAS_TRIES {
+        let (bytes, cas) = get_shared_data(key).unwrap_or((None, None));
+        let mut pool = bytes.as_deref().and_then(Pool::decode).unwrap_or_default();
+        let out = rule(&mut pool);
+        match set_shared_data(key, Some(&pool.encode()), cas) {
+            Ok(()) => return Some(out),
+            Err(Status::CasMismatch) => continue,
+            Err(status) => {
+                log::debug!("cannot write the lease pool {key}: {status:?}");
+                return None;
+            }
+        }
+    }
+    None
 }
 
 /// The proxy's wall clock in milliseconds since the epoch; 0 if unreadable.

@@ -12,6 +12,7 @@
 //! - [`cache`]: the over-limit cache over a small store trait (Envoy shared data).
 //! - [`breaker`]: the outage breaker, over an injected clock.
 //! - [`throttle`]: a log line an outage cannot turn into a flood.
+//! - [`leased`]: leased mode: the pool of a leased policy's tokens the workers spend.
 //! - [`leases`]: the leases of live streams, and when each is due for renewal.
 //! - [`shedding`]: load shedding in one worker: its reports, the fleet's level.
 //! - [`wait`]: egress waiting: the request's wait, the held call's timeout,
@@ -20,8 +21,8 @@
 //! Over host calls, built for wasm32 only:
 //!
 //! - `root`: the root context; parses the policy document once, in
-//!   `on_configure`; sends queued release and adjust calls, and lease
-//!   renewals, on its tick.
+//!   `on_configure`; sends queued release and adjust calls, lease
+//!   renewals, and leased mode's lease calls, on its tick.
 //! - `vm`: what one VM (one worker) shares between requests.
 //! - `filter`: the HTTP context; matches, decides locally or asks the shim,
 //!   resumes or answers, adds headers, queues releases and adjustments.
@@ -34,6 +35,7 @@ pub mod breaker;
 pub mod cache;
 pub mod decision;
 pub mod feedback;
+pub mod leased;
 pub mod leases;
 pub mod ratelimit_headers;
 pub mod reply;

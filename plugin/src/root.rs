@@ -11,12 +11,15 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType};
 
-use sluice_policies::wire::{ShedRequest, RENEW_PATH, SHED_PATH};
+use sluice_policies::wire::{
+    LeaseRequest, LeaseResponse, ShedRequest, WireLimit, LEASE_PATH, RENEW_PATH, SHED_PATH,
+};
 
 use crate::callout::{background_timeout, call_answer, post_bytes};
 use crate::filter::Sluice;
-use crate::host::now_ms;
-use crate::vm::Vm;
+use crate::host::{now_ms, update_pool};
+use crate::leased::pool_key;
+use crate::vm::{LeaseCall, Vm};
 
 /// How often queued releases and adjustments go out: the most a release
 /// waits after its stream ends.
@@ -39,6 +42,11 @@ impl Context for SluiceRoot {
         if let Some(index) = shed {
             let (status, body) = call_answer(num_headers, body_size);
             return vm.shed_answered(index, status.as_deref(), body.as_deref());
+        }
+        let lease = vm.lease_calls.borrow_mut().remove(&token);
+        if let Some(call) = lease {
+            let (status, body) = call_answer(num_headers, body_size);
+            return lease_answered(&vm, call, status.as_deref(), body.as_deref());
         }
         let Some(policies) = vm.releasing.borrow_mut().remove(&token) else { return };
         let (status, body) = call_answer(num_headers, body_size);
@@ -92,6 +100,7 @@ impl RootContext for SluiceRoot {
                 Err(reason) => log::debug!("{SHED_PATH}: {reason}"),
             }
         }
+        ask_for_leases(&vm);
         let outgoing = std::mem::take(&mut *vm.outbox.borrow_mut());
         for call in outgoing {
             match post_bytes(&vm.doc, call.path, &call.body, background_timeout(&vm.doc)) {
@@ -115,6 +124,77 @@ impl RootContext for SluiceRoot {
 
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
+    }
+}
+
+/// Leased mode: for each leased policy, the pool's rule says whether to ask
+/// for the next lease or give unused tokens back now; one worker's root
+/// claims the call in the pool, so one Envoy has one call in flight.
+fn ask_for_leases(vm: &Vm) {
+    for (index, policy) in vm.doc.policies.iter().enumerate() {
+        let Some(lease) = policy.leased else { continue };
+        let now = now_ms();
+        let key = pool_key(policy.name.as_str());
+        let Some(Some(ask)) = update_pool(&key, |pool| pool.tick(lease, now)) else { continue };
+        let Some(limit) = policy.limits.first() else { continue };
+        let request = LeaseRequest {
+            policy: policy.name.as_str().to_string(),
+            key: String::new(),
+            limit: WireLimit::with_cost(limit, 1),
+            want: ask.want,
+            give_back: ask.give_back,
+            now_us: None,
+        };
+        let sent = serde_json::to_vec(&request)
+            .map_err(|e| e.to_string())
+            .and_then(|body| post_bytes(&vm.doc, LEASE_PATH, &body, background_timeout(&vm.doc)));
+        match sent {
+            Ok(token) => {
+                let given_back = ask.give_back.map_or(0, |b| u64::from(b.tokens));
+                vm.lease_calls
+                    .borrow_mut()
+                    .insert(token, LeaseCall { policy: index, asked_ms: now, given_back });
+            }
+            Err(reason) => {
+                log::debug!("{LEASE_PATH}: {reason}");
+                vm.stats.count(index, |s| s.lease_failed);
+                update_pool(&key, |pool| pool.failed(now));
+            }
+        }
+    }
+}
+
+/// A lease call's answer: the grant goes into the pool; a failure quiets it
+/// for a while (its requests are checked exactly meanwhile).
+fn lease_answered(vm: &Vm, call: LeaseCall, status: Option<&[u8]>, body: Option<&[u8]>) {
+    let Some(policy) = vm.doc.policies.get(call.policy) else { return };
+    let Some(lease) = policy.leased else { return };
+    let key = pool_key(policy.name.as_str());
+    let now = now_ms();
+    let answer = match status {
+        Some(b"200") => {
+            serde_json::from_slice::<LeaseResponse>(body.unwrap_or_default()).map_err(|e| e.to_string())
+        }
+        Some(other) => Err(format!("status {}", String::from_utf8_lossy(other))),
+        None => Err("no answer".to_string()),
+    };
+    match answer {
+        Ok(answer) => {
+            update_pool(&key, |pool| pool.granted(lease, call.asked_ms, now, answer));
+            vm.stats.add(call.policy, |s| s.lease_granted, answer.granted.into());
+            vm.stats.add(call.policy, |s| s.lease_given_back, call.given_back);
+        }
+        Err(reason) => {
+            vm.stats.count(call.policy, |s| s.lease_failed);
+            vm.log_failure(
+                now,
+                &format!(
+                    "lease call for policy {} failed ({reason}); exact checks until it is retried",
+                    policy.name
+                ),
+            );
+            update_pool(&key, |pool| pool.failed(now));
+        }
     }
 }
 

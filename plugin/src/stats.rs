@@ -7,7 +7,9 @@
 //! `.release_failed` and `.reclaimed` (counters). A policy with `wait` also
 //! has `.immediate`, `.waited`, `.wait_timeout`, `.wait_cancelled` (counters)
 //! and `.wait_ms` (histogram); one with a `concurrency` limit `.held_ms`
-//! (histogram) and `.overages` (counter); one with `shed` `.shed` (counter).
+//! (histogram) and `.overages` (counter); one with `shed` `.shed` (counter);
+//! a leased one `.leased`, `.lease_empty`, `.lease_granted`,
+//! `.lease_given_back` and `.lease_failed` (counters).
 //! For the whole filter:
 //! `sluice.shim_latency_ms` (histogram), `sluice.breaker.opened` and
 //! `sluice.breaker.closed` (counters), and `sluice.breaker.open_workers` (a
@@ -59,6 +61,16 @@ pub struct PolicyStats {
     pub paused_waited: Option<u32>,
     /// A policy with `shed`: requests shed.
     pub shed: Option<u32>,
+    /// A leased policy: requests admitted from the lease, without a shim call.
+    pub leased: Option<u32>,
+    /// A leased policy: requests that found the lease empty and asked the shim.
+    pub lease_empty: Option<u32>,
+    /// A leased policy: tokens the shim granted.
+    pub lease_granted: Option<u32>,
+    /// A leased policy: unused tokens given back.
+    pub lease_given_back: Option<u32>,
+    /// A leased policy: lease calls that failed.
+    pub lease_failed: Option<u32>,
 }
 
 /// One priority class's counters.
@@ -94,6 +106,7 @@ impl Stats {
                 let waits = p.wait.is_some();
                 let feedback = p.upstream.is_some();
                 let leases = holds_leases(p);
+                let leased = p.leased.is_some();
                 PolicyStats {
                     allowed: c("allowed"),
                     denied: c("denied"),
@@ -116,6 +129,11 @@ impl Stats {
                     paused_denied: feedback.then(|| c("paused_denied")).flatten(),
                     paused_waited: (feedback && waits).then(|| c("paused_waited")).flatten(),
                     shed: p.shed.is_some().then(|| c("shed")).flatten(),
+                    leased: leased.then(|| c("leased")).flatten(),
+                    lease_empty: leased.then(|| c("lease_empty")).flatten(),
+                    lease_granted: leased.then(|| c("lease_granted")).flatten(),
+                    lease_given_back: leased.then(|| c("lease_given_back")).flatten(),
+                    lease_failed: leased.then(|| c("lease_failed")).flatten(),
                 }
             })
             .collect();

@@ -28,6 +28,14 @@ pub struct Outgoing {
     pub releases: Vec<usize>,
 }
 
+/// A lease call in flight: for which policy, when asked (the gateway's
+/// clock), and the tokens it gives back.
+pub struct LeaseCall {
+    pub policy: usize,
+    pub asked_ms: u64,
+    pub given_back: u64,
+}
+
 pub struct Vm {
     pub doc: Document,
     pub stats: Stats,
@@ -43,6 +51,8 @@ pub struct Vm {
     pub shedding: RefCell<Shedding>,
     /// Shed reports in flight, by token: the policy each is for.
     pub shed_calls: RefCell<HashMap<u32, usize>>,
+    /// Lease calls in flight, by token.
+    pub lease_calls: RefCell<HashMap<u32, LeaseCall>>,
     /// The draws that decide which requests of a partly shed class go.
     rng: RefCell<fastrand::Rng>,
     /// Random per VM: with `sequence`, request ids unique across workers and gateways.
@@ -67,6 +77,7 @@ impl Vm {
             live: RefCell::new(Live::default()),
             shedding: RefCell::new(shedding),
             shed_calls: RefCell::new(HashMap::new()),
+            lease_calls: RefCell::new(HashMap::new()),
             rng: RefCell::new(fastrand::Rng::with_seed(nonce)),
             nonce,
             sequence: Cell::new(0),

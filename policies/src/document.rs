@@ -234,6 +234,8 @@ pub struct Policy {
     pub upstream: Option<Upstream>,
     /// Load shedding by class when the service is busy (S4d).
     pub shed: Option<Shed>,
+    /// Leased mode: spend leases of the window's tokens locally.
+    pub leased: Option<crate::leased::Leased>,
 }
 
 #[derive(serde::Deserialize)]
@@ -278,6 +280,10 @@ pub(crate) struct RawPolicy {
     /// Load shedding: drop this policy's less important classes while the
     /// service is busy.
     shed: Option<Shed>,
+    /// Ingress, high rates: spend leases of a fixed_window's tokens locally,
+    /// with no shim call per request (`{"tokens": 200, "ttl": "2s"}`).
+    #[serde(default)]
+    leased: Option<crate::leased::Leased>,
 }
 
 impl<'de> Deserialize<'de> for Policy {
@@ -356,6 +362,19 @@ impl<'de> Deserialize<'de> for Policy {
                 ));
             }
         }
+        if let Some(leased) = raw.leased {
+            leased.fits(&raw.limits).map_err(de::Error::custom)?;
+            let other = [
+                (raw.shadow, "`shadow`: a shadow policy never refuses, there is nothing to spend locally"),
+                (raw.wait.is_some(), "`wait`: a lease admits or refuses at once"),
+                (raw.upstream.is_some(), "`upstream`: the partner's pauses are checked in the shim"),
+                (raw.shed.is_some(), "`shed`"),
+                (!raw.key.is_empty(), "a `key`: a gateway holds one lease, for the one bucket of `key: []`"),
+            ];
+            if let Some((_, why)) = other.iter().find(|(on, _)| *on) {
+                return Err(de::Error::custom(format!("`leased` cannot be used with {why}")));
+            }
+        }
         let matcher = raw.matcher.unwrap_or_default();
         let uses_keys = matcher.needs_key() || raw.bypass.iter().any(Condition::needs_key);
         if uses_keys && raw.key.len() != 1 {
@@ -375,6 +394,7 @@ impl<'de> Deserialize<'de> for Policy {
             wait: raw.wait,
             upstream: raw.upstream,
             shed: raw.shed,
+            leased: raw.leased,
         })
     }
 }

@@ -21,6 +21,7 @@
 //! - [`shed`]: a policy's `shed`, and the utilization shedder's controller,
 //!   over an injected clock.
 //! - [`load`]: the utilization signal a shedding policy reads.
+//! - [`leased`]: leased mode, a policy's `leased`, and the bounds of its lease calls.
 //! - [`wait`]: egress waiting, a policy's `wait`, and the bounds of its wire fields.
 //! - [`wire`]: the compact JSON exchanged with the shim.
 //! - [`bounds`]: the size bounds of a request to the shim, which the parser
@@ -40,6 +41,7 @@ pub mod document;
 pub mod error;
 pub mod feedback;
 pub mod key;
+pub mod leased;
 pub mod limit;
 pub mod load;
 pub mod replay;

@@ -90,6 +90,7 @@ fixed_schema!(Margin, "Margin", {
 });
 
 schema_of!(Wait, "Wait", RawWait);
+schema_of!(crate::leased::Leased, "Leased", crate::leased::RawLeased);
 schema_of!(Condition, "Condition", RawCondition);
 schema_of!(ValueCondition, "ValueCondition", RawValueCondition);
 schema_of!(Policy, "Policy", RawPolicy);

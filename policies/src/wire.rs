@@ -6,6 +6,8 @@
 //!   request that holds a lease, answered by a [`ReleaseResponse`].
 //! - `POST /v1/adjust`: an [`AdjustRequest`] once a response tells the true
 //!   cost of a `points` request, answered by 200 and `{}`.
+//! - `POST /v1/lease`: a [`LeaseRequest`] from a gateway's root context for
+//!   a leased policy (see [`crate::leased`]), answered by a [`LeaseResponse`].
 
 use std::borrow::Cow;
 
@@ -23,6 +25,7 @@ pub const RENEW_PATH: &str = "/v1/renew";
 pub const ADJUST_PATH: &str = "/v1/adjust";
 pub const FEEDBACK_PATH: &str = "/v1/feedback";
 pub const SHED_PATH: &str = "/v1/shed";
+pub const LEASE_PATH: &str = "/v1/lease";
 
 /// Every policy that applies to one request. The shim decides them all at
 /// once: the request is admitted, and charged, only if every limit allows it.
@@ -508,4 +511,71 @@ pub struct ShedResponse {
     /// From 0 (nothing shed) to `classes - 1` (every class but the most
     /// critical): see [`crate::shed::Shedder::shed_fraction`].
     pub level: f64,
+}
+
+/// Leased mode: a gateway gives back the unused tokens of its last lease
+/// (if any) and asks for up to `want` more of the window, in one call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRequest {
+    pub policy: String,
+    /// The encoded key (for `key: []`, the empty string).
+    pub key: String,
+    /// The policy's `fixed_window`.
+    pub limit: WireLimit,
+    /// Tokens wanted, 0 to the policy's `leased.tokens` (0: only give back).
+    pub want: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub give_back: Option<GiveBack>,
+    /// As in [`CheckRequest::now_us`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub now_us: Option<u64>,
+}
+
+/// Tokens a gateway took out of its shared data unspent, for the window
+/// they were granted in: the shim takes them back only into that window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GiveBack {
+    /// The window index of their grant ([`LeaseResponse::window`]).
+    pub window: u64,
+    pub tokens: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseResponse {
+    /// Tokens granted, 0 to `want`: fewer when the window has fewer left.
+    pub granted: u32,
+    /// The index of the window they belong to (its start over its length).
+    pub window: u64,
+    /// Milliseconds, rounded down, from the shim's grant to the window's end:
+    /// no token may be spent after it.
+    pub expires_in_ms: u64,
+    /// What the window has left after this grant.
+    pub remaining: u64,
+}
+
+impl LeaseRequest {
+    /// The bounds a shim holds a caller to: a `fixed_window` limit that
+    /// validates; `want` at most [`crate::leased::MAX_TOKENS`] and the
+    /// limit; a give-back of at most the limit.
+    pub fn validate(&self) -> Result<(), String> {
+        let WireLimit::FixedWindow { limit, .. } = self.limit else {
+            return Err("limit: only a fixed_window is leased".into());
+        };
+        self.limit.validate().map_err(|e| format!("limit: {e}"))?;
+        if self.want > crate::leased::MAX_TOKENS || self.want > limit {
+            return Err(format!(
+                "want: {} is more than {} (at most the limit and {})",
+                self.want,
+                limit.min(crate::leased::MAX_TOKENS),
+                crate::leased::MAX_TOKENS
+            ));
+        }
+        if let Some(back) = self.give_back.filter(|b| b.tokens > limit) {
+            return Err(format!("give_back.tokens: {} is more than the limit {limit}", back.tokens));
+        }
+        Ok(())
+    }
 }

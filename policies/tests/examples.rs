@@ -19,6 +19,7 @@ const TESTED: &[&str] = &[
     "public-api-by-ip",
     "fleet-reserve",
     "utilization-shedder",
+    "leased-ingress",
 ];
 
 fn example(name: &str) -> Document {
@@ -199,6 +200,18 @@ fn utilization_shedder() {
     assert_eq!(class(&SimpleRequest::new("GET", "/app/cart")), 1);
     assert_eq!(class(&SimpleRequest::new("GET", "/export")), 2, "matching none: the last class");
     assert_eq!(class(&SimpleRequest::new("GET", "/export").header("x-priority", "interactive")), 1);
+}
+
+/// Leased mode: one global window of 60,000 a minute, spent from leases of
+/// 200 tokens; a gateway holds at most 300 unspent.
+#[test]
+fn leased_ingress() {
+    let doc = example("leased-ingress");
+    let leased = doc.policies[0].leased.expect("the policy is leased");
+    assert_eq!((leased.tokens(), leased.ttl_ms(), leased.held_at_most()), (200, 2_000, 300));
+    let req = SimpleRequest::new("GET", "/api/items");
+    let want = (String::new(), vec![WireLimit::FixedWindow { limit: 60_000, window_ms: 60_000 }]);
+    assert_eq!(applied(&doc, &req), Some(want));
 }
 
 /// Every document in `examples/` is in [`TESTED`], so each has a test here.

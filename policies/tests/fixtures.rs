@@ -36,6 +36,10 @@ macro_rules! fixtures {
 }
 
 fixtures! {
+    leased_on_a_token_bucket => r#"policies[0]: `leased` needs a fixed_window limit: only a window's tokens can be spent anywhere in it and given back exactly at 8:3"#,
+    leased_with_a_key => r#"policies[0]: `leased` cannot be used with a `key`: a gateway holds one lease, for the one bucket of `key: []` at 9:3"#,
+    leased_tokens_over_the_limit => r#"policies[0]: `leased.tokens` 500 is more than the window's limit 100: a lease is part of one window at 8:3"#,
+    leased_ttl_too_long => r#"policies[0].leased: ttl 2h out of range (1ms to 1h) at 5:44"#,
     reserve_unknown_class => r#"policies[0].limits[0].reserve.for: no class named "vip" (classes: critical, normal) at 7:2"#,
     reserve_share_too_small => r#"policies[0].limits[0]: reserve.share 0.1 of a pool of 4 is 0 slots: it must hold back at least 1 and leave at least 1 at 5:113"#,
     reserve_with_wait => r#"policies[0]: `wait` cannot be used with a concurrency `reserve` (limits[0]): a freed slot goes to the oldest waiter, whatever its class; a reserve protects a service, refusing at once at 7:4"#,
@@ -83,7 +87,7 @@ fixtures! {
     two_path_conditions => r#"policies[0].match: give at most one of `path_prefix`, `path_exact`, `path_regex` at 5:65"#,
     unknown_limit_field => r#"policies[0].limits[0].brust: unknown field `brust`, expected one of `type`, `limit`, `window`, `approximate`, `rate`, `per`, `burst`, `capacity`, `drain`, `every`, `lease`, `refill`, `cost`, `actual_cost_header`, `reserve` at 6:66"#,
     unknown_limit_type => r#"policies[0].limits[0].type: unknown variant `sliding`, expected one of `fixed_window`, `sliding_window`, `token_bucket`, `leaky_bucket`, `interval`, `concurrency`, `points` at 6:26"#,
-    unknown_policy_field => r#"policies[0].shadow_mode: unknown field `shadow_mode`, expected one of `name`, `match`, `bypass`, `key`, `on_missing_key`, `limits`, `shadow`, `failure_mode`, `failure_status`, `response`, `wait`, `upstream`, `shed` at 5:19"#,
+    unknown_policy_field => r#"policies[0].shadow_mode: unknown field `shadow_mode`, expected one of `name`, `match`, `bypass`, `key`, `on_missing_key`, `limits`, `shadow`, `failure_mode`, `failure_status`, `response`, `wait`, `upstream`, `shed`, `leased` at 5:19"#,
     unknown_top_level_field => r#"polices: unknown field `polices`, expected one of `$schema`, `shim`, `failure_mode`, `failure_status`, `headers`, `shadow_header`, `over_limit_cache_slots`, `trusted_hops`, `classes`, `class_header`, `policies` at 2:11"#,
     bad_headers_mode => r#"headers: unknown variant `sometimes`, expected one of `off`, `on_deny`, `always` at 2:24"#,
     failure_status_not_an_error => r#"failure_status: invalid status 200 (expected 400 to 599) at 3:23"#,

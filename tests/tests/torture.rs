@@ -128,3 +128,89 @@ async fn concurrency_holds_exactly_its_limit() {
     let most = most.load(Ordering::SeqCst);
     assert!(most <= 20, "{most} leases held at once, over the limit of 20");
 }
+
+/// Leased mode: 32 gateways take leases of one fixed window, spend some of
+/// each and give the rest back, while 32 clients check the same window
+/// exactly. However the calls interleave, what the gateways spent and the
+/// checks admitted together never exceed the limit, and once every unspent
+/// token is back, a final drain admits exactly the rest: nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leases_from_many_gateways_admit_exactly_the_limit() {
+    const LIMIT: usize = 3_000;
+    let t = Arc::new(tokio::task::spawn_blocking(start).await.expect("start"));
+    let limit = json!({"type": "fixed_window", "limit": LIMIT, "window_ms": 31_536_000_000u64});
+    let check = json!({"checks": [{"policy": "leased", "key": "", "limits": [limit.clone()]}]});
+    let lease = move |want: u64, back: Option<(u64, u64)>| {
+        let mut body = json!({"policy": "leased", "key": "", "limit": limit.clone(), "want": want});
+        if let Some((window, tokens)) = back {
+            body["give_back"] = json!({"window": window, "tokens": tokens});
+        }
+        body
+    };
+    let spent = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let windows = Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+    let gateways: Vec<_> = (0..32u64)
+        .map(|g| {
+            let (t, spent, windows, lease) = (t.clone(), spent.clone(), windows.clone(), lease.clone());
+            tokio::spawn(async move {
+                let mut back = None;
+                let mut empty = 0;
+                for round in 0u64.. {
+                    let answer = post(&t, "/v1/lease", &lease(1 + (g + round) % 25, back.take())).await;
+                    let granted = answer["granted"].as_u64().expect("granted");
+                    let window = answer["window"].as_u64().expect("window");
+                    windows.lock().expect("windows").insert(window);
+                    if granted == 0 {
+                        empty += 1;
+                        if empty == 3 {
+                            break;
+                        }
+                        continue;
+                    }
+                    // Spend all, or part and give the rest back with the next ask.
+                    let spend = if (g + round) % 3 == 0 { granted / 2 } else { granted };
+                    spent.fetch_add(spend as usize, Ordering::SeqCst);
+                    if spend < granted {
+                        back = Some((window, granted - spend));
+                    }
+                }
+                if let Some(back) = back {
+                    post(&t, "/v1/lease", &lease(0, Some(back))).await;
+                }
+            })
+        })
+        .collect();
+    let checkers: Vec<_> = (0..32)
+        .map(|_| {
+            let (t, check, done) = (t.clone(), check.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut admitted = 0;
+                while !done.load(Ordering::SeqCst) {
+                    if post(&t, "/v1/check", &check).await["allowed"] == true {
+                        admitted += 1;
+                    }
+                }
+                admitted
+            })
+        })
+        .collect();
+    for gateway in gateways {
+        gateway.await.expect("gateway task");
+    }
+    done.store(true, Ordering::SeqCst);
+    let mut checked = 0;
+    for checker in checkers {
+        checked += checker.await.expect("checker task");
+    }
+    let spent = spent.load(Ordering::SeqCst);
+    assert!(spent + checked <= LIMIT, "{spent} spent + {checked} checked over the limit of {LIMIT}");
+    let mut drained = 0;
+    while post(&t, "/v1/check", &check).await["allowed"] == true {
+        drained += 1;
+    }
+    println!("LEASED spent {spent}, checked {checked}, drained {drained} of {LIMIT}");
+    assert_eq!(spent + checked + drained, LIMIT, "every token admitted exactly once");
+    assert!(spent > LIMIT / 2, "most went through leases: {spent}");
+    assert_eq!(windows.lock().expect("windows").len(), 1, "one window all along");
+}

@@ -26,6 +26,9 @@
 //!   `overloaded`, the mock service it overloads; `shed_load`, the
 //!   open-loop mix of classes; `shed_report` and `shed_plot`, its section
 //!   of the report and its PNG.
+//! - `leased`: scenario 7, leased mode: its allow path beside the exact
+//!   mode and native `local_ratelimit`, and its under-admission against
+//!   exact on the same traffic; LEASED.md.
 //! - `noise`: how busy the machine was while the bench ran.
 //! - `report`: LATEST.md. `plot`: the PNG.
 //!
@@ -33,6 +36,7 @@
 mod egress;
 mod egress_clients;
 mod gateway;
+mod leased;
 mod load;
 mod monitor;
 mod noise;
@@ -75,6 +79,8 @@ pub(crate) struct Only {
     pub(crate) redis_cost: bool,
     /// With `redis_cost`: Redis under callgrind, counting instructions.
     pub(crate) callgrind: bool,
+    /// Scenario 7, to LEASED.md.
+    pub(crate) leased: bool,
 }
 
 /// The whole bench, or one part of it alone.
@@ -100,6 +106,9 @@ pub(crate) fn run(quick: bool, only: Only) -> Result<()> {
     if only.shed {
         return run_shed(&plan, &tools, started);
     }
+    if only.leased {
+        return run_leased(&plan, &tools, &built, started);
+    }
 
     let sampler = noise::Sampler::start();
     let measured = Instant::now();
@@ -122,6 +131,8 @@ pub(crate) fn run(quick: bool, only: Only) -> Result<()> {
     done("scenario 5, egress waits,");
     let shed = shed::run(&plan.shed)?;
     done("scenario 6, load shedding,");
+    let leased = leased::run(&plan, &tools, &built)?;
+    done("scenario 7, leased mode,");
     let noise = sampler.finish();
 
     let about = about(&tools, &plan, measured.elapsed().as_secs_f64());
@@ -145,6 +156,7 @@ pub(crate) fn run(quick: bool, only: Only) -> Result<()> {
     std::fs::write(&md, report::markdown(&results, PLOT, SHED_PLOT))
         .with_context(|| format!("writing {}", md.display()))?;
     write_shed(&results.plan, &results.about, &results.noise, results.seconds, &results.shed, &tools.font)?;
+    write_leased(&results.plan, &results.about, &results.noise, results.seconds, &leased)?;
     eprintln!("bench: wrote {} and {PLOT} in {:.0} s", md.display(), started.elapsed().as_secs_f64());
     Ok(())
 }
@@ -204,6 +216,37 @@ fn run_shed(plan: &plan::Plan, tools: &tools::Tools, started: Instant) -> Result
     let noise = sampler.finish();
     let about = about(tools, plan, measured.elapsed().as_secs_f64());
     write_shed(plan, &about, &noise, started.elapsed().as_secs_f64(), &shed, &tools.font)
+}
+
+/// Scenario 7 alone (`--leased`), written to `LEASED.md`.
+fn run_leased(
+    plan: &plan::Plan,
+    tools: &tools::Tools,
+    built: &build::BenchArtifacts,
+    started: Instant,
+) -> Result<()> {
+    let sampler = noise::Sampler::start();
+    let measured = Instant::now();
+    let leased = leased::run(plan, tools, built)?;
+    let noise = sampler.finish();
+    let about = about(tools, plan, measured.elapsed().as_secs_f64());
+    write_leased(plan, &about, &noise, started.elapsed().as_secs_f64(), &leased)
+}
+
+fn write_leased(
+    plan: &plan::Plan,
+    about: &[(&'static str, String)],
+    noise: &noise::Noise,
+    seconds: f64,
+    leased: &leased::Leased,
+) -> Result<()> {
+    let dir = out_dir(plan.quick);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let md = dir.join("LEASED.md");
+    std::fs::write(&md, report::leased_markdown(plan, about, noise, seconds, leased))
+        .with_context(|| format!("writing {}", md.display()))?;
+    eprintln!("bench: wrote {} in {seconds:.0} s", md.display());
+    Ok(())
 }
 
 fn write_shed(

@@ -75,6 +75,9 @@ enum Task {
         /// With --redis-cost: run Redis under valgrind's callgrind and count its instructions per decision.
         #[arg(long, requires = "redis_cost")]
         callgrind: bool,
+        /// Only scenario 7, leased mode against exact and native; writes LEASED.md.
+        #[arg(long, conflicts_with_all = ["egress", "shed", "feedback", "redis_cost"])]
+        leased: bool,
     },
     /// Build the policy playground into dist/playground/ (the shim serves it at /playground).
     Playground,
@@ -94,8 +97,8 @@ fn main() -> ExitCode {
         Task::Build => build::build().map(drop),
         Task::Test { test_args } => test::run(&test_args),
         Task::Demo { keep_running } => run_demo(keep_running),
-        Task::Bench { quick, egress, shed, feedback, redis_cost, callgrind } => {
-            bench::run(quick, bench::Only { egress, shed, feedback, redis_cost, callgrind })
+        Task::Bench { quick, egress, shed, feedback, redis_cost, callgrind, leased } => {
+            bench::run(quick, bench::Only { egress, shed, feedback, redis_cost, callgrind, leased })
         }
         Task::Playground => playground::build().map(drop),
         Task::Fuzz { seconds, target } => fuzz::run(seconds, target.as_deref()),

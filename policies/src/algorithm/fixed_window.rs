@@ -106,3 +106,47 @@ pub fn cancel(state: Option<&mut State>, now: u64, at: u64, window: u64) {
         }
     }
 }
+
+/// Leased mode (`lease`): what a grant gave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    pub granted: u64,
+    /// The window index the tokens belong to.
+    pub window: u64,
+    /// Microseconds from now to the window's end.
+    pub expires_in_us: u64,
+    /// What the window has left after the grant.
+    pub remaining: u64,
+}
+
+/// Leased mode: takes back `tokens` a gateway never spent, only into the
+/// window `window` they were granted from and only while it is the stored
+/// one. The count never goes below 0. A window that has ended keeps its
+/// count: the next window starts at 0 whatever it says.
+pub fn give_back(state: Option<&mut State>, window: u64, tokens: u64) {
+    if let Some(State::Counter { window: stored, count }) = state {
+        if *stored == window {
+            *count = count.saturating_sub(tokens);
+        }
+    }
+}
+
+/// Leased mode: up to `want` tokens of now's window, charged at once (the
+/// count goes up by the grant), fewer when it has fewer left. A stored
+/// window newer than now's (the clock stepped back) grants nothing. The
+/// state to store, if any.
+pub fn grant(state: Option<&State>, now: u64, limit: u64, window: u64, want: u64) -> (Grant, Option<State>) {
+    let index = now / window;
+    let expires_in_us = (index + 1) * window - now;
+    let count = match state {
+        Some(&State::Counter { window: stored, .. }) if stored > index => {
+            return (Grant { granted: 0, window: index, expires_in_us, remaining: 0 }, None);
+        }
+        Some(&State::Counter { window: w, count }) if w == index => count,
+        _ => 0,
+    };
+    let granted = want.min(limit.saturating_sub(count));
+    let commit = (granted > 0).then_some(State::Counter { window: index, count: count + granted });
+    let remaining = limit.saturating_sub(count + granted);
+    (Grant { granted, window: index, expires_in_us, remaining }, commit)
+}

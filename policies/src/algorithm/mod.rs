@@ -351,3 +351,24 @@ pub fn adjust(store: &mut Store, now: u64, corrections: &[Correction]) {
         }
     }
 }
+
+/// `lua/lease.lua`: leased mode on the `fixed_window` at `key`. Gives back
+/// `give_back` (window index, tokens) first, then grants up to `want`.
+pub fn lease(
+    store: &mut Store,
+    now: u64,
+    key: &str,
+    limit: u64,
+    window_us: u64,
+    want: u64,
+    give_back: Option<(u64, u64)>,
+) -> fixed_window::Grant {
+    if let Some((window, tokens)) = give_back {
+        fixed_window::give_back(store.keys.get_mut(key), window, tokens);
+    }
+    let (grant, commit) = fixed_window::grant(store.keys.get(key), now, limit, window_us, want);
+    if let Some(state) = commit {
+        store.keys.insert(key.to_string(), state);
+    }
+    grant
+}

@@ -1,6 +1,6 @@
-//! How much of each scenario to run: the full run (about 19 minutes on 2
-//! cores, 6 of them the three S0 egress runs) or `--quick` (about two
-//! minutes, to prove the bench works; its numbers mean little).
+//! How much of each scenario to run: the full run (about 22 minutes on 2
+//! cores, 6 of them the three S0 egress runs, 3 scenario 7) or `--quick`
+//! (about two minutes, to prove the bench works; its numbers mean little).
 
 use std::time::Duration;
 

@@ -194,6 +194,20 @@ pub(crate) fn shed_markdown(
     md
 }
 
+pub(crate) fn leased_markdown(
+    plan: &Plan,
+    about: &[(&'static str, String)],
+    noise: &Noise,
+    seconds: f64,
+    leased: &super::leased::Leased,
+) -> String {
+    let mut md = String::new();
+    let _ = header(&mut md, "leased mode (`--leased`)", plan, about, noise, seconds);
+    md.push('\n');
+    md.push_str(&super::leased::markdown(leased, plan));
+    md
+}
+
 fn header(
     md: &mut String,
     title: &str,

@@ -1,0 +1,346 @@
+//! Leased mode in one gateway: the pool of a leased policy's tokens that
+//! every worker of one Envoy spends (see `sluice_policies::leased`).
+//!
+//! The pool lives in Envoy shared data, read and written with
+//! compare-and-swap, so the workers spend it together; this module is the
+//! state and its rules, over an injected clock (milliseconds), tested
+//! natively. The adapter only loads, applies one rule, and stores.
+//!
+//! - [`Pool::spend`]: a request takes one token, if the pool holds one of a
+//!   window that has not ended; else it is checked by the shim exactly.
+//! - [`Pool::unspend`]: a request that took a token and was then refused
+//!   (another policy denied it) puts it back, if its window still holds.
+//! - [`Pool::tick`]: a root context's tick asks for the next lease once the
+//!   pool holds half a lease or fewer and requests wanted tokens lately,
+//!   and gives unused tokens back `ttl` after the last grant. One call per
+//!   Envoy at a time: [`Pool::asking_ms`] claims it.
+//! - [`Pool::granted`] and [`Pool::failed`]: the call's answer.
+//!
+//! **Never over the limit.** A token is spent only before the pool's
+//! `ends_ms`: the time the lease was *asked for* plus what the shim said
+//! was left of its window, so no later than the window's end on the shim's
+//! clock (assuming the gateway's clock does not run slow or step back by
+//! more than the call's round trip). Tokens given back leave the pool in
+//! the same write that hands them to the call, so none is both spent and
+//! given back. Tokens of an ended window are dropped, never carried on.
+//!
+//! **Under-admission, bounded.** The pool asks only at [`Leased::low_water`]
+//! or below and one call is in flight at a time, so it holds at most
+//! [`Leased::held_at_most`]. A call unanswered for [`ASK_TIMEOUT_MS`] is
+//! given up (its tokens, if granted, stay charged until their window ends).
+
+use sluice_policies::leased::Leased;
+use sluice_policies::wire::{GiveBack, LeaseResponse};
+
+/// A lease call unanswered this long is given up and may be asked again:
+/// longer than any call's timeout (a background call's is at most 60 s).
+pub const ASK_TIMEOUT_MS: u64 = 61_000;
+/// After a failed call, or a grant of nothing, the pool waits this long
+/// before it asks again; meanwhile its requests are checked exactly.
+pub const RETRY_MS: u64 = 1_000;
+
+/// One leased policy's pool, as it sits in shared data. Times are the
+/// gateway's clock in milliseconds; 0 means none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Pool {
+    /// The shim's index of the window the tokens belong to.
+    pub window: u64,
+    /// Tokens held, charged to `window` and not yet spent.
+    pub tokens: u64,
+    /// No token may be spent from this time on: the window has ended.
+    pub ends_ms: u64,
+    /// Unused tokens go back from this time on: `ttl` after the last grant.
+    pub expires_ms: u64,
+    /// A lease call is in flight since then.
+    pub asking_ms: u64,
+    /// No lease call before this time.
+    pub quiet_until_ms: u64,
+    /// The last time a request wanted a token.
+    pub demand_ms: u64,
+}
+
+/// A token a request took: it can go back only into its own window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Token {
+    pub window: u64,
+}
+
+/// A lease call to make: tokens wanted (0: only give back) and tokens given back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ask {
+    pub want: u32,
+    pub give_back: Option<GiveBack>,
+}
+
+impl Pool {
+    /// Takes one token for a request at `now`, if a live one is held.
+    pub fn spend(&mut self, now: u64) -> Option<Token> {
+        self.demand_ms = now.max(1);
+        self.drop_ended(now);
+        if self.tokens == 0 {
+            return None;
+        }
+        self.tokens -= 1;
+        Some(Token { window: self.window })
+    }
+
+    /// Puts back a token whose request was refused after all, if its window
+    /// is the pool's and has not ended; otherwise it stays charged unspent.
+    pub fn unspend(&mut self, token: Token, now: u64) {
+        if token.window == self.window && now < self.ends_ms {
+            self.tokens = self.tokens.saturating_add(1);
+        }
+    }
+
+    /// A root context's tick: the lease call to make now, if any. Making
+    /// it is claimed in the pool (`asking_ms`), and tokens given back leave it.
+    pub fn tick(&mut self, lease: Leased, now: u64) -> Option<Ask> {
+        if self.asking_ms != 0 {
+            if now < self.asking_ms.saturating_add(ASK_TIMEOUT_MS) && now >= self.asking_ms {
+                return None;
+            }
+            // Lost with its worker, or the clock stepped back: ask again.
+            self.asking_ms = 0;
+        }
+        if now < self.quiet_until_ms {
+            return None;
+        }
+        self.drop_ended(now);
+        let give_back = (self.tokens > 0 && now >= self.expires_ms).then(|| {
+            let tokens = u32::try_from(std::mem::take(&mut self.tokens)).unwrap_or(u32::MAX);
+            GiveBack { window: self.window, tokens }
+        });
+        let wanted = self.demand_ms != 0 && now < self.demand_ms.saturating_add(lease.ttl_ms());
+        let want = if wanted && self.tokens <= lease.low_water() { lease.tokens() } else { 0 };
+        if want == 0 && give_back.is_none() {
+            return None;
+        }
+        self.asking_ms = now.max(1);
+        Some(Ask { want, give_back })
+    }
+
+    /// The answer to the call asked at `asked_ms`, arriving at `now`.
+    pub fn granted(&mut self, lease: Leased, asked_ms: u64, now: u64, answer: LeaseResponse) {
+        self.asking_ms = 0;
+        // The shim's window ends this long after it answered, so no later
+        // than this long after the call was sent.
+        let ends = asked_ms.saturating_add(answer.expires_in_ms);
+        if answer.granted == 0 {
+            // The window is spent: until it ends, only give-backs elsewhere
+            // free tokens, which exact checks find.
+            self.quiet_until_ms = ends.min(now.saturating_add(RETRY_MS));
+            return;
+        }
+        if now >= ends {
+            // Its window is over already: the tokens are dead.
+            return;
+        }
+        if answer.window != self.window || now >= self.ends_ms {
+            self.tokens = 0;
+            self.window = answer.window;
+            self.ends_ms = ends;
+        } else {
+            self.ends_ms = self.ends_ms.min(ends);
+        }
+        self.tokens = self.tokens.saturating_add(u64::from(answer.granted));
+        self.expires_ms = now.saturating_add(lease.ttl_ms()).min(self.ends_ms);
+    }
+
+    /// The call failed or its answer was unreadable: exact checks until a
+    /// retry. Tokens it gave back, if the shim never took them, stay
+    /// charged until their window ends.
+    pub fn failed(&mut self, now: u64) {
+        self.asking_ms = 0;
+        self.quiet_until_ms = now.saturating_add(RETRY_MS);
+    }
+
+    /// Tokens of a window that has ended are dead.
+    fn drop_ended(&mut self, now: u64) {
+        if now >= self.ends_ms {
+            self.tokens = 0;
+        }
+    }
+
+    /// The form stored in shared data: `L1` and the fields in order.
+    pub fn encode(&self) -> Vec<u8> {
+        format!(
+            "L1 {} {} {} {} {} {} {}",
+            self.window,
+            self.tokens,
+            self.ends_ms,
+            self.expires_ms,
+            self.asking_ms,
+            self.quiet_until_ms,
+            self.demand_ms
+        )
+        .into_bytes()
+    }
+
+    /// Reads [`Pool::encode`]'s form; `None` for anything else.
+    pub fn decode(bytes: &[u8]) -> Option<Pool> {
+        let text = std::str::from_utf8(bytes).ok()?;
+        let mut parts = text.split(' ');
+        if parts.next()? != "L1" {
+            return None;
+        }
+        let mut field = || parts.next()?.parse::<u64>().ok();
+        let pool = Pool {
+            window: field()?,
+            tokens: field()?,
+            ends_ms: field()?,
+            expires_ms: field()?,
+            asking_ms: field()?,
+            quiet_until_ms: field()?,
+            demand_ms: field()?,
+        };
+        parts.next().is_none().then_some(pool)
+    }
+}
+
+/// The shared data key of policy `name`'s pool.
+pub fn pool_key(name: &str) -> String {
+    format!("sluice:lease:{name}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease() -> Leased {
+        Leased::new(10, 2_000).expect("valid")
+    }
+
+    fn answer(granted: u32, window: u64, expires_in_ms: u64) -> LeaseResponse {
+        LeaseResponse { granted, window, expires_in_ms, remaining: 0 }
+    }
+
+    /// Empty at first: the request goes to the shim, and the next tick asks
+    /// for a whole lease, once.
+    #[test]
+    fn an_empty_pool_asks_once_demand_is_seen() {
+        let mut pool = Pool::default();
+        assert_eq!(pool.tick(lease(), 1_000), None, "no demand, no call");
+        assert_eq!(pool.spend(1_000), None);
+        assert_eq!(pool.tick(lease(), 1_010), Some(Ask { want: 10, give_back: None }));
+        assert_eq!(pool.tick(lease(), 1_030), None, "one call at a time");
+        pool.granted(lease(), 1_010, 1_012, answer(10, 7, 500));
+        assert_eq!((pool.tokens, pool.ends_ms, pool.expires_ms), (10, 1_510, 1_510));
+        assert_eq!(pool.spend(1_020), Some(Token { window: 7 }));
+    }
+
+    /// Half a lease or fewer: the next one is asked for, and added.
+    #[test]
+    fn the_next_lease_comes_at_half() {
+        let mut pool = Pool::default();
+        pool.spend(0);
+        pool.tick(lease(), 10);
+        pool.granted(lease(), 10, 11, answer(10, 1, 60_000));
+        for t in 0..4 {
+            assert!(pool.spend(20 + t).is_some());
+        }
+        assert_eq!(pool.tick(lease(), 30), None, "6 left, above the low water");
+        assert!(pool.spend(31).is_some());
+        assert_eq!(pool.tick(lease(), 40), Some(Ask { want: 10, give_back: None }));
+        pool.granted(lease(), 40, 41, answer(10, 1, 59_000));
+        assert_eq!(pool.tokens, 15, "at most held_at_most");
+        assert!(pool.tokens <= lease().held_at_most());
+        assert_eq!(pool.ends_ms, 59_040, "the earlier of the two ends");
+    }
+
+    /// No token is spent at or after the window's end, measured from the ask.
+    #[test]
+    fn tokens_die_with_their_window() {
+        let mut pool = Pool::default();
+        pool.spend(0);
+        pool.tick(lease(), 100);
+        pool.granted(lease(), 100, 150, answer(10, 3, 200));
+        assert!(pool.spend(299).is_some());
+        assert_eq!(pool.spend(300), None);
+        assert_eq!(pool.tokens, 0);
+        pool.unspend(Token { window: 3 }, 300);
+        assert_eq!(pool.tokens, 0, "a token of an ended window never comes back");
+    }
+
+    /// A grant that arrives after its window ended adds nothing; one of a
+    /// new window replaces the old window's tokens.
+    #[test]
+    fn late_and_new_windows() {
+        let mut pool = Pool::default();
+        pool.spend(0);
+        pool.tick(lease(), 0);
+        pool.granted(lease(), 0, 60, answer(10, 1, 50));
+        assert_eq!(pool.tokens, 0);
+        pool.spend(60);
+        pool.tick(lease(), 60);
+        pool.granted(lease(), 60, 61, answer(10, 2, 1_000));
+        assert_eq!((pool.window, pool.tokens), (2, 10));
+        pool.unspend(Token { window: 1 }, 62);
+        assert_eq!(pool.tokens, 10, "another window's token is not put back");
+        pool.unspend(Token { window: 2 }, 62);
+        assert_eq!(pool.tokens, 11);
+    }
+
+    /// `ttl` after the last grant, unused tokens leave the pool in the same
+    /// step that asks to give them back; with demand, a new lease is asked too.
+    #[test]
+    fn unused_tokens_go_back_after_the_ttl() {
+        let mut pool = Pool::default();
+        pool.spend(0);
+        pool.tick(lease(), 0);
+        pool.granted(lease(), 0, 1, answer(10, 5, 60_000));
+        pool.spend(2);
+        assert_eq!(pool.tick(lease(), 2_000), None, "not yet");
+        let back = Some(GiveBack { window: 5, tokens: 9 });
+        assert_eq!(pool.tick(lease(), 2_001), Some(Ask { want: 10, give_back: back }), "demand 2 ms ago");
+        assert_eq!(pool.tokens, 0);
+        pool.failed(2_005);
+        assert_eq!(pool.tick(lease(), 2_500), None, "quiet after a failure");
+        assert_eq!(pool.tick(lease(), 3_005), None, "no demand since");
+        assert_eq!(pool.spend(3_006), None);
+        assert_eq!(pool.tick(lease(), 3_010), Some(Ask { want: 10, give_back: None }));
+    }
+
+    /// A grant of nothing: the window is spent; quiet for a second, or until
+    /// it ends if sooner.
+    #[test]
+    fn a_spent_window_quiets_the_pool() {
+        let mut pool = Pool::default();
+        pool.spend(0);
+        pool.tick(lease(), 0);
+        pool.granted(lease(), 0, 1, answer(0, 5, 300));
+        assert_eq!(pool.quiet_until_ms, 300);
+        assert_eq!(pool.tick(lease(), 299), None);
+        pool.spend(300);
+        assert!(pool.tick(lease(), 300).is_some());
+    }
+
+    /// An unanswered call is given up after [`ASK_TIMEOUT_MS`].
+    #[test]
+    fn a_lost_call_is_given_up() {
+        let mut pool = Pool::default();
+        pool.spend(0);
+        assert!(pool.tick(lease(), 0).is_some());
+        pool.spend(ASK_TIMEOUT_MS);
+        assert_eq!(pool.tick(lease(), ASK_TIMEOUT_MS), None);
+        assert!(pool.tick(lease(), ASK_TIMEOUT_MS + 1).is_some());
+    }
+
+    #[test]
+    fn encodes_and_refuses_anything_else() {
+        let pool = Pool {
+            window: 1,
+            tokens: 2,
+            ends_ms: 3,
+            expires_ms: 4,
+            asking_ms: 5,
+            quiet_until_ms: 6,
+            demand_ms: 7,
+        };
+        assert_eq!(Pool::decode(&pool.encode()), Some(pool));
+        for bad in
+            [&b""[..], b"L1 1 2 3", b"L1 1 2 3 4 5 6 7 8", b"L2 1 2 3 4 5 6 7", b"L1 1 2 3 4 5 6 -7", b"\xff"]
+        {
+            assert_eq!(Pool::decode(bad), None, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! Leased mode is exact: several gateways, each with its own pool
+//! (`sluice_plugin::leased`) and its own clock offset, lease tokens from one
+//! fixed window in the shim's model (`algorithm::lease`, the twin of
+//! `lua/lease.lua`), spend them, put some back after a refusal, give unused
+//! ones back, and fall back to exact checks (`algorithm::check`) when empty.
+//! Lease calls run at the shim at any later moment, their answers arrive at
+//! any later moment, or never. Over any interleaving, what is admitted in
+//! each window (judged by the true time of each admission) never exceeds the
+//! limit, and a pool never holds more than `held_at_most`.
+
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+use sluice_plugin::leased::{Ask, Pool};
+use sluice_policies::algorithm::{self, Algorithm, Store};
+use sluice_policies::leased::Leased;
+use sluice_policies::wire::LeaseResponse;
+
+const KEY: &str = "sluice:{p:}:fw";
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// The true clock moves on by `dt` ms.
+    Advance { dt: u64 },
+    /// A request at gateway `g`; `refused`: another policy refuses it after its token was taken.
+    Request { g: usize, refused: bool },
+    /// Gateway `g`'s root context ticks.
+    Tick { g: usize },
+    /// The shim runs the `n`th call in flight now.
+    Run { n: usize },
+    /// The `n`th call the shim answered reaches its gateway now.
+    Arrive { n: usize },
+    /// The `n`th call in flight fails (before or after the shim ran it, `ran`).
+    Fail { n: usize },
+}
+
+fn op(gateways: usize) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        2 => (0u64..200).prop_map(|dt| Op::Advance { dt }),
+        6 => (0..gateways, prop::bool::weighted(0.2)).prop_map(|(g, refused)| Op::Request { g, refused }),
+        2 => (0..gateways).prop_map(|g| Op::Tick { g }),
+        2 => any::<usize>().prop_map(|n| Op::Run { n }),
+        2 => any::<usize>().prop_map(|n| Op::Arrive { n }),
+        1 => any::<usize>().prop_map(|n| Op::Fail { n }),
+    ]
+}
+
+struct Call {
+    gateway: usize,
+    ask: Ask,
+    /// The gateway's clock when it asked.
+    asked_ms: u64,
+}
+
+fn run(
+    limit: u64,
+    window_ms: u64,
+    lease: Leased,
+    offsets: Vec<u64>,
+    ops: Vec<Op>,
+) -> Result<(), TestCaseError> {
+    let mut store = Store::default();
+    let mut now = 1_700_000_000_000u64;
+    let mut pools = vec![Pool::default(); offsets.len()];
+    let mut sent: Vec<Call> = Vec::new();
+    let mut answered: Vec<(Call, LeaseResponse)> = Vec::new();
+    let mut admitted: HashMap<u64, u64> = HashMap::new();
+    let exact = [(KEY.to_string(), Algorithm::FixedWindow { limit, window_us: window_ms * 1000 })];
+    for (i, op) in ops.into_iter().enumerate() {
+        match op {
+            Op::Advance { dt } => now += dt,
+            Op::Request { g, refused } => {
+                let local = now + offsets[g];
+                match pools[g].spend(local) {
+                    Some(token) if refused => pools[g].unspend(token, local),
+                    Some(token) => {
+                        prop_assert_eq!(token.window, now / window_ms, "a token spent outside its window");
+                        *admitted.entry(now / window_ms).or_default() += 1;
+                    }
+                    None => {
+                        let reply = algorithm::check(&mut store, now * 1000, &format!("r{i}"), &exact);
+                        if reply.allowed {
+                            *admitted.entry(now / window_ms).or_default() += 1;
+                        }
+                    }
+                }
+            }
+            Op::Tick { g } => {
+                let local = now + offsets[g];
+                if let Some(ask) = pools[g].tick(lease, local) {
+                    sent.push(Call { gateway: g, ask, asked_ms: local });
+                }
+            }
+            Op::Run { n } if !sent.is_empty() => {
+                let call = sent.remove(n % sent.len());
+                let back = call.ask.give_back.map(|b| (b.window, u64::from(b.tokens)));
+                let grant = algorithm::lease(
+                    &mut store,
+                    now * 1000,
+                    KEY,
+                    limit,
+                    window_ms * 1000,
+                    call.ask.want.into(),
+                    back,
+                );
+                let answer = LeaseResponse {
+                    granted: u32::try_from(grant.granted).expect("small"),
+                    window: grant.window,
+                    expires_in_ms: grant.expires_in_us / 1000,
+                    remaining: grant.remaining,
+                };
+                answered.push((call, answer));
+            }
+            Op::Arrive { n } if !answered.is_empty() => {
+                let (call, answer) = answered.remove(n % answered.len());
+                let local = now + offsets[call.gateway];
+                pools[call.gateway].granted(lease, call.asked_ms, local, answer);
+            }
+            Op::Fail { n } if !sent.is_empty() || !answered.is_empty() => {
+                // A failure before the shim ran the call, or after (its answer lost).
+                let call = if n % 2 == 0 && !sent.is_empty() {
+                    sent.remove(n % sent.len())
+                } else if !answered.is_empty() {
+                    answered.remove(n % answered.len()).0
+                } else {
+                    sent.remove(n % sent.len())
+                };
+                pools[call.gateway].failed(now + offsets[call.gateway]);
+            }
+            _ => {}
+        }
+        for (window, n) in &admitted {
+            prop_assert!(*n <= limit, "window {} admitted {} over the limit {}", window, n, limit);
+        }
+        for pool in &pools {
+            prop_assert!(pool.tokens <= lease.held_at_most(), "a pool holds {} tokens", pool.tokens);
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+
+    /// Over any interleaving of grants, spends, refusals, give-backs, exact
+    /// checks, lost answers and window ends, by up to four gateways with
+    /// their own clocks, no window admits more than its limit.
+    #[test]
+    fn no_window_admits_more_than_its_limit(
+        limit in 1u64..40,
+        window_ms in prop::sample::select(vec![10u64, 100, 1_000]),
+        tokens in 1u32..12,
+        ttl_ms in prop::sample::select(vec![1u64, 50, 2_000]),
+        offsets in prop::collection::vec(0u64..1_000_000, 1..=4),
+        ops in prop::collection::vec(op(4), 1..200),
+    ) {
+        let lease = Leased::new(tokens.min(u32::try_from(limit).expect("small")), ttl_ms).expect("valid");
+        let gateways = offsets.len();
+        let ops = ops
+            .into_iter()
+            .map(|op| match op {
+                Op::Request { g, refused } => Op::Request { g: g % gateways, refused },
+                Op::Tick { g } => Op::Tick { g: g % gateways },
+                other => other,
+            })
+            .collect();
+        run(limit, window_ms, lease, offsets, ops)?;
+    }
+}
