@@ -16,6 +16,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 
 use super::calls::{scripted, Answer, Calls, Outcome as CallOutcome, Route};
+use super::costs::{Costs, Tracer};
 use super::metrics::Metrics;
 use super::pairs::HeaderMap;
 use super::shared_data::SharedData;
@@ -119,6 +120,8 @@ impl Proxy {
             tick_period_ms: 0,
             effects: Vec::new(),
             logs: Vec::new(),
+            costs: Costs::default(),
+            tracer: Tracer::default(),
         };
         let mut vm = Vm::new(state).context("instantiating sluice.wasm")?;
         vm.run("proxy_on_context_create", ROOT, |f, s| f.on_context_create.call(s, (ROOT as i32, 0)))?;
@@ -300,6 +303,17 @@ impl Proxy {
 
     pub fn logs(&mut self) -> &[LogLine] {
         &self.vm.store.data().logs
+    }
+
+    /// What the filter cost the host since the last call (or since boot),
+    /// and counting afresh from now.
+    pub fn take_costs(&mut self) -> Costs {
+        std::mem::take(&mut self.state().costs)
+    }
+
+    /// Turns [`Costs::trace`] on or off.
+    pub fn trace(&mut self, on: bool) {
+        self.state().tracer.on = on;
     }
 
     /// The value of a counter or gauge the filter defined.

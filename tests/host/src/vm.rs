@@ -7,6 +7,7 @@
 //! the last log lines, and every later callback returns the same crash.
 
 use std::fmt;
+use std::time::Instant;
 
 use wasmtime::{Store, TypedFunc};
 
@@ -111,8 +112,19 @@ impl Vm {
         if let Some(crash) = &self.crashed {
             return Err(crash.clone());
         }
-        self.store.data_mut().effective = context;
+        let state = self.store.data_mut();
+        state.effective = context;
+        state.tracer.callback = callback;
+        state.tracer.mark = FUEL;
+        let started = Instant::now();
         let outcome = self.store.set_fuel(FUEL).and_then(|()| call(&self.exports, &mut self.store));
+        let busy = started.elapsed();
+        let left = self.store.get_fuel().unwrap_or(FUEL);
+        let state = self.store.data_mut();
+        state.costs.part(&mut state.tracer, "return", left);
+        state.costs.callbacks += 1;
+        state.costs.fuel += FUEL.saturating_sub(left);
+        state.costs.busy += busy;
         outcome.map_err(|trap| {
             let logs = &self.store.data().logs;
             let panic = logs.iter().rev().find(|l| l.level == LogLevel::Critical).map(|l| l.message.clone());
