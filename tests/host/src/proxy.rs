@@ -10,6 +10,7 @@
 //! or if it leaves a request paused with nothing that could resume it: no
 //! call pending and no local response sent.
 
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -73,6 +74,8 @@ pub struct HostConfig {
     pub source_address: String,
     /// Share one between two proxies to model two workers of one Envoy.
     pub shared: Arc<Mutex<SharedData>>,
+    /// Another build of the filter than `dist/sluice.wasm`.
+    pub wasm: Option<PathBuf>,
 }
 
 impl HostConfig {
@@ -83,6 +86,7 @@ impl HostConfig {
             root_id: "sluice".into(),
             source_address: "127.0.0.1:50000".into(),
             shared: Arc::default(),
+            wasm: None,
         }
     }
 
@@ -123,7 +127,7 @@ impl Proxy {
             costs: Costs::default(),
             tracer: Tracer::default(),
         };
-        let mut vm = Vm::new(state).context("instantiating sluice.wasm")?;
+        let mut vm = Vm::new(state, config.wasm.as_deref()).context("instantiating sluice.wasm")?;
         vm.run("proxy_on_context_create", ROOT, |f, s| f.on_context_create.call(s, (ROOT as i32, 0)))?;
         let started = vm.run("proxy_on_vm_start", ROOT, |f, s| f.on_vm_start.call(s, (ROOT as i32, 0)))?;
         if started == 0 {

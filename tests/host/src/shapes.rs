@@ -11,6 +11,8 @@
 //! path (a call, a cached denial, nothing), so a measurement can never count
 //! the wrong path.
 
+use std::path::PathBuf;
+
 use anyhow::{bail, Context};
 
 use super::calls::{Answer, Route};
@@ -116,7 +118,13 @@ impl Driver {
     /// request denied by the shim fills the cache. Then one request of the
     /// shape warms the VM, and the costs start from zero.
     pub fn new(shape: Shape) -> anyhow::Result<Driver> {
-        let config = HostConfig::new(shape.document()).cluster("sluice_shim", Route::Scripted);
+        Driver::with_wasm(shape, None)
+    }
+
+    /// [`Driver::new`] with another build of the filter than `dist/sluice.wasm`.
+    pub fn with_wasm(shape: Shape, wasm: Option<PathBuf>) -> anyhow::Result<Driver> {
+        let mut config = HostConfig::new(shape.document()).cluster("sluice_shim", Route::Scripted);
+        config.wasm = wasm;
         let mut proxy = Proxy::boot(config)?;
         if proxy.configure()?.returned != Returned::Bool(true) {
             bail!("the document of {shape:?} was refused");
@@ -191,11 +199,17 @@ impl Driver {
     }
 }
 
-/// What `n` requests of `shape` cost, after one to warm up.
-pub fn measure(shape: Shape, n: u64) -> anyhow::Result<Costs> {
-    let mut driver = Driver::new(shape)?;
+/// What `n` requests of `shape` cost, after one to warm up; `wasm` as in
+/// [`Driver::with_wasm`].
+pub fn measure_wasm(shape: Shape, n: u64, wasm: Option<PathBuf>) -> anyhow::Result<Costs> {
+    let mut driver = Driver::with_wasm(shape, wasm)?;
     for _ in 0..n {
         driver.request()?;
     }
     Ok(driver.take_costs())
+}
+
+/// What `n` requests of `shape` cost with `dist/sluice.wasm`.
+pub fn measure(shape: Shape, n: u64) -> anyhow::Result<Costs> {
+    measure_wasm(shape, n, None)
 }

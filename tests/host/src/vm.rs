@@ -7,6 +7,7 @@
 //! the last log lines, and every later callback returns the same crash.
 
 use std::fmt;
+use std::path::Path;
 use std::time::Instant;
 
 use wasmtime::{Store, TypedFunc};
@@ -61,9 +62,9 @@ pub(crate) struct Vm {
 }
 
 impl Vm {
-    /// Instantiates sluice.wasm and runs its `_initialize`.
-    pub(crate) fn new(state: HostState) -> anyhow::Result<Vm> {
-        let compiled = compiled()?;
+    /// Instantiates sluice.wasm (or the build at `wasm`) and runs its `_initialize`.
+    pub(crate) fn new(state: HostState, wasm: Option<&Path>) -> anyhow::Result<Vm> {
+        let compiled = compiled(wasm)?;
         let mut store = Store::new(&compiled.engine, state);
         store.set_fuel(FUEL)?;
         let instance = compiled.pre.instantiate(&mut store)?;
