@@ -19,6 +19,9 @@ use crate::cache::Store;
 /// the host again for the rest (correct, only slower).
 const REMEMBERED: usize = 8;
 
+/// A header read once: its name, and its value (`None`: absent).
+type Remembered = OnceCell<(Box<str>, Option<Vec<u8>>)>;
+
 /// The request of the current `on_http_request_headers`, read from the host
 /// lazily and once: each header is one host call (and one copy into the
 /// guest) per request, however many policies, conditions and keys read it,
@@ -28,8 +31,8 @@ pub struct HostRequest {
     path: OnceCell<Vec<u8>>,
     method: OnceCell<Vec<u8>>,
     authority: OnceCell<Vec<u8>>,
-    /// Each header read so far, by name, with its value (`None`: absent).
-    headers: [OnceCell<(Box<str>, Option<Vec<u8>>)>; REMEMBERED],
+    /// Each header read so far, in the order first read.
+    headers: [Remembered; REMEMBERED],
     source_address: OnceCell<Option<Vec<u8>>>,
 }
 
