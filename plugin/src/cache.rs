@@ -18,7 +18,8 @@
 //! shim call, which answers at once.
 //!
 //! **Keyed by the whole check**: the policy, the encoded key and the limits
-//! as sent (with their cost). A request denied on policy A is never denied
+//! as sent (with their cost), in a compact binary form (no JSON: the lookup
+//! runs on every request). A request denied on policy A is never denied
 //! locally for a request that only matches policy B, nor one with another cost.
 //!
 //! **Bounded.** Envoy's shared data has no TTL and no delete, so the cache is
@@ -123,11 +124,46 @@ pub fn caches(policy: &Policy) -> bool {
     policy.wait.is_none()
 }
 
-/// What makes two checks the same: policy, key and limits, NUL-separated
-/// (none of them can hold a NUL).
+/// What makes two checks the same: policy and key, each ended by a NUL
+/// (neither can hold one), then the limits as sent. Built on every request
+/// a cached policy applies to, so without JSON: see [`limit_identity`].
 fn identity(check: &Check) -> Vec<u8> {
-    let limits = serde_json::to_vec(&check.limits).unwrap_or_default();
-    [check.policy.as_bytes(), check.key.as_bytes(), &limits].join(&0u8)
+    let (policy, key) = (check.policy.as_bytes(), check.key.as_bytes());
+    let mut out = Vec::with_capacity(policy.len() + key.len() + 2 + LIMIT_IDENTITY_MAX * check.limits.len());
+    out.extend_from_slice(policy);
+    out.push(0);
+    out.extend_from_slice(key);
+    out.push(0);
+    for limit in &check.limits {
+        limit_identity(&mut out, limit);
+    }
+    out
+}
+
+/// The most bytes [`limit_identity`] writes for one limit.
+const LIMIT_IDENTITY_MAX: usize = 1 + 4 + 8 + 4;
+
+/// One limit as sent: a byte naming its type, then each of its fields in
+/// little endian at its full width. Each type's length is fixed, so two
+/// lists of limits that differ in any field, type or order never encode alike.
+fn limit_identity(out: &mut Vec<u8>, limit: &WireLimit) {
+    let mut put = |tag: u8, a: u32, b: u64, c: u32| {
+        out.push(tag);
+        out.extend_from_slice(&a.to_le_bytes());
+        out.extend_from_slice(&b.to_le_bytes());
+        out.extend_from_slice(&c.to_le_bytes());
+    };
+    match *limit {
+        WireLimit::FixedWindow { limit, window_ms } => put(1, limit, window_ms, 0),
+        WireLimit::SlidingWindow { limit, window_ms, approximate } => {
+            put(2, limit, window_ms, u32::from(approximate))
+        }
+        WireLimit::TokenBucket { rate, per_ms, burst } => put(3, rate, per_ms, burst),
+        WireLimit::LeakyBucket { capacity, drain_ms } => put(4, capacity, drain_ms, 0),
+        WireLimit::Interval { every_ms } => put(5, 0, every_ms, 0),
+        WireLimit::Concurrency { limit, lease_ms } => put(6, limit, lease_ms, 0),
+        WireLimit::Points { capacity, refill_ms, cost } => put(7, capacity, refill_ms, cost),
+    }
 }
 
 /// deadline (8 bytes, little endian), limit index (2 bytes), identity.
@@ -265,6 +301,39 @@ mod tests {
         cache.record(&plain, &c, &denied(&[Some(4000), Some(0)]), 0);
         assert!(cache.lookup(&plain, &c, 1).is_some());
         assert_eq!(cache.lookup(&waits, &c, 1), None, "an entry is not served to a waiting policy");
+    }
+
+    /// Every field of every limit type is part of the identity: limits
+    /// that differ in one field, or only in their type, never share one.
+    #[test]
+    fn limits_that_differ_in_any_field_have_distinct_identities() {
+        use WireLimit::*;
+        let limits = [
+            FixedWindow { limit: 1, window_ms: 2 },
+            FixedWindow { limit: 2, window_ms: 2 },
+            FixedWindow { limit: 1, window_ms: 3 },
+            SlidingWindow { limit: 1, window_ms: 2, approximate: false },
+            SlidingWindow { limit: 1, window_ms: 2, approximate: true },
+            TokenBucket { rate: 1, per_ms: 2, burst: 3 },
+            TokenBucket { rate: 1, per_ms: 2, burst: 4 },
+            LeakyBucket { capacity: 1, drain_ms: 2 },
+            Interval { every_ms: 2 },
+            Interval { every_ms: 3 },
+            Concurrency { limit: 1, lease_ms: 2 },
+            Points { capacity: 1, refill_ms: 2, cost: 0 },
+            Points { capacity: 1, refill_ms: 2, cost: 1 },
+        ];
+        let with = |limits: Vec<WireLimit>| {
+            identity(&Check { policy: "p".into(), key: "k".into(), limits, margin_ms: None, upstream: false })
+        };
+        let mut seen = std::collections::HashSet::new();
+        for a in &limits {
+            assert!(seen.insert(with(vec![*a])), "{a:?}");
+            for b in &limits {
+                assert!(seen.insert(with(vec![*a, *b])), "{a:?}, {b:?}");
+            }
+        }
+        assert_eq!(with(vec![limits[0]]).len(), 4 + LIMIT_IDENTITY_MAX);
     }
 
     #[test]

@@ -98,9 +98,9 @@ impl Sluice {
     }
 
     /// The request's decision once every call it made has answered (or none
-    /// was needed): `Continue`, or `Pause` after a local response.
-    fn finish(&mut self, vm: &Vm) -> Action {
-        let now = now_ms();
+    /// was needed): `Continue`, or `Pause` after a local response. `now` is
+    /// the callback's clock, read once.
+    fn finish(&mut self, vm: &Vm, now: u64) -> Action {
         let shadow = self.calls[1].answer.take();
         let mut shadow_notes = std::mem::take(&mut self.shadow_notes);
         if let Some(note) = shadow.and_then(|answer| self.conclude_shadow(vm, answer, now)) {
@@ -110,7 +110,7 @@ impl Sluice {
         let action = match enforced {
             None => Action::Continue,
             Some(Ok(resp)) if resp.allowed => {
-                self.admit(vm, &resp, 0);
+                self.admit(vm, &resp, 0, now);
                 if vm.doc.headers == HeadersMode::Always {
                     if let Some(h) = self.ratelimit_headers(vm, &resp) {
                         self.response_headers.push((RateLimitHeaders::POLICY, h.policy));
@@ -119,7 +119,7 @@ impl Sluice {
                 }
                 Action::Continue
             }
-            Some(Ok(resp)) => self.deny(vm, &resp, &shadow_notes),
+            Some(Ok(resp)) => self.deny(vm, &resp, &shadow_notes, now),
             Some(Err(reason)) => self.fail(vm, &reason, now),
         };
         if let Action::Continue = action {
@@ -175,7 +175,7 @@ impl Sluice {
         let call = &self.calls[1];
         match answer {
             Ok(resp) if resp.allowed => {
-                self.admit(vm, &resp, 1);
+                self.admit(vm, &resp, 1, now);
                 None
             }
             Ok(resp) => {
@@ -231,13 +231,13 @@ impl Sluice {
 
     /// Counts an admission by call `which` and keeps its lease, and how long
     /// the shim held it (the wait stats exist for policies with `wait` only).
-    fn admit(&mut self, vm: &Vm, resp: &CheckResponse, which: usize) {
+    fn admit(&mut self, vm: &Vm, resp: &CheckResponse, which: usize, now: u64) {
         if which == 0 {
             vm.stats.count_class(self.class, |c| c.allowed);
         }
         let call = &mut self.calls[which];
         call.admitted = true;
-        call.admitted_ms = now_ms();
+        call.admitted_ms = now;
         // Held: the shim says so with a non-zero `waited_ms`.
         let held = resp.waited_ms.unwrap_or(0);
         if which == 0 {
@@ -319,13 +319,13 @@ impl Sluice {
     }
 
     /// The shim denied: count it, remember it in the over-limit cache, answer.
-    fn deny(&mut self, vm: &Vm, resp: &CheckResponse, shadow_notes: &[String]) -> Action {
+    fn deny(&mut self, vm: &Vm, resp: &CheckResponse, shadow_notes: &[String], now: u64) -> Action {
         let call = &self.calls[0];
         let i = resp.denied_check().unwrap_or(0);
         let (Some(&index), Some(check), Some(outcome)) =
             (call.policies.get(i), call.checks.get(i), resp.checks.get(i))
         else {
-            return self.fail(vm, "shim denied without saying which check", now_ms());
+            return self.fail(vm, "shim denied without saying which check", now);
         };
         let Some(policy) = vm.doc.policies.get(index) else { return Action::Continue };
         vm.stats.count(index, |s| s.denied);
@@ -402,14 +402,15 @@ impl Sluice {
     /// by the check's id, in case the shim took it unseen).
     fn leases_to_release(&mut self, vm: &Vm) -> Vec<(ReleaseRequest, Vec<usize>, bool)> {
         let mut out = Vec::new();
-        let now = now_ms();
+        // Read only for a lease: every stream ends here, twice (on_log, on_done).
+        let mut now = None;
         for call in &mut self.calls {
             let confirmed = call.lease.is_some();
             let Some(lease) = call.lease_to_release(&vm.doc) else { continue };
             vm.live.borrow_mut().end(&lease);
             let policies = call.concurrency_policies(&vm.doc);
             if confirmed {
-                let held = now.saturating_sub(call.admitted_ms);
+                let held = now.get_or_insert_with(now_ms).saturating_sub(call.admitted_ms);
                 for &index in &policies {
                     vm.stats.record(index, |s| s.held_ms, held);
                     if vm.doc.policies.get(index).is_some_and(|p| overran_lease(p, held)) {
@@ -546,7 +547,7 @@ impl Sluice {
                 call.answer = Some(Err("the shim breaker is open".into()));
             }
         }
-        Some(self.finish(vm))
+        Some(self.finish(vm, now))
     }
 }
 
@@ -581,7 +582,7 @@ impl Context for Sluice {
         if self.calls.iter().any(|c| c.token.is_some()) {
             return;
         }
-        if let Action::Continue = self.finish(&vm) {
+        if let Action::Continue = self.finish(&vm, now) {
             if let Err(status) = hostcalls::resume_http_request() {
                 log::warn!("cannot resume the request: {status:?}");
             }
@@ -649,7 +650,7 @@ impl HttpContext for Sluice {
         if self.calls.iter().any(|c| c.token.is_some()) {
             return Action::Pause;
         }
-        self.finish(&vm)
+        self.finish(&vm, now)
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {

@@ -4,6 +4,7 @@
 //! an absent value; nothing here panics.
 
 use std::borrow::Cow;
+use std::cell::OnceCell;
 use std::time::UNIX_EPOCH;
 
 use proxy_wasm::hostcalls::{
@@ -19,41 +20,63 @@ use crate::leased::Pool;
 /// worker wrote first, before the request is checked by the shim instead.
 const CAS_TRIES: usize = 8;
 
+/// Distinct headers one request remembers; a document that reads more asks
+/// the host again for the rest (correct, only slower).
+const REMEMBERED: usize = 8;
+
+/// A header read once: its name, and its value (`None`: absent).
+type Remembered = OnceCell<(Box<str>, Option<Vec<u8>>)>;
+
+/// The request of the current `on_http_request_headers`, read from the host
+/// lazily and once: each header is one host call (and one copy into the
+/// guest) per request, however many policies, conditions and keys read it,
+/// and a header nothing reads is never fetched.
+#[derive(Default)]
 pub struct HostRequest {
-    path: Vec<u8>,
-    method: Vec<u8>,
-    authority: Vec<u8>,
+    path: OnceCell<Vec<u8>>,
+    method: OnceCell<Vec<u8>>,
+    authority: OnceCell<Vec<u8>>,
+    /// Each header read so far, in the order first read.
+    headers: [Remembered; REMEMBERED],
+    source_address: OnceCell<Option<Vec<u8>>>,
 }
 
 impl HostRequest {
+    /// The request; nothing is read until asked for.
     pub fn read() -> HostRequest {
-        HostRequest {
-            path: header(":path").unwrap_or_default(),
-            method: header(":method").unwrap_or_default(),
-            authority: header(":authority").unwrap_or_default(),
-        }
+        HostRequest::default()
     }
 }
 
 impl Request for HostRequest {
     fn path(&self) -> &[u8] {
-        &self.path
+        self.path.get_or_init(|| header(":path").unwrap_or_default())
     }
 
     fn method(&self) -> &[u8] {
-        &self.method
+        self.method.get_or_init(|| header(":method").unwrap_or_default())
     }
 
     fn authority(&self) -> &[u8] {
-        &self.authority
+        self.authority.get_or_init(|| header(":authority").unwrap_or_default())
     }
 
     fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        for slot in &self.headers {
+            let (_, value) = match slot.get() {
+                Some((seen, _)) if **seen != *name => continue,
+                Some(remembered) => remembered,
+                None => slot.get_or_init(|| (name.into(), header(name))),
+            };
+            return value.as_deref().map(Cow::Borrowed);
+        }
         header(name).map(Cow::Owned)
     }
 
     fn source_address(&self) -> Option<Cow<'_, [u8]>> {
-        get_property(vec!["source", "address"]).ok().flatten().map(Cow::Owned)
+        let address =
+            self.source_address.get_or_init(|| get_property(vec!["source", "address"]).ok().flatten());
+        address.as_deref().map(Cow::Borrowed)
     }
 }
 

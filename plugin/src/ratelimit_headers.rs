@@ -45,12 +45,47 @@ impl RateLimitHeaders {
 
     /// The headers for one limit with `remaining` requests left, `wait_ms` from resetting.
     pub fn of(name: &str, limit: &Limit, remaining: u64, wait_ms: u64) -> RateLimitHeaders {
-        let policy = match quota(limit) {
-            (q, Some(w_ms)) => format!("\"{name}\";q={q};w={}", secs(w_ms)),
-            (q, None) => format!("\"{name}\";q={q};qu=\"concurrent-requests\""),
-        };
-        RateLimitHeaders { policy, ratelimit: format!("\"{name}\";r={remaining};t={}", ceil_secs(wait_ms)) }
+        // Written piece by piece, not with `format!`: a denial from the
+        // over-limit cache builds these on its every request.
+        let (q, window) = quota(limit);
+        let mut policy = item(name, "q", q);
+        match window {
+            Some(w_ms) => push_param(&mut policy, "w", secs(w_ms)),
+            None => policy.push_str(";qu=\"concurrent-requests\""),
+        }
+        let mut ratelimit = item(name, "r", remaining);
+        push_param(&mut ratelimit, "t", ceil_secs(wait_ms));
+        RateLimitHeaders { policy, ratelimit }
     }
+}
+
+/// `"name";key=value`.
+fn item(name: &str, key: &str, value: u64) -> String {
+    let mut out = String::with_capacity(name.len() + 48);
+    out.push('"');
+    out.push_str(name);
+    out.push('"');
+    push_param(&mut out, key, value);
+    out
+}
+
+/// `;key=value`, the value in decimal.
+fn push_param(out: &mut String, key: &str, value: u64) {
+    out.push(';');
+    out.push_str(key);
+    out.push('=');
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = value;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    out.extend(digits[at..].iter().map(|&d| char::from(d)));
 }
 
 /// For a denying limit, until it would admit; otherwise until it resets.
@@ -122,6 +157,16 @@ mod tests {
         );
         let r = RateLimitHeaders::of("p", &limit(r#"{"type":"interval","every":"1s"}"#), 3, 1500);
         assert_eq!(r.ratelimit, r#""p";r=3;t=2"#);
+    }
+
+    /// Numbers are written in decimal at every size, as `format!` would.
+    #[test]
+    fn numbers_are_written_whole() {
+        let every = limit(r#"{"type":"interval","every":"1s"}"#);
+        for n in [0, 1, 9, 10, 99, 100, 1_000_000_007, u64::MAX] {
+            let h = RateLimitHeaders::of("p", &every, n, 0);
+            assert_eq!(h.ratelimit, format!("\"p\";r={n};t=0"));
+        }
     }
 
     #[test]

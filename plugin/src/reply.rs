@@ -1,9 +1,20 @@
 //! The local responses the filter sends: a policy's denial, a refusal for
 //! want of capacity, a refusal when the shim failed, and a 400 for a missing key.
 
+use serde::Serialize;
 use sluice_policies::{DenyResponse, Policy};
 
 use crate::ratelimit_headers::RateLimitHeaders;
+
+/// The default denial's body, `{"error":"rate_limited","policy":…,"retry_after":…}`:
+/// written straight from this struct (a denial from the over-limit cache is
+/// the cheapest path there is, and a `json!` value would cost a map).
+#[derive(Serialize)]
+struct Denied<'a> {
+    error: &'static str,
+    policy: &'a str,
+    retry_after: u64,
+}
 
 /// A local response: status, headers, body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,9 +35,11 @@ impl Reply {
     /// `policy` denies: its response (429 and the small JSON body unless it
     /// says otherwise), always with `retry-after`, and the RateLimit headers if given.
     pub fn denial(policy: &Policy, retry_after_secs: u64, ratelimit: Option<RateLimitHeaders>) -> Reply {
-        let name = policy.name.as_str();
-        let json =
-            serde_json::json!({"error": "rate_limited", "policy": name, "retry_after": retry_after_secs});
+        let json = || {
+            let body =
+                Denied { error: "rate_limited", policy: policy.name.as_str(), retry_after: retry_after_secs };
+            serde_json::to_vec(&body).unwrap_or_default()
+        };
         Reply::refusal(policy, 429, json, JSON, retry_after_secs, ratelimit)
     }
 
@@ -44,13 +57,13 @@ impl Reply {
             "class": class,
             "retry_after": retry_after_secs,
         });
-        Reply::refusal(policy, 503, json, PROBLEM_JSON, retry_after_secs, None)
+        Reply::refusal(policy, 503, || json.to_string().into_bytes(), PROBLEM_JSON, retry_after_secs, None)
     }
 
     fn refusal(
         policy: &Policy,
         status: u16,
-        json: serde_json::Value,
+        json: impl FnOnce() -> Vec<u8>,
         json_type: &str,
         retry_after_secs: u64,
         ratelimit: Option<RateLimitHeaders>,
@@ -58,7 +71,7 @@ impl Reply {
         let response: &DenyResponse = &policy.response;
         let (body, content_type) = match &response.body {
             Some(body) => (body.clone().into_bytes(), TEXT),
-            None => (json.to_string().into_bytes(), json_type),
+            None => (json(), json_type),
         };
         let mut headers = vec![("retry-after".to_string(), retry_after_secs.to_string())];
         if let Some(h) = ratelimit {
@@ -122,6 +135,7 @@ mod tests {
         assert_eq!(header(&reply, "content-type"), Some(JSON));
         let body: serde_json::Value = serde_json::from_slice(&reply.body).expect("json");
         assert_eq!(body, serde_json::json!({"error": "rate_limited", "policy": "p", "retry_after": 3}));
+        assert_eq!(reply.body, br#"{"error":"rate_limited","policy":"p","retry_after":3}"#, "byte for byte");
     }
 
     #[test]

@@ -20,8 +20,13 @@
 //! - `memory`: reading and writing guest memory, allocating in the guest.
 //! - [`pairs`]: [`HeaderMap`] and the proxy-wasm map wire format.
 //! - `properties`, [`shared_data`], [`metrics`]: the stores behind those calls.
+//! - [`costs`]: [`Costs`], what the filter costs its host: host calls by
+//!   name, bytes copied, wasm operators run, time in callbacks.
+//! - [`shapes`]: requests of a few shapes played end to end, one at a time,
+//!   for measuring the filter's cost per request (`benches/filter.rs`).
 
 pub mod calls;
+pub mod costs;
 mod imports;
 mod memory;
 pub mod metrics;
@@ -29,12 +34,14 @@ mod module;
 pub mod pairs;
 mod properties;
 pub mod proxy;
+pub mod shapes;
 pub mod shared_data;
 mod state;
 pub mod story;
 mod vm;
 
 pub use calls::{Answer, Fault, Route};
+pub use costs::{Costs, PerRequest};
 pub use pairs::HeaderMap;
 pub use proxy::{End, HostConfig, Outcome, Proxy, Returned};
 pub use state::{Effect, HostState, HttpCall, LocalResponse, LogLevel, LogLine, MetricChange};

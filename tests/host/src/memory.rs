@@ -34,10 +34,12 @@ fn range(ptr: i32, len: i32) -> Result<std::ops::Range<usize>> {
 pub(crate) fn read(caller: &mut Caller<'_, HostState>, ptr: i32, len: i32) -> Result<Vec<u8>> {
     let memory = memory(caller)?;
     let range = range(ptr, len)?;
-    match memory.data(&*caller).get(range.clone()) {
-        Some(bytes) => Ok(bytes.to_vec()),
+    let bytes = match memory.data(&*caller).get(range.clone()) {
+        Some(bytes) => bytes.to_vec(),
         None => bail!("guest passed {range:?}, outside its memory"),
-    }
+    };
+    caller.data_mut().costs.bytes_in += bytes.len() as u64;
+    Ok(bytes)
 }
 
 /// Reads a UTF-8 string argument; invalid UTF-8 is read lossily.
@@ -84,6 +86,9 @@ pub(crate) fn give(
             bail!("proxy_on_memory_allocate({len}) returned null");
         }
         write(caller, ptr, bytes)?;
+        let costs = &mut caller.data_mut().costs;
+        costs.allocations += 1;
+        costs.bytes_out += bytes.len() as u64;
     }
     write_u32(caller, ptr_out, ptr as u32)?;
     write_u32(caller, len_out, len as u32)

@@ -10,8 +10,8 @@
 //! version or configuration, and then the module is compiled afresh.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
 
 use anyhow::Context;
 use wasmtime::{Config, Engine, InstancePre, Linker, Module};
@@ -27,16 +27,27 @@ pub(crate) struct Compiled {
 
 /// The compiled filter, or why it could not be compiled (the same message for
 /// every test, so a missing `dist/` fails each test with the same hint).
-pub(crate) fn compiled() -> anyhow::Result<&'static Compiled> {
+/// `wasm` names another build of the filter than `dist/sluice.wasm`, for
+/// measuring two builds side by side in one process.
+pub(crate) fn compiled(wasm: Option<&Path>) -> anyhow::Result<&'static Compiled> {
     static COMPILED: OnceLock<Result<Compiled, String>> = OnceLock::new();
-    COMPILED
-        .get_or_init(|| compile().map_err(|err| format!("{err:#}")))
-        .as_ref()
-        .map_err(|err| anyhow::anyhow!("{err}"))
+    static OTHERS: Mutex<Vec<(PathBuf, &'static Compiled)>> = Mutex::new(Vec::new());
+    let Some(wasm) = wasm else {
+        return COMPILED
+            .get_or_init(|| dist("sluice.wasm").and_then(compile).map_err(|err| format!("{err:#}")))
+            .as_ref()
+            .map_err(|err| anyhow::anyhow!("{err}"));
+    };
+    let mut others = OTHERS.lock().map_err(|_| anyhow::anyhow!("module cache lock poisoned"))?;
+    if let Some((_, compiled)) = others.iter().find(|(path, _)| path == wasm) {
+        return Ok(compiled);
+    }
+    let compiled: &'static Compiled = Box::leak(Box::new(compile(wasm.to_path_buf())?));
+    others.push((wasm.to_path_buf(), compiled));
+    Ok(compiled)
 }
 
-fn compile() -> anyhow::Result<Compiled> {
-    let path = dist("sluice.wasm")?;
+fn compile(path: PathBuf) -> anyhow::Result<Compiled> {
     let mut config = Config::new();
     config.consume_fuel(true);
     let engine = Engine::new(&config)?;

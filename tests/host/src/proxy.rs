@@ -10,12 +10,14 @@
 //! or if it leaves a request paused with nothing that could resume it: no
 //! call pending and no local response sent.
 
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 
 use super::calls::{scripted, Answer, Calls, Outcome as CallOutcome, Route};
+use super::costs::{Costs, Tracer};
 use super::metrics::Metrics;
 use super::pairs::HeaderMap;
 use super::shared_data::SharedData;
@@ -72,6 +74,8 @@ pub struct HostConfig {
     pub source_address: String,
     /// Share one between two proxies to model two workers of one Envoy.
     pub shared: Arc<Mutex<SharedData>>,
+    /// Another build of the filter than `dist/sluice.wasm`.
+    pub wasm: Option<PathBuf>,
 }
 
 impl HostConfig {
@@ -82,6 +86,7 @@ impl HostConfig {
             root_id: "sluice".into(),
             source_address: "127.0.0.1:50000".into(),
             shared: Arc::default(),
+            wasm: None,
         }
     }
 
@@ -119,8 +124,10 @@ impl Proxy {
             tick_period_ms: 0,
             effects: Vec::new(),
             logs: Vec::new(),
+            costs: Costs::default(),
+            tracer: Tracer::default(),
         };
-        let mut vm = Vm::new(state).context("instantiating sluice.wasm")?;
+        let mut vm = Vm::new(state, config.wasm.as_deref()).context("instantiating sluice.wasm")?;
         vm.run("proxy_on_context_create", ROOT, |f, s| f.on_context_create.call(s, (ROOT as i32, 0)))?;
         let started = vm.run("proxy_on_vm_start", ROOT, |f, s| f.on_vm_start.call(s, (ROOT as i32, 0)))?;
         if started == 0 {
@@ -300,6 +307,17 @@ impl Proxy {
 
     pub fn logs(&mut self) -> &[LogLine] {
         &self.vm.store.data().logs
+    }
+
+    /// What the filter cost the host since the last call (or since boot),
+    /// and counting afresh from now.
+    pub fn take_costs(&mut self) -> Costs {
+        std::mem::take(&mut self.state().costs)
+    }
+
+    /// Turns [`Costs::trace`] on or off.
+    pub fn trace(&mut self, on: bool) {
+        self.state().tracer.on = on;
     }
 
     /// The value of a counter or gauge the filter defined.

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use wasmtime_wasi::p1::WasiP1Ctx;
 
 use super::calls::Calls;
+use super::costs::{Costs, Tracer};
 use super::metrics::Metrics;
 use super::pairs::HeaderMap;
 use super::shared_data::SharedData;
@@ -133,6 +134,8 @@ pub struct HostState {
     pub(crate) tick_period_ms: u32,
     pub(crate) effects: Vec<Effect>,
     pub(crate) logs: Vec<LogLine>,
+    pub(crate) costs: Costs,
+    pub(crate) tracer: Tracer,
 }
 
 impl HostState {

@@ -7,6 +7,8 @@
 //! the last log lines, and every later callback returns the same crash.
 
 use std::fmt;
+use std::path::Path;
+use std::time::Instant;
 
 use wasmtime::{Store, TypedFunc};
 
@@ -60,9 +62,9 @@ pub(crate) struct Vm {
 }
 
 impl Vm {
-    /// Instantiates sluice.wasm and runs its `_initialize`.
-    pub(crate) fn new(state: HostState) -> anyhow::Result<Vm> {
-        let compiled = compiled()?;
+    /// Instantiates sluice.wasm (or the build at `wasm`) and runs its `_initialize`.
+    pub(crate) fn new(state: HostState, wasm: Option<&Path>) -> anyhow::Result<Vm> {
+        let compiled = compiled(wasm)?;
         let mut store = Store::new(&compiled.engine, state);
         store.set_fuel(FUEL)?;
         let instance = compiled.pre.instantiate(&mut store)?;
@@ -111,8 +113,19 @@ impl Vm {
         if let Some(crash) = &self.crashed {
             return Err(crash.clone());
         }
-        self.store.data_mut().effective = context;
+        let state = self.store.data_mut();
+        state.effective = context;
+        state.tracer.callback = callback;
+        state.tracer.mark = FUEL;
+        let started = Instant::now();
         let outcome = self.store.set_fuel(FUEL).and_then(|()| call(&self.exports, &mut self.store));
+        let busy = started.elapsed();
+        let left = self.store.get_fuel().unwrap_or(FUEL);
+        let state = self.store.data_mut();
+        state.costs.part(&mut state.tracer, "return", left);
+        state.costs.callbacks += 1;
+        state.costs.fuel += FUEL.saturating_sub(left);
+        state.costs.busy += busy;
         outcome.map_err(|trap| {
             let logs = &self.store.data().logs;
             let panic = logs.iter().rev().find(|l| l.level == LogLevel::Critical).map(|l| l.message.clone());

@@ -8,6 +8,7 @@
 
 use wasmtime::{Caller, Linker, Result};
 
+use super::called;
 use super::status::{BAD_ARGUMENT, NOT_FOUND, OK};
 use crate::memory::give;
 use crate::state::HostState;
@@ -36,6 +37,7 @@ pub(super) fn link(linker: &mut Linker<HostState>) -> Result<()> {
          ptr_out: i32,
          len_out: i32|
          -> Result<i32> {
+            called(&mut caller, "proxy_get_buffer_bytes");
             let Some(buffer) = buffer(caller.data(), kind) else { return Ok(NOT_FOUND) };
             let (start, max) = (start as u32 as usize, max as u32 as usize);
             if start > buffer.len() {
@@ -52,13 +54,16 @@ pub(super) fn link(linker: &mut Linker<HostState>) -> Result<()> {
     linker.func_wrap(
         "env",
         "proxy_set_buffer_bytes",
-        |_: Caller<'_, HostState>,
+        |mut caller: Caller<'_, HostState>,
          _kind: i32,
          _start: i32,
          _len: i32,
          _ptr: i32,
          _size: i32|
-         -> Result<i32> { Ok(NOT_FOUND) },
+         -> Result<i32> {
+            called(&mut caller, "proxy_set_buffer_bytes");
+            Ok(NOT_FOUND)
+        },
     )?;
     Ok(())
 }

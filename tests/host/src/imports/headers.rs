@@ -11,6 +11,7 @@
 
 use wasmtime::{Caller, Linker, Result};
 
+use super::called;
 use super::status::{BAD_ARGUMENT, NOT_FOUND, OK};
 use crate::memory::{give, read, read_str};
 use crate::pairs::HeaderMap;
@@ -47,6 +48,7 @@ pub(super) fn link(linker: &mut Linker<HostState>) -> Result<()> {
          ptr_out: i32,
          len_out: i32|
          -> Result<i32> {
+            called(&mut caller, "proxy_get_header_map_value");
             let key = read_str(&mut caller, key, key_len)?;
             let value = match map(caller.data_mut(), kind, false) {
                 Ok(map) => map.get(&key).map(<[u8]>::to_vec),
@@ -62,6 +64,7 @@ pub(super) fn link(linker: &mut Linker<HostState>) -> Result<()> {
         "env",
         "proxy_get_header_map_pairs",
         |mut caller: Caller<'_, HostState>, kind: i32, ptr_out: i32, len_out: i32| -> Result<i32> {
+            called(&mut caller, "proxy_get_header_map_pairs");
             let encoded = match map(caller.data_mut(), kind, false) {
                 Ok(map) => map.encode(),
                 Err(status) => return Ok(status),
@@ -73,6 +76,7 @@ pub(super) fn link(linker: &mut Linker<HostState>) -> Result<()> {
         "env",
         "proxy_set_header_map_pairs",
         |mut caller: Caller<'_, HostState>, kind: i32, ptr: i32, len: i32| -> Result<i32> {
+            called(&mut caller, "proxy_set_header_map_pairs");
             let Some(pairs) = HeaderMap::decode(&read(&mut caller, ptr, len)?) else {
                 return Ok(BAD_ARGUMENT);
             };
@@ -91,6 +95,7 @@ pub(super) fn link(linker: &mut Linker<HostState>) -> Result<()> {
         "env",
         "proxy_remove_header_map_value",
         |mut caller: Caller<'_, HostState>, kind: i32, key: i32, key_len: i32| -> Result<i32> {
+            called(&mut caller, "proxy_remove_header_map_value");
             let key = read_str(&mut caller, key, key_len)?;
             Ok(match map(caller.data_mut(), kind, true) {
                 Ok(map) => {
@@ -120,6 +125,7 @@ fn edit(
               value: i32,
               value_len: i32|
               -> Result<i32> {
+            called(&mut caller, name);
             let key = read_str(&mut caller, key, key_len)?;
             let value = read(&mut caller, value, value_len)?;
             Ok(match map(caller.data_mut(), kind, true) {

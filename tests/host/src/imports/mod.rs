@@ -35,6 +35,14 @@ pub(crate) fn link(linker: &mut Linker<HostState>) -> Result<()> {
     unimplemented(linker)
 }
 
+/// Counts one call of `name` in the host's [`crate::Costs`]; every `env`
+/// host call starts with it.
+pub(crate) fn called(caller: &mut Caller<'_, HostState>, name: &'static str) {
+    let fuel = caller.get_fuel().unwrap_or(0);
+    let state = caller.data_mut();
+    state.costs.call(&mut state.tracer, name, fuel);
+}
+
 macro_rules! trap {
     ($linker:ident, $name:literal, ($($arg:ident),*)) => {
         $linker.func_wrap("env", $name, |_: Caller<'_, HostState>, $($arg: i32),*| -> Result<i32> {

@@ -8,6 +8,7 @@
 
 use wasmtime::{Caller, Linker, Result};
 
+use super::called;
 use super::status::{BAD_ARGUMENT, INTERNAL_FAILURE, OK};
 use crate::calls::Refusal;
 use crate::memory::{read, read_str, write_u32};
@@ -36,6 +37,7 @@ pub(super) fn link(linker: &mut Linker<HostState>) -> Result<()> {
          timeout_ms: i32,
          token_out: i32|
          -> Result<i32> {
+            called(&mut caller, "proxy_http_call");
             let cluster = read_str(&mut caller, cluster, cluster_len)?;
             let Some(headers) = headers(&mut caller, headers_ptr, headers_len)? else {
                 return Ok(BAD_ARGUMENT);
@@ -72,6 +74,7 @@ pub(super) fn link(linker: &mut Linker<HostState>) -> Result<()> {
          headers_len: i32,
          _grpc_status: i32|
          -> Result<i32> {
+            called(&mut caller, "proxy_send_local_response");
             let details = read_str(&mut caller, details, details_len)?;
             let body = read(&mut caller, body, body_len)?;
             let Some(headers) = headers(&mut caller, headers_ptr, headers_len)? else {
@@ -94,6 +97,7 @@ pub(super) fn link(linker: &mut Linker<HostState>) -> Result<()> {
         "env",
         "proxy_continue_stream",
         |mut caller: Caller<'_, HostState>, kind: i32| -> Result<i32> {
+            called(&mut caller, "proxy_continue_stream");
             let state = caller.data_mut();
             if let (REQUEST, Some(stream)) = (kind, state.stream()) {
                 stream.paused = false;
@@ -107,6 +111,7 @@ pub(super) fn link(linker: &mut Linker<HostState>) -> Result<()> {
         "env",
         "proxy_close_stream",
         |mut caller: Caller<'_, HostState>, kind: i32| -> Result<i32> {
+            called(&mut caller, "proxy_close_stream");
             caller.data_mut().effect(Effect::Close(kind));
             Ok(OK)
         },
