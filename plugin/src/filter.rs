@@ -132,13 +132,16 @@ impl Sluice {
 
     /// Leased mode: takes a token from each leased policy's pool. A policy
     /// whose pool has none is checked by the shim exactly, as without a lease.
-    fn spend_tokens(&mut self, vm: &Vm, evaluation: &Evaluation, req: &HostRequest, now: u64) {
+    fn spend_tokens(&mut self, vm: &Vm, evaluation: &Evaluation, req: &HostRequest) {
+        // The clock only for a leased policy: most requests have none.
+        let mut now = None;
         for a in evaluation.iter() {
             let Some(_) = a.policy.leased.filter(|_| !a.policy.shadow) else {
                 self.calls[usize::from(a.policy.shadow)].push(a.index, a.check(req));
                 continue;
             };
             let key = pool_key(a.policy.name.as_str());
+            let now = *now.get_or_insert_with(now_ms);
             match update_pool(&key, |pool| pool.spend(now)) {
                 Some(Some(token)) => self.spent.push((a.index, token)),
                 _ => {
@@ -152,6 +155,9 @@ impl Sluice {
     /// The request's decision is made: its spent tokens count as admitted
     /// requests, or go back to their pools if it was refused.
     fn settle_tokens(&mut self, vm: &Vm, admitted: bool) {
+        if self.spent.is_empty() {
+            return;
+        }
         let now = now_ms();
         for (index, token) in std::mem::take(&mut self.spent) {
             if admitted {
@@ -614,7 +620,7 @@ impl HttpContext for Sluice {
         for &index in &evaluation.shadow_missing_key {
             self.shadow_missing_key(&vm, index);
         }
-        self.spend_tokens(&vm, &evaluation, &req, now_ms());
+        self.spend_tokens(&vm, &evaluation, &req);
         let enforced = evaluation.iter().filter(|a| !a.policy.shadow).map(|a| a.policy);
         self.calls[0].wait_ms = request_wait_ms(enforced);
         if self.calls.iter().all(|c| c.checks.is_empty()) {
