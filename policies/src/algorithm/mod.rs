@@ -199,6 +199,23 @@ pub struct Found {
     pub commit: Option<State>,
 }
 
+impl Found {
+    /// A limit that charges nothing and stores nothing (the partner's pause
+    /// and rate): the same view with or without the request.
+    pub fn uncharged(allowed: bool, view: View, retry_us: u64) -> Found {
+        Found {
+            allowed,
+            now: view,
+            after: view,
+            retry_us: Some(retry_us),
+            reclaimed: 0,
+            held_until: None,
+            pruned: None,
+            commit: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct View {
     pub remaining: u64,

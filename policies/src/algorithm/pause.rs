@@ -23,16 +23,7 @@ pub fn check(state: Option<&State>, now: u64) -> Found {
     let until = until(state);
     let allowed = now >= until;
     let view = View { remaining: u64::from(allowed), reset_us: until.saturating_sub(now) };
-    Found {
-        allowed,
-        now: view,
-        after: view,
-        retry_us: Some(until.saturating_sub(now)),
-        reclaimed: 0,
-        held_until: None,
-        pruned: None,
-        commit: None,
-    }
+    Found::uncharged(allowed, view, until.saturating_sub(now))
 }
 
 /// The waiting path: the slot is the pause's end; nothing is charged.

@@ -88,17 +88,7 @@ pub fn apply(
 
 /// As a limit of its check: always allows; its remaining is the factor.
 pub fn check(state: Option<&State>, now: u64) -> Found {
-    let view = View { remaining: factor(state, now), reset_us: 0 };
-    Found {
-        allowed: true,
-        now: view,
-        after: view,
-        retry_us: Some(0),
-        reclaimed: 0,
-        held_until: None,
-        pruned: None,
-        commit: None,
-    }
+    Found::uncharged(true, View { remaining: factor(state, now), reset_us: 0 }, 0)
 }
 
 /// The waiting path: admits at once; its remaining is the factor.

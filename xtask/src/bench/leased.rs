@@ -217,6 +217,20 @@ fn share(tools: &Tools, gateways: &[Envoy; 2]) -> Result<(u64, u64, Vec<f64>)> {
 }
 
 /// The section of LEASED.md with the results.
+/// The head of a table with a p50 and a p99 column per rate, then max req/s.
+fn table_head(plan: &Plan) -> String {
+    let mut head = String::from("| setup |");
+    for rps in plan.rates {
+        head.push_str(&format!(" {rps}/s p50 | p99 |"));
+    }
+    head.push_str(" max req/s |\n|---|");
+    for _ in plan.rates {
+        head.push_str("---:|---:|");
+    }
+    head.push_str("---:|\n");
+    head
+}
+
 pub(crate) fn markdown(leased: &Leased, plan: &Plan) -> String {
     let mut out = String::new();
     let get =
@@ -226,15 +240,7 @@ pub(crate) fn markdown(leased: &Leased, plan: &Plan) -> String {
         "Latency in ms, median of {} interleaved round(s), one Envoy worker each, oha at a fixed rate with latency correction, {} connections.\n\n",
         plan.rounds, plan.connections
     ));
-    out.push_str("| setup |");
-    for rps in plan.rates {
-        out.push_str(&format!(" {rps}/s p50 | p99 |"));
-    }
-    out.push_str(" max req/s |\n|---|");
-    for _ in plan.rates {
-        out.push_str("---:|---:|");
-    }
-    out.push_str("---:|\n");
+    out.push_str(&table_head(plan));
     for mode in Mode::ALL {
         out.push_str(&format!("| {} |", mode.label()));
         for (_, runs) in &leased.fixed {
@@ -245,15 +251,7 @@ pub(crate) fn markdown(leased: &Leased, plan: &Plan) -> String {
         out.push_str(&format!(" {:.0} |\n", m.rps));
     }
     out.push_str("\nRatios to native (1.00 is native's cost; the target is at most 1.2 for latency, at least 1/1.2 = 0.83 for throughput):\n\n");
-    out.push_str("| setup |");
-    for rps in plan.rates {
-        out.push_str(&format!(" {rps}/s p50 | p99 |"));
-    }
-    out.push_str(" max req/s |\n|---|");
-    for _ in plan.rates {
-        out.push_str("---:|---:|");
-    }
-    out.push_str("---:|\n");
+    out.push_str(&table_head(plan));
     for mode in [Mode::Exact, Mode::Leased, Mode::Unmatched] {
         out.push_str(&format!("| {} |", mode.label()));
         for (_, runs) in &leased.fixed {
