@@ -30,13 +30,7 @@ for i = 1, #KEYS do
   if ARGV[4 * i - 1] == 'rate' then specs = {} break end
 end
 if specs then
-  for i, key in ipairs(KEYS) do
-    local base = 4 * i - 1
-    specs[i] = {
-      key = key, kind = ARGV[base], a = tonumber(ARGV[base + 1]), b = tonumber(ARGV[base + 2]),
-      c = tonumber(ARGV[base + 3]),
-    }
-  end
+  for i, key in ipairs(KEYS) do specs[i] = spec_of(i, key, 0) end
   apply_rates(specs, now)
 end
 

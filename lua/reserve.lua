@@ -13,15 +13,20 @@
 -- is what it still admits (after the request at t, or at now if denied);
 -- reset_ms is, when admitted, the time from t until it frees capacity, and
 -- when denied its own wait, as is retry_ms.
+-- Limit i of check.lua's arguments as a spec (slots.lua), with its margin.
+local function spec_of(i, key, margin)
+  local base = 4 * i - 1
+  return {
+    key = key, kind = ARGV[base], a = tonumber(ARGV[base + 1]), b = tonumber(ARGV[base + 2]),
+    c = tonumber(ARGV[base + 3]), margin = margin,
+  }
+end
+
 local function reserve(now, id, wait)
   local n = #KEYS
   local specs = {}
   for i, key in ipairs(KEYS) do
-    local base = 4 * i - 1
-    specs[i] = {
-      key = key, kind = ARGV[base], a = tonumber(ARGV[base + 1]), b = tonumber(ARGV[base + 2]),
-      c = tonumber(ARGV[base + 3]), margin = tonumber(ARGV[4 * n + 3 + i]) or 0,
-    }
+    specs[i] = spec_of(i, key, tonumber(ARGV[4 * n + 3 + i]) or 0)
   end
   local r, err = reserve_slots(now, id, wait, specs)
   if not r then return redis.error_reply(err) end

@@ -43,7 +43,7 @@ use crate::callout::{call_answer, post_bytes, post_check};
 use crate::decision::{read_answer, retry_after_secs};
 use crate::feedback;
 use crate::host::{now_ms, update_pool, HostRequest, SharedData};
-use crate::leased::{pool_key, Token};
+use crate::leased::Token;
 use crate::ratelimit_headers::RateLimitHeaders;
 use crate::reply::Reply;
 use crate::shedding::REPORT_MS;
@@ -136,13 +136,13 @@ impl Sluice {
         // The clock only for a leased policy: most requests have none.
         let mut now = None;
         for a in evaluation.iter() {
-            let Some(_) = a.policy.leased.filter(|_| !a.policy.shadow) else {
+            if a.policy.leased.is_none() || a.policy.shadow {
                 self.calls[usize::from(a.policy.shadow)].push(a.index, a.check(req));
                 continue;
-            };
-            let key = pool_key(a.policy.name.as_str());
+            }
             let now = *now.get_or_insert_with(now_ms);
-            match update_pool(&key, |pool| pool.spend(now)) {
+            let spent = vm.pool_key(a.index).and_then(|key| update_pool(key, |pool| pool.spend(now)));
+            match spent {
                 Some(Some(token)) => self.spent.push((a.index, token)),
                 _ => {
                     vm.stats.count(a.index, |s| s.lease_empty);
@@ -165,8 +165,8 @@ impl Sluice {
                 vm.stats.count(index, |s| s.leased);
                 continue;
             }
-            if let Some(policy) = vm.doc.policies.get(index) {
-                update_pool(&pool_key(policy.name.as_str()), |pool| pool.unspend(token, now));
+            if let Some(key) = vm.pool_key(index) {
+                update_pool(key, |pool| pool.unspend(token, now));
             }
         }
     }

@@ -18,7 +18,6 @@ use sluice_policies::wire::{
 use crate::callout::{background_timeout, call_answer, post_bytes};
 use crate::filter::Sluice;
 use crate::host::{now_ms, update_pool};
-use crate::leased::pool_key;
 use crate::vm::{LeaseCall, Vm};
 
 /// How often queued releases and adjustments go out: the most a release
@@ -131,11 +130,11 @@ impl RootContext for SluiceRoot {
 /// for the next lease or give unused tokens back now; one worker's root
 /// claims the call in the pool, so one Envoy has one call in flight.
 fn ask_for_leases(vm: &Vm) {
+    let now = now_ms();
     for (index, policy) in vm.doc.policies.iter().enumerate() {
         let Some(lease) = policy.leased else { continue };
-        let now = now_ms();
-        let key = pool_key(policy.name.as_str());
-        let Some(Some(ask)) = update_pool(&key, |pool| pool.tick(lease, now)) else { continue };
+        let Some(key) = vm.pool_key(index) else { continue };
+        let Some(Some(ask)) = update_pool(key, |pool| pool.tick(lease, now)) else { continue };
         let Some(limit) = policy.limits.first() else { continue };
         let request = LeaseRequest {
             policy: policy.name.as_str().to_string(),
@@ -158,7 +157,7 @@ fn ask_for_leases(vm: &Vm) {
             Err(reason) => {
                 log::debug!("{LEASE_PATH}: {reason}");
                 vm.stats.count(index, |s| s.lease_failed);
-                update_pool(&key, |pool| pool.failed(now));
+                update_pool(key, |pool| pool.failed(now));
             }
         }
     }
@@ -169,7 +168,7 @@ fn ask_for_leases(vm: &Vm) {
 fn lease_answered(vm: &Vm, call: LeaseCall, status: Option<&[u8]>, body: Option<&[u8]>) {
     let Some(policy) = vm.doc.policies.get(call.policy) else { return };
     let Some(lease) = policy.leased else { return };
-    let key = pool_key(policy.name.as_str());
+    let Some(key) = vm.pool_key(call.policy) else { return };
     let now = now_ms();
     let answer = match status {
         Some(b"200") => {
@@ -180,7 +179,7 @@ fn lease_answered(vm: &Vm, call: LeaseCall, status: Option<&[u8]>, body: Option<
     };
     match answer {
         Ok(answer) => {
-            update_pool(&key, |pool| pool.granted(lease, call.asked_ms, now, answer));
+            update_pool(key, |pool| pool.granted(lease, call.asked_ms, now, answer));
             vm.stats.add(call.policy, |s| s.lease_granted, answer.granted.into());
             vm.stats.add(call.policy, |s| s.lease_given_back, call.given_back);
         }
@@ -193,7 +192,7 @@ fn lease_answered(vm: &Vm, call: LeaseCall, status: Option<&[u8]>, body: Option<
                     policy.name
                 ),
             );
-            update_pool(&key, |pool| pool.failed(now));
+            update_pool(key, |pool| pool.failed(now));
         }
     }
 }

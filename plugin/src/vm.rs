@@ -53,6 +53,9 @@ pub struct Vm {
     pub shed_calls: RefCell<HashMap<u32, usize>>,
     /// Lease calls in flight, by token.
     pub lease_calls: RefCell<HashMap<u32, LeaseCall>>,
+    /// Each policy's lease pool key in shared data (document order), named
+    /// once here rather than on every request.
+    pool_keys: Vec<String>,
     /// The draws that decide which requests of a partly shed class go.
     rng: RefCell<fastrand::Rng>,
     /// Random per VM: with `sequence`, request ids unique across workers and gateways.
@@ -67,6 +70,7 @@ impl Vm {
         // Seeded by the host's random source (WASI random_get).
         let nonce = RandomState::new().build_hasher().finish();
         let shedding = Shedding::new(&doc, now_ms);
+        let pool_keys = doc.policies.iter().map(|p| crate::leased::pool_key(p.name.as_str())).collect();
         Vm {
             doc,
             stats,
@@ -78,10 +82,16 @@ impl Vm {
             shedding: RefCell::new(shedding),
             shed_calls: RefCell::new(HashMap::new()),
             lease_calls: RefCell::new(HashMap::new()),
+            pool_keys,
             rng: RefCell::new(fastrand::Rng::with_seed(nonce)),
             nonce,
             sequence: Cell::new(0),
         }
+    }
+
+    /// The lease pool key of policy `index`.
+    pub fn pool_key(&self, index: usize) -> Option<&str> {
+        self.pool_keys.get(index).map(String::as_str)
     }
 
     /// A uniform draw from 0 to 1.
