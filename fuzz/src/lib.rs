@@ -16,8 +16,8 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use arbitrary::{Arbitrary, Unstructured};
-use sluice_plugin::cache::{OverLimitCache, Store};
-use sluice_plugin::decision::{read_answer, retry_after_secs};
+use sluice_core::cache::{OverLimitCache, Store};
+use sluice_core::decision::{read_answer, retry_after_secs};
 use sluice_policies::algorithm::Algorithm;
 use sluice_policies::key;
 use sluice_policies::request::SimpleRequest;
@@ -204,7 +204,7 @@ pub fn answer(data: &[u8]) {
 /// Leased mode's pool as any bytes in shared data make it: what decodes
 /// encodes back to itself, and its rules never panic on it.
 fn lease_pool(data: &[u8]) {
-    use sluice_plugin::leased::{Pool, Token};
+    use sluice_core::leased::{Pool, Token};
     let Some(mut pool) = Pool::decode(data) else { return };
     assert_eq!(Pool::decode(&pool.encode()), Some(pool));
     let lease = sluice_policies::leased::Leased::new(10, 1_000).expect("valid");

@@ -1,7 +1,7 @@
-//! The host as the rest of the filter sees it, over proxy-wasm host calls:
-//! the request as the policy model reads it, Envoy's shared data as the
-//! over-limit cache's store, and the clock. A host call that fails reads as
-//! an absent value; nothing here panics.
+//! The host as the decision core sees it, over proxy-wasm host calls: the
+//! request as the policy model reads it, and [`sluice_core::Host`]: the
+//! clock, Envoy's shared data and the response headers. A host call that
+//! fails reads as an absent value; nothing here panics.
 
 use std::borrow::Cow;
 use std::cell::OnceCell;
@@ -11,14 +11,8 @@ use proxy_wasm::hostcalls::{
     get_current_time, get_map_value_bytes, get_property, get_shared_data, set_shared_data,
 };
 use proxy_wasm::types::{MapType, Status};
+use sluice_core::{Host, SetError, SharedData};
 use sluice_policies::Request;
-
-use crate::cache::Store;
-use crate::leased::Pool;
-
-/// How often a lease pool's compare-and-swap is tried again after another
-/// worker wrote first, before the request is checked by the shim instead.
-const CAS_TRIES: usize = 8;
 
 /// Distinct headers one request remembers; a document that reads more asks
 /// the host again for the rest (correct, only slower).
@@ -84,47 +78,45 @@ fn header(name: &str) -> Option<Vec<u8>> {
     get_map_value_bytes(MapType::HttpRequestHeaders, name).ok().flatten()
 }
 
-/// Envoy's shared data: one map per `vm_id`, seen by every worker.
-pub struct SharedData;
+/// The host as one callback sees it: the clock, read once and only if
+/// needed, Envoy's shared data, and the upstream's response headers.
+#[derive(Default)]
+pub struct ProxyHost {
+    now: OnceCell<u64>,
+}
 
-impl Store for SharedData {
-    fn get(&self, key: &str) -> Option<Vec<u8>> {
-        get_shared_data(key).ok().and_then(|(value, _cas)| value)
+impl ProxyHost {
+    /// The host for one callback.
+    pub fn new() -> ProxyHost {
+        ProxyHost::default()
+    }
+}
+
+impl SharedData for ProxyHost {
+    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        get_shared_data(key).unwrap_or((None, None))
     }
 
-    fn set(&self, key: &str, value: &[u8]) {
-        if let Err(status) = set_shared_data(key, Some(value), None) {
-            log::debug!("cannot write shared data {key}: {status:?}");
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+        match set_shared_data(key, Some(value), cas) {
+            Ok(()) => Ok(()),
+            Err(Status::CasMismatch) => Err(SetError::Conflict),
+            Err(status) => Err(SetError::Failed(format!("{status:?}"))),
         }
     }
 }
 
-/// Applies `rule` to the lease pool at `key` in shared data, read and
-/// written with compare-and-swap: on a conflict the pool is read again and
-/// the rule applied again. `None` when it could not be stored, so nothing
-/// the rule did happened. A pool that is absent or unreadable starts empty
-/// (its tokens, if any, are lost: under-admission, never over).
-pub fn update_pool<R>(key: &str, mut rule: impl FnMut(&mut Pool) -> R) -> Option<R> {
-    for _ in 0..CAS_TRIES {
-        let (bytes, cas) = get_shared_data(key).unwrap_or((None, None));
-        let mut pool = bytes.as_deref().and_then(Pool::decode).unwrap_or_default();
-        let out = rule(&mut pool);
-        match set_shared_data(key, Some(&pool.encode()), cas) {
-            Ok(()) => return Some(out),
-            Err(Status::CasMismatch) => continue,
-            Err(status) => {
-                log::debug!("cannot write the lease pool {key}: {status:?}");
-                return None;
-            }
-        }
+impl Host for ProxyHost {
+    fn now_ms(&self) -> u64 {
+        *self.now.get_or_init(|| {
+            get_current_time()
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        })
     }
-    None
-}
 
-/// The proxy's wall clock in milliseconds since the epoch; 0 if unreadable.
-pub fn now_ms() -> u64 {
-    get_current_time()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    fn response_header(&self, name: &str) -> Option<Vec<u8>> {
+        get_map_value_bytes(MapType::HttpResponseHeaders, name).ok().flatten()
+    }
 }

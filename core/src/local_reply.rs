@@ -18,7 +18,7 @@ struct Denied<'a> {
 
 /// A local response: status, headers, body.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reply {
+pub struct LocalReply {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
@@ -31,16 +31,16 @@ const PROBLEM_JSON: &str = "application/problem+json";
 pub const REDUCED_CAPACITY: &str =
     "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
 
-impl Reply {
+impl LocalReply {
     /// `policy` denies: its response (429 and the small JSON body unless it
     /// says otherwise), always with `retry-after`, and the RateLimit headers if given.
-    pub fn denial(policy: &Policy, retry_after_secs: u64, ratelimit: Option<RateLimitHeaders>) -> Reply {
+    pub fn denial(policy: &Policy, retry_after_secs: u64, ratelimit: Option<RateLimitHeaders>) -> LocalReply {
         let json = || {
             let body =
                 Denied { error: "rate_limited", policy: policy.name.as_str(), retry_after: retry_after_secs };
             serde_json::to_vec(&body).unwrap_or_default()
         };
-        Reply::refusal(policy, 429, json, JSON, retry_after_secs, ratelimit)
+        LocalReply::refusal(policy, 429, json, JSON, retry_after_secs, ratelimit)
     }
 
     /// `policy` refuses for want of capacity, not for a client's quota: a
@@ -48,7 +48,7 @@ impl Reply {
     /// shed it (S4d). 503 and the IETF problem type
     /// `temporary-reduced-capacity`, unless the policy's response says
     /// otherwise; always with `retry-after`.
-    pub fn reduced_capacity(policy: &Policy, class: &str, retry_after_secs: u64) -> Reply {
+    pub fn reduced_capacity(policy: &Policy, class: &str, retry_after_secs: u64) -> LocalReply {
         let json = serde_json::json!({
             "type": REDUCED_CAPACITY,
             "title": "Temporary reduced capacity",
@@ -57,7 +57,7 @@ impl Reply {
             "class": class,
             "retry_after": retry_after_secs,
         });
-        Reply::refusal(policy, 503, || json.to_string().into_bytes(), PROBLEM_JSON, retry_after_secs, None)
+        LocalReply::refusal(policy, 503, || json.to_string().into_bytes(), PROBLEM_JSON, retry_after_secs, None)
     }
 
     fn refusal(
@@ -67,7 +67,7 @@ impl Reply {
         json_type: &str,
         retry_after_secs: u64,
         ratelimit: Option<RateLimitHeaders>,
-    ) -> Reply {
+    ) -> LocalReply {
         let response: &DenyResponse = &policy.response;
         let (body, content_type) = match &response.body {
             Some(body) => (body.clone().into_bytes(), TEXT),
@@ -79,21 +79,21 @@ impl Reply {
             headers.push((RateLimitHeaders::RATELIMIT.into(), h.ratelimit));
         }
         let status = response.status.map_or(status, |s| s.get());
-        let mut reply = Reply { status, headers, body };
+        let mut reply = LocalReply { status, headers, body };
         reply.finish(content_type, &response.headers.0);
         reply
     }
 
     /// The shim failed and `failure_mode` is `deny`.
-    pub fn unavailable(status: u16) -> Reply {
+    pub fn unavailable(status: u16) -> LocalReply {
         let body = br#"{"error":"rate_limiter_unavailable"}"#.to_vec();
-        Reply { status, headers: vec![("content-type".into(), JSON.into())], body }
+        LocalReply { status, headers: vec![("content-type".into(), JSON.into())], body }
     }
 
     /// A request without a key source its policy requires.
-    pub fn missing_key(policy: &Policy) -> Reply {
+    pub fn missing_key(policy: &Policy) -> LocalReply {
         let body = serde_json::json!({"error": "missing_key", "policy": policy.name.as_str()});
-        Reply {
+        LocalReply {
             status: 400,
             headers: vec![("content-type".into(), JSON.into())],
             body: body.to_string().into_bytes(),
@@ -123,13 +123,13 @@ mod tests {
         sluice_policies::parse(&doc).expect("doc").policies[0].clone()
     }
 
-    fn header<'a>(reply: &'a Reply, name: &str) -> Option<&'a str> {
+    fn header<'a>(reply: &'a LocalReply, name: &str) -> Option<&'a str> {
         reply.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
     }
 
     #[test]
     fn the_default_denial_is_429_with_the_small_json_body() {
-        let reply = Reply::denial(&policy(""), 3, None);
+        let reply = LocalReply::denial(&policy(""), 3, None);
         assert_eq!(reply.status, 429);
         assert_eq!(header(&reply, "retry-after"), Some("3"));
         assert_eq!(header(&reply, "content-type"), Some(JSON));
@@ -143,7 +143,7 @@ mod tests {
         let p = policy(
             r#""response":{"status":503,"body":"shedding load\n","headers":{"x-shed":"1","retry-after":"9"}},"#,
         );
-        let reply = Reply::denial(&p, 3, None);
+        let reply = LocalReply::denial(&p, 3, None);
         assert_eq!(reply.status, 503);
         assert_eq!(reply.body, b"shedding load\n");
         assert_eq!(header(&reply, "content-type"), Some(TEXT));
@@ -151,14 +151,14 @@ mod tests {
         assert_eq!(header(&reply, "retry-after"), Some("9"), "a policy's own header wins");
         let json =
             policy(r#""response":{"body":"{}","headers":{"content-type":"application/problem+json"}},"#);
-        let reply = Reply::denial(&json, 1, None);
+        let reply = LocalReply::denial(&json, 1, None);
         assert_eq!(header(&reply, "content-type"), Some("application/problem+json"));
         assert_eq!(reply.headers.iter().filter(|(n, _)| n == "content-type").count(), 1);
     }
 
     #[test]
     fn a_refusal_for_want_of_capacity_is_503_with_the_problem_type() {
-        let reply = Reply::reduced_capacity(&policy(""), "batch", 2);
+        let reply = LocalReply::reduced_capacity(&policy(""), "batch", 2);
         assert_eq!(reply.status, 503);
         assert_eq!(header(&reply, "retry-after"), Some("2"));
         assert_eq!(header(&reply, "content-type"), Some(PROBLEM_JSON));
@@ -167,6 +167,6 @@ mod tests {
         assert_eq!(body["status"], 503);
         assert_eq!(body["class"], "batch");
         let own = policy(r#""response":{"status":429},"#);
-        assert_eq!(Reply::reduced_capacity(&own, "batch", 2).status, 429, "the policy's own status wins");
+        assert_eq!(LocalReply::reduced_capacity(&own, "batch", 2).status, 429, "the policy's own status wins");
     }
 }

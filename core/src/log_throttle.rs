@@ -4,15 +4,15 @@
 //! Plain Rust over an injected clock (milliseconds), tested natively.
 
 #[derive(Debug)]
-pub struct Throttle {
+pub struct LogThrottle {
     period_ms: u64,
     next_ms: u64,
     suppressed: u64,
 }
 
-impl Throttle {
-    pub fn new(period_ms: u64) -> Throttle {
-        Throttle { period_ms, next_ms: 0, suppressed: 0 }
+impl LogThrottle {
+    pub fn new(period_ms: u64) -> LogThrottle {
+        LogThrottle { period_ms, next_ms: 0, suppressed: 0 }
     }
 
     /// `Some(suppressed since the last line)` if a line may be written at `now_ms`.
@@ -32,7 +32,7 @@ mod tests {
 
     #[test]
     fn one_line_per_period_then_the_count_of_the_rest() {
-        let mut t = Throttle::new(10_000);
+        let mut t = LogThrottle::new(10_000);
         assert_eq!(t.admit(5), Some(0));
         assert_eq!(t.admit(6), None);
         assert_eq!(t.admit(10_004), None);

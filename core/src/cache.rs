@@ -33,11 +33,7 @@
 use sluice_policies::wire::{Check, CheckOutcome, WireLimit};
 use sluice_policies::{Limit, Policy};
 
-/// The shared data a cache lives in; Envoy's in the filter, a map in tests.
-pub trait Store {
-    fn get(&self, key: &str) -> Option<Vec<u8>>;
-    fn set(&self, key: &str, value: &[u8]);
-}
+use crate::host::SharedData;
 
 /// A live entry found for a check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +49,7 @@ pub struct OverLimitCache<S> {
     slots: u32,
 }
 
-impl<S: Store> OverLimitCache<S> {
+impl<S: SharedData> OverLimitCache<S> {
     /// A cache of `slots` entries; 0 turns it off.
     pub fn new(store: S, slots: u32) -> Self {
         OverLimitCache { store, slots }
@@ -65,7 +61,7 @@ impl<S: Store> OverLimitCache<S> {
             return None;
         }
         let identity = identity(check);
-        let value = self.store.get(&self.slot_key(&identity)?)?;
+        let value = self.store.get(&self.slot_key(&identity)?).0?;
         let (deadline_ms, limit, stored) = decode(&value)?;
         (stored == identity.as_slice() && deadline_ms > now_ms)
             .then(|| Hit { wait_ms: deadline_ms - now_ms, limit: limit.into() })
@@ -76,7 +72,10 @@ impl<S: Store> OverLimitCache<S> {
         let Some((wait_ms, limit)) = cacheable(policy, check, outcome) else { return };
         let identity = identity(check);
         let Some(key) = self.slot_key(&identity) else { return };
-        self.store.set(&key, &encode(sent_ms.saturating_add(wait_ms), limit, &identity));
+        // No cas: the last writer wins, and either entry is a correct one.
+        if let Err(err) = self.store.set(&key, &encode(sent_ms.saturating_add(wait_ms), limit, &identity), None) {
+            log::debug!("cannot write the over-limit cache's {key}: {err:?}");
+        }
     }
 
     fn slot_key(&self, identity: &[u8]) -> Option<String> {
@@ -197,12 +196,13 @@ mod tests {
     #[derive(Default)]
     struct Map(RefCell<HashMap<String, Vec<u8>>>);
 
-    impl Store for &Map {
-        fn get(&self, key: &str) -> Option<Vec<u8>> {
-            self.0.borrow().get(key).cloned()
+    impl SharedData for Map {
+        fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+            (self.0.borrow().get(key).cloned(), None)
         }
-        fn set(&self, key: &str, value: &[u8]) {
+        fn set(&self, key: &str, value: &[u8], _cas: Option<u32>) -> Result<(), crate::host::SetError> {
             self.0.borrow_mut().insert(key.to_string(), value.to_vec());
+            Ok(())
         }
     }
 

@@ -1,5 +1,5 @@
 //! Leased mode is exact: several gateways, each with its own pool
-//! (`sluice_plugin::leased`) and its own clock offset, lease tokens from one
+//! (`sluice_core::leased`) and its own clock offset, lease tokens from one
 //! fixed window in the shim's model (`algorithm::lease`, the twin of
 //! `lua/lease.lua`), spend them, put some back after a refusal, give unused
 //! ones back, and fall back to exact checks (`algorithm::check`) when empty.
@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use sluice_plugin::leased::{Ask, Pool};
+use sluice_core::leased::{Ask, Pool};
 use sluice_policies::algorithm::{self, Algorithm, Store};
 use sluice_policies::leased::Leased;
 use sluice_policies::wire::LeaseResponse;

@@ -1,18 +1,19 @@
 //! One check call of a request: the policies it carries (document indexes)
-//! and their checks, its token while in flight, the shim's answer, and what
+//! and their checks, whether it is in flight, the shim's answer, and what
 //! an admission leaves to do at the stream's end (a lease to release, points
 //! to adjust).
 
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::MapType;
 use sluice_policies::wire::{Adjustment, Check, CheckOutcome, CheckRequest, CheckResponse, WireLimit};
 use sluice_policies::{Document, Limit};
 
-pub struct Call {
+use crate::host::Host;
+
+pub struct CheckCall {
     /// Parallel to `checks`: the index of each check's policy in the document.
     pub policies: Vec<usize>,
     pub checks: Vec<Check>,
-    pub token: Option<u32>,
+    /// Sent and not answered yet.
+    pub in_flight: bool,
     /// Sent, and no answer read yet that says whether the shim admitted it
     /// (in flight, timed out, reset, failed, malformed): the shim may hold a
     /// lease named `id` that nothing confirmed. Cleared by a readable answer.
@@ -40,13 +41,13 @@ pub struct Call {
     pub charged: Vec<CheckOutcome>,
 }
 
-impl Call {
-    pub fn new() -> Call {
-        Call {
+impl CheckCall {
+    pub fn new() -> CheckCall {
+        CheckCall {
             id: String::new(),
             policies: Vec::new(),
             checks: Vec::new(),
-            token: None,
+            in_flight: false,
             unconfirmed: false,
             wait_ms: 0,
             admitted_ms: 0,
@@ -80,7 +81,7 @@ impl Call {
     pub fn lease_to_release(&mut self, doc: &Document) -> Option<String> {
         let unconfirmed = self.unconfirmed && !self.concurrency_policies(doc).is_empty();
         self.unconfirmed = false;
-        self.token = None;
+        self.in_flight = false;
         self.lease.take().or_else(|| unconfirmed.then(|| self.id.clone()))
     }
 
@@ -104,7 +105,7 @@ impl Call {
     }
 
     /// The points corrections that the response's actual-cost headers call for.
-    pub fn adjustments(&self, doc: &Document) -> Vec<Adjustment> {
+    pub fn adjustments(&self, doc: &Document, host: &dyn Host) -> Vec<Adjustment> {
         let mut out = Vec::new();
         for (i, (index, check)) in self.policies.iter().zip(&self.checks).enumerate() {
             let Some(policy) = doc.policies.get(*index) else { continue };
@@ -117,7 +118,7 @@ impl Call {
                 else {
                     continue;
                 };
-                if let Some(actual) = response_cost(header.as_str(), capacity.get()) {
+                if let Some(actual) = response_cost(host, header.as_str(), capacity.get()) {
                     out.push(Adjustment {
                         policy: check.policy.clone(),
                         key: check.key.clone(),
@@ -134,7 +135,7 @@ impl Call {
 }
 
 /// A response header as a cost, at most `capacity` (see `sluice_policies::cost`).
-fn response_cost(name: &str, capacity: u32) -> Option<u32> {
-    let value = hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name).ok().flatten()?;
+fn response_cost(host: &dyn Host, name: &str, capacity: u32) -> Option<u32> {
+    let value = host.response_header(name)?;
     sluice_policies::cost::read_cost(&value, capacity)
 }

@@ -1,0 +1,48 @@
+//! What the flow needs from its host while it handles an event: the clock,
+//! the data every worker of one proxy shares, and the upstream's response
+//! headers. Everything else the flow wants done comes out as an
+//! [`Effect`](crate::Effect) value.
+//!
+//! These are reads (and one compare-and-swap) whose answer the flow needs
+//! before it can go on, so they are a trait, not effects. An adapter reads
+//! each lazily: a request that needs no clock reads none, a response header
+//! nothing asks for is never fetched. Tests implement it with a fake clock
+//! and a map ([`crate::testing::FakeHost`]).
+
+/// Why a shared-data write did not happen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SetError {
+    /// Another worker wrote the key since it was read (compare-and-swap).
+    Conflict,
+    /// The host refused the write.
+    Failed(String),
+}
+
+/// The data every worker of one proxy shares (Envoy's shared data: one map
+/// per `vm_id`, no delete, no TTL, compare-and-swap by version).
+pub trait SharedData {
+    /// The value at `key` and its version, `(None, None)` when absent or unreadable.
+    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>);
+    /// Writes `value` at `key`, if its version is still `cas` (`None`: whatever it is).
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError>;
+}
+
+/// The host, as one event sees it.
+pub trait Host: SharedData {
+    /// The proxy's wall clock in milliseconds since the epoch. Adapters read
+    /// it once per callback, on first use.
+    fn now_ms(&self) -> u64;
+    /// A header of the upstream's response, by lower-case name; `None` before
+    /// the response's headers or when absent.
+    fn response_header(&self, name: &str) -> Option<Vec<u8>>;
+}
+
+impl<T: SharedData + ?Sized> SharedData for &T {
+    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        (**self).get(key)
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+        (**self).set(key, value, cas)
+    }
+}

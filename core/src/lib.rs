@@ -1,0 +1,57 @@
+//! The Sluice decision core: each request's flow as a sans-IO state
+//! machine, and what one worker shares between its requests. No proxy-wasm
+//! here: it builds natively and for wasm32, and its tests drive every mode
+//! with a fake host and a fake clock, in milliseconds.
+//!
+//! A face (the proxy-wasm filter in `plugin/`, and any later one) turns its
+//! world into [`Flow`] and [`Worker`] events and performs the [`Effect`]s
+//! they return. It never decides anything itself.
+//!
+//! # Layout
+//!
+//! The machine:
+//! - [`flow`]: one request's [`Flow`], its [`Phase`]s, events and effects.
+//! - [`worker`]: the [`Worker`]: the document, the breaker, and the calls
+//!   that outlive a stream (releases, renewals, shed reports, lease calls).
+//! - [`effect`]: the [`Effect`] values, calls and their results.
+//! - [`host`]: the [`Host`] trait: clock, shared data, response headers.
+//! - [`stats`]: every stat's name, once.
+//!
+//! Its parts, plain functions and small state machines:
+//! - [`check_call`]: one check call of a request and what it leaves to do.
+//! - [`decision`]: reads the shim's answer, or why it is none.
+//! - [`breaker`]: the outage breaker.
+//! - [`cache`]: the over-limit cache in shared data.
+//! - [`leased`]: leased mode's pool of tokens in shared data.
+//! - [`leases`]: the leases of live streams, and when each is due for renewal.
+//! - [`shedding`]: load shedding in one worker: its reports, the fleet's level.
+//! - [`feedback`]: which policies a response's upstream answer pauses.
+//! - [`wait`]: egress waiting: the request's wait, the call's timeout, `server-timing`.
+//! - [`local_reply`]: the local responses: a denial, a failure, a missing key.
+//! - [`ratelimit_headers`]: the IETF `RateLimit` and `RateLimit-Policy` headers.
+//! - [`log_throttle`]: a log line an outage cannot turn into a flood.
+//! - [`testing`]: a fake host for tests of this crate and its faces.
+
+pub mod breaker;
+pub mod cache;
+pub mod check_call;
+pub mod decision;
+pub mod effect;
+pub mod feedback;
+pub mod flow;
+pub mod host;
+pub mod leased;
+pub mod leases;
+pub mod local_reply;
+pub mod log_throttle;
+pub mod ratelimit_headers;
+pub mod shedding;
+pub mod stats;
+pub mod testing;
+pub mod wait;
+pub mod worker;
+
+pub use effect::{CallId, CallResult, Effect, Outgoing};
+pub use flow::{Flow, Phase};
+pub use host::{Host, SetError, SharedData};
+pub use worker::Worker;

@@ -1,0 +1,69 @@
+//! A fake host for driving the flow in tests: a clock the test moves,
+//! shared data in a map with versions, and the response headers the test
+//! sets. It also counts what the flow asked of it.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+
+use crate::host::{Host, SetError, SharedData};
+
+#[derive(Default)]
+pub struct FakeHost {
+    /// The clock, in milliseconds since the epoch.
+    pub now: Cell<u64>,
+    /// Shared data: each key's value and version.
+    pub shared: RefCell<HashMap<String, (Vec<u8>, u32)>>,
+    /// The upstream's response headers, by lower-case name.
+    pub response: RefCell<Vec<(String, Vec<u8>)>>,
+    /// Shared-data writes that fail, for the next this many writes.
+    pub failing_writes: Cell<u32>,
+}
+
+impl FakeHost {
+    pub fn at(now_ms: u64) -> FakeHost {
+        FakeHost { now: Cell::new(now_ms), ..FakeHost::default() }
+    }
+
+    pub fn advance(&self, ms: u64) {
+        self.now.set(self.now.get() + ms);
+    }
+
+    /// Sets the response's headers (`:status` among them).
+    pub fn respond(&self, headers: &[(&str, &str)]) {
+        *self.response.borrow_mut() =
+            headers.iter().map(|(n, v)| (n.to_string(), v.as_bytes().to_vec())).collect();
+    }
+}
+
+impl SharedData for FakeHost {
+    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        match self.shared.borrow().get(key) {
+            Some((value, version)) => (Some(value.clone()), Some(*version)),
+            None => (None, None),
+        }
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+        if self.failing_writes.get() > 0 {
+            self.failing_writes.set(self.failing_writes.get() - 1);
+            return Err(SetError::Failed("refused by the test".into()));
+        }
+        let mut shared = self.shared.borrow_mut();
+        let version = shared.get(key).map_or(0, |(_, v)| *v);
+        if cas.is_some_and(|cas| cas != version) {
+            return Err(SetError::Conflict);
+        }
+        shared.insert(key.to_string(), (value.to_vec(), version + 1));
+        Ok(())
+    }
+}
+
+impl Host for FakeHost {
+    fn now_ms(&self) -> u64 {
+        self.now.get()
+    }
+
+    fn response_header(&self, name: &str) -> Option<Vec<u8>> {
+        self.response.borrow().iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
+    }
+}

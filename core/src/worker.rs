@@ -1,0 +1,395 @@
+//! What one worker (one proxy-wasm VM) shares between its requests, and
+//! the work it does on its own: the parsed document, the outage breaker,
+//! the log throttle, the calls that streams leave for it to send, the
+//! leases of live streams it renews, load shedding's reports and leased
+//! mode's lease calls.
+//!
+//! A call a stream makes is cancelled when the stream ends, which is
+//! exactly when a lease is released. So a stream only queues such calls
+//! ([`Worker::send_later`]), and the worker, which lives as long as the VM,
+//! sends them on its next [`Worker::tick`] and receives their answers
+//! ([`Worker::handle_answer`]).
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+
+use sluice_policies::wire::{
+    LeaseRequest, LeaseResponse, ReleaseResponse, ShedRequest, ShedResponse, WireLimit, LEASE_PATH,
+    RENEW_PATH, SHED_PATH,
+};
+use sluice_policies::Document;
+
+use crate::breaker::{Breaker, Change};
+use crate::effect::{CallId, CallResult, Effect, Effects, Outgoing};
+use crate::host::{Host, SetError, SharedData};
+use crate::leased::{pool_key, Pool};
+use crate::leases::Live;
+use crate::log_throttle::LogThrottle;
+use crate::shedding::Shedding;
+use crate::stats::{ClassStat, FilterStat, PolicyStat};
+
+/// At most one failure-mode log line per this period, per worker.
+const LOG_PERIOD_MS: u64 = 10_000;
+
+/// How often a lease pool's compare-and-swap is tried again after another
+/// worker wrote first, before the request is checked by the shim instead.
+const CAS_TRIES: usize = 8;
+
+/// The shortest timeout for a call nobody waits for.
+const BACKGROUND_TIMEOUT_MS: u64 = 1_000;
+
+/// A call queued by a stream for the worker to send: a release (with the
+/// policies, as document indexes, whose slots it frees), an adjustment or
+/// upstream feedback (none).
+struct Queued {
+    path: &'static str,
+    body: Vec<u8>,
+    releases: Vec<usize>,
+}
+
+/// A background call in flight, by what its answer is for.
+enum Pending {
+    /// A release, with the policies whose slots it frees.
+    Release(Vec<usize>),
+    /// A shed report for this policy.
+    Shed(usize),
+    /// A lease call for a leased policy: when asked (the gateway's clock),
+    /// and the tokens it gives back.
+    Lease { policy: usize, asked_ms: u64, given_back: u64 },
+    /// Nothing to do with the answer (adjustments, feedback, renewals).
+    Other(&'static str),
+}
+
+pub struct Worker {
+    pub doc: Document,
+    breaker: RefCell<Breaker>,
+    throttle: RefCell<LogThrottle>,
+    queued: RefCell<Vec<Queued>>,
+    pending: RefCell<HashMap<CallId, Pending>>,
+    next_call: Cell<u32>,
+    /// The leases live streams hold, renewed on the tick.
+    pub(crate) live: RefCell<Live>,
+    /// Load shedding: the utilization seen and the fleet's level, per policy.
+    pub(crate) shedding: RefCell<Shedding>,
+    /// Each policy's lease pool key in shared data (document order), named
+    /// once here rather than on every request.
+    pool_keys: Vec<String>,
+    /// The draws that decide which requests of a partly shed class go.
+    rng: RefCell<fastrand::Rng>,
+    /// Random per worker: with `sequence`, request ids unique across workers and gateways.
+    nonce: u64,
+    sequence: Cell<u64>,
+}
+
+impl Worker {
+    /// A worker for `doc`; `seed` should be random per VM (request ids and
+    /// shedding's draws come from it).
+    pub fn new(doc: Document, now_ms: u64, seed: u64) -> Worker {
+        let breaker = Breaker::new(doc.shim.failure_threshold.get(), doc.shim.cooldown_ms.get().into());
+        let shedding = Shedding::new(&doc, now_ms);
+        let pool_keys = doc.policies.iter().map(|p| pool_key(p.name.as_str())).collect();
+        Worker {
+            doc,
+            breaker: RefCell::new(breaker),
+            throttle: RefCell::new(LogThrottle::new(LOG_PERIOD_MS)),
+            queued: RefCell::new(Vec::new()),
+            pending: RefCell::new(HashMap::new()),
+            next_call: Cell::new(0),
+            live: RefCell::new(Live::default()),
+            shedding: RefCell::new(shedding),
+            pool_keys,
+            rng: RefCell::new(fastrand::Rng::with_seed(seed)),
+            nonce: seed,
+            sequence: Cell::new(0),
+        }
+    }
+
+    /// The lease pool key of policy `index`.
+    pub fn pool_key(&self, index: usize) -> Option<&str> {
+        self.pool_keys.get(index).map(String::as_str)
+    }
+
+    /// A uniform draw from 0 to 1.
+    pub fn draw(&self) -> f64 {
+        self.rng.borrow_mut().f64()
+    }
+
+    /// A fresh request id, for the shim to name the request's lease with.
+    pub fn next_id(&self) -> String {
+        let n = self.sequence.get();
+        self.sequence.set(n.wrapping_add(1));
+        format!("{:x}-{n:x}", self.nonce)
+    }
+
+    /// The timeout of a call nobody waits for.
+    pub fn background_timeout_ms(&self) -> u64 {
+        u64::from(self.doc.shim.timeout_ms.get()).max(BACKGROUND_TIMEOUT_MS)
+    }
+
+    /// Queues a call for the next tick; `releases` as in [`Pending::Release`].
+    pub fn send_later(&self, path: &'static str, body: &impl serde::Serialize, releases: Vec<usize>) {
+        match serde_json::to_vec(body) {
+            Ok(body) => self.queued.borrow_mut().push(Queued { path, body, releases }),
+            Err(err) => log::warn!("cannot encode {path}: {err}"),
+        }
+    }
+
+    /// Whether the breaker lets a call to the shim go at `now_ms`.
+    pub(crate) fn call_allowed(&self, now_ms: u64, fx: &mut Effects) -> bool {
+        let (allowed, change) = self.breaker.borrow_mut().call_allowed(now_ms);
+        self.breaker_changed(change, fx);
+        allowed
+    }
+
+    /// A check call answered readably (`ok`) or not, at `now_ms`.
+    pub(crate) fn call_ended(&self, ok: bool, now_ms: u64, fx: &mut Effects) {
+        let change = if ok {
+            self.breaker.borrow_mut().success()
+        } else {
+            self.breaker.borrow_mut().failure(now_ms)
+        };
+        self.breaker_changed(change, fx);
+    }
+
+    /// The worker's own work, every tick: renew the leases of live streams,
+    /// report shedding's utilization, ask for leases, and send what streams queued.
+    pub fn tick(&self, host: &dyn Host) -> Vec<Effect> {
+        let mut fx = Effects::default();
+        let now = host.now_ms();
+        let renewals = self.live.borrow_mut().due(now);
+        for renewal in renewals {
+            self.send_later(RENEW_PATH, &renewal, Vec::new());
+        }
+        let reports = self.shedding.borrow_mut().due(now);
+        for (index, utilization) in reports {
+            let Some(policy) = self.doc.policies.get(index) else { continue };
+            let Some(shed) = &policy.shed else { continue };
+            let report = ShedRequest::new(policy, shed, self.doc.classes.count(), utilization);
+            match serde_json::to_vec(&report) {
+                Ok(body) => self.send(SHED_PATH, body, Pending::Shed(index), &mut fx),
+                Err(err) => log::debug!("{SHED_PATH}: {err}"),
+            }
+        }
+        self.ask_for_leases(host, now, &mut fx);
+        let queued = std::mem::take(&mut *self.queued.borrow_mut());
+        for call in queued {
+            let pending =
+                if call.releases.is_empty() { Pending::Other(call.path) } else { Pending::Release(call.releases) };
+            self.send(call.path, call.body, pending, &mut fx);
+        }
+        fx.0
+    }
+
+    fn send(&self, path: &'static str, body: Vec<u8>, pending: Pending, fx: &mut Effects) {
+        let id = CallId(self.next_call.get());
+        self.next_call.set(id.0.wrapping_add(1));
+        self.pending.borrow_mut().insert(id, pending);
+        fx.push(Effect::Send(Outgoing { id, path, body, timeout_ms: self.background_timeout_ms() }));
+    }
+
+    /// What became of a background call the tick asked for.
+    pub fn handle_answer(&self, id: CallId, result: CallResult, host: &dyn Host) -> Vec<Effect> {
+        let mut fx = Effects::default();
+        let Some(pending) = self.pending.borrow_mut().remove(&id) else { return fx.0 };
+        let (status, body) = result.parts();
+        match (pending, &result) {
+            (Pending::Release(policies), CallResult::NotSent(reason)) => {
+                self.release_failed(&policies, reason, host.now_ms(), &mut fx)
+            }
+            (Pending::Release(policies), _) => self.release_answered(&policies, status, body, host.now_ms(), &mut fx),
+            (Pending::Shed(index), _) => self.shed_answered(index, status, body, &mut fx),
+            (Pending::Lease { policy, asked_ms, given_back }, _) => {
+                self.lease_answered(host, policy, asked_ms, given_back, &result, &mut fx)
+            }
+            (Pending::Other(path), CallResult::NotSent(reason)) => log::warn!("{path}: {reason}"),
+            (Pending::Other(_), _) => {}
+        }
+        fx.0
+    }
+
+    /// Counts a release call's answer for the policies whose slots it frees:
+    /// `status` and `body` as the call returned them, `None` if it failed.
+    pub(crate) fn release_answered(
+        &self,
+        policies: &[usize],
+        status: Option<&[u8]>,
+        body: Option<&[u8]>,
+        now_ms: u64,
+        fx: &mut Effects,
+    ) {
+        if status != Some(b"200") {
+            let shown = status.map(|s| String::from_utf8_lossy(s).into_owned()).unwrap_or("no answer".into());
+            return self.release_failed(policies, &shown, now_ms, fx);
+        }
+        match serde_json::from_slice::<ReleaseResponse>(body.unwrap_or_default()) {
+            Ok(resp) if resp.released > 0 => {
+                for &index in policies {
+                    fx.count(index, PolicyStat::Released);
+                }
+            }
+            // Already reclaimed: the check that reclaimed it counted it.
+            Ok(_) => log::debug!("lease already gone when released"),
+            Err(err) => self.release_failed(policies, &format!("malformed answer: {err}"), now_ms, fx),
+        }
+    }
+
+    /// A release call failed: the lease TTL will reclaim the slots.
+    fn release_failed(&self, policies: &[usize], reason: &str, now_ms: u64, fx: &mut Effects) {
+        for &index in policies {
+            fx.count(index, PolicyStat::ReleaseFailed);
+        }
+        self.log_failure(now_ms, &format!("release failed ({reason}); the lease TTL will reclaim the slot"));
+    }
+
+    /// The shim answered a shed report for policy `index`: keep the fleet's
+    /// level, and show each class's fraction. A failed report keeps the
+    /// level it had: shedding neither starts nor stops on a shim outage.
+    fn shed_answered(&self, index: usize, status: Option<&[u8]>, body: Option<&[u8]>, fx: &mut Effects) {
+        if status != Some(b"200") {
+            return log::debug!("shed report for policy {index} failed");
+        }
+        match serde_json::from_slice::<ShedResponse>(body.unwrap_or_default()) {
+            Ok(resp) => {
+                let mut shedding = self.shedding.borrow_mut();
+                shedding.set_level(index, resp.level);
+                for class in 0..self.doc.classes.0.len() {
+                    let permille = (shedding.class_fraction(class) * 1000.0).round() as u64;
+                    fx.push(Effect::Class { class, stat: ClassStat::ShedPermille, n: permille });
+                }
+            }
+            Err(err) => log::debug!("shed report for policy {index}: malformed answer: {err}"),
+        }
+    }
+
+    /// Leased mode: for each leased policy, the pool's rule says whether to
+    /// ask for the next lease or give unused tokens back now; one worker
+    /// claims the call in the pool, so one proxy has one call in flight.
+    fn ask_for_leases(&self, host: &dyn Host, now: u64, fx: &mut Effects) {
+        for (index, policy) in self.doc.policies.iter().enumerate() {
+            let Some(lease) = policy.leased else { continue };
+            let Some(key) = self.pool_key(index) else { continue };
+            let Some(Some(ask)) = update_pool(host, key, |pool| pool.tick(lease, now)) else { continue };
+            let Some(limit) = policy.limits.first() else { continue };
+            let request = LeaseRequest {
+                policy: policy.name.as_str().to_string(),
+                key: String::new(),
+                limit: WireLimit::with_cost(limit, 1),
+                want: ask.want,
+                give_back: ask.give_back,
+                now_us: None,
+            };
+            match serde_json::to_vec(&request) {
+                Ok(body) => {
+                    let given_back = ask.give_back.map_or(0, |b| u64::from(b.tokens));
+                    let pending = Pending::Lease { policy: index, asked_ms: now, given_back };
+                    self.send(LEASE_PATH, body, pending, fx);
+                }
+                Err(err) => log::debug!("{LEASE_PATH}: {err}"),
+            }
+        }
+    }
+
+    /// A lease call's answer: the grant goes into the pool; a failure quiets
+    /// it for a while (its requests are checked exactly meanwhile).
+    fn lease_answered(
+        &self,
+        host: &dyn Host,
+        index: usize,
+        asked_ms: u64,
+        given_back: u64,
+        result: &CallResult,
+        fx: &mut Effects,
+    ) {
+        let Some(policy) = self.doc.policies.get(index) else { return };
+        let Some(lease) = policy.leased else { return };
+        let Some(key) = self.pool_key(index) else { return };
+        let now = host.now_ms();
+        let answer = match result {
+            CallResult::NotSent(reason) => Err(reason.clone()),
+            CallResult::Answered { status: Some(status), body } if status.as_slice() == b"200" => {
+                serde_json::from_slice::<LeaseResponse>(body.as_deref().unwrap_or_default())
+                    .map_err(|e| e.to_string())
+            }
+            CallResult::Answered { status: Some(other), .. } => {
+                Err(format!("status {}", String::from_utf8_lossy(other)))
+            }
+            CallResult::Answered { status: None, .. } => Err("no answer".to_string()),
+        };
+        match answer {
+            Ok(answer) => {
+                update_pool(host, key, |pool| pool.granted(lease, asked_ms, now, answer));
+                fx.add(index, PolicyStat::LeaseGranted, answer.granted.into());
+                fx.add(index, PolicyStat::LeaseGivenBack, given_back);
+            }
+            Err(reason) => {
+                fx.count(index, PolicyStat::LeaseFailed);
+                if matches!(result, CallResult::NotSent(_)) {
+                    log::debug!("{LEASE_PATH}: {reason}");
+                } else {
+                    self.log_failure(
+                        now,
+                        &format!(
+                            "lease call for policy {} failed ({reason}); exact checks until it is retried",
+                            policy.name
+                        ),
+                    );
+                }
+                update_pool(host, key, |pool| pool.failed(now));
+            }
+        }
+    }
+
+    /// Logs a failure-mode decision, at most once per period per worker.
+    pub(crate) fn log_failure(&self, now_ms: u64, line: &str) {
+        if let Some(suppressed) = self.throttle.borrow_mut().admit(now_ms) {
+            if suppressed > 0 {
+                log::warn!("{line} ({suppressed} similar lines suppressed)");
+            } else {
+                log::warn!("{line}");
+            }
+        }
+    }
+
+    /// Logs and counts a breaker state change, once.
+    fn breaker_changed(&self, change: Option<Change>, fx: &mut Effects) {
+        let cooldown = self.doc.shim.cooldown_ms.get();
+        match change {
+            None => {}
+            Some(Change::Opened) => {
+                log::warn!("shim failing: deciding locally with failure_mode for {cooldown} ms");
+                fx.filter(FilterStat::BreakerOpened, 1);
+                fx.filter(FilterStat::BreakerOpenWorkers, 1);
+            }
+            Some(Change::Probing) => {
+                log::info!("cooldown over: probing the shim");
+                fx.filter(FilterStat::BreakerOpenWorkers, -1);
+            }
+            Some(Change::Closed) => {
+                log::warn!("shim answering again: breaker closed");
+                fx.filter(FilterStat::BreakerClosed, 1);
+            }
+        }
+    }
+}
+
+/// Applies `rule` to the lease pool at `key` in shared data, read and
+/// written with compare-and-swap: on a conflict the pool is read again and
+/// the rule applied again. `None` when it could not be stored, so nothing
+/// the rule did happened. A pool that is absent or unreadable starts empty
+/// (its tokens, if any, are lost: under-admission, never over).
+pub fn update_pool<R, S: SharedData + ?Sized>(shared: &S, key: &str, mut rule: impl FnMut(&mut Pool) -> R) -> Option<R> {
+    for _ in 0..CAS_TRIES {
+        let (bytes, cas) = shared.get(key);
+        let mut pool = bytes.as_deref().and_then(Pool::decode).unwrap_or_default();
+        let out = rule(&mut pool);
+        match shared.set(key, &pool.encode(), cas) {
+            Ok(()) => return Some(out),
+            Err(SetError::Conflict) => continue,
+            Err(SetError::Failed(reason)) => {
+                log::debug!("cannot write the lease pool {key}: {reason}");
+                return None;
+            }
+        }
+    }
+    None
+}

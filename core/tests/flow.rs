@@ -1,0 +1,350 @@
+//! The request flow, driven natively with a fake host and a fake clock:
+//! every mode the filter has, event by event, with no Envoy, Redis or
+//! wasmtime. A test plays the shim by answering the flow's calls.
+
+mod support;
+
+use sluice_core::stats::{ClassStat, PolicyStat};
+use sluice_core::{Effect, Phase};
+use sluice_policies::wire::{ADJUST_PATH, CHECK_PATH, FEEDBACK_PATH, RELEASE_PATH};
+use support::*;
+
+/// A request two policies apply to is refused when either denies: the
+/// denial names the denying policy, and nothing is resumed.
+#[test]
+fn deny_wins_across_policies() {
+    let t = Test::new(
+        r#"{"policies": [
+            {"name": "a", "limits": [{"type": "fixed_window", "limit": 5, "window": "1s"}]},
+            {"name": "b", "limits": [{"type": "fixed_window", "limit": 1, "window": "1s"}]}]}"#,
+    );
+    let mut s = t.stream();
+    let fx = s.request(&get("/"));
+    let check = sent(&fx, CHECK_PATH);
+    assert_eq!(check.checks().len(), 2);
+    assert!(s.hold_request());
+    let fx = s.answer(&check, &Shim::deny_check(1, 2, 700));
+    let reply = replied(&fx).expect("a local reply");
+    assert_eq!(reply.status, 429);
+    assert!(String::from_utf8_lossy(&reply.body).contains("\"policy\":\"b\""));
+    assert!(reply.headers.iter().any(|(n, v)| n == "retry-after" && v == "1"));
+    assert!(!fx.contains(&Effect::ResumeRequest));
+    assert_eq!(s.phase(), Phase::Refused);
+    assert_eq!(count(&fx, 1, PolicyStat::Denied), 1);
+    assert_eq!(count(&fx, 0, PolicyStat::Denied), 0);
+}
+
+/// An admitted request is resumed, with the RateLimit headers of its most
+/// restrictive limit on the response.
+#[test]
+fn an_admission_resumes_the_request_and_adds_headers() {
+    let t = Test::new(
+        r#"{"headers": "always", "policies": [
+            {"name": "a", "limits": [{"type": "fixed_window", "limit": 5, "window": "1s"}]}]}"#,
+    );
+    let mut s = t.stream();
+    let check = sent(&s.request(&get("/")), CHECK_PATH);
+    assert!(s.hold_request());
+    let fx = s.answer(&check, &Shim::allow(&check));
+    assert!(fx.contains(&Effect::ResumeRequest));
+    assert_eq!(s.phase(), Phase::Admitted);
+    assert_eq!(count(&fx, 0, PolicyStat::Allowed), 1);
+    let fx = s.response(&[(":status", "200")], true);
+    assert!(added(&fx, "ratelimit").is_some(), "{fx:?}");
+    assert!(added(&fx, "ratelimit-policy").is_some());
+    assert!(!s.hold_response());
+    assert_eq!(s.phase(), Phase::Done);
+}
+
+/// A concurrency lease is released when the response ends, from the
+/// stream, and the response's end is held until the shim answers; the
+/// stream's end then sends nothing more.
+#[test]
+fn a_lease_is_released_once_at_the_response_end() {
+    let t = Test::new(CONCURRENCY);
+    let mut s = t.stream();
+    let check = sent(&s.request(&get("/")), CHECK_PATH);
+    s.hold_request();
+    s.answer(&check, &Shim::allow_lease(&check, "L1"));
+    let fx = s.response(&[(":status", "200")], true);
+    let release = sent(&fx, RELEASE_PATH);
+    assert_eq!(release.lease(), "L1");
+    assert!(s.hold_response());
+    assert_eq!(s.phase(), Phase::Settling);
+    let fx = s.answer(&release, &Shim::released(1));
+    assert!(fx.contains(&Effect::ResumeResponse));
+    assert_eq!(count(&fx, 0, PolicyStat::Released), 1);
+    assert_eq!(s.phase(), Phase::Done);
+    s.end();
+    assert!(t.worker_sends(RELEASE_PATH).is_empty(), "released twice");
+}
+
+/// A stream reset after its admission, before the response: the lease is
+/// released once, by the worker, on its next tick.
+#[test]
+fn a_reset_releases_the_lease_through_the_worker() {
+    let t = Test::new(CONCURRENCY);
+    let mut s = t.stream();
+    let check = sent(&s.request(&get("/")), CHECK_PATH);
+    s.hold_request();
+    s.answer(&check, &Shim::allow_lease(&check, "L1"));
+    s.end();
+    s.end();
+    let releases = t.worker_sends(RELEASE_PATH);
+    assert_eq!(releases.len(), 1);
+    assert_eq!(releases[0].lease(), "L1");
+}
+
+/// A check that timed out may have taken a lease the filter never saw: it
+/// is released by the check's id when the stream ends, once.
+#[test]
+fn a_timed_out_check_releases_by_its_id() {
+    let t = Test::new(CONCURRENCY);
+    let mut s = t.stream();
+    let check = sent(&s.request(&get("/")), CHECK_PATH);
+    s.hold_request();
+    let fx = s.answer(&check, &Shim::timed_out());
+    assert!(fx.contains(&Effect::ResumeRequest), "failure_mode allow");
+    assert_eq!(s.phase(), Phase::Failed);
+    assert_eq!(count(&fx, 0, PolicyStat::FailureAllowed), 1);
+    s.response(&[(":status", "200")], true);
+    s.end();
+    let releases = t.worker_sends(RELEASE_PATH);
+    assert_eq!(releases.len(), 1);
+    assert_eq!(releases[0].lease(), check.id());
+}
+
+/// Both failure modes: `allow` lets the request through without a
+/// decision (`Failed`, counted as `failure_allowed`); `deny` refuses it
+/// with the policy's status.
+#[test]
+fn both_failure_modes() {
+    let allow = Test::new(r#"{"policies": [{"name": "a", "limits": [{"type": "interval", "every": "1s"}]}]}"#);
+    let mut s = allow.stream();
+    let check = sent(&s.request(&get("/")), CHECK_PATH);
+    s.hold_request();
+    let fx = s.answer(&check, &Shim::status(503));
+    assert_eq!(s.phase(), Phase::Failed);
+    assert!(fx.contains(&Effect::ResumeRequest));
+    assert_eq!(count(&fx, 0, PolicyStat::FailureAllowed), 1);
+
+    let deny = Test::new(
+        r#"{"failure_mode": "deny", "policies": [{"name": "a", "limits": [{"type": "interval", "every": "1s"}]}]}"#,
+    );
+    let mut s = deny.stream();
+    let check = sent(&s.request(&get("/")), CHECK_PATH);
+    s.hold_request();
+    let fx = s.answer(&check, &Shim::not_sent());
+    assert_eq!(replied(&fx).map(|r| r.status), Some(503));
+    assert_eq!(s.phase(), Phase::Refused);
+    assert_eq!(count(&fx, 0, PolicyStat::FailureDenied), 1);
+}
+
+/// A call the host cannot send decides the request in the same callback:
+/// it is not held, and nothing resumes it later.
+#[test]
+fn a_call_that_cannot_be_sent_decides_at_once() {
+    let t = Test::new(r#"{"policies": [{"name": "a", "limits": [{"type": "interval", "every": "1s"}]}]}"#);
+    let mut s = t.stream();
+    let check = sent(&s.request(&get("/")), CHECK_PATH);
+    let fx = s.answer(&check, &Shim::not_sent());
+    assert!(!fx.contains(&Effect::ResumeRequest));
+    assert!(!s.hold_request());
+    assert_eq!(s.phase(), Phase::Failed);
+}
+
+/// After enough failures the breaker opens: the next request is decided by
+/// `failure_mode` without a call, until the cooldown ends.
+#[test]
+fn an_open_breaker_decides_without_a_call() {
+    let t = Test::new(
+        r#"{"shim": {"failure_threshold": 2, "cooldown_ms": 1000}, "policies": [{"name": "a", "limits": [{"type": "interval", "every": "1s"}]}]}"#,
+    );
+    for _ in 0..2 {
+        let mut s = t.stream();
+        let check = sent(&s.request(&get("/")), CHECK_PATH);
+        s.answer(&check, &Shim::timed_out());
+    }
+    let mut s = t.stream();
+    let fx = s.request(&get("/"));
+    assert!(sends(&fx).is_empty(), "no call while open: {fx:?}");
+    assert_eq!(s.phase(), Phase::Failed);
+    t.host.advance(1001);
+    let mut s = t.stream();
+    assert_eq!(sends(&s.request(&get("/"))).len(), 1, "a probe after the cooldown");
+}
+
+/// The over-limit cache: a denial with a known wait is remembered in shared
+/// data, and the same check is refused locally, with no call, until then.
+#[test]
+fn the_over_limit_cache_refuses_locally_until_the_wait_ends() {
+    let t = Test::new(r#"{"policies": [{"name": "a", "limits": [{"type": "fixed_window", "limit": 1, "window": "1s"}]}]}"#);
+    let mut s = t.stream();
+    let check = sent(&s.request(&get("/")), CHECK_PATH);
+    s.answer(&check, &Shim::deny_check(0, 1, 800));
+    let mut s = t.stream();
+    let fx = s.request(&get("/"));
+    assert!(sends(&fx).is_empty());
+    assert_eq!(replied(&fx).map(|r| r.status), Some(429));
+    assert_eq!(count(&fx, 0, PolicyStat::CacheDenied), 1);
+    t.host.advance(800);
+    let mut s = t.stream();
+    assert_eq!(sends(&s.request(&get("/"))).len(), 1, "asked again once the wait is over");
+}
+
+/// Egress waiting: the check asks the shim to hold the request, its timeout
+/// grows by the wait, and an admission after a hold says so in
+/// `server-timing`.
+#[test]
+fn waiting_holds_and_reports_the_wait() {
+    let t = Test::new(WAIT);
+    let mut s = t.stream();
+    let fx = s.request(&get("/"));
+    let check = sent(&fx, CHECK_PATH);
+    assert_eq!(check.wait_ms(), Some(5000));
+    assert!(check.timeout_ms >= 5000);
+    assert_eq!(s.phase(), Phase::Waiting);
+    s.hold_request();
+    let fx = s.answer(&check, &Shim::allow_after(&check, 250));
+    assert_eq!(count(&fx, 0, PolicyStat::Waited), 1);
+    let fx = s.response(&[(":status", "200"), ("server-timing", "db;dur=3")], true);
+    assert!(fx.contains(&Effect::SetResponseHeader {
+        name: "server-timing",
+        value: "db;dur=3, sluice;dur=250".into()
+    }));
+}
+
+/// A waiting request whose stream ends while it is held: counted as
+/// cancelled, and its reservation is released by its id.
+#[test]
+fn a_cancelled_wait_releases_its_reservation() {
+    let t = Test::new(WAIT);
+    let mut s = t.stream();
+    let check = sent(&s.request(&get("/")), CHECK_PATH);
+    s.hold_request();
+    let fx = s.end();
+    assert_eq!(count(&fx, 0, PolicyStat::WaitCancelled), 1);
+    let releases = t.worker_sends(RELEASE_PATH);
+    assert_eq!(releases.len(), 1);
+    assert_eq!(releases[0].lease(), check.id());
+}
+
+/// Shadow policies go in their own call: a shadow denial neither refuses
+/// the request nor keeps the enforced one from being charged; the client
+/// sees `x-sluice-shadow`.
+#[test]
+fn a_shadow_denial_only_tells() {
+    let t = Test::new(
+        r#"{"shadow_header": true, "policies": [
+            {"name": "real", "limits": [{"type": "interval", "every": "1s"}]},
+            {"name": "trial", "shadow": true, "limits": [{"type": "interval", "every": "1s"}]}]}"#,
+    );
+    let mut s = t.stream();
+    let fx = s.request(&get("/"));
+    let calls = sends(&fx);
+    assert_eq!(calls.len(), 2, "the enforced and the shadow call");
+    s.hold_request();
+    s.answer(&calls[1], &Shim::deny_check(0, 1, 900));
+    let fx = s.answer(&calls[0], &Shim::allow(&calls[0]));
+    assert!(fx.contains(&Effect::ResumeRequest));
+    assert_eq!(count(&fx, 1, PolicyStat::ShadowDenied), 1);
+    let fx = s.response(&[(":status", "200")], true);
+    assert_eq!(added(&fx, "x-sluice-shadow").as_deref(), Some("would-deny; policy=\"trial\""));
+}
+
+/// Upstream feedback: a partner's 429 with `Retry-After` pauses the key;
+/// the pause goes to the shim from the stream, and the response's headers
+/// wait for it.
+#[test]
+fn an_upstream_refusal_is_reported_and_holds_the_headers() {
+    let t = Test::new(
+        r#"{"policies": [{"name": "partner", "upstream": {}, "limits": [{"type": "fixed_window", "limit": 10, "window": "1s"}]}]}"#,
+    );
+    let mut s = t.stream();
+    let check = sent(&s.request(&get("/")), CHECK_PATH);
+    s.hold_request();
+    s.answer(&check, &Shim::allow(&check));
+    let fx = s.response(&[(":status", "429"), ("retry-after", "2")], false);
+    let report = sent(&fx, FEEDBACK_PATH);
+    assert_eq!(count(&fx, 0, PolicyStat::UpstreamThrottled), 1);
+    assert!(s.hold_response());
+    let fx = s.answer(&report, &Shim::status(200));
+    assert!(fx.contains(&Effect::ResumeResponse));
+}
+
+/// Points: the estimate is charged at the check, and the response's
+/// actual-cost header corrects it through the worker.
+#[test]
+fn points_are_corrected_from_the_response() {
+    let t = Test::new(
+        r#"{"policies": [{"name": "p", "limits": [{"type": "points", "capacity": 100, "refill": "1s", "cost": 10, "actual_cost_header": "x-cost"}]}]}"#,
+    );
+    let mut s = t.stream();
+    let check = sent(&s.request(&get("/")), CHECK_PATH);
+    s.hold_request();
+    s.answer(&check, &Shim::allow_points(5_000_000));
+    s.response(&[(":status", "200"), ("x-cost", "3")], true);
+    let adjust = t.worker_sends(ADJUST_PATH);
+    assert_eq!(adjust.len(), 1);
+    let body = adjust[0].json();
+    assert_eq!(body["adjustments"][0]["actual"], 3);
+    assert_eq!(body["adjustments"][0]["held_until_us"], 5_000_000);
+}
+
+/// Load shedding: once the fleet's level sheds a class, its requests are
+/// refused with 503 and no shim call.
+#[test]
+fn shedding_refuses_without_a_call() {
+    let t = Test::new(SHED);
+    t.shed_level(0, 1.0);
+    let mut s = t.stream();
+    let fx = s.request(&get("/").header("x-class", "batch"));
+    assert!(sends(&fx).is_empty());
+    assert_eq!(replied(&fx).map(|r| r.status), Some(503));
+    assert_eq!(count(&fx, 0, PolicyStat::Shed), 1);
+    assert!(fx.contains(&Effect::Class { class: 1, stat: ClassStat::Shed, n: 1 }));
+}
+
+/// Leased mode: with tokens in the pool a request is admitted without a
+/// call; an empty pool falls back to the exact check; a refusal puts the
+/// token back.
+#[test]
+fn leased_spending() {
+    let t = Test::new(
+        r#"{"policies": [{"name": "l", "leased": {"tokens": 10, "ttl": "2s"}, "limits": [{"type": "fixed_window", "limit": 100, "window": "1m"}]}]}"#,
+    );
+    let mut s = t.stream();
+    let fx = s.request(&get("/"));
+    assert_eq!(sends(&fx).len(), 1, "no lease yet: the exact check");
+    assert_eq!(count(&fx, 0, PolicyStat::LeaseEmpty), 1);
+    t.grant_lease(0, 2);
+    for _ in 0..2 {
+        let mut s = t.stream();
+        let fx = s.request(&get("/"));
+        assert!(sends(&fx).is_empty(), "admitted from the lease: {fx:?}");
+        assert_eq!(count(&fx, 0, PolicyStat::Leased), 1);
+        assert!(!s.hold_request());
+    }
+    let mut s = t.stream();
+    assert_eq!(sends(&s.request(&get("/"))).len(), 1, "spent: the exact check again");
+}
+
+/// A request no policy matches costs nothing and needs nothing later.
+#[test]
+fn a_request_no_policy_matches_passes() {
+    let t = Test::new(r#"{"policies": [{"name": "a", "match": {"path_prefix": "/api"}, "limits": [{"type": "interval", "every": "1s"}]}]}"#);
+    let mut s = t.stream();
+    assert!(s.request(&get("/other")).is_empty());
+    assert!(!s.hold_request());
+    assert_eq!(s.phase(), Phase::Done);
+}
+
+/// A key a policy needs but the request lacks: 400, never a pass.
+#[test]
+fn a_missing_key_is_refused() {
+    let t = Test::new(r#"{"policies": [{"name": "a", "key": ["header:x-api-key"], "on_missing_key": "deny", "limits": [{"type": "interval", "every": "1s"}]}]}"#);
+    let mut s = t.stream();
+    let fx = s.request(&get("/"));
+    assert_eq!(replied(&fx).map(|r| r.status), Some(400));
+    assert!(s.hold_request());
+}

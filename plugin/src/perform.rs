@@ -1,0 +1,95 @@
+//! Performs the core's effects with host calls, in order. A call the host
+//! cannot send is handed back to its owner at once, whose new effects are
+//! performed next.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{BufferType, MapType, Status};
+use sluice_core::{CallId, CallResult, Effect, Outgoing};
+
+use crate::stats::Stats;
+
+/// The owner of the calls an effect list sends: a stream or the worker.
+pub trait Calls {
+    /// `id` went out as the host's call `token`.
+    fn sent(&mut self, id: CallId, token: u32);
+    /// `id` could not be sent: the owner's effects for that.
+    fn not_sent(&mut self, id: CallId, reason: String) -> Vec<Effect>;
+}
+
+pub fn perform(effects: Vec<Effect>, cluster: &str, stats: &Stats, calls: &mut impl Calls) {
+    let mut queue = VecDeque::from(effects);
+    while let Some(effect) = queue.pop_front() {
+        match effect {
+            Effect::Send(call) => {
+                let id = call.id;
+                match send(cluster, &call) {
+                    Ok(token) => calls.sent(id, token),
+                    Err(reason) => {
+                        for (i, e) in calls.not_sent(id, reason).into_iter().enumerate() {
+                            queue.insert(i, e);
+                        }
+                    }
+                }
+            }
+            Effect::Reply(reply) => {
+                let headers: Vec<(&str, &str)> =
+                    reply.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+                if let Err(status) =
+                    hostcalls::send_http_response(u32::from(reply.status), headers, Some(&reply.body))
+                {
+                    log::warn!("cannot send the local response: {status:?}");
+                }
+            }
+            Effect::ResumeRequest => {
+                if let Err(status) = hostcalls::resume_http_request() {
+                    log::warn!("cannot resume the request: {status:?}");
+                }
+            }
+            Effect::ResumeResponse => {
+                if let Err(status) = hostcalls::resume_http_response() {
+                    log::warn!("cannot resume the response: {status:?}");
+                }
+            }
+            Effect::AddResponseHeader { name, value } => {
+                if let Err(status) = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, &value) {
+                    log::debug!("cannot add {name}: {status:?}");
+                }
+            }
+            Effect::SetResponseHeader { name, value } => {
+                if let Err(status) = hostcalls::set_map_value(MapType::HttpResponseHeaders, name, Some(&value)) {
+                    log::debug!("cannot set {name}: {status:?}");
+                }
+            }
+            Effect::Policy { policy, stat, n } => stats.policy(policy, stat, n),
+            Effect::Class { class, stat, n } => stats.class(class, stat, n),
+            Effect::Filter { stat, n } => stats.filter(stat, n),
+        }
+    }
+}
+
+/// POSTs the call's JSON body to the shim; the host's token for it.
+fn send(cluster: &str, call: &Outgoing) -> Result<u32, String> {
+    let headers = vec![
+        (":method", "POST"),
+        (":path", call.path),
+        (":authority", "sluice-shim"),
+        ("content-type", "application/json"),
+    ];
+    let timeout = Duration::from_millis(call.timeout_ms);
+    hostcalls::dispatch_http_call(cluster, headers, Some(&call.body), vec![], timeout)
+        .map_err(|status: Status| format!("cannot call cluster {cluster:?}: {status:?}"))
+}
+
+/// The answer to a call: its `:status` (none when the call failed without
+/// one) and its body.
+pub fn answer(num_headers: usize, body_size: usize) -> CallResult {
+    let status = match num_headers {
+        0 => None,
+        _ => hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status").ok().flatten(),
+    };
+    let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten();
+    CallResult::Answered { status, body }
+}
