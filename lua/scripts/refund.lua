@@ -1,3 +1,4 @@
+-- requires: common, gcra, queue
 -- refund: take back what check.lua charged for one request, when another
 -- Redis Cluster slot denied the same request (reserve-then-refund).
 --
