@@ -1,5 +1,7 @@
 //! The limit types of a policy and what each one means. The Redis scripts in
 //! `lua/` implement them, and the modules under `algorithm` model them.
+//! [`WireLimit`] is the same limit as the shim takes it, with the bounds the
+//! parser and the shim both hold it to.
 //!
 //! | type | fields | meaning |
 //! |---|---|---|

@@ -8,6 +8,11 @@
 //!   cost of a `points` request, answered by 200 and `{}`.
 //! - `POST /v1/lease`: a [`LeaseRequest`] from a gateway's root context for
 //!   a leased policy (see [`crate::leased`]), answered by a [`LeaseResponse`].
+//!
+//! A message's parts defined beneath it are re-exported here, so `wire::`
+//! names them all: [`WireLimit`] (a view of [`crate::Limit`]), the
+//! [`LimitOutcome`] of each limit in a check's reply (the algorithms' own),
+//! and a refusal's [`Slowdown`] (the policy's `adapt`).
 
 use std::borrow::Cow;
 
