@@ -214,7 +214,10 @@ mod tests {
         for (i, (name, text)) in LIB.iter().enumerate() {
             for needed in requires(text) {
                 let at = LIB.iter().position(|(n, _)| *n == needed);
-                assert!(at.is_some_and(|at| at < i), "lua/lib/{name}.lua requires {needed}, not before it in LIB");
+                assert!(
+                    at.is_some_and(|at| at < i),
+                    "lua/lib/{name}.lua requires {needed}, not before it in LIB"
+                );
             }
         }
     }
@@ -236,7 +239,8 @@ mod tests {
             "concurrency",
             "reserve",
         ];
-        let expected: String = order.iter().map(|n| LIB.iter().find(|(m, _)| m == n).expect("in LIB").1).collect();
+        let expected: String =
+            order.iter().map(|n| LIB.iter().find(|(m, _)| m == n).expect("in LIB").1).collect();
         assert_eq!(*CHECK, expected + CHECK_MAIN);
         let renew = include_str!("../../lua/scripts/renew.lua");
         assert_eq!(assemble(renew), format!("{}{renew}", LIB[0].1));

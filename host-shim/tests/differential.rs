@@ -537,7 +537,9 @@ fn run_queue_case(w: &World, limit: u32, lease_ms: u64, ops: Vec<QueueOp>) -> Re
                         algorithm::queue::acquire(&mut model, &key, now, &id, limit, lease, wait, "ch");
                     let want = match want {
                         algorithm::queue::AcquireReply::Leased => queue::Acquired::Leased,
-                        algorithm::queue::AcquireReply::Queued { soonest } => queue::Acquired::Queued(soonest),
+                        algorithm::queue::AcquireReply::Queued { soonest } => {
+                            queue::Acquired::Queued(soonest)
+                        }
                         algorithm::queue::AcquireReply::Refused => queue::Acquired::Refused,
                     };
                     prop_assert_eq!(got, want, "acquire at {}", now);

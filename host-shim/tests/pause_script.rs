@@ -12,7 +12,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
 use sluice_policies::algorithm::reserve::{self, Waiting};
-use sluice_policies::algorithm::{self, Algorithm, State, RedisTwin};
+use sluice_policies::algorithm::{self, Algorithm, RedisTwin, State};
 use sluice_policies::wire::{Check, CheckRequest, FeedbackRequest, Pause, Slowdown, WireLimit};
 use sluice_shim::keys::script_limits;
 use sluice_shim::limiter::Limiter;

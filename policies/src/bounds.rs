@@ -16,8 +16,8 @@
 use std::borrow::Cow;
 
 use crate::condition::PathCondition;
-pub use crate::key::{MAX_KEY_LEN, MAX_KEY_SOURCES};
 use crate::key::MAX_PART_LEN;
+pub use crate::key::{MAX_KEY_LEN, MAX_KEY_SOURCES};
 use crate::wire::{AdjustRequest, Adjustment, Check, CheckRequest, WireLimit};
 use crate::{Limit, Policy};
 

@@ -171,8 +171,7 @@ fn encode_into(out: &mut String, value: &[u8]) {
 /// Whether `key` could have come out of [`build`] or be [`MISSING`]: the shim
 /// refuses any other.
 pub fn is_encoded(key: &str) -> bool {
-    key.len() <= MAX_KEY_LEN
-        && key.bytes().all(|b| b.is_ascii_alphanumeric() || b"._~-%=!:".contains(&b))
+    key.len() <= MAX_KEY_LEN && key.bytes().all(|b| b.is_ascii_alphanumeric() || b"._~-%=!:".contains(&b))
 }
 
 #[cfg(test)]

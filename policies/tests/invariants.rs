@@ -3,7 +3,7 @@
 //! the Lua scripts to this model, so they hold for the scripts too.
 
 use proptest::prelude::*;
-use sluice_policies::algorithm::{self, Algorithm, Correction, State, RedisTwin};
+use sluice_policies::algorithm::{self, Algorithm, Correction, RedisTwin, State};
 
 /// Arrival gaps in µs, same-instant arrivals included.
 fn gaps() -> impl Strategy<Value = Vec<u64>> {

@@ -103,7 +103,11 @@ fn every_twin_exists() {
     for t in TWINS {
         assert!(t.twins.is_empty() != t.why_none.is_empty(), "{}: a twin, or a reason for none", t.script);
         for twin in t.twins {
-            assert!(crate_dir().join(twin).is_file(), "{}.lua: its twin policies/{twin} does not exist", t.script);
+            assert!(
+                crate_dir().join(twin).is_file(),
+                "{}.lua: its twin policies/{twin} does not exist",
+                t.script
+            );
         }
     }
 }

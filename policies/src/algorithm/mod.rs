@@ -24,8 +24,8 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::feedback::Slowdown;
-use crate::units::{is_zero, per_unit_us};
 use crate::limit::WireLimit;
+use crate::units::{is_zero, per_unit_us};
 
 /// A limit as its algorithm takes it, in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

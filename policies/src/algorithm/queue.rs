@@ -19,7 +19,7 @@
 
 use super::cancel::{cancel, Reserved};
 use super::reserve::{reserve, Waiting};
-use super::{State, RedisTwin};
+use super::{RedisTwin, State};
 
 /// One request waiting for a slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,7 +72,13 @@ pub fn tombstoned(store: &RedisTwin, key: &str, now: u64, id: &str) -> bool {
 /// leases must have been reclaimed first. Returns the (channel, message)
 /// published: `<id>` served, `<id> <t'> <delay>` time slot reserved at `t'`,
 /// `<id> -1` refused.
-pub fn hand_over(store: &mut RedisTwin, key: &str, now: u64, limit: u64, lease: u64) -> Vec<(String, String)> {
+pub fn hand_over(
+    store: &mut RedisTwin,
+    key: &str,
+    now: u64,
+    limit: u64,
+    lease: u64,
+) -> Vec<(String, String)> {
     let mut published = Vec::new();
     while (set(store, key).len() as u64) < limit {
         let queue = waiters(store, key);
@@ -174,7 +180,15 @@ pub fn acquire(
 }
 
 /// Puts `id` at the back of the queue until `now + wait`.
-fn enqueue(store: &mut RedisTwin, key: &str, now: u64, id: &str, wait: u64, channel: &str, time: Vec<Waiting>) {
+fn enqueue(
+    store: &mut RedisTwin,
+    key: &str,
+    now: u64,
+    id: &str,
+    wait: u64,
+    channel: &str,
+    time: Vec<Waiting>,
+) {
     let queue = waiters(store, key);
     let seq = queue.iter().map(|w| w.seq).max().map_or(now, |last| if last >= now { last + 1 } else { now });
     queue.push(Waiter { seq, id: id.to_string(), deadline: now + wait, channel: channel.to_string(), time });
@@ -265,7 +279,13 @@ pub fn leave(store: &mut RedisTwin, key: &str, now: u64, id: &str, limit: u64, l
 
 /// `lua/scripts/reclaim.lua`: expired leases back to the waiters; then when the
 /// next timer should fire.
-pub fn reclaim_timer(store: &mut RedisTwin, key: &str, now: u64, limit: u64, lease: u64) -> (u64, Option<u64>) {
+pub fn reclaim_timer(
+    store: &mut RedisTwin,
+    key: &str,
+    now: u64,
+    limit: u64,
+    lease: u64,
+) -> (u64, Option<u64>) {
     let reclaimed = reclaim(store, key, now, limit, lease);
     // A slot may also be free without an expiry (a refund on a cluster).
     hand_over(store, key, now, limit, lease);

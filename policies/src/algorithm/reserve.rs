@@ -15,7 +15,8 @@
 //! frees capacity, and when denied its own wait, as is `retry_after_ms`.
 
 use super::{
-    ceil_ms, fixed_window, gcra, pause, rate, sliding_window, Algorithm, CheckReply, LimitOutcome, RedisTwin, State, View,
+    ceil_ms, fixed_window, gcra, pause, rate, sliding_window, Algorithm, CheckReply, LimitOutcome, RedisTwin,
+    State, View,
 };
 
 /// One limit's earliest slot.
@@ -50,7 +51,13 @@ pub type Waiting = (String, Algorithm, u64);
 
 /// `lua/lib/reserve.lua`. Concurrency and approximate windows cannot wait: the
 /// shim refuses them before they get here, and so does this (`None`).
-pub fn reserve(store: &mut RedisTwin, now: u64, id: &str, wait: u64, limits: &[Waiting]) -> Option<Reservation> {
+pub fn reserve(
+    store: &mut RedisTwin,
+    now: u64,
+    id: &str,
+    wait: u64,
+    limits: &[Waiting],
+) -> Option<Reservation> {
     let mut slots = Vec::with_capacity(limits.len());
     // The partner's refusals scale the limits of their check first.
     let keyed: Vec<(String, Algorithm)> = limits.iter().map(|(key, alg, _)| (key.clone(), *alg)).collect();
