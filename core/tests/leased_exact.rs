@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use sluice_core::leased::{Ask, Pool};
-use sluice_policies::algorithm::{self, Algorithm, Store};
+use sluice_policies::algorithm::{self, Algorithm, RedisTwin};
 use sluice_policies::leased::Leased;
 use sluice_policies::wire::LeaseResponse;
 
@@ -59,7 +59,7 @@ fn run(
     offsets: Vec<u64>,
     ops: Vec<Op>,
 ) -> Result<(), TestCaseError> {
-    let mut store = Store::default();
+    let mut store = RedisTwin::default();
     let mut now = 1_700_000_000_000u64;
     let mut pools = vec![Pool::default(); offsets.len()];
     let mut sent: Vec<Call> = Vec::new();

@@ -1,6 +1,9 @@
-//! The Lua scripts, assembled from `lua/`: the helpers, the algorithms, then
-//! each script's main part. Built once; `redis::Script` runs them by EVALSHA
-//! and loads them again after a Redis restart or failover (NOSCRIPT).
+//! The Lua scripts, assembled from `lua/`: each entry script in
+//! `lua/scripts/` names the helpers it uses on its first line
+//! (`-- requires: common, gcra`), and [`assemble`] puts those, with what
+//! they require in turn, before its main part. Built once; `redis::Script`
+//! runs them by EVALSHA and loads them again after a Redis restart or
+//! failover (NOSCRIPT).
 //!
 //! The check script, which every decision runs, is also a Redis Function
 //! library ([`Library`]): its helpers and algorithms are defined once, when
@@ -8,6 +11,8 @@
 //! fifth of a fixed window's Redis instructions; `bench/README.md`,
 //! scenario 3). `Store::call` runs it by FCALL, and by EVALSHA where Redis
 //! has no functions.
+
+use std::sync::LazyLock;
 
 use redis::{Cmd, Script, ScriptInvocation, ToRedisArgs};
 
@@ -27,82 +32,80 @@ pub struct Scripts {
     pub lease: Script,
 }
 
-/// The helpers, the time-based algorithms and the queue, which every script
-/// touching leases needs: a hand-over re-checks a mixed waiter's time limits.
-macro_rules! with_queue {
-    ($($file:literal),*) => {
-        concat!(
-            include_str!("../../lua/common.lua"),
-            include_str!("../../lua/fixed_window.lua"),
-            include_str!("../../lua/sliding_window.lua"),
-            include_str!("../../lua/gcra.lua"),
-            include_str!("../../lua/pause.lua"),
-            include_str!("../../lua/rate.lua"),
-            include_str!("../../lua/slots.lua"),
-            include_str!("../../lua/queue.lua"),
-            $(include_str!($file)),*
-        )
-    };
+/// The shared helpers of `lua/lib/`, each after every helper it requires:
+/// a script defines the ones it needs in this order, as Lua locals must be
+/// defined before the functions that call them.
+const LIB: &[(&str, &str)] = &[
+    ("common", include_str!("../../lua/lib/common.lua")),
+    ("fixed_window", include_str!("../../lua/lib/fixed_window.lua")),
+    ("sliding_window", include_str!("../../lua/lib/sliding_window.lua")),
+    ("sliding_approx", include_str!("../../lua/lib/sliding_approx.lua")),
+    ("gcra", include_str!("../../lua/lib/gcra.lua")),
+    ("pause", include_str!("../../lua/lib/pause.lua")),
+    ("rate", include_str!("../../lua/lib/rate.lua")),
+    ("slots", include_str!("../../lua/lib/slots.lua")),
+    ("queue", include_str!("../../lua/lib/queue.lua")),
+    ("concurrency", include_str!("../../lua/lib/concurrency.lua")),
+    ("reserve", include_str!("../../lua/lib/reserve.lua")),
+];
+
+/// The helpers a Lua file names on its `-- requires:` line, if any.
+fn requires(source: &str) -> impl Iterator<Item = &str> {
+    let line = source.lines().next().and_then(|l| l.strip_prefix("-- requires:")).unwrap_or_default();
+    line.split(',').map(str::trim).filter(|name| !name.is_empty())
+}
+
+/// A whole script from its main part: the helpers it requires, and those
+/// they require in turn, each once and in [`LIB`]'s order, then `main`.
+///
+/// # Panics
+///
+/// If a `-- requires:` line names a helper [`LIB`] does not hold: a
+/// mistake in `lua/` that every test of the shim trips on at once.
+pub fn assemble(main: &str) -> String {
+    let mut wanted = [false; LIB.len()];
+    let mut todo: Vec<&str> = requires(main).collect();
+    while let Some(name) = todo.pop() {
+        let Some(i) = LIB.iter().position(|(n, _)| *n == name) else {
+            panic!("a Lua script requires `{name}`, which is not in lua/lib/ (scripts::LIB)");
+        };
+        if !wanted[i] {
+            wanted[i] = true;
+            todo.extend(requires(LIB[i].1));
+        }
+    }
+    let mut source: String =
+        LIB.iter().zip(wanted).filter(|(_, wanted)| *wanted).map(|((_, text), _)| *text).collect();
+    source.push_str(main);
+    source
+}
+
+fn script(main: &str) -> Script {
+    Script::new(&assemble(main))
 }
 
 /// The check script's main part.
-const CHECK_MAIN: &str = include_str!("../../lua/check.lua");
+const CHECK_MAIN: &str = include_str!("../../lua/scripts/check.lua");
 
 /// The check script's source: every decision runs it.
-pub const CHECK: &str = concat!(
-    include_str!("../../lua/common.lua"),
-    include_str!("../../lua/fixed_window.lua"),
-    include_str!("../../lua/sliding_window.lua"),
-    include_str!("../../lua/sliding_approx.lua"),
-    include_str!("../../lua/gcra.lua"),
-    include_str!("../../lua/pause.lua"),
-    include_str!("../../lua/rate.lua"),
-    include_str!("../../lua/slots.lua"),
-    include_str!("../../lua/queue.lua"),
-    include_str!("../../lua/concurrency.lua"),
-    include_str!("../../lua/reserve.lua"),
-    include_str!("../../lua/check.lua"),
-);
+pub static CHECK: LazyLock<String> = LazyLock::new(|| assemble(CHECK_MAIN));
 
 impl Scripts {
     pub fn new() -> Scripts {
         Scripts {
-            check: Library::new(CHECK),
-            release: Script::new(with_queue!("../../lua/release.lua")),
-            renew: Script::new(concat!(
-                include_str!("../../lua/common.lua"),
-                include_str!("../../lua/renew.lua")
-            )),
-            acquire: Script::new(with_queue!("../../lua/acquire.lua")),
-            leave: Script::new(with_queue!("../../lua/leave.lua")),
-            reclaim: Script::new(with_queue!("../../lua/reclaim.lua")),
-            take: Script::new(with_queue!("../../lua/take.lua")),
-            adjust: Script::new(concat!(
-                include_str!("../../lua/common.lua"),
-                include_str!("../../lua/gcra.lua"),
-                include_str!("../../lua/adjust.lua")
-            )),
-            refund: Script::new(with_queue!("../../lua/refund.lua")),
-            upstream: Script::new(concat!(
-                include_str!("../../lua/common.lua"),
-                include_str!("../../lua/rate.lua"),
-                include_str!("../../lua/upstream.lua")
-            )),
-            paused: Script::new(concat!(
-                include_str!("../../lua/common.lua"),
-                include_str!("../../lua/paused.lua")
-            )),
-            lease: Script::new(concat!(
-                include_str!("../../lua/common.lua"),
-                include_str!("../../lua/lease.lua")
-            )),
-            cancel: Script::new(concat!(
-                include_str!("../../lua/common.lua"),
-                include_str!("../../lua/fixed_window.lua"),
-                include_str!("../../lua/sliding_window.lua"),
-                include_str!("../../lua/gcra.lua"),
-                include_str!("../../lua/cancel.lua"),
-            )),
+            check: Library::new(&CHECK),
+            release: script(include_str!("../../lua/scripts/release.lua")),
+            renew: script(include_str!("../../lua/scripts/renew.lua")),
+            acquire: script(include_str!("../../lua/scripts/acquire.lua")),
+            leave: script(include_str!("../../lua/scripts/leave.lua")),
+            reclaim: script(include_str!("../../lua/scripts/reclaim.lua")),
+            take: script(include_str!("../../lua/scripts/take.lua")),
+            adjust: script(include_str!("../../lua/scripts/adjust.lua")),
+            refund: script(include_str!("../../lua/scripts/refund.lua")),
+            upstream: script(include_str!("../../lua/scripts/upstream.lua")),
+            paused: script(include_str!("../../lua/scripts/paused.lua")),
+            lease: script(include_str!("../../lua/scripts/lease.lua")),
+            cancel: script(include_str!("../../lua/scripts/cancel.lua")),
         }
     }
 }
@@ -198,9 +201,50 @@ mod tests {
 
     #[test]
     fn the_library_holds_the_check_script_with_its_main_part_as_the_function() {
-        let library = Library::new(CHECK);
+        let library = Library::new(&CHECK);
         assert!(CHECK.ends_with(CHECK_MAIN) && library.source.contains(CHECK_MAIN));
         assert!(library.source.starts_with("#!lua name=sluice_"), "{}", &library.source[..40]);
         assert_eq!(library.function.len(), "sluice_check_".len() + 16);
+    }
+
+    /// Every helper comes after the helpers it requires, so a script that
+    /// defines them in `LIB`'s order never calls one before its definition.
+    #[test]
+    fn every_helper_follows_what_it_requires() {
+        for (i, (name, text)) in LIB.iter().enumerate() {
+            for needed in requires(text) {
+                let at = LIB.iter().position(|(n, _)| *n == needed);
+                assert!(
+                    at.is_some_and(|at| at < i),
+                    "lua/lib/{name}.lua requires {needed}, not before it in LIB"
+                );
+            }
+        }
+    }
+
+    /// The check script holds its helpers in the order the hand-written
+    /// assembly had them, each once, before its main part.
+    #[test]
+    fn a_script_holds_what_it_requires_each_once_before_its_main_part() {
+        let order = [
+            "common",
+            "fixed_window",
+            "sliding_window",
+            "sliding_approx",
+            "gcra",
+            "pause",
+            "rate",
+            "slots",
+            "queue",
+            "concurrency",
+            "reserve",
+        ];
+        let expected: String =
+            order.iter().map(|n| LIB.iter().find(|(m, _)| m == n).expect("in LIB").1).collect();
+        assert_eq!(*CHECK, expected + CHECK_MAIN);
+        let renew = include_str!("../../lua/scripts/renew.lua");
+        assert_eq!(assemble(renew), format!("{}{renew}", LIB[0].1));
+        let shed = include_str!("../../lua/scripts/shed.lua");
+        assert_eq!(assemble(shed), shed, "a script that requires nothing is its main part");
     }
 }

@@ -28,7 +28,7 @@ impl Default for Shed {
 
 impl Shed {
     pub fn new() -> Shed {
-        Shed { script: Script::new(include_str!("../../lua/shed.lua")) }
+        Shed { script: Script::new(&crate::scripts::assemble(include_str!("../../lua/scripts/shed.lua"))) }
     }
 
     /// The level of `policy` now, changing nothing: a read never moves the

@@ -18,7 +18,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
 use redis::Commands;
-use sluice_policies::algorithm::{self, Algorithm, Store};
+use sluice_policies::algorithm::{self, Algorithm, RedisTwin};
 use sluice_policies::wire::{
     AdjustRequest, Adjustment, Check, CheckRequest, GiveBack, LeaseRequest, LeaseResponse, ReleaseRequest,
     WireLimit,
@@ -172,7 +172,7 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
     let policy = format!("p{}", CASE.fetch_add(1, Ordering::Relaxed));
     let key = "k".to_string();
     let mut conn = w.redis.connection().expect("redis connection");
-    let mut model = Store::default();
+    let mut model = RedisTwin::default();
     let mut now = 1_700_000_000_000_000u64;
     let mut held: Vec<(String, Vec<Check>)> = Vec::new();
     // The last admitted check, with what each of its limits charged until.
@@ -359,7 +359,7 @@ fn run_waiting_case(
 ) -> Result<(), TestCaseError> {
     static CASE: AtomicU64 = AtomicU64::new(0);
     let policy = format!("w{}", CASE.fetch_add(1, Ordering::Relaxed));
-    let mut model = Store::default();
+    let mut model = RedisTwin::default();
     let mut now = 1_700_000_000_000_000u64;
     // Held reservations: id, checks, slot, the gcra tat each limit set.
     let mut held: Vec<(String, Vec<Check>, u64, Vec<u64>)> = Vec::new();
@@ -480,7 +480,7 @@ fn queue_state(conn: &mut redis::Connection, key: &str) -> (Vec<(String, f64)>, 
     (leases, queue)
 }
 
-fn model_state(model: &Store, key: &str) -> (Vec<(String, f64)>, Vec<String>) {
+fn model_state(model: &RedisTwin, key: &str) -> (Vec<(String, f64)>, Vec<String>) {
     let mut leases: Vec<(u64, String)> = match model.keys.get(key) {
         Some(algorithm::State::Set(entries)) => entries.clone(),
         _ => Vec::new(),
@@ -508,7 +508,7 @@ fn run_queue_case(w: &World, limit: u32, lease_ms: u64, ops: Vec<QueueOp>) -> Re
     let key = script[0].key.clone();
     let (limit, lease) = (u64::from(limit), lease_ms * 1000);
     let mut conn = w.redis.connection().expect("redis connection");
-    let mut model = Store::default();
+    let mut model = RedisTwin::default();
     let mut now = 1_700_000_000_000_000u64;
     let mut ids: Vec<String> = Vec::new();
     for (n, op) in ops.into_iter().enumerate() {
@@ -536,9 +536,11 @@ fn run_queue_case(w: &World, limit: u32, lease_ms: u64, ops: Vec<QueueOp>) -> Re
                     let (want, want_reclaimed) =
                         algorithm::queue::acquire(&mut model, &key, now, &id, limit, lease, wait, "ch");
                     let want = match want {
-                        algorithm::queue::Acquired::Leased => queue::Acquired::Leased,
-                        algorithm::queue::Acquired::Queued { soonest } => queue::Acquired::Queued(soonest),
-                        algorithm::queue::Acquired::Refused => queue::Acquired::Refused,
+                        algorithm::queue::AcquireReply::Leased => queue::Acquired::Leased,
+                        algorithm::queue::AcquireReply::Queued { soonest } => {
+                            queue::Acquired::Queued(soonest)
+                        }
+                        algorithm::queue::AcquireReply::Refused => queue::Acquired::Refused,
                     };
                     prop_assert_eq!(got, want, "acquire at {}", now);
                     prop_assert_eq!(got_reclaimed, want_reclaimed, "reclaimed at {}", now);
@@ -666,7 +668,7 @@ fn time_state(conn: &mut redis::Connection, key: &str) -> String {
     }
 }
 
-fn model_time_state(model: &Store, key: &str) -> String {
+fn model_time_state(model: &RedisTwin, key: &str) -> String {
     match model.keys.get(key) {
         Some(algorithm::State::Set(entries)) => {
             let mut e: Vec<(u64, String)> = entries.clone();
@@ -705,7 +707,7 @@ fn run_mixed_case(
     let waiting: Vec<algorithm::reserve::Waiting> = vec![(time[0].key.clone(), time[0].algorithm, 0)];
     let (limit, lease) = (u64::from(limit), lease_ms * 1000);
     let mut conn = w.redis.connection().expect("redis connection");
-    let mut model = Store::default();
+    let mut model = RedisTwin::default();
     let mut now = 1_700_000_000_000_000u64;
     let mut ids: Vec<String> = Vec::new();
     // Reserved, not yet taken: id, slot, gcra tat set, wait left.
@@ -767,9 +769,9 @@ fn run_mixed_case(
                     &held,
                 );
                 let want = match want {
-                    algorithm::queue::Acquired::Leased => queue::Acquired::Leased,
-                    algorithm::queue::Acquired::Queued { soonest } => queue::Acquired::Queued(soonest),
-                    algorithm::queue::Acquired::Refused => queue::Acquired::Refused,
+                    algorithm::queue::AcquireReply::Leased => queue::Acquired::Leased,
+                    algorithm::queue::AcquireReply::Queued { soonest } => queue::Acquired::Queued(soonest),
+                    algorithm::queue::AcquireReply::Refused => queue::Acquired::Refused,
                 };
                 prop_assert_eq!(got, (want, want_reclaimed), "take at {}", now);
             }
@@ -892,7 +894,7 @@ fn run_lease_case(w: &World, limit: u32, window_ms: u64, ops: Vec<LeaseOp>) -> R
         script.iter().map(|l| (l.key.clone(), l.algorithm)).collect();
     let window_us = window_ms * 1000;
     let mut conn = w.redis.connection().expect("redis connection");
-    let mut model = Store::default();
+    let mut model = RedisTwin::default();
     let mut now = 1_700_000_000_000_000u64;
     for (i, op) in ops.into_iter().enumerate() {
         match op {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
 use sluice_policies::algorithm::reserve::{self, Waiting};
-use sluice_policies::algorithm::{self, Algorithm, State, Store};
+use sluice_policies::algorithm::{self, Algorithm, RedisTwin, State};
 use sluice_policies::wire::{Check, CheckRequest, FeedbackRequest, Pause, Slowdown, WireLimit};
 use sluice_shim::keys::script_limits;
 use sluice_shim::limiter::Limiter;
@@ -81,7 +81,7 @@ fn the_pause_scripts_decide_as_the_model() {
                 .map(|l| (l.key, l.algorithm))
                 .collect();
             let (pause_key, rate_key) = (keys[1].0.clone(), keys[2].0.clone());
-            let mut model = Store::default();
+            let mut model = RedisTwin::default();
             let mut now = 1_700_000_000_000_000u64;
             // The pause's end as the partner set it: it must only grow.
             let mut until = 0u64;

@@ -17,6 +17,7 @@ use std::borrow::Cow;
 
 use crate::condition::PathCondition;
 use crate::key::MAX_PART_LEN;
+pub use crate::key::{MAX_KEY_LEN, MAX_KEY_SOURCES};
 use crate::wire::{AdjustRequest, Adjustment, Check, CheckRequest, WireLimit};
 use crate::{Limit, Policy};
 
@@ -27,10 +28,6 @@ pub const MAX_CHECKS: usize = 64;
 pub const MAX_LIMITS: usize = 32;
 /// The most adjustments one `/v1/adjust` request may carry: one per limit.
 pub const MAX_ADJUSTMENTS: usize = MAX_CHECKS * MAX_LIMITS;
-/// The most key sources one policy may have.
-pub const MAX_KEY_SOURCES: usize = 8;
-/// The longest encoded key: every source at its longest, joined by `:`.
-pub const MAX_KEY_LEN: usize = MAX_KEY_SOURCES * (MAX_PART_LEN + 1);
 /// The largest request body the shim reads.
 pub const MAX_BODY: usize = 64 * 1024;
 /// The longest request id or lease the filter sends.

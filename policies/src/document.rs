@@ -38,9 +38,9 @@ use crate::feedback::Upstream;
 use crate::key::{self, ClientIp, KeySource, OnMissingKey};
 pub use crate::response::FailureMode;
 use crate::response::{CacheSlots, CooldownMs, DenyResponse, DenyStatus, FailureThreshold, HeadersMode};
-use crate::shed::Shed;
+use crate::shed::ShedPolicy;
 use crate::wait::Wait;
-use crate::wire::WireLimit;
+use crate::wire::{Check, ShedRequest, WireLimit};
 use crate::{HeaderName, Limit, PolicyName, Request};
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
@@ -233,7 +233,7 @@ pub struct Policy {
     pub wait: Option<Wait>,
     pub upstream: Option<Upstream>,
     /// Load shedding by class when the service is busy (S4d).
-    pub shed: Option<Shed>,
+    pub shed: Option<ShedPolicy>,
     /// Leased mode: spend leases of the window's tokens locally.
     pub leased: Option<crate::leased::Leased>,
 }
@@ -279,7 +279,7 @@ pub(crate) struct RawPolicy {
     upstream: Option<Upstream>,
     /// Load shedding: drop this policy's less important classes while the
     /// service is busy.
-    shed: Option<Shed>,
+    shed: Option<ShedPolicy>,
     /// Ingress, high rates: spend leases of a fixed_window's tokens locally,
     /// with no shim call per request (`{"tokens": 200, "ttl": "2s"}`).
     #[serde(default)]
@@ -486,5 +486,43 @@ impl<'d> std::ops::Deref for Evaluation<'d> {
     type Target = [Applied<'d>];
     fn deref(&self) -> &[Applied<'d>] {
         &self.applied
+    }
+}
+
+// The wire messages a policy sends are built here: the wire sits below the
+// document and knows no policy.
+
+impl Applied<'_> {
+    pub fn check(&self, req: &impl Request) -> Check {
+        Check {
+            policy: self.policy.name.as_str().to_string(),
+            key: self.key.clone(),
+            limits: self.policy.limits.iter().map(|l| WireLimit::of(l, req, self.class)).collect(),
+            margin_ms: self.policy.wait.map(|w| w.margin_ms()),
+            upstream: self.policy.upstream.is_some(),
+        }
+    }
+}
+
+impl ShedRequest {
+    /// The report of `utilization` (none: a read) for `policy`.
+    pub fn new(
+        policy: &crate::Policy,
+        shed: &crate::shed::ShedPolicy,
+        classes: usize,
+        utilization: Option<f64>,
+    ) -> Self {
+        let c = &shed.controller;
+        ShedRequest {
+            policy: policy.name.as_str().to_string(),
+            classes,
+            high: c.high,
+            low: c.low,
+            delay_ms: c.delay.as_millis(),
+            ramp_ms: c.ramp.as_millis(),
+            recovery_ms: c.recovery.as_millis(),
+            utilization,
+            now_ms: None,
+        }
     }
 }

@@ -25,11 +25,9 @@
 
 use std::time::{Duration as StdDuration, UNIX_EPOCH};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-use crate::algorithm::rate::PPM;
-use crate::units::Duration;
-pub use crate::wire::Slowdown;
+use crate::units::{Duration, PPM};
 
 /// A policy's `upstream` setting. `"upstream": {}` takes every default.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -110,6 +108,47 @@ impl Adapt {
             recover_ms: self.recover.as_millis(),
             min_ppm: ppm(self.min),
         }
+    }
+}
+
+/// How a refusal lowers a key's rate, in parts per million of the policy's
+/// own (`algorithm::rate`): the filter sends it from the policy's `adapt`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Slowdown {
+    /// The factor the rate is multiplied by.
+    pub decrease_ppm: u64,
+    /// How long the rate takes to climb from nothing back to the policy's own.
+    pub recover_ms: u64,
+    /// The lowest the rate goes.
+    pub min_ppm: u64,
+}
+
+impl Slowdown {
+    /// The longest `recover`: a day.
+    pub const MAX_RECOVER_MS: u64 = 86_400_000;
+    /// The lowest `min`: a thousandth of the policy's rate.
+    pub const LEAST_MIN_PPM: u64 = 1_000;
+
+    /// The bounds the parser and the shim both hold it to; the error starts
+    /// with the field's name.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.decrease_ppm == 0 || self.decrease_ppm >= PPM {
+            return Err(format!(
+                "decrease: above 0 and below 1, got {}",
+                self.decrease_ppm as f64 / PPM as f64
+            ));
+        }
+        if self.recover_ms == 0 || self.recover_ms > Self::MAX_RECOVER_MS {
+            return Err(format!("recover: above 0 and at most 1d, got {} ms", self.recover_ms));
+        }
+        if !(Self::LEAST_MIN_PPM..=PPM).contains(&self.min_ppm) {
+            return Err(format!(
+                "min: at least 0.001 and at most 1, got {}",
+                self.min_ppm as f64 / PPM as f64
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -208,9 +247,10 @@ fn default_max_pause() -> Duration {
 /// (10^9 s is 2001; no partner resets 31 years from now).
 const UNIX_THRESHOLD: u64 = 1_000_000_000;
 
-/// What one response says: pause the key for `pause_ms` from now.
+/// The pause one of the partner's responses asks for: the key waits
+/// `pause_ms` from now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Throttle {
+pub struct PartnerPause {
     pub pause_ms: u64,
     /// The partner refused the call (a throttling status), as opposed to
     /// saying on a good answer that nothing is left: only a refusal teaches
@@ -220,6 +260,9 @@ pub struct Throttle {
     /// malformed, in the past).
     pub clamped: bool,
 }
+
+/// The old name of [`PartnerPause`], for callers not yet renamed.
+pub use self::PartnerPause as Throttle;
 
 /// One header's reading: a pause, or present but unusable.
 enum Hint {
@@ -268,7 +311,7 @@ impl Upstream {
         status: u16,
         header: impl Fn(&str) -> Option<&'a [u8]>,
         now_ms: u64,
-    ) -> Option<Throttle> {
+    ) -> Option<PartnerPause> {
         let throttling = self.statuses.contains(&status);
         let mut hints: Vec<Hint> = Vec::new();
         if throttling {
@@ -290,7 +333,7 @@ impl Upstream {
             (None, false) => return None,
         };
         let max = self.max_pause.as_millis();
-        Some(Throttle { pause_ms: pause.min(max), refused: throttling, clamped: broken || pause > max })
+        Some(PartnerPause { pause_ms: pause.min(max), refused: throttling, clamped: broken || pause > max })
     }
 
     fn reset(&self, value: &[u8], now_ms: u64) -> Hint {
@@ -376,19 +419,19 @@ mod tests {
     /// 2026-11-23 12:00:00 UTC.
     const NOW: u64 = 1_795_435_200_000;
 
-    fn throttle(status: u16, headers: &[(&str, &str)]) -> Option<Throttle> {
+    fn throttle(status: u16, headers: &[(&str, &str)]) -> Option<PartnerPause> {
         Upstream::default()
             .throttle(status, |name| headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_bytes()), NOW)
             // Whether the call was refused has its own test.
-            .map(|t| Throttle { refused: false, ..t })
+            .map(|t| PartnerPause { refused: false, ..t })
     }
 
-    fn pause(ms: u64) -> Option<Throttle> {
-        Some(Throttle { pause_ms: ms, refused: false, clamped: false })
+    fn pause(ms: u64) -> Option<PartnerPause> {
+        Some(PartnerPause { pause_ms: ms, refused: false, clamped: false })
     }
 
-    fn clamped(ms: u64) -> Option<Throttle> {
-        Some(Throttle { pause_ms: ms, refused: false, clamped: true })
+    fn clamped(ms: u64) -> Option<PartnerPause> {
+        Some(PartnerPause { pause_ms: ms, refused: false, clamped: true })
     }
 
     #[test]
@@ -487,7 +530,7 @@ mod tests {
         assert_eq!(throttle(429, &[("ratelimit", two)]), clamped(300_000));
         let upstream = Upstream { max_pause: Duration::parse("2h").expect("2h"), ..Upstream::default() };
         let h = |name: &str| (name == "ratelimit").then_some(two.as_bytes());
-        let refused = Throttle { pause_ms: 3_600_000, refused: true, clamped: false };
+        let refused = PartnerPause { pause_ms: 3_600_000, refused: true, clamped: false };
         assert_eq!(upstream.throttle(429, h, NOW), Some(refused));
     }
 

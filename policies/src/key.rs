@@ -22,6 +22,10 @@ use crate::{HeaderName, Request};
 
 /// The longest encoded value kept as it is; longer ones are hashed.
 pub const MAX_PART_LEN: usize = 256;
+/// The most key sources one policy may have.
+pub const MAX_KEY_SOURCES: usize = 8;
+/// The longest encoded key: every source at its longest, joined by `:`.
+pub const MAX_KEY_LEN: usize = MAX_KEY_SOURCES * (MAX_PART_LEN + 1);
 /// The key of the one bucket shared by requests that lack a key source.
 pub const MISSING: &str = "!";
 
@@ -167,8 +171,7 @@ fn encode_into(out: &mut String, value: &[u8]) {
 /// Whether `key` could have come out of [`build`] or be [`MISSING`]: the shim
 /// refuses any other.
 pub fn is_encoded(key: &str) -> bool {
-    key.len() <= crate::bounds::MAX_KEY_LEN
-        && key.bytes().all(|b| b.is_ascii_alphanumeric() || b"._~-%=!:".contains(&b))
+    key.len() <= MAX_KEY_LEN && key.bytes().all(|b| b.is_ascii_alphanumeric() || b"._~-%=!:".contains(&b))
 }
 
 #[cfg(test)]

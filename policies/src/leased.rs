@@ -128,34 +128,6 @@ impl<'de> Deserialize<'de> for Leased {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{GiveBack, LeaseRequest, WireLimit};
-
-    /// The shim refuses a lease call beyond what a policy could send.
-    #[test]
-    fn lease_calls_are_bounded() {
-        let req = |limit, want, back| LeaseRequest {
-            policy: "p".into(),
-            key: String::new(),
-            limit,
-            want,
-            give_back: back,
-            now_us: None,
-        };
-        let window = WireLimit::FixedWindow { limit: 100, window_ms: 1_000 };
-        assert_eq!(req(window, 100, Some(GiveBack { window: 7, tokens: 100 })).validate(), Ok(()));
-        assert_eq!(
-            req(window, 101, None).validate(),
-            Err("want: 101 is more than 100 (at most the limit and 100000)".into())
-        );
-        assert_eq!(
-            req(window, 1, Some(GiveBack { window: 7, tokens: 101 })).validate(),
-            Err("give_back.tokens: 101 is more than the limit 100".into())
-        );
-        let bucket = WireLimit::TokenBucket { rate: 1, per_ms: 1_000, burst: 10 };
-        assert_eq!(req(bucket, 1, None).validate(), Err("limit: only a fixed_window is leased".into()));
-        let zero = WireLimit::FixedWindow { limit: 100, window_ms: 0 };
-        assert!(req(zero, 1, None).validate().is_err());
-    }
 
     #[test]
     fn bounds_and_the_held_tokens() {

@@ -4,33 +4,80 @@
 //!
 //! # Layout
 //!
-//! - [`document`]: the JSON policy document, validated while it is parsed, so
-//!   every error carries a path and a line and column; which policies apply.
-//! - [`condition`]: `match` and `bypass` conditions on a request.
-//! - [`class`]: priority classes, most important first.
-//! - [`limit`]: the limit types and what each means.
-//! - [`cost`]: a points cost read from a header, clamped to the capacity.
-//! - [`key`]: key sources, the missing-key rule, and the encoding that keeps
-//!   user input out of Redis key syntax.
-//! - [`units`]: the validated scalars: durations, counts, names.
+//! Four layers; a module imports only from its own layer and those above it
+//! in this list, never from one below (the document is parsed against the
+//! wire's bounds and the algorithms' state keys, so it sits under both):
+//!
+//! ```text
+//! model      units, request, cost, response, load, condition, key, class,
+//!            limit (and WireLimit, the form the shim takes), wait, leased,
+//!            shed, feedback (and Slowdown)
+//!   ^
+//! algorithm  algorithm/*: the Rust twins of lua/lib/ and lua/scripts/
+//!   ^
+//! wire       wire: the messages between the filter and the shim
+//!   ^
+//! document   document, bounds, error: a whole document, parsed and held
+//!            to the shim's bounds; which policies apply; Applied::check
+//!   ^
+//! tools      replay, schema
+//! ```
+//!
+//! The model:
+//!
+//! - [`units`]: the validated scalars: durations, counts, names, parts per
+//!   million, and a bucket's time per unit.
 //! - [`request`]: what matching and keying read from a request.
+//! - [`cost`]: a points cost read from a header, clamped to the capacity.
 //! - [`response`]: what the gateway answers and when: headers, denial
 //!   responses, failure modes, the breaker and over-limit cache settings.
-//! - [`error`]: [`ParseError`], the one error type of [`parse`].
-//! - [`feedback`]: which upstream answers mean "slow down", and for how long.
-//! - [`shed`]: a policy's `shed`, and the utilization shedder's controller,
-//!   over an injected clock.
 //! - [`load`]: the utilization signal a shedding policy reads.
-//! - [`leased`]: leased mode, a policy's `leased`, and the bounds of its lease calls.
+//! - [`condition`]: `match` and `bypass` conditions on a request.
+//! - [`key`]: key sources, the missing-key rule, the encoding that keeps
+//!   user input out of Redis key syntax, and the longest key.
+//! - [`class`]: priority classes, most important first.
+//! - [`limit`]: the limit types and what each means; a concurrency pool's
+//!   reserve ([`PoolReserve`]); [`WireLimit`](limit::WireLimit), a limit as
+//!   the shim takes it, and the bounds both ends hold it to.
 //! - [`wait`]: egress waiting, a policy's `wait`, and the bounds of its wire fields.
-//! - [`wire`]: the compact JSON exchanged with the shim.
+//! - [`leased`]: leased mode, a policy's `leased`, and the bounds of its lease calls.
+//! - [`shed`]: a policy's `shed` ([`ShedPolicy`](shed::ShedPolicy)), and the
+//!   utilization shedder's controller, over an injected clock.
+//! - [`feedback`]: which upstream answers mean "slow down", for how long
+//!   ([`PartnerPause`](feedback::PartnerPause)), and how a refusal lowers
+//!   the rate ([`Slowdown`](feedback::Slowdown)).
+//!
+//! The algorithms:
+//!
+//! - [`algorithm`]: the reference model of every limit type, twin of the
+//!   Redis scripts in `lua/`, over [`RedisTwin`](algorithm::RedisTwin), the
+//!   model's Redis; a check's reply ([`CheckReply`](algorithm::CheckReply),
+//!   one [`LimitOutcome`](algorithm::LimitOutcome) per limit).
+//!
+//! The wire:
+//!
+//! - [`wire`]: the compact JSON exchanged with the shim. It re-exports the
+//!   pieces it carries from the layers above (`WireLimit`, `LimitOutcome`,
+//!   `Slowdown`), so `wire::` names every part of a message.
+//!
+//! The document:
+//!
+//! - [`document`]: the JSON policy document, validated while it is parsed, so
+//!   every error carries a path and a line and column; which policies apply,
+//!   and the checks and shed reports a policy sends.
 //! - [`bounds`]: the size bounds of a request to the shim, which the parser
 //!   holds every document to and the shim enforces.
-//! - [`algorithm`]: the reference model of every limit type, twin of the
-//!   Redis scripts in `lua/`.
+//! - [`error`]: [`ParseError`], the one error type of [`parse`].
+//!
+//! The tools:
+//!
 //! - [`replay`]: traffic replayed through a document and the model, for
 //!   `sluice simulate` and the playground.
 //! - `schema` (feature `schema`): the JSON Schema of the document.
+//!
+//! A few types kept their old names as aliases, for callers not yet renamed:
+//! `algorithm::{Store, Reply}`, `algorithm::queue::Acquired`,
+//! `feedback::Throttle`, `shed::Shed` and `Reserve`.
 
 pub mod algorithm;
 pub mod bounds;
@@ -58,7 +105,7 @@ pub use condition::Condition;
 pub use document::{Applied, Document, Evaluation, FailureMode, Policy, Shim, Verdict};
 pub use error::{parse, ParseError};
 pub use key::{KeySource, OnMissingKey};
-pub use limit::{Cost, Limit, Reserve};
+pub use limit::{Cost, Limit, PoolReserve, Reserve};
 pub use request::Request;
 pub use response::{DenyResponse, DenyStatus, HeadersMode};
 pub use units::{Count, Duration, HeaderName, PolicyName};

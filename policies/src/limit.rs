@@ -1,5 +1,7 @@
 //! The limit types of a policy and what each one means. The Redis scripts in
 //! `lua/` implement them, and the modules under `algorithm` model them.
+//! [`WireLimit`] is the same limit as the shim takes it, with the bounds the
+//! parser and the shim both hold it to.
 //!
 //! | type | fields | meaning |
 //! |---|---|---|
@@ -11,9 +13,12 @@
 //! | `concurrency` | `limit`, `lease`, `reserve` | at most `limit` in flight; a slot returns at stream end, or after `lease` if its holder died; `reserve` holds a share back for the more important classes |
 //! | `points` | `capacity`, `refill`, `cost`, `actual_cost_header` | a bucket of `capacity` points refilled completely in `refill`; each request costs `cost` |
 
-use serde::de::{self, Deserialize, Deserializer};
+use serde::de::{self, Deserializer};
+use serde::{Deserialize, Serialize};
 
-use crate::{Count, Duration, HeaderName, PolicyName};
+use crate::cost::read_cost;
+use crate::units::{is_false, per_unit_us, MAX_COUNT};
+use crate::{Count, Duration, HeaderName, PolicyName, Request};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Limit {
@@ -22,7 +27,7 @@ pub enum Limit {
     TokenBucket { rate: Count, per: Duration, burst: Count },
     LeakyBucket { capacity: Count, drain: Duration },
     Interval { every: Duration },
-    Concurrency { limit: Count, lease: Duration, reserve: Option<Reserve> },
+    Concurrency { limit: Count, lease: Duration, reserve: Option<PoolReserve> },
     Points { capacity: Count, refill: Duration, cost: Cost, actual_cost_header: Option<HeaderName> },
 }
 
@@ -45,7 +50,7 @@ impl Limit {
 /// every more important one may use the whole pool; a less important class
 /// is admitted only while fewer than `limit - slots` are in flight.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reserve {
+pub struct PoolReserve {
     /// The least important class that may use the whole pool.
     pub for_class: PolicyName,
     /// Its index among the document's classes, set once the document is read.
@@ -54,7 +59,10 @@ pub struct Reserve {
     pub slots: u32,
 }
 
-impl Reserve {
+/// The old name of [`PoolReserve`], for callers not yet renamed.
+pub use self::PoolReserve as Reserve;
+
+impl PoolReserve {
     /// The pool a request of `class` may fill.
     pub fn pool_for(&self, limit: u32, class: usize) -> u32 {
         if class > self.for_index {
@@ -249,7 +257,7 @@ impl RawLimit {
 }
 
 /// `raw`'s share of a pool of `limit`, in whole slots.
-fn reserve(raw: RawReserve, limit: Count) -> Result<Reserve, String> {
+fn reserve(raw: RawReserve, limit: Count) -> Result<PoolReserve, String> {
     if !(raw.share > 0.0 && raw.share < 1.0) {
         return Err(format!("reserve.share {} is not above 0 and below 1", raw.share));
     }
@@ -261,12 +269,150 @@ fn reserve(raw: RawReserve, limit: Count) -> Result<Reserve, String> {
             limit.get()
         ));
     }
-    Ok(Reserve { for_class: raw.for_class, for_index: 0, slots })
+    Ok(PoolReserve { for_class: raw.for_class, for_index: 0, slots })
 }
 
 /// The bounds the shim checks too, in one place: see [`WireLimit::validate`].
 fn check_rate(limit: &Limit) -> Result<(), String> {
-    crate::wire::WireLimit::with_cost(limit, 0).validate()
+    WireLimit::with_cost(limit, 0).validate()
+}
+
+/// A limit as the shim takes it: durations in milliseconds, the request's
+/// cost resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum WireLimit {
+    FixedWindow {
+        limit: u32,
+        window_ms: u64,
+    },
+    SlidingWindow {
+        limit: u32,
+        window_ms: u64,
+        #[serde(default, skip_serializing_if = "is_false")]
+        approximate: bool,
+    },
+    TokenBucket {
+        rate: u32,
+        per_ms: u64,
+        burst: u32,
+    },
+    LeakyBucket {
+        capacity: u32,
+        drain_ms: u64,
+    },
+    Interval {
+        every_ms: u64,
+    },
+    Concurrency {
+        limit: u32,
+        lease_ms: u64,
+    },
+    Points {
+        capacity: u32,
+        refill_ms: u64,
+        cost: u32,
+    },
+}
+
+/// The longest a bucket may take to refill completely: ten years.
+pub const MAX_REFILL_US: u64 = 10 * 365 * 24 * 3600 * 1_000_000;
+
+impl WireLimit {
+    /// `limit` as it applies to `req` of `class`: a `points` cost read from
+    /// its header; a `concurrency` pool less its reserve for a class the
+    /// reserve holds out.
+    pub fn of(limit: &Limit, req: &impl Request, class: usize) -> WireLimit {
+        match limit {
+            Limit::Points { cost, capacity, .. } => {
+                WireLimit::with_cost(limit, request_cost(cost, capacity.get(), req))
+            }
+            Limit::Concurrency { limit, lease, reserve: Some(reserve) } => WireLimit::Concurrency {
+                limit: reserve.pool_for(limit.get(), class),
+                lease_ms: lease.as_millis(),
+            },
+            _ => WireLimit::with_cost(limit, 1),
+        }
+    }
+
+    /// `limit` with a `points` cost of `cost`.
+    pub fn with_cost(limit: &Limit, cost: u32) -> WireLimit {
+        match *limit {
+            Limit::FixedWindow { limit, window } => {
+                WireLimit::FixedWindow { limit: limit.get(), window_ms: window.as_millis() }
+            }
+            Limit::SlidingWindow { limit, window, approximate } => {
+                WireLimit::SlidingWindow { limit: limit.get(), window_ms: window.as_millis(), approximate }
+            }
+            Limit::TokenBucket { rate, per, burst } => {
+                WireLimit::TokenBucket { rate: rate.get(), per_ms: per.as_millis(), burst: burst.get() }
+            }
+            Limit::LeakyBucket { capacity, drain } => {
+                WireLimit::LeakyBucket { capacity: capacity.get(), drain_ms: drain.as_millis() }
+            }
+            Limit::Interval { every } => WireLimit::Interval { every_ms: every.as_millis() },
+            Limit::Concurrency { limit, lease, .. } => {
+                WireLimit::Concurrency { limit: limit.get(), lease_ms: lease.as_millis() }
+            }
+            Limit::Points { capacity, refill, .. } => {
+                WireLimit::Points { capacity: capacity.get(), refill_ms: refill.as_millis(), cost }
+            }
+        }
+    }
+
+    /// Checks the ranges the policy language guarantees, for a shim that
+    /// must not trust its caller: counts 1 to 1e9, durations 1 ms to a year,
+    /// a bucket unit of at least a microsecond, a refill of at most ten years,
+    /// a points cost of at most the capacity.
+    pub fn validate(&self) -> Result<(), String> {
+        let (counts, durations): (&[u32], &[u64]) = match self {
+            WireLimit::FixedWindow { limit, window_ms }
+            | WireLimit::SlidingWindow { limit, window_ms, .. } => (&[*limit], &[*window_ms]),
+            WireLimit::TokenBucket { rate, per_ms, burst } => (&[*rate, *burst], &[*per_ms]),
+            WireLimit::LeakyBucket { capacity, drain_ms } => (&[*capacity], &[*drain_ms]),
+            WireLimit::Interval { every_ms } => (&[], &[*every_ms]),
+            WireLimit::Concurrency { limit, lease_ms } => (&[*limit], &[*lease_ms]),
+            WireLimit::Points { capacity, refill_ms, .. } => (&[*capacity], &[*refill_ms]),
+        };
+        if let Some(n) = counts.iter().find(|n| Count::new(u64::from(**n)).is_none()) {
+            return Err(format!("count {n} out of range (1 to {MAX_COUNT})"));
+        }
+        if let Some(ms) = durations.iter().find(|ms| Duration::from_millis(**ms).is_none()) {
+            return Err(format!("duration {ms}ms out of range (1ms to 365d)"));
+        }
+        let (period_ms, units, burst) = match *self {
+            WireLimit::TokenBucket { rate, per_ms, burst } => (per_ms, rate, burst),
+            WireLimit::LeakyBucket { capacity, drain_ms } => (drain_ms, capacity, capacity),
+            WireLimit::Points { capacity, refill_ms, .. } => (refill_ms, capacity, capacity),
+            _ => return Ok(()),
+        };
+        if period_ms * 1000 < u64::from(units) {
+            return Err(format!(
+                "{units} per {} is more than one per microsecond, the finest rate Sluice keeps",
+                Duration::from_millis(period_ms).map(|d| d.to_string()).unwrap_or_default()
+            ));
+        }
+        if let WireLimit::Points { capacity, cost, .. } = *self {
+            if cost > capacity {
+                return Err(format!("cost {cost} exceeds the capacity {capacity}"));
+            }
+        }
+        if per_unit_us(period_ms, units).saturating_mul(u64::from(burst)) > MAX_REFILL_US {
+            return Err("the bucket would take more than ten years to refill".to_string());
+        }
+        Ok(())
+    }
+}
+
+/// A request's cost, at most `capacity` (see [`crate::cost`]): a header
+/// value that is not a whole number counts as the default.
+fn request_cost(cost: &Cost, capacity: u32, req: &impl Request) -> u32 {
+    match cost {
+        Cost::Fixed(n) => *n,
+        Cost::Header { header, default } => {
+            req.header(header.as_str()).and_then(|v| read_cost(&v, capacity)).unwrap_or(*default)
+        }
+    }
 }
 
 impl<'de> Deserialize<'de> for Limit {

@@ -14,7 +14,7 @@ use std::collections::{BinaryHeap, HashMap};
 
 use serde::Serialize;
 
-use crate::algorithm::{self, Algorithm, Store};
+use crate::algorithm::{self, Algorithm, RedisTwin};
 use crate::request::SimpleRequest;
 use crate::wire::{Check, LimitOutcome, WireLimit};
 use crate::Document;
@@ -81,7 +81,7 @@ type Ending = (u64, u64, String, Vec<(String, u64, u64)>);
 
 pub struct Replay<'d> {
     doc: &'d Document,
-    store: Store,
+    store: RedisTwin,
     /// Leases to end, soonest first.
     leases: BinaryHeap<Reverse<Ending>>,
     reports: Vec<PolicyReport>,
@@ -110,7 +110,7 @@ impl<'d> Replay<'d> {
             .collect();
         Replay {
             doc,
-            store: Store::default(),
+            store: RedisTwin::default(),
             leases: BinaryHeap::new(),
             reports,
             keys: vec![HashMap::new(); doc.policies.len()],

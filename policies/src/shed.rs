@@ -35,8 +35,9 @@ use crate::units::Duration;
 /// ```
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(rename = "Shed"))]
 #[serde(deny_unknown_fields)]
-pub struct Shed {
+pub struct ShedPolicy {
     /// Where utilization comes from: `"pool"`, `{"header": NAME}` or `{"orca": FIELD}`.
     #[cfg_attr(feature = "schema", schemars(with = "crate::load::RawSignal"))]
     pub signal: Signal,
@@ -44,6 +45,9 @@ pub struct Shed {
     #[serde(default)]
     pub controller: ShedSettings,
 }
+
+/// The old name of [`ShedPolicy`], for callers not yet renamed.
+pub use self::ShedPolicy as Shed;
 
 impl ShedSettings {
     /// `low <= high`, both from 0 to 1.
@@ -117,7 +121,7 @@ impl Default for ShedSettings {
     }
 }
 
-/// The controller's whole state, as `lua/shed.lua` stores it.
+/// The controller's whole state, as `lua/scripts/shed.lua` stores it.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct ShedState {
     pub level: f64,
@@ -160,7 +164,7 @@ impl Shedder {
         shedder
     }
 
-    /// What `lua/shed.lua` keeps in Redis.
+    /// What `lua/scripts/shed.lua` keeps in Redis.
     pub fn state(&self) -> ShedState {
         ShedState { level: self.level, trouble_since: self.trouble_since, last_ms: self.last_ms }
     }

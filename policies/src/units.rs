@@ -10,6 +10,25 @@ use serde::de::{self, Deserialize, Deserializer};
 pub const MAX_COUNT: u32 = 1_000_000_000;
 /// The longest duration a window may have: one year.
 pub const MAX_DURATION_MS: u64 = 365 * 24 * 3600 * 1000;
+/// Parts per million: the unit of a rate's factor (`algorithm::rate`).
+pub const PPM: u64 = 1_000_000;
+
+/// The time one unit of a bucket takes to refill, `count` units every
+/// `period_ms`, in microseconds rounded up, so a bucket never refills
+/// faster than asked.
+pub fn per_unit_us(period_ms: u64, count: u32) -> u64 {
+    period_ms.saturating_mul(1000).div_ceil(u64::from(count.max(1)))
+}
+
+/// For serde's `skip_serializing_if`.
+pub(crate) fn is_false(b: &bool) -> bool {
+    !b
+}
+
+/// For serde's `skip_serializing_if`.
+pub(crate) fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
 
 /// A span of time in whole milliseconds, from 1 ms to one year. Written with a
 /// unit: `250ms`, `5s`, `1m`, `2h`, `1d`.

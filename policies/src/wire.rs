@@ -8,16 +8,21 @@
 //!   cost of a `points` request, answered by 200 and `{}`.
 //! - `POST /v1/lease`: a [`LeaseRequest`] from a gateway's root context for
 //!   a leased policy (see [`crate::leased`]), answered by a [`LeaseResponse`].
+//!
+//! A message's parts defined beneath it are re-exported here, so `wire::`
+//! names them all: [`WireLimit`] (a view of [`crate::Limit`]), the
+//! [`LimitOutcome`] of each limit in a check's reply (the algorithms' own),
+//! and a refusal's [`Slowdown`] (the policy's `adapt`).
 
 use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-use crate::algorithm::Algorithm;
-use crate::cost::read_cost;
-use crate::limit::Cost;
-use crate::units::MAX_COUNT;
-use crate::{Applied, Count, Duration, Limit, Request};
+pub use crate::algorithm::LimitOutcome;
+pub use crate::feedback::Slowdown;
+pub use crate::limit::{WireLimit, MAX_REFILL_US};
+use crate::units::{is_false, is_zero};
+use crate::Duration;
 
 pub const CHECK_PATH: &str = "/v1/check";
 pub const RELEASE_PATH: &str = "/v1/release";
@@ -73,162 +78,6 @@ pub struct Check {
     pub upstream: bool,
 }
 
-/// A limit as the shim takes it: durations in milliseconds, the request's
-/// cost resolved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
-pub enum WireLimit {
-    FixedWindow {
-        limit: u32,
-        window_ms: u64,
-    },
-    SlidingWindow {
-        limit: u32,
-        window_ms: u64,
-        #[serde(default, skip_serializing_if = "is_false")]
-        approximate: bool,
-    },
-    TokenBucket {
-        rate: u32,
-        per_ms: u64,
-        burst: u32,
-    },
-    LeakyBucket {
-        capacity: u32,
-        drain_ms: u64,
-    },
-    Interval {
-        every_ms: u64,
-    },
-    Concurrency {
-        limit: u32,
-        lease_ms: u64,
-    },
-    Points {
-        capacity: u32,
-        refill_ms: u64,
-        cost: u32,
-    },
-}
-
-fn is_false(b: &bool) -> bool {
-    !b
-}
-
-/// The longest a bucket may take to refill completely: ten years.
-pub const MAX_REFILL_US: u64 = 10 * 365 * 24 * 3600 * 1_000_000;
-
-impl WireLimit {
-    /// `limit` as it applies to `req` of `class`: a `points` cost read from
-    /// its header; a `concurrency` pool less its reserve for a class the
-    /// reserve holds out.
-    pub fn of(limit: &Limit, req: &impl Request, class: usize) -> WireLimit {
-        match limit {
-            Limit::Points { cost, capacity, .. } => {
-                WireLimit::with_cost(limit, request_cost(cost, capacity.get(), req))
-            }
-            Limit::Concurrency { limit, lease, reserve: Some(reserve) } => WireLimit::Concurrency {
-                limit: reserve.pool_for(limit.get(), class),
-                lease_ms: lease.as_millis(),
-            },
-            _ => WireLimit::with_cost(limit, 1),
-        }
-    }
-
-    /// `limit` with a `points` cost of `cost`.
-    pub fn with_cost(limit: &Limit, cost: u32) -> WireLimit {
-        match *limit {
-            Limit::FixedWindow { limit, window } => {
-                WireLimit::FixedWindow { limit: limit.get(), window_ms: window.as_millis() }
-            }
-            Limit::SlidingWindow { limit, window, approximate } => {
-                WireLimit::SlidingWindow { limit: limit.get(), window_ms: window.as_millis(), approximate }
-            }
-            Limit::TokenBucket { rate, per, burst } => {
-                WireLimit::TokenBucket { rate: rate.get(), per_ms: per.as_millis(), burst: burst.get() }
-            }
-            Limit::LeakyBucket { capacity, drain } => {
-                WireLimit::LeakyBucket { capacity: capacity.get(), drain_ms: drain.as_millis() }
-            }
-            Limit::Interval { every } => WireLimit::Interval { every_ms: every.as_millis() },
-            Limit::Concurrency { limit, lease, .. } => {
-                WireLimit::Concurrency { limit: limit.get(), lease_ms: lease.as_millis() }
-            }
-            Limit::Points { capacity, refill, .. } => {
-                WireLimit::Points { capacity: capacity.get(), refill_ms: refill.as_millis(), cost }
-            }
-        }
-    }
-
-    /// Checks the ranges the policy language guarantees, for a shim that
-    /// must not trust its caller: counts 1 to 1e9, durations 1 ms to a year,
-    /// a bucket unit of at least a microsecond, a refill of at most ten years,
-    /// a points cost of at most the capacity.
-    pub fn validate(&self) -> Result<(), String> {
-        let (counts, durations): (&[u32], &[u64]) = match self {
-            WireLimit::FixedWindow { limit, window_ms }
-            | WireLimit::SlidingWindow { limit, window_ms, .. } => (&[*limit], &[*window_ms]),
-            WireLimit::TokenBucket { rate, per_ms, burst } => (&[*rate, *burst], &[*per_ms]),
-            WireLimit::LeakyBucket { capacity, drain_ms } => (&[*capacity], &[*drain_ms]),
-            WireLimit::Interval { every_ms } => (&[], &[*every_ms]),
-            WireLimit::Concurrency { limit, lease_ms } => (&[*limit], &[*lease_ms]),
-            WireLimit::Points { capacity, refill_ms, .. } => (&[*capacity], &[*refill_ms]),
-        };
-        if let Some(n) = counts.iter().find(|n| Count::new(u64::from(**n)).is_none()) {
-            return Err(format!("count {n} out of range (1 to {MAX_COUNT})"));
-        }
-        if let Some(ms) = durations.iter().find(|ms| Duration::from_millis(**ms).is_none()) {
-            return Err(format!("duration {ms}ms out of range (1ms to 365d)"));
-        }
-        let (period_ms, units, burst) = match *self {
-            WireLimit::TokenBucket { rate, per_ms, burst } => (per_ms, rate, burst),
-            WireLimit::LeakyBucket { capacity, drain_ms } => (drain_ms, capacity, capacity),
-            WireLimit::Points { capacity, refill_ms, .. } => (refill_ms, capacity, capacity),
-            _ => return Ok(()),
-        };
-        if period_ms * 1000 < u64::from(units) {
-            return Err(format!(
-                "{units} per {} is more than one per microsecond, the finest rate Sluice keeps",
-                Duration::from_millis(period_ms).map(|d| d.to_string()).unwrap_or_default()
-            ));
-        }
-        if let WireLimit::Points { capacity, cost, .. } = *self {
-            if cost > capacity {
-                return Err(format!("cost {cost} exceeds the capacity {capacity}"));
-            }
-        }
-        if let Algorithm::Gcra { interval_us, .. } = Algorithm::of(self) {
-            if interval_us.saturating_mul(u64::from(burst)) > MAX_REFILL_US {
-                return Err("the bucket would take more than ten years to refill".to_string());
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A request's cost, at most `capacity` (see [`crate::cost`]): a header
-/// value that is not a whole number counts as the default.
-fn request_cost(cost: &Cost, capacity: u32, req: &impl Request) -> u32 {
-    match cost {
-        Cost::Fixed(n) => *n,
-        Cost::Header { header, default } => {
-            req.header(header.as_str()).and_then(|v| read_cost(&v, capacity)).unwrap_or(*default)
-        }
-    }
-}
-
-impl Applied<'_> {
-    pub fn check(&self, req: &impl Request) -> Check {
-        Check {
-            policy: self.policy.name.as_str().to_string(),
-            key: self.key.clone(),
-            limits: self.policy.limits.iter().map(|l| WireLimit::of(l, req, self.class)).collect(),
-            margin_ms: self.policy.wait.map(|w| w.margin_ms()),
-            upstream: self.policy.upstream.is_some(),
-        }
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CheckResponse {
@@ -259,38 +108,6 @@ pub struct CheckOutcome {
     /// slot is the pause's end. Absent when not paused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused_ms: Option<u64>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LimitOutcome {
-    pub allowed: bool,
-    /// Requests this limit would still admit after this one.
-    pub remaining: u64,
-    /// Milliseconds until this limit next frees capacity.
-    pub reset_ms: u64,
-    /// Milliseconds until this limit would admit the request; 0 if it did;
-    /// `None` when unknown.
-    pub retry_after_ms: Option<u64>,
-    /// Expired leases this check reclaimed: their holders died without releasing.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub reclaimed: u64,
-    /// An admitted `points` limit: the time, in microseconds on the shim's
-    /// clock, until which this request's charge holds in the bucket. A later
-    /// refund can give back at most what is left of it: what the bucket has
-    /// refilled since was never the request's to return.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub held_until_us: Option<u64>,
-    /// With `held_until_us`: what the bucket's refunds had given back so
-    /// far, in microseconds, when this charge was made. Refunds since then
-    /// of earlier charges moved this one earlier; the counter tells a later
-    /// refund by how much at most.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub refunded_us: u64,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
 
 impl CheckResponse {
@@ -360,7 +177,7 @@ pub struct Adjustment {
 }
 
 /// Upstream feedback: the partner asked these keys to slow down. The shim
-/// records each pause fleet-wide, extend-only (`lua/upstream.lua`).
+/// records each pause fleet-wide, extend-only (`lua/scripts/upstream.lua`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FeedbackRequest {
@@ -379,51 +196,9 @@ pub struct Pause {
     /// the policy's `max_pause` by the filter.
     pub pause_ms: u64,
     /// The partner refused the call and the policy adapts its rate: the
-    /// first refusal after the key ran freely lowers it (`lua/upstream.lua`).
+    /// first refusal after the key ran freely lowers it (`lua/scripts/upstream.lua`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slow: Option<Slowdown>,
-}
-
-/// How a refusal lowers a key's rate, in parts per million of the policy's
-/// own (`algorithm::rate`): the filter sends it from the policy's `adapt`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Slowdown {
-    /// The factor the rate is multiplied by.
-    pub decrease_ppm: u64,
-    /// How long the rate takes to climb from nothing back to the policy's own.
-    pub recover_ms: u64,
-    /// The lowest the rate goes.
-    pub min_ppm: u64,
-}
-
-impl Slowdown {
-    /// The longest `recover`: a day.
-    pub const MAX_RECOVER_MS: u64 = 86_400_000;
-    /// The lowest `min`: a thousandth of the policy's rate.
-    pub const LEAST_MIN_PPM: u64 = 1_000;
-
-    /// The bounds the parser and the shim both hold it to; the error starts
-    /// with the field's name.
-    pub fn validate(&self) -> Result<(), String> {
-        use crate::algorithm::rate::PPM;
-        if self.decrease_ppm == 0 || self.decrease_ppm >= PPM {
-            return Err(format!(
-                "decrease: above 0 and below 1, got {}",
-                self.decrease_ppm as f64 / PPM as f64
-            ));
-        }
-        if self.recover_ms == 0 || self.recover_ms > Self::MAX_RECOVER_MS {
-            return Err(format!("recover: above 0 and at most 1d, got {} ms", self.recover_ms));
-        }
-        if !(Self::LEAST_MIN_PPM..=PPM).contains(&self.min_ppm) {
-            return Err(format!(
-                "min: at least 0.001 and at most 1, got {}",
-                self.min_ppm as f64 / PPM as f64
-            ));
-        }
-        Ok(())
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -438,7 +213,7 @@ pub struct FeedbackResponse {
 
 /// Load shedding: a gateway's utilization report for one policy, and a read
 /// of the fleet's shed level. The shim runs the controller on one state per
-/// policy (`lua/shed.lua`), so every gateway sheds the same fraction.
+/// policy (`lua/scripts/shed.lua`), so every gateway sheds the same fraction.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ShedRequest {
@@ -460,27 +235,6 @@ pub struct ShedRequest {
 }
 
 impl ShedRequest {
-    /// The report of `utilization` (none: a read) for `policy`.
-    pub fn new(
-        policy: &crate::Policy,
-        shed: &crate::shed::Shed,
-        classes: usize,
-        utilization: Option<f64>,
-    ) -> Self {
-        let c = &shed.controller;
-        ShedRequest {
-            policy: policy.name.as_str().to_string(),
-            classes,
-            high: c.high,
-            low: c.low,
-            delay_ms: c.delay.as_millis(),
-            ramp_ms: c.ramp.as_millis(),
-            recovery_ms: c.recovery.as_millis(),
-            utilization,
-            now_ms: None,
-        }
-    }
-
     /// The controller's settings, checked as the parser checks a policy's.
     pub fn settings(&self) -> Result<crate::shed::ShedSettings, String> {
         let duration = |ms: u64, name: &str| {
@@ -577,5 +331,37 @@ impl LeaseRequest {
             return Err(format!("give_back.tokens: {} is more than the limit {limit}", back.tokens));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shim refuses a lease call beyond what a policy could send.
+    #[test]
+    fn lease_calls_are_bounded() {
+        let req = |limit, want, back| LeaseRequest {
+            policy: "p".into(),
+            key: String::new(),
+            limit,
+            want,
+            give_back: back,
+            now_us: None,
+        };
+        let window = WireLimit::FixedWindow { limit: 100, window_ms: 1_000 };
+        assert_eq!(req(window, 100, Some(GiveBack { window: 7, tokens: 100 })).validate(), Ok(()));
+        assert_eq!(
+            req(window, 101, None).validate(),
+            Err("want: 101 is more than 100 (at most the limit and 100000)".into())
+        );
+        assert_eq!(
+            req(window, 1, Some(GiveBack { window: 7, tokens: 101 })).validate(),
+            Err("give_back.tokens: 101 is more than the limit 100".into())
+        );
+        let bucket = WireLimit::TokenBucket { rate: 1, per_ms: 1_000, burst: 10 };
+        assert_eq!(req(bucket, 1, None).validate(), Err("limit: only a fixed_window is leased".into()));
+        let zero = WireLimit::FixedWindow { limit: 100, window_ms: 0 };
+        assert!(req(zero, 1, None).validate().is_err());
     }
 }

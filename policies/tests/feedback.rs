@@ -14,7 +14,7 @@ use std::collections::BinaryHeap;
 
 use proptest::prelude::*;
 use sluice_policies::algorithm::rate::PPM;
-use sluice_policies::algorithm::{self, Algorithm, Store};
+use sluice_policies::algorithm::{self, Algorithm, RedisTwin};
 use sluice_policies::wire::Slowdown;
 
 const TAG: &str = "sluice:{partner:acme}:";
@@ -57,7 +57,7 @@ fn run(
         (format!("{TAG}rate"), Algorithm::Rate),
     ];
     let keys = (limits[1].0.as_str(), limits[2].0.as_str());
-    let mut store = Store::default();
+    let mut store = RedisTwin::default();
     let mut events = BinaryHeap::new();
     let mut now = 1_700_000_000_000_000u64;
     for (n, gap) in gaps.iter().enumerate() {

@@ -3,14 +3,14 @@
 //! the Lua scripts to this model, so they hold for the scripts too.
 
 use proptest::prelude::*;
-use sluice_policies::algorithm::{self, Algorithm, Correction, State, Store};
+use sluice_policies::algorithm::{self, Algorithm, Correction, RedisTwin, State};
 
 /// Arrival gaps in µs, same-instant arrivals included.
 fn gaps() -> impl Strategy<Value = Vec<u64>> {
     prop::collection::vec(prop_oneof![Just(0u64), 0u64..5_000, 0u64..500_000], 1..300)
 }
 
-fn check(store: &mut Store, now: u64, id: u64, limits: &[(String, Algorithm)]) -> bool {
+fn check(store: &mut RedisTwin, now: u64, id: u64, limits: &[(String, Algorithm)]) -> bool {
     algorithm::check(store, now, &format!("r{id}"), limits).allowed
 }
 
@@ -21,7 +21,7 @@ proptest! {
     fn sliding_window_admits_exactly_up_to_the_limit(limit in 1u64..20, window_ms in 1u64..2_000, gaps in gaps()) {
         let window = window_ms * 1000;
         let limits = [("k".to_string(), Algorithm::SlidingWindow { limit, window_us: window })];
-        let (mut store, mut now, mut admitted) = (Store::default(), 0u64, Vec::<u64>::new());
+        let (mut store, mut now, mut admitted) = (RedisTwin::default(), 0u64, Vec::<u64>::new());
         for (i, gap) in gaps.into_iter().enumerate() {
             now += gap;
             let live = admitted.iter().filter(|&&s| s + window > now).count() as u64;
@@ -44,7 +44,7 @@ proptest! {
         interval in 1u64..100_000, burst in 1u64..20,
         arrivals in prop::collection::vec((prop_oneof![Just(0u64), 0u64..200_000], 0u64..25), 1..300),
     ) {
-        let mut store = Store::default();
+        let mut store = RedisTwin::default();
         let (mut now, mut admitted) = (0u64, Vec::<(u64, u64)>::new());
         for (i, (gap, cost)) in arrivals.into_iter().enumerate() {
             now += gap;
@@ -72,7 +72,7 @@ proptest! {
     ) {
         let lease = lease_ms * 1000;
         let limits = [("k".to_string(), Algorithm::Concurrency { limit, lease_us: lease })];
-        let (mut store, mut now, mut held) = (Store::default(), 0u64, Vec::<String>::new());
+        let (mut store, mut now, mut held) = (RedisTwin::default(), 0u64, Vec::<String>::new());
         for (i, (gap, release, pick)) in ops.into_iter().enumerate() {
             now += gap;
             if release && !held.is_empty() {
@@ -99,7 +99,7 @@ proptest! {
             ("c".to_string(), Algorithm::FixedWindow { limit: 100, window_us: 60_000_000 }),
             ("d".to_string(), Algorithm::SlidingApprox { limit: 100, window_us: 60_000_000 }),
         ];
-        let (mut store, mut now) = (Store::default(), 1_000_000_000u64);
+        let (mut store, mut now) = (RedisTwin::default(), 1_000_000_000u64);
         for (i, gap) in gaps.into_iter().enumerate() {
             now += gap;
             let before = store.clone();
@@ -165,7 +165,7 @@ fn run_costed(interval: u64, burst: u64, requests: &[Costed]) -> Vec<Admitted> {
         Adjust(Correction),
     }
     let key = "k".to_string();
-    let mut store = Store::default();
+    let mut store = RedisTwin::default();
     let mut arrivals = Vec::new();
     let mut now = 1_000_000_000u64;
     for r in requests {
@@ -262,7 +262,7 @@ fn a_late_refund_returns_nothing_the_bucket_already_refilled() {
     let interval = second; // 10 points per 10 s
     let limits = |cost| [("k".to_string(), Algorithm::Gcra { interval_us: interval, burst: 10, cost })];
     let t0 = 1_000 * second;
-    let mut store = Store::default();
+    let mut store = RedisTwin::default();
     let r1 = algorithm::check(&mut store, t0, "r1", &limits(10));
     assert!(r1.allowed);
     assert!(algorithm::check(&mut store, t0 + 10 * second, "r2", &limits(10)).allowed);
@@ -290,7 +290,7 @@ fn a_late_refund_returns_nothing_the_bucket_already_refilled() {
 fn a_refund_behind_an_earlier_refund_returns_only_what_its_moved_charge_holds() {
     let interval = 100_000u64;
     let limits = |cost| [("k".to_string(), Algorithm::Gcra { interval_us: interval, burst: 3, cost })];
-    let refund = |reply: &algorithm::Reply, delta| Correction {
+    let refund = |reply: &algorithm::CheckReply, delta| Correction {
         key: "k".to_string(),
         interval_us: interval,
         delta,
@@ -298,7 +298,7 @@ fn a_refund_behind_an_earlier_refund_returns_only_what_its_moved_charge_holds() 
         refunded_us: reply.limits[0].refunded_us,
     };
     let t0 = 1_000_000_000u64;
-    let mut store = Store::default();
+    let mut store = RedisTwin::default();
     let r0 = algorithm::check(&mut store, t0, "r0", &limits(1));
     let r1 = algorithm::check(&mut store, t0, "r1", &limits(1));
     assert!(r0.allowed && r1.allowed);

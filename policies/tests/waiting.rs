@@ -8,7 +8,7 @@
 use proptest::prelude::*;
 use sluice_policies::algorithm::cancel::{cancel, Reserved};
 use sluice_policies::algorithm::reserve::{reserve, Waiting};
-use sluice_policies::algorithm::{Algorithm, Store};
+use sluice_policies::algorithm::{Algorithm, RedisTwin};
 
 #[derive(Debug, Clone)]
 enum Event {
@@ -43,7 +43,7 @@ fn limit() -> impl Strategy<Value = Algorithm> {
 
 /// (slot, cost) of every request admitted in the end, in arrival order.
 fn run(limits: &[Algorithm], margin: u64, events: &[Event]) -> Vec<(u64, u64)> {
-    let mut store = Store::default();
+    let mut store = RedisTwin::default();
     let mut now = 1_000_000_000u64;
     // Arrival order: the slot and cost of each reserved request, None once cancelled.
     let mut reserved: Vec<Option<(u64, u64)>> = Vec::new();
@@ -178,9 +178,9 @@ proptest! {
     fn the_queue_serves_in_arrival_order_within_the_limit(
         limit in 1u64..4, lease in prop_oneof![Just(50_000u64), Just(10_000_000u64)], events in queue_events(),
     ) {
-        use sluice_policies::algorithm::queue::{self, Acquired};
+        use sluice_policies::algorithm::queue::{self, AcquireReply};
         use sluice_policies::algorithm::State;
-        let mut store = Store::default();
+        let mut store = RedisTwin::default();
         let mut now = 1_000_000_000u64;
         let mut ids: Vec<String> = Vec::new();
         let mut waiting: Vec<usize> = Vec::new();
@@ -191,7 +191,7 @@ proptest! {
                     now += gap;
                     let id = format!("r{}", ids.len());
                     ids.push(id.clone());
-                    if let (Acquired::Queued { .. }, _) = queue::acquire(&mut store, "k", now, &id, limit, lease, wait, "c") {
+                    if let (AcquireReply::Queued { .. }, _) = queue::acquire(&mut store, "k", now, &id, limit, lease, wait, "c") {
                         waiting.push(ids.len() - 1);
                     }
                 }

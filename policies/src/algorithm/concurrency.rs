@@ -1,4 +1,4 @@
-//! `concurrency`: leases. Twin of `lua/concurrency.lua`.
+//! `concurrency`: leases. Twin of `lua/lib/concurrency.lua`.
 //!
 //! One entry per request in flight, scored by when its lease expires. A
 //! request passes while fewer than `limit` leases are live. The stream's end

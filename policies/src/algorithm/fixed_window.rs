@@ -1,5 +1,5 @@
 //! `fixed_window`: one counter per window aligned to the epoch. Twin of
-//! `lua/fixed_window.lua`.
+//! `lua/lib/fixed_window.lua`.
 //!
 //! The window of `now` is `now / window`; it ends at `(index + 1) * window`.
 //! A request passes while the window's count is below `limit`.

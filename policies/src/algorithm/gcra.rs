@@ -1,5 +1,5 @@
 //! `gcra`: the generic cell rate algorithm, for token buckets, leaky buckets,
-//! intervals and points. Twin of `lua/gcra.lua`.
+//! intervals and points. Twin of `lua/lib/gcra.lua`.
 //!
 //! The state is one time, the theoretical arrival time `tat`: when the bucket
 //! would be full again. One unit refills every `interval`; the bucket holds
@@ -41,7 +41,7 @@ pub fn check(state: Option<&State>, now: u64, interval: u64, burst: u64, cost: u
     }
 }
 
-/// `lua/adjust.lua`: charges `c.delta` more units (or refunds, when
+/// `lua/scripts/adjust.lua`: charges `c.delta` more units (or refunds, when
 /// negative) once the true cost is known. Returns the new `tat` and the
 /// microseconds refunded, which the bucket's `refunded` counter adds up.
 ///

@@ -21,7 +21,11 @@ pub mod sliding_window;
 
 use std::collections::HashMap;
 
-use crate::wire::{LimitOutcome, WireLimit};
+use serde::{Deserialize, Serialize};
+
+use crate::feedback::Slowdown;
+use crate::limit::WireLimit;
+use crate::units::{is_zero, per_unit_us};
 
 /// A limit as its algorithm takes it, in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +67,7 @@ impl Algorithm {
     /// refills faster than asked.
     pub fn of(limit: &WireLimit) -> Algorithm {
         let us = |ms: u64| ms.saturating_mul(1000);
-        let per_unit = |period_ms: u64, count: u32| us(period_ms).div_ceil(u64::from(count.max(1)));
+        let per_unit = per_unit_us;
         match *limit {
             WireLimit::FixedWindow { limit, window_ms } => {
                 Algorithm::FixedWindow { limit: limit.into(), window_us: us(window_ms) }
@@ -108,7 +112,7 @@ impl Algorithm {
         }
     }
 
-    /// The script's name for it and its three numbers, as `lua/check.lua` reads them.
+    /// The script's name for it and its three numbers, as `lua/scripts/check.lua` reads them.
     pub fn script_args(&self) -> (&'static str, [u64; 3]) {
         match *self {
             Algorithm::FixedWindow { limit, window_us } => ("fixed_window", [limit, window_us, 0]),
@@ -152,14 +156,14 @@ pub fn refunded_key(key: &str) -> String {
 }
 
 /// A bucket's refund counter, 0 before its first refund.
-pub fn refunded(store: &Store, key: &str) -> u64 {
+pub fn refunded(store: &RedisTwin, key: &str) -> u64 {
     match store.keys.get(&refunded_key(key)) {
         Some(&State::Refunded(us)) => us,
         _ => 0,
     }
 }
 
-/// A points correction, as `lua/adjust.lua` takes it.
+/// A points correction, as `lua/scripts/adjust.lua` takes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Correction {
     pub key: String,
@@ -173,13 +177,17 @@ pub struct Correction {
     pub refunded_us: u64,
 }
 
-/// The model's Redis: state by key. Expiry is not modelled: every key's TTL
+/// The model's Redis, the in-memory twin every script's state lives in
+/// here: state by key. Expiry is not modelled: every key's TTL
 /// outlives the state that still matters, so a key Redis has dropped reads
 /// the same as one the model keeps.
 #[derive(Debug, Clone, Default)]
-pub struct Store {
+pub struct RedisTwin {
     pub keys: HashMap<String, State>,
 }
+
+/// The old name of [`RedisTwin`], for callers not yet renamed.
+pub use self::RedisTwin as Store;
 
 /// What phase 1 found for one limit.
 pub struct Found {
@@ -222,22 +230,54 @@ pub struct View {
     pub reset_us: u64,
 }
 
+/// One limit's answer in a check's reply, as the shim sends it on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitOutcome {
+    pub allowed: bool,
+    /// Requests this limit would still admit after this one.
+    pub remaining: u64,
+    /// Milliseconds until this limit next frees capacity.
+    pub reset_ms: u64,
+    /// Milliseconds until this limit would admit the request; 0 if it did;
+    /// `None` when unknown.
+    pub retry_after_ms: Option<u64>,
+    /// Expired leases this check reclaimed: their holders died without releasing.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reclaimed: u64,
+    /// An admitted `points` limit: the time, in microseconds on the shim's
+    /// clock, until which this request's charge holds in the bucket. A later
+    /// refund can give back at most what is left of it: what the bucket has
+    /// refilled since was never the request's to return.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_until_us: Option<u64>,
+    /// With `held_until_us`: what the bucket's refunds had given back so
+    /// far, in microseconds, when this charge was made. Refunds since then
+    /// of earlier charges moved this one earlier; the counter tells a later
+    /// refund by how much at most.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub refunded_us: u64,
+}
+
 /// Microseconds to milliseconds, rounded up.
 pub fn ceil_ms(us: u64) -> u64 {
     us.div_ceil(1000)
 }
 
-/// The decision on one request: the reply of `lua/check.lua`.
+/// The decision on one request: the reply of `lua/scripts/check.lua`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reply {
+pub struct CheckReply {
     pub allowed: bool,
     /// `None` when admitted, or when some denying limit cannot say.
     pub retry_after_ms: Option<u64>,
     pub limits: Vec<LimitOutcome>,
 }
 
-/// `lua/check.lua`: decides every limit at once, all or nothing.
-pub fn check(store: &mut Store, now: u64, id: &str, limits: &[(String, Algorithm)]) -> Reply {
+/// The old name of [`CheckReply`], for callers not yet renamed.
+pub use self::CheckReply as Reply;
+
+/// `lua/scripts/check.lua`: decides every limit at once, all or nothing.
+pub fn check(store: &mut RedisTwin, now: u64, id: &str, limits: &[(String, Algorithm)]) -> CheckReply {
     // Phase 1: check. Expired leases go back, to waiters first (queue.lua).
     let reclaimed: Vec<(u64, bool)> = limits
         .iter()
@@ -316,32 +356,32 @@ pub fn check(store: &mut Store, now: u64, id: &str, limits: &[(String, Algorithm
             }
         })
         .collect();
-    Reply { allowed, retry_after_ms: if allowed { Some(0) } else { retry_after_ms }, limits: outcomes }
+    CheckReply { allowed, retry_after_ms: if allowed { Some(0) } else { retry_after_ms }, limits: outcomes }
 }
 
-/// `lua/release.lua`: ends lease `id` on each (key, limit, lease); how many
+/// `lua/scripts/release.lua`: ends lease `id` on each (key, limit, lease); how many
 /// were there. Freed slots go to waiters (`queue`).
-pub fn release(store: &mut Store, now: u64, keys: &[(String, u64, u64)], id: &str) -> u64 {
+pub fn release(store: &mut RedisTwin, now: u64, keys: &[(String, u64, u64)], id: &str) -> u64 {
     keys.iter().filter(|(key, limit, lease)| queue::release(store, key, now, id, *limit, *lease)).count()
         as u64
 }
 
-/// `lua/renew.lua`: lease `id`, where live, lasts another lease length on
+/// `lua/scripts/renew.lua`: lease `id`, where live, lasts another lease length on
 /// each (key, limit, lease), as `release` takes them; how many it renewed.
-pub fn renew(store: &mut Store, now: u64, keys: &[(String, u64, u64)], id: &str) -> u64 {
+pub fn renew(store: &mut RedisTwin, now: u64, keys: &[(String, u64, u64)], id: &str) -> u64 {
     keys.iter().filter(|(key, _, lease)| queue::renew(store, key, now, id, *lease)).count() as u64
 }
 
-/// `lua/upstream.lua`, for one answer of the partner: pauses `pause_key`
+/// `lua/scripts/upstream.lua`, for one answer of the partner: pauses `pause_key`
 /// for `pause_us` (extend-only) and, if `slow` (a refusal of a policy that
 /// adapts), lowers the rate at `rate_key` unless the key was already
 /// paused. Whether the pause moved, and whether the rate was lowered.
 pub fn upstream(
-    store: &mut Store,
+    store: &mut RedisTwin,
     now: u64,
     (pause_key, rate_key): (&str, &str),
     pause_us: u64,
-    slow: Option<&crate::wire::Slowdown>,
+    slow: Option<&Slowdown>,
 ) -> (bool, bool) {
     let paused_until = match store.keys.get(pause_key) {
         Some(&State::Pause(until)) => until,
@@ -357,8 +397,8 @@ pub fn upstream(
     (moved, slowed)
 }
 
-/// `lua/adjust.lua`: charges or refunds each correction's bucket.
-pub fn adjust(store: &mut Store, now: u64, corrections: &[Correction]) {
+/// `lua/scripts/adjust.lua`: charges or refunds each correction's bucket.
+pub fn adjust(store: &mut RedisTwin, now: u64, corrections: &[Correction]) {
     for c in corrections {
         let (tat, refund) = gcra::adjust(store.keys.get(&c.key), refunded(store, &c.key), now, c);
         store.keys.insert(c.key.clone(), State::Tat(tat));
@@ -369,10 +409,10 @@ pub fn adjust(store: &mut Store, now: u64, corrections: &[Correction]) {
     }
 }
 
-/// `lua/lease.lua`: leased mode on the `fixed_window` at `key`. Gives back
+/// `lua/scripts/lease.lua`: leased mode on the `fixed_window` at `key`. Gives back
 /// `give_back` (window index, tokens) first, then grants up to `want`.
 pub fn lease(
-    store: &mut Store,
+    store: &mut RedisTwin,
     now: u64,
     key: &str,
     limit: u64,

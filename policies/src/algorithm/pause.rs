@@ -1,4 +1,4 @@
-//! `pause`: the partner's own "slow down", fleet-wide. Twin of `lua/pause.lua`.
+//! `pause`: the partner's own "slow down", fleet-wide. Twin of `lua/lib/pause.lua`.
 //!
 //! One key per policy and key (`<tag>:pause`) holds the time until which the
 //! partner asked us to stop (upstream feedback). A check of a policy that
@@ -42,7 +42,7 @@ pub fn reserve(state: Option<&State>, now: u64) -> Slot {
     }
 }
 
-/// `lua/upstream.lua`: pauses the key until `now + pause_us`, unless it is
+/// `lua/scripts/upstream.lua`: pauses the key until `now + pause_us`, unless it is
 /// already paused longer. The end now stored, and whether it moved.
 pub fn record(state: Option<&State>, now: u64, pause_us: u64) -> (u64, bool) {
     let stored = until(state);

@@ -1,6 +1,6 @@
 //! `queue`: the fleet-wide FCFS queue of requests waiting for a concurrency
 //! slot, and the hand-over that gives freed slots straight to them. Twin of
-//! `lua/queue.lua` and of the scripts built on it: `acquire`, `release`,
+//! `lua/lib/queue.lua` and of the scripts built on it: `acquire`, `release`,
 //! `leave`, `reclaim`.
 //!
 //! Beside the lease set `key`, Redis keeps the waiters (`key:q` by arrival,
@@ -19,7 +19,7 @@
 
 use super::cancel::{cancel, Reserved};
 use super::reserve::{reserve, Waiting};
-use super::{State, Store};
+use super::{RedisTwin, State};
 
 /// One request waiting for a slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,7 +35,7 @@ pub struct Waiter {
     pub time: Vec<Waiting>,
 }
 
-fn waiters<'a>(store: &'a mut Store, key: &str) -> &'a mut Vec<Waiter> {
+fn waiters<'a>(store: &'a mut RedisTwin, key: &str) -> &'a mut Vec<Waiter> {
     let entry = store.keys.entry(format!("{key}:q")).or_insert_with(|| State::Queue(Vec::new()));
     if !matches!(entry, State::Queue(_)) {
         *entry = State::Queue(Vec::new());
@@ -46,7 +46,7 @@ fn waiters<'a>(store: &'a mut Store, key: &str) -> &'a mut Vec<Waiter> {
     }
 }
 
-fn set<'a>(store: &'a mut Store, key: &str) -> &'a mut Vec<(u64, String)> {
+fn set<'a>(store: &'a mut RedisTwin, key: &str) -> &'a mut Vec<(u64, String)> {
     let entry = store.keys.entry(key.to_string()).or_insert_with(|| State::Set(Vec::new()));
     if !matches!(entry, State::Set(_)) {
         *entry = State::Set(Vec::new());
@@ -60,7 +60,7 @@ fn set<'a>(store: &'a mut Store, key: &str) -> &'a mut Vec<(u64, String)> {
     }
 }
 
-pub fn tombstoned(store: &Store, key: &str, now: u64, id: &str) -> bool {
+pub fn tombstoned(store: &RedisTwin, key: &str, now: u64, id: &str) -> bool {
     match store.keys.get(&format!("{key}:t")) {
         Some(State::Set(entries)) => entries.iter().any(|(until, m)| m == id && *until > now),
         _ => false,
@@ -72,7 +72,13 @@ pub fn tombstoned(store: &Store, key: &str, now: u64, id: &str) -> bool {
 /// leases must have been reclaimed first. Returns the (channel, message)
 /// published: `<id>` served, `<id> <t'> <delay>` time slot reserved at `t'`,
 /// `<id> -1` refused.
-pub fn hand_over(store: &mut Store, key: &str, now: u64, limit: u64, lease: u64) -> Vec<(String, String)> {
+pub fn hand_over(
+    store: &mut RedisTwin,
+    key: &str,
+    now: u64,
+    limit: u64,
+    lease: u64,
+) -> Vec<(String, String)> {
     let mut published = Vec::new();
     while (set(store, key).len() as u64) < limit {
         let queue = waiters(store, key);
@@ -105,7 +111,7 @@ pub fn hand_over(store: &mut Store, key: &str, now: u64, limit: u64, lease: u64)
 }
 
 /// Leases that expired go back: to waiters first. Returns how many expired.
-pub fn reclaim(store: &mut Store, key: &str, now: u64, limit: u64, lease: u64) -> u64 {
+pub fn reclaim(store: &mut RedisTwin, key: &str, now: u64, limit: u64, lease: u64) -> u64 {
     let leases = set(store, key);
     let before = leases.len();
     leases.retain(|(x, _)| *x > now);
@@ -117,7 +123,7 @@ pub fn reclaim(store: &mut Store, key: &str, now: u64, limit: u64, lease: u64) -
 }
 
 /// Takes `id` out of the queue; true if it was there.
-fn dequeue(store: &mut Store, key: &str, id: &str) -> bool {
+fn dequeue(store: &mut RedisTwin, key: &str, id: &str) -> bool {
     let queue = waiters(store, key);
     let before = queue.len();
     queue.retain(|w| w.id != id);
@@ -126,7 +132,7 @@ fn dequeue(store: &mut Store, key: &str, id: &str) -> bool {
 
 /// The time until the soonest live lease expires, `None` without leases or
 /// without waiters: when a waiting shim should reclaim.
-pub fn soonest_expiry(store: &mut Store, key: &str, now: u64) -> Option<u64> {
+pub fn soonest_expiry(store: &mut RedisTwin, key: &str, now: u64) -> Option<u64> {
     if waiters(store, key).is_empty() {
         return None;
     }
@@ -135,7 +141,7 @@ pub fn soonest_expiry(store: &mut Store, key: &str, now: u64) -> Option<u64> {
 
 /// What `acquire` did with a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Acquired {
+pub enum AcquireReply {
     /// It holds the lease.
     Leased,
     /// It waits in the queue; a lease expires in `soonest` µs.
@@ -144,11 +150,14 @@ pub enum Acquired {
     Refused,
 }
 
-/// `lua/acquire.lua`: a free slot with nobody waiting is taken at once;
+/// The old name of [`AcquireReply`], for callers not yet renamed.
+pub use self::AcquireReply as Acquired;
+
+/// `lua/scripts/acquire.lua`: a free slot with nobody waiting is taken at once;
 /// otherwise the request joins the queue behind everyone already in it.
 #[allow(clippy::too_many_arguments)]
 pub fn acquire(
-    store: &mut Store,
+    store: &mut RedisTwin,
     key: &str,
     now: u64,
     id: &str,
@@ -156,35 +165,43 @@ pub fn acquire(
     lease: u64,
     wait: u64,
     channel: &str,
-) -> (Acquired, u64) {
+) -> (AcquireReply, u64) {
     let reclaimed = reclaim(store, key, now, limit, lease);
     hand_over(store, key, now, limit, lease);
     if tombstoned(store, key, now, id) {
-        return (Acquired::Refused, reclaimed);
+        return (AcquireReply::Refused, reclaimed);
     }
     if (set(store, key).len() as u64) < limit && waiters(store, key).is_empty() {
         set(store, key).push((now + lease, id.to_string()));
-        return (Acquired::Leased, reclaimed);
+        return (AcquireReply::Leased, reclaimed);
     }
     enqueue(store, key, now, id, wait, channel, Vec::new());
-    (Acquired::Queued { soonest: soonest_expiry(store, key, now) }, reclaimed)
+    (AcquireReply::Queued { soonest: soonest_expiry(store, key, now) }, reclaimed)
 }
 
 /// Puts `id` at the back of the queue until `now + wait`.
-fn enqueue(store: &mut Store, key: &str, now: u64, id: &str, wait: u64, channel: &str, time: Vec<Waiting>) {
+fn enqueue(
+    store: &mut RedisTwin,
+    key: &str,
+    now: u64,
+    id: &str,
+    wait: u64,
+    channel: &str,
+    time: Vec<Waiting>,
+) {
     let queue = waiters(store, key);
     let seq = queue.iter().map(|w| w.seq).max().map_or(now, |last| if last >= now { last + 1 } else { now });
     queue.push(Waiter { seq, id: id.to_string(), deadline: now + wait, channel: channel.to_string(), time });
 }
 
-/// `lua/take.lua`: a mixed waiting request at its time slot `at`, its time
+/// `lua/scripts/take.lua`: a mixed waiting request at its time slot `at`, its time
 /// limits reserved there (`held`: the gcra tat each set, else 0). It takes
 /// the concurrency slot if one is free and nobody waits; otherwise it gives
 /// back what of its time reservation is provably safe (`cancel`) and queues
 /// with its time limits, which the hand-over re-checks.
 #[allow(clippy::too_many_arguments)]
 pub fn take(
-    store: &mut Store,
+    store: &mut RedisTwin,
     key: &str,
     now: u64,
     id: &str,
@@ -193,28 +210,28 @@ pub fn take(
     at: u64,
     time: &[Waiting],
     held: &[u64],
-) -> (Acquired, u64) {
+) -> (AcquireReply, u64) {
     let reclaimed = reclaim(store, key, now, limit, lease);
     hand_over(store, key, now, limit, lease);
     let reserved: Vec<Reserved> =
         time.iter().zip(held).map(|((k, alg, _), &h)| (k.clone(), *alg, (h > 0).then_some(h))).collect();
     if tombstoned(store, key, now, id) {
         cancel(store, now, id, at, &reserved);
-        return (Acquired::Refused, reclaimed);
+        return (AcquireReply::Refused, reclaimed);
     }
     if (set(store, key).len() as u64) < limit && waiters(store, key).is_empty() {
         set(store, key).push((now + lease, id.to_string()));
-        return (Acquired::Leased, reclaimed);
+        return (AcquireReply::Leased, reclaimed);
     }
     cancel(store, now, id, at, &reserved);
     enqueue(store, key, now, id, wait, channel, time.to_vec());
-    (Acquired::Queued { soonest: soonest_expiry(store, key, now) }, reclaimed)
+    (AcquireReply::Queued { soonest: soonest_expiry(store, key, now) }, reclaimed)
 }
 
-/// `lua/release.lua` on one lease set: ends lease `id` (true if it was
+/// `lua/scripts/release.lua` on one lease set: ends lease `id` (true if it was
 /// live), takes `id` out of the queue, tombstones it for one lease length,
 /// and hands the freed slot over.
-pub fn release(store: &mut Store, key: &str, now: u64, id: &str, limit: u64, lease: u64) -> bool {
+pub fn release(store: &mut RedisTwin, key: &str, now: u64, id: &str, limit: u64, lease: u64) -> bool {
     let leases = set(store, key);
     let before = leases.len();
     leases.retain(|(_, m)| m != id);
@@ -228,10 +245,10 @@ pub fn release(store: &mut Store, key: &str, now: u64, id: &str, limit: u64, lea
     released
 }
 
-/// `lua/renew.lua`: lease `id`, while live, lasts another `lease` from
+/// `lua/scripts/renew.lua`: lease `id`, while live, lasts another `lease` from
 /// `now`. A lease already gone or expired is not taken again: renewing
 /// never admits.
-pub fn renew(store: &mut Store, key: &str, now: u64, id: &str, lease: u64) -> bool {
+pub fn renew(store: &mut RedisTwin, key: &str, now: u64, id: &str, lease: u64) -> bool {
     let leases = set(store, key);
     match leases.iter_mut().find(|(expiry, m)| m == id && *expiry > now) {
         Some(entry) => {
@@ -242,10 +259,10 @@ pub fn renew(store: &mut Store, key: &str, now: u64, id: &str, lease: u64) -> bo
     }
 }
 
-/// `lua/leave.lua`: a waiter whose wait ran out, or whose client went away,
+/// `lua/scripts/leave.lua`: a waiter whose wait ran out, or whose client went away,
 /// leaves the queue; a slot it was handed meanwhile passes on. 1: it was
 /// queued, 2: it passed a slot on, 0: neither.
-pub fn leave(store: &mut Store, key: &str, now: u64, id: &str, limit: u64, lease: u64) -> u8 {
+pub fn leave(store: &mut RedisTwin, key: &str, now: u64, id: &str, limit: u64, lease: u64) -> u8 {
     if dequeue(store, key, id) {
         return 1;
     }
@@ -260,9 +277,15 @@ pub fn leave(store: &mut Store, key: &str, now: u64, id: &str, limit: u64, lease
     0
 }
 
-/// `lua/reclaim.lua`: expired leases back to the waiters; then when the
+/// `lua/scripts/reclaim.lua`: expired leases back to the waiters; then when the
 /// next timer should fire.
-pub fn reclaim_timer(store: &mut Store, key: &str, now: u64, limit: u64, lease: u64) -> (u64, Option<u64>) {
+pub fn reclaim_timer(
+    store: &mut RedisTwin,
+    key: &str,
+    now: u64,
+    limit: u64,
+    lease: u64,
+) -> (u64, Option<u64>) {
     let reclaimed = reclaim(store, key, now, limit, lease);
     // A slot may also be free without an expiry (a refund on a cluster).
     hand_over(store, key, now, limit, lease);

@@ -1,5 +1,5 @@
 //! `rate`: the rate the partner's refusals taught us, fleet-wide. Twin of
-//! `lua/rate.lua`.
+//! `lua/lib/rate.lua`.
 //!
 //! A pause is not a rate: when it ends, a policy that overstates the
 //! partner's limits sends too much again. So one key per policy and key
@@ -17,10 +17,10 @@
 
 use super::reserve::{Committed, Slot};
 use super::{Algorithm, Found, State, View};
-use crate::wire::Slowdown;
+use crate::feedback::Slowdown;
 
 /// A factor of one: the policy's own rate.
-pub const PPM: u64 = 1_000_000;
+pub use crate::units::PPM;
 
 /// The factor at `now`, in parts per million of the policy's rate.
 pub fn factor(state: Option<&State>, now: u64) -> u64 {
@@ -107,7 +107,7 @@ pub fn reserve(state: Option<&State>, now: u64) -> Slot {
     }
 }
 
-/// `lua/upstream.lua`: a refusal that finds the key running freely (not
+/// `lua/scripts/upstream.lua`: a refusal that finds the key running freely (not
 /// paused until after `now`: `paused_until` is the pause's end before this
 /// answer) lowers its rate to `decrease` of what it is now, not below `min`.
 /// The state to store, if it changes.

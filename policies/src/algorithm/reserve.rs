@@ -1,5 +1,5 @@
 //! `reserve`: the waiting path of `check`, for a request that may be held up
-//! to `wait` microseconds. Twin of `lua/reserve.lua`.
+//! to `wait` microseconds. Twin of `lua/lib/reserve.lua`.
 //!
 //! Each limit names the earliest time at or after `now` at which it admits
 //! the request; past that time it keeps admitting it (reservations on a key
@@ -14,8 +14,10 @@
 //! `now` if denied); `reset_ms` is, when admitted, the time from `t` until it
 //! frees capacity, and when denied its own wait, as is `retry_after_ms`.
 
-use super::{ceil_ms, fixed_window, gcra, pause, rate, sliding_window, Algorithm, Reply, State, Store, View};
-use crate::wire::LimitOutcome;
+use super::{
+    ceil_ms, fixed_window, gcra, pause, rate, sliding_window, Algorithm, CheckReply, LimitOutcome, RedisTwin,
+    State, View,
+};
 
 /// One limit's earliest slot.
 pub struct Slot {
@@ -39,7 +41,7 @@ pub struct Committed {
 /// The answer to a waiting request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reservation {
-    pub reply: Reply,
+    pub reply: CheckReply,
     /// The slot it is admitted at, in µs; `None` when denied.
     pub at: Option<u64>,
 }
@@ -47,9 +49,15 @@ pub struct Reservation {
 /// A limit as the waiting path takes it: its key, its algorithm, its margin in µs.
 pub type Waiting = (String, Algorithm, u64);
 
-/// `lua/reserve.lua`. Concurrency and approximate windows cannot wait: the
+/// `lua/lib/reserve.lua`. Concurrency and approximate windows cannot wait: the
 /// shim refuses them before they get here, and so does this (`None`).
-pub fn reserve(store: &mut Store, now: u64, id: &str, wait: u64, limits: &[Waiting]) -> Option<Reservation> {
+pub fn reserve(
+    store: &mut RedisTwin,
+    now: u64,
+    id: &str,
+    wait: u64,
+    limits: &[Waiting],
+) -> Option<Reservation> {
     let mut slots = Vec::with_capacity(limits.len());
     // The partner's refusals scale the limits of their check first.
     let keyed: Vec<(String, Algorithm)> = limits.iter().map(|(key, alg, _)| (key.clone(), *alg)).collect();
@@ -113,7 +121,7 @@ pub fn reserve(store: &mut Store, now: u64, id: &str, wait: u64, limits: &[Waiti
         None => None,
     };
     Some(Reservation {
-        reply: Reply { allowed, retry_after_ms, limits: outcomes },
+        reply: CheckReply { allowed, retry_after_ms, limits: outcomes },
         at: at.filter(|_| allowed),
     })
 }

@@ -1,5 +1,5 @@
 //! `sliding_approx`: the sliding window in O(1) memory. Twin of
-//! `lua/sliding_approx.lua`.
+//! `lua/lib/sliding_approx.lua`.
 //!
 //! It keeps the count of the current aligned window and of the previous one.
 //! The estimate of the last `window` is the previous count weighted by the

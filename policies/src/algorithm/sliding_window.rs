@@ -1,4 +1,4 @@
-//! `sliding_window`: an exact log. Twin of `lua/sliding_window.lua`.
+//! `sliding_window`: an exact log. Twin of `lua/lib/sliding_window.lua`.
 //!
 //! One entry per admitted request, scored by its time. An entry admitted at
 //! `s` counts while `now < s + window`, so over any interval one window long

@@ -1,3 +1,4 @@
+-- requires: common
 -- renew: keep the leases of a request still in flight. Twin of
 -- policies/src/algorithm/queue.rs, renew().
 --

@@ -1,3 +1,4 @@
+-- requires: common, queue
 -- release: end a request's leases. Twin of policies/src/algorithm/queue.rs, release().
 --
 -- KEYS[i]   the lease sets of the request's concurrency limits

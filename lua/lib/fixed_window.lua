@@ -1,3 +1,4 @@
+-- requires: common
 -- fixed_window: one counter per window aligned to the epoch.
 -- Twin of policies/src/algorithm/fixed_window.rs.
 --

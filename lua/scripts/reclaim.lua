@@ -1,3 +1,4 @@
+-- requires: common, queue
 -- reclaim: a waiting shim's timer at the soonest lease expiry it was told
 -- about, so a crashed holder's slot reaches the queue without new traffic.
 -- Twin of policies/src/algorithm/queue.rs, reclaim().

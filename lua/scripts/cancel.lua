@@ -1,3 +1,4 @@
+-- requires: common, fixed_window, sliding_window, gcra
 -- cancel: give back what a held reservation took, once its client is gone.
 -- Twin of policies/src/algorithm/cancel.rs.
 --

@@ -1,5 +1,7 @@
+-- requires: common, gcra, queue
 -- refund: take back what check.lua charged for one request, when another
--- Redis Cluster slot denied the same request (reserve-then-refund).
+-- Redis Cluster slot denied the same request (charge-then-refund: a charge,
+-- not a reservation, which in these scripts means a waiting slot).
 --
 -- KEYS[i]   the state key of limit i, as in check.lua
 -- ARGV[1]   the time check.lua charged at (its reply's `now`)

@@ -1,3 +1,4 @@
+-- requires: common, gcra
 -- adjust: charge or refund points once a request's true cost is known.
 -- Twin of policies/src/algorithm/gcra.rs, adjust().
 --

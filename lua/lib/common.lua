@@ -1,5 +1,6 @@
--- Helpers for every script. The shim puts this first, then the algorithms,
--- then the script's main part.
+-- Helpers for every script. A file names the helpers it uses on its first
+-- line (`-- requires: common, gcra`); the shim puts them, and what they
+-- require in turn, before the script's main part (host-shim/src/scripts.rs).
 
 -- Microseconds to milliseconds, rounded up.
 local function ceil_ms(us)

@@ -1,3 +1,4 @@
+-- requires: common, slots
 -- reserve: the waiting path of check.lua, for a request that may be held up
 -- to wait microseconds. Twin of policies/src/algorithm/reserve.rs.
 --

@@ -1,3 +1,4 @@
+-- requires: common, queue
 -- concurrency: leases. Twin of policies/src/algorithm/concurrency.rs.
 --
 -- A sorted set holds one member per request in flight (its lease id), scored

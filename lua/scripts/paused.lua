@@ -1,3 +1,4 @@
+-- requires: common
 -- paused: how much longer the partner's pauses hold (upstream feedback),
 -- for a request held until its slot. Twin of policies/src/algorithm/pause.rs,
 -- check() (its retry).

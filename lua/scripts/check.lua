@@ -1,3 +1,4 @@
+-- requires: common, fixed_window, sliding_window, sliding_approx, gcra, pause, rate, queue, concurrency, reserve
 -- check: decide every limit of one request at once, all or nothing.
 -- Twin of policies/src/algorithm/mod.rs, check().
 --

@@ -1,3 +1,4 @@
+-- requires: fixed_window, sliding_window, gcra, pause, rate
 -- slots: the earliest slot at which every time-based limit of a request
 -- admits it, and its charge there. Twin of policies/src/algorithm/reserve.rs,
 -- reserve(). Used by the waiting path of check.lua (reserve.lua) and by the

@@ -1,3 +1,4 @@
+-- requires: common
 -- gcra: the generic cell rate algorithm, for token buckets, leaky buckets,
 -- intervals and points. Twin of policies/src/algorithm/gcra.rs.
 --

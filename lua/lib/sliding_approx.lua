@@ -1,3 +1,4 @@
+-- requires: common
 -- sliding_approx: the sliding window in O(1) memory.
 -- Twin of policies/src/algorithm/sliding_approx.rs.
 --

@@ -1,3 +1,4 @@
+-- requires: common, rate
 -- upstream: record the partner's "slow down" (a 429 with Retry-After, a
 -- RateLimit field with nothing left, ...). Twin of
 -- policies/src/algorithm/pause.rs, record(), and rate.rs, slow().

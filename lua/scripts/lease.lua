@@ -1,3 +1,4 @@
+-- requires: common
 -- lease: leased mode on one fixed_window. Twin of policies/src/algorithm/mod.rs,
 -- lease(), and fixed_window.rs, give_back() and grant().
 --

@@ -2,7 +2,7 @@
 -- policies/src/algorithm/pause.rs.
 --
 -- One key per policy and key holds the time until which the partner asked us
--- to stop (upstream feedback, lua/upstream.lua). A check of a policy that
+-- to stop (upstream feedback, lua/scripts/upstream.lua). A check of a policy that
 -- reads upstream feedback carries it as one more limit: decided at once, it
 -- refuses until then; waiting, its slot is the pause's end, so a reservation
 -- never falls inside a pause. It charges nothing.

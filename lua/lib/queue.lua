@@ -1,3 +1,4 @@
+-- requires: common, slots
 -- queue: the fleet-wide FCFS queue of requests waiting for a concurrency
 -- slot, and the hand-over that gives freed slots straight to them. Twin of
 -- policies/src/algorithm/queue.rs.

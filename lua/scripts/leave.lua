@@ -1,3 +1,4 @@
+-- requires: common, queue
 -- leave: a waiter whose wait ran out, or whose client went away, leaves the
 -- queue. Twin of policies/src/algorithm/queue.rs, leave().
 --

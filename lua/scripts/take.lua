@@ -1,3 +1,4 @@
+-- requires: common, fixed_window, sliding_window, gcra, slots, queue
 -- take: a mixed waiting request (a concurrency limit and time-based limits)
 -- at its time slot. Twin of policies/src/algorithm/queue.rs, take().
 --

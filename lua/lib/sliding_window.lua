@@ -1,3 +1,4 @@
+-- requires: common
 -- sliding_window: an exact log. Twin of policies/src/algorithm/sliding_window.rs.
 --
 -- A sorted set holds one member per admitted request (its unique id), scored

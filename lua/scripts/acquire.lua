@@ -1,3 +1,4 @@
+-- requires: common, queue
 -- acquire: a request that may wait for a concurrency slot. Twin of
 -- policies/src/algorithm/queue.rs, acquire().
 --
