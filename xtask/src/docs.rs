@@ -259,7 +259,8 @@ fn draw(graph: &Graph, phases: &[String], source: &str) -> String {
     for e in &graph.edges {
         let (Some(&from), Some(&to)) = (rects.get(e.from.as_str()), rects.get(e.to.as_str())) else { continue };
         let dash = if e.dev { r#" stroke-dasharray="5,4""# } else { "" };
-        let ((x1, y1), (x2, y2)) = (from.bottom(), to.top());
+        // A dev-dependency may point up a layer: leave and enter on the facing sides.
+        let ((x1, y1), (x2, y2)) = if to.y < from.y { (from.top(), to.bottom()) } else { (from.bottom(), to.top()) };
         let _ = writeln!(
             arrows,
             r##"<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="#556"{dash} marker-end="url(#arrow)"/>"##
