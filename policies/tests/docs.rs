@@ -60,7 +60,9 @@ fn split(page: &str) -> (Vec<Block>, Vec<(usize, &str)>) {
     for (i, line) in page.lines().enumerate() {
         let fence = line.trim_start().strip_prefix("```");
         match (&mut open, fence) {
-            (None, Some(info)) => open = Some(Block { info: info.trim().to_owned(), line: i + 2, text: String::new() }),
+            (None, Some(info)) => {
+                open = Some(Block { info: info.trim().to_owned(), line: i + 2, text: String::new() })
+            }
             (Some(_), Some(_)) => blocks.extend(open.take()),
             (Some(block), None) => {
                 block.text.push_str(line);
@@ -79,7 +81,8 @@ fn schema_names() -> (BTreeSet<String>, BTreeSet<String>) {
             Value::Object(map) => {
                 if let Some(Value::Object(props)) = map.get("properties") {
                     fields.extend(props.keys().cloned());
-                    if let Some(kind) = props.get("type").and_then(|t| t.get("const")).and_then(Value::as_str) {
+                    if let Some(kind) = props.get("type").and_then(|t| t.get("const")).and_then(Value::as_str)
+                    {
                         kinds.insert(kind.to_owned());
                     }
                 }
@@ -106,11 +109,16 @@ fn the_policy_reference_names_every_field_and_limit_type() {
     let missing: Vec<&String> = fields
         .iter()
         .filter(|f| {
-            ![format!("`{f}`"), format!(".{f}`"), format!("\"{f}\":")].iter().any(|form| reference.contains(form))
+            ![format!("`{f}`"), format!(".{f}`"), format!("\"{f}\":")]
+                .iter()
+                .any(|form| reference.contains(form))
         })
         .chain(kinds.iter().filter(|k| !reference.contains(&format!("`{k}`"))))
         .collect();
-    assert!(missing.is_empty(), "docs/policy-reference.md does not name these schema fields or limit types: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "docs/policy-reference.md does not name these schema fields or limit types: {missing:?}"
+    );
 }
 
 /// Every ```json block of the README and docs/ is a document or a policy that
@@ -121,7 +129,8 @@ fn every_json_example_parses() {
     for page in pages() {
         for block in split(&read(&page)).0.into_iter().filter(|b| b.info == "json") {
             let at = format!("{}:{}", page.display(), block.line);
-            let value: Value = serde_json::from_str(&block.text).unwrap_or_else(|e| panic!("{at}: not JSON: {e}"));
+            let value: Value =
+                serde_json::from_str(&block.text).unwrap_or_else(|e| panic!("{at}: not JSON: {e}"));
             let document = if value.get("policies").is_some() {
                 block.text.clone()
             } else if value.get("limits").is_some() {
@@ -150,7 +159,12 @@ fn slug(heading: &str) -> String {
 }
 
 fn anchors(page: &str) -> BTreeSet<String> {
-    split(page).1.iter().filter_map(|(_, line)| line.strip_prefix('#')).map(|h| slug(h.trim_start_matches('#'))).collect()
+    split(page)
+        .1
+        .iter()
+        .filter_map(|(_, line)| line.strip_prefix('#'))
+        .map(|h| slug(h.trim_start_matches('#')))
+        .collect()
 }
 
 /// Every relative link and image between the pages points at a file that

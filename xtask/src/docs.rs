@@ -149,11 +149,8 @@ fn rust_files(dir: &Path) -> Result<Vec<PathBuf>> {
 /// start each item at the enum's own brace depth, skipping comments,
 /// attributes and any fields a variant carries.
 fn enum_variants(source: &str, name: &str) -> Option<Vec<String>> {
-    let code: String = source
-        .lines()
-        .map(|line| line.split("//").next().unwrap_or(""))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let code: String =
+        source.lines().map(|line| line.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n");
     let start = code.find(&format!("enum {name} "))?;
     let body = &code[start + code[start..].find('{')? + 1..];
     let mut variants = Vec::new();
@@ -226,8 +223,10 @@ fn draw(graph: &Graph, phases: &[String], source: &str) -> String {
         depth(&c.name, graph, &mut layer);
     }
     let top = layer.values().copied().max().unwrap_or(0);
-    let rows: Vec<Vec<&Crate>> =
-        (0..=top).rev().map(|l| graph.crates.iter().filter(|c| layer[c.name.as_str()] == l).collect()).collect();
+    let rows: Vec<Vec<&Crate>> = (0..=top)
+        .rev()
+        .map(|l| graph.crates.iter().filter(|c| layer[c.name.as_str()] == l).collect())
+        .collect();
 
     let row_width = |labels: &[usize]| labels.iter().sum::<usize>() + GAP_X * labels.len().saturating_sub(1);
     let label = |c: &Crate| format!("{} ({})", c.name, c.dir);
@@ -257,10 +256,13 @@ fn draw(graph: &Graph, phases: &[String], source: &str) -> String {
 
     let mut arrows = String::new();
     for e in &graph.edges {
-        let (Some(&from), Some(&to)) = (rects.get(e.from.as_str()), rects.get(e.to.as_str())) else { continue };
+        let (Some(&from), Some(&to)) = (rects.get(e.from.as_str()), rects.get(e.to.as_str())) else {
+            continue;
+        };
         let dash = if e.dev { r#" stroke-dasharray="5,4""# } else { "" };
         // A dev-dependency may point up a layer: leave and enter on the facing sides.
-        let ((x1, y1), (x2, y2)) = if to.y < from.y { (from.top(), to.bottom()) } else { (from.bottom(), to.top()) };
+        let ((x1, y1), (x2, y2)) =
+            if to.y < from.y { (from.top(), to.bottom()) } else { (from.bottom(), to.top()) };
         let _ = writeln!(
             arrows,
             r##"<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="#556"{dash} marker-end="url(#arrow)"/>"##
