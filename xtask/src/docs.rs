@@ -4,8 +4,9 @@
 //! Two parts, both plain SVG (no graphviz): the workspace's crates in layers,
 //! with an arrow from each crate to each crate it depends on by path (solid for
 //! normal dependencies, dashed for dev-dependencies), read from
-//! `cargo metadata`; and below them the phases of a request's flow, read from
-//! `enum Phase` under `core/src/`. Everything is sorted, so the same workspace
+//! `cargo metadata`; and below them the phases of a request's flow in their
+//! declared order, with their doc comment (where the transitions are
+//! written), read from `enum Phase` under `core/src/`. Everything is sorted, so the same workspace
 //! always gives the same bytes, and a test fails when the committed file is
 //! stale.
 
@@ -25,6 +26,8 @@ const SVG: &str = "docs/architecture.svg";
 /// The phases the flow is being built with, drawn until `core/` exists.
 const PLANNED_PHASES: &[&str] =
     &["Matching", "Checking", "Waiting", "Admitted", "Streaming", "Settling", "Done", "Refused", "Failed"];
+const PLANNED_SUMMARY: &str =
+    "Matching → Checking → Waiting → Admitted → Streaming → Settling → Done, plus Refused and Failed.";
 
 // Layout, in pixels.
 const CHAR_W: usize = 7;
@@ -46,8 +49,8 @@ pub(crate) fn run() -> Result<()> {
 /// The whole picture for the workspace at `root`.
 fn render(root: &Path) -> Result<String> {
     let graph = crate_graph(root)?;
-    let (phases, source) = phases(root)?;
-    Ok(draw(&graph, &phases, &source))
+    let phases = phases(root)?;
+    Ok(draw(&graph, &phases))
 }
 
 /// A crate in the picture: its package name and its directory.
@@ -112,18 +115,32 @@ fn crate_graph(root: &Path) -> Result<Graph> {
     Ok(Graph { crates, edges })
 }
 
-/// The flow's phases in declaration order, and the file they came from.
-fn phases(root: &Path) -> Result<(Vec<String>, String)> {
+/// The flow's phases as the picture shows them.
+struct Phases {
+    /// The variants, in declaration order.
+    names: Vec<String>,
+    /// Where they were read.
+    source: String,
+    /// The enum's doc comment, where the transitions are written.
+    summary: String,
+}
+
+/// The flow's phases from `enum Phase` under `core/src/`, or the planned ones
+/// while there is no `core/`.
+fn phases(root: &Path) -> Result<Phases> {
     let core = root.join("core/src");
     if !core.is_dir() {
-        let planned = PLANNED_PHASES.iter().map(|p| p.to_string()).collect();
-        return Ok((planned, "planned: core/ does not exist yet".to_owned()));
+        return Ok(Phases {
+            names: PLANNED_PHASES.iter().map(|p| p.to_string()).collect(),
+            source: "planned: core/ does not exist yet".to_owned(),
+            summary: PLANNED_SUMMARY.to_owned(),
+        });
     }
     for file in rust_files(&core)? {
         let text = fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
-        if let Some(variants) = enum_variants(&text, "Phase") {
-            let shown = file.strip_prefix(root).unwrap_or(&file).display().to_string();
-            return Ok((variants, shown));
+        if let Some(names) = enum_variants(&text, "Phase") {
+            let source = file.strip_prefix(root).unwrap_or(&file).display().to_string();
+            return Ok(Phases { names, source, summary: enum_summary(&text, "Phase") });
         }
     }
     bail!("no `enum Phase` in any file under {}", core.display())
@@ -178,6 +195,39 @@ fn enum_variants(source: &str, name: &str) -> Option<Vec<String>> {
     Some(variants)
 }
 
+/// The doc comment above `enum NAME` on one line, without backticks;
+/// attributes between the two are skipped.
+fn enum_summary(source: &str, name: &str) -> String {
+    let lines: Vec<&str> = source.lines().map(str::trim).collect();
+    let Some(at) = lines.iter().position(|l| l.contains(&format!("enum {name} "))) else {
+        return String::new();
+    };
+    let mut doc: Vec<&str> = lines[..at]
+        .iter()
+        .rev()
+        .skip_while(|l| l.starts_with("#["))
+        .take_while(|l| l.starts_with("///"))
+        .map(|l| l.trim_start_matches('/').trim())
+        .collect();
+    doc.reverse();
+    doc.join(" ").split_whitespace().collect::<Vec<_>>().join(" ").replace('`', "")
+}
+
+/// `text` cut into lines of at most `width` characters, at spaces.
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for word in text.split_whitespace() {
+        match lines.last_mut() {
+            Some(line) if line.chars().count() + 1 + word.chars().count() <= width => {
+                line.push(' ');
+                line.push_str(word);
+            }
+            _ => lines.push(word.to_owned()),
+        }
+    }
+    lines
+}
+
 /// A box's top-left corner and size.
 #[derive(Clone, Copy)]
 struct Rect {
@@ -200,7 +250,7 @@ fn box_width(label: &str) -> usize {
 }
 
 /// The SVG: crates in layers (a crate above everything it depends on), then the phases.
-fn draw(graph: &Graph, phases: &[String], source: &str) -> String {
+fn draw(graph: &Graph, phases: &Phases) -> String {
     // A crate's layer is one more than its deepest normal dependency's; dev
     // edges may point anywhere, so they do not place crates.
     let mut layer: BTreeMap<&str, usize> = BTreeMap::new();
@@ -230,7 +280,7 @@ fn draw(graph: &Graph, phases: &[String], source: &str) -> String {
 
     let row_width = |labels: &[usize]| labels.iter().sum::<usize>() + GAP_X * labels.len().saturating_sub(1);
     let label = |c: &Crate| format!("{} ({})", c.name, c.dir);
-    let phase_widths: Vec<usize> = phases.iter().map(|p| box_width(p)).collect();
+    let phase_widths: Vec<usize> = phases.names.iter().map(|p| box_width(p)).collect();
     let width = rows
         .iter()
         .map(|row| row_width(&row.iter().map(|c| box_width(&label(c))).collect::<Vec<_>>()))
@@ -269,7 +319,7 @@ fn draw(graph: &Graph, phases: &[String], source: &str) -> String {
         );
     }
 
-    // The phases: a chain up to `Done`; the variants after it are the other ends.
+    // The phases in declared order; their doc comment says how they follow each other.
     let phases_y = y + 30;
     let mut text = String::new();
     let _ = writeln!(
@@ -279,29 +329,21 @@ fn draw(graph: &Graph, phases: &[String], source: &str) -> String {
     );
     let _ = writeln!(
         text,
-        r#"<text x="{MARGIN}" y="{}" font-weight="bold">A request's flow: phases ({})</text>"#,
+        r#"<text x="{MARGIN}" y="{}" font-weight="bold">A request's flow: its phases ({})</text>"#,
         phases_y - 10,
-        escape(source)
+        escape(&phases.source)
     );
     let mut x = (width - row_width(&phase_widths)) / 2;
-    let mut chain_ends = false;
-    let mut previous: Option<Rect> = None;
-    for (phase, w) in phases.iter().zip(phase_widths) {
-        let rect = Rect { x, y: phases_y, w };
-        let fill = if chain_ends { "#fbeeee" } else { "#eefbf0" };
-        push_box(&mut boxes, rect, phase, fill);
-        if let (Some(prev), false) = (previous, chain_ends) {
-            let (x1, y1, x2) = (prev.x + prev.w, prev.y + BOX_H / 2, rect.x);
-            let _ = writeln!(
-                arrows,
-                r##"<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y1}" stroke="#556" marker-end="url(#arrow)"/>"##
-            );
-        }
-        chain_ends |= phase == "Done";
-        previous = Some(rect);
+    for (phase, w) in phases.names.iter().zip(phase_widths) {
+        push_box(&mut boxes, Rect { x, y: phases_y, w }, phase, "#eefbf0");
         x += w + GAP_X;
     }
-    let height = phases_y + BOX_H + MARGIN;
+    let mut caption_y = phases_y + BOX_H + 20;
+    for line in wrap(&phases.summary, (width - 2 * MARGIN) / CHAR_W) {
+        let _ = writeln!(text, r#"<text x="{MARGIN}" y="{caption_y}">{}</text>"#, escape(&line));
+        caption_y += 16;
+    }
+    let height = caption_y + MARGIN;
 
     let mut svg = String::new();
     let _ = writeln!(
@@ -359,5 +401,13 @@ mod tests {
                       #[allow(dead_code)]\n    Waiting { until: Instant, slot: (u64, u64) },\n    Refused(Reply),\n    Done,\n}\n\
                       enum Other { A }";
         assert_eq!(enum_variants(source, "Phase").unwrap(), ["Matching", "Waiting", "Refused", "Done"]);
+    }
+
+    /// The caption is the enum's doc comment on one line: the transitions
+    /// its authors wrote down, kept beside the code.
+    #[test]
+    fn reads_the_enum_doc() {
+        let source = "/// Where it stands.\n///\n/// `A → B`, then\n/// `→ C`.\n#[derive(Debug)]\npub enum Phase {\n A,\n}";
+        assert_eq!(enum_summary(source, "Phase"), "Where it stands. A → B, then → C.");
     }
 }
