@@ -251,18 +251,20 @@ fn box_width(label: &str) -> usize {
 
 /// The SVG: crates in layers (a crate above everything it depends on), then the phases.
 fn draw(graph: &Graph, phases: &Phases) -> String {
-    // A crate's layer is one more than its deepest normal dependency's; dev
-    // edges may point anywhere, so they do not place crates.
+    // A crate's layer is one more than its deepest dependency's, dev ones
+    // included, so a test crate sits above what it tests. Cargo allows a cycle
+    // through a dev-dependency: the crate being placed counts as layer 0 to the
+    // crates it reaches, and the back edge points up.
     let mut layer: BTreeMap<&str, usize> = BTreeMap::new();
     fn depth<'a>(name: &'a str, graph: &'a Graph, layer: &mut BTreeMap<&'a str, usize>) -> usize {
         if let Some(&d) = layer.get(name) {
             return d;
         }
-        layer.insert(name, 0); // cargo forbids cycles of normal dependencies
+        layer.insert(name, 0);
         let d = graph
             .edges
             .iter()
-            .filter(|e| e.from == name && !e.dev)
+            .filter(|e| e.from == name)
             .map(|e| depth(&e.to, graph, layer) + 1)
             .max()
             .unwrap_or(0);
