@@ -6,9 +6,9 @@
 //! normal dependencies, dashed for dev-dependencies), read from
 //! `cargo metadata`; and below them the phases of a request's flow in their
 //! declared order, with their doc comment (where the transitions are
-//! written), read from `enum Phase` under `core/src/`. Everything is sorted, so the same workspace
-//! always gives the same bytes, and a test fails when the committed file is
-//! stale.
+//! written), read from `enum Phase` under `core/src/`. Everything is sorted,
+//! so the same workspace always gives the same bytes, and a test fails when
+//! the committed file is stale.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -249,13 +249,11 @@ fn box_width(label: &str) -> usize {
     label.chars().count() * CHAR_W + 20
 }
 
-/// The SVG: crates in layers (a crate above everything it depends on), then the phases.
-fn draw(graph: &Graph, phases: &Phases) -> String {
-    // A crate's layer is one more than its deepest dependency's, dev ones
-    // included, so a test crate sits above what it tests. Cargo allows a cycle
-    // through a dev-dependency: the crate being placed counts as layer 0 to the
-    // crates it reaches, and the back edge points up.
-    let mut layer: BTreeMap<&str, usize> = BTreeMap::new();
+/// Each crate's layer: one more than its deepest dependency's, dev ones
+/// included, so a test crate sits above what it tests. Cargo allows a cycle
+/// through a dev-dependency: the crate being placed counts as layer 0 to the
+/// crates it reaches, and the back edge points up.
+fn layers(graph: &Graph) -> BTreeMap<&str, usize> {
     fn depth<'a>(name: &'a str, graph: &'a Graph, layer: &mut BTreeMap<&'a str, usize>) -> usize {
         if let Some(&d) = layer.get(name) {
             return d;
@@ -271,9 +269,16 @@ fn draw(graph: &Graph, phases: &Phases) -> String {
         layer.insert(name, d);
         d
     }
+    let mut layer = BTreeMap::new();
     for c in &graph.crates {
         depth(&c.name, graph, &mut layer);
     }
+    layer
+}
+
+/// The SVG: crates in layers (a crate above everything it depends on), then the phases.
+fn draw(graph: &Graph, phases: &Phases) -> String {
+    let layer = layers(graph);
     let top = layer.values().copied().max().unwrap_or(0);
     let rows: Vec<Vec<&Crate>> = (0..=top)
         .rev()
