@@ -13,6 +13,7 @@
 //! - `bench`: every benchmark scenario on loopback, written to `bench/results/`.
 //! - `fuzz`: the cargo-fuzz targets in `fuzz/`, for a given time each.
 //! - `playground`: the policy playground, a static site in `dist/playground/`.
+//! - `docs`: `docs/architecture.svg`, drawn from the workspace.
 
 mod apt;
 mod bench;
@@ -21,6 +22,7 @@ mod build;
 mod cmd;
 mod demo;
 mod deps;
+mod docs;
 mod fuzz;
 mod playground;
 mod test;
@@ -89,6 +91,8 @@ enum Task {
         /// Only this target (parse, wire, evaluate, key, answer).
         target: Option<String>,
     },
+    /// Draw docs/architecture.svg from the workspace (crates, path dependencies, the flow's phases).
+    Docs,
 }
 
 fn main() -> ExitCode {
@@ -102,6 +106,7 @@ fn main() -> ExitCode {
         }
         Task::Playground => playground::build().map(drop),
         Task::Fuzz { seconds, target } => fuzz::run(seconds, target.as_deref()),
+        Task::Docs => docs::run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
