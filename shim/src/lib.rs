@@ -19,7 +19,8 @@
 //! - [`wakeups`]: the shim's one pub/sub subscriber that wakes queued requests.
 //! - [`validate`]: `sluice validate FILE...`.
 //! - [`simulate`]: `sluice simulate`, an access log replayed through a policy.
-//! - [`envoy_config`]: `sluice envoy-config`, a complete envoy.yaml for a policy.
+//! - [`envoy_config`]: `sluice envoy-config`, a complete envoy.yaml for a policy
+//!   (rendered by the crate `sluice-envoy-config`).
 
 pub mod dashboard;
 pub mod envoy_config;

@@ -128,7 +128,7 @@ fn spawn(policy_json: &str, shim_port: u16, upstream_port: u16) -> anyhow::Resul
         ("POLICY_JSON", serde_json::to_string(policy_json)?),
     ];
     // The timeouts `sluice envoy-config` renders for the document's waits.
-    let timeouts = sluice_shim::envoy_config::timeout_values(policy_json);
+    let timeouts = sluice_envoy_config::timeout_values(policy_json);
     values.extend(timeouts.iter().map(|(name, value)| (name.as_str(), value.clone())));
     let proc = spawn_template(&demo_template(), &values, DEMO_CONCURRENCY, port, admin_port)?;
     Ok((proc, port, admin_port))
@@ -159,7 +159,7 @@ fn spawn_template(
     // The shim in cleartext, unless `values` gave its TLS (the first value
     // for a placeholder wins).
     all.push(("SHIM_TRANSPORT_SOCKET", String::new()));
-    let config = sluice_shim::envoy_config::render(&text, &all)
+    let config = sluice_envoy_config::render(&text, &all)
         .with_context(|| format!("rendering {}", template.display()))?;
     let config_path = dir.join("envoy.yaml");
     std::fs::write(&config_path, config)?;

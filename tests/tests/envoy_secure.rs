@@ -7,7 +7,7 @@
 //! - Envoy reaches a shim that requires mutual TLS, over HTTP/2 (ALPN h2),
 //!   and an Envoy without the right client certificate does not.
 
-use sluice_shim::envoy_config::ShimTls;
+use sluice_envoy_config::ShimTls;
 use sluice_tests::gateway::send;
 use sluice_tests::tls::Pki;
 use sluice_tests::{Envoy, Redis, Shim, Stack, Upstream};
