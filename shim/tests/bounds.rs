@@ -13,7 +13,7 @@ use sluice_policies::wire::{AdjustRequest, Adjustment, CheckRequest, ReleaseRequ
 use sluice_policies::{parse, Document};
 use sluice_shim::limiter::Limiter;
 use sluice_shim::store::Target;
-use sluice_tests::Redis;
+use sluice_harness::Redis;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A policy with `sources` header key sources and these limits.

@@ -10,7 +10,7 @@ use sluice_policies::wire::{
 };
 use sluice_shim::limiter::{CheckError, Limiter};
 use sluice_shim::store::Target;
-use sluice_tests::Redis;
+use sluice_harness::Redis;
 
 const SECOND: u64 = 1_000_000;
 
@@ -191,7 +191,7 @@ async fn explicit_time_needs_test_mode() {
 /// When Redis is unreachable the check fails promptly with a store error.
 #[tokio::test]
 async fn unreachable_redis_is_a_store_error() {
-    let port = sluice_tests::free_port().expect("port");
+    let port = sluice_harness::free_port().expect("port");
     let limiter =
         Limiter::new(&Target::Single(format!("redis://127.0.0.1:{port}")), Duration::from_millis(300), false)
             .expect("limiter");

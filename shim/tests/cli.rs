@@ -178,7 +178,7 @@ fn envoy_config_refuses_a_bad_policy() {
 /// are refused, and so is a missing file. Paths are normalized either way.
 #[test]
 fn envoy_config_renders_mutual_tls_to_the_shim() {
-    let pki = sluice_tests::tls::Pki::generate().expect("certificates");
+    let pki = sluice_harness::tls::Pki::generate().expect("certificates");
     let path = |p: &Path| p.to_str().expect("utf-8 path").to_string();
     let (ca, cert, key) = (path(&pki.ca), path(&pki.client.cert), path(&pki.client.key));
     let plain = tls_config_accepted_by_envoy(&[]);

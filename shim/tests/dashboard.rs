@@ -14,8 +14,8 @@ use sluice_shim::dashboard;
 use sluice_shim::limiter::Limiter;
 use sluice_shim::server::{run, Options};
 use sluice_shim::store::Target;
-use sluice_tests::client::http;
-use sluice_tests::Redis;
+use sluice_harness::client::http;
+use sluice_harness::Redis;
 
 const DOCUMENT: &str = r#"{"policies": [
   {"name": "partner-api", "key": ["header:x-api-key"],

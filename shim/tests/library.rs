@@ -7,7 +7,7 @@ use std::time::Duration;
 use sluice_policies::wire::{Check, CheckRequest, WireLimit};
 use sluice_shim::limiter::Limiter;
 use sluice_shim::store::Target;
-use sluice_tests::Redis;
+use sluice_harness::Redis;
 
 fn request(id: &str) -> CheckRequest<'static> {
     CheckRequest {

@@ -10,8 +10,8 @@ use sluice_policies::wire::{Check, CheckRequest, CheckResponse, ReleaseRequest, 
 use sluice_shim::limiter::Limiter;
 use sluice_shim::server::{run, Options};
 use sluice_shim::store::Target;
-use sluice_tests::client::http;
-use sluice_tests::Redis;
+use sluice_harness::client::http;
+use sluice_harness::Redis;
 
 /// A shim on a free port until the test ends; its port.
 async fn serve(redis: &Redis, test_time: bool) -> u16 {

@@ -18,7 +18,7 @@ use sluice_shim::keys::script_limits;
 use sluice_shim::limiter::Limiter;
 use sluice_shim::store::Target;
 use sluice_shim::wait::reserve_request;
-use sluice_tests::Redis;
+use sluice_harness::Redis;
 
 #[derive(Debug, Clone)]
 enum Op {

@@ -12,7 +12,7 @@ use redis::Commands;
 use sluice_policies::wire::{Check, CheckRequest, CheckResponse, ReleaseRequest, WireLimit};
 use sluice_shim::limiter::{CheckError, Limiter};
 use sluice_shim::store::Target;
-use sluice_tests::Redis;
+use sluice_harness::Redis;
 
 const KEY: &str = "sluice:{p:k}:cc:10000";
 

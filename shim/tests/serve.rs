@@ -8,7 +8,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sluice_tests::free_port;
+use sluice_harness::free_port;
 
 const WARNING: &str = "listening without authentication on a non-loopback address";
 

@@ -19,7 +19,7 @@ use rustls::{ClientConfig, RootCertStore};
 use sluice_shim::limiter::Limiter;
 use sluice_shim::server::{run, Options};
 use sluice_shim::store::Target;
-use sluice_tests::tls::{Identity, Pki};
+use sluice_harness::tls::{Identity, Pki};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;

@@ -9,7 +9,7 @@ use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner}
 use sluice_policies::shed::{ShedSettings, ShedState, Shedder};
 use sluice_shim::shed::Shed;
 use sluice_shim::store::{Store, Target};
-use sluice_tests::Redis;
+use sluice_harness::Redis;
 
 const CLASSES: usize = 4;
 

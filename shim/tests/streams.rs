@@ -10,7 +10,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use redis::Commands;
 use sluice_shim::limiter::Limiter;
 use sluice_shim::store::Target;
-use sluice_tests::Redis;
+use sluice_harness::Redis;
 
 const WAITERS: usize = 300;
 

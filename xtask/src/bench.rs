@@ -89,7 +89,7 @@ pub(crate) fn run(quick: bool, only: Only) -> Result<()> {
     let mut plan = plan::Plan::new(quick);
     let tools = tools::ensure()?;
     let built = build::build()?;
-    // The sluice-tests guards find their binaries through these.
+    // The sluice-harness guards find their binaries through these.
     std::env::set_var("SLUICE_REDIS_SERVER", &tools.redis_server);
     std::env::set_var("SLUICE_ENVOY", &tools.envoy);
     std::env::set_var("SLUICE_DIST", build::dist_dir());
@@ -123,7 +123,7 @@ pub(crate) fn run(quick: bool, only: Only) -> Result<()> {
     done("scenario 4, scale,");
     drop(rig);
     let cost = {
-        let redis = sluice_tests::Redis::start()?;
+        let redis = sluice_harness::Redis::start()?;
         redis_cost::run(&mut redis.connection()?, plan.cost_calls, None)?
     };
     done("scenario 3, Redis cost per limit type,");
@@ -184,7 +184,7 @@ fn run_redis_cost(plan: &plan::Plan, redis_server: &std::path::Path, callgrind: 
         None
     };
     let calls = if callgrind { 2_000 } else { plan.cost_calls };
-    let redis = sluice_tests::Redis::start()?;
+    let redis = sluice_harness::Redis::start()?;
     let cost = redis_cost::run(&mut redis.connection()?, calls, counter.as_ref())?;
     println!("{}", redis_cost::table(&cost));
     Ok(())

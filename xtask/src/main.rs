@@ -112,7 +112,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// The demo uses the `sluice-tests` helpers, which read the `SLUICE_*`
+/// The demo uses the `sluice-harness` helpers, which read the `SLUICE_*`
 /// variables; set them here, before the demo starts any thread.
 fn run_demo(keep_running: bool) -> Result<()> {
     let redis = deps::ensure_redis()?;

@@ -1,5 +1,5 @@
 //! Scenario 5, egress waits: S0, S1 and S2a (SCENARIOS.md, "The egress
-//! shape") against the mock partner of `sluice_tests::partner`, which
+//! shape") against the mock partner of `sluice_harness::partner`, which
 //! enforces its limits exactly, by its own clock, and answers 429 beyond
 //! them. Sluice's `wait` policy (one gateway: the shim and Envoy with the
 //! real template) beside the hand-written clients of `egress_clients`, one
@@ -21,9 +21,9 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use sluice_tests::egress::{Caller, Gateway, Workers};
-use sluice_tests::partner::{Limits, Log};
-use sluice_tests::{Partner, Redis};
+use sluice_harness::egress::{Caller, Gateway, Workers};
+use sluice_harness::partner::{Limits, Log};
+use sluice_harness::{Partner, Redis};
 
 use super::egress_clients::{self, Client};
 use super::monitor;

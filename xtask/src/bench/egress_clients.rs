@@ -23,7 +23,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use redis::aio::MultiplexedConnection;
-use sluice_tests::partner::{self, Limits};
+use sluice_harness::partner::{self, Limits};
 
 /// What a job framework sleeps before retrying an OverLimit or a 429.
 const RETRY_SLEEP: Duration = Duration::from_millis(500);

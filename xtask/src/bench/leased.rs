@@ -21,9 +21,9 @@ use std::thread;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use sluice_tests::envoy::demo_template;
-use sluice_tests::gateway::{prometheus, sample};
-use sluice_tests::{dist, workspace_root, Envoy, Redis, Service, Shim};
+use sluice_harness::envoy::demo_template;
+use sluice_harness::gateway::{prometheus, sample};
+use sluice_harness::{dist, workspace_root, Envoy, Redis, Service, Shim};
 
 use super::load::{self, Run, Shape, Target};
 use super::plan::Plan;

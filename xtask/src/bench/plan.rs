@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use sluice_tests::partner::Limits;
+use sluice_harness::partner::Limits;
 
 pub(crate) struct Plan {
     pub(crate) quick: bool,

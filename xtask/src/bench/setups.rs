@@ -8,8 +8,8 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use sluice_tests::envoy::demo_template;
-use sluice_tests::{dist, workspace_root, Envoy, Redis, Service, Shim};
+use sluice_harness::envoy::demo_template;
+use sluice_harness::{dist, workspace_root, Envoy, Redis, Service, Shim};
 
 use crate::build::BenchArtifacts;
 

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Result};
-use sluice_tests::gateway::{prometheus, sample, send};
-use sluice_tests::{Envoy, Redis, Shim};
+use sluice_harness::gateway::{prometheus, sample, send};
+use sluice_harness::{Envoy, Redis, Shim};
 
 use super::overloaded::Overloaded;
 use super::plan;
