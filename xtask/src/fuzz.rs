@@ -13,7 +13,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-use crate::build::workspace_root;
+use crate::paths::workspace_root;
 use crate::cmd::{self, clean};
 
 /// Every target, in the order they run.

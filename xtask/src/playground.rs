@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
-use crate::build::{dist_dir, workspace_root};
+use crate::paths::{dist_dir, workspace_root};
 use crate::cmd::{self, clean};
 use crate::wasm;
 

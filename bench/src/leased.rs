@@ -29,7 +29,7 @@ use super::load::{self, Run, Shape, Target};
 use super::plan::Plan;
 use super::setups::ENVOY_WORKERS;
 use super::tools::Tools;
-use crate::build::BenchArtifacts;
+use crate::tools::BenchArtifacts;
 
 /// Tokens per lease on the allow path: two 25 ms refills' worth at 20,000
 /// requests a second, beyond what one worker serves here.

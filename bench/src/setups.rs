@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use sluice_harness::envoy::demo_template;
 use sluice_harness::{dist, workspace_root, Envoy, Redis, Service, Shim};
 
-use crate::build::BenchArtifacts;
+use crate::tools::BenchArtifacts;
 
 /// Envoy workers in every setup: one, so each setup's filter work runs on one
 /// core and the other core is left to the load tool, the shim and Redis.

@@ -36,14 +36,14 @@ pub(crate) struct Callgrind {
 
 impl Callgrind {
     fn zero(&self) -> Result<()> {
-        crate::cmd::probe(std::process::Command::new("callgrind_control").arg("--zero"))
+        crate::tools::probe(std::process::Command::new("callgrind_control").arg("--zero"))
             .map(drop)
             .context("callgrind_control --zero")
     }
 
     /// Dumps the counts since the last zero and returns their total.
     fn dump(&self) -> Result<u64> {
-        crate::cmd::probe(std::process::Command::new("callgrind_control").arg("--dump"))
+        crate::tools::probe(std::process::Command::new("callgrind_control").arg("--dump"))
             .context("callgrind_control --dump")?;
         let newest = std::fs::read_dir(&self.dir)?
             .filter_map(|e| e.ok())
