@@ -10,7 +10,7 @@
 use std::thread::sleep;
 use std::time::Duration;
 
-use sluice_harness::client::{burst, count, Reply};
+use sluice_harness::client::{burst, count, HttpReply};
 use sluice_harness::{free_port, Envoy, Stack, Upstream};
 
 const PATH: &str = "/v42/orders";
@@ -39,12 +39,12 @@ fn start() -> Stack {
 }
 
 /// `count` concurrent GETs of [`PATH`] with this API key.
-fn get(stack: &Stack, key: &str, count: usize) -> Vec<Reply> {
+fn get(stack: &Stack, key: &str, count: usize) -> Vec<HttpReply> {
     burst(stack.envoy.port, "GET", PATH, Some(("x-api-key", key)), count).expect("sending requests")
 }
 
 /// Asserts `want` replies of 200 and the rest 429; shows Envoy's log if not.
-fn assert_split(stack: &Stack, replies: &[Reply], want_ok: usize) {
+fn assert_split(stack: &Stack, replies: &[HttpReply], want_ok: usize) {
     let statuses: Vec<u16> = replies.iter().map(|reply| reply.status).collect();
     let split = (count(replies, 200), count(replies, 429));
     let want = (want_ok, replies.len() - want_ok);

@@ -11,13 +11,13 @@ use tokio::task::JoinSet;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Reply {
+pub struct HttpReply {
     pub status: u16,
     /// The raw `retry-after` header, if any.
     pub retry_after: Option<String>,
 }
 
-impl Reply {
+impl HttpReply {
     /// `retry-after` as whole seconds, if present and an integer.
     pub fn retry_after_secs(&self) -> Option<u64> {
         self.retry_after.as_deref()?.trim().parse().ok()
@@ -32,7 +32,7 @@ pub fn burst(
     path: &str,
     header: Option<(&str, &str)>,
     count: usize,
-) -> anyhow::Result<Vec<Reply>> {
+) -> anyhow::Result<Vec<HttpReply>> {
     let method = reqwest::Method::from_bytes(method.as_bytes()).context("invalid HTTP method")?;
     let url = format!("http://127.0.0.1:{port}{path}");
     let header = header.map(|(name, value)| (name.to_string(), value.to_string()));
@@ -52,14 +52,14 @@ pub fn burst(
             let response = joined?.with_context(|| format!("request to {url}"))?;
             let retry_after = response.headers().get("retry-after");
             let retry_after = retry_after.map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
-            replies.push(Reply { status: response.status().as_u16(), retry_after });
+            replies.push(HttpReply { status: response.status().as_u16(), retry_after });
         }
         Ok(replies)
     })
 }
 
 /// How many replies have this status.
-pub fn count(replies: &[Reply], status: u16) -> usize {
+pub fn count(replies: &[HttpReply], status: u16) -> usize {
     replies.iter().filter(|reply| reply.status == status).count()
 }
 

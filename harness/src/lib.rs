@@ -72,7 +72,7 @@ pub mod tls;
 pub mod upstream;
 
 pub use backend::Backend;
-pub use client::{burst, Reply};
+pub use client::{burst, HttpReply};
 pub use cluster::RedisCluster;
 pub use egress::Egress;
 pub use envoy::Envoy;

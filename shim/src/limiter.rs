@@ -24,7 +24,7 @@ use sluice_policies::wire::{
 
 use crate::keys::{feedback_keys, lease_key, script_adjustments, script_limits, ScriptLimit, MAX_CHECKS};
 use crate::scripts::Scripts;
-use crate::store::{Connect, Store, Target};
+use crate::store::{Connect, RedisClient, Target};
 
 /// Why a request could not be decided.
 #[derive(Debug)]
@@ -36,7 +36,7 @@ pub enum CheckError {
 }
 
 pub struct Limiter {
-    pub(crate) store: Arc<Store>,
+    pub(crate) store: Arc<RedisClient>,
     pub(crate) scripts: Arc<Scripts>,
     pub(crate) test_time: bool,
     /// The shim's one pub/sub subscriber, for waiters on concurrency slots.
@@ -46,7 +46,7 @@ pub struct Limiter {
     /// (the filter's, when the client goes away) ends the hold at once.
     pub(crate) held: Arc<crate::wait::Held>,
     /// The load shedder's fleet-wide controller (`lua/shed.lua`).
-    shed: Arc<crate::shed::Shed>,
+    shed: Arc<crate::shed::ShedScript>,
     /// What `GET /metrics` shows; the store and the wake-ups count in it too.
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
     /// Random per process: with `sequence` it makes request ids unique across shims.
@@ -88,7 +88,7 @@ impl Limiter {
             timers: Arc::default(),
             held: Arc::default(),
             shed: Arc::default(),
-            store: Arc::new(Store::connect(how)?.with_metrics(metrics.clone())),
+            store: Arc::new(RedisClient::connect(how)?.with_metrics(metrics.clone())),
             metrics,
             scripts: Arc::new(Scripts::new()),
             test_time,

@@ -6,7 +6,7 @@
 //!
 //! - decisions, per policy and result, where the shim answers `/v1/check`;
 //! - Redis latency, script errors and script reloads, around each script
-//!   call in [`crate::store::Store::invoke`];
+//!   call in [`crate::store::RedisClient::invoke`];
 //! - requests in flight, around the `/v1/*` and `/healthz` handlers;
 //! - waiters held and hand-overs, in egress waiting;
 //! - per policy, for the dashboard: rates, totals and the busiest keys

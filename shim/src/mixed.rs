@@ -65,7 +65,7 @@ pub async fn take(
     let reclaimed = u64::try_from(reclaimed).unwrap_or(0);
     Ok(match state {
         1 => (Acquired::Leased, reclaimed),
-        0 => (Acquired::Queued(u64::try_from(soonest).ok()), reclaimed),
+        0 => (Acquired::Queued { soonest: u64::try_from(soonest).ok() }, reclaimed),
         _ => (Acquired::Refused, reclaimed),
     })
 }
@@ -165,7 +165,7 @@ pub(crate) async fn check(
         let soonest = match acquired {
             Acquired::Leased => return Ok(answer(true, Some(0), true, held_any)),
             Acquired::Refused => return Ok(answer(false, None, false, false)),
-            Acquired::Queued(soonest) => soonest,
+            Acquired::Queued { soonest } => soonest,
         };
         let mut leave = Leave::queued(limiter, concurrency, id, soonest);
         // 3. The hand-over decides, with our time limits.

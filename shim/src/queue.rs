@@ -19,17 +19,12 @@ use sluice_policies::wire::{CheckOutcome, CheckRequest, CheckResponse, LimitOutc
 use crate::keys::ScriptLimit;
 use crate::limiter::{store_error, CheckError, Limiter};
 use crate::scripts::Scripts;
-use crate::store::Store;
+use crate::store::RedisClient;
 
-/// What `lua/acquire.lua` answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Acquired {
-    Leased,
-    /// Queued; the soonest lease expires in this many µs (`None`: no timer needed).
-    Queued(Option<u64>),
-    /// The id was released before it arrived.
-    Refused,
-}
+/// What `lua/acquire.lua` answered: the reference model's own type, as the
+/// script mirrors the model (`sluice_policies::algorithm::queue::acquire`).
+/// A `soonest` of `None` needs no timer.
+pub use sluice_policies::algorithm::queue::Acquired;
 
 pub(crate) fn args(limit: &ScriptLimit) -> (u64, u64) {
     match limit.algorithm {
@@ -57,7 +52,7 @@ pub async fn acquire(
     let reclaimed = u64::try_from(reclaimed).unwrap_or(0);
     Ok(match state {
         1 => (Acquired::Leased, reclaimed),
-        0 => (Acquired::Queued(u64::try_from(soonest).ok()), reclaimed),
+        0 => (Acquired::Queued { soonest: u64::try_from(soonest).ok() }, reclaimed),
         _ => (Acquired::Refused, reclaimed),
     })
 }
@@ -83,7 +78,7 @@ pub async fn reclaim_now(
 
 /// One call of `lua/leave.lua`: 1 left the queue, 2 passed a slot on, 0 neither.
 async fn leave(
-    store: &Store,
+    store: &RedisClient,
     scripts: &Scripts,
     limit: &ScriptLimit,
     now: &str,
@@ -97,7 +92,7 @@ async fn leave(
 
 /// One call of `lua/reclaim.lua`: (reclaimed, µs until the next timer).
 async fn reclaim(
-    store: &Store,
+    store: &RedisClient,
     scripts: &Scripts,
     limit: &ScriptLimit,
     now: &str,
@@ -160,7 +155,7 @@ pub(crate) async fn check(
             return Ok(resp);
         }
         Acquired::Refused => return Ok(response(req, false, reclaimed)),
-        Acquired::Queued(soonest) => soonest,
+        Acquired::Queued { soonest } => soonest,
     };
     let mut guard = Leave::queued(limiter, limit, id, soonest);
     let _counted = limiter.metrics.hold();
@@ -191,7 +186,7 @@ pub(crate) async fn check(
 /// Leaves the queue if dropped while armed: the wait ran out, or the client
 /// went away.
 pub(crate) struct Leave {
-    pub store: Arc<Store>,
+    pub store: Arc<RedisClient>,
     pub scripts: Arc<Scripts>,
     pub limit: ScriptLimit,
     pub id: String,

@@ -7,7 +7,7 @@ use redis::Script;
 use sluice_policies::shed::ShedSettings;
 use sluice_policies::PolicyName;
 
-use crate::store::Store;
+use crate::store::RedisClient;
 
 /// The level after a report, and when the current trouble began.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -16,24 +16,24 @@ pub struct Level {
     pub trouble_since_ms: Option<u64>,
 }
 
-pub struct Shed {
+pub struct ShedScript {
     script: Script,
 }
 
-impl Default for Shed {
+impl Default for ShedScript {
     fn default() -> Self {
-        Shed::new()
+        ShedScript::new()
     }
 }
 
-impl Shed {
-    pub fn new() -> Shed {
-        Shed { script: Script::new(include_str!("../../lua/shed.lua")) }
+impl ShedScript {
+    pub fn new() -> ShedScript {
+        ShedScript { script: Script::new(include_str!("../../lua/shed.lua")) }
     }
 
     /// The level of `policy` now, changing nothing: a read never moves the
     /// controller's clock, which would lose the time a rise counts from.
-    pub async fn read(&self, store: &Store, policy: &str, classes: usize) -> Result<Level, String> {
+    pub async fn read(&self, store: &RedisClient, policy: &str, classes: usize) -> Result<Level, String> {
         if PolicyName::new(policy).is_none() {
             return Err(format!("invalid policy name {policy:?}"));
         }
@@ -50,7 +50,7 @@ impl Shed {
     /// `now_ms` is for the shim's test mode; `None` uses Redis TIME.
     pub async fn report(
         &self,
-        store: &Store,
+        store: &RedisClient,
         policy: &str,
         classes: usize,
         settings: &ShedSettings,

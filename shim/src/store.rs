@@ -83,7 +83,9 @@ pub struct Connect<'a> {
     pub ca: Option<Vec<u8>>,
 }
 
-pub struct Store {
+/// The shim's connection to Redis, one server or a Redis Cluster: runs the
+/// scripts and counts each call in the metrics.
+pub struct RedisClient {
     conn: Conn,
     metrics: Arc<Metrics>,
     /// Whether Redis runs functions; false once it refused them (Redis
@@ -100,12 +102,12 @@ enum Conn {
     },
 }
 
-impl Store {
-    pub fn new(target: &Target, timeout: Duration) -> anyhow::Result<Store> {
-        Store::connect(&Connect { target, timeout, ca: None })
+impl RedisClient {
+    pub fn new(target: &Target, timeout: Duration) -> anyhow::Result<RedisClient> {
+        RedisClient::connect(&Connect { target, timeout, ca: None })
     }
 
-    pub fn connect(how: &Connect<'_>) -> anyhow::Result<Store> {
+    pub fn connect(how: &Connect<'_>) -> anyhow::Result<RedisClient> {
         crate::tls::install_default_provider();
         let timeout = how.timeout;
         let certs = || TlsCertificates { client_tls: None, root_cert: how.ca.clone() };
@@ -123,7 +125,7 @@ impl Store {
                     .set_max_delay(Duration::from_millis(500));
                 let conn = ConnectionManager::new_lazy_with_config(client, config)
                     .map_err(|e| anyhow::anyhow!("cannot set up the Redis connection: {e}"))?;
-                Ok(Store {
+                Ok(RedisClient {
                     conn: Conn::Single(conn),
                     metrics: Arc::default(),
                     functions: AtomicBool::new(true),
@@ -140,7 +142,7 @@ impl Store {
                 let client = builder
                     .build()
                     .map_err(|e| anyhow::anyhow!("invalid --redis-cluster {}: {e}", how.target))?;
-                Ok(Store {
+                Ok(RedisClient {
                     conn: Conn::Cluster { client, conn: OnceCell::new() },
                     metrics: Arc::default(),
                     functions: AtomicBool::new(true),
@@ -150,7 +152,7 @@ impl Store {
     }
 
     /// Counts its script calls in `metrics` instead of metrics of its own.
-    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Store {
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> RedisClient {
         self.metrics = metrics;
         self
     }

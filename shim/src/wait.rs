@@ -28,7 +28,7 @@ use sluice_policies::wire::{CheckRequest, CheckResponse};
 use crate::keys::ScriptLimit;
 use crate::limiter::{by_check, decode, store_error, CheckError, Limiter, SlotReply};
 use crate::scripts::Scripts;
-use crate::store::Store;
+use crate::store::RedisClient;
 
 /// The longest a request may be held: a day, far beyond any sane wait, and
 /// short enough that deadlines never overflow.
@@ -243,7 +243,7 @@ pub(crate) async fn reserve(
 
 /// Gives a held reservation back if dropped while armed: the client went away.
 pub(crate) struct Cancel {
-    store: std::sync::Arc<Store>,
+    store: std::sync::Arc<RedisClient>,
     scripts: std::sync::Arc<Scripts>,
     id: String,
     at: u64,
@@ -285,7 +285,7 @@ impl Cancel {
 
 /// What the cancel script needs, owned, so that it can run after the guard.
 struct GiveBack {
-    store: std::sync::Arc<Store>,
+    store: std::sync::Arc<RedisClient>,
     scripts: std::sync::Arc<Scripts>,
     now: String,
     id: String,

@@ -7,8 +7,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
 use sluice_policies::shed::{ShedSettings, ShedState, Shedder};
-use sluice_shim::shed::Shed;
-use sluice_shim::store::{Store, Target};
+use sluice_shim::shed::ShedScript;
+use sluice_shim::store::{RedisClient, Target};
 use sluice_harness::Redis;
 
 const CLASSES: usize = 4;
@@ -24,8 +24,8 @@ fn the_script_controls_as_the_model() {
     let redis = Redis::start().expect("redis");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let _in_runtime = runtime.enter();
-    let store = Store::new(&Target::Single(redis.url()), Duration::from_secs(5)).expect("store");
-    let shed = Shed::new();
+    let store = RedisClient::new(&Target::Single(redis.url()), Duration::from_secs(5)).expect("store");
+    let shed = ShedScript::new();
     let settings = ShedSettings::default();
     let mut runner = TestRunner::new(ProptestConfig { cases: 200, ..ProptestConfig::default() });
     let case = std::cell::Cell::new(0u64);
@@ -63,8 +63,8 @@ fn a_fleet_shares_one_level() {
     let redis = Redis::start().expect("redis");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let _in_runtime = runtime.enter();
-    let store = Store::new(&Target::Single(redis.url()), Duration::from_secs(5)).expect("store");
-    let shed = Shed::new();
+    let store = RedisClient::new(&Target::Single(redis.url()), Duration::from_secs(5)).expect("store");
+    let shed = ShedScript::new();
     let settings = ShedSettings::default();
     let t0 = 1_700_000_000_000u64;
     let mut levels = Vec::new();
@@ -90,10 +90,10 @@ fn nonsense_utilization_is_refused() {
     let redis = Redis::start().expect("redis");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let _in_runtime = runtime.enter();
-    let store = Store::new(&Target::Single(redis.url()), Duration::from_secs(5)).expect("store");
+    let store = RedisClient::new(&Target::Single(redis.url()), Duration::from_secs(5)).expect("store");
     for u in [f64::NAN, -0.1, 1.5, f64::INFINITY] {
         let got =
-            runtime.block_on(Shed::new().report(&store, "p", CLASSES, &ShedSettings::default(), u, Some(1)));
+            runtime.block_on(ShedScript::new().report(&store, "p", CLASSES, &ShedSettings::default(), u, Some(1)));
         assert!(got.is_err(), "{u} accepted");
     }
 }

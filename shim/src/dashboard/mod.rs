@@ -40,7 +40,7 @@ use sluice_policies::Document;
 
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
-use crate::store::Store;
+use crate::store::RedisClient;
 use sketch::Estimate;
 use state::LimitState;
 use traffic::{Rates, Seen, Totals};
@@ -63,7 +63,7 @@ pub struct Options {
 }
 
 struct Dashboard {
-    store: Arc<Store>,
+    store: Arc<RedisClient>,
     metrics: Arc<Metrics>,
     document: Option<Arc<Document>>,
 }

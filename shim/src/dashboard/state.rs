@@ -12,7 +12,7 @@ use sluice_policies::algorithm::{fixed_window, gcra, sliding_approx, Algorithm, 
 use sluice_policies::wire::{Check, WireLimit};
 
 use crate::keys::script_limits;
-use crate::store::Store;
+use crate::store::RedisClient;
 
 /// One limit of one key, now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -32,7 +32,7 @@ pub struct LimitState {
 }
 
 /// Redis's clock, in microseconds: the scripts' clock too.
-pub async fn now_us(store: &Store) -> Result<u64, String> {
+pub async fn now_us(store: &RedisClient) -> Result<u64, String> {
     let (secs, micros): (u64, u64) =
         store.query(&redis::cmd("TIME")).await.map_err(|e| format!("redis: {e}"))?;
     Ok(secs * 1_000_000 + micros)
@@ -40,7 +40,7 @@ pub async fn now_us(store: &Store) -> Result<u64, String> {
 
 /// The state of each of `limits` for `policy`'s `key`, at `now` (µs).
 pub async fn read(
-    store: &Store,
+    store: &RedisClient,
     now: u64,
     policy: &str,
     key: &str,
@@ -63,7 +63,7 @@ pub async fn read(
 }
 
 async fn read_one(
-    store: &Store,
+    store: &RedisClient,
     now: u64,
     key: &str,
     algorithm: Algorithm,
@@ -138,7 +138,7 @@ fn timed(view: View) -> LimitState {
 }
 
 async fn hmget<const N: usize>(
-    store: &Store,
+    store: &RedisClient,
     key: &str,
     fields: [&str; N],
 ) -> redis::RedisResult<[Option<u64>; N]> {
