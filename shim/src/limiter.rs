@@ -22,29 +22,19 @@ use sluice_policies::wire::{
     ShedRequest, ShedResponse,
 };
 
+pub use crate::decision::CheckError;
+use crate::decision::{by_check, decode, store_error, SlotReply};
 use crate::keys::{feedback_keys, lease_key, script_adjustments, script_limits, ScriptLimit, MAX_CHECKS};
 use crate::scripts::Scripts;
 use crate::store::{Connect, RedisClient, Target};
-
-/// Why a request could not be decided.
-#[derive(Debug)]
-pub enum CheckError {
-    /// The request is malformed; answered with 400.
-    BadRequest(String),
-    /// Redis failed or answered nonsense; answered with 503.
-    Store(String),
-}
+use crate::wait::Waiting;
 
 pub struct Limiter {
     pub(crate) store: Arc<RedisClient>,
     pub(crate) scripts: Arc<Scripts>,
-    pub(crate) test_time: bool,
-    /// The shim's one pub/sub subscriber, for waiters on concurrency slots.
-    pub(crate) wakeups: Arc<crate::wakeups::Wakeups>,
-    pub(crate) timers: Arc<crate::queue::Timers>,
-    /// Requests held until their time slot, by id: a release for the id
-    /// (the filter's, when the client goes away) ends the hold at once.
-    pub(crate) held: Arc<crate::wait::Held>,
+    /// Egress waiting's share of the shim (the same store, scripts and
+    /// metrics, with the wake-ups, timers and holds).
+    waiting: Waiting,
     /// The load shedder's fleet-wide controller (`lua/shed.lua`).
     shed: Arc<crate::shed::ShedScript>,
     /// What `GET /metrics` shows; the store and the wake-ups count in it too.
@@ -52,17 +42,6 @@ pub struct Limiter {
     /// Random per process: with `sequence` it makes request ids unique across shims.
     nonce: u64,
     sequence: AtomicU64,
-}
-
-/// One slot's answer to a check.
-pub(crate) struct SlotReply {
-    pub allowed: bool,
-    pub retry_after_ms: Option<u64>,
-    /// The time the script charged at, for a refund.
-    pub now: i64,
-    pub limits: Vec<LimitOutcome>,
-    /// The waiting path (`lua/reserve.lua`): the slot admitted at, in µs.
-    pub at: Option<u64>,
 }
 
 impl Limiter {
@@ -81,31 +60,39 @@ impl Limiter {
             Target::Cluster(seeds) => seeds.first().cloned().unwrap_or_default(),
         };
         let metrics = Arc::new(crate::metrics::Metrics::new());
-        Ok(Limiter {
+        let store = Arc::new(RedisClient::connect(how)?.with_metrics(metrics.clone()));
+        let scripts = Arc::new(Scripts::new());
+        let waiting = Waiting {
+            store: store.clone(),
+            scripts: scripts.clone(),
             wakeups: Arc::new(
                 crate::wakeups::Wakeups::new(url, nonce).with_ca(how.ca.clone()).counting(&metrics),
             ),
             timers: Arc::default(),
             held: Arc::default(),
-            shed: Arc::default(),
-            store: Arc::new(RedisClient::connect(how)?.with_metrics(metrics.clone())),
-            metrics,
-            scripts: Arc::new(Scripts::new()),
+            metrics: metrics.clone(),
             test_time,
+        };
+        Ok(Limiter {
+            store,
+            scripts,
+            waiting,
+            shed: Arc::default(),
+            metrics,
             nonce,
             sequence: AtomicU64::new(0),
         })
     }
 
+    /// Egress waiting's share of the shim: what the waiting paths
+    /// (`wait`, `queue`, `mixed`) are called with.
+    pub fn waiting(&self) -> &Waiting {
+        &self.waiting
+    }
+
     /// The script's time argument: empty for Redis TIME.
     pub(crate) fn time_arg(&self, now_us: Option<u64>) -> Result<String, CheckError> {
-        match (now_us, self.test_time) {
-            (None, _) => Ok(String::new()),
-            (Some(now), true) => Ok(now.to_string()),
-            (Some(_), false) => {
-                Err(CheckError::BadRequest("now_us is honoured only with --test-time".into()))
-            }
-        }
+        self.waiting.time_arg(now_us)
     }
 
     /// The limits' indexes grouped by the Redis Cluster slot of their keys;
@@ -157,7 +144,7 @@ impl Limiter {
         }
         let groups = self.slot_groups(&limits);
         if wait_us > 0 && groups.len() == 1 {
-            return crate::wait::check(self, req, &limits, &id, &now, wait_us).await;
+            return crate::wait::check(&self.waiting, req, &limits, &id, &now, wait_us).await;
         }
         if wait_us > 0 {
             tracing::debug!(
@@ -263,7 +250,7 @@ impl Limiter {
         let leases = lease_limits(req)?;
         // A request this shim still holds for its time slot is let go: its
         // reservation is given back where safe (wait::Cancel).
-        self.held.cancel(&req.lease);
+        self.waiting.held.cancel(&req.lease);
         let released = self.on_leases(&self.scripts.release, &req.lease, &leases, &now).await?;
         Ok(ReleaseResponse { released })
     }
@@ -314,7 +301,7 @@ impl Limiter {
     /// (or, without one, only reads) and answers the fleet's shed level.
     pub async fn shed(&self, req: &ShedRequest) -> Result<ShedResponse, CheckError> {
         let settings = req.settings().map_err(CheckError::BadRequest)?;
-        if req.now_ms.is_some() && !self.test_time {
+        if req.now_ms.is_some() && !self.waiting.test_time {
             return Err(CheckError::BadRequest("now_ms is honoured only with --test-time".into()));
         }
         let level = match req.utilization {
@@ -435,32 +422,8 @@ fn unasked(algorithm: &Algorithm) -> LimitOutcome {
     }
 }
 
-/// The outcomes of every limit, in order, split into the request's checks.
-/// The pauses of checks with upstream feedback come after every limit, in
-/// the checks' order (`keys::script_limits`): each becomes its check's
-/// `paused_ms`.
-pub(crate) fn by_check(
-    req: &CheckRequest<'_>,
-    outcomes: impl Iterator<Item = LimitOutcome>,
-) -> Vec<CheckOutcome> {
-    let mut outcomes = outcomes.collect::<Vec<_>>().into_iter();
-    let mut checks: Vec<CheckOutcome> = req
-        .checks
-        .iter()
-        .map(|c| CheckOutcome { limits: outcomes.by_ref().take(c.limits.len()).collect(), paused_ms: None })
-        .collect();
-    for (_, outcome) in req.checks.iter().zip(&mut checks).filter(|(c, _)| c.upstream) {
-        outcome.paused_ms = outcomes.next().map(|pause| pause.reset_ms).filter(|&ms| ms > 0);
-    }
-    checks
-}
-
 fn valid_id(id: &str) -> bool {
     (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-}
-
-pub(crate) fn store_error(err: redis::RedisError) -> CheckError {
-    CheckError::Store(format!("redis: {err}"))
 }
 
 /// Admitted: 0. Denied: the longest wait of any denying slot, unknown if any is.
@@ -479,31 +442,4 @@ fn combined_retry(replies: &[SlotReply]) -> Option<u64> {
         return Some(0);
     }
     denied.iter().try_fold(0, |most, r| r.retry_after_ms.map(|ms| most.max(ms)))
-}
-
-/// Reads the check script's flat reply (see `lua/check.lua`). A retry of -1 is
-/// unknown; a held_until of 0 is none. The waiting path (`lua/reserve.lua`)
-/// adds one number: the slot it admitted the request at, 0 when denied.
-pub(crate) fn decode(limits: usize, reply: &[i64]) -> Option<SlotReply> {
-    let (head, rest) = reply.split_at_checked(3)?;
-    let (rest, at) = match rest.len().checked_sub(7 * limits)? {
-        0 => (rest, None),
-        1 => (&rest[..7 * limits], u64::try_from(rest[7 * limits]).ok().filter(|&t| t > 0)),
-        _ => return None,
-    };
-    let count = |n: i64| u64::try_from(n).unwrap_or(0);
-    let retry = |n: i64| u64::try_from(n).ok();
-    let limits = rest
-        .chunks_exact(7)
-        .map(|r| LimitOutcome {
-            allowed: r[0] == 1,
-            remaining: count(r[1]),
-            reset_ms: count(r[2]),
-            retry_after_ms: retry(r[3]),
-            reclaimed: count(r[4]),
-            held_until_us: u64::try_from(r[5]).ok().filter(|&t| t > 0),
-            refunded_us: count(r[6]),
-        })
-        .collect();
-    Some(SlotReply { allowed: head[0] == 1, retry_after_ms: retry(head[1]), now: head[2], limits, at })
 }

@@ -20,7 +20,8 @@ use sluice_policies::algorithm::Algorithm;
 use sluice_policies::wire::{CheckRequest, CheckResponse, LimitOutcome};
 
 use crate::keys::ScriptLimit;
-use crate::limiter::{by_check, store_error, CheckError, Limiter};
+use crate::decision::{by_check, store_error, CheckError};
+use crate::wait::Waiting;
 use crate::queue::{args, Acquired, Leave};
 use crate::wait::{margins, reserve, Cancel};
 
@@ -37,7 +38,7 @@ fn specs(time: &[ScriptLimit], margins: &[u64]) -> String {
 /// One call of `lua/take.lua`; also the differential test's.
 #[allow(clippy::too_many_arguments)]
 pub async fn take(
-    limiter: &Limiter,
+    waiting: &Waiting,
     concurrency: &ScriptLimit,
     time: &[ScriptLimit],
     margins: &[u64],
@@ -49,7 +50,7 @@ pub async fn take(
     held: &[u64],
 ) -> Result<(Acquired, u64), CheckError> {
     let (n, lease) = args(concurrency);
-    let mut call = limiter.scripts.take.prepare_invoke();
+    let mut call = waiting.scripts.take.prepare_invoke();
     call.key(&concurrency.key);
     for limit in time {
         call.key(&limit.key);
@@ -58,7 +59,7 @@ pub async fn take(
     for h in held {
         call.arg(*h);
     }
-    let reply: Vec<i64> = limiter.store.invoke(&call).await.map_err(store_error)?;
+    let reply: Vec<i64> = waiting.store.invoke(&call).await.map_err(store_error)?;
     let &[state, _now, reclaimed, soonest] = reply.as_slice() else {
         return Err(CheckError::Store(format!("unexpected take reply {reply:?}")));
     };
@@ -85,7 +86,7 @@ fn micros(d: Duration) -> u64 {
 
 /// A waiting check with one concurrency limit and time-based limits.
 pub(crate) async fn check(
-    limiter: &Limiter,
+    waiting: &Waiting,
     req: &CheckRequest<'_>,
     limits: &[ScriptLimit],
     id: &str,
@@ -103,7 +104,7 @@ pub(crate) async fn check(
         limits.iter().zip(&all_margins).filter(|(l, _)| !is_lease(l)).map(|(l, m)| (l.clone(), *m)).unzip();
 
     // 1. The time slots, FCFS, without the concurrency slot.
-    let reply = reserve(limiter, &time, now, id, wait_us, &time_margins).await?;
+    let reply = reserve(waiting, &time, now, id, wait_us, &time_margins).await?;
     let mut time_outcomes = reply.limits.clone().into_iter();
     let free = LimitOutcome {
         allowed: true,
@@ -143,23 +144,23 @@ pub(crate) async fn check(
     // Held at all (a time slot ahead, or the queue): then `waited_ms` is set.
     let mut held_any = delay > 0;
     loop {
-        let _counted = limiter.metrics.hold();
+        let _counted = waiting.metrics.hold();
         // Hold until the time slot; a client gone meanwhile gives it back.
-        let mut cancel = Cancel::new(limiter, id, at, time.clone(), held.clone(), now);
+        let mut cancel = Cancel::new(waiting, id, at, time.clone(), held.clone(), now);
         // Never past the deadline, whatever a wake-up said.
         let until = (Instant::now() + Duration::from_micros(delay.min(wait_us))).min(deadline);
         tokio::time::sleep_until(until.into()).await;
-        let mut registration = limiter.wakeups.register(id);
+        let mut registration = waiting.wakeups.register(id);
         let left = deadline.saturating_duration_since(Instant::now());
-        if !limiter.wakeups.subscribed(left).await {
+        if !waiting.wakeups.subscribed(left).await {
             return Err(CheckError::Store("the wake-up subscriber is not connected to Redis".into()));
         }
         // 2. The concurrency slot, or the queue.
         let left = micros(deadline.saturating_duration_since(Instant::now())).max(1);
         let script_now = moved_on(now, started);
-        let channel = limiter.wakeups.channel().to_string();
+        let channel = waiting.wakeups.channel().to_string();
         let (acquired, _) =
-            take(limiter, concurrency, &time, &time_margins, &script_now, id, left, &channel, at, &held)
+            take(waiting, concurrency, &time, &time_margins, &script_now, id, left, &channel, at, &held)
                 .await?;
         cancel.disarm();
         let soonest = match acquired {
@@ -167,12 +168,12 @@ pub(crate) async fn check(
             Acquired::Refused => return Ok(answer(false, None, false, false)),
             Acquired::Queued { soonest } => soonest,
         };
-        let mut leave = Leave::queued(limiter, concurrency, id, soonest);
+        let mut leave = Leave::queued(waiting, concurrency, id, soonest);
         // 3. The hand-over decides, with our time limits.
         let message = tokio::select! {
             woken = &mut registration.woken => woken.ok(),
             () = tokio::time::sleep_until(deadline.into()) => None,
-            () = limiter.wakeups.lost() => {
+            () = waiting.wakeups.lost() => {
                 return Err(CheckError::Store("the wake-up subscriber lost Redis while waiting".into()));
             }
         };

@@ -17,7 +17,8 @@ use sluice_policies::algorithm::Algorithm;
 use sluice_policies::wire::{CheckOutcome, CheckRequest, CheckResponse, LimitOutcome};
 
 use crate::keys::ScriptLimit;
-use crate::limiter::{store_error, CheckError, Limiter};
+use crate::decision::{store_error, CheckError};
+use crate::wait::Waiting;
 use crate::scripts::Scripts;
 use crate::store::RedisClient;
 
@@ -35,7 +36,7 @@ pub(crate) fn args(limit: &ScriptLimit) -> (u64, u64) {
 
 /// One call of `lua/acquire.lua`; also (test mode) the differential test's.
 pub async fn acquire(
-    limiter: &Limiter,
+    waiting: &Waiting,
     limit: &ScriptLimit,
     now: &str,
     id: &str,
@@ -43,9 +44,9 @@ pub async fn acquire(
     channel: &str,
 ) -> Result<(Acquired, u64), CheckError> {
     let (n, lease) = args(limit);
-    let mut call = limiter.scripts.acquire.prepare_invoke();
+    let mut call = waiting.scripts.acquire.prepare_invoke();
     call.key(&limit.key).arg(now).arg(id).arg(n).arg(lease).arg(wait_us).arg(channel);
-    let reply: Vec<i64> = limiter.store.invoke(&call).await.map_err(store_error)?;
+    let reply: Vec<i64> = waiting.store.invoke(&call).await.map_err(store_error)?;
     let &[state, _now, reclaimed, soonest] = reply.as_slice() else {
         return Err(CheckError::Store(format!("unexpected acquire reply {reply:?}")));
     };
@@ -59,21 +60,21 @@ pub async fn acquire(
 
 /// `lua/leave.lua` for request `id`, for tests.
 pub async fn leave_now(
-    limiter: &Limiter,
+    waiting: &Waiting,
     limit: &ScriptLimit,
     now: &str,
     id: &str,
 ) -> Result<i64, CheckError> {
-    leave(&limiter.store, &limiter.scripts, limit, now, id).await
+    leave(&waiting.store, &waiting.scripts, limit, now, id).await
 }
 
 /// `lua/reclaim.lua`, for tests: (reclaimed, µs until the next timer).
 pub async fn reclaim_now(
-    limiter: &Limiter,
+    waiting: &Waiting,
     limit: &ScriptLimit,
     now: &str,
 ) -> Result<(u64, Option<u64>), CheckError> {
-    reclaim(&limiter.store, &limiter.scripts, limit, now).await
+    reclaim(&waiting.store, &waiting.scripts, limit, now).await
 }
 
 /// One call of `lua/leave.lua`: 1 left the queue, 2 passed a slot on, 0 neither.
@@ -132,7 +133,7 @@ pub(crate) fn response(req: &CheckRequest<'_>, allowed: bool, reclaimed: u64) ->
 
 /// A waiting check whose one limit is a concurrency limit.
 pub(crate) async fn check(
-    limiter: &Limiter,
+    waiting: &Waiting,
     req: &CheckRequest<'_>,
     limit: &ScriptLimit,
     id: &str,
@@ -141,13 +142,13 @@ pub(crate) async fn check(
 ) -> Result<CheckResponse, CheckError> {
     let started = Instant::now();
     let deadline = started + Duration::from_micros(wait_us);
-    let mut registration = limiter.wakeups.register(id);
-    if !limiter.wakeups.subscribed(Duration::from_micros(wait_us)).await {
+    let mut registration = waiting.wakeups.register(id);
+    if !waiting.wakeups.subscribed(Duration::from_micros(wait_us)).await {
         return Err(CheckError::Store("the wake-up subscriber is not connected to Redis".into()));
     }
     let left_us = u64::try_from(deadline.saturating_duration_since(Instant::now()).as_micros()).unwrap_or(0);
     let (acquired, reclaimed) =
-        acquire(limiter, limit, now, id, left_us.max(1), limiter.wakeups.channel()).await?;
+        acquire(waiting, limit, now, id, left_us.max(1), waiting.wakeups.channel()).await?;
     let soonest = match acquired {
         Acquired::Leased => {
             let mut resp = response(req, true, reclaimed);
@@ -157,12 +158,12 @@ pub(crate) async fn check(
         Acquired::Refused => return Ok(response(req, false, reclaimed)),
         Acquired::Queued { soonest } => soonest,
     };
-    let mut guard = Leave::queued(limiter, limit, id, soonest);
-    let _counted = limiter.metrics.hold();
+    let mut guard = Leave::queued(waiting, limit, id, soonest);
+    let _counted = waiting.metrics.hold();
     let woken = tokio::select! {
         woken = &mut registration.woken => woken.is_ok_and(|m| m == id),
         () = tokio::time::sleep_until(deadline.into()) => false,
-        () = limiter.wakeups.lost() => {
+        () = waiting.wakeups.lost() => {
             // The wake-up could not reach us: 503, and the filter applies
             // its failure_mode. The guard leaves the queue.
             return Err(CheckError::Store("the wake-up subscriber lost Redis while waiting".into()));
@@ -197,13 +198,13 @@ impl Leave {
     /// Armed for request `id`, just queued on `limit`; with the soonest
     /// lease expiry the queueing script reported (µs from now), arms the
     /// reclaim timer, so a crashed holder's slot reaches the queue.
-    pub(crate) fn queued(limiter: &Limiter, limit: &ScriptLimit, id: &str, soonest: Option<u64>) -> Leave {
+    pub(crate) fn queued(waiting: &Waiting, limit: &ScriptLimit, id: &str, soonest: Option<u64>) -> Leave {
         if let Some(us) = soonest {
-            limiter.timers.arm(limiter, limit, Duration::from_micros(us));
+            waiting.timers.arm(waiting, limit, Duration::from_micros(us));
         }
         Leave {
-            store: limiter.store.clone(),
-            scripts: limiter.scripts.clone(),
+            store: waiting.store.clone(),
+            scripts: waiting.scripts.clone(),
             limit: limit.clone(),
             id: id.to_string(),
             armed: true,
@@ -236,7 +237,7 @@ pub struct Timers {
 }
 
 impl Timers {
-    pub(crate) fn arm(&self, limiter: &Limiter, limit: &ScriptLimit, after: Duration) {
+    pub(crate) fn arm(&self, waiting: &Waiting, limit: &ScriptLimit, after: Duration) {
         // A millisecond past the expiry: the lease is live while now < expiry.
         let at = Instant::now() + after + Duration::from_millis(1);
         {
@@ -247,7 +248,7 @@ impl Timers {
             armed.insert(limit.key.clone(), at);
         }
         let (store, scripts, timers, limit) =
-            (limiter.store.clone(), limiter.scripts.clone(), limiter.timers.clone(), limit.clone());
+            (waiting.store.clone(), waiting.scripts.clone(), waiting.timers.clone(), limit.clone());
         tokio::spawn(async move {
             let mut at = at;
             loop {

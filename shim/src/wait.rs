@@ -20,15 +20,50 @@
 //! Approximate windows keep no per-request state, so they cannot reserve; a
 //! waiting request holding one is refused (400).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_policies::algorithm::Algorithm;
 use sluice_policies::wire::{CheckRequest, CheckResponse};
 
 use crate::keys::ScriptLimit;
-use crate::limiter::{by_check, decode, store_error, CheckError, Limiter, SlotReply};
+use crate::metrics::Metrics;
+use crate::queue::Timers;
+use crate::decision::{by_check, decode, store_error, CheckError, SlotReply};
 use crate::scripts::Scripts;
 use crate::store::RedisClient;
+use crate::wakeups::Wakeups;
+
+/// What egress waiting needs of the shim, handed to it by the limiter that
+/// holds it: Redis and its scripts, the wake-up subscriber, the queue's
+/// timers, the requests held for a time slot, the metrics, and the time mode.
+#[derive(Clone)]
+pub struct Waiting {
+    pub(crate) store: Arc<RedisClient>,
+    pub(crate) scripts: Arc<Scripts>,
+    /// The shim's one pub/sub subscriber, for waiters on concurrency slots.
+    pub(crate) wakeups: Arc<Wakeups>,
+    pub(crate) timers: Arc<Timers>,
+    /// Requests held until their time slot, by id: a release for the id
+    /// (the filter's, when the client goes away) ends the hold at once.
+    pub(crate) held: Arc<Held>,
+    pub(crate) metrics: Arc<Metrics>,
+    /// Whether a request's `now_us` is honoured (`--test-time`).
+    pub(crate) test_time: bool,
+}
+
+impl Waiting {
+    /// The script's time argument: empty for Redis TIME.
+    pub(crate) fn time_arg(&self, now_us: Option<u64>) -> Result<String, CheckError> {
+        match (now_us, self.test_time) {
+            (None, _) => Ok(String::new()),
+            (Some(now), true) => Ok(now.to_string()),
+            (Some(_), false) => {
+                Err(CheckError::BadRequest("now_us is honoured only with --test-time".into()))
+            }
+        }
+    }
+}
 
 /// The longest a request may be held: a day, far beyond any sane wait, and
 /// short enough that deadlines never overflow.
@@ -64,7 +99,7 @@ pub(crate) fn margins(req: &CheckRequest<'_>) -> Vec<u64> {
 
 /// A waiting check on one Redis slot: reserve, hold, answer.
 pub(crate) async fn check(
-    limiter: &Limiter,
+    waiting: &Waiting,
     req: &CheckRequest<'_>,
     limits: &[ScriptLimit],
     id: &str,
@@ -72,10 +107,10 @@ pub(crate) async fn check(
     wait_us: u64,
 ) -> Result<CheckResponse, CheckError> {
     if let [limit @ ScriptLimit { algorithm: Algorithm::Concurrency { .. }, .. }] = limits {
-        return crate::queue::check(limiter, req, limit, id, now, wait_us).await;
+        return crate::queue::check(waiting, req, limit, id, now, wait_us).await;
     }
     if limits.iter().any(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })) {
-        return crate::mixed::check(limiter, req, limits, id, now, wait_us).await;
+        return crate::mixed::check(waiting, req, limits, id, now, wait_us).await;
     }
     let pauses: Vec<&ScriptLimit> =
         limits.iter().filter(|l| matches!(l.algorithm, Algorithm::Pause)).collect();
@@ -89,7 +124,7 @@ pub(crate) async fn check(
     let mut left_us = wait_us;
     loop {
         let now = at_now(started.elapsed());
-        let reply = reserve(limiter, limits, &now, id, left_us, &margins(req)).await?;
+        let reply = reserve(waiting, limits, &now, id, left_us, &margins(req)).await?;
         let held_until: Vec<u64> = reply.limits.iter().map(|l| l.held_until_us.unwrap_or(0)).collect();
         let mut response = CheckResponse {
             allowed: reply.allowed,
@@ -105,9 +140,9 @@ pub(crate) async fn check(
                 (started.elapsed() > Duration::ZERO && left_us < wait_us).then(|| ceil_ms(started.elapsed()));
             return Ok(response);
         }
-        let mut guard = Cancel::new(limiter, id, at, limits.to_vec(), held_until, &now);
-        let mut holding = limiter.held.hold(id);
-        let _counted = limiter.metrics.hold();
+        let mut guard = Cancel::new(waiting, id, at, limits.to_vec(), held_until, &now);
+        let mut holding = waiting.held.hold(id);
+        let _counted = waiting.metrics.hold();
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_micros(delay)) => {}
             _ = &mut holding.released => {
@@ -120,7 +155,7 @@ pub(crate) async fn check(
         // for a slot reserved before the pause: then its slot falls inside
         // the pause. Give it back and reserve again from the pause's end,
         // within what is left of the wait.
-        if !pauses.is_empty() && paused_for(limiter, &pauses, &at_now(started.elapsed())).await? > 0 {
+        if !pauses.is_empty() && paused_for(waiting, &pauses, &at_now(started.elapsed())).await? > 0 {
             guard.give_back().await;
             left_us =
                 wait_us.saturating_sub(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
@@ -133,13 +168,13 @@ pub(crate) async fn check(
 }
 
 /// How much longer the partner's pauses hold, in µs (`lua/paused.lua`).
-async fn paused_for(limiter: &Limiter, pauses: &[&ScriptLimit], now: &str) -> Result<u64, CheckError> {
-    let mut call = limiter.scripts.paused.prepare_invoke();
+async fn paused_for(waiting: &Waiting, pauses: &[&ScriptLimit], now: &str) -> Result<u64, CheckError> {
+    let mut call = waiting.scripts.paused.prepare_invoke();
     call.arg(now);
     for pause in pauses {
         call.key(&pause.key);
     }
-    let left: i64 = limiter.store.invoke(&call).await.map_err(store_error)?;
+    let left: i64 = waiting.store.invoke(&call).await.map_err(store_error)?;
     Ok(u64::try_from(left).unwrap_or(0))
 }
 
@@ -197,13 +232,13 @@ pub struct Reserved {
 
 /// Reserves a waiting request's time slots (one Redis slot, time-based
 /// limits) without holding it: what [`check`] does before it sleeps.
-pub async fn reserve_request(limiter: &Limiter, req: &CheckRequest<'_>) -> Result<Reserved, CheckError> {
+pub async fn reserve_request(waiting: &Waiting, req: &CheckRequest<'_>) -> Result<Reserved, CheckError> {
     let limits = crate::keys::script_limits(&req.checks).map_err(CheckError::BadRequest)?;
     let wait_us = req.wait_ms.unwrap_or(0).saturating_mul(1000);
     refuse_unsupported(&limits, wait_us).map_err(CheckError::BadRequest)?;
-    let now = limiter.time_arg(req.now_us)?;
+    let now = waiting.time_arg(req.now_us)?;
     let id = req.id.as_deref().unwrap_or("reserved");
-    let reply = reserve(limiter, &limits, &now, id, wait_us, &margins(req)).await?;
+    let reply = reserve(waiting, &limits, &now, id, wait_us, &margins(req)).await?;
     Ok(Reserved {
         at: reply.at.filter(|_| reply.allowed),
         now: u64::try_from(reply.now).unwrap_or(0),
@@ -219,14 +254,14 @@ pub async fn reserve_request(limiter: &Limiter, req: &CheckRequest<'_>) -> Resul
 
 /// One call of the check script's waiting path.
 pub(crate) async fn reserve(
-    limiter: &Limiter,
+    waiting: &Waiting,
     limits: &[ScriptLimit],
     now: &str,
     id: &str,
     wait_us: u64,
     margins: &[u64],
 ) -> Result<SlotReply, CheckError> {
-    let mut call = limiter.scripts.check.prepare_invoke();
+    let mut call = waiting.scripts.check.prepare_invoke();
     call.arg(now).arg(id);
     for limit in limits {
         let (name, [a, b, c]) = limit.algorithm.script_args();
@@ -236,7 +271,7 @@ pub(crate) async fn reserve(
     for margin in margins {
         call.arg(*margin);
     }
-    let reply: Vec<i64> = limiter.store.call(&call).await.map_err(store_error)?;
+    let reply: Vec<i64> = waiting.store.call(&call).await.map_err(store_error)?;
     decode(limits.len(), &reply)
         .ok_or_else(|| CheckError::Store(format!("unexpected script reply {reply:?}")))
 }
@@ -258,7 +293,7 @@ pub(crate) struct Cancel {
 impl Cancel {
     /// Armed, for a reservation at `at` made with the script time `now`.
     pub(crate) fn new(
-        limiter: &Limiter,
+        waiting: &Waiting,
         id: &str,
         at: u64,
         limits: Vec<ScriptLimit>,
@@ -266,8 +301,8 @@ impl Cancel {
         now: &str,
     ) -> Cancel {
         Cancel {
-            store: limiter.store.clone(),
-            scripts: limiter.scripts.clone(),
+            store: waiting.store.clone(),
+            scripts: waiting.scripts.clone(),
             id: id.to_string(),
             at,
             limits,
@@ -355,20 +390,20 @@ impl Drop for Cancel {
 /// Runs `lua/cancel.lua` for a reservation now, for tests: what the drop
 /// guard does when the client goes away.
 pub async fn cancel(
-    limiter: &Limiter,
+    waiting: &Waiting,
     limits: &[ScriptLimit],
     now: Option<u64>,
     id: &str,
     at: u64,
     held_until: &[u64],
 ) -> Result<(), CheckError> {
-    let now = limiter.time_arg(now)?;
-    let mut call = limiter.scripts.cancel.prepare_invoke();
+    let now = waiting.time_arg(now)?;
+    let mut call = waiting.scripts.cancel.prepare_invoke();
     call.arg(now).arg(id).arg(at);
     for (limit, held) in limits.iter().zip(held_until) {
         let (name, [a, b, c]) = limit.algorithm.script_args();
         call.key(&limit.key).arg(name).arg(a).arg(b).arg(c).arg(*held);
     }
-    let _: i64 = limiter.store.invoke(&call).await.map_err(store_error)?;
+    let _: i64 = waiting.store.invoke(&call).await.map_err(store_error)?;
     Ok(())
 }

@@ -394,7 +394,7 @@ fn run_waiting_case(
                 }
                 let waiting: Vec<algorithm::reserve::Waiting> =
                     script.iter().map(|l| (l.key.clone(), l.algorithm, margin_ms * 1000)).collect();
-                let got = w.runtime.block_on(wait::reserve_request(&w.limiter, &req)).expect("reserve");
+                let got = w.runtime.block_on(wait::reserve_request(w.limiter.waiting(), &req)).expect("reserve");
                 let want = algorithm::reserve::reserve(&mut model, now, &id, wait_ms * 1000, &waiting)
                     .expect("waits");
                 prop_assert_eq!(got.response.allowed, want.reply.allowed, "decision at {}", now);
@@ -416,7 +416,7 @@ fn run_waiting_case(
                 let (id, checks, at, tats) = held.remove(n % held.len());
                 let script = script_limits(&checks).expect("valid limits");
                 w.runtime
-                    .block_on(wait::cancel(&w.limiter, &script, Some(now), &id, at, &tats))
+                    .block_on(wait::cancel(w.limiter.waiting(), &script, Some(now), &id, at, &tats))
                     .expect("cancel");
                 let reserved: Vec<algorithm::cancel::Reserved> = script
                     .iter()
@@ -531,7 +531,7 @@ fn run_queue_case(w: &World, limit: u32, lease_ms: u64, ops: Vec<QueueOp>) -> Re
                 } else {
                     let (got, got_reclaimed) = w
                         .runtime
-                        .block_on(queue::acquire(&w.limiter, &script[0], &now.to_string(), &id, wait, "ch"))
+                        .block_on(queue::acquire(w.limiter.waiting(), &script[0], &now.to_string(), &id, wait, "ch"))
                         .expect("acquire");
                     let (want, want_reclaimed) =
                         algorithm::queue::acquire(&mut model, &key, now, &id, limit, lease, wait, "ch");
@@ -557,7 +557,7 @@ fn run_queue_case(w: &World, limit: u32, lease_ms: u64, ops: Vec<QueueOp>) -> Re
                 let id = ids[n % ids.len()].clone();
                 let got = w
                     .runtime
-                    .block_on(queue::leave_now(&w.limiter, &script[0], &now.to_string(), &id))
+                    .block_on(queue::leave_now(w.limiter.waiting(), &script[0], &now.to_string(), &id))
                     .expect("leave");
                 let want = algorithm::queue::leave(&mut model, &key, now, &id, limit, lease);
                 prop_assert_eq!(got, i64::from(want), "leave at {}", now);
@@ -566,7 +566,7 @@ fn run_queue_case(w: &World, limit: u32, lease_ms: u64, ops: Vec<QueueOp>) -> Re
                 now += dt;
                 let got = w
                     .runtime
-                    .block_on(queue::reclaim_now(&w.limiter, &script[0], &now.to_string()))
+                    .block_on(queue::reclaim_now(w.limiter.waiting(), &script[0], &now.to_string()))
                     .expect("reclaim");
                 let want = algorithm::queue::reclaim_timer(&mut model, &key, now, limit, lease);
                 prop_assert_eq!(got, want, "reclaim at {}", now);
@@ -718,7 +718,7 @@ fn run_mixed_case(
                     id: Some(id.clone().into()),
                     wait_ms: Some(wait.div_ceil(1000)),
                 };
-                let got = w.runtime.block_on(wait::reserve_request(&w.limiter, &req)).expect("reserve");
+                let got = w.runtime.block_on(wait::reserve_request(w.limiter.waiting(), &req)).expect("reserve");
                 let want =
                     algorithm::reserve::reserve(&mut model, now, &id, wait.div_ceil(1000) * 1000, &waiting)
                         .expect("waits");
@@ -739,7 +739,7 @@ fn run_mixed_case(
                 let got = w
                     .runtime
                     .block_on(mixed::take(
-                        &w.limiter,
+                        w.limiter.waiting(),
                         &conc,
                         &time,
                         &[0],
@@ -787,7 +787,7 @@ fn run_mixed_case(
                 let id = ids[n % ids.len()].clone();
                 let got = w
                     .runtime
-                    .block_on(queue::leave_now(&w.limiter, &conc, &now.to_string(), &id))
+                    .block_on(queue::leave_now(w.limiter.waiting(), &conc, &now.to_string(), &id))
                     .expect("leave");
                 let want = algorithm::queue::leave(&mut model, &conc.key, now, &id, limit, lease);
                 prop_assert_eq!(got, i64::from(want), "leave at {}", now);
@@ -811,7 +811,7 @@ fn run_mixed_case(
                 now += dt;
                 let got = w
                     .runtime
-                    .block_on(queue::reclaim_now(&w.limiter, &conc, &now.to_string()))
+                    .block_on(queue::reclaim_now(w.limiter.waiting(), &conc, &now.to_string()))
                     .expect("reclaim");
                 let want = algorithm::queue::reclaim_timer(&mut model, &conc.key, now, limit, lease);
                 prop_assert_eq!(got, want, "reclaim at {}", now);

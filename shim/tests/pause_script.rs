@@ -139,7 +139,7 @@ fn the_pause_scripts_decide_as_the_model() {
                     Op::Wait { dt, wait_ms } => {
                         now += dt;
                         let got = runtime
-                            .block_on(reserve_request(&limiter, &request(&policy, now, &id, Some(wait_ms))))
+                            .block_on(reserve_request(limiter.waiting(), &request(&policy, now, &id, Some(wait_ms))))
                             .map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
                         let waiting: Vec<Waiting> = keys.iter().map(|(k, a)| (k.clone(), *a, 0)).collect();
                         let want = reserve::reserve(&mut model, now, &id, wait_ms * 1000, &waiting)

@@ -7,23 +7,19 @@
 //! - its limits: the policy document (`sluice serve --policy FILE`), else
 //!   the limits its checks carried;
 //! - rates and totals (allowed, denied, waited, immediate, wait time,
-//!   reclaimed): the checks *this* shim answered ([`traffic`]);
+//!   reclaimed): the checks *this* shim answered ([`crate::metrics::traffic`]);
 //! - the busiest keys: a Space-Saving sketch of this shim's checks
-//!   ([`sketch`]), bounded per policy;
+//!   ([`crate::metrics::sketch`]), bounded per policy;
 //! - each busy key's remaining, reset, leases held and waiters: read from
 //!   Redis when the page asks ([`state`]), so they hold for the whole fleet.
 //!
 //! # Layout
 //!
-//! - [`sketch`]: Space-Saving, the heavy hitters in fixed memory.
-//! - [`traffic`]: per-policy counters, rates and sketches, fed by the checks.
 //! - [`state`]: a key's state read from Redis.
 //! - [`playground`]: the playground's files, from a directory.
 
 pub mod playground;
-pub mod sketch;
 pub mod state;
-pub mod traffic;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -41,9 +37,9 @@ use sluice_policies::Document;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use crate::store::RedisClient;
-use sketch::Estimate;
+use crate::metrics::sketch::Estimate;
 use state::LimitState;
-use traffic::{Rates, Seen, Totals};
+use crate::metrics::traffic::{self, Rates, Seen, Totals};
 
 /// Busy keys per policy whose state the page shows (read from Redis on
 /// each poll); the sketch keeps more, [`traffic::KEYS_PER_POLICY`].

@@ -19,7 +19,7 @@ use sluice_policies::PolicyName;
 
 use super::sketch::{Estimate, SpaceSaving};
 use crate::keys::MAX_LIMITS;
-use crate::limiter::CheckError;
+use crate::decision::CheckError;
 
 /// Policies tracked; checks of further names are not shown.
 pub const MAX_POLICIES: usize = 256;

@@ -10,7 +10,8 @@
 //! - requests in flight, around the `/v1/*` and `/healthz` handlers;
 //! - waiters held and hand-overs, in egress waiting;
 //! - per policy, for the dashboard: rates, totals and the busiest keys
-//!   ([`crate::dashboard::traffic`]), where decisions are counted.
+//!   ([`traffic`], with [`sketch`], Space-Saving in fixed memory), where
+//!   decisions are counted; the dashboard shows them.
 //!
 //! The policy label comes from the caller's request, so its values are
 //! capped: the first [`MAX_POLICY_LABELS`] valid policy names seen keep
@@ -35,7 +36,10 @@ use prometheus_client::registry::Registry;
 use sluice_policies::wire::{CheckRequest, CheckResponse};
 use sluice_policies::PolicyName;
 
-use crate::limiter::CheckError;
+use crate::decision::CheckError;
+
+pub mod sketch;
+pub mod traffic;
 
 /// Distinct policy names that get a label of their own.
 pub const MAX_POLICY_LABELS: usize = 256;
@@ -78,7 +82,7 @@ pub struct Metrics {
     /// The policy names with a label of their own.
     policies: Mutex<HashSet<String>>,
     /// Per policy, for the dashboard: rates, totals and the busiest keys.
-    pub(crate) traffic: crate::dashboard::traffic::Traffic,
+    pub(crate) traffic: traffic::Traffic,
 }
 
 impl Default for Metrics {
