@@ -332,10 +332,7 @@ fn about(tools: &tools::Tools, plan: &plan::Plan, measuring: f64) -> Vec<(&'stat
             .unwrap_or_else(|| "unknown".into())
     };
     let commit = probe(
-        Command::new("git")
-            .args(["-C"])
-            .arg(workspace_root())
-            .args(["describe", "--always", "--dirty"]),
+        Command::new("git").args(["-C"]).arg(workspace_root()).args(["describe", "--always", "--dirty"]),
     )
     .unwrap_or_else(|| "unknown".into());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());

@@ -92,4 +92,3 @@ pub fn run(args: &Args) -> anyhow::Result<String> {
     values.extend(timeout_values(&policy));
     render(DEMO_TEMPLATE, &values)
 }
-

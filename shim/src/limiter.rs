@@ -17,9 +17,9 @@ use redis::cluster_routing::Slot;
 use redis::Script;
 use sluice_policies::algorithm::Algorithm;
 use sluice_policies::wire::{
-    AdjustRequest, CheckOutcome, CheckRequest, CheckResponse, FeedbackRequest, FeedbackResponse,
-    LeaseRequest, LeaseResponse, LimitOutcome, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse,
-    ShedRequest, ShedResponse,
+    AdjustRequest, CheckRequest, CheckResponse, FeedbackRequest, FeedbackResponse, LeaseRequest,
+    LeaseResponse, LimitOutcome, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse, ShedRequest,
+    ShedResponse,
 };
 
 pub use crate::decision::CheckError;

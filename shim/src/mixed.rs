@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 use sluice_policies::algorithm::Algorithm;
 use sluice_policies::wire::{CheckRequest, CheckResponse, LimitOutcome};
 
-use crate::keys::ScriptLimit;
 use crate::decision::{by_check, store_error, CheckError};
-use crate::wait::Waiting;
+use crate::keys::ScriptLimit;
 use crate::queue::{args, Acquired, Leave};
+use crate::wait::Waiting;
 use crate::wait::{margins, reserve, Cancel};
 
 /// The time limits as `lua/slots.lua` reads them from a waiter's record.

@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use sluice_policies::algorithm::Algorithm;
 use sluice_policies::wire::{CheckOutcome, CheckRequest, CheckResponse, LimitOutcome};
 
-use crate::keys::ScriptLimit;
 use crate::decision::{store_error, CheckError};
-use crate::wait::Waiting;
+use crate::keys::ScriptLimit;
 use crate::scripts::Scripts;
 use crate::store::RedisClient;
+use crate::wait::Waiting;
 
 /// What `lua/acquire.lua` answered: the reference model's own type, as the
 /// script mirrors the model (`sluice_policies::algorithm::queue::acquire`).

@@ -26,10 +26,10 @@ use std::time::{Duration, Instant};
 use sluice_policies::algorithm::Algorithm;
 use sluice_policies::wire::{CheckRequest, CheckResponse};
 
+use crate::decision::{by_check, decode, store_error, CheckError, SlotReply};
 use crate::keys::ScriptLimit;
 use crate::metrics::Metrics;
 use crate::queue::Timers;
-use crate::decision::{by_check, decode, store_error, CheckError, SlotReply};
 use crate::scripts::Scripts;
 use crate::store::RedisClient;
 use crate::wakeups::Wakeups;

@@ -7,13 +7,13 @@
 
 use std::time::Duration;
 
+use sluice_harness::Redis;
 use sluice_policies::bounds::{worst_case_body, MAX_BODY, MAX_CHECKS, MAX_KEY_SOURCES};
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::wire::{AdjustRequest, Adjustment, CheckRequest, ReleaseRequest};
 use sluice_policies::{parse, Document};
 use sluice_shim::limiter::Limiter;
 use sluice_shim::store::Target;
-use sluice_harness::Redis;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A policy with `sources` header key sources and these limits.

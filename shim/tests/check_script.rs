@@ -5,12 +5,12 @@
 use std::time::Duration;
 
 use redis::Commands;
+use sluice_harness::Redis;
 use sluice_policies::wire::{
     AdjustRequest, Adjustment, Check, CheckRequest, CheckResponse, RenewRequest, WireLimit,
 };
 use sluice_shim::limiter::{CheckError, Limiter};
 use sluice_shim::store::Target;
-use sluice_harness::Redis;
 
 const SECOND: u64 = 1_000_000;
 

@@ -5,10 +5,10 @@
 use std::time::Duration;
 
 use redis::cluster_routing::Slot;
+use sluice_harness::RedisCluster;
 use sluice_policies::wire::{Check, CheckRequest, WireLimit};
 use sluice_shim::limiter::Limiter;
 use sluice_shim::store::Target;
-use sluice_harness::RedisCluster;
 
 fn every_algorithm(limit: u32) -> Vec<WireLimit> {
     vec![

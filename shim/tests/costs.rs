@@ -10,10 +10,10 @@
 use std::time::Duration;
 
 use redis::Commands;
+use sluice_harness::Redis;
 use sluice_policies::wire::{AdjustRequest, Adjustment, Check, CheckRequest, CheckResponse, WireLimit};
 use sluice_shim::limiter::{CheckError, Limiter};
 use sluice_shim::store::Target;
-use sluice_harness::Redis;
 
 const SECOND: u64 = 1_000_000;
 const KEY: &str = "sluice:{p:k}:gcra:100000";

@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
+use sluice_harness::client::http;
+use sluice_harness::Redis;
 use sluice_policies::wire::{Check, CheckRequest, CheckResponse, ReleaseRequest, WireLimit};
 use sluice_shim::dashboard;
 use sluice_shim::limiter::Limiter;
 use sluice_shim::server::{run, Options};
 use sluice_shim::store::Target;
-use sluice_harness::client::http;
-use sluice_harness::Redis;
 
 const DOCUMENT: &str = r#"{"policies": [
   {"name": "partner-api", "key": ["header:x-api-key"],

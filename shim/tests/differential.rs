@@ -18,6 +18,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
 use redis::Commands;
+use sluice_harness::Redis;
 use sluice_policies::algorithm::{self, Algorithm, Store};
 use sluice_policies::wire::{
     AdjustRequest, Adjustment, Check, CheckRequest, GiveBack, LeaseRequest, LeaseResponse, ReleaseRequest,
@@ -27,7 +28,6 @@ use sluice_shim::keys::script_limits;
 use sluice_shim::limiter::Limiter;
 use sluice_shim::store::Target;
 use sluice_shim::{mixed, queue, wait};
-use sluice_harness::Redis;
 
 struct World {
     redis: Redis,
@@ -394,7 +394,8 @@ fn run_waiting_case(
                 }
                 let waiting: Vec<algorithm::reserve::Waiting> =
                     script.iter().map(|l| (l.key.clone(), l.algorithm, margin_ms * 1000)).collect();
-                let got = w.runtime.block_on(wait::reserve_request(w.limiter.waiting(), &req)).expect("reserve");
+                let got =
+                    w.runtime.block_on(wait::reserve_request(w.limiter.waiting(), &req)).expect("reserve");
                 let want = algorithm::reserve::reserve(&mut model, now, &id, wait_ms * 1000, &waiting)
                     .expect("waits");
                 prop_assert_eq!(got.response.allowed, want.reply.allowed, "decision at {}", now);
@@ -531,7 +532,14 @@ fn run_queue_case(w: &World, limit: u32, lease_ms: u64, ops: Vec<QueueOp>) -> Re
                 } else {
                     let (got, got_reclaimed) = w
                         .runtime
-                        .block_on(queue::acquire(w.limiter.waiting(), &script[0], &now.to_string(), &id, wait, "ch"))
+                        .block_on(queue::acquire(
+                            w.limiter.waiting(),
+                            &script[0],
+                            &now.to_string(),
+                            &id,
+                            wait,
+                            "ch",
+                        ))
                         .expect("acquire");
                     let (want, want_reclaimed) =
                         algorithm::queue::acquire(&mut model, &key, now, &id, limit, lease, wait, "ch");
@@ -718,7 +726,8 @@ fn run_mixed_case(
                     id: Some(id.clone().into()),
                     wait_ms: Some(wait.div_ceil(1000)),
                 };
-                let got = w.runtime.block_on(wait::reserve_request(w.limiter.waiting(), &req)).expect("reserve");
+                let got =
+                    w.runtime.block_on(wait::reserve_request(w.limiter.waiting(), &req)).expect("reserve");
                 let want =
                     algorithm::reserve::reserve(&mut model, now, &id, wait.div_ceil(1000) * 1000, &waiting)
                         .expect("waits");

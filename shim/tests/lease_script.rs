@@ -5,10 +5,10 @@
 use std::time::Duration;
 
 use redis::Commands;
+use sluice_harness::Redis;
 use sluice_policies::wire::{GiveBack, LeaseRequest, LeaseResponse, WireLimit};
 use sluice_shim::limiter::{CheckError, Limiter};
 use sluice_shim::store::Target;
-use sluice_harness::Redis;
 
 const WINDOW_MS: u64 = 10_000;
 const KEY: &str = "sluice:{p:}:fw:10000";

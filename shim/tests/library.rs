@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
+use sluice_harness::Redis;
 use sluice_policies::wire::{Check, CheckRequest, WireLimit};
 use sluice_shim::limiter::Limiter;
 use sluice_shim::store::Target;
-use sluice_harness::Redis;
 
 fn request(id: &str) -> CheckRequest<'static> {
     CheckRequest {

@@ -6,12 +6,12 @@
 
 use std::time::{Duration, Instant};
 
+use sluice_harness::client::http;
+use sluice_harness::Redis;
 use sluice_policies::wire::{Check, CheckRequest, CheckResponse, ReleaseRequest, WireLimit};
 use sluice_shim::limiter::Limiter;
 use sluice_shim::server::{run, Options};
 use sluice_shim::store::Target;
-use sluice_harness::client::http;
-use sluice_harness::Redis;
 
 /// A shim on a free port until the test ends; its port.
 async fn serve(redis: &Redis, test_time: bool) -> u16 {

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
+use sluice_harness::Redis;
 use sluice_policies::algorithm::reserve::{self, Waiting};
 use sluice_policies::algorithm::{self, Algorithm, State, Store};
 use sluice_policies::wire::{Check, CheckRequest, FeedbackRequest, Pause, Slowdown, WireLimit};
@@ -18,7 +19,6 @@ use sluice_shim::keys::script_limits;
 use sluice_shim::limiter::Limiter;
 use sluice_shim::store::Target;
 use sluice_shim::wait::reserve_request;
-use sluice_harness::Redis;
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -139,7 +139,10 @@ fn the_pause_scripts_decide_as_the_model() {
                     Op::Wait { dt, wait_ms } => {
                         now += dt;
                         let got = runtime
-                            .block_on(reserve_request(limiter.waiting(), &request(&policy, now, &id, Some(wait_ms))))
+                            .block_on(reserve_request(
+                                limiter.waiting(),
+                                &request(&policy, now, &id, Some(wait_ms)),
+                            ))
                             .map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
                         let waiting: Vec<Waiting> = keys.iter().map(|(k, a)| (k.clone(), *a, 0)).collect();
                         let want = reserve::reserve(&mut model, now, &id, wait_ms * 1000, &waiting)

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::Commands;
+use sluice_harness::Redis;
 use sluice_policies::wire::{Check, CheckRequest, CheckResponse, ReleaseRequest, WireLimit};
 use sluice_shim::limiter::{CheckError, Limiter};
 use sluice_shim::store::Target;
-use sluice_harness::Redis;
 
 const KEY: &str = "sluice:{p:k}:cc:10000";
 

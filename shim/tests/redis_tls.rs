@@ -8,11 +8,11 @@ use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use sluice_harness::tls::Pki;
+use sluice_harness::{free_port, Redis};
 use sluice_policies::wire::{Check, CheckRequest, WireLimit};
 use sluice_shim::limiter::{CheckError, Limiter};
 use sluice_shim::store::{Connect, Target};
-use sluice_harness::tls::Pki;
-use sluice_harness::{free_port, Redis};
 
 const PASSWORD: &str = "pw-Zq8rT1x";
 

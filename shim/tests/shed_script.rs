@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
+use sluice_harness::Redis;
 use sluice_policies::shed::{ShedSettings, ShedState, Shedder};
 use sluice_shim::shed::ShedScript;
 use sluice_shim::store::{RedisClient, Target};
-use sluice_harness::Redis;
 
 const CLASSES: usize = 4;
 
@@ -92,8 +92,14 @@ fn nonsense_utilization_is_refused() {
     let _in_runtime = runtime.enter();
     let store = RedisClient::new(&Target::Single(redis.url()), Duration::from_secs(5)).expect("store");
     for u in [f64::NAN, -0.1, 1.5, f64::INFINITY] {
-        let got =
-            runtime.block_on(ShedScript::new().report(&store, "p", CLASSES, &ShedSettings::default(), u, Some(1)));
+        let got = runtime.block_on(ShedScript::new().report(
+            &store,
+            "p",
+            CLASSES,
+            &ShedSettings::default(),
+            u,
+            Some(1),
+        ));
         assert!(got.is_err(), "{u} accepted");
     }
 }

@@ -8,9 +8,9 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use redis::Commands;
+use sluice_harness::Redis;
 use sluice_shim::limiter::Limiter;
 use sluice_shim::store::Target;
-use sluice_harness::Redis;
 
 const WAITERS: usize = 300;
 

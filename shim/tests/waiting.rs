@@ -6,10 +6,10 @@
 use std::time::{Duration, Instant};
 
 use redis::Commands;
+use sluice_harness::Redis;
 use sluice_policies::wire::{Check, CheckRequest, CheckResponse, WireLimit};
 use sluice_shim::limiter::{CheckError, Limiter};
 use sluice_shim::store::Target;
-use sluice_harness::Redis;
 
 fn limiter(redis: &Redis) -> Limiter {
     Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), false).expect("limiter")

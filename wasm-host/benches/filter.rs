@@ -57,7 +57,9 @@ fn counts(wasm: Option<&Path>) -> Vec<(Shape, PerRequest)> {
 fn print_counts(counted: &[(Shape, PerRequest)], wasm: Option<&Path>) {
     let wasm = match wasm {
         Some(path) => path.display().to_string(),
-        None => sluice_harness::paths::dist("sluice.wasm").map(|p| p.display().to_string()).unwrap_or_default(),
+        None => {
+            sluice_harness::paths::dist("sluice.wasm").map(|p| p.display().to_string()).unwrap_or_default()
+        }
     };
     println!("\nThe filter's cost per request ({wasm}):\n");
     let header: Vec<&str> = counted.iter().map(|(s, _)| s.name()).collect();

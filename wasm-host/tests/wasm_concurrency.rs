@@ -6,8 +6,8 @@
 //! upstream error, a client reset, or a reset while the check is in flight.
 //! Redis is the judge: the lease set shows what is held.
 
-use sluice_policies::wire::{CHECK_PATH, RELEASE_PATH};
 use sluice_harness::Backend;
+use sluice_policies::wire::{CHECK_PATH, RELEASE_PATH};
 use sluice_wasm_host::{Answer, Effect, Fault, MetricChange, Plugin, Route, Stream};
 
 const SHIM: &str = "sluice_shim";

@@ -35,11 +35,11 @@ use sluice_policies::wire::WireLimit;
 use sluice_policies::Document;
 
 use crate::limiter::Limiter;
+use crate::metrics::sketch::Estimate;
+use crate::metrics::traffic::{self, Rates, Seen, Totals};
 use crate::metrics::Metrics;
 use crate::store::RedisClient;
-use crate::metrics::sketch::Estimate;
 use state::LimitState;
-use crate::metrics::traffic::{self, Rates, Seen, Totals};
 
 /// Busy keys per policy whose state the page shows (read from Redis on
 /// each poll); the sketch keeps more, [`traffic::KEYS_PER_POLICY`].

@@ -18,8 +18,8 @@ use sluice_policies::wire::{CheckRequest, CheckResponse, WireLimit};
 use sluice_policies::PolicyName;
 
 use super::sketch::{Estimate, SpaceSaving};
-use crate::keys::MAX_LIMITS;
 use crate::decision::CheckError;
+use crate::keys::MAX_LIMITS;
 
 /// Policies tracked; checks of further names are not shown.
 pub const MAX_POLICIES: usize = 256;
