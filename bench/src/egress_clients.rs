@@ -114,7 +114,7 @@ pub(crate) fn run(
             account: account.to_string(),
             limits: limits.clone(),
             redis,
-            script: redis::Script::new(include_str!("../../../bench/handwritten/dual_window_zset.lua")),
+            script: redis::Script::new(include_str!("../handwritten/dual_window_zset.lua")),
             next: AtomicU64::new(0),
             total: calls as u64,
             deadline: Instant::now() + budget,

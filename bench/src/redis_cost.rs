@@ -159,9 +159,9 @@ fn usec_per_call(conn: &mut redis::Connection, command: &str) -> Result<f64> {
 }
 
 fn handwritten(conn: &mut redis::Connection, calls: usize, counter: Option<&Callgrind>) -> Result<Vec<Cost>> {
-    let dual = Script::new(include_str!("../../../bench/handwritten/dual_window_zset.lua"));
-    let incr = Script::new(include_str!("../../../bench/handwritten/incr_counter.lua"));
-    let bucket = Script::new(include_str!("../../../bench/handwritten/token_bucket_two_keys.lua"));
+    let dual = Script::new(include_str!("../handwritten/dual_window_zset.lua"));
+    let incr = Script::new(include_str!("../handwritten/incr_counter.lua"));
+    let bucket = Script::new(include_str!("../handwritten/token_bucket_two_keys.lua"));
     let now = || {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

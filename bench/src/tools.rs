@@ -11,7 +11,7 @@
 //!   filter (`bench/callout-floor`) and the responder (`bench/responder`).
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
