@@ -16,7 +16,8 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use arbitrary::{Arbitrary, Unstructured};
-use sluice_core::cache::{OverLimitCache, Store};
+use sluice_core::cache::OverLimitCache;
+use sluice_core::host::{SetError, SharedData};
 use sluice_core::decision::{read_answer, retry_after_secs};
 use sluice_policies::algorithm::Algorithm;
 use sluice_policies::key;
@@ -225,12 +226,13 @@ fn lease_pool(data: &[u8]) {
 /// Shared data in which every key holds the fuzzer's bytes (until written).
 struct Bytes(RefCell<HashMap<String, Vec<u8>>>, Vec<u8>);
 
-impl Store for Bytes {
-    fn get(&self, key: &str) -> Option<Vec<u8>> {
-        Some(self.0.borrow().get(key).cloned().unwrap_or_else(|| self.1.clone()))
+impl SharedData for Bytes {
+    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        (Some(self.0.borrow().get(key).cloned().unwrap_or_else(|| self.1.clone())), None)
     }
-    fn set(&self, key: &str, value: &[u8]) {
+    fn set(&self, key: &str, value: &[u8], _cas: Option<u32>) -> Result<(), SetError> {
         self.0.borrow_mut().insert(key.to_string(), value.to_vec());
+        Ok(())
     }
 }
 

@@ -262,7 +262,6 @@ pub struct PartnerPause {
 }
 
 /// The old name of [`PartnerPause`], for callers not yet renamed.
-pub use self::PartnerPause as Throttle;
 
 /// One header's reading: a pause, or present but unusable.
 enum Hint {

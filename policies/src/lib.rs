@@ -74,10 +74,6 @@
 //! - [`replay`]: traffic replayed through a document and the model, for
 //!   `sluice simulate` and the playground.
 //! - `schema` (feature `schema`): the JSON Schema of the document.
-//!
-//! A few types kept their old names as aliases, for callers not yet renamed:
-//! `algorithm::{Store, Reply}`, `algorithm::queue::Acquired`,
-//! `feedback::Throttle`, `shed::Shed` and `Reserve`.
 
 pub mod algorithm;
 pub mod bounds;
@@ -105,7 +101,7 @@ pub use condition::Condition;
 pub use document::{Applied, Document, Evaluation, FailureMode, Policy, Shim, Verdict};
 pub use error::{parse, ParseError};
 pub use key::{KeySource, OnMissingKey};
-pub use limit::{Cost, Limit, PoolReserve, Reserve};
+pub use limit::{Cost, Limit, PoolReserve};
 pub use request::Request;
 pub use response::{DenyResponse, DenyStatus, HeadersMode};
 pub use units::{Count, Duration, HeaderName, PolicyName};

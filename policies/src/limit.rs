@@ -60,7 +60,6 @@ pub struct PoolReserve {
 }
 
 /// The old name of [`PoolReserve`], for callers not yet renamed.
-pub use self::PoolReserve as Reserve;
 
 impl PoolReserve {
     /// The pool a request of `class` may fill.

@@ -47,7 +47,6 @@ pub struct ShedPolicy {
 }
 
 /// The old name of [`ShedPolicy`], for callers not yet renamed.
-pub use self::ShedPolicy as Shed;
 
 impl ShedSettings {
     /// `low <= high`, both from 0 to 1.

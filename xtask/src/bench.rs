@@ -1,303 +1,83 @@
-//! `cargo xtask bench`: every benchmark scenario on loopback with real
-//! processes, side by side in one run, written to `bench/results/LATEST.md`
-//! and `bench/results/latency.png`, and scenario 6 also to `SHED.md` and
-//! `shed.png` (with `--quick`, to `target/bench-quick/`, so a smoke run
-//! never overwrites the committed results).
+//! `cargo xtask bench [FLAGS]`: installs and builds what the bench needs,
+//! then runs the bench, the crate `sluice-bench` (`bench/`), as a child:
+//! `cargo run -p sluice-bench -- FLAGS`, in the dev profile, as when the bench
+//! ran inside xtask. The flags are the bench's own (`--quick`, `--egress`,
+//! `--shed`, `--feedback`, `--redis-cost`, `--callgrind`, `--leased`); see
+//! `cargo xtask bench --help`.
 //!
-//! # Layout
+//! What it hands over, in the environment (the bench installs nothing):
 //!
-//! - `plan`: how long and how often each scenario runs, full or quick.
-//! - `tools`: oha, redis-benchmark, redis-cli and the plot's font, found or
-//!   installed; bounded runs of outside programs.
-//! - `setups`: the five gateway setups (six Envoy configurations) and the
-//!   processes behind them.
-//! - `load`: one oha run, reduced to percentiles, throughput and statuses.
-//! - `monitor`: the commands clients send Redis, seen with MONITOR.
-//! - `redis_bench`: the shim's EVALSHA replayed with redis-benchmark; INFO.
-//! - `gateway`: scenario 1, gateway overhead.
-//! - `shim_alone`: scenario 2, the shim against raw EVALSHA.
-//! - `redis_cost`: scenario 3, Redis CPU and memory per limit type, beside
-//!   the hand-written scripts of `bench/handwritten/`.
-//! - `scale`: scenario 4, latency and memory from 1k to 1M keys.
-//! - `egress`: scenario 5, egress waits (S0, S1, S2a) against a strict mock
-//!   partner, Sluice's `wait` beside `egress_clients`, the hand-written
-//!   callers.
-//! - `shed`: scenario 6, load shedding with the shedder on and off;
-//!   `overloaded`, the mock service it overloads; `shed_load`, the
-//!   open-loop mix of classes; `shed_report` and `shed_plot`, its section
-//!   of the report and its PNG.
-//! - `leased`: scenario 7, leased mode: its allow path beside the exact
-//!   mode and native `local_ratelimit`, and its under-admission against
-//!   exact on the same traffic; LEASED.md.
-//! - `noise`: how busy the machine was while the bench ran.
-//! - `report`: LATEST.md. `plot`: the PNG.
+//! - `SLUICE_REDIS_SERVER`, `SLUICE_ENVOY`, `SLUICE_DIST`: as for the tests.
+//! - `SLUICE_OHA`: oha (load with a fixed rate, latency percentiles, JSON),
+//!   from `SLUICE_OHA`, PATH or cargo's bin dir, else `cargo install oha --locked`.
+//! - `SLUICE_BENCH_FONT`: a TrueType font for the plots (Debian's `fonts-dejavu-core`).
+//! - `SLUICE_BENCH_FLOOR_WASM`, `SLUICE_BENCH_RESPONDER`: the callout floor
+//!   filter and the responder, built beside `dist/` (see `build.rs`).
 //!
+//! `redis-benchmark` and `redis-cli` (Debian's `redis-tools`) are installed
+//! here and found on PATH by the bench.
 
-mod egress;
-mod egress_clients;
-mod gateway;
-mod leased;
-mod load;
-mod monitor;
-mod noise;
-mod overloaded;
-mod plan;
-mod plot;
-mod redis_bench;
-mod redis_cost;
-mod report;
-mod scale;
-mod setups;
-mod shed;
-mod shed_load;
-mod shed_plot;
-mod shed_report;
-mod shim_alone;
-mod tools;
-
-use std::path::PathBuf;
-use std::process::Command;
-use std::time::Instant;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::{build, cmd};
+use crate::paths::dist_dir;
+use crate::{apt, build, cmd, deps};
 
-const PLOT: &str = "latency.png";
-const SHED_PLOT: &str = "shed.png";
+/// The oha release the bench was written against.
+const OHA_VERSION: &str = "1.16.0";
+const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+const BENCH: &str = "sluice-bench";
 
-/// Which part of the bench alone, if any.
-#[derive(Debug, Default)]
-pub(crate) struct Only {
-    /// Scenario 5, to EGRESS.md.
-    pub(crate) egress: bool,
-    /// Scenario 6, to SHED.md and shed.png.
-    pub(crate) shed: bool,
-    /// Scenario 5's feedback case, to FEEDBACK.md.
-    pub(crate) feedback: bool,
-    /// Scenario 3, printed.
-    pub(crate) redis_cost: bool,
-    /// With `redis_cost`: Redis under callgrind, counting instructions.
-    pub(crate) callgrind: bool,
-    /// Scenario 7, to LEASED.md.
-    pub(crate) leased: bool,
-}
-
-/// The whole bench, or one part of it alone.
-pub(crate) fn run(quick: bool, only: Only) -> Result<()> {
-    let started = Instant::now();
-    let mut plan = plan::Plan::new(quick);
-    let tools = tools::ensure()?;
+/// `args` go to the bench as they are.
+pub(crate) fn run(args: &[String]) -> Result<()> {
+    let mut bench = cmd::cargo();
+    bench.args(["run", "-p", BENCH, "--"]).args(args);
+    // Help needs nothing installed or built.
+    if args.iter().any(|arg| arg == "-h" || arg == "--help") {
+        return cmd::run(&mut bench);
+    }
+    let redis_server = deps::ensure_redis()?;
+    let envoy = deps::ensure_envoy()?;
+    if cmd::which("redis-benchmark").is_none() || cmd::which("redis-cli").is_none() {
+        apt::install(&["redis-tools"], "redis-benchmark for the bench")?;
+    }
+    if !Path::new(FONT).is_file() {
+        apt::install(&["fonts-dejavu-core"], "a font for the bench's plot")?;
+    }
+    let oha = ensure_oha()?;
     let built = build::build()?;
-    // The sluice-tests guards find their binaries through these.
-    std::env::set_var("SLUICE_REDIS_SERVER", &tools.redis_server);
-    std::env::set_var("SLUICE_ENVOY", &tools.envoy);
-    std::env::set_var("SLUICE_DIST", build::dist_dir());
-    if only.redis_cost {
-        return run_redis_cost(&plan, &tools.redis_server, only.callgrind);
+    bench
+        .env("SLUICE_REDIS_SERVER", redis_server)
+        .env("SLUICE_ENVOY", envoy)
+        .env("SLUICE_DIST", dist_dir())
+        .env("SLUICE_OHA", oha)
+        .env("SLUICE_BENCH_FONT", FONT)
+        .env("SLUICE_BENCH_FLOOR_WASM", built.floor_wasm)
+        .env("SLUICE_BENCH_RESPONDER", built.responder);
+    cmd::run(&mut bench)
+}
+
+fn ensure_oha() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("SLUICE_OHA") {
+        return Ok(PathBuf::from(path));
     }
-    if only.egress {
-        return run_egress(&plan, &tools, started, "EGRESS.md");
+    let cargo_bin = cargo_home().join("bin/oha");
+    if let Some(path) =
+        cmd::which("oha").or_else(|| cmd::is_executable(&cargo_bin).then(|| cargo_bin.clone()))
+    {
+        return Ok(path);
     }
-    if only.feedback {
-        plan.egress.retain(|e| e.feedback);
-        return run_egress(&plan, &tools, started, "FEEDBACK.md");
+    eprintln!("xtask: installing oha {OHA_VERSION} with cargo install (a few minutes, once)");
+    cmd::run(cmd::clean("cargo").args(["install", "oha", "--locked", "--version", OHA_VERSION]))?;
+    cmd::is_executable(&cargo_bin)
+        .then_some(cargo_bin)
+        .context("cargo install oha succeeded but its binary is not in cargo's bin dir")
+}
+
+fn cargo_home() -> PathBuf {
+    match std::env::var_os("CARGO_HOME") {
+        Some(home) => PathBuf::from(home),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cargo"),
     }
-    if only.shed {
-        return run_shed(&plan, &tools, started);
-    }
-    if only.leased {
-        return run_leased(&plan, &tools, &built, started);
-    }
-
-    let sampler = noise::Sampler::start();
-    let measured = Instant::now();
-    let done = |what: &str| eprintln!("bench: {what} done at {:.0} s", measured.elapsed().as_secs_f64());
-    let rig = setups::Rig::start(&built)?;
-    done("starting the processes");
-    let gateway = gateway::run(&rig, &plan, &tools)?;
-    done("scenario 1, gateway overhead,");
-    let shim = shim_alone::run(&rig, &plan, &tools)?;
-    done("scenario 2, the shim alone,");
-    let scale = scale::run(&rig, &plan, &tools)?;
-    done("scenario 4, scale,");
-    drop(rig);
-    let cost = {
-        let redis = sluice_tests::Redis::start()?;
-        redis_cost::run(&mut redis.connection()?, plan.cost_calls, None)?
-    };
-    done("scenario 3, Redis cost per limit type,");
-    let egress = egress::run(&plan, &tools)?;
-    done("scenario 5, egress waits,");
-    let shed = shed::run(&plan.shed)?;
-    done("scenario 6, load shedding,");
-    let leased = leased::run(&plan, &tools, &built)?;
-    done("scenario 7, leased mode,");
-    let noise = sampler.finish();
-
-    let about = about(&tools, &plan, measured.elapsed().as_secs_f64());
-    let results = report::Results {
-        plan,
-        about,
-        noise,
-        seconds: started.elapsed().as_secs_f64(),
-        gateway,
-        shim,
-        scale,
-        cost,
-        egress,
-        shed,
-    };
-    let dir = out_dir(quick);
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let title = format!("Sluice gateway latency by setup ({})", if quick { "quick run" } else { "full run" });
-    plot::draw(&dir.join(PLOT), &tools.font, &title, &results.gateway.fixed)?;
-    let md = dir.join("LATEST.md");
-    std::fs::write(&md, report::markdown(&results, PLOT, SHED_PLOT))
-        .with_context(|| format!("writing {}", md.display()))?;
-    write_shed(&results.plan, &results.about, &results.noise, results.seconds, &results.shed, &tools.font)?;
-    write_leased(&results.plan, &results.about, &results.noise, results.seconds, &leased)?;
-    eprintln!("bench: wrote {} and {PLOT} in {:.0} s", md.display(), started.elapsed().as_secs_f64());
-    Ok(())
-}
-
-/// Scenario 3 alone (`--redis-cost`), its table printed; with `callgrind`,
-/// redis-server runs under valgrind's callgrind and each case also reports
-/// the instructions Redis ran per decision (2,000 decisions a case).
-fn run_redis_cost(plan: &plan::Plan, redis_server: &std::path::Path, callgrind: bool) -> Result<()> {
-    let counter = if callgrind {
-        let dir = build::workspace_root().join("target/bench-callgrind");
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let wrapper = dir.join("redis-server");
-        let script = format!(
-            "#!/bin/sh\nexec valgrind --tool=callgrind --callgrind-out-file={}/callgrind.%p {} \"$@\"\n",
-            dir.display(),
-            redis_server.display()
-        );
-        std::fs::write(&wrapper, script).with_context(|| format!("writing {}", wrapper.display()))?;
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
-        std::env::set_var("SLUICE_REDIS_SERVER", &wrapper);
-        Some(redis_cost::Callgrind { dir })
-    } else {
-        None
-    };
-    let calls = if callgrind { 2_000 } else { plan.cost_calls };
-    let redis = sluice_tests::Redis::start()?;
-    let cost = redis_cost::run(&mut redis.connection()?, calls, counter.as_ref())?;
-    println!("{}", redis_cost::table(&cost));
-    Ok(())
-}
-
-/// Scenario 5 alone (`--egress`, to `EGRESS.md`) or its feedback case
-/// (`--feedback`, to `FEEDBACK.md`), beside LATEST.md.
-fn run_egress(plan: &plan::Plan, tools: &tools::Tools, started: Instant, file: &str) -> Result<()> {
-    let sampler = noise::Sampler::start();
-    let measured = Instant::now();
-    let egress = egress::run(plan, tools)?;
-    let noise = sampler.finish();
-    let about = about(tools, plan, measured.elapsed().as_secs_f64());
-    let dir = out_dir(plan.quick);
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let md = dir.join(file);
-    let seconds = started.elapsed().as_secs_f64();
-    std::fs::write(&md, report::egress_markdown(plan, &about, &noise, seconds, &egress))
-        .with_context(|| format!("writing {}", md.display()))?;
-    eprintln!("bench: wrote {} in {seconds:.0} s", md.display());
-    Ok(())
-}
-
-/// Scenario 6 alone (`--shed`), written to `SHED.md` and `shed.png`.
-fn run_shed(plan: &plan::Plan, tools: &tools::Tools, started: Instant) -> Result<()> {
-    let sampler = noise::Sampler::start();
-    let measured = Instant::now();
-    let shed = shed::run(&plan.shed)?;
-    let noise = sampler.finish();
-    let about = about(tools, plan, measured.elapsed().as_secs_f64());
-    write_shed(plan, &about, &noise, started.elapsed().as_secs_f64(), &shed, &tools.font)
-}
-
-/// Scenario 7 alone (`--leased`), written to `LEASED.md`.
-fn run_leased(
-    plan: &plan::Plan,
-    tools: &tools::Tools,
-    built: &build::BenchArtifacts,
-    started: Instant,
-) -> Result<()> {
-    let sampler = noise::Sampler::start();
-    let measured = Instant::now();
-    let leased = leased::run(plan, tools, built)?;
-    let noise = sampler.finish();
-    let about = about(tools, plan, measured.elapsed().as_secs_f64());
-    write_leased(plan, &about, &noise, started.elapsed().as_secs_f64(), &leased)
-}
-
-fn write_leased(
-    plan: &plan::Plan,
-    about: &[(&'static str, String)],
-    noise: &noise::Noise,
-    seconds: f64,
-    leased: &leased::Leased,
-) -> Result<()> {
-    let dir = out_dir(plan.quick);
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let md = dir.join("LEASED.md");
-    std::fs::write(&md, report::leased_markdown(plan, about, noise, seconds, leased))
-        .with_context(|| format!("writing {}", md.display()))?;
-    eprintln!("bench: wrote {} in {seconds:.0} s", md.display());
-    Ok(())
-}
-
-fn write_shed(
-    plan: &plan::Plan,
-    about: &[(&'static str, String)],
-    noise: &noise::Noise,
-    seconds: f64,
-    shed: &shed::Shedding,
-    font: &std::path::Path,
-) -> Result<()> {
-    let dir = out_dir(plan.quick);
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let title = format!("Sluice load shedding ({})", if plan.quick { "quick run" } else { "full run" });
-    shed_plot::draw(&dir.join(SHED_PLOT), font, &title, shed)?;
-    let md = dir.join("SHED.md");
-    std::fs::write(&md, report::shed_markdown(plan, about, noise, seconds, shed, SHED_PLOT))
-        .with_context(|| format!("writing {}", md.display()))?;
-    eprintln!("bench: wrote {} and {SHED_PLOT} in {seconds:.0} s", md.display());
-    Ok(())
-}
-
-fn out_dir(quick: bool) -> PathBuf {
-    let root = build::workspace_root();
-    if quick {
-        root.join("target/bench-quick")
-    } else {
-        root.join("bench/results")
-    }
-}
-
-/// What ran, for the report's header.
-fn about(tools: &tools::Tools, plan: &plan::Plan, measuring: f64) -> Vec<(&'static str, String)> {
-    let first_line = |program: &std::path::Path, arg: &str| {
-        cmd::probe(Command::new(program).arg(arg))
-            .and_then(|out| out.lines().next().map(str::to_owned))
-            .unwrap_or_else(|| "unknown".into())
-    };
-    let commit = cmd::probe(
-        Command::new("git")
-            .args(["-C"])
-            .arg(build::workspace_root())
-            .args(["describe", "--always", "--dirty"]),
-    )
-    .unwrap_or_else(|| "unknown".into());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    vec![
-        ("commit", commit),
-        ("machine", format!("{cores} cores; everything on loopback")),
-        ("envoy", first_line(&tools.envoy, "--version")),
-        ("oha", first_line(&tools.oha, "--version")),
-        ("redis", first_line(&tools.redis_server, "--version")),
-        ("measuring", format!("{measuring:.0} s after the builds; {} round(s)", plan.rounds)),
-    ]
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::build::workspace_root;
+use crate::paths::workspace_root;
 use crate::{apt, cmd};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -40,7 +40,7 @@ pub fn test(site: &Path, redis: &Path) -> Result<()> {
             .current_dir(workspace_root().join("playground"))
             .env("SLUICE_CHROMIUM", chromium)
             .env("SLUICE_PLAYGROUND", site)
-            .env("SLUICE_DIST", crate::build::dist_dir())
+            .env("SLUICE_DIST", crate::paths::dist_dir())
             .env("SLUICE_REDIS_SERVER", redis)
             .env("SLUICE_SCREENSHOTS", workspace_root().join("target/screenshots")),
     )

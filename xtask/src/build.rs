@@ -14,18 +14,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
+use crate::paths::{dist_dir, workspace_root};
 use crate::{cmd, wasm};
-
-/// The workspace root: the parent of this crate's directory.
-pub fn workspace_root() -> PathBuf {
-    let xtask = Path::new(env!("CARGO_MANIFEST_DIR"));
-    xtask.parent().unwrap_or(xtask).to_path_buf()
-}
-
-/// Where the build puts its artifacts.
-pub fn dist_dir() -> PathBuf {
-    workspace_root().join("dist")
-}
 
 /// The bench's own builds, in `target/`.
 pub struct BenchArtifacts {

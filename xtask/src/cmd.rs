@@ -53,7 +53,7 @@ pub(crate) fn clean(program: impl AsRef<OsStr>) -> Command {
     // libraries; keep only what the caller had.
     if let Some(paths) = env::var_os("LD_LIBRARY_PATH") {
         let rustup_home = env::var_os("RUSTUP_HOME").map(PathBuf::from);
-        let target = crate::build::workspace_root().join("target");
+        let target = crate::paths::workspace_root().join("target");
         let kept: Vec<PathBuf> = env::split_paths(&paths)
             .filter(|p| !p.starts_with(&target))
             .filter(|p| rustup_home.as_ref().is_none_or(|home| !p.starts_with(home)))
@@ -70,7 +70,7 @@ pub(crate) fn clean(program: impl AsRef<OsStr>) -> Command {
 /// The rustup (or plain) cargo for native builds and tests.
 pub(crate) fn cargo() -> Command {
     let mut cmd = clean("cargo");
-    cmd.current_dir(crate::build::workspace_root());
+    cmd.current_dir(crate::paths::workspace_root());
     cmd
 }
 

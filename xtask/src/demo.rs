@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use sluice_tests::client::{burst, count};
-use sluice_tests::{workspace_root, Stack};
+use sluice_harness::client::{burst, count};
+use sluice_harness::{workspace_root, Stack};
 
 /// The limits of `policies/examples/demo.json`, for the table.
 const LIMIT: &str = "25/5s + 300/1m";

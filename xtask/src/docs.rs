@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use crate::{build, cmd};
+use crate::{cmd, paths};
 
 /// Where the picture goes, from the workspace root.
 const SVG: &str = "docs/architecture.svg";
@@ -38,7 +38,7 @@ const MARGIN: usize = 20;
 
 /// Write `docs/architecture.svg`.
 pub(crate) fn run() -> Result<()> {
-    let root = build::workspace_root();
+    let root = paths::workspace_root();
     let svg = render(&root)?;
     let path = root.join(SVG);
     fs::write(&path, svg).with_context(|| format!("writing {}", path.display()))?;
@@ -394,7 +394,7 @@ mod tests {
     /// a dependency or a phase added without `cargo xtask docs` fails here.
     #[test]
     fn architecture_svg_is_fresh() {
-        let root = build::workspace_root();
+        let root = paths::workspace_root();
         let drawn = render(&root).expect("drawing the architecture");
         let committed = fs::read_to_string(root.join(SVG)).unwrap_or_default();
         assert!(drawn == committed, "docs/architecture.svg is stale: run cargo xtask docs");

@@ -13,8 +13,8 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-use crate::build::workspace_root;
 use crate::cmd::{self, clean};
+use crate::paths::workspace_root;
 
 /// Every target, in the order they run.
 pub const TARGETS: &[&str] = &["parse", "wire", "evaluate", "key", "answer"];

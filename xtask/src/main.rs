@@ -2,7 +2,8 @@
 //!
 //! # Layout
 //!
-//! - `build`: `dist/sluice.wasm` and `dist/sluice`, and where the workspace is.
+//! - `paths`: where the workspace and `dist/` are.
+//! - `build`: `dist/sluice.wasm` and `dist/sluice`, and the bench's own builds.
 //! - `wasm`: the wasm32-wasip1 build of the filter, by the rustup or the Debian route.
 //! - `deps`: find or install `redis-server` and `envoy` (shared with the demo).
 //! - `apt`: non-interactive Debian installs.
@@ -10,10 +11,15 @@
 //! - `test`: what CI runs.
 //! - `browser`: Chromium, Node.js and playwright-core for the page tests, and running them.
 //! - `demo`: the dual-window demo through real Envoy.
-//! - `bench`: every benchmark scenario on loopback, written to `bench/results/`.
+//! - `bench`: installs and builds what the bench needs, then runs the crate
+//!   `sluice-bench` (`bench/`), which writes `bench/results/`.
 //! - `fuzz`: the cargo-fuzz targets in `fuzz/`, for a given time each.
 //! - `playground`: the policy playground, a static site in `dist/playground/`.
 //! - `docs`: `docs/architecture.svg`, drawn from the workspace.
+//!
+//! The modules use each other one way: `paths` at the bottom, `cmd` over it,
+//! `apt` over `cmd`, `deps` and `wasm` over `apt`, `build` over `wasm`, and
+//! the tasks (`test`, `demo`, `bench`, `playground`, `browser`, `fuzz`, `docs`) on top.
 
 mod apt;
 mod bench;
@@ -24,6 +30,7 @@ mod demo;
 mod deps;
 mod docs;
 mod fuzz;
+mod paths;
 mod playground;
 mod test;
 mod wasm;
@@ -56,30 +63,14 @@ enum Task {
         #[arg(long)]
         keep_running: bool,
     },
-    /// Run every benchmark on loopback; writes bench/results/LATEST.md and a plot.
+    /// Run every benchmark on loopback (the crate sluice-bench); writes bench/results/LATEST.md and a
+    /// plot. Its flags (--quick, --egress, --shed, --feedback, --redis-cost, --callgrind, --leased)
+    /// are the bench's: `cargo xtask bench --help` lists them.
+    #[command(disable_help_flag = true)]
     Bench {
-        /// A short smoke run (about a minute) that proves the bench works; its numbers mean little.
-        #[arg(long)]
-        quick: bool,
-        /// Only scenario 5, the egress waits (S0, S1, S2a); writes EGRESS.md instead of LATEST.md.
-        #[arg(long)]
-        egress: bool,
-        /// Only scenario 6, load shedding with the shedder on and off; writes SHED.md and shed.png.
-        #[arg(long, conflicts_with = "egress")]
-        shed: bool,
-        /// Only scenario 5's upstream feedback case (the policy states twice the partner's limit);
-        /// writes FEEDBACK.md.
-        #[arg(long, conflicts_with_all = ["egress", "shed"])]
-        feedback: bool,
-        /// Only scenario 3, Redis cost per limit type (seconds); prints its table.
-        #[arg(long, conflicts_with_all = ["egress", "shed", "feedback"])]
-        redis_cost: bool,
-        /// With --redis-cost: run Redis under valgrind's callgrind and count its instructions per decision.
-        #[arg(long, requires = "redis_cost")]
-        callgrind: bool,
-        /// Only scenario 7, leased mode against exact and native; writes LEASED.md.
-        #[arg(long, conflicts_with_all = ["egress", "shed", "feedback", "redis_cost"])]
-        leased: bool,
+        /// The bench's flags, passed on as they are.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
     /// Build the policy playground into dist/playground/ (the shim serves it at /playground).
     Playground,
@@ -101,9 +92,7 @@ fn main() -> ExitCode {
         Task::Build => build::build().map(drop),
         Task::Test { test_args } => test::run(&test_args),
         Task::Demo { keep_running } => run_demo(keep_running),
-        Task::Bench { quick, egress, shed, feedback, redis_cost, callgrind, leased } => {
-            bench::run(quick, bench::Only { egress, shed, feedback, redis_cost, callgrind, leased })
-        }
+        Task::Bench { args } => bench::run(&args),
         Task::Playground => playground::build().map(drop),
         Task::Fuzz { seconds, target } => fuzz::run(seconds, target.as_deref()),
         Task::Docs => docs::run(),
@@ -117,7 +106,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// The demo uses the `sluice-tests` helpers, which read the `SLUICE_*`
+/// The demo uses the `sluice-harness` helpers, which read the `SLUICE_*`
 /// variables; set them here, before the demo starts any thread.
 fn run_demo(keep_running: bool) -> Result<()> {
     let redis = deps::ensure_redis()?;
@@ -125,6 +114,6 @@ fn run_demo(keep_running: bool) -> Result<()> {
     build::build()?;
     std::env::set_var("SLUICE_REDIS_SERVER", redis);
     std::env::set_var("SLUICE_ENVOY", envoy);
-    std::env::set_var("SLUICE_DIST", build::dist_dir());
+    std::env::set_var("SLUICE_DIST", paths::dist_dir());
     demo::run(keep_running)
 }

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
-use crate::build::{dist_dir, workspace_root};
 use crate::cmd::{self, clean};
+use crate::paths::{dist_dir, workspace_root};
 use crate::wasm;
 
 /// Must equal the `wasm-bindgen` crate's pinned version (playground/Cargo.toml).

@@ -6,13 +6,13 @@
 //! Chromium (`playground/tests/`, Node's test runner): the playground's, and
 //! the Limits dashboard's against `dist/sluice` and a redis-server.
 //!
-//! Last, it runs `cargo xtask bench --quick`, only to prove that the bench
+//! Last, it runs `cargo xtask bench --quick` (the crate `sluice-bench`), only to prove that the bench
 //! still runs end to end; its numbers are never judged (they go to
 //! `target/bench-quick/`, not to the committed results).
 
 use anyhow::{Context, Result};
 
-use crate::{bench, browser, build, cmd, deps, playground};
+use crate::{bench, browser, build, cmd, deps, paths, playground};
 
 /// `test_args` go to the test binaries (after `--`), e.g. `--nocapture`.
 pub(crate) fn run(test_args: &[String]) -> Result<()> {
@@ -26,7 +26,7 @@ pub(crate) fn run(test_args: &[String]) -> Result<()> {
     test.args(["test", "--workspace"])
         .env("SLUICE_ENVOY", &envoy)
         .env("SLUICE_REDIS_SERVER", &redis)
-        .env("SLUICE_DIST", build::dist_dir());
+        .env("SLUICE_DIST", paths::dist_dir());
     if !test_args.is_empty() {
         test.arg("--").args(test_args);
     }
@@ -36,5 +36,5 @@ pub(crate) fn run(test_args: &[String]) -> Result<()> {
     browser::test(&site, &redis)?;
 
     eprintln!("xtask: bench --quick, to prove the bench runs (its timings are not checked)");
-    bench::run(true, bench::Only::default()).context("the bench smoke run (cargo xtask bench --quick) failed")
+    bench::run(&["--quick".to_string()]).context("the bench smoke run (cargo xtask bench --quick) failed")
 }

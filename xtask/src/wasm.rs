@@ -15,7 +15,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 
-use crate::{apt, build::workspace_root, cmd};
+use crate::paths::workspace_root;
+use crate::{apt, cmd};
 
 const TARGET: &str = "wasm32-wasip1";
 /// The packages built, and the `.wasm` each produces.

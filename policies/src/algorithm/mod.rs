@@ -187,7 +187,6 @@ pub struct RedisTwin {
 }
 
 /// The old name of [`RedisTwin`], for callers not yet renamed.
-pub use self::RedisTwin as Store;
 
 /// What phase 1 found for one limit.
 pub struct Found {
@@ -274,7 +273,6 @@ pub struct CheckReply {
 }
 
 /// The old name of [`CheckReply`], for callers not yet renamed.
-pub use self::CheckReply as Reply;
 
 /// `lua/scripts/check.lua`: decides every limit at once, all or nothing.
 pub fn check(store: &mut RedisTwin, now: u64, id: &str, limits: &[(String, Algorithm)]) -> CheckReply {

@@ -151,7 +151,6 @@ pub enum AcquireReply {
 }
 
 /// The old name of [`AcquireReply`], for callers not yet renamed.
-pub use self::AcquireReply as Acquired;
 
 /// `lua/scripts/acquire.lua`: a free slot with nobody waiting is taken at once;
 /// otherwise the request joins the queue behind everyone already in it.

@@ -1,0 +1,347 @@
+//! `sluice-bench`: every benchmark scenario on loopback with real
+//! processes, side by side in one run, written to `bench/results/LATEST.md`
+//! and `bench/results/latency.png`, and scenario 6 also to `SHED.md` and
+//! `shed.png` (with `--quick`, to `target/bench-quick/`, so a smoke run
+//! never overwrites the committed results).
+//!
+//! Run it with `cargo xtask bench [FLAGS]`: xtask installs the tools and
+//! builds `dist/` and the bench's own artifacts, then runs this binary with
+//! their paths in the environment (see `tools`). The bench installs and
+//! builds nothing itself.
+//!
+//! # Layout
+//!
+//! - `plan`: how long and how often each scenario runs, full or quick.
+//! - `tools`: oha, redis-benchmark, redis-cli, the plot's font and the
+//!   bench's own builds, found where xtask put them; bounded runs of outside
+//!   programs.
+//! - `setups`: the five gateway setups (six Envoy configurations) and the
+//!   processes behind them.
+//! - `load`: one oha run, reduced to percentiles, throughput and statuses.
+//! - `monitor`: the commands clients send Redis, seen with MONITOR.
+//! - `redis_bench`: the shim's EVALSHA replayed with redis-benchmark; INFO.
+//! - `gateway`: scenario 1, gateway overhead.
+//! - `shim_alone`: scenario 2, the shim against raw EVALSHA.
+//! - `redis_cost`: scenario 3, Redis CPU and memory per limit type, beside
+//!   the hand-written scripts of `bench/handwritten/`.
+//! - `scale`: scenario 4, latency and memory from 1k to 1M keys.
+//! - `egress`: scenario 5, egress waits (S0, S1, S2a) against a strict mock
+//!   partner, Sluice's `wait` beside `egress_clients`, the hand-written
+//!   callers.
+//! - `shed`: scenario 6, load shedding with the shedder on and off;
+//!   `overloaded`, the mock service it overloads; `shed_load`, the
+//!   open-loop mix of classes; `shed_report` and `shed_plot`, its section
+//!   of the report and its PNG.
+//! - `leased`: scenario 7, leased mode: its allow path beside the exact
+//!   mode and native `local_ratelimit`, and its under-admission against
+//!   exact on the same traffic; LEASED.md.
+//! - `noise`: how busy the machine was while the bench ran.
+//! - `report`: LATEST.md. `plot`: the PNG.
+//!
+
+mod egress;
+mod egress_clients;
+mod gateway;
+mod leased;
+mod load;
+mod monitor;
+mod noise;
+mod overloaded;
+mod plan;
+mod plot;
+mod redis_bench;
+mod redis_cost;
+mod report;
+mod scale;
+mod setups;
+mod shed;
+mod shed_load;
+mod shed_plot;
+mod shed_report;
+mod shim_alone;
+mod tools;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use sluice_harness::workspace_root;
+
+use crate::tools::probe;
+
+const PLOT: &str = "latency.png";
+const SHED_PLOT: &str = "shed.png";
+
+#[derive(Parser)]
+#[command(
+    name = "sluice-bench",
+    about = "Run every benchmark on loopback; writes bench/results/LATEST.md and a plot. Run it with `cargo xtask bench`."
+)]
+struct Cli {
+    /// A short smoke run (about a minute) that proves the bench works; its numbers mean little.
+    #[arg(long)]
+    quick: bool,
+    /// Only scenario 5, the egress waits (S0, S1, S2a); writes EGRESS.md instead of LATEST.md.
+    #[arg(long)]
+    egress: bool,
+    /// Only scenario 6, load shedding with the shedder on and off; writes SHED.md and shed.png.
+    #[arg(long, conflicts_with = "egress")]
+    shed: bool,
+    /// Only scenario 5's upstream feedback case (the policy states twice the partner's limit);
+    /// writes FEEDBACK.md.
+    #[arg(long, conflicts_with_all = ["egress", "shed"])]
+    feedback: bool,
+    /// Only scenario 3, Redis cost per limit type (seconds); prints its table.
+    #[arg(long, conflicts_with_all = ["egress", "shed", "feedback"])]
+    redis_cost: bool,
+    /// With --redis-cost: run Redis under valgrind's callgrind and count its instructions per decision.
+    #[arg(long, requires = "redis_cost")]
+    callgrind: bool,
+    /// Only scenario 7, leased mode against exact and native; writes LEASED.md.
+    #[arg(long, conflicts_with_all = ["egress", "shed", "feedback", "redis_cost"])]
+    leased: bool,
+}
+
+fn main() -> std::process::ExitCode {
+    let Cli { quick, egress, shed, feedback, redis_cost, callgrind, leased } = Cli::parse();
+    match run(quick, Only { egress, shed, feedback, redis_cost, callgrind, leased }) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("bench: error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Which part of the bench alone, if any.
+#[derive(Debug, Default)]
+struct Only {
+    /// Scenario 5, to EGRESS.md.
+    egress: bool,
+    /// Scenario 6, to SHED.md and shed.png.
+    shed: bool,
+    /// Scenario 5's feedback case, to FEEDBACK.md.
+    feedback: bool,
+    /// Scenario 3, printed.
+    redis_cost: bool,
+    /// With `redis_cost`: Redis under callgrind, counting instructions.
+    callgrind: bool,
+    /// Scenario 7, to LEASED.md.
+    leased: bool,
+}
+
+/// The whole bench, or one part of it alone.
+fn run(quick: bool, only: Only) -> Result<()> {
+    let started = Instant::now();
+    let mut plan = plan::Plan::new(quick);
+    // The sluice-harness guards find their binaries through the same
+    // `SLUICE_*` variables.
+    let tools = tools::find()?;
+    let built = tools::BenchArtifacts::find()?;
+    if only.redis_cost {
+        return run_redis_cost(&plan, &tools.redis_server, only.callgrind);
+    }
+    if only.egress {
+        return run_egress(&plan, &tools, started, "EGRESS.md");
+    }
+    if only.feedback {
+        plan.egress.retain(|e| e.feedback);
+        return run_egress(&plan, &tools, started, "FEEDBACK.md");
+    }
+    if only.shed {
+        return run_shed(&plan, &tools, started);
+    }
+    if only.leased {
+        return run_leased(&plan, &tools, &built, started);
+    }
+
+    let sampler = noise::Sampler::start();
+    let measured = Instant::now();
+    let done = |what: &str| eprintln!("bench: {what} done at {:.0} s", measured.elapsed().as_secs_f64());
+    let rig = setups::Rig::start(&built)?;
+    done("starting the processes");
+    let gateway = gateway::run(&rig, &plan, &tools)?;
+    done("scenario 1, gateway overhead,");
+    let shim = shim_alone::run(&rig, &plan, &tools)?;
+    done("scenario 2, the shim alone,");
+    let scale = scale::run(&rig, &plan, &tools)?;
+    done("scenario 4, scale,");
+    drop(rig);
+    let cost = {
+        let redis = sluice_harness::Redis::start()?;
+        redis_cost::run(&mut redis.connection()?, plan.cost_calls, None)?
+    };
+    done("scenario 3, Redis cost per limit type,");
+    let egress = egress::run(&plan, &tools)?;
+    done("scenario 5, egress waits,");
+    let shed = shed::run(&plan.shed)?;
+    done("scenario 6, load shedding,");
+    let leased = leased::run(&plan, &tools, &built)?;
+    done("scenario 7, leased mode,");
+    let noise = sampler.finish();
+
+    let about = about(&tools, &plan, measured.elapsed().as_secs_f64());
+    let results = report::Results {
+        plan,
+        about,
+        noise,
+        seconds: started.elapsed().as_secs_f64(),
+        gateway,
+        shim,
+        scale,
+        cost,
+        egress,
+        shed,
+    };
+    let dir = out_dir(quick);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let title = format!("Sluice gateway latency by setup ({})", if quick { "quick run" } else { "full run" });
+    plot::draw(&dir.join(PLOT), &tools.font, &title, &results.gateway.fixed)?;
+    let md = dir.join("LATEST.md");
+    std::fs::write(&md, report::markdown(&results, PLOT, SHED_PLOT))
+        .with_context(|| format!("writing {}", md.display()))?;
+    write_shed(&results.plan, &results.about, &results.noise, results.seconds, &results.shed, &tools.font)?;
+    write_leased(&results.plan, &results.about, &results.noise, results.seconds, &leased)?;
+    eprintln!("bench: wrote {} and {PLOT} in {:.0} s", md.display(), started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Scenario 3 alone (`--redis-cost`), its table printed; with `callgrind`,
+/// redis-server runs under valgrind's callgrind and each case also reports
+/// the instructions Redis ran per decision (2,000 decisions a case).
+fn run_redis_cost(plan: &plan::Plan, redis_server: &std::path::Path, callgrind: bool) -> Result<()> {
+    let counter = if callgrind {
+        let dir = workspace_root().join("target/bench-callgrind");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let wrapper = dir.join("redis-server");
+        let script = format!(
+            "#!/bin/sh\nexec valgrind --tool=callgrind --callgrind-out-file={}/callgrind.%p {} \"$@\"\n",
+            dir.display(),
+            redis_server.display()
+        );
+        std::fs::write(&wrapper, script).with_context(|| format!("writing {}", wrapper.display()))?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
+        std::env::set_var("SLUICE_REDIS_SERVER", &wrapper);
+        Some(redis_cost::Callgrind { dir })
+    } else {
+        None
+    };
+    let calls = if callgrind { 2_000 } else { plan.cost_calls };
+    let redis = sluice_harness::Redis::start()?;
+    let cost = redis_cost::run(&mut redis.connection()?, calls, counter.as_ref())?;
+    println!("{}", redis_cost::table(&cost));
+    Ok(())
+}
+
+/// Scenario 5 alone (`--egress`, to `EGRESS.md`) or its feedback case
+/// (`--feedback`, to `FEEDBACK.md`), beside LATEST.md.
+fn run_egress(plan: &plan::Plan, tools: &tools::Tools, started: Instant, file: &str) -> Result<()> {
+    let sampler = noise::Sampler::start();
+    let measured = Instant::now();
+    let egress = egress::run(plan, tools)?;
+    let noise = sampler.finish();
+    let about = about(tools, plan, measured.elapsed().as_secs_f64());
+    let dir = out_dir(plan.quick);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let md = dir.join(file);
+    let seconds = started.elapsed().as_secs_f64();
+    std::fs::write(&md, report::egress_markdown(plan, &about, &noise, seconds, &egress))
+        .with_context(|| format!("writing {}", md.display()))?;
+    eprintln!("bench: wrote {} in {seconds:.0} s", md.display());
+    Ok(())
+}
+
+/// Scenario 6 alone (`--shed`), written to `SHED.md` and `shed.png`.
+fn run_shed(plan: &plan::Plan, tools: &tools::Tools, started: Instant) -> Result<()> {
+    let sampler = noise::Sampler::start();
+    let measured = Instant::now();
+    let shed = shed::run(&plan.shed)?;
+    let noise = sampler.finish();
+    let about = about(tools, plan, measured.elapsed().as_secs_f64());
+    write_shed(plan, &about, &noise, started.elapsed().as_secs_f64(), &shed, &tools.font)
+}
+
+/// Scenario 7 alone (`--leased`), written to `LEASED.md`.
+fn run_leased(
+    plan: &plan::Plan,
+    tools: &tools::Tools,
+    built: &tools::BenchArtifacts,
+    started: Instant,
+) -> Result<()> {
+    let sampler = noise::Sampler::start();
+    let measured = Instant::now();
+    let leased = leased::run(plan, tools, built)?;
+    let noise = sampler.finish();
+    let about = about(tools, plan, measured.elapsed().as_secs_f64());
+    write_leased(plan, &about, &noise, started.elapsed().as_secs_f64(), &leased)
+}
+
+fn write_leased(
+    plan: &plan::Plan,
+    about: &[(&'static str, String)],
+    noise: &noise::Noise,
+    seconds: f64,
+    leased: &leased::Leased,
+) -> Result<()> {
+    let dir = out_dir(plan.quick);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let md = dir.join("LEASED.md");
+    std::fs::write(&md, report::leased_markdown(plan, about, noise, seconds, leased))
+        .with_context(|| format!("writing {}", md.display()))?;
+    eprintln!("bench: wrote {} in {seconds:.0} s", md.display());
+    Ok(())
+}
+
+fn write_shed(
+    plan: &plan::Plan,
+    about: &[(&'static str, String)],
+    noise: &noise::Noise,
+    seconds: f64,
+    shed: &shed::Shedding,
+    font: &std::path::Path,
+) -> Result<()> {
+    let dir = out_dir(plan.quick);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let title = format!("Sluice load shedding ({})", if plan.quick { "quick run" } else { "full run" });
+    shed_plot::draw(&dir.join(SHED_PLOT), font, &title, shed)?;
+    let md = dir.join("SHED.md");
+    std::fs::write(&md, report::shed_markdown(plan, about, noise, seconds, shed, SHED_PLOT))
+        .with_context(|| format!("writing {}", md.display()))?;
+    eprintln!("bench: wrote {} and {SHED_PLOT} in {seconds:.0} s", md.display());
+    Ok(())
+}
+
+fn out_dir(quick: bool) -> PathBuf {
+    let root = workspace_root();
+    if quick {
+        root.join("target/bench-quick")
+    } else {
+        root.join("bench/results")
+    }
+}
+
+/// What ran, for the report's header.
+fn about(tools: &tools::Tools, plan: &plan::Plan, measuring: f64) -> Vec<(&'static str, String)> {
+    let first_line = |program: &std::path::Path, arg: &str| {
+        probe(Command::new(program).arg(arg))
+            .and_then(|out| out.lines().next().map(str::to_owned))
+            .unwrap_or_else(|| "unknown".into())
+    };
+    let commit = probe(
+        Command::new("git").args(["-C"]).arg(workspace_root()).args(["describe", "--always", "--dirty"]),
+    )
+    .unwrap_or_else(|| "unknown".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    vec![
+        ("commit", commit),
+        ("machine", format!("{cores} cores; everything on loopback")),
+        ("envoy", first_line(&tools.envoy, "--version")),
+        ("oha", first_line(&tools.oha, "--version")),
+        ("redis", first_line(&tools.redis_server, "--version")),
+        ("measuring", format!("{measuring:.0} s after the builds; {} round(s)", plan.rounds)),
+    ]
+}

@@ -1,0 +1,183 @@
+//! Renders the envoy.yaml that loads the Sluice filter with a policy
+//! embedded, from the template `envoy/demo.yaml`. The shim's `sluice
+//! envoy-config` command and the test harness both render through this crate,
+//! so neither depends on the other for it.
+//!
+//! # Layout
+//!
+//! - [`DEMO_TEMPLATE`]: `envoy/demo.yaml`, built in.
+//! - [`render`]: fills a template's `${NAME}` and `${NAME:-DEFAULT}` placeholders.
+//! - [`timeout_values`]: the values that depend on the document's waits.
+//! - [`ShimTls`]: mutual TLS from Envoy to the shim, as the template's
+//!   `${SHIM_TRANSPORT_SOCKET}`.
+//!
+//! **Timeouts and egress waiting.** The filter holds a waiting request
+//! before the router, as one call to the shim. What could cut it short:
+//!
+//! - the HCM's `stream_idle_timeout` (default 5 min): a held stream is idle.
+//!   Rendered as the longest hold (the longest `wait.timeout` plus
+//!   `shim.timeout_ms`) plus [`IDLE_SLACK_MS`], and never below Envoy's 5 min;
+//! - the HCM's `request_timeout` (default off), which would count the hold:
+//!   left off;
+//! - the shim cluster's circuit breakers: every held request is one request
+//!   in flight to the shim, and Envoy's default `max_requests` of 1024 would
+//!   refuse the 1025th held call (the filter then applies `failure_mode`).
+//!   The template raises them for every document;
+//! - the check call's own timeout: the filter sets it to `shim.timeout_ms`
+//!   plus the request's wait.
+//!
+//! The route timeout (default 15 s) starts only when the router sees the
+//! request, after the hold, so it needs no change.
+
+use std::path::PathBuf;
+
+use anyhow::bail;
+
+/// `envoy/demo.yaml`: the template `sluice envoy-config`, the tests and the
+/// demo render.
+pub const DEMO_TEMPLATE: &str = include_str!("../../envoy/demo.yaml");
+
+/// Mutual TLS from Envoy to the shim: files Envoy reads at startup.
+#[derive(Debug, Clone)]
+pub struct ShimTls {
+    pub ca: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+    pub server_name: Option<String>,
+}
+
+impl ShimTls {
+    /// The shim cluster's `transport_socket`, as one line of flow YAML (JSON),
+    /// the value of the template's `${SHIM_TRANSPORT_SOCKET}`. ALPN `h2`
+    /// keeps the cluster on HTTP/2.
+    pub fn transport_socket(&self) -> String {
+        let file = |path: &PathBuf| serde_json::json!({"filename": path.display().to_string()});
+        let mut validation = serde_json::json!({"trusted_ca": file(&self.ca)});
+        let mut context = serde_json::json!({
+            "common_tls_context": {
+                "alpn_protocols": ["h2"],
+                "tls_certificates": [{
+                    "certificate_chain": file(&self.client_cert),
+                    "private_key": file(&self.client_key),
+                }],
+            }
+        });
+        if let Some(name) = &self.server_name {
+            validation["match_typed_subject_alt_names"] =
+                serde_json::json!([{"san_type": "DNS", "matcher": {"exact": name}}]);
+            context["sni"] = serde_json::json!(name);
+        }
+        context["common_tls_context"]["validation_context"] = validation;
+        context["@type"] = serde_json::json!(
+            "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+        );
+        let socket = serde_json::json!({"name": "envoy.transport_sockets.tls", "typed_config": context});
+        format!("transport_socket: {socket}")
+    }
+}
+
+/// Envoy's default `stream_idle_timeout`.
+const DEFAULT_IDLE_MS: u64 = 300_000;
+/// Room between the longest hold and the idle timeout.
+pub const IDLE_SLACK_MS: u64 = 5_000;
+
+/// The template's values that depend on the document's waits:
+/// `STREAM_IDLE_TIMEOUT`. A document that does not parse gets the defaults
+/// (the filter will refuse it anyway).
+pub fn timeout_values(policy_json: &str) -> Vec<(String, String)> {
+    let longest_hold_ms = sluice_policies::parse(policy_json).ok().map_or(0, |doc| {
+        let wait = doc.policies.iter().filter_map(|p| p.wait).map(|w| w.timeout_ms()).max();
+        wait.map_or(0, |ms| ms + u64::from(doc.shim.timeout_ms.get()))
+    });
+    let idle_ms = DEFAULT_IDLE_MS.max(longest_hold_ms + IDLE_SLACK_MS);
+    vec![("STREAM_IDLE_TIMEOUT".to_string(), format!("{}s", idle_ms.div_ceil(1000)))]
+}
+
+/// Replaces each `${NAME}` of `template`, and each `${NAME:-DEFAULT}` with
+/// its value or else `DEFAULT`; fails if one is left over outside a comment.
+/// The test harness renders its templates with it too.
+pub fn render<K: AsRef<str>>(template: &str, values: &[(K, String)]) -> anyhow::Result<String> {
+    let mut out = template.to_string();
+    for (name, value) in values {
+        out = out.replace(&format!("${{{}}}", name.as_ref()), value);
+        while let Some(start) = out.find(&format!("${{{}:-", name.as_ref())) {
+            let Some(len) = out[start..].find('}') else { break };
+            out.replace_range(start..=start + len, value);
+        }
+    }
+    out = fill_defaults(&out);
+    let mut body = out.lines().filter(|line| !line.trim_start().starts_with('#'));
+    if let Some(line) = body.find(|line| line.contains("${")) {
+        bail!("unknown placeholder left in the template: {line}");
+    }
+    Ok(out)
+}
+
+/// Replaces each `${NAME:-DEFAULT}` left with its `DEFAULT`.
+fn fill_defaults(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        let Some(len) = rest[start..].find('}') else { break };
+        let inner = &rest[start + 2..start + len];
+        out.push_str(&rest[..start]);
+        match inner.split_once(":-") {
+            Some((name, default)) if !name.is_empty() && !name.contains(char::is_whitespace) => {
+                out.push_str(default)
+            }
+            _ => out.push_str(&rest[start..=start + len]),
+        }
+        rest = &rest[start + len + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_take_their_value_or_their_default() {
+        let template = "a: ${A}\nb: ${B:-300s}\nc: ${C:-1}\n# ${D}\n";
+        let out = render(template, &[("A", "1".to_string()), ("B", "9s".to_string())]).expect("renders");
+        assert_eq!(out, "a: 1\nb: 9s\nc: 1\n# ${D}\n");
+        assert!(render("x: ${X}\n", &[("A", String::new())]).is_err());
+    }
+
+    /// Every per-policy stat the filter defines is named in the template's
+    /// `policy` tag regex: one missing would stay unlabelled, as
+    /// `sluice_<policy>_<stat>`.
+    #[test]
+    fn the_policy_tag_covers_every_per_policy_stat() {
+        use sluice_core::stats::PolicyStat;
+        let regex = DEMO_TEMPLATE
+            .lines()
+            .find_map(|line| line.trim().strip_prefix("regex: \"^wasmcustom"))
+            .expect("the policy tag's regex");
+        let named: Vec<&str> = regex
+            .split_once("(?:")
+            .and_then(|(_, rest)| rest.split_once(")$"))
+            .map(|(names, _)| names.split('|').collect())
+            .expect("the stat names");
+        let defined: Vec<&str> = PolicyStat::ALL.iter().map(|s| s.name()).collect();
+        assert!(defined.len() >= 20, "found {defined:?}");
+        for stat in defined {
+            assert!(named.contains(&stat), "sluice.<policy>.{stat} is not in the policy tag's regex");
+        }
+    }
+
+    #[test]
+    fn the_idle_timeout_outlasts_the_longest_hold() {
+        let doc = |wait: &str| {
+            format!(
+                r#"{{"shim": {{"timeout_ms": 100}}, "policies": [{{"name": "p", {wait} "limits": [{{"type": "interval", "every": "1s"}}]}}]}}"#
+            )
+        };
+        let idle = |json: &str| timeout_values(json)[0].1.clone();
+        assert_eq!(idle(&doc("")), "300s", "no wait: Envoy's default");
+        assert_eq!(idle(&doc(r#""wait": {"timeout": "15s"},"#)), "300s");
+        assert_eq!(idle(&doc(r#""wait": {"timeout": "5m"},"#)), "306s", "5 min + 100 ms + 5 s slack");
+        assert_eq!(idle("not json"), "300s");
+    }
+}

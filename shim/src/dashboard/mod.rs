@@ -1,0 +1,249 @@
+//! The Limits dashboard: a page at `GET /` that polls `GET /dashboard.json`
+//! every second, and the policy playground's static files at `/playground/`.
+//! Everything the page uses is embedded in the binary; it needs no network.
+//!
+//! For each policy, where each number comes from:
+//!
+//! - its limits: the policy document (`sluice serve --policy FILE`), else
+//!   the limits its checks carried;
+//! - rates and totals (allowed, denied, waited, immediate, wait time,
+//!   reclaimed): the checks *this* shim answered ([`crate::metrics::traffic`]);
+//! - the busiest keys: a Space-Saving sketch of this shim's checks
+//!   ([`crate::metrics::sketch`]), bounded per policy;
+//! - each busy key's remaining, reset, leases held and waiters: read from
+//!   Redis when the page asks ([`state`]), so they hold for the whole fleet.
+//!
+//! # Layout
+//!
+//! - [`state`]: a key's state read from Redis.
+//! - [`playground`]: the playground's files, from a directory.
+
+pub mod playground;
+pub mod state;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use futures_util::future::join_all;
+use serde::Serialize;
+use sluice_policies::wire::WireLimit;
+use sluice_policies::Document;
+
+use crate::limiter::Limiter;
+use crate::metrics::sketch::Estimate;
+use crate::metrics::traffic::{self, Rates, Seen, Totals};
+use crate::metrics::Metrics;
+use crate::store::RedisClient;
+use state::LimitState;
+
+/// Busy keys per policy whose state the page shows (read from Redis on
+/// each poll); the sketch keeps more, [`traffic::KEYS_PER_POLICY`].
+pub const SHOWN_KEYS: usize = 8;
+
+const PAGE: &str = include_str!("page.html");
+const SCRIPT: &str = include_str!("page.js");
+const STYLE: &str = include_str!("page.css");
+
+/// What the dashboard is given at start.
+#[derive(Clone, Default)]
+pub struct Options {
+    /// The policy document, so every policy shows before its first check.
+    pub policies: Option<Arc<Document>>,
+    /// The playground's built files (`cargo xtask playground`).
+    pub playground: Option<PathBuf>,
+}
+
+struct Dashboard {
+    store: Arc<RedisClient>,
+    metrics: Arc<Metrics>,
+    document: Option<Arc<Document>>,
+}
+
+/// `GET /`, its script and style, `GET /dashboard.json`, and `/playground/`.
+pub fn routes(limiter: &Limiter, options: Options) -> Router {
+    let dashboard = Arc::new(Dashboard {
+        store: limiter.store.clone(),
+        metrics: limiter.metrics.clone(),
+        document: options.policies,
+    });
+    Router::new()
+        .route("/", get(|| async { ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], PAGE) }))
+        .route("/dashboard.js", get(|| async { ([(header::CONTENT_TYPE, "text/javascript")], SCRIPT) }))
+        .route("/dashboard.css", get(|| async { ([(header::CONTENT_TYPE, "text/css")], STYLE) }))
+        .route("/dashboard.json", get(json))
+        .with_state(dashboard)
+        .merge(playground::routes(options.playground))
+}
+
+/// The body of `GET /dashboard.json`.
+#[derive(Debug, Serialize)]
+pub struct Snapshot {
+    /// Redis's clock when the state was read, ms since the epoch; `None` if Redis failed.
+    pub now_ms: Option<u64>,
+    /// Why Redis could not be read, if it could not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_error: Option<String>,
+    /// The seconds the rates are averaged over.
+    pub rate_seconds: u64,
+    pub policies: Vec<PolicyView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PolicyView {
+    pub name: String,
+    /// `document` or `traffic`: where its limits come from.
+    pub source: &'static str,
+    /// Whether the document gives it `wait` (egress waiting).
+    pub wait: bool,
+    pub limits: Vec<LimitView>,
+    pub rates: Rates,
+    pub totals: Totals,
+    pub keys: Vec<KeyView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LimitView {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// e.g. `25 per 5s`.
+    pub text: String,
+    /// What `remaining` counts down from.
+    pub capacity: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct KeyView {
+    /// The key as encoded in Redis key names (`sluice_policies::key`).
+    pub key: String,
+    /// This shim's checks of the key, as the sketch estimates them (halved each minute).
+    pub checks: u64,
+    /// How many of `checks` may belong to keys it replaced in the sketch.
+    pub error: u64,
+    /// One per limit, in the policy's order: read from Redis.
+    pub state: Vec<LimitState>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_error: Option<String>,
+}
+
+async fn json(State(dashboard): State<Arc<Dashboard>>) -> Response {
+    match serde_json::to_vec(&dashboard.snapshot().await) {
+        Ok(json) => ([(header::CONTENT_TYPE, "application/json"), (header::CACHE_CONTROL, "no-store")], json)
+            .into_response(),
+        Err(err) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, format!("{err}\n")).into_response(),
+    }
+}
+
+/// A policy to show: where its limits come from, and what this shim saw of it.
+struct Listed {
+    name: String,
+    source: &'static str,
+    wait: bool,
+    limits: Vec<WireLimit>,
+    seen: Seen,
+}
+
+impl Dashboard {
+    async fn snapshot(&self) -> Snapshot {
+        let now = state::now_us(&self.store).await;
+        let policies = join_all(self.listed().into_iter().map(|policy| self.view(policy, &now))).await;
+        Snapshot {
+            now_ms: now.as_ref().ok().map(|us| us / 1000),
+            redis_error: now.err(),
+            rate_seconds: traffic::RATE_SECONDS,
+            policies,
+        }
+    }
+
+    /// The document's policies first, in its order; then the others seen, by name.
+    fn listed(&self) -> Vec<Listed> {
+        let mut seen = self.metrics.traffic.seen(SHOWN_KEYS);
+        let mut listed: Vec<Listed> = self
+            .document
+            .iter()
+            .flat_map(|doc| doc.policies.iter())
+            .map(|policy| Listed {
+                name: policy.name.to_string(),
+                source: "document",
+                wait: policy.wait.is_some(),
+                limits: policy.limits.iter().map(|l| WireLimit::with_cost(l, 1)).collect(),
+                seen: seen.remove(policy.name.as_str()).unwrap_or_default(),
+            })
+            .collect();
+        let mut rest: Vec<(String, Seen)> = seen.into_iter().collect();
+        rest.sort_by(|a, b| a.0.cmp(&b.0));
+        listed.extend(rest.into_iter().map(|(name, seen)| Listed {
+            name,
+            source: "traffic",
+            wait: false,
+            limits: seen.limits.clone(),
+            seen,
+        }));
+        listed
+    }
+
+    async fn view(&self, policy: Listed, now: &Result<u64, String>) -> PolicyView {
+        let keys = policy.seen.keys.iter().map(|(key, estimate)| self.key(&policy, key, *estimate, now));
+        let keys = join_all(keys).await;
+        PolicyView {
+            limits: policy.limits.iter().map(describe).collect(),
+            rates: policy.seen.rates,
+            totals: policy.seen.totals,
+            name: policy.name,
+            source: policy.source,
+            wait: policy.wait,
+            keys,
+        }
+    }
+
+    /// A busy key, with its state read from Redis under the policy's limits.
+    async fn key(
+        &self,
+        policy: &Listed,
+        key: &str,
+        estimate: Estimate,
+        now: &Result<u64, String>,
+    ) -> KeyView {
+        let read = match now {
+            Ok(now) => state::read(&self.store, *now, &policy.name, key, &policy.limits).await,
+            Err(err) => Err(err.clone()),
+        };
+        let (state, state_error) = match read {
+            Ok(state) => (state, None),
+            Err(err) => (Vec::new(), Some(err)),
+        };
+        KeyView { key: key.to_string(), checks: estimate.count, error: estimate.error, state, state_error }
+    }
+}
+
+/// A limit in words, and its capacity.
+fn describe(limit: &WireLimit) -> LimitView {
+    let t = |ms: u64| humantime::format_duration(std::time::Duration::from_millis(ms)).to_string();
+    let (kind, text, capacity) = match *limit {
+        WireLimit::FixedWindow { limit, window_ms } => {
+            ("fixed_window", format!("{limit} per {}", t(window_ms)), limit)
+        }
+        WireLimit::SlidingWindow { limit, window_ms, approximate } => {
+            let how = if approximate { " (approximate)" } else { "" };
+            ("sliding_window", format!("{limit} per {}{how}", t(window_ms)), limit)
+        }
+        WireLimit::TokenBucket { rate, per_ms, burst } => {
+            ("token_bucket", format!("{rate} per {}, burst {burst}", t(per_ms)), burst)
+        }
+        WireLimit::LeakyBucket { capacity, drain_ms } => {
+            ("leaky_bucket", format!("{capacity}, drains in {}", t(drain_ms)), capacity)
+        }
+        WireLimit::Interval { every_ms } => ("interval", format!("1 per {}", t(every_ms)), 1),
+        WireLimit::Concurrency { limit, lease_ms } => {
+            ("concurrency", format!("{limit} in flight, lease {}", t(lease_ms)), limit)
+        }
+        WireLimit::Points { capacity, refill_ms, .. } => {
+            ("points", format!("{capacity} points, refilled in {}", t(refill_ms)), capacity)
+        }
+    };
+    LimitView { kind, text, capacity: capacity.into() }
+}

@@ -1,0 +1,169 @@
+//! A key's state, read from Redis with plain commands when the page asks:
+//! what every shim of the fleet has charged, not only this one.
+//!
+//! The raw state is what `lua/*.lua` keeps under `sluice:{<policy>:<key>}:
+//! <suffix>` ([`crate::keys`]); remaining and reset are computed from it by
+//! the reference model (`sluice_policies::algorithm`), the twin of the
+//! scripts, as the next check would see them. Reading changes nothing:
+//! expired entries stay until the next check prunes them.
+
+use serde::Serialize;
+use sluice_policies::algorithm::{fixed_window, gcra, sliding_approx, Algorithm, State, View};
+use sluice_policies::wire::{Check, WireLimit};
+
+use crate::keys::script_limits;
+use crate::store::RedisClient;
+
+/// One limit of one key, now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LimitState {
+    /// What a request could still take now: requests, tokens or points, or
+    /// free concurrency slots.
+    pub remaining: u64,
+    /// Milliseconds until capacity next frees; `None` for a concurrency
+    /// limit (a slot frees when a stream ends).
+    pub reset_ms: Option<u64>,
+    /// Concurrency: leases held right now, by any gateway.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<u64>,
+    /// Concurrency: requests queued for a slot (egress wait), fleet-wide.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiters: Option<u64>,
+}
+
+/// Redis's clock, in microseconds: the scripts' clock too.
+pub async fn now_us(store: &RedisClient) -> Result<u64, String> {
+    let (secs, micros): (u64, u64) =
+        store.query(&redis::cmd("TIME")).await.map_err(|e| format!("redis: {e}"))?;
+    Ok(secs * 1_000_000 + micros)
+}
+
+/// The state of each of `limits` for `policy`'s `key`, at `now` (µs).
+pub async fn read(
+    store: &RedisClient,
+    now: u64,
+    policy: &str,
+    key: &str,
+    limits: &[WireLimit],
+) -> Result<Vec<LimitState>, String> {
+    let check = Check {
+        policy: policy.to_string(),
+        key: key.to_string(),
+        limits: limits.to_vec(),
+        margin_ms: None,
+        upstream: false,
+    };
+    let mut states = Vec::with_capacity(limits.len());
+    for limit in script_limits(&[check])? {
+        states.push(
+            read_one(store, now, &limit.key, limit.algorithm).await.map_err(|e| format!("redis: {e}"))?,
+        );
+    }
+    Ok(states)
+}
+
+async fn read_one(
+    store: &RedisClient,
+    now: u64,
+    key: &str,
+    algorithm: Algorithm,
+) -> redis::RedisResult<LimitState> {
+    let state = match algorithm {
+        Algorithm::FixedWindow { limit, window_us } => {
+            let [w, n] = hmget(store, key, ["w", "n"]).await?;
+            let state = w.map(|window| State::Counter { window, count: n.unwrap_or(0) });
+            timed(fixed_window::check(state.as_ref(), now, limit, window_us).now)
+        }
+        Algorithm::SlidingApprox { limit, window_us } => {
+            let [w, c, p] = hmget(store, key, ["w", "c", "p"]).await?;
+            let state =
+                w.map(|window| State::Approx { window, current: c.unwrap_or(0), previous: p.unwrap_or(0) });
+            timed(sliding_approx::check(state.as_ref(), now, limit, window_us).now)
+        }
+        Algorithm::Gcra { interval_us, burst, cost } => {
+            let tat: Option<String> = store.query(redis::cmd("GET").arg(key)).await?;
+            let state = tat.as_deref().and_then(number).map(State::Tat);
+            timed(gcra::check(state.as_ref(), now, interval_us, burst, cost).now)
+        }
+        Algorithm::SlidingWindow { limit, window_us } => {
+            // Entries admitted after now - window count (reservations ahead too).
+            let since = format!("({}", now.saturating_sub(window_us));
+            let count: u64 = store.query(redis::cmd("ZCOUNT").arg(key).arg(&since).arg("+inf")).await?;
+            let oldest: Vec<(String, String)> = store
+                .query(
+                    redis::cmd("ZRANGEBYSCORE")
+                        .arg(key)
+                        .arg(&since)
+                        .arg("+inf")
+                        .arg("WITHSCORES")
+                        .arg("LIMIT")
+                        .arg(0)
+                        .arg(1),
+                )
+                .await?;
+            let oldest = oldest.first().and_then(|(_, score)| number(score));
+            LimitState {
+                remaining: limit.saturating_sub(count),
+                reset_ms: Some(oldest.map_or(0, |s| (s + window_us).saturating_sub(now).div_ceil(1000))),
+                held: None,
+                waiters: None,
+            }
+        }
+        Algorithm::Concurrency { limit, .. } => {
+            // A lease scored at its expiry x is live while now < x.
+            let held: u64 =
+                store.query(redis::cmd("ZCOUNT").arg(key).arg(format!("({now}")).arg("+inf")).await?;
+            let waiters: u64 = store.query(redis::cmd("ZCARD").arg(format!("{key}:q"))).await?;
+            LimitState {
+                remaining: limit.saturating_sub(held),
+                reset_ms: None,
+                held: Some(held),
+                waiters: Some(waiters),
+            }
+        }
+        Algorithm::Pause | Algorithm::Rate => {
+            LimitState { remaining: 1, reset_ms: Some(0), held: None, waiters: None }
+        }
+    };
+    Ok(state)
+}
+
+fn timed(view: View) -> LimitState {
+    LimitState {
+        remaining: view.remaining,
+        reset_ms: Some(view.reset_us.div_ceil(1000)),
+        held: None,
+        waiters: None,
+    }
+}
+
+async fn hmget<const N: usize>(
+    store: &RedisClient,
+    key: &str,
+    fields: [&str; N],
+) -> redis::RedisResult<[Option<u64>; N]> {
+    let values: Vec<Option<String>> = store.query(redis::cmd("HMGET").arg(key).arg(&fields[..])).await?;
+    let mut out = [None; N];
+    for (slot, value) in out.iter_mut().zip(values) {
+        *slot = value.as_deref().and_then(number);
+    }
+    Ok(out)
+}
+
+/// A number as Lua wrote it: an integer, or a float for a large one.
+fn number(text: &str) -> Option<u64> {
+    text.parse::<u64>().ok().or_else(|| text.parse::<f64>().ok().filter(|f| *f >= 0.0).map(|f| f as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_as_lua_writes_them() {
+        assert_eq!(number("1700000000000000"), Some(1_700_000_000_000_000));
+        assert_eq!(number("1.7e+15"), Some(1_700_000_000_000_000));
+        assert_eq!(number("-1"), None);
+        assert_eq!(number("x"), None);
+    }
+}

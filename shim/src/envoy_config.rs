@@ -1,0 +1,94 @@
+//! `sluice envoy-config`: a complete envoy.yaml that loads the filter with a
+//! policy embedded, from the template `envoy/demo.yaml` that the tests and the
+//! demo run too. The rendering (and why the timeouts are what they are) is
+//! the crate `sluice-envoy-config`; this is the command line around it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use sluice_envoy_config::{render, timeout_values, ShimTls, DEMO_TEMPLATE};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The policy document to embed; it must validate.
+    #[arg(long)]
+    policy: PathBuf,
+    /// The filter; made absolute. Default: dist/sluice.wasm under the current directory.
+    #[arg(long)]
+    wasm: Option<PathBuf>,
+    /// The shim, `sluice serve --listen`.
+    #[arg(long, default_value = "127.0.0.1:8181")]
+    shim: SocketAddr,
+    /// Where Envoy accepts traffic.
+    #[arg(long, default_value = "0.0.0.0:10000")]
+    listen: SocketAddr,
+    /// Where allowed requests go.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    upstream: SocketAddr,
+    /// Envoy's admin interface.
+    #[arg(long, default_value = "127.0.0.1:9901")]
+    admin: SocketAddr,
+    /// Mutual TLS to the shim: the CA (PEM) that signed the shim's
+    /// certificate. Needs --shim-client-cert and --shim-client-key.
+    #[arg(long, requires_all = ["shim_client_cert", "shim_client_key"])]
+    shim_ca: Option<PathBuf>,
+    /// Mutual TLS to the shim: Envoy's client certificate chain (PEM), signed
+    /// by the CA the shim's --client-ca names.
+    #[arg(long, requires_all = ["shim_ca", "shim_client_key"])]
+    shim_client_cert: Option<PathBuf>,
+    /// Mutual TLS to the shim: the client certificate's private key (PEM).
+    #[arg(long, requires_all = ["shim_ca", "shim_client_cert"])]
+    shim_client_key: Option<PathBuf>,
+    /// Mutual TLS to the shim: the name to send as SNI and to require among
+    /// the shim certificate's DNS names. Without it, any certificate the CA
+    /// signed is accepted.
+    #[arg(long, requires = "shim_ca")]
+    shim_server_name: Option<String>,
+}
+
+/// The template's `SHIM_TRANSPORT_SOCKET`: mutual TLS from Envoy to the shim
+/// when `--shim-ca`, `--shim-client-cert` and `--shim-client-key` are given
+/// (each must exist; Envoy gets absolute paths), else empty: cleartext. The
+/// paths the filter matches are normalized by the template either way.
+fn shim_transport_socket(args: &Args) -> anyhow::Result<String> {
+    let (Some(ca), Some(cert), Some(key)) = (&args.shim_ca, &args.shim_client_cert, &args.shim_client_key)
+    else {
+        return Ok(String::new());
+    };
+    let readable = |flag: &str, path: &PathBuf| -> anyhow::Result<PathBuf> {
+        std::fs::metadata(path).with_context(|| format!("{flag} {}", path.display()))?;
+        std::path::absolute(path).with_context(|| format!("{flag} {}", path.display()))
+    };
+    let tls = ShimTls {
+        ca: readable("--shim-ca", ca)?,
+        client_cert: readable("--shim-client-cert", cert)?,
+        client_key: readable("--shim-client-key", key)?,
+        server_name: args.shim_server_name.clone(),
+    };
+    Ok(tls.transport_socket())
+}
+
+pub fn run(args: &Args) -> anyhow::Result<String> {
+    let policy = std::fs::read_to_string(&args.policy)
+        .with_context(|| format!("cannot read {}", args.policy.display()))?;
+    if let Err(err) = sluice_policies::parse(&policy) {
+        bail!("{}: {err}", args.policy.display());
+    }
+    let wasm = args.wasm.clone().unwrap_or_else(|| PathBuf::from("dist/sluice.wasm"));
+    let wasm = std::path::absolute(&wasm).with_context(|| format!("bad --wasm {}", wasm.display()))?;
+    let mut values = vec![
+        ("WASM_PATH".to_string(), wasm.display().to_string()),
+        // A JSON string literal is also a valid YAML double-quoted scalar.
+        ("POLICY_JSON".to_string(), serde_json::to_string(&policy)?),
+        ("SHIM_TRANSPORT_SOCKET".to_string(), shim_transport_socket(args)?),
+    ];
+    for (name, addr) in
+        [("LISTEN", args.listen), ("ADMIN", args.admin), ("UPSTREAM", args.upstream), ("SHIM", args.shim)]
+    {
+        values.push((format!("{name}_HOST"), addr.ip().to_string()));
+        values.push((format!("{name}_PORT"), addr.port().to_string()));
+    }
+    values.extend(timeout_values(&policy));
+    render(DEMO_TEMPLATE, &values)
+}

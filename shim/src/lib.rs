@@ -1,0 +1,56 @@
+//! The Sluice shim: the native side of every decision, and the `sluice` CLI.
+//!
+//! # Layout
+//!
+//! The modules fall into groups by what they do. Arrows between groups run
+//! one way, down this list: a group uses only the groups below it.
+//!
+//! **Serving**: the request handler and what is around it.
+//! - [`server`]: the HTTP endpoints the filter calls, over HTTP/1.1 and
+//!   HTTP/2, in cleartext or mutual TLS; connection caps and deadlines.
+//! - [`limiter`]: the request handler: runs a check as one atomic Lua script
+//!   call on Redis, and the releases and adjustments that follow; hands
+//!   waiting checks to the waiting group.
+//! - [`dashboard`]: `GET /`, the live Limits dashboard, and the playground at `/playground/`.
+//! - [`validate`]: `sluice validate FILE...`.
+//! - [`simulate`]: `sluice simulate`, an access log replayed through a policy.
+//! - [`envoy_config`]: `sluice envoy-config`, a complete envoy.yaml for a policy
+//!   (rendered by the crate `sluice-envoy-config`).
+//!
+//! **Waiting**: egress waiting, given a [`wait::Waiting`] by the limiter.
+//! - [`wait`]: reserve a slot, hold the answer until it, cancel; the handles.
+//! - [`mixed`]: waiting on a concurrency slot and time slots together.
+//! - [`queue`]: waiting on a concurrency slot: the FCFS queue, hand-over, timers.
+//! - [`wakeups`]: the shim's one pub/sub subscriber that wakes queued requests.
+//!
+//! **Redis**: the store and the scripts run on it.
+//! - [`store`]: [`store::RedisClient`], one Redis server or a Redis Cluster.
+//! - [`shed`]: the utilization shedder's fleet-wide state (`lua/shed.lua`).
+//! - [`scripts`]: the Lua scripts, assembled from `lua/`.
+//!
+//! **Observing**: what the shim counts.
+//! - [`metrics`]: `GET /metrics`: decisions, Redis latency, script errors,
+//!   waiters; and per policy, the traffic the dashboard shows.
+//!
+//! **Vocabulary**: what the others speak; uses no other module.
+//! - [`decision`]: a script's reply, its outcomes by check, and [`decision::CheckError`].
+//! - [`keys`]: validates a check request and names its Redis keys.
+//! - [`tls`]: rustls: the shim's mTLS server config, Redis's crypto provider.
+
+pub mod dashboard;
+pub mod decision;
+pub mod envoy_config;
+pub mod keys;
+pub mod limiter;
+pub mod metrics;
+pub mod mixed;
+pub mod queue;
+pub mod scripts;
+pub mod server;
+pub mod shed;
+pub mod simulate;
+pub mod store;
+pub mod tls;
+pub mod validate;
+pub mod wait;
+pub mod wakeups;

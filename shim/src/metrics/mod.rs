@@ -1,0 +1,277 @@
+//! The shim's metrics, served at `GET /metrics` in the OpenMetrics text
+//! format (which Prometheus scrapes) by `prometheus-client`.
+//!
+//! One [`Metrics`] per shim, shared by the router, the limiter, its store
+//! and its wake-up subscriber. What each metric counts, and where:
+//!
+//! - decisions, per policy and result, where the shim answers `/v1/check`;
+//! - Redis latency, script errors and script reloads, around each script
+//!   call in [`crate::store::RedisClient::invoke`];
+//! - requests in flight, around the `/v1/*` and `/healthz` handlers;
+//! - waiters held and hand-overs, in egress waiting;
+//! - per policy, for the dashboard: rates, totals and the busiest keys
+//!   ([`traffic`], with [`sketch`], Space-Saving in fixed memory), where
+//!   decisions are counted; the dashboard shows them.
+//!
+//! The policy label comes from the caller's request, so its values are
+//! capped: the first [`MAX_POLICY_LABELS`] valid policy names seen keep
+//! their own label, every other name counts as `(other)`.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use sluice_policies::wire::{CheckRequest, CheckResponse};
+use sluice_policies::PolicyName;
+
+use crate::decision::CheckError;
+
+pub mod sketch;
+pub mod traffic;
+
+/// Distinct policy names that get a label of their own.
+pub const MAX_POLICY_LABELS: usize = 256;
+/// The label of every policy name past the cap, and of invalid ones.
+pub const OTHER_POLICY: &str = "(other)";
+
+/// `Content-Type` of `GET /metrics`.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Decision {
+    policy: String,
+    /// `allowed`, `waited`, `denied`, `error` (503) or `invalid` (400).
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Feedback {
+    policy: String,
+    /// `paused` (a pause moved later) or `slowed` (the key's rate was lowered).
+    effect: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ScriptError {
+    /// `timeout`, `connection`, `server` (Redis answered an error) or `other`.
+    kind: &'static str,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    decisions: Family<Decision, Counter>,
+    feedback: Family<Feedback, Counter>,
+    redis_seconds: Histogram,
+    script_errors: Family<ScriptError, Counter>,
+    script_reloads: Counter,
+    in_flight: Gauge,
+    waiters: Gauge,
+    pub(crate) handovers: Counter,
+    /// The policy names with a label of their own.
+    policies: Mutex<HashSet<String>>,
+    /// Per policy, for the dashboard: rates, totals and the busiest keys.
+    pub(crate) traffic: traffic::Traffic,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut metrics = Metrics {
+            registry: Registry::default(),
+            decisions: Family::default(),
+            feedback: Family::default(),
+            // 100 µs to about 3.3 s.
+            redis_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            script_errors: Family::default(),
+            script_reloads: Counter::default(),
+            in_flight: Gauge::default(),
+            waiters: Gauge::default(),
+            handovers: Counter::default(),
+            policies: Mutex::new(HashSet::new()),
+            traffic: Default::default(),
+        };
+        let r = &mut metrics.registry;
+        r.register(
+            "sluice_decisions",
+            "Checks answered, per policy and result (allowed, waited, denied, error, invalid)",
+            metrics.decisions.clone(),
+        );
+        r.register(
+            "sluice_upstream_feedback",
+            "The partner's answers recorded, per policy and effect (paused: a pause moved later; slowed: the key's rate was lowered)",
+            metrics.feedback.clone(),
+        );
+        r.register(
+            "sluice_redis_call_seconds",
+            "Time of each Redis script call, NOSCRIPT reloads included",
+            metrics.redis_seconds.clone(),
+        );
+        r.register(
+            "sluice_script_errors",
+            "Redis script calls that failed, by kind",
+            metrics.script_errors.clone(),
+        );
+        r.register(
+            "sluice_script_reloads",
+            "Scripts loaded again because Redis answered NOSCRIPT (first use, restart, failover, SCRIPT FLUSH)",
+            metrics.script_reloads.clone(),
+        );
+        r.register("sluice_requests_in_flight", "HTTP requests being handled", metrics.in_flight.clone());
+        r.register("sluice_waiters", "Waiting checks held right now (egress wait)", metrics.waiters.clone());
+        r.register(
+            "sluice_handovers",
+            "Wake-ups delivered to a waiting check: a slot handed over by a release, reclaim or leave",
+            metrics.handovers.clone(),
+        );
+        metrics
+    }
+
+    /// The page `GET /metrics` serves.
+    pub fn render(&self) -> String {
+        let mut page = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut page, &self.registry);
+        page
+    }
+
+    /// Counts a check's answer and passes it on. An admission counts for
+    /// every policy of the request (`waited` if the shim held it); a denial
+    /// for the policy that denied, as the filter's `sluice.P.denied` does;
+    /// a failure for every policy.
+    pub(crate) fn decided(
+        &self,
+        req: &CheckRequest<'_>,
+        result: Result<CheckResponse, CheckError>,
+    ) -> Result<CheckResponse, CheckError> {
+        let (result_label, only) = classify(&result);
+        self.traffic.record(req, &result, result_label, only);
+        for (i, check) in req.checks.iter().enumerate() {
+            if only.is_none_or(|only| only == i) {
+                let policy = self.policy_label(&check.policy);
+                self.decisions.get_or_create(&Decision { policy, result: result_label }).inc();
+            }
+        }
+        result
+    }
+
+    /// Counts what one answer of the partner did to `policy`'s key.
+    pub(crate) fn fed_back(&self, policy: &str, paused: bool, slowed: bool) {
+        for (effect, happened) in [("paused", paused), ("slowed", slowed)] {
+            if happened {
+                let policy = self.policy_label(policy);
+                self.feedback.get_or_create(&Feedback { policy, effect }).inc();
+            }
+        }
+    }
+
+    /// `name` if it may have a label of its own, else [`OTHER_POLICY`].
+    fn policy_label(&self, name: &str) -> String {
+        if PolicyName::new(name).is_none() {
+            return OTHER_POLICY.to_string();
+        }
+        let mut seen = self.policies.lock().unwrap_or_else(PoisonError::into_inner);
+        if seen.contains(name) || (seen.len() < MAX_POLICY_LABELS && seen.insert(name.to_string())) {
+            name.to_string()
+        } else {
+            OTHER_POLICY.to_string()
+        }
+    }
+
+    /// Records one script call that took from `started` until now.
+    pub(crate) fn script_call<T>(&self, started: Instant, result: &redis::RedisResult<T>) {
+        self.redis_seconds.observe(started.elapsed().as_secs_f64());
+        if let Err(err) = result {
+            let kind = if err.is_timeout() {
+                "timeout"
+            } else if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
+                "connection"
+            } else if matches!(err.kind(), redis::ErrorKind::Server(_)) {
+                "server"
+            } else {
+                "other"
+            };
+            self.script_errors.get_or_create(&ScriptError { kind }).inc();
+        }
+    }
+
+    pub(crate) fn script_reloaded(&self) {
+        self.script_reloads.inc();
+    }
+
+    /// Counts a waiting check as held until the guard drops.
+    pub(crate) fn hold(&self) -> Held {
+        self.waiters.inc();
+        Held(self.waiters.clone())
+    }
+}
+
+/// What a check's answer counts as: its result label, and the one check
+/// it counts for (the one that denied), or `None` for every check.
+pub(crate) fn classify(result: &Result<CheckResponse, CheckError>) -> (&'static str, Option<usize>) {
+    match result {
+        Ok(resp) if resp.allowed && resp.waited_ms.is_some_and(|ms| ms > 0) => ("waited", None),
+        Ok(resp) if resp.allowed => ("allowed", None),
+        Ok(resp) => ("denied", Some(resp.denied_check().unwrap_or(0))),
+        Err(CheckError::Store(_)) => ("error", None),
+        Err(CheckError::BadRequest(_)) => ("invalid", None),
+    }
+}
+
+/// A waiting check counted in `sluice_waiters`.
+pub(crate) struct Held(Gauge);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// `app` with its requests counted in flight, and `GET /metrics` (not
+/// counted: a scrape would always see itself).
+pub fn serve(app: Router, metrics: Arc<Metrics>) -> Router {
+    app.layer(middleware::from_fn_with_state(metrics.clone(), in_flight))
+        .route("/metrics", get(page).with_state(metrics))
+}
+
+async fn in_flight(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
+    metrics.in_flight.inc();
+    let _done = Held(metrics.in_flight.clone());
+    next.run(req).await
+}
+
+async fn page(State(metrics): State<Arc<Metrics>>) -> Response {
+    ([(header::CONTENT_TYPE, OPENMETRICS)], metrics.render()).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_labels_are_capped() {
+        let metrics = Metrics::new();
+        for i in 0..MAX_POLICY_LABELS {
+            assert_eq!(metrics.policy_label(&format!("p{i}")), format!("p{i}"));
+        }
+        assert_eq!(metrics.policy_label("one-too-many"), OTHER_POLICY);
+        assert_eq!(metrics.policy_label("p7"), "p7", "a name seen before keeps its label");
+        assert_eq!(metrics.policy_label("not a name"), OTHER_POLICY);
+    }
+}

@@ -1,0 +1,409 @@
+//! Egress waiting: a check with `wait_ms` is held instead of denied.
+//!
+//! Time-based limits are reserved in one atomic call (`lua/reserve.lua`, the
+//! waiting path of `lua/check.lua`): the script finds the earliest slot at
+//! which every limit admits the request and charges them all there, or, if
+//! that slot is further away than the wait, charges nothing and says how far
+//! it is. The shim then sleeps for the delay the script computed on Redis's
+//! clock (never its own view of the slot) and answers allowed, with no second
+//! Redis call.
+//!
+//! If the client goes away while the answer is held (Envoy resets the h2
+//! stream and hyper drops the handler's future), a drop guard spawns
+//! `lua/cancel.lua`, which gives back only what is provably safe.
+//!
+//! A request of a policy that reads upstream feedback may have reserved its
+//! slot before the partner paused the key. At its slot it checks the pause
+//! (`lua/paused.lua`); if the key is paused, it gives the slot back and
+//! reserves again, from the pause's end, within what is left of its wait.
+//!
+//! Approximate windows keep no per-request state, so they cannot reserve; a
+//! waiting request holding one is refused (400).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_policies::algorithm::Algorithm;
+use sluice_policies::wire::{CheckRequest, CheckResponse};
+
+use crate::decision::{by_check, decode, store_error, CheckError, SlotReply};
+use crate::keys::ScriptLimit;
+use crate::metrics::Metrics;
+use crate::queue::Timers;
+use crate::scripts::Scripts;
+use crate::store::RedisClient;
+use crate::wakeups::Wakeups;
+
+/// What egress waiting needs of the shim, handed to it by the limiter that
+/// holds it: Redis and its scripts, the wake-up subscriber, the queue's
+/// timers, the requests held for a time slot, the metrics, and the time mode.
+#[derive(Clone)]
+pub struct Waiting {
+    pub(crate) store: Arc<RedisClient>,
+    pub(crate) scripts: Arc<Scripts>,
+    /// The shim's one pub/sub subscriber, for waiters on concurrency slots.
+    pub(crate) wakeups: Arc<Wakeups>,
+    pub(crate) timers: Arc<Timers>,
+    /// Requests held until their time slot, by id: a release for the id
+    /// (the filter's, when the client goes away) ends the hold at once.
+    pub(crate) held: Arc<Held>,
+    pub(crate) metrics: Arc<Metrics>,
+    /// Whether a request's `now_us` is honoured (`--test-time`).
+    pub(crate) test_time: bool,
+}
+
+impl Waiting {
+    /// The script's time argument: empty for Redis TIME.
+    pub(crate) fn time_arg(&self, now_us: Option<u64>) -> Result<String, CheckError> {
+        match (now_us, self.test_time) {
+            (None, _) => Ok(String::new()),
+            (Some(now), true) => Ok(now.to_string()),
+            (Some(_), false) => {
+                Err(CheckError::BadRequest("now_us is honoured only with --test-time".into()))
+            }
+        }
+    }
+}
+
+/// The longest a request may be held: a day, far beyond any sane wait, and
+/// short enough that deadlines never overflow.
+pub const MAX_WAIT_MS: u64 = 86_400_000;
+
+/// Refuses what waiting cannot do: a wait beyond [`MAX_WAIT_MS`], approximate windows, and more than one
+/// concurrency limit (one queue per request).
+pub(crate) fn refuse_unsupported(limits: &[ScriptLimit], wait_us: u64) -> Result<(), String> {
+    if wait_us > MAX_WAIT_MS * 1000 {
+        return Err(format!("wait_ms: at most {MAX_WAIT_MS} (a day)"));
+    }
+    if limits.iter().any(|l| matches!(l.algorithm, Algorithm::SlidingApprox { .. })) {
+        return Err("wait_ms: an approximate sliding window cannot wait (it keeps no per-request \
+                    state to reserve a slot in); use an exact sliding_window"
+            .into());
+    }
+    let leases = limits.iter().filter(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })).count();
+    if leases > 1 {
+        return Err("wait_ms: a request can wait on one concurrency limit, not several".into());
+    }
+    Ok(())
+}
+
+/// The margin of each limit, in µs: its check's `margin_ms`.
+pub(crate) fn margins(req: &CheckRequest<'_>) -> Vec<u64> {
+    req.checks
+        .iter()
+        .flat_map(|c| std::iter::repeat_n(c.margin_ms.unwrap_or(0).saturating_mul(1000), c.limits.len()))
+        // The partner's pauses and rates, after every limit (`keys::script_limits`), have none.
+        .chain(req.checks.iter().filter(|c| c.upstream).flat_map(|_| [0, 0]))
+        .collect()
+}
+
+/// A waiting check on one Redis slot: reserve, hold, answer.
+pub(crate) async fn check(
+    waiting: &Waiting,
+    req: &CheckRequest<'_>,
+    limits: &[ScriptLimit],
+    id: &str,
+    now: &str,
+    wait_us: u64,
+) -> Result<CheckResponse, CheckError> {
+    if let [limit @ ScriptLimit { algorithm: Algorithm::Concurrency { .. }, .. }] = limits {
+        return crate::queue::check(waiting, req, limit, id, now, wait_us).await;
+    }
+    if limits.iter().any(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })) {
+        return crate::mixed::check(waiting, req, limits, id, now, wait_us).await;
+    }
+    let pauses: Vec<&ScriptLimit> =
+        limits.iter().filter(|l| matches!(l.algorithm, Algorithm::Pause)).collect();
+    let started = Instant::now();
+    // The request's time, moved on by the hold (the shim's test mode), or Redis TIME.
+    let at_now = |elapsed: Duration| {
+        now.parse::<u64>()
+            .map(|t| (t + u64::try_from(elapsed.as_micros()).unwrap_or(0)).to_string())
+            .unwrap_or_default()
+    };
+    let mut left_us = wait_us;
+    loop {
+        let now = at_now(started.elapsed());
+        let reply = reserve(waiting, limits, &now, id, left_us, &margins(req)).await?;
+        let held_until: Vec<u64> = reply.limits.iter().map(|l| l.held_until_us.unwrap_or(0)).collect();
+        let mut response = CheckResponse {
+            allowed: reply.allowed,
+            retry_after_ms: reply.retry_after_ms,
+            checks: by_check(req, reply.limits.into_iter()),
+            lease: None,
+            waited_ms: None,
+        };
+        let Some(at) = reply.at.filter(|_| reply.allowed) else { return Ok(response) };
+        let delay = at.saturating_sub(u64::try_from(reply.now).unwrap_or(0));
+        if delay == 0 {
+            response.waited_ms =
+                (started.elapsed() > Duration::ZERO && left_us < wait_us).then(|| ceil_ms(started.elapsed()));
+            return Ok(response);
+        }
+        let mut guard = Cancel::new(waiting, id, at, limits.to_vec(), held_until, &now);
+        let mut holding = waiting.held.hold(id);
+        let _counted = waiting.metrics.hold();
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_micros(delay)) => {}
+            _ = &mut holding.released => {
+                // Let go by a release for this id: the guard, still armed, gives
+                // the reservation back as it is dropped.
+                return Ok(CheckResponse { allowed: false, retry_after_ms: None, ..response });
+            }
+        }
+        // The partner may have paused the key while this request was held
+        // for a slot reserved before the pause: then its slot falls inside
+        // the pause. Give it back and reserve again from the pause's end,
+        // within what is left of the wait.
+        if !pauses.is_empty() && paused_for(waiting, &pauses, &at_now(started.elapsed())).await? > 0 {
+            guard.give_back().await;
+            left_us =
+                wait_us.saturating_sub(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
+            continue;
+        }
+        guard.disarm();
+        response.waited_ms = Some(ceil_ms(started.elapsed()));
+        return Ok(response);
+    }
+}
+
+/// How much longer the partner's pauses hold, in µs (`lua/paused.lua`).
+async fn paused_for(waiting: &Waiting, pauses: &[&ScriptLimit], now: &str) -> Result<u64, CheckError> {
+    let mut call = waiting.scripts.paused.prepare_invoke();
+    call.arg(now);
+    for pause in pauses {
+        call.key(&pause.key);
+    }
+    let left: i64 = waiting.store.invoke(&call).await.map_err(store_error)?;
+    Ok(u64::try_from(left).unwrap_or(0))
+}
+
+/// The requests a shim holds for their time slots, by id.
+#[derive(Default)]
+pub struct Held(std::sync::Mutex<std::collections::HashMap<String, tokio::sync::oneshot::Sender<()>>>);
+
+/// One held request's registration; dropping it forgets the id.
+pub(crate) struct Holding<'a> {
+    held: &'a Held,
+    id: String,
+    pub(crate) released: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl Held {
+    fn map(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, tokio::sync::oneshot::Sender<()>>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn hold(&self, id: &str) -> Holding<'_> {
+        let (tx, released) = tokio::sync::oneshot::channel();
+        self.map().insert(id.to_string(), tx);
+        Holding { held: self, id: id.to_string(), released }
+    }
+
+    /// Ends the hold of request `id`, if this shim holds it.
+    pub(crate) fn cancel(&self, id: &str) {
+        if let Some(tx) = self.map().remove(id) {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl Drop for Holding<'_> {
+    fn drop(&mut self) {
+        self.held.map().remove(&self.id);
+    }
+}
+
+fn ceil_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
+}
+
+/// A waiting request's reservation, not held: for tests.
+#[derive(Debug)]
+pub struct Reserved {
+    pub response: CheckResponse,
+    /// The slot admitted at, in µs on Redis's clock; `None` when denied.
+    pub at: Option<u64>,
+    /// The time the script decided at.
+    pub now: u64,
+}
+
+/// Reserves a waiting request's time slots (one Redis slot, time-based
+/// limits) without holding it: what [`check`] does before it sleeps.
+pub async fn reserve_request(waiting: &Waiting, req: &CheckRequest<'_>) -> Result<Reserved, CheckError> {
+    let limits = crate::keys::script_limits(&req.checks).map_err(CheckError::BadRequest)?;
+    let wait_us = req.wait_ms.unwrap_or(0).saturating_mul(1000);
+    refuse_unsupported(&limits, wait_us).map_err(CheckError::BadRequest)?;
+    let now = waiting.time_arg(req.now_us)?;
+    let id = req.id.as_deref().unwrap_or("reserved");
+    let reply = reserve(waiting, &limits, &now, id, wait_us, &margins(req)).await?;
+    Ok(Reserved {
+        at: reply.at.filter(|_| reply.allowed),
+        now: u64::try_from(reply.now).unwrap_or(0),
+        response: CheckResponse {
+            allowed: reply.allowed,
+            retry_after_ms: reply.retry_after_ms,
+            checks: by_check(req, reply.limits.into_iter()),
+            lease: None,
+            waited_ms: None,
+        },
+    })
+}
+
+/// One call of the check script's waiting path.
+pub(crate) async fn reserve(
+    waiting: &Waiting,
+    limits: &[ScriptLimit],
+    now: &str,
+    id: &str,
+    wait_us: u64,
+    margins: &[u64],
+) -> Result<SlotReply, CheckError> {
+    let mut call = waiting.scripts.check.prepare_invoke();
+    call.arg(now).arg(id);
+    for limit in limits {
+        let (name, [a, b, c]) = limit.algorithm.script_args();
+        call.key(&limit.key).arg(name).arg(a).arg(b).arg(c);
+    }
+    call.arg(wait_us);
+    for margin in margins {
+        call.arg(*margin);
+    }
+    let reply: Vec<i64> = waiting.store.call(&call).await.map_err(store_error)?;
+    decode(limits.len(), &reply)
+        .ok_or_else(|| CheckError::Store(format!("unexpected script reply {reply:?}")))
+}
+
+/// Gives a held reservation back if dropped while armed: the client went away.
+pub(crate) struct Cancel {
+    store: std::sync::Arc<RedisClient>,
+    scripts: std::sync::Arc<Scripts>,
+    id: String,
+    at: u64,
+    limits: Vec<ScriptLimit>,
+    held_until: Vec<u64>,
+    /// The shim's test mode: the request's explicit time, moved on by the hold.
+    test_now: Option<u64>,
+    started: Instant,
+    armed: bool,
+}
+
+impl Cancel {
+    /// Armed, for a reservation at `at` made with the script time `now`.
+    pub(crate) fn new(
+        waiting: &Waiting,
+        id: &str,
+        at: u64,
+        limits: Vec<ScriptLimit>,
+        held_until: Vec<u64>,
+        now: &str,
+    ) -> Cancel {
+        Cancel {
+            store: waiting.store.clone(),
+            scripts: waiting.scripts.clone(),
+            id: id.to_string(),
+            at,
+            limits,
+            held_until,
+            test_now: now.parse().ok(),
+            started: Instant::now(),
+            armed: true,
+        }
+    }
+
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+/// What the cancel script needs, owned, so that it can run after the guard.
+struct GiveBack {
+    store: std::sync::Arc<RedisClient>,
+    scripts: std::sync::Arc<Scripts>,
+    now: String,
+    id: String,
+    at: u64,
+    limits: Vec<ScriptLimit>,
+    held_until: Vec<u64>,
+}
+
+impl GiveBack {
+    async fn run(self) -> redis::RedisResult<i64> {
+        let mut call = self.scripts.cancel.prepare_invoke();
+        call.arg(&self.now).arg(&self.id).arg(self.at);
+        for (limit, held) in self.limits.iter().zip(&self.held_until) {
+            let (name, [a, b, c]) = limit.algorithm.script_args();
+            call.key(&limit.key).arg(name).arg(a).arg(b).arg(c).arg(*held);
+        }
+        self.store.invoke::<i64>(&call).await
+    }
+}
+
+impl Cancel {
+    fn give_back_args(&mut self) -> GiveBack {
+        let now = self
+            .test_now
+            .map(|t| (t + u64::try_from(self.started.elapsed().as_micros()).unwrap_or(0)).to_string())
+            .unwrap_or_default();
+        GiveBack {
+            store: self.store.clone(),
+            scripts: self.scripts.clone(),
+            now,
+            id: self.id.clone(),
+            at: self.at,
+            limits: std::mem::take(&mut self.limits),
+            held_until: std::mem::take(&mut self.held_until),
+        }
+    }
+
+    /// Gives the reservation back now and waits for it: the request reserves
+    /// again under the same id, which a late cancel must not touch.
+    pub(crate) async fn give_back(mut self) {
+        self.armed = false;
+        let args = self.give_back_args();
+        let id = args.id.clone();
+        if let Err(err) = args.run().await {
+            tracing::warn!(%id, %err, "cannot give back a reservation inside a pause");
+        }
+    }
+}
+
+impl Drop for Cancel {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let args = self.give_back_args();
+        let id = args.id.clone();
+        runtime.spawn(async move {
+            match args.run().await {
+                Ok(_) => tracing::debug!(%id, "client gone while held: reservation given back"),
+                Err(err) => tracing::warn!(%id, %err, "cannot give back a cancelled reservation"),
+            }
+        });
+    }
+}
+
+/// Runs `lua/cancel.lua` for a reservation now, for tests: what the drop
+/// guard does when the client goes away.
+pub async fn cancel(
+    waiting: &Waiting,
+    limits: &[ScriptLimit],
+    now: Option<u64>,
+    id: &str,
+    at: u64,
+    held_until: &[u64],
+) -> Result<(), CheckError> {
+    let now = waiting.time_arg(now)?;
+    let mut call = waiting.scripts.cancel.prepare_invoke();
+    call.arg(now).arg(id).arg(at);
+    for (limit, held) in limits.iter().zip(held_until) {
+        let (name, [a, b, c]) = limit.algorithm.script_args();
+        call.key(&limit.key).arg(name).arg(a).arg(b).arg(c).arg(*held);
+    }
+    let _: i64 = waiting.store.invoke(&call).await.map_err(store_error)?;
+    Ok(())
+}

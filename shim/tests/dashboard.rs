@@ -1,0 +1,190 @@
+//! `GET /dashboard.json`, read back after real checks: shims in process on
+//! real sockets, in front of one real redis-server. The dashboard lists
+//! every policy of its document before any traffic, with its limits; after
+//! checks, its rates and totals, its busiest keys, and each key's state as
+//! Redis holds it: remaining for a window and a bucket, leases held for a
+//! concurrency limit, charged by any shim of the fleet.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use sluice_harness::client::http;
+use sluice_harness::Redis;
+use sluice_policies::wire::{Check, CheckRequest, CheckResponse, ReleaseRequest, WireLimit};
+use sluice_shim::dashboard;
+use sluice_shim::limiter::Limiter;
+use sluice_shim::server::{run, Options};
+use sluice_shim::store::Target;
+
+const DOCUMENT: &str = r#"{"policies": [
+  {"name": "partner-api", "key": ["header:x-api-key"],
+   "limits": [{"type": "sliding_window", "limit": 5, "window": "1m"},
+              {"type": "token_bucket", "rate": 1, "per": "1h", "burst": 10}]},
+  {"name": "erp", "key": ["header:x-tenant"], "limits": [{"type": "concurrency", "limit": 4, "lease": "1m"}]},
+  {"name": "quiet", "limits": [{"type": "interval", "every": "1s"}]}
+]}"#;
+
+fn partner_limits() -> Vec<WireLimit> {
+    vec![
+        WireLimit::SlidingWindow { limit: 5, window_ms: 60_000, approximate: false },
+        WireLimit::TokenBucket { rate: 1, per_ms: 3_600_000, burst: 10 },
+    ]
+}
+
+/// A shim with the dashboard on a free port until the test ends; its port.
+async fn serve(redis: &Redis, document: Option<&str>) -> u16 {
+    let limiter = Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), false).expect("limiter");
+    let policies = document.map(|d| Arc::new(sluice_policies::parse(d).expect("the document parses")));
+    let options =
+        Options { dashboard: dashboard::Options { policies, playground: None }, ..Options::default() };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(run(listener, limiter, options, std::future::pending()));
+    port
+}
+
+/// Posts one check; its answer.
+async fn check(port: u16, id: &str, policy: &str, key: &str, limits: Vec<WireLimit>) -> CheckResponse {
+    let check = Check { policy: policy.into(), key: key.into(), limits, margin_ms: None, upstream: false };
+    let req = CheckRequest {
+        checks: vec![check].into(),
+        id: Some(id.to_string().into()),
+        now_us: None,
+        wait_ms: None,
+    };
+    let (status, body) = http(port, "POST", "/v1/check", &serde_json::to_string(&req).expect("json")).await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).expect("a check answer")
+}
+
+async fn dashboard(port: u16) -> Value {
+    let (status, body) = http(port, "GET", "/dashboard.json", "").await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).expect("JSON")
+}
+
+fn policy<'a>(board: &'a Value, name: &str) -> &'a Value {
+    board["policies"]
+        .as_array()
+        .and_then(|all| all.iter().find(|p| p["name"] == name))
+        .unwrap_or_else(|| panic!("no policy {name} in {board:#}"))
+}
+
+fn key<'a>(policy: &'a Value, key: &str) -> &'a Value {
+    policy["keys"]
+        .as_array()
+        .and_then(|all| all.iter().find(|k| k["key"] == key))
+        .unwrap_or_else(|| panic!("no key {key} in {policy:#}"))
+}
+
+/// Before any traffic, every policy of the document shows with its limits,
+/// in the document's order, and nothing counted.
+#[tokio::test]
+async fn the_document_shows_every_policy_before_traffic() {
+    let redis = Redis::start().expect("redis");
+    let port = serve(&redis, Some(DOCUMENT)).await;
+    let board = dashboard(port).await;
+    let names: Vec<&str> =
+        board["policies"].as_array().expect("policies").iter().filter_map(|p| p["name"].as_str()).collect();
+    assert_eq!(names, ["partner-api", "erp", "quiet"]);
+    assert!(board["now_ms"].as_u64().is_some_and(|ms| ms > 0), "Redis's clock: {board:#}");
+    let partner = policy(&board, "partner-api");
+    assert_eq!(partner["source"], "document");
+    let texts: Vec<&str> =
+        partner["limits"].as_array().expect("limits").iter().filter_map(|l| l["text"].as_str()).collect();
+    assert_eq!(texts, ["5 per 1m", "1 per 1h, burst 10"]);
+    assert_eq!(policy(&board, "erp")["limits"][0]["capacity"], 4);
+    assert_eq!(partner["totals"]["allowed"], 0);
+    assert_eq!(partner["keys"], Value::Array(Vec::new()));
+}
+
+/// Checks through two shims of one fleet: the busiest keys are the first
+/// shim's, their state is Redis's (what both shims charged), and a denial,
+/// held leases, a release and a policy only seen in traffic all show.
+#[tokio::test]
+async fn busy_keys_show_their_state_from_redis() {
+    let redis = Redis::start().expect("redis");
+    let port = serve(&redis, Some(DOCUMENT)).await;
+    let other = serve(&redis, None).await;
+
+    for i in 0..3 {
+        let resp = check(port, &format!("a{i}"), "partner-api", "alice", partner_limits()).await;
+        assert!(resp.allowed);
+    }
+    check(port, "b0", "partner-api", "bob", partner_limits()).await;
+    // Another gateway's shim charges alice twice more: her window is full.
+    for i in 0..2 {
+        check(other, &format!("o{i}"), "partner-api", "alice", partner_limits()).await;
+    }
+    let resp = check(port, "a3", "partner-api", "alice", partner_limits()).await;
+    assert!(!resp.allowed, "the sixth of 5 per minute");
+    let erp = || vec![WireLimit::Concurrency { limit: 4, lease_ms: 60_000 }];
+    for i in 0..3 {
+        assert!(check(port, &format!("e{i}"), "erp", "acme", erp()).await.allowed);
+    }
+    let release = ReleaseRequest {
+        lease: "e0".into(),
+        checks: vec![Check {
+            policy: "erp".into(),
+            key: "acme".into(),
+            limits: erp(),
+            margin_ms: None,
+            upstream: false,
+        }],
+    };
+    let (status, body) =
+        http(port, "POST", "/v1/release", &serde_json::to_string(&release).expect("json")).await;
+    assert_eq!(status, 200, "{body}");
+    let fixed = vec![WireLimit::FixedWindow { limit: 100, window_ms: 86_400_000 }];
+    check(port, "u0", "unlisted", "k", fixed).await;
+
+    let board = dashboard(port).await;
+    let partner = policy(&board, "partner-api");
+    assert_eq!(partner["totals"]["allowed"], 4, "this shim's admissions: {partner:#}");
+    assert_eq!(partner["totals"]["denied"], 1);
+    assert_eq!(partner["keys"][0]["key"], "alice", "the busiest first");
+    let alice = key(partner, "alice");
+    assert_eq!(alice["checks"], 4, "this shim's checks of alice");
+    assert_eq!(alice["state"][0]["remaining"], 0, "5 per minute, all 5 taken by both shims: {alice:#}");
+    assert!(alice["state"][0]["reset_ms"].as_u64().is_some_and(|ms| ms > 0 && ms <= 60_000));
+    assert_eq!(alice["state"][1]["remaining"], 5, "10 tokens, 5 taken: {alice:#}");
+    let bob = key(partner, "bob");
+    assert_eq!(
+        (&bob["state"][0]["remaining"], &bob["state"][1]["remaining"]),
+        (&Value::from(4), &Value::from(9))
+    );
+
+    let acme = key(policy(&board, "erp"), "acme");
+    assert_eq!(acme["state"][0]["held"], 2, "three leases, one released: {acme:#}");
+    assert_eq!(acme["state"][0]["remaining"], 2);
+    assert_eq!(acme["state"][0]["waiters"], 0);
+
+    let unlisted = policy(&board, "unlisted");
+    assert_eq!(unlisted["source"], "traffic");
+    assert_eq!(unlisted["limits"][0]["text"], "100 per 1day");
+    assert_eq!(key(unlisted, "k")["state"][0]["remaining"], 99);
+    // The other shim's own dashboard saw only its own checks.
+    let theirs = dashboard(other).await;
+    assert_eq!(policy(&theirs, "partner-api")["totals"]["allowed"], 2);
+    assert_eq!(key(policy(&theirs, "partner-api"), "alice")["state"][0]["remaining"], 0);
+}
+
+/// The page and its assets are served by the shim itself; `/playground`
+/// without its files answers 404 saying how to build them.
+#[tokio::test]
+async fn the_page_is_embedded_and_a_missing_playground_says_so() {
+    let redis = Redis::start().expect("redis");
+    let port = serve(&redis, None).await;
+    let (status, page) = http(port, "GET", "/", "").await;
+    assert_eq!(status, 200);
+    assert!(page.contains("<script src=\"/dashboard.js\">"), "{page}");
+    for asset in ["/dashboard.js", "/dashboard.css"] {
+        assert_eq!(http(port, "GET", asset, "").await.0, 200, "{asset}");
+    }
+    let (status, _) = http(port, "GET", "/playground", "").await;
+    assert_eq!(status, 308, "to /playground/, where the page's relative links work");
+    let (status, body) = http(port, "GET", "/playground/", "").await;
+    assert_eq!(status, 404);
+    assert!(body.contains("cargo xtask playground"), "{body}");
+}

@@ -1,0 +1,90 @@
+//! `sluice serve` as a process: it warns when it listens without
+//! authentication beyond loopback, and SIGTERM still stops it promptly with
+//! connections open (its accept loop is its own since the connection cap,
+//! no longer `axum::serve`'s).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sluice_harness::free_port;
+
+const WARNING: &str = "listening without authentication on a non-loopback address";
+
+/// Starts `sluice serve --listen ADDR:PORT` (Redis unused: it connects lazily)
+/// and waits until it answers `/healthz` on loopback.
+fn serve(addr: &str, extra: &[&str]) -> (Child, u16) {
+    let port = free_port().expect("port");
+    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--listen", &format!("{addr}:{port}"), "--redis", "redis://127.0.0.1:1"])
+        .args(extra)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sluice serve");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while healthz(port).is_none() {
+        assert!(Instant::now() < deadline, "the shim did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (child, port)
+}
+
+fn healthz(port: u16) -> Option<String> {
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    conn.write_all(b"GET /healthz HTTP/1.1\r\nhost: shim\r\nconnection: close\r\n\r\n").ok()?;
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).ok()?;
+    answer.starts_with("HTTP/1.1 200").then_some(answer)
+}
+
+/// SIGTERM, then its exit within `within`, and its log.
+fn stop(mut child: Child, within: Duration) -> String {
+    let _ = Command::new("kill").arg(child.id().to_string()).status();
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the shim did not stop within {within:?} of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut log = String::new();
+    child.stderr.take().expect("stderr").read_to_string(&mut log).expect("log");
+    log
+}
+
+/// Cleartext on every address: a warning. On loopback, or with mTLS: none.
+#[test]
+fn cleartext_beyond_loopback_is_warned_about() {
+    let (child, _) = serve("0.0.0.0", &[]);
+    let log = stop(child, Duration::from_secs(5));
+    assert!(log.contains(WARNING), "{log}");
+    assert!(log.contains("auth=\"none\"") || log.contains("auth=none"), "{log}");
+
+    let (child, _) = serve("127.0.0.1", &[]);
+    let log = stop(child, Duration::from_secs(5));
+    assert!(!log.contains(WARNING), "{log}");
+}
+
+/// With an idle keep-alive connection, a connection that has sent nothing
+/// and one mid-headers open, SIGTERM stops the shim once the last has had
+/// its header read timeout (1 s here): a half-sent request cannot hold it.
+#[test]
+fn sigterm_stops_the_shim_with_connections_open() {
+    let (child, port) = serve("127.0.0.1", &["--header-read-timeout-ms", "1000"]);
+    let mut idle = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nhost: shim\r\n\r\n").expect("write");
+    let mut first = [0u8; 12];
+    idle.read_exact(&mut first).expect("answer");
+    let _silent = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let mut partial = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    partial.write_all(b"GET /healthz HTTP/1.1\r\n").expect("write");
+    std::thread::sleep(Duration::from_millis(200));
+    let log = stop(child, Duration::from_secs(3));
+    assert!(log.contains("shutting down"), "{log}");
+}
