@@ -20,14 +20,34 @@ use crate::cost::read_cost;
 use crate::units::{is_false, per_unit_us, MAX_COUNT};
 use crate::{Count, Duration, HeaderName, PolicyName, Request};
 
+/// One limit of a policy; `type` names its kind.
+// Read through `RawLimit` (so an error is reported at its own position); the
+// JSON Schema is derived from this type itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(tag = "type", rename_all = "snake_case", deny_unknown_fields))]
 pub enum Limit {
+    /// At most `limit` per window aligned to the epoch.
     FixedWindow { limit: Count, window: Duration },
-    SlidingWindow { limit: Count, window: Duration, approximate: bool },
+    /// At most `limit` in any interval one `window` long (exact), or the O(1)
+    /// two-counter estimate with `approximate`.
+    SlidingWindow {
+        limit: Count,
+        window: Duration,
+        #[cfg_attr(feature = "schema", schemars(default))]
+        approximate: bool,
+    },
+    /// `rate` tokens refill every `per`; the bucket holds at most `burst`.
     TokenBucket { rate: Count, per: Duration, burst: Count },
+    /// A full bucket of `capacity` drains in `drain`: burst, then drip.
     LeakyBucket { capacity: Count, drain: Duration },
+    /// At most one request per `every`.
     Interval { every: Duration },
+    /// At most `limit` in flight; a slot is reclaimed after `lease` if its
+    /// holder died; `reserve` holds a share back for the more important classes.
     Concurrency { limit: Count, lease: Duration, reserve: Option<PoolReserve> },
+    /// A bucket of `capacity` points refilled completely in `refill`; each
+    /// request costs `cost`, a number or `{"header": NAME, "default": N}`.
     Points { capacity: Count, refill: Duration, cost: Cost, actual_cost_header: Option<HeaderName> },
 }
 

@@ -14,7 +14,7 @@ use crate::document::{Policies, RawPolicy, TimeoutMs, TrustedHops};
 use crate::limit::RawCost;
 use crate::response::{CacheSlots, CooldownMs, DenyStatus, ExtraHeaders, FailureThreshold};
 use crate::wait::{Margin, RawWait, Wait};
-use crate::{Count, Document, Duration, HeaderName, KeySource, Limit, Policy, PolicyName};
+use crate::{Count, Document, Duration, HeaderName, KeySource, Policy, PolicyName};
 
 /// The schema of the whole document, as pretty JSON with a trailing newline.
 pub fn document_schema() -> String {
@@ -94,7 +94,8 @@ schema_of!(crate::leased::Leased, "Leased", crate::leased::RawLeased);
 schema_of!(Condition, "Condition", RawCondition);
 schema_of!(ValueCondition, "ValueCondition", RawValueCondition);
 schema_of!(Policy, "Policy", RawPolicy);
-schema_of!(Limit, "Limit", LimitSchema);
+schema_of!(crate::limit::PoolReserve, "PoolReserve", crate::limit::RawReserve);
+schema_of!(crate::limit::Cost, "Cost", RawCost);
 
 impl JsonSchema for Policies {
     fn schema_name() -> Cow<'static, str> {
@@ -103,39 +104,4 @@ impl JsonSchema for Policies {
     fn json_schema(generator: &mut SchemaGenerator) -> Schema {
         <Vec<Policy>>::json_schema(generator)
     }
-}
-
-/// The accepted form of each limit type, for the schema only: the parser
-/// reads limits through `RawLimit` to report errors at their own position.
-#[allow(dead_code)]
-#[derive(JsonSchema)]
-#[schemars(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
-enum LimitSchema {
-    /// At most `limit` per window aligned to the epoch.
-    FixedWindow { limit: Count, window: Duration },
-    /// At most `limit` in any interval one `window` long (exact), or the O(1)
-    /// two-counter estimate with `approximate`.
-    SlidingWindow {
-        limit: Count,
-        window: Duration,
-        #[schemars(default)]
-        approximate: Option<bool>,
-    },
-    /// `rate` tokens refill every `per`; the bucket holds at most `burst`.
-    TokenBucket { rate: Count, per: Duration, burst: Count },
-    /// A full bucket of `capacity` drains in `drain`: burst, then drip.
-    LeakyBucket { capacity: Count, drain: Duration },
-    /// At most one request per `every`.
-    Interval { every: Duration },
-    /// At most `limit` in flight; a slot is reclaimed after `lease` if its
-    /// holder died; `reserve` holds a share back for the more important classes.
-    Concurrency {
-        limit: Count,
-        lease: Duration,
-        #[schemars(default)]
-        reserve: Option<crate::limit::RawReserve>,
-    },
-    /// A bucket of `capacity` points refilled completely in `refill`; each
-    /// request costs `cost`, a number or `{"header": NAME, "default": N}`.
-    Points { capacity: Count, refill: Duration, cost: RawCost, actual_cost_header: Option<HeaderName> },
 }
