@@ -52,16 +52,20 @@ pub enum Limit {
 }
 
 impl Limit {
-    pub fn type_name(&self) -> &'static str {
+    pub fn kind(&self) -> LimitType {
         match self {
-            Limit::FixedWindow { .. } => "fixed_window",
-            Limit::SlidingWindow { .. } => "sliding_window",
-            Limit::TokenBucket { .. } => "token_bucket",
-            Limit::LeakyBucket { .. } => "leaky_bucket",
-            Limit::Interval { .. } => "interval",
-            Limit::Concurrency { .. } => "concurrency",
-            Limit::Points { .. } => "points",
+            Limit::FixedWindow { .. } => LimitType::FixedWindow,
+            Limit::SlidingWindow { .. } => LimitType::SlidingWindow,
+            Limit::TokenBucket { .. } => LimitType::TokenBucket,
+            Limit::LeakyBucket { .. } => LimitType::LeakyBucket,
+            Limit::Interval { .. } => LimitType::Interval,
+            Limit::Concurrency { .. } => LimitType::Concurrency,
+            Limit::Points { .. } => LimitType::Points,
         }
+    }
+
+    pub fn type_name(&self) -> &'static str {
+        self.kind().name()
     }
 }
 
@@ -137,9 +141,10 @@ pub(crate) struct RawLimit {
     reserve: Option<RawReserve>,
 }
 
-#[derive(Clone, Copy, serde::Deserialize)]
+/// The kind of a limit, its `type`. Its name and fields are in [`KINDS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum LimitType {
+pub enum LimitType {
     FixedWindow,
     SlidingWindow,
     TokenBucket,
@@ -147,6 +152,30 @@ enum LimitType {
     Interval,
     Concurrency,
     Points,
+}
+
+/// Each kind's name in a document and the fields it may have besides
+/// `type`, in [`LimitType`]'s order.
+const KINDS: [(&str, &[&str]); 7] = [
+    ("fixed_window", &["limit", "window"]),
+    ("sliding_window", &["limit", "window", "approximate"]),
+    ("token_bucket", &["rate", "per", "burst"]),
+    ("leaky_bucket", &["capacity", "drain"]),
+    ("interval", &["every"]),
+    ("concurrency", &["limit", "lease", "reserve"]),
+    ("points", &["capacity", "refill", "cost", "actual_cost_header"]),
+];
+
+impl LimitType {
+    /// Its name in a document: `fixed_window`, `token_bucket`, ...
+    pub fn name(self) -> &'static str {
+        KINDS[self as usize].0
+    }
+
+    /// The fields a limit of this kind may have besides `type`.
+    pub fn fields(self) -> &'static [&'static str] {
+        KINDS[self as usize].1
+    }
 }
 
 /// A number, or `{"header": NAME, "default": N}`.
@@ -207,15 +236,7 @@ impl RawLimit {
     }
 
     fn check(self) -> Result<Limit, String> {
-        let (name, allowed): (&str, &[&str]) = match self.kind {
-            LimitType::FixedWindow => ("fixed_window", &["limit", "window"]),
-            LimitType::SlidingWindow => ("sliding_window", &["limit", "window", "approximate"]),
-            LimitType::TokenBucket => ("token_bucket", &["rate", "per", "burst"]),
-            LimitType::LeakyBucket => ("leaky_bucket", &["capacity", "drain"]),
-            LimitType::Interval => ("interval", &["every"]),
-            LimitType::Concurrency => ("concurrency", &["limit", "lease", "reserve"]),
-            LimitType::Points => ("points", &["capacity", "refill", "cost", "actual_cost_header"]),
-        };
+        let (name, allowed) = (self.kind.name(), self.kind.fields());
         if let Some(extra) = self.given().into_iter().find(|f| !allowed.contains(f)) {
             return Err(format!(
                 "`{extra}` is not a field of a {name} limit (expected {})",
@@ -437,5 +458,20 @@ fn request_cost(cost: &Cost, capacity: u32, req: &impl Request) -> u32 {
 impl<'de> Deserialize<'de> for Limit {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         RawLimit::deserialize(d)?.check().map_err(de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Serde reads each kind by the name [`KINDS`] gives it.
+    #[test]
+    fn each_kind_parses_from_its_name() {
+        for (i, (name, _)) in KINDS.iter().enumerate() {
+            let kind: LimitType = serde_json::from_value(serde_json::json!(name)).expect("a kind");
+            assert_eq!(kind as usize, i, "{name}");
+            assert_eq!(kind.name(), *name);
+        }
     }
 }
