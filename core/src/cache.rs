@@ -31,7 +31,7 @@
 //! last writer wins, and either entry is a correct one.
 
 use sluice_policies::wire::{Check, CheckOutcome, WireLimit};
-use sluice_policies::{Limit, Policy};
+use sluice_policies::Policy;
 
 use crate::host::SharedData;
 
@@ -104,9 +104,8 @@ fn limits_cacheable(policy: &Policy, check: &Check, outcome: &CheckOutcome) -> O
         if out.allowed {
             continue;
         }
-        let refundable =
-            matches!(policy.limits.get(i), Some(Limit::Points { actual_cost_header: Some(_), .. }));
-        if matches!(wire, WireLimit::Concurrency { .. }) || refundable {
+        let refundable = policy.limits.get(i).is_some_and(|l| l.actual_cost_header().is_some());
+        if wire.lease_ms().is_some() || refundable {
             return None;
         }
         let wait = out.retry_after_ms.filter(|ms| *ms > 0)?;
@@ -146,23 +145,11 @@ const LIMIT_IDENTITY_MAX: usize = 1 + 4 + 8 + 4;
 /// little endian at its full width. Each type's length is fixed, so two
 /// lists of limits that differ in any field, type or order never encode alike.
 fn limit_identity(out: &mut Vec<u8>, limit: &WireLimit) {
-    let mut put = |tag: u8, a: u32, b: u64, c: u32| {
-        out.push(tag);
-        out.extend_from_slice(&a.to_le_bytes());
-        out.extend_from_slice(&b.to_le_bytes());
-        out.extend_from_slice(&c.to_le_bytes());
-    };
-    match *limit {
-        WireLimit::FixedWindow { limit, window_ms } => put(1, limit, window_ms, 0),
-        WireLimit::SlidingWindow { limit, window_ms, approximate } => {
-            put(2, limit, window_ms, u32::from(approximate))
-        }
-        WireLimit::TokenBucket { rate, per_ms, burst } => put(3, rate, per_ms, burst),
-        WireLimit::LeakyBucket { capacity, drain_ms } => put(4, capacity, drain_ms, 0),
-        WireLimit::Interval { every_ms } => put(5, 0, every_ms, 0),
-        WireLimit::Concurrency { limit, lease_ms } => put(6, limit, lease_ms, 0),
-        WireLimit::Points { capacity, refill_ms, cost } => put(7, capacity, refill_ms, cost),
-    }
+    let (kind, a, b, c) = limit.identity();
+    out.push(kind);
+    out.extend_from_slice(&a.to_le_bytes());
+    out.extend_from_slice(&b.to_le_bytes());
+    out.extend_from_slice(&c.to_le_bytes());
 }
 
 /// deadline (8 bytes, little endian), limit index (2 bytes), identity.

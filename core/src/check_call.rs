@@ -4,7 +4,7 @@
 //! to adjust).
 
 use sluice_policies::wire::{Adjustment, Check, CheckOutcome, CheckRequest, CheckResponse, WireLimit};
-use sluice_policies::{Document, Limit};
+use sluice_policies::Document;
 
 use crate::host::Host;
 
@@ -88,9 +88,7 @@ impl CheckCall {
     /// The policies of this call with a concurrency limit: those a release frees.
     pub fn concurrency_policies(&self, doc: &Document) -> Vec<usize> {
         let holds = |index: &usize| {
-            doc.policies
-                .get(*index)
-                .is_some_and(|p| p.limits.iter().any(|l| matches!(l, Limit::Concurrency { .. })))
+            doc.policies.get(*index).is_some_and(|p| p.limits.iter().any(|l| l.lease().is_some()))
         };
         self.policies.iter().copied().filter(holds).collect()
     }
@@ -101,7 +99,7 @@ impl CheckCall {
         self.policies
             .iter()
             .filter_map(|&i| doc.policies.get(i))
-            .any(|p| p.limits.iter().any(|l| matches!(l, Limit::Points { actual_cost_header: Some(_), .. })))
+            .any(|p| p.limits.iter().any(|l| l.actual_cost_header().is_some()))
     }
 
     /// The points corrections that the response's actual-cost headers call for.
@@ -111,14 +109,11 @@ impl CheckCall {
             let Some(policy) = doc.policies.get(*index) else { continue };
             let outcomes = self.charged.get(i).map(|c| c.limits.as_slice()).unwrap_or_default();
             for (j, (limit, wire)) in policy.limits.iter().zip(&check.limits).enumerate() {
-                let (
-                    Limit::Points { actual_cost_header: Some(header), capacity, .. },
-                    WireLimit::Points { .. },
-                ) = (limit, wire)
+                let (Some(header), WireLimit::Points { capacity, .. }) = (limit.actual_cost_header(), wire)
                 else {
                     continue;
                 };
-                if let Some(actual) = response_cost(host, header.as_str(), capacity.get()) {
+                if let Some(actual) = response_cost(host, header.as_str(), *capacity) {
                     out.push(Adjustment {
                         policy: check.policy.clone(),
                         key: check.key.clone(),

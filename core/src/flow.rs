@@ -873,11 +873,7 @@ fn shadow_note(policy: &str) -> String {
 /// the request's class out: the service is short of capacity (503), not the
 /// client over a quota.
 fn held_out_by_reserve(policy: &Policy, outcome: &CheckOutcome) -> bool {
-    policy
-        .limits
-        .iter()
-        .zip(&outcome.limits)
-        .any(|(limit, o)| !o.allowed && matches!(limit, Limit::Concurrency { reserve: Some(_), .. }))
+    policy.limits.iter().zip(&outcome.limits).any(|(limit, o)| !o.allowed && limit.reserve().is_some())
 }
 
 /// The occupancy of the pool of each admitted policy that sheds by it.

@@ -29,15 +29,7 @@ impl Live {
     /// Renewed for its shortest concurrency limit's lease; a request without
     /// one holds nothing to renew.
     pub fn hold(&mut self, request: RenewRequest, now_ms: u64) {
-        let shortest = request
-            .checks
-            .iter()
-            .flat_map(|c| &c.limits)
-            .filter_map(|l| match *l {
-                WireLimit::Concurrency { lease_ms, .. } => Some(lease_ms),
-                _ => None,
-            })
-            .min();
+        let shortest = request.checks.iter().flat_map(|c| &c.limits).filter_map(WireLimit::lease_ms).min();
         let Some(lease_ms) = shortest else { return };
         let every_ms = (lease_ms / RENEWALS_PER_LEASE).max(1);
         self.leases.insert(request.lease.clone(), Held { request, every_ms, due_ms: now_ms + every_ms });

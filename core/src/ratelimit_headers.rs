@@ -18,7 +18,7 @@
 //! the seconds until the limit frees capacity (for a denying limit, until it
 //! would admit the request).
 
-use sluice_policies::wire::LimitOutcome;
+use sluice_policies::wire::{LimitOutcome, WireLimit};
 use sluice_policies::Limit;
 
 /// The two header values.
@@ -47,8 +47,8 @@ impl RateLimitHeaders {
     pub fn of(name: &str, limit: &Limit, remaining: u64, wait_ms: u64) -> RateLimitHeaders {
         // Written piece by piece, not with `format!`: a denial from the
         // over-limit cache builds these on its every request.
-        let (q, window) = quota(limit);
-        let mut policy = item(name, "q", q);
+        let (q, window) = WireLimit::with_cost(limit, 1).quota();
+        let mut policy = item(name, "q", q.into());
         match window {
             Some(w_ms) => push_param(&mut policy, "w", secs(w_ms)),
             None => policy.push_str(";qu=\"concurrent-requests\""),
@@ -94,23 +94,6 @@ fn wait_ms(o: &LimitOutcome) -> u64 {
         o.reset_ms
     } else {
         o.reset_ms.max(o.retry_after_ms.unwrap_or(0))
-    }
-}
-
-/// The quota and the window in milliseconds (none for concurrency).
-fn quota(limit: &Limit) -> (u64, Option<u64>) {
-    match limit {
-        Limit::FixedWindow { limit, window } | Limit::SlidingWindow { limit, window, .. } => {
-            (limit.get().into(), Some(window.as_millis()))
-        }
-        Limit::TokenBucket { rate, per, burst } => {
-            let refill = per.as_millis().saturating_mul(burst.get().into()) / u64::from(rate.get());
-            (burst.get().into(), Some(refill))
-        }
-        Limit::LeakyBucket { capacity, drain } => (capacity.get().into(), Some(drain.as_millis())),
-        Limit::Interval { every } => (1, Some(every.as_millis())),
-        Limit::Concurrency { limit, .. } => (limit.get().into(), None),
-        Limit::Points { capacity, refill, .. } => (capacity.get().into(), Some(refill.as_millis())),
     }
 }
 

@@ -55,12 +55,12 @@ pub fn server_timing(existing: Option<&str>, waited_ms: u64) -> String {
 /// Whether a lease held `held_ms` outlived one of `policy`'s concurrency
 /// leases (an overage: its slot may have been reclaimed while in use).
 pub fn overran_lease(policy: &Policy, held_ms: u64) -> bool {
-    policy.limits.iter().any(|l| matches!(l, Limit::Concurrency { lease, .. } if held_ms > lease.as_millis()))
+    policy.limits.iter().filter_map(Limit::lease).any(|lease| held_ms > lease.as_millis())
 }
 
 /// Whether `policy` has a concurrency limit (its holds are timed).
 pub fn holds_leases(policy: &Policy) -> bool {
-    policy.limits.iter().any(|l| matches!(l, Limit::Concurrency { .. }))
+    policy.limits.iter().any(|l| l.lease().is_some())
 }
 
 #[cfg(test)]

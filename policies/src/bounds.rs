@@ -19,7 +19,7 @@ use crate::condition::PathCondition;
 use crate::key::MAX_PART_LEN;
 pub use crate::key::{MAX_KEY_LEN, MAX_KEY_SOURCES};
 use crate::wire::{AdjustRequest, Adjustment, Check, CheckRequest, WireLimit};
-use crate::{Limit, Policy};
+use crate::Policy;
 
 /// The most checks one request to the shim may carry: one per policy that
 /// applies, so also the most policies that may apply to one request.
@@ -128,11 +128,8 @@ fn worst_case_check(policy: &Policy) -> Check {
         .limits
         .iter()
         .map(|limit| {
-            let cost = match limit {
-                Limit::Points { capacity, .. } => capacity.get(),
-                _ => 1,
-            };
-            WireLimit::with_cost(limit, cost)
+            // A points limit at its largest cost, its capacity; no other kind has a cost.
+            WireLimit::with_cost(limit, WireLimit::with_cost(limit, 1).capacity())
         })
         .collect();
     Check { policy: policy.name.as_str().to_string(), key, limits, margin_ms: Some(u64::MAX), upstream: true }
@@ -141,11 +138,8 @@ fn worst_case_check(policy: &Policy) -> Check {
 /// The adjustments of `policy`'s points limits with an `actual_cost_header`, at their largest.
 fn worst_case_adjustments(policy: &Policy) -> Vec<Adjustment> {
     let check = worst_case_check(policy);
-    let adjusted = policy
-        .limits
-        .iter()
-        .zip(&check.limits)
-        .filter(|(limit, _)| matches!(limit, Limit::Points { actual_cost_header: Some(_), .. }));
+    let adjusted =
+        policy.limits.iter().zip(&check.limits).filter(|(limit, _)| limit.actual_cost_header().is_some());
     adjusted
         .map(|(_, wire)| Adjustment {
             policy: check.policy.clone(),

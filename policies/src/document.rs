@@ -332,8 +332,7 @@ impl<'de> Deserialize<'de> for Policy {
                     "`wait` cannot be used with an approximate sliding_window (limits[{i}]): its estimate cannot tell when a slot opens; use an exact one"
                 )));
             }
-            let reserved =
-                raw.limits.iter().position(|l| matches!(l, Limit::Concurrency { reserve: Some(_), .. }));
+            let reserved = raw.limits.iter().position(|l| l.reserve().is_some());
             if let Some(i) = reserved {
                 return Err(de::Error::custom(format!(
                     "`wait` cannot be used with a concurrency `reserve` (limits[{i}]): a freed slot goes to the oldest waiter, whatever its class; a reserve protects a service, refusing at once"
@@ -355,7 +354,7 @@ impl<'de> Deserialize<'de> for Policy {
                 ));
             }
             shed.controller.validate().map_err(|e| de::Error::custom(format!("shed.{e}")))?;
-            let pool = raw.limits.iter().any(|l| matches!(l, Limit::Concurrency { .. }));
+            let pool = raw.limits.iter().any(|l| l.lease().is_some());
             if shed.signal == crate::load::Signal::Pool && !pool {
                 return Err(de::Error::custom(
                     "shed.signal \"pool\" needs a concurrency limit in the policy",

@@ -67,6 +67,30 @@ impl Limit {
     pub fn type_name(&self) -> &'static str {
         self.kind().name()
     }
+
+    /// A `concurrency` limit's lease; none for the other kinds.
+    pub fn lease(&self) -> Option<Duration> {
+        match self {
+            Limit::Concurrency { lease, .. } => Some(*lease),
+            _ => None,
+        }
+    }
+
+    /// A `concurrency` limit's reserve, if it has one.
+    pub fn reserve(&self) -> Option<&PoolReserve> {
+        match self {
+            Limit::Concurrency { reserve, .. } => reserve.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// The response header a `points` limit reads its true cost from, if any.
+    pub fn actual_cost_header(&self) -> Option<&HeaderName> {
+        match self {
+            Limit::Points { actual_cost_header, .. } => actual_cost_header.as_ref(),
+            _ => None,
+        }
+    }
 }
 
 /// Slots of a `concurrency` pool held back for the more important classes
@@ -396,6 +420,124 @@ impl WireLimit {
             }
             Limit::Points { capacity, refill, .. } => {
                 WireLimit::Points { capacity: capacity.get(), refill_ms: refill.as_millis(), cost }
+            }
+        }
+    }
+
+    pub fn kind(&self) -> LimitType {
+        match self {
+            WireLimit::FixedWindow { .. } => LimitType::FixedWindow,
+            WireLimit::SlidingWindow { .. } => LimitType::SlidingWindow,
+            WireLimit::TokenBucket { .. } => LimitType::TokenBucket,
+            WireLimit::LeakyBucket { .. } => LimitType::LeakyBucket,
+            WireLimit::Interval { .. } => LimitType::Interval,
+            WireLimit::Concurrency { .. } => LimitType::Concurrency,
+            WireLimit::Points { .. } => LimitType::Points,
+        }
+    }
+
+    pub fn type_name(&self) -> &'static str {
+        self.kind().name()
+    }
+
+    /// What it holds at once: a window's or a pool's limit, a bucket's size.
+    pub fn capacity(&self) -> u32 {
+        match *self {
+            WireLimit::FixedWindow { limit, .. }
+            | WireLimit::SlidingWindow { limit, .. }
+            | WireLimit::Concurrency { limit, .. } => limit,
+            WireLimit::TokenBucket { burst, .. } => burst,
+            WireLimit::LeakyBucket { capacity, .. } | WireLimit::Points { capacity, .. } => capacity,
+            WireLimit::Interval { .. } => 1,
+        }
+    }
+
+    /// The quota and its window in milliseconds, as the RateLimit headers
+    /// tell them: its [capacity](Self::capacity) over its window, or the time
+    /// an empty bucket takes to fill; no window for concurrency.
+    pub fn quota(&self) -> (u32, Option<u64>) {
+        let window_ms = match *self {
+            WireLimit::FixedWindow { window_ms, .. } | WireLimit::SlidingWindow { window_ms, .. } => {
+                Some(window_ms)
+            }
+            WireLimit::TokenBucket { rate, per_ms, burst } => {
+                Some(per_ms.saturating_mul(burst.into()) / u64::from(rate.max(1)))
+            }
+            WireLimit::LeakyBucket { drain_ms, .. } => Some(drain_ms),
+            WireLimit::Interval { every_ms } => Some(every_ms),
+            WireLimit::Concurrency { .. } => None,
+            WireLimit::Points { refill_ms, .. } => Some(refill_ms),
+        };
+        (self.capacity(), window_ms)
+    }
+
+    /// A `concurrency` limit's lease in milliseconds; none for the other kinds.
+    pub fn lease_ms(&self) -> Option<u64> {
+        match *self {
+            WireLimit::Concurrency { lease_ms, .. } => Some(lease_ms),
+            _ => None,
+        }
+    }
+
+    /// A number for its kind, 1 to 7, and every field at its full width, 0
+    /// where the kind has none: two limits that differ in kind or in any
+    /// field never give the same numbers (the over-limit cache's identity).
+    pub fn identity(&self) -> (u8, u32, u64, u32) {
+        match *self {
+            WireLimit::FixedWindow { limit, window_ms } => (1, limit, window_ms, 0),
+            WireLimit::SlidingWindow { limit, window_ms, approximate } => {
+                (2, limit, window_ms, u32::from(approximate))
+            }
+            WireLimit::TokenBucket { rate, per_ms, burst } => (3, rate, per_ms, burst),
+            WireLimit::LeakyBucket { capacity, drain_ms } => (4, capacity, drain_ms, 0),
+            WireLimit::Interval { every_ms } => (5, 0, every_ms, 0),
+            WireLimit::Concurrency { limit, lease_ms } => (6, limit, lease_ms, 0),
+            WireLimit::Points { capacity, refill_ms, cost } => (7, capacity, refill_ms, cost),
+        }
+    }
+
+    /// Its type and numbers, durations in milliseconds, for a replay's
+    /// report: `fixed_window 100 per 60000ms`.
+    pub fn describe(&self) -> String {
+        match *self {
+            WireLimit::FixedWindow { limit, window_ms } => format!("fixed_window {limit} per {window_ms}ms"),
+            WireLimit::SlidingWindow { limit, window_ms, approximate } => {
+                let kind = if approximate { "approximate sliding_window" } else { "sliding_window" };
+                format!("{kind} {limit} per {window_ms}ms")
+            }
+            WireLimit::TokenBucket { rate, per_ms, burst } => {
+                format!("token_bucket {rate} per {per_ms}ms, burst {burst}")
+            }
+            WireLimit::LeakyBucket { capacity, drain_ms } => {
+                format!("leaky_bucket {capacity}, drained in {drain_ms}ms")
+            }
+            WireLimit::Interval { every_ms } => format!("interval {every_ms}ms"),
+            WireLimit::Concurrency { limit, lease_ms } => format!("concurrency {limit}, lease {lease_ms}ms"),
+            WireLimit::Points { capacity, refill_ms, .. } => format!("points {capacity} per {refill_ms}ms"),
+        }
+    }
+
+    /// Its numbers in words, without its type, durations shown by `show`
+    /// (given milliseconds), for the dashboard: `100 per 1m`.
+    pub fn summary(&self, show: impl Fn(u64) -> String) -> String {
+        match *self {
+            WireLimit::FixedWindow { limit, window_ms } => format!("{limit} per {}", show(window_ms)),
+            WireLimit::SlidingWindow { limit, window_ms, approximate } => {
+                let how = if approximate { " (approximate)" } else { "" };
+                format!("{limit} per {}{how}", show(window_ms))
+            }
+            WireLimit::TokenBucket { rate, per_ms, burst } => {
+                format!("{rate} per {}, burst {burst}", show(per_ms))
+            }
+            WireLimit::LeakyBucket { capacity, drain_ms } => {
+                format!("{capacity}, drains in {}", show(drain_ms))
+            }
+            WireLimit::Interval { every_ms } => format!("1 per {}", show(every_ms)),
+            WireLimit::Concurrency { limit, lease_ms } => {
+                format!("{limit} in flight, lease {}", show(lease_ms))
+            }
+            WireLimit::Points { capacity, refill_ms, .. } => {
+                format!("{capacity} points, refilled in {}", show(refill_ms))
             }
         }
     }

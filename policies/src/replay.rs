@@ -102,7 +102,12 @@ impl<'d> Replay<'d> {
                     .iter()
                     .map(|l| {
                         let wire = WireLimit::with_cost(l, 1);
-                        LimitReport { limit: describe(&wire), capacity: capacity(&wire), peak: 0, denied: 0 }
+                        LimitReport {
+                            limit: wire.describe(),
+                            capacity: wire.capacity().into(),
+                            peak: 0,
+                            denied: 0,
+                        }
                     })
                     .collect(),
                 ..PolicyReport::default()
@@ -227,36 +232,6 @@ impl<'d> Replay<'d> {
             report.busiest_keys = busiest;
         }
         self.reports
-    }
-}
-
-/// What a limit can hold at once.
-fn capacity(limit: &WireLimit) -> u64 {
-    u64::from(match *limit {
-        WireLimit::FixedWindow { limit, .. } | WireLimit::SlidingWindow { limit, .. } => limit,
-        WireLimit::TokenBucket { burst, .. } => burst,
-        WireLimit::LeakyBucket { capacity, .. } | WireLimit::Points { capacity, .. } => capacity,
-        WireLimit::Interval { .. } => 1,
-        WireLimit::Concurrency { limit, .. } => limit,
-    })
-}
-
-fn describe(limit: &WireLimit) -> String {
-    match *limit {
-        WireLimit::FixedWindow { limit, window_ms } => format!("fixed_window {limit} per {window_ms}ms"),
-        WireLimit::SlidingWindow { limit, window_ms, approximate } => {
-            let kind = if approximate { "approximate sliding_window" } else { "sliding_window" };
-            format!("{kind} {limit} per {window_ms}ms")
-        }
-        WireLimit::TokenBucket { rate, per_ms, burst } => {
-            format!("token_bucket {rate} per {per_ms}ms, burst {burst}")
-        }
-        WireLimit::LeakyBucket { capacity, drain_ms } => {
-            format!("leaky_bucket {capacity}, drained in {drain_ms}ms")
-        }
-        WireLimit::Interval { every_ms } => format!("interval {every_ms}ms"),
-        WireLimit::Concurrency { limit, lease_ms } => format!("concurrency {limit}, lease {lease_ms}ms"),
-        WireLimit::Points { capacity, refill_ms, .. } => format!("points {capacity} per {refill_ms}ms"),
     }
 }
 

@@ -87,7 +87,7 @@ pub fn check_wire(wait_ms: Option<u64>, margin_ms: Option<u64>) -> Result<(), St
 /// `concurrency` limit (alone, or with time-based limits: a mixed wait),
 /// not for several.
 pub fn can_wait<'l>(limits: impl IntoIterator<Item = &'l Limit>) -> bool {
-    limits.into_iter().filter(|limit| matches!(limit, Limit::Concurrency { .. })).count() <= 1
+    limits.into_iter().filter(|limit| limit.lease().is_some()).count() <= 1
 }
 
 fn show(ms: u64) -> String {
