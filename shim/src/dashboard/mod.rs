@@ -223,27 +223,5 @@ impl Dashboard {
 /// A limit in words, and its capacity.
 fn describe(limit: &WireLimit) -> LimitView {
     let t = |ms: u64| humantime::format_duration(std::time::Duration::from_millis(ms)).to_string();
-    let (kind, text, capacity) = match *limit {
-        WireLimit::FixedWindow { limit, window_ms } => {
-            ("fixed_window", format!("{limit} per {}", t(window_ms)), limit)
-        }
-        WireLimit::SlidingWindow { limit, window_ms, approximate } => {
-            let how = if approximate { " (approximate)" } else { "" };
-            ("sliding_window", format!("{limit} per {}{how}", t(window_ms)), limit)
-        }
-        WireLimit::TokenBucket { rate, per_ms, burst } => {
-            ("token_bucket", format!("{rate} per {}, burst {burst}", t(per_ms)), burst)
-        }
-        WireLimit::LeakyBucket { capacity, drain_ms } => {
-            ("leaky_bucket", format!("{capacity}, drains in {}", t(drain_ms)), capacity)
-        }
-        WireLimit::Interval { every_ms } => ("interval", format!("1 per {}", t(every_ms)), 1),
-        WireLimit::Concurrency { limit, lease_ms } => {
-            ("concurrency", format!("{limit} in flight, lease {}", t(lease_ms)), limit)
-        }
-        WireLimit::Points { capacity, refill_ms, .. } => {
-            ("points", format!("{capacity} points, refilled in {}", t(refill_ms)), capacity)
-        }
-    };
-    LimitView { kind, text, capacity: capacity.into() }
+    LimitView { kind: limit.type_name(), text: limit.summary(t), capacity: limit.capacity().into() }
 }
