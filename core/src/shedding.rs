@@ -1,5 +1,5 @@
 //! Load shedding in one worker (scenario S4d). The fleet's shed level lives
-//! in Redis: the shim runs the controller (`lua/shed.lua`) on every
+//! in Redis: the shim runs the controller (`lua/scripts/shed.lua`) on every
 //! gateway's reports. A worker averages the utilization its responses report
 //! per policy, and once a report period it sends the average (or, with no
 //! sample, asks only for the level) and keeps the level it gets back. Each

@@ -1,7 +1,7 @@
 //! Leased mode is exact: several gateways, each with its own pool
 //! (`sluice_core::leased`) and its own clock offset, lease tokens from one
 //! fixed window in the shim's model (`algorithm::lease`, the twin of
-//! `lua/lease.lua`), spend them, put some back after a refusal, give unused
+//! `lua/scripts/lease.lua`), spend them, put some back after a refusal, give unused
 //! ones back, and fall back to exact checks (`algorithm::check`) when empty.
 //! Lease calls run at the shim at any later moment, their answers arrive at
 //! any later moment, or never. Over any interleaving, what is admitted in

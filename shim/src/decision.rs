@@ -22,7 +22,7 @@ pub(crate) struct SlotReply {
     /// The time the script charged at, for a refund.
     pub now: i64,
     pub limits: Vec<LimitOutcome>,
-    /// The waiting path (`lua/reserve.lua`): the slot admitted at, in µs.
+    /// The waiting path (`lua/lib/reserve.lua`): the slot admitted at, in µs.
     pub at: Option<u64>,
 }
 
@@ -50,8 +50,8 @@ pub(crate) fn store_error(err: redis::RedisError) -> CheckError {
     CheckError::Store(format!("redis: {err}"))
 }
 
-/// Reads the check script's flat reply (see `lua/check.lua`). A retry of -1 is
-/// unknown; a held_until of 0 is none. The waiting path (`lua/reserve.lua`)
+/// Reads the check script's flat reply (see `lua/scripts/check.lua`). A retry of -1 is
+/// unknown; a held_until of 0 is none. The waiting path (`lua/lib/reserve.lua`)
 /// adds one number: the slot it admitted the request at, 0 when denied.
 pub(crate) fn decode(limits: usize, reply: &[i64]) -> Option<SlotReply> {
     let (head, rest) = reply.split_at_checked(3)?;

@@ -57,7 +57,7 @@ pub fn script_limits(checks: &[Check]) -> Result<Vec<ScriptLimit>, String> {
     }
     // The partner's pauses come after every limit, in the checks' order
     // (`limiter::by_check` reads them there), then the rates its refusals
-    // taught, which scale the limits of their check (`lua/rate.lua`).
+    // taught, which scale the limits of their check (`lua/lib/rate.lua`).
     for algorithm in [Algorithm::Pause, Algorithm::Rate] {
         for check in checks.iter().filter(|c| c.upstream) {
             let tag = tag(&check.policy, &check.key)?;

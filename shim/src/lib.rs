@@ -25,7 +25,7 @@
 //!
 //! **Redis**: the store and the scripts run on it.
 //! - [`store`]: [`store::RedisClient`], one Redis server or a Redis Cluster.
-//! - [`shed`]: the utilization shedder's fleet-wide state (`lua/shed.lua`).
+//! - [`shed`]: the utilization shedder's fleet-wide state (`lua/scripts/shed.lua`).
 //! - [`scripts`]: the Lua scripts, assembled from `lua/`.
 //!
 //! **Observing**: what the shim counts.

@@ -4,7 +4,7 @@
 //! On one Redis server every limit of a request goes into one call. On a
 //! cluster, the checks are grouped by the slot of their hash tag, one call
 //! per slot. If any slot denies, the slots that admitted are refunded
-//! (`lua/refund.lua`): reserve-then-refund. While a reservation stands, other
+//! (`lua/scripts/refund.lua`): reserve-then-refund. While a reservation stands, other
 //! requests see it, so the race can under-admit for that moment; it never
 //! over-admits.
 
@@ -35,7 +35,7 @@ pub struct Limiter {
     /// Egress waiting's share of the shim (the same store, scripts and
     /// metrics, with the wake-ups, timers and holds).
     waiting: Waiting,
-    /// The load shedder's fleet-wide controller (`lua/shed.lua`).
+    /// The load shedder's fleet-wide controller (`lua/scripts/shed.lua`).
     shed: Arc<crate::shed::ShedScript>,
     /// What `GET /metrics` shows; the store and the wake-ups count in it too.
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
@@ -332,7 +332,7 @@ impl Limiter {
     }
 
     /// Leased mode: takes back a gateway's unused tokens, then grants it up
-    /// to `want` more of the window (`lua/lease.lua`), in one atomic call.
+    /// to `want` more of the window (`lua/scripts/lease.lua`), in one atomic call.
     pub async fn lease(&self, req: &LeaseRequest) -> Result<LeaseResponse, CheckError> {
         let limit = lease_key(req).map_err(CheckError::BadRequest)?;
         let now = self.time_arg(req.now_us)?;

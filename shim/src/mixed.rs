@@ -1,13 +1,13 @@
 //! Egress waiting on a concurrency limit together with time-based limits,
 //! in an order that never holds one slot idle while waiting for another:
 //!
-//! 1. reserve the time slots (FCFS, `lua/reserve.lua`) without taking the
+//! 1. reserve the time slots (FCFS, `lua/lib/reserve.lua`) without taking the
 //!    concurrency slot; a time slot beyond the wait is refused at once;
 //! 2. at the time slot, take the concurrency slot if it is free and nobody
-//!    waits (`lua/take.lua`); if not, give back the time reservation where
+//!    waits (`lua/scripts/take.lua`); if not, give back the time reservation where
 //!    provably safe and queue for the concurrency slot, time limits attached;
 //! 3. a hand-over re-checks the time limits in the same atomic call
-//!    (`lua/queue.lua`): admissible now, they are charged and the slot is
+//!    (`lua/lib/queue.lua`): admissible now, they are charged and the slot is
 //!    ours; otherwise our time slot t' is reserved, the concurrency slot
 //!    passes on to the next waiter, and we go back to 2 at t'.
 //!
@@ -25,7 +25,7 @@ use crate::queue::{args, AcquireReply, Leave};
 use crate::wait::Waiting;
 use crate::wait::{margins, reserve, Cancel};
 
-/// The time limits as `lua/slots.lua` reads them from a waiter's record.
+/// The time limits as `lua/lib/slots.lua` reads them from a waiter's record.
 fn specs(time: &[ScriptLimit], margins: &[u64]) -> String {
     let mut out = Vec::new();
     for (limit, margin) in time.iter().zip(margins) {
@@ -35,7 +35,7 @@ fn specs(time: &[ScriptLimit], margins: &[u64]) -> String {
     out.join(" ")
 }
 
-/// One call of `lua/take.lua`; also the differential test's.
+/// One call of `lua/scripts/take.lua`; also the differential test's.
 #[allow(clippy::too_many_arguments)]
 pub async fn take(
     waiting: &Waiting,

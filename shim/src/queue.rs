@@ -1,12 +1,12 @@
 //! Egress waiting on a concurrency limit: the request joins the fleet-wide
-//! FCFS queue in Redis (`lua/acquire.lua`) and waits, without polling, for a
+//! FCFS queue in Redis (`lua/scripts/acquire.lua`) and waits, without polling, for a
 //! release or reclaim to hand it a slot and wake it by pub/sub (`wakeups`).
 //!
 //! - On its deadline, or if its client goes away (the handler's future is
-//!   dropped), it leaves the queue in one atomic call (`lua/leave.lua`); a
+//!   dropped), it leaves the queue in one atomic call (`lua/scripts/leave.lua`); a
 //!   slot handed to it meanwhile passes on to the next waiter.
 //! - While it waits, the shim arms one timer per lease set at the soonest
-//!   lease expiry it was told about and then reclaims (`lua/reclaim.lua`), so
+//!   lease expiry it was told about and then reclaims (`lua/scripts/reclaim.lua`), so
 //!   a crashed holder's slot reaches the queue without new traffic.
 //! - A wait that times out is answered allowed=false, retry unknown (None).
 
@@ -22,7 +22,7 @@ use crate::scripts::Scripts;
 use crate::store::RedisClient;
 use crate::wait::Waiting;
 
-/// What `lua/acquire.lua` answered: the reference model's own type, as the
+/// What `lua/scripts/acquire.lua` answered: the reference model's own type, as the
 /// script mirrors the model (`sluice_policies::algorithm::queue::acquire`).
 /// A `soonest` of `None` needs no timer.
 pub use sluice_policies::algorithm::queue::AcquireReply;
@@ -34,7 +34,7 @@ pub(crate) fn args(limit: &ScriptLimit) -> (u64, u64) {
     }
 }
 
-/// One call of `lua/acquire.lua`; also (test mode) the differential test's.
+/// One call of `lua/scripts/acquire.lua`; also (test mode) the differential test's.
 pub async fn acquire(
     waiting: &Waiting,
     limit: &ScriptLimit,
@@ -58,7 +58,7 @@ pub async fn acquire(
     })
 }
 
-/// `lua/leave.lua` for request `id`, for tests.
+/// `lua/scripts/leave.lua` for request `id`, for tests.
 pub async fn leave_now(
     waiting: &Waiting,
     limit: &ScriptLimit,
@@ -68,7 +68,7 @@ pub async fn leave_now(
     leave(&waiting.store, &waiting.scripts, limit, now, id).await
 }
 
-/// `lua/reclaim.lua`, for tests: (reclaimed, µs until the next timer).
+/// `lua/scripts/reclaim.lua`, for tests: (reclaimed, µs until the next timer).
 pub async fn reclaim_now(
     waiting: &Waiting,
     limit: &ScriptLimit,
@@ -77,7 +77,7 @@ pub async fn reclaim_now(
     reclaim(&waiting.store, &waiting.scripts, limit, now).await
 }
 
-/// One call of `lua/leave.lua`: 1 left the queue, 2 passed a slot on, 0 neither.
+/// One call of `lua/scripts/leave.lua`: 1 left the queue, 2 passed a slot on, 0 neither.
 async fn leave(
     store: &RedisClient,
     scripts: &Scripts,
@@ -91,7 +91,7 @@ async fn leave(
     store.invoke(&call).await.map_err(store_error)
 }
 
-/// One call of `lua/reclaim.lua`: (reclaimed, µs until the next timer).
+/// One call of `lua/scripts/reclaim.lua`: (reclaimed, µs until the next timer).
 async fn reclaim(
     store: &RedisClient,
     scripts: &Scripts,

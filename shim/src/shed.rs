@@ -1,5 +1,5 @@
 //! The utilization shedder's shared state: every gateway reports the
-//! utilization it sees, and `lua/shed.lua` runs the controller
+//! utilization it sees, and `lua/scripts/shed.lua` runs the controller
 //! (`sluice_policies::shed`, its Rust twin) on one hash per policy, so every
 //! gateway and worker reads back the same level and sheds the same fraction.
 

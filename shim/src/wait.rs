@@ -1,7 +1,7 @@
 //! Egress waiting: a check with `wait_ms` is held instead of denied.
 //!
-//! Time-based limits are reserved in one atomic call (`lua/reserve.lua`, the
-//! waiting path of `lua/check.lua`): the script finds the earliest slot at
+//! Time-based limits are reserved in one atomic call (`lua/lib/reserve.lua`, the
+//! waiting path of `lua/scripts/check.lua`): the script finds the earliest slot at
 //! which every limit admits the request and charges them all there, or, if
 //! that slot is further away than the wait, charges nothing and says how far
 //! it is. The shim then sleeps for the delay the script computed on Redis's
@@ -10,11 +10,11 @@
 //!
 //! If the client goes away while the answer is held (Envoy resets the h2
 //! stream and hyper drops the handler's future), a drop guard spawns
-//! `lua/cancel.lua`, which gives back only what is provably safe.
+//! `lua/scripts/cancel.lua`, which gives back only what is provably safe.
 //!
 //! A request of a policy that reads upstream feedback may have reserved its
 //! slot before the partner paused the key. At its slot it checks the pause
-//! (`lua/paused.lua`); if the key is paused, it gives the slot back and
+//! (`lua/scripts/paused.lua`); if the key is paused, it gives the slot back and
 //! reserves again, from the pause's end, within what is left of its wait.
 //!
 //! Approximate windows keep no per-request state, so they cannot reserve; a
@@ -167,7 +167,7 @@ pub(crate) async fn check(
     }
 }
 
-/// How much longer the partner's pauses hold, in µs (`lua/paused.lua`).
+/// How much longer the partner's pauses hold, in µs (`lua/scripts/paused.lua`).
 async fn paused_for(waiting: &Waiting, pauses: &[&ScriptLimit], now: &str) -> Result<u64, CheckError> {
     let mut call = waiting.scripts.paused.prepare_invoke();
     call.arg(now);
@@ -387,7 +387,7 @@ impl Drop for Cancel {
     }
 }
 
-/// Runs `lua/cancel.lua` for a reservation now, for tests: what the drop
+/// Runs `lua/scripts/cancel.lua` for a reservation now, for tests: what the drop
 /// guard does when the client goes away.
 pub async fn cancel(
     waiting: &Waiting,

@@ -2,12 +2,12 @@
 //! subscriber per shim, on the shim's own channel `sluice:wake:<nonce>`.
 //!
 //! A release or reclaim that hands a slot to a waiter PUBLISHes the waiter's
-//! id on its shim's channel in the same atomic call (`lua/queue.lua`); the
+//! id on its shim's channel in the same atomic call (`lua/lib/queue.lua`); the
 //! subscriber routes it to the waiting task by id. A waiter registers before
 //! it queues, so a wake-up that races its own queueing reply is not lost.
 //! The subscriber starts on the first wait (the shim starts while Redis is
 //! down) and reconnects by itself; a wake-up lost while it reconnects is
-//! covered by the waiter's deadline (`lua/leave.lua` passes the slot on).
+//! covered by the waiter's deadline (`lua/scripts/leave.lua` passes the slot on).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Once};

@@ -946,7 +946,7 @@ fn run_lease_case(w: &World, limit: u32, window_ms: u64, ops: Vec<LeaseOp>) -> R
     Ok(())
 }
 
-/// Leased mode: `lua/lease.lua` grants and takes back exactly as the model,
+/// Leased mode: `lua/scripts/lease.lua` grants and takes back exactly as the model,
 /// interleaved with the window's exact checks, around window boundaries,
 /// with give-backs to now's window and to the one before.
 #[test]

@@ -1,5 +1,5 @@
-//! Upstream feedback in the scripts (`lua/upstream.lua` records a pause and
-//! lowers the rate, `lua/pause.lua` and `lua/rate.lua` are what every check
+//! Upstream feedback in the scripts (`lua/scripts/upstream.lua` records a pause and
+//! lowers the rate, `lua/lib/pause.lua` and `lua/lib/rate.lua` are what every check
 //! sees) against their Rust twins, `algorithm::pause` and `algorithm::rate`,
 //! on a real redis-server: the same decisions, waits and slots over random
 //! traffic; and the properties judged on true outcomes: a pause only ever

@@ -1,4 +1,4 @@
-//! `lua/shed.lua` against its Rust twin, `sluice_policies::shed::Shedder`,
+//! `lua/scripts/shed.lua` against its Rust twin, `sluice_policies::shed::Shedder`,
 //! on a real redis-server: the same level, to the last bit, after every
 //! report of random traffic; and one level for a fleet of reporters.
 
