@@ -34,7 +34,8 @@ pub enum Limit {
     SlidingWindow {
         limit: Count,
         window: Duration,
-        #[cfg_attr(feature = "schema", schemars(default))]
+        // The parser takes `null` as false too, so the schema does.
+        #[cfg_attr(feature = "schema", schemars(default, with = "Option<bool>"))]
         approximate: bool,
     },
     /// `rate` tokens refill every `per`; the bucket holds at most `burst`.
