@@ -9,7 +9,7 @@ use sluice_core::{CallId, Effect, Flow};
 
 use crate::host::{HostRequest, ProxyHost};
 use crate::perform::{answer, perform, Calls};
-use crate::root::Vm;
+use crate::vm::Vm;
 
 pub struct Filter {
     vm: Rc<Vm>,

@@ -13,6 +13,7 @@
 //!   resumptions, response headers, stats.
 //! - `host`: the request, shared data, the clock and the response headers,
 //!   over host calls.
+//! - `vm`: what one VM shares between its requests: the worker, the stats.
 //! - `stats`: the Envoy stats, one per name `sluice_core::stats` gives.
 
 #[cfg(target_arch = "wasm32")]
@@ -25,6 +26,8 @@ mod perform;
 mod root;
 #[cfg(target_arch = "wasm32")]
 mod stats;
+#[cfg(target_arch = "wasm32")]
+mod vm;
 
 #[cfg(target_arch = "wasm32")]
 proxy_wasm::main! {{

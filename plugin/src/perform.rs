@@ -59,7 +59,9 @@ pub fn perform(effects: Vec<Effect>, cluster: &str, stats: &Stats, calls: &mut i
                 }
             }
             Effect::SetResponseHeader { name, value } => {
-                if let Err(status) = hostcalls::set_map_value(MapType::HttpResponseHeaders, name, Some(&value)) {
+                if let Err(status) =
+                    hostcalls::set_map_value(MapType::HttpResponseHeaders, name, Some(&value))
+                {
                     log::debug!("cannot set {name}: {status:?}");
                 }
             }

@@ -17,16 +17,11 @@ use crate::filter::Filter;
 use crate::host::ProxyHost;
 use crate::perform::{answer, perform, Calls};
 use crate::stats::Stats;
+use crate::vm::Vm;
 
 /// How often queued releases and adjustments go out: the most a release
 /// waits after its stream ends.
 const TICK: Duration = Duration::from_millis(20);
-
-/// What one VM (one Envoy worker) shares between its requests.
-pub struct Vm {
-    pub worker: Rc<Worker>,
-    pub stats: Stats,
-}
 
 pub struct SluiceRoot {
     vm: Option<Rc<Vm>>,

@@ -28,7 +28,9 @@ impl Stats {
             .iter()
             .map(|p| {
                 let defined = |s: &PolicyStat| {
-                    s.applies(p).then(|| metric(s.kind(), &format!("sluice.{}.{}", p.name, s.name()))).flatten()
+                    s.applies(p)
+                        .then(|| metric(s.kind(), &format!("sluice.{}.{}", p.name, s.name())))
+                        .flatten()
                 };
                 PolicyStat::ALL.iter().map(defined).collect()
             })
@@ -38,11 +40,13 @@ impl Stats {
             .0
             .iter()
             .map(|c| {
-                let defined = |s: &ClassStat| metric(s.kind(), &format!("sluice.class.{}.{}", c.name, s.name()));
+                let defined =
+                    |s: &ClassStat| metric(s.kind(), &format!("sluice.class.{}.{}", c.name, s.name()));
                 ClassStat::ALL.iter().map(defined).collect()
             })
             .collect();
-        let filter = FilterStat::ALL.iter().map(|s| metric(s.kind(), &format!("sluice.{}", s.name()))).collect();
+        let filter =
+            FilterStat::ALL.iter().map(|s| metric(s.kind(), &format!("sluice.{}", s.name()))).collect();
         Stats { policies, classes, filter }
     }
 

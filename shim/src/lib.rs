@@ -18,10 +18,8 @@
 //!   (rendered by the crate `sluice-envoy-config`).
 //!
 //! **Waiting**: egress waiting, given a [`wait::Waiting`] by the limiter.
-//! - [`wait`]: reserve a slot, hold the answer until it, cancel; the handles.
-//! - [`mixed`]: waiting on a concurrency slot and time slots together.
-//! - [`queue`]: waiting on a concurrency slot: the FCFS queue, hand-over, timers.
-//! - [`wakeups`]: the shim's one pub/sub subscriber that wakes queued requests.
+//! - [`wait`]: hold a check until its slot: time slots, the FCFS queue for a
+//!   concurrency slot, both together, and the wake-ups (its own layout).
 //!
 //! **Redis**: the store and the scripts run on it.
 //! - [`store`]: [`store::RedisClient`], one Redis server or a Redis Cluster.
@@ -43,8 +41,6 @@ pub mod envoy_config;
 pub mod keys;
 pub mod limiter;
 pub mod metrics;
-pub mod mixed;
-pub mod queue;
 pub mod scripts;
 pub mod server;
 pub mod shed;
@@ -53,4 +49,3 @@ pub mod store;
 pub mod tls;
 pub mod validate;
 pub mod wait;
-pub mod wakeups;

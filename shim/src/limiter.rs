@@ -66,7 +66,7 @@ impl Limiter {
             store: store.clone(),
             scripts: scripts.clone(),
             wakeups: Arc::new(
-                crate::wakeups::Wakeups::new(url, nonce).with_ca(how.ca.clone()).counting(&metrics),
+                crate::wait::wakeups::Wakeups::new(url, nonce).with_ca(how.ca.clone()).counting(&metrics),
             ),
             timers: Arc::default(),
             held: Arc::default(),

@@ -27,7 +27,7 @@ use sluice_policies::wire::{
 use sluice_shim::keys::script_limits;
 use sluice_shim::limiter::Limiter;
 use sluice_shim::store::Target;
-use sluice_shim::{mixed, queue, wait};
+use sluice_shim::wait::{self, mixed, queue};
 
 struct World {
     redis: Redis,

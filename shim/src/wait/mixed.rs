@@ -12,18 +12,18 @@
 //!    passes on to the next waiter, and we go back to 2 at t'.
 //!
 //! Everything is bounded by the wait; cancellation and timeouts give back
-//! what the current step holds (`wait::Cancel`, `queue::Leave`).
+//! what the current step holds (`time::Cancel`, `queue::Leave`).
 
 use std::time::{Duration, Instant};
 
 use sluice_policies::algorithm::Algorithm;
 use sluice_policies::wire::{CheckRequest, CheckResponse, LimitOutcome};
 
+use super::context::{margins, Waiting};
+use super::queue::{args, AcquireReply, Leave};
+use super::time::{reserve, Cancel};
 use crate::decision::{by_check, store_error, CheckError};
 use crate::keys::ScriptLimit;
-use crate::queue::{args, AcquireReply, Leave};
-use crate::wait::Waiting;
-use crate::wait::{margins, reserve, Cancel};
 
 /// The time limits as `lua/lib/slots.lua` reads them from a waiter's record.
 fn specs(time: &[ScriptLimit], margins: &[u64]) -> String {

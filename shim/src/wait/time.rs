@@ -1,24 +1,20 @@
-//! Egress waiting: a check with `wait_ms` is held instead of denied.
-//!
-//! Time-based limits are reserved in one atomic call (`lua/lib/reserve.lua`, the
-//! waiting path of `lua/scripts/check.lua`): the script finds the earliest slot at
-//! which every limit admits the request and charges them all there, or, if
-//! that slot is further away than the wait, charges nothing and says how far
-//! it is. The shim then sleeps for the delay the script computed on Redis's
-//! clock (never its own view of the slot) and answers allowed, with no second
-//! Redis call.
+//! Waiting on time-based limits: one atomic call (`lua/lib/reserve.lua`, the
+//! waiting path of `lua/scripts/check.lua`) finds the earliest slot at which
+//! every limit admits the request and charges them all there, or, if that
+//! slot is further away than the wait, charges nothing and says how far it
+//! is. The shim then sleeps for the delay the script computed on Redis's
+//! clock (never its own view of the slot) and answers allowed, with no
+//! second Redis call.
 //!
 //! If the client goes away while the answer is held (Envoy resets the h2
-//! stream and hyper drops the handler's future), a drop guard spawns
-//! `lua/scripts/cancel.lua`, which gives back only what is provably safe.
+//! stream and hyper drops the handler's future), a drop guard ([`Cancel`])
+//! spawns `lua/scripts/cancel.lua`, which gives back only what is provably
+//! safe.
 //!
 //! A request of a policy that reads upstream feedback may have reserved its
 //! slot before the partner paused the key. At its slot it checks the pause
-//! (`lua/scripts/paused.lua`); if the key is paused, it gives the slot back and
-//! reserves again, from the pause's end, within what is left of its wait.
-//!
-//! Approximate windows keep no per-request state, so they cannot reserve; a
-//! waiting request holding one is refused (400).
+//! (`lua/scripts/paused.lua`); if the key is paused, it gives the slot back
+//! and reserves again, from the pause's end, within what is left of its wait.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,78 +22,13 @@ use std::time::{Duration, Instant};
 use sluice_policies::algorithm::Algorithm;
 use sluice_policies::wire::{CheckRequest, CheckResponse};
 
+use super::context::{margins, refuse_unsupported, Waiting};
 use crate::decision::{by_check, decode, store_error, CheckError, SlotReply};
 use crate::keys::ScriptLimit;
-use crate::metrics::Metrics;
-use crate::queue::Timers;
 use crate::scripts::Scripts;
 use crate::store::RedisClient;
-use crate::wakeups::Wakeups;
 
-/// What egress waiting needs of the shim, handed to it by the limiter that
-/// holds it: Redis and its scripts, the wake-up subscriber, the queue's
-/// timers, the requests held for a time slot, the metrics, and the time mode.
-#[derive(Clone)]
-pub struct Waiting {
-    pub(crate) store: Arc<RedisClient>,
-    pub(crate) scripts: Arc<Scripts>,
-    /// The shim's one pub/sub subscriber, for waiters on concurrency slots.
-    pub(crate) wakeups: Arc<Wakeups>,
-    pub(crate) timers: Arc<Timers>,
-    /// Requests held until their time slot, by id: a release for the id
-    /// (the filter's, when the client goes away) ends the hold at once.
-    pub(crate) held: Arc<Held>,
-    pub(crate) metrics: Arc<Metrics>,
-    /// Whether a request's `now_us` is honoured (`--test-time`).
-    pub(crate) test_time: bool,
-}
-
-impl Waiting {
-    /// The script's time argument: empty for Redis TIME.
-    pub(crate) fn time_arg(&self, now_us: Option<u64>) -> Result<String, CheckError> {
-        match (now_us, self.test_time) {
-            (None, _) => Ok(String::new()),
-            (Some(now), true) => Ok(now.to_string()),
-            (Some(_), false) => {
-                Err(CheckError::BadRequest("now_us is honoured only with --test-time".into()))
-            }
-        }
-    }
-}
-
-/// The longest a request may be held: a day, far beyond any sane wait, and
-/// short enough that deadlines never overflow.
-pub const MAX_WAIT_MS: u64 = 86_400_000;
-
-/// Refuses what waiting cannot do: a wait beyond [`MAX_WAIT_MS`], approximate windows, and more than one
-/// concurrency limit (one queue per request).
-pub(crate) fn refuse_unsupported(limits: &[ScriptLimit], wait_us: u64) -> Result<(), String> {
-    if wait_us > MAX_WAIT_MS * 1000 {
-        return Err(format!("wait_ms: at most {MAX_WAIT_MS} (a day)"));
-    }
-    if limits.iter().any(|l| matches!(l.algorithm, Algorithm::SlidingApprox { .. })) {
-        return Err("wait_ms: an approximate sliding window cannot wait (it keeps no per-request \
-                    state to reserve a slot in); use an exact sliding_window"
-            .into());
-    }
-    let leases = limits.iter().filter(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })).count();
-    if leases > 1 {
-        return Err("wait_ms: a request can wait on one concurrency limit, not several".into());
-    }
-    Ok(())
-}
-
-/// The margin of each limit, in µs: its check's `margin_ms`.
-pub(crate) fn margins(req: &CheckRequest<'_>) -> Vec<u64> {
-    req.checks
-        .iter()
-        .flat_map(|c| std::iter::repeat_n(c.margin_ms.unwrap_or(0).saturating_mul(1000), c.limits.len()))
-        // The partner's pauses and rates, after every limit (`keys::script_limits`), have none.
-        .chain(req.checks.iter().filter(|c| c.upstream).flat_map(|_| [0, 0]))
-        .collect()
-}
-
-/// A waiting check on one Redis slot: reserve, hold, answer.
+/// A waiting check on time-based limits only: reserve, hold, answer.
 pub(crate) async fn check(
     waiting: &Waiting,
     req: &CheckRequest<'_>,
@@ -106,12 +37,6 @@ pub(crate) async fn check(
     now: &str,
     wait_us: u64,
 ) -> Result<CheckResponse, CheckError> {
-    if let [limit @ ScriptLimit { algorithm: Algorithm::Concurrency { .. }, .. }] = limits {
-        return crate::queue::check(waiting, req, limit, id, now, wait_us).await;
-    }
-    if limits.iter().any(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })) {
-        return crate::mixed::check(waiting, req, limits, id, now, wait_us).await;
-    }
     let pauses: Vec<&ScriptLimit> =
         limits.iter().filter(|l| matches!(l.algorithm, Algorithm::Pause)).collect();
     let started = Instant::now();
@@ -178,44 +103,6 @@ async fn paused_for(waiting: &Waiting, pauses: &[&ScriptLimit], now: &str) -> Re
     Ok(u64::try_from(left).unwrap_or(0))
 }
 
-/// The requests a shim holds for their time slots, by id.
-#[derive(Default)]
-pub struct Held(std::sync::Mutex<std::collections::HashMap<String, tokio::sync::oneshot::Sender<()>>>);
-
-/// One held request's registration; dropping it forgets the id.
-pub(crate) struct Holding<'a> {
-    held: &'a Held,
-    id: String,
-    pub(crate) released: tokio::sync::oneshot::Receiver<()>,
-}
-
-impl Held {
-    fn map(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, tokio::sync::oneshot::Sender<()>>> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    pub(crate) fn hold(&self, id: &str) -> Holding<'_> {
-        let (tx, released) = tokio::sync::oneshot::channel();
-        self.map().insert(id.to_string(), tx);
-        Holding { held: self, id: id.to_string(), released }
-    }
-
-    /// Ends the hold of request `id`, if this shim holds it.
-    pub(crate) fn cancel(&self, id: &str) {
-        if let Some(tx) = self.map().remove(id) {
-            let _ = tx.send(());
-        }
-    }
-}
-
-impl Drop for Holding<'_> {
-    fn drop(&mut self) {
-        self.held.map().remove(&self.id);
-    }
-}
-
 fn ceil_ms(d: Duration) -> u64 {
     u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
 }
@@ -278,8 +165,8 @@ pub(crate) async fn reserve(
 
 /// Gives a held reservation back if dropped while armed: the client went away.
 pub(crate) struct Cancel {
-    store: std::sync::Arc<RedisClient>,
-    scripts: std::sync::Arc<Scripts>,
+    store: Arc<RedisClient>,
+    scripts: Arc<Scripts>,
     id: String,
     at: u64,
     limits: Vec<ScriptLimit>,
@@ -320,8 +207,8 @@ impl Cancel {
 
 /// What the cancel script needs, owned, so that it can run after the guard.
 struct GiveBack {
-    store: std::sync::Arc<RedisClient>,
-    scripts: std::sync::Arc<Scripts>,
+    store: Arc<RedisClient>,
+    scripts: Arc<Scripts>,
     now: String,
     id: String,
     at: u64,

@@ -1,6 +1,6 @@
 //! Egress waiting on a concurrency limit: the request joins the fleet-wide
 //! FCFS queue in Redis (`lua/scripts/acquire.lua`) and waits, without polling, for a
-//! release or reclaim to hand it a slot and wake it by pub/sub (`wakeups`).
+//! release or reclaim to hand it a slot and wake it by pub/sub ([`super::wakeups`]).
 //!
 //! - On its deadline, or if its client goes away (the handler's future is
 //!   dropped), it leaves the queue in one atomic call (`lua/scripts/leave.lua`); a
@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use sluice_policies::algorithm::Algorithm;
 use sluice_policies::wire::{CheckOutcome, CheckRequest, CheckResponse, LimitOutcome};
 
+use super::context::{Timers, Waiting};
 use crate::decision::{store_error, CheckError};
 use crate::keys::ScriptLimit;
 use crate::scripts::Scripts;
 use crate::store::RedisClient;
-use crate::wait::Waiting;
 
 /// What `lua/scripts/acquire.lua` answered: the reference model's own type, as the
 /// script mirrors the model (`sluice_policies::algorithm::queue::acquire`).
@@ -229,14 +229,9 @@ impl Drop for Leave {
     }
 }
 
-/// One reclaim timer per lease set, at the soonest lease expiry a waiter was
-/// told about.
-#[derive(Default)]
-pub struct Timers {
-    armed: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
-}
-
 impl Timers {
+    /// Arms the reclaim timer of `limit`'s lease set `after` from now, unless
+    /// one is armed sooner.
     pub(crate) fn arm(&self, waiting: &Waiting, limit: &ScriptLimit, after: Duration) {
         // A millisecond past the expiry: the lease is live while now < expiry.
         let at = Instant::now() + after + Duration::from_millis(1);

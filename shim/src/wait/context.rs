@@ -1,0 +1,125 @@
+//! What every waiting path shares: the [`Waiting`] context the limiter
+//! hands over (Redis, its scripts, the wake-ups, the timers, the held
+//! requests), the requests held for a time slot ([`Held`]), what waiting
+//! refuses, and each limit's margin.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use sluice_policies::algorithm::Algorithm;
+use sluice_policies::wire::CheckRequest;
+
+use super::wakeups::Wakeups;
+use crate::decision::CheckError;
+use crate::keys::ScriptLimit;
+use crate::metrics::Metrics;
+use crate::scripts::Scripts;
+use crate::store::RedisClient;
+
+/// What egress waiting needs of the shim, handed to it by the limiter that
+/// holds it: Redis and its scripts, the wake-up subscriber, the queue's
+/// timers, the requests held for a time slot, the metrics, and the time mode.
+#[derive(Clone)]
+pub struct Waiting {
+    pub(crate) store: Arc<RedisClient>,
+    pub(crate) scripts: Arc<Scripts>,
+    /// The shim's one pub/sub subscriber, for waiters on concurrency slots.
+    pub(crate) wakeups: Arc<Wakeups>,
+    pub(crate) timers: Arc<Timers>,
+    /// Requests held until their time slot, by id: a release for the id
+    /// (the filter's, when the client goes away) ends the hold at once.
+    pub(crate) held: Arc<Held>,
+    pub(crate) metrics: Arc<Metrics>,
+    /// Whether a request's `now_us` is honoured (`--test-time`).
+    pub(crate) test_time: bool,
+}
+
+impl Waiting {
+    /// The script's time argument: empty for Redis TIME.
+    pub(crate) fn time_arg(&self, now_us: Option<u64>) -> Result<String, CheckError> {
+        match (now_us, self.test_time) {
+            (None, _) => Ok(String::new()),
+            (Some(now), true) => Ok(now.to_string()),
+            (Some(_), false) => {
+                Err(CheckError::BadRequest("now_us is honoured only with --test-time".into()))
+            }
+        }
+    }
+}
+
+/// The longest a request may be held: a day, far beyond any sane wait, and
+/// short enough that deadlines never overflow.
+pub const MAX_WAIT_MS: u64 = 86_400_000;
+
+/// Refuses what waiting cannot do: a wait beyond [`MAX_WAIT_MS`], approximate windows, and more than one
+/// concurrency limit (one queue per request).
+pub(crate) fn refuse_unsupported(limits: &[ScriptLimit], wait_us: u64) -> Result<(), String> {
+    if wait_us > MAX_WAIT_MS * 1000 {
+        return Err(format!("wait_ms: at most {MAX_WAIT_MS} (a day)"));
+    }
+    if limits.iter().any(|l| matches!(l.algorithm, Algorithm::SlidingApprox { .. })) {
+        return Err("wait_ms: an approximate sliding window cannot wait (it keeps no per-request \
+                    state to reserve a slot in); use an exact sliding_window"
+            .into());
+    }
+    let leases = limits.iter().filter(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })).count();
+    if leases > 1 {
+        return Err("wait_ms: a request can wait on one concurrency limit, not several".into());
+    }
+    Ok(())
+}
+
+/// The margin of each limit, in µs: its check's `margin_ms`.
+pub(crate) fn margins(req: &CheckRequest<'_>) -> Vec<u64> {
+    req.checks
+        .iter()
+        .flat_map(|c| std::iter::repeat_n(c.margin_ms.unwrap_or(0).saturating_mul(1000), c.limits.len()))
+        // The partner's pauses and rates, after every limit (`keys::script_limits`), have none.
+        .chain(req.checks.iter().filter(|c| c.upstream).flat_map(|_| [0, 0]))
+        .collect()
+}
+
+/// The requests a shim holds for their time slots, by id.
+#[derive(Default)]
+pub struct Held(std::sync::Mutex<std::collections::HashMap<String, tokio::sync::oneshot::Sender<()>>>);
+
+/// One held request's registration; dropping it forgets the id.
+pub(crate) struct Holding<'a> {
+    held: &'a Held,
+    id: String,
+    pub(crate) released: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl Held {
+    fn map(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, tokio::sync::oneshot::Sender<()>>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn hold(&self, id: &str) -> Holding<'_> {
+        let (tx, released) = tokio::sync::oneshot::channel();
+        self.map().insert(id.to_string(), tx);
+        Holding { held: self, id: id.to_string(), released }
+    }
+
+    /// Ends the hold of request `id`, if this shim holds it.
+    pub(crate) fn cancel(&self, id: &str) {
+        if let Some(tx) = self.map().remove(id) {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl Drop for Holding<'_> {
+    fn drop(&mut self) {
+        self.held.map().remove(&self.id);
+    }
+}
+
+/// One reclaim timer per lease set, at the soonest lease expiry a waiter was
+/// told about (armed by the queue, `Timers::arm`).
+#[derive(Default)]
+pub struct Timers {
+    pub(super) armed: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
+}
