@@ -18,7 +18,17 @@ use std::time::Duration;
 use sluice_policies::wire::{CheckOutcome, CheckRequest, CheckResponse, LimitOutcome};
 
 use super::pairs::HeaderMap;
-use super::state::HttpCall;
+
+/// An `http_call` the filter dispatched.
+#[derive(Debug, Clone)]
+pub struct HttpCall {
+    pub token: u32,
+    pub context: u32,
+    pub cluster: String,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+    pub timeout_ms: u32,
+}
 
 /// A timeout of 0 means none in Envoy; the host still never waits longer.
 const MAX_WAIT: Duration = Duration::from_secs(30);

@@ -40,10 +40,11 @@ mod state;
 pub mod story;
 mod vm;
 
+pub use calls::HttpCall;
 pub use calls::{Answer, Fault, Route};
 pub use costs::{Costs, PerRequest};
 pub use pairs::HeaderMap;
 pub use proxy::{End, HostConfig, Outcome, Proxy, Returned};
-pub use state::{Effect, HostState, HttpCall, LocalResponse, LogLevel, LogLine, MetricChange};
+pub use state::{Effect, HostState, LocalResponse, LogLevel, LogLine, MetricChange};
 pub use story::{Plugin, Step, Stream};
 pub use vm::Crash;

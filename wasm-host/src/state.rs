@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use wasmtime_wasi::p1::WasiP1Ctx;
 
-use super::calls::Calls;
+use super::calls::{Calls, HttpCall};
 use super::costs::{Costs, Tracer};
 use super::metrics::Metrics;
 use super::pairs::HeaderMap;
@@ -44,17 +44,6 @@ impl LogLevel {
 pub struct LogLine {
     pub level: LogLevel,
     pub message: String,
-}
-
-/// An `http_call` the filter dispatched.
-#[derive(Debug, Clone)]
-pub struct HttpCall {
-    pub token: u32,
-    pub context: u32,
-    pub cluster: String,
-    pub headers: HeaderMap,
-    pub body: Vec<u8>,
-    pub timeout_ms: u32,
 }
 
 /// A `send_local_response`.
