@@ -73,7 +73,9 @@ impl<S: SharedData> OverLimitCache<S> {
         let identity = identity(check);
         let Some(key) = self.slot_key(&identity) else { return };
         // No cas: the last writer wins, and either entry is a correct one.
-        if let Err(err) = self.store.set(&key, &encode(sent_ms.saturating_add(wait_ms), limit, &identity), None) {
+        if let Err(err) =
+            self.store.set(&key, &encode(sent_ms.saturating_add(wait_ms), limit, &identity), None)
+        {
             log::debug!("cannot write the over-limit cache's {key}: {err:?}");
         }
     }

@@ -452,7 +452,8 @@ impl Flow {
                 continue;
             }
             let now = host.now_ms();
-            let spent = worker.pool_key(a.index).and_then(|key| update_pool(host, key, |pool| pool.spend(now)));
+            let spent =
+                worker.pool_key(a.index).and_then(|key| update_pool(host, key, |pool| pool.spend(now)));
             match spent {
                 Some(Some(token)) => self.spent.push((a.index, token)),
                 _ => {
@@ -700,7 +701,10 @@ impl Flow {
         }
         match deny_status {
             Some((name, status)) => {
-                worker.log_failure(now, &format!("{reason}; failure_mode deny (policy {name}) answers {status}"));
+                worker.log_failure(
+                    now,
+                    &format!("{reason}; failure_mode deny (policy {name}) answers {status}"),
+                );
                 self.refuse(LocalReply::unavailable(status), fx);
             }
             None => {
@@ -724,7 +728,11 @@ impl Flow {
     /// lease, each taken once, each with whether the shim confirmed the
     /// lease (else it is released by the check's id, in case the shim took
     /// it unseen).
-    fn leases_to_release(&mut self, host: &dyn Host, fx: &mut Effects) -> Vec<(ReleaseRequest, Vec<usize>, bool)> {
+    fn leases_to_release(
+        &mut self,
+        host: &dyn Host,
+        fx: &mut Effects,
+    ) -> Vec<(ReleaseRequest, Vec<usize>, bool)> {
         let worker = self.worker.clone();
         let mut out = Vec::new();
         for call in &mut self.calls {

@@ -17,8 +17,8 @@ use std::collections::HashMap;
 
 use arbitrary::{Arbitrary, Unstructured};
 use sluice_core::cache::OverLimitCache;
-use sluice_core::host::{SetError, SharedData};
 use sluice_core::decision::{read_answer, retry_after_secs};
+use sluice_core::host::{SetError, SharedData};
 use sluice_policies::algorithm::Algorithm;
 use sluice_policies::key;
 use sluice_policies::request::SimpleRequest;

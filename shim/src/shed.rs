@@ -28,7 +28,9 @@ impl Default for ShedScript {
 
 impl ShedScript {
     pub fn new() -> ShedScript {
-        ShedScript { script: Script::new(&crate::scripts::assemble(include_str!("../../lua/scripts/shed.lua"))) }
+        ShedScript {
+            script: Script::new(&crate::scripts::assemble(include_str!("../../lua/scripts/shed.lua"))),
+        }
     }
 
     /// The level of `policy` now, changing nothing: a read never moves the
