@@ -1,10 +1,12 @@
 //! Validated scalars. Each type refuses a wrong value while it is parsed, so a
-//! parsed document cannot hold one.
+//! parsed document cannot hold one. Past parsing, times keep their unit in
+//! their type: [`Millis`] on the wire, [`Micros`] in the algorithms.
 
 use std::fmt;
 use std::num::{NonZeroU32, NonZeroU64};
 
-use serde::de::{self, Deserialize, Deserializer};
+use serde::de::{self, Deserializer};
+use serde::{Deserialize, Serialize};
 
 /// The largest count a limit may have.
 pub const MAX_COUNT: u32 = 1_000_000_000;
@@ -30,6 +32,44 @@ pub(crate) fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+/// Whole milliseconds, as the wire between the filter and the shim carries
+/// them (`window_ms`, `retry_after_ms`, ...): a span, or a time since the
+/// epoch (a test-mode `now_ms`). A plain number in JSON. Unlike
+/// [`Duration`], any value, 0 included; the shim checks ranges where they
+/// matter ([`WireLimit::validate`](crate::limit::WireLimit::validate)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Millis(pub u64);
+
+impl Millis {
+    pub fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The same time in microseconds, saturating: a wire value is untrusted.
+    pub fn as_micros(self) -> Micros {
+        Micros(self.0.saturating_mul(1000))
+    }
+}
+
+/// Whole microseconds, the algorithms' unit (`window_us`, `held_until_us`,
+/// ...): a span, or a time since the epoch on the shim's clock. A plain
+/// number in JSON.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Micros(pub u64);
+
+impl Micros {
+    pub fn get(self) -> u64 {
+        self.0
+    }
+
+    /// In milliseconds rounded up, so a wait is never told shorter than it is.
+    pub fn ceil_millis(self) -> Millis {
+        Millis(self.0.div_ceil(1000))
+    }
+}
+
 /// A span of time in whole milliseconds, from 1 ms to one year. Written with a
 /// unit: `250ms`, `5s`, `1m`, `2h`, `1d`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -42,6 +82,11 @@ impl Duration {
 
     pub fn as_millis(self) -> u64 {
         self.0.get()
+    }
+
+    /// The span as the wire carries it.
+    pub fn to_millis(self) -> Millis {
+        Millis(self.as_millis())
     }
 
     /// Parses `<digits><unit>`; `None` when the text is not of that form or out of range.
@@ -199,6 +244,29 @@ mod tests {
         assert_eq!(show("60s").as_deref(), Some("1m"));
         assert_eq!(show("1500ms").as_deref(), Some("1500ms"));
         assert_eq!(show("24h").as_deref(), Some("1d"));
+    }
+
+    /// Millis and Micros are plain numbers in JSON, so the wire is the same
+    /// as when they were bare integers.
+    #[test]
+    fn millis_and_micros_are_plain_numbers_on_the_wire() {
+        assert_eq!(serde_json::to_string(&Millis(5_000)).unwrap(), "5000");
+        assert_eq!(serde_json::from_str::<Millis>("5000").unwrap(), Millis(5_000));
+        assert_eq!(serde_json::to_string(&Some(Micros(7))).unwrap(), "7");
+        assert_eq!(serde_json::from_str::<Option<Micros>>("null").unwrap(), None);
+    }
+
+    /// Microseconds become milliseconds rounded up, as `algorithm::ceil_ms`
+    /// rounds; milliseconds become microseconds without overflowing.
+    #[test]
+    fn conversions_round_up_to_milliseconds_and_saturate_to_microseconds() {
+        assert_eq!(Millis(5).as_micros(), Micros(5_000));
+        assert_eq!(Millis(u64::MAX).as_micros(), Micros(u64::MAX));
+        assert_eq!(Micros(0).ceil_millis(), Millis(0));
+        assert_eq!(Micros(1).ceil_millis(), Millis(1));
+        assert_eq!(Micros(1_000).ceil_millis(), Millis(1));
+        assert_eq!(Micros(1_001).ceil_millis(), Millis(2));
+        assert_eq!(Duration::parse("5s").map(Duration::to_millis), Some(Millis(5_000)));
     }
 
     #[test]
