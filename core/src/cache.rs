@@ -178,6 +178,7 @@ mod tests {
     use std::cell::RefCell;
     use std::collections::HashMap;
 
+    use sluice_policies::units::Millis;
     use sluice_policies::wire::LimitOutcome;
 
     use super::*;
@@ -298,19 +299,19 @@ mod tests {
     fn limits_that_differ_in_any_field_have_distinct_identities() {
         use WireLimit::*;
         let limits = [
-            FixedWindow { limit: 1, window_ms: 2 },
-            FixedWindow { limit: 2, window_ms: 2 },
-            FixedWindow { limit: 1, window_ms: 3 },
-            SlidingWindow { limit: 1, window_ms: 2, approximate: false },
-            SlidingWindow { limit: 1, window_ms: 2, approximate: true },
-            TokenBucket { rate: 1, per_ms: 2, burst: 3 },
-            TokenBucket { rate: 1, per_ms: 2, burst: 4 },
-            LeakyBucket { capacity: 1, drain_ms: 2 },
-            Interval { every_ms: 2 },
-            Interval { every_ms: 3 },
-            Concurrency { limit: 1, lease_ms: 2 },
-            Points { capacity: 1, refill_ms: 2, cost: 0 },
-            Points { capacity: 1, refill_ms: 2, cost: 1 },
+            FixedWindow { limit: 1, window_ms: Millis(2) },
+            FixedWindow { limit: 2, window_ms: Millis(2) },
+            FixedWindow { limit: 1, window_ms: Millis(3) },
+            SlidingWindow { limit: 1, window_ms: Millis(2), approximate: false },
+            SlidingWindow { limit: 1, window_ms: Millis(2), approximate: true },
+            TokenBucket { rate: 1, per_ms: Millis(2), burst: 3 },
+            TokenBucket { rate: 1, per_ms: Millis(2), burst: 4 },
+            LeakyBucket { capacity: 1, drain_ms: Millis(2) },
+            Interval { every_ms: Millis(2) },
+            Interval { every_ms: Millis(3) },
+            Concurrency { limit: 1, lease_ms: Millis(2) },
+            Points { capacity: 1, refill_ms: Millis(2), cost: 0 },
+            Points { capacity: 1, refill_ms: Millis(2), cost: 1 },
         ];
         let with = |limits: Vec<WireLimit>| {
             identity(&Check { policy: "p".into(), key: "k".into(), limits, margin_ms: None, upstream: false })
@@ -342,6 +343,7 @@ mod tests {
 
 #[cfg(test)]
 mod pause_tests {
+    use sluice_policies::units::Millis;
     use sluice_policies::wire::{CheckOutcome, LimitOutcome};
 
     use super::*;
@@ -359,7 +361,7 @@ mod pause_tests {
         let check = Check {
             policy: "p".into(),
             key: "k".into(),
-            limits: vec![WireLimit::Concurrency { limit: 1, lease_ms: 60_000 }],
+            limits: vec![WireLimit::Concurrency { limit: 1, lease_ms: Millis(60_000) }],
             margin_ms: None,
             upstream: true,
         };

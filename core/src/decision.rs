@@ -41,10 +41,12 @@ pub fn retry_after_secs(retry_after_ms: Option<u64>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_policies::units::Millis;
     use sluice_policies::wire::WireLimit;
 
     fn checks() -> Vec<Check> {
-        let limits = vec![WireLimit::SlidingWindow { limit: 25, window_ms: 5000, approximate: false }];
+        let limits =
+            vec![WireLimit::SlidingWindow { limit: 25, window_ms: Millis(5000), approximate: false }];
         vec![
             Check {
                 policy: "a".into(),

@@ -50,7 +50,7 @@ impl RateLimitHeaders {
         let (q, window) = WireLimit::with_cost(limit, 1).quota();
         let mut policy = item(name, "q", q.into());
         match window {
-            Some(w_ms) => push_param(&mut policy, "w", secs(w_ms)),
+            Some(w_ms) => push_param(&mut policy, "w", secs(w_ms.get())),
             None => policy.push_str(";qu=\"concurrent-requests\""),
         }
         let mut ratelimit = item(name, "r", remaining);

@@ -22,6 +22,7 @@ use sluice_core::host::{SetError, SharedData};
 use sluice_policies::algorithm::Algorithm;
 use sluice_policies::key;
 use sluice_policies::request::SimpleRequest;
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{
     AdjustRequest, Check, CheckRequest, CheckResponse, ReleaseRequest, ReleaseResponse, WireLimit,
 };
@@ -163,14 +164,14 @@ pub fn answer(data: &[u8]) {
         Check {
             policy: "a".into(),
             key: "k".into(),
-            limits: vec![WireLimit::SlidingWindow { limit: 1, window_ms: 1000, approximate: false }],
+            limits: vec![WireLimit::SlidingWindow { limit: 1, window_ms: Millis(1000), approximate: false }],
             margin_ms: None,
             upstream: false,
         },
         Check {
             policy: "b".into(),
             key: "k".into(),
-            limits: vec![WireLimit::Interval { every_ms: 10 }],
+            limits: vec![WireLimit::Interval { every_ms: Millis(10) }],
             margin_ms: None,
             upstream: false,
         },

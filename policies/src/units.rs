@@ -16,10 +16,10 @@ pub const MAX_DURATION_MS: u64 = 365 * 24 * 3600 * 1000;
 pub const PPM: u64 = 1_000_000;
 
 /// The time one unit of a bucket takes to refill, `count` units every
-/// `period_ms`, in microseconds rounded up, so a bucket never refills
+/// `period`, rounded up to a whole microsecond, so a bucket never refills
 /// faster than asked.
-pub fn per_unit_us(period_ms: u64, count: u32) -> u64 {
-    period_ms.saturating_mul(1000).div_ceil(u64::from(count.max(1)))
+pub fn per_unit(period: Millis, count: u32) -> Micros {
+    Micros(period.as_micros().get().div_ceil(u64::from(count.max(1))))
 }
 
 /// For serde's `skip_serializing_if`.

@@ -337,6 +337,7 @@ impl LeaseRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::units::Millis;
 
     /// The shim refuses a lease call beyond what a policy could send.
     #[test]
@@ -349,7 +350,7 @@ mod tests {
             give_back: back,
             now_us: None,
         };
-        let window = WireLimit::FixedWindow { limit: 100, window_ms: 1_000 };
+        let window = WireLimit::FixedWindow { limit: 100, window_ms: Millis(1_000) };
         assert_eq!(req(window, 100, Some(GiveBack { window: 7, tokens: 100 })).validate(), Ok(()));
         assert_eq!(
             req(window, 101, None).validate(),
@@ -359,9 +360,9 @@ mod tests {
             req(window, 1, Some(GiveBack { window: 7, tokens: 101 })).validate(),
             Err("give_back.tokens: 101 is more than the limit 100".into())
         );
-        let bucket = WireLimit::TokenBucket { rate: 1, per_ms: 1_000, burst: 10 };
+        let bucket = WireLimit::TokenBucket { rate: 1, per_ms: Millis(1_000), burst: 10 };
         assert_eq!(req(bucket, 1, None).validate(), Err("limit: only a fixed_window is leased".into()));
-        let zero = WireLimit::FixedWindow { limit: 100, window_ms: 0 };
+        let zero = WireLimit::FixedWindow { limit: 100, window_ms: Millis(0) };
         assert!(req(zero, 1, None).validate().is_err());
     }
 }

@@ -15,6 +15,7 @@ use std::collections::BinaryHeap;
 use proptest::prelude::*;
 use sluice_policies::algorithm::rate::PPM;
 use sluice_policies::algorithm::{self, Algorithm, RedisTwin};
+use sluice_policies::units::Micros;
 use sluice_policies::wire::Slowdown;
 
 const TAG: &str = "sluice:{partner:acme}:";
@@ -52,7 +53,10 @@ fn run(
     slow: Option<&Slowdown>,
 ) -> Outcome {
     let limits = vec![
-        (format!("{TAG}sw:{}", window_us / 1000), Algorithm::SlidingWindow { limit, window_us }),
+        (
+            format!("{TAG}sw:{}", window_us / 1000),
+            Algorithm::SlidingWindow { limit, window_us: Micros(window_us) },
+        ),
         (format!("{TAG}pause"), Algorithm::Pause),
         (format!("{TAG}rate"), Algorithm::Rate),
     ];

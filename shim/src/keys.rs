@@ -110,7 +110,7 @@ pub fn script_adjustments(adjustments: &[Adjustment]) -> Result<Vec<Correction>,
             };
             Ok(Correction {
                 key: limit.key,
-                interval_us,
+                interval_us: interval_us.get(),
                 delta: i64::from(a.actual) - i64::from(cost),
                 held_until_us: a.held_until_us.unwrap_or(0),
                 refunded_us: a.refunded_us,
@@ -122,6 +122,7 @@ pub fn script_adjustments(adjustments: &[Adjustment]) -> Result<Vec<Correction>,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_policies::units::Millis;
 
     fn check(policy: &str, key: &str, limits: Vec<WireLimit>) -> Vec<Check> {
         vec![Check { policy: policy.into(), key: key.into(), limits, margin_ms: None, upstream: false }]
@@ -129,8 +130,8 @@ mod tests {
 
     fn dual() -> Vec<WireLimit> {
         vec![
-            WireLimit::SlidingWindow { limit: 25, window_ms: 5_000, approximate: false },
-            WireLimit::SlidingWindow { limit: 300, window_ms: 60_000, approximate: false },
+            WireLimit::SlidingWindow { limit: 25, window_ms: Millis(5_000), approximate: false },
+            WireLimit::SlidingWindow { limit: 300, window_ms: Millis(60_000), approximate: false },
         ]
     }
 
@@ -144,10 +145,10 @@ mod tests {
     #[test]
     fn each_algorithm_has_its_own_suffix() {
         let limits = vec![
-            WireLimit::FixedWindow { limit: 1, window_ms: 60_000 },
-            WireLimit::SlidingWindow { limit: 1, window_ms: 60_000, approximate: true },
-            WireLimit::TokenBucket { rate: 100, per_ms: 1_000, burst: 500 },
-            WireLimit::Concurrency { limit: 5, lease_ms: 30_000 },
+            WireLimit::FixedWindow { limit: 1, window_ms: Millis(60_000) },
+            WireLimit::SlidingWindow { limit: 1, window_ms: Millis(60_000), approximate: true },
+            WireLimit::TokenBucket { rate: 100, per_ms: Millis(1_000), burst: 500 },
+            WireLimit::Concurrency { limit: 5, lease_ms: Millis(30_000) },
         ];
         let keys: Vec<String> =
             script_limits(&check("p", "k", limits)).expect("valid").into_iter().map(|l| l.key).collect();
@@ -172,10 +173,10 @@ mod tests {
     #[test]
     fn out_of_range_limits_are_refused() {
         let bad = [
-            WireLimit::SlidingWindow { limit: 0, window_ms: 5_000, approximate: false },
-            WireLimit::SlidingWindow { limit: 1, window_ms: 0, approximate: false },
-            WireLimit::TokenBucket { rate: 1_000_000, per_ms: 1, burst: 1 },
-            WireLimit::Interval { every_ms: 400 * 86_400_000 },
+            WireLimit::SlidingWindow { limit: 0, window_ms: Millis(5_000), approximate: false },
+            WireLimit::SlidingWindow { limit: 1, window_ms: Millis(0), approximate: false },
+            WireLimit::TokenBucket { rate: 1_000_000, per_ms: Millis(1), burst: 1 },
+            WireLimit::Interval { every_ms: Millis(400 * 86_400_000) },
         ];
         for limit in bad {
             assert!(script_limits(&check("p", "k", vec![limit])).is_err(), "{limit:?}");
@@ -184,13 +185,16 @@ mod tests {
 
     #[test]
     fn limits_sharing_a_key_are_refused() {
-        let twice = vec![WireLimit::Interval { every_ms: 1_000 }, WireLimit::Interval { every_ms: 1_000 }];
+        let twice = vec![
+            WireLimit::Interval { every_ms: Millis(1_000) },
+            WireLimit::Interval { every_ms: Millis(1_000) },
+        ];
         assert!(script_limits(&check("p", "k", twice)).is_err());
     }
 
     #[test]
     fn adjustments_charge_the_difference() {
-        let limit = WireLimit::Points { capacity: 1000, refill_ms: 20_000, cost: 50 };
+        let limit = WireLimit::Points { capacity: 1000, refill_ms: Millis(20_000), cost: 50 };
         let a = |actual| Adjustment {
             policy: "p".into(),
             key: "k".into(),

@@ -340,7 +340,7 @@ impl Limiter {
             return Err(CheckError::BadRequest("limit: only a fixed_window is leased".into()));
         };
         let mut call = self.scripts.lease.prepare_invoke();
-        call.key(&limit.key).arg(now).arg(most).arg(window_us).arg(req.want);
+        call.key(&limit.key).arg(now).arg(most).arg(window_us.get()).arg(req.want);
         match req.give_back {
             Some(back) => call.arg(back.window).arg(back.tokens),
             None => call.arg("").arg(0),

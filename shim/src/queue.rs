@@ -29,7 +29,7 @@ pub use sluice_policies::algorithm::queue::AcquireReply;
 
 pub(crate) fn args(limit: &ScriptLimit) -> (u64, u64) {
     match limit.algorithm {
-        Algorithm::Concurrency { limit, lease_us } => (limit, lease_us),
+        Algorithm::Concurrency { limit, lease_us } => (limit, lease_us.get()),
         _ => (0, 0),
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use redis::Commands;
 use sluice_harness::Redis;
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{
     AdjustRequest, Adjustment, Check, CheckRequest, CheckResponse, RenewRequest, WireLimit,
 };
@@ -19,7 +20,7 @@ fn limiter(redis: &Redis, test_time: bool) -> Limiter {
 }
 
 fn window(limit: u32, window_ms: u64) -> WireLimit {
-    WireLimit::SlidingWindow { limit, window_ms, approximate: false }
+    WireLimit::SlidingWindow { limit, window_ms: Millis(window_ms), approximate: false }
 }
 
 fn request(key: &str, limits: &[WireLimit], now_us: Option<u64>) -> CheckRequest<'static> {
@@ -224,7 +225,7 @@ async fn adjust(limiter: &Limiter, admitted: &CheckResponse, limit: WireLimit, a
 async fn a_late_points_refund_cannot_over_admit() {
     let redis = Redis::start().expect("redis");
     let limiter = limiter(&redis, true);
-    let points = |cost| [WireLimit::Points { capacity: 10, refill_ms: 10_000, cost }];
+    let points = |cost| [WireLimit::Points { capacity: 10, refill_ms: Millis(10_000), cost }];
     let t0 = 1_700_000_000 * SECOND;
 
     let r1 = check(&limiter, "k", &points(10), t0).await;
@@ -241,7 +242,7 @@ async fn a_late_points_refund_cannot_over_admit() {
 async fn an_early_points_refund_returns_the_charge() {
     let redis = Redis::start().expect("redis");
     let limiter = limiter(&redis, true);
-    let points = |cost| [WireLimit::Points { capacity: 10, refill_ms: 10_000, cost }];
+    let points = |cost| [WireLimit::Points { capacity: 10, refill_ms: Millis(10_000), cost }];
     let t0 = 1_700_000_000 * SECOND;
 
     let r1 = check(&limiter, "k", &points(10), t0).await;
@@ -260,7 +261,7 @@ async fn an_early_points_refund_returns_the_charge() {
 async fn a_refund_behind_an_earlier_refund_cannot_over_admit() {
     let redis = Redis::start().expect("redis");
     let limiter = limiter(&redis, true);
-    let points = |cost| [WireLimit::Points { capacity: 3, refill_ms: 300, cost }];
+    let points = |cost| [WireLimit::Points { capacity: 3, refill_ms: Millis(300), cost }];
     let ms = 1_000;
     let t0 = 1_700_000_000 * SECOND;
 
@@ -285,7 +286,7 @@ async fn a_refund_behind_an_earlier_refund_cannot_over_admit() {
 async fn a_clock_step_back_keeps_the_newer_fixed_window() {
     let redis = Redis::start().expect("redis");
     let limiter = limiter(&redis, true);
-    let limits = [WireLimit::FixedWindow { limit: 2, window_ms: 1_000 }];
+    let limits = [WireLimit::FixedWindow { limit: 2, window_ms: Millis(1_000) }];
     let t0 = 1_700_000_005 * SECOND;
     assert!(check(&limiter, "k", &limits, t0).await.allowed);
     assert!(check(&limiter, "k", &limits, t0 + 1).await.allowed);
@@ -302,7 +303,7 @@ async fn a_clock_step_back_keeps_the_newer_fixed_window() {
 async fn a_clock_step_back_keeps_the_newer_approximate_window() {
     let redis = Redis::start().expect("redis");
     let limiter = limiter(&redis, true);
-    let limits = [WireLimit::SlidingWindow { limit: 2, window_ms: 1_000, approximate: true }];
+    let limits = [WireLimit::SlidingWindow { limit: 2, window_ms: Millis(1_000), approximate: true }];
     let t0 = 1_700_000_005 * SECOND;
     assert!(check(&limiter, "k", &limits, t0).await.allowed);
     assert!(check(&limiter, "k", &limits, t0 + 1).await.allowed);
@@ -320,7 +321,7 @@ async fn a_clock_step_back_keeps_the_newer_approximate_window() {
 async fn a_renewed_lease_outlives_its_length_and_an_expired_one_stays_gone() {
     let redis = Redis::start().expect("redis");
     let limiter = limiter(&redis, true);
-    let pool = [WireLimit::Concurrency { limit: 1, lease_ms: 1_000 }];
+    let pool = [WireLimit::Concurrency { limit: 1, lease_ms: Millis(1_000) }];
     let ms = 1_000;
     let t0 = 1_700_000_000 * SECOND;
 

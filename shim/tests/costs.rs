@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use redis::Commands;
 use sluice_harness::Redis;
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{AdjustRequest, Adjustment, Check, CheckRequest, CheckResponse, WireLimit};
 use sluice_shim::limiter::{CheckError, Limiter};
 use sluice_shim::store::Target;
@@ -19,7 +20,7 @@ const SECOND: u64 = 1_000_000;
 const KEY: &str = "sluice:{p:k}:gcra:100000";
 
 fn points(cost: u32) -> WireLimit {
-    WireLimit::Points { capacity: 100, refill_ms: 10_000, cost }
+    WireLimit::Points { capacity: 100, refill_ms: Millis(10_000), cost }
 }
 
 async fn check(limiter: &Limiter, cost: u32, now_us: u64) -> Result<CheckResponse, CheckError> {

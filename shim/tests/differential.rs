@@ -20,6 +20,7 @@ use proptest::test_runner::TestRunner;
 use redis::Commands;
 use sluice_harness::Redis;
 use sluice_policies::algorithm::{self, Algorithm, RedisTwin};
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{
     AdjustRequest, Adjustment, Check, CheckRequest, GiveBack, LeaseRequest, LeaseResponse, ReleaseRequest,
     WireLimit,
@@ -51,26 +52,29 @@ impl World {
 fn limit() -> impl Strategy<Value = WireLimit> {
     let window = prop::sample::select(vec![1u64, 7, 50, 1_000, 60_000]);
     prop_oneof![
-        (1u32..20, window.clone()).prop_map(|(limit, window_ms)| WireLimit::FixedWindow { limit, window_ms }),
+        (1u32..20, window.clone())
+            .prop_map(|(limit, window_ms)| WireLimit::FixedWindow { limit, window_ms: Millis(window_ms) }),
         (1u32..20, window.clone()).prop_map(|(limit, window_ms)| WireLimit::SlidingWindow {
             limit,
-            window_ms,
+            window_ms: Millis(window_ms),
             approximate: false
         }),
         (1u32..20, window).prop_map(|(limit, window_ms)| WireLimit::SlidingWindow {
             limit,
-            window_ms,
+            window_ms: Millis(window_ms),
             approximate: true
         }),
         (1u32..10, prop::sample::select(vec![10u64, 1_000, 3_000]), 1u32..10)
-            .prop_map(|(rate, per_ms, burst)| WireLimit::TokenBucket { rate, per_ms, burst }),
+            .prop_map(|(rate, per_ms, burst)| WireLimit::TokenBucket { rate, per_ms: Millis(per_ms), burst }),
         (1u32..10, prop::sample::select(vec![10u64, 700, 3_000]))
-            .prop_map(|(capacity, drain_ms)| WireLimit::LeakyBucket { capacity, drain_ms }),
-        prop::sample::select(vec![1u64, 10, 1_000]).prop_map(|every_ms| WireLimit::Interval { every_ms }),
+            .prop_map(|(capacity, drain_ms)| WireLimit::LeakyBucket { capacity, drain_ms: Millis(drain_ms) }),
+        prop::sample::select(vec![1u64, 10, 1_000])
+            .prop_map(|every_ms| WireLimit::Interval { every_ms: Millis(every_ms) }),
         (1u32..5, prop::sample::select(vec![5u64, 100, 1_000]))
-            .prop_map(|(limit, lease_ms)| WireLimit::Concurrency { limit, lease_ms }),
-        (5u32..50, prop::sample::select(vec![100u64, 1_000]))
-            .prop_map(|(capacity, refill_ms)| WireLimit::Points { capacity, refill_ms, cost: 1 }),
+            .prop_map(|(limit, lease_ms)| WireLimit::Concurrency { limit, lease_ms: Millis(lease_ms) }),
+        (5u32..50, prop::sample::select(vec![100u64, 1_000])).prop_map(|(capacity, refill_ms)| {
+            WireLimit::Points { capacity, refill_ms: Millis(refill_ms), cost: 1 }
+        }),
     ]
 }
 
@@ -121,7 +125,7 @@ fn lease_keys(checks: &[Check]) -> Vec<(String, u64, u64)> {
         .expect("valid limits")
         .into_iter()
         .filter_map(|l| match l.algorithm {
-            Algorithm::Concurrency { limit, lease_us } => Some((l.key, limit, lease_us)),
+            Algorithm::Concurrency { limit, lease_us } => Some((l.key, limit, lease_us.get())),
             _ => None,
         })
         .collect()
@@ -501,7 +505,7 @@ fn run_queue_case(w: &World, limit: u32, lease_ms: u64, ops: Vec<QueueOp>) -> Re
     let checks = vec![Check {
         policy,
         key: "k".into(),
-        limits: vec![WireLimit::Concurrency { limit, lease_ms }],
+        limits: vec![WireLimit::Concurrency { limit, lease_ms: Millis(lease_ms) }],
         margin_ms: None,
         upstream: false,
     }];
@@ -613,14 +617,15 @@ fn queue_scripts_decide_as_the_model() {
 /// A time limit that a mixed request waits on beside its concurrency limit.
 fn time_limit() -> impl Strategy<Value = WireLimit> {
     prop_oneof![
-        prop::sample::select(vec![1u64, 10, 100]).prop_map(|every_ms| WireLimit::Interval { every_ms }),
+        prop::sample::select(vec![1u64, 10, 100])
+            .prop_map(|every_ms| WireLimit::Interval { every_ms: Millis(every_ms) }),
         (1u32..4, prop::sample::select(vec![7u64, 100])).prop_map(|(limit, window_ms)| {
-            WireLimit::SlidingWindow { limit, window_ms, approximate: false }
+            WireLimit::SlidingWindow { limit, window_ms: Millis(window_ms), approximate: false }
         }),
         (1u32..4, prop::sample::select(vec![7u64, 100]))
-            .prop_map(|(limit, window_ms)| WireLimit::FixedWindow { limit, window_ms }),
+            .prop_map(|(limit, window_ms)| WireLimit::FixedWindow { limit, window_ms: Millis(window_ms) }),
         (1u32..4, prop::sample::select(vec![10u64, 100]), 1u32..3)
-            .prop_map(|(rate, per_ms, burst)| WireLimit::TokenBucket { rate, per_ms, burst }),
+            .prop_map(|(rate, per_ms, burst)| WireLimit::TokenBucket { rate, per_ms: Millis(per_ms), burst }),
     ]
 }
 
@@ -698,7 +703,7 @@ fn run_mixed_case(
     let check = |limits: Vec<WireLimit>| {
         vec![Check { policy: policy.clone(), key: "k".into(), limits, margin_ms: None, upstream: false }]
     };
-    let concurrency = WireLimit::Concurrency { limit, lease_ms };
+    let concurrency = WireLimit::Concurrency { limit, lease_ms: Millis(lease_ms) };
     let all = check(if time_first { vec![time_limit, concurrency] } else { vec![concurrency, time_limit] });
     let time_only = check(vec![time_limit]);
     let script = script_limits(&all).expect("valid limits");
@@ -878,7 +883,7 @@ fn lease_op() -> impl Strategy<Value = LeaseOp> {
 fn run_lease_case(w: &World, limit: u32, window_ms: u64, ops: Vec<LeaseOp>) -> Result<(), TestCaseError> {
     static CASE: AtomicU64 = AtomicU64::new(0);
     let policy = format!("l{}", CASE.fetch_add(1, Ordering::Relaxed));
-    let wire = WireLimit::FixedWindow { limit, window_ms };
+    let wire = WireLimit::FixedWindow { limit, window_ms: Millis(window_ms) };
     let checks = vec![Check {
         policy: policy.clone(),
         key: String::new(),

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use redis::Commands;
 use sluice_harness::Redis;
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{GiveBack, LeaseRequest, LeaseResponse, WireLimit};
 use sluice_shim::limiter::{CheckError, Limiter};
 use sluice_shim::store::Target;
@@ -20,7 +21,7 @@ fn request(limit: WireLimit, want: u32, give_back: Option<GiveBack>, now_us: u64
 }
 
 fn window(limit: u32) -> WireLimit {
-    WireLimit::FixedWindow { limit, window_ms: WINDOW_MS }
+    WireLimit::FixedWindow { limit, window_ms: Millis(WINDOW_MS) }
 }
 
 async fn lease(limiter: &Limiter, req: LeaseRequest) -> Result<LeaseResponse, CheckError> {
@@ -70,7 +71,7 @@ async fn grants_give_backs_and_refusals() {
     assert_eq!((got.granted, got.window, got.remaining), (2, index + 1, 8));
 
     // Refused: another limit type, more than the limit, a bad name or key.
-    let bucket = WireLimit::TokenBucket { rate: 1, per_ms: 1_000, burst: 5 };
+    let bucket = WireLimit::TokenBucket { rate: 1, per_ms: Millis(1_000), burst: 5 };
     assert_eq!(
         refused(lease(&limiter, request(bucket, 1, None, T0)).await),
         "limit: only a fixed_window is leased"

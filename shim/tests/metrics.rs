@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use sluice_harness::client::http;
 use sluice_harness::Redis;
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{Check, CheckRequest, CheckResponse, ReleaseRequest, WireLimit};
 use sluice_shim::limiter::Limiter;
 use sluice_shim::server::{run, Options};
@@ -70,8 +71,8 @@ async fn metrics_count_each_decision_script_call_and_reload() {
     // One explicit time: the fixed window cannot roll over mid-test.
     let now = Some(1_700_000_000_000_000);
     let partner =
-        |key: &str| check("partner-api", key, WireLimit::FixedWindow { limit: 2, window_ms: 60_000 });
-    let search = || check("search", "k", WireLimit::FixedWindow { limit: 100, window_ms: 60_000 });
+        |key: &str| check("partner-api", key, WireLimit::FixedWindow { limit: 2, window_ms: Millis(60_000) });
+    let search = || check("search", "k", WireLimit::FixedWindow { limit: 100, window_ms: Millis(60_000) });
 
     for (i, allowed) in [true, true, false].into_iter().enumerate() {
         let (status, resp) = post_check(port, vec![partner("k")], &format!("r{i}"), now, None).await;
@@ -121,7 +122,7 @@ async fn metrics_count_each_decision_script_call_and_reload() {
 async fn a_held_waiter_and_its_hand_over_are_counted() {
     let redis = Redis::start().expect("redis");
     let port = serve(&redis, false).await;
-    let slot = || vec![check("egress", "k", WireLimit::Concurrency { limit: 1, lease_ms: 30_000 })];
+    let slot = || vec![check("egress", "k", WireLimit::Concurrency { limit: 1, lease_ms: Millis(30_000) })];
 
     let (_, first) = post_check(port, slot(), "first", None, Some(10_000)).await;
     assert_eq!(first.as_ref().map(|r| r.allowed), Some(true));

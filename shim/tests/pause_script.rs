@@ -14,6 +14,7 @@ use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner}
 use sluice_harness::Redis;
 use sluice_policies::algorithm::reserve::{self, Waiting};
 use sluice_policies::algorithm::{self, Algorithm, RedisTwin, State};
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{Check, CheckRequest, FeedbackRequest, Pause, Slowdown, WireLimit};
 use sluice_shim::keys::script_limits;
 use sluice_shim::limiter::Limiter;
@@ -41,7 +42,7 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
     prop::collection::vec(op, 1..60)
 }
 
-const LIMIT: WireLimit = WireLimit::SlidingWindow { limit: 3, window_ms: 1_000, approximate: false };
+const LIMIT: WireLimit = WireLimit::SlidingWindow { limit: 3, window_ms: Millis(1_000), approximate: false };
 /// Halves the rate, back in 4 s, never below a tenth: 3 a second becomes 1.
 const SLOW: Slowdown = Slowdown { decrease_ppm: 500_000, recover_ms: 4_000, min_ppm: 100_000 };
 
@@ -222,7 +223,7 @@ async fn a_held_request_is_moved_past_a_pause_that_lands_while_it_waits() {
     let limiter = std::sync::Arc::new(
         Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), false).expect("limiter"),
     );
-    let one_per_second = WireLimit::SlidingWindow { limit: 1, window_ms: 1_000, approximate: false };
+    let one_per_second = WireLimit::SlidingWindow { limit: 1, window_ms: Millis(1_000), approximate: false };
     let request = move |id: &str| CheckRequest {
         checks: vec![Check {
             policy: "p".into(),

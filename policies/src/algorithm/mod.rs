@@ -25,32 +25,32 @@ use serde::{Deserialize, Serialize};
 
 use crate::feedback::Slowdown;
 use crate::limit::WireLimit;
-use crate::units::{is_zero, per_unit_us};
+use crate::units::{is_zero, per_unit, Micros};
 
 /// A limit as its algorithm takes it, in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Algorithm {
     FixedWindow {
         limit: u64,
-        window_us: u64,
+        window_us: Micros,
     },
     SlidingWindow {
         limit: u64,
-        window_us: u64,
+        window_us: Micros,
     },
     SlidingApprox {
         limit: u64,
-        window_us: u64,
+        window_us: Micros,
     },
     /// One unit every `interval_us`, at most `burst` saved up; a request costs `cost` units.
     Gcra {
-        interval_us: u64,
+        interval_us: Micros,
         burst: u64,
         cost: u64,
     },
     Concurrency {
         limit: u64,
-        lease_us: u64,
+        lease_us: Micros,
     },
     /// The partner's pause (upstream feedback): one more limit on the checks
     /// of a policy that reads it. Never from the policy's own limits.
@@ -66,17 +66,15 @@ impl Algorithm {
     /// time per unit is rounded up to a whole microsecond, so a bucket never
     /// refills faster than asked.
     pub fn of(limit: &WireLimit) -> Algorithm {
-        let us = |ms: u64| ms.saturating_mul(1000);
-        let per_unit = per_unit_us;
         match *limit {
             WireLimit::FixedWindow { limit, window_ms } => {
-                Algorithm::FixedWindow { limit: limit.into(), window_us: us(window_ms) }
+                Algorithm::FixedWindow { limit: limit.into(), window_us: window_ms.as_micros() }
             }
             WireLimit::SlidingWindow { limit, window_ms, approximate: false } => {
-                Algorithm::SlidingWindow { limit: limit.into(), window_us: us(window_ms) }
+                Algorithm::SlidingWindow { limit: limit.into(), window_us: window_ms.as_micros() }
             }
             WireLimit::SlidingWindow { limit, window_ms, approximate: true } => {
-                Algorithm::SlidingApprox { limit: limit.into(), window_us: us(window_ms) }
+                Algorithm::SlidingApprox { limit: limit.into(), window_us: window_ms.as_micros() }
             }
             WireLimit::TokenBucket { rate, per_ms, burst } => {
                 Algorithm::Gcra { interval_us: per_unit(per_ms, rate), burst: burst.into(), cost: 1 }
@@ -85,10 +83,10 @@ impl Algorithm {
                 Algorithm::Gcra { interval_us: per_unit(drain_ms, capacity), burst: capacity.into(), cost: 1 }
             }
             WireLimit::Interval { every_ms } => {
-                Algorithm::Gcra { interval_us: us(every_ms), burst: 1, cost: 1 }
+                Algorithm::Gcra { interval_us: every_ms.as_micros(), burst: 1, cost: 1 }
             }
             WireLimit::Concurrency { limit, lease_ms } => {
-                Algorithm::Concurrency { limit: limit.into(), lease_us: us(lease_ms) }
+                Algorithm::Concurrency { limit: limit.into(), lease_us: lease_ms.as_micros() }
             }
             WireLimit::Points { capacity, refill_ms, cost } => Algorithm::Gcra {
                 interval_us: per_unit(refill_ms, capacity),
@@ -102,11 +100,11 @@ impl Algorithm {
     /// one policy would share state, so a policy may not have them.
     pub fn state_suffix(&self) -> String {
         match *self {
-            Algorithm::FixedWindow { window_us, .. } => format!("fw:{}", window_us / 1000),
-            Algorithm::SlidingWindow { window_us, .. } => format!("sw:{}", window_us / 1000),
-            Algorithm::SlidingApprox { window_us, .. } => format!("sa:{}", window_us / 1000),
-            Algorithm::Gcra { interval_us, .. } => format!("gcra:{interval_us}"),
-            Algorithm::Concurrency { lease_us, .. } => format!("cc:{}", lease_us / 1000),
+            Algorithm::FixedWindow { window_us, .. } => format!("fw:{}", window_us.get() / 1000),
+            Algorithm::SlidingWindow { window_us, .. } => format!("sw:{}", window_us.get() / 1000),
+            Algorithm::SlidingApprox { window_us, .. } => format!("sa:{}", window_us.get() / 1000),
+            Algorithm::Gcra { interval_us, .. } => format!("gcra:{}", interval_us.get()),
+            Algorithm::Concurrency { lease_us, .. } => format!("cc:{}", lease_us.get() / 1000),
             Algorithm::Pause => "pause".to_string(),
             Algorithm::Rate => "rate".to_string(),
         }
@@ -115,11 +113,11 @@ impl Algorithm {
     /// The script's name for it and its three numbers, as `lua/scripts/check.lua` reads them.
     pub fn script_args(&self) -> (&'static str, [u64; 3]) {
         match *self {
-            Algorithm::FixedWindow { limit, window_us } => ("fixed_window", [limit, window_us, 0]),
-            Algorithm::SlidingWindow { limit, window_us } => ("sliding_window", [limit, window_us, 0]),
-            Algorithm::SlidingApprox { limit, window_us } => ("sliding_approx", [limit, window_us, 0]),
-            Algorithm::Gcra { interval_us, burst, cost } => ("gcra", [interval_us, burst, cost]),
-            Algorithm::Concurrency { limit, lease_us } => ("concurrency", [limit, lease_us, 0]),
+            Algorithm::FixedWindow { limit, window_us } => ("fixed_window", [limit, window_us.get(), 0]),
+            Algorithm::SlidingWindow { limit, window_us } => ("sliding_window", [limit, window_us.get(), 0]),
+            Algorithm::SlidingApprox { limit, window_us } => ("sliding_approx", [limit, window_us.get(), 0]),
+            Algorithm::Gcra { interval_us, burst, cost } => ("gcra", [interval_us.get(), burst, cost]),
+            Algorithm::Concurrency { limit, lease_us } => ("concurrency", [limit, lease_us.get(), 0]),
             Algorithm::Pause => ("pause", [0, 0, 0]),
             Algorithm::Rate => ("rate", [0, 0, 0]),
         }
@@ -281,7 +279,7 @@ pub fn check(store: &mut RedisTwin, now: u64, id: &str, limits: &[(String, Algor
         .iter()
         .map(|(key, alg)| match *alg {
             Algorithm::Concurrency { limit, lease_us } => {
-                let reclaimed = queue::reclaim(store, key, now, limit, lease_us);
+                let reclaimed = queue::reclaim(store, key, now, limit, lease_us.get());
                 (reclaimed, queue::tombstoned(store, key, now, id))
             }
             _ => (0, false),
@@ -297,19 +295,19 @@ pub fn check(store: &mut RedisTwin, now: u64, id: &str, limits: &[(String, Algor
             let state = store.keys.get(key);
             match *alg {
                 Algorithm::FixedWindow { limit, window_us } => {
-                    fixed_window::check(state, now, limit, window_us)
+                    fixed_window::check(state, now, limit, window_us.get())
                 }
                 Algorithm::SlidingWindow { limit, window_us } => {
-                    sliding_window::check(state, now, id, limit, window_us)
+                    sliding_window::check(state, now, id, limit, window_us.get())
                 }
                 Algorithm::SlidingApprox { limit, window_us } => {
-                    sliding_approx::check(state, now, limit, window_us)
+                    sliding_approx::check(state, now, limit, window_us.get())
                 }
                 Algorithm::Gcra { interval_us, burst, cost } => {
-                    gcra::check(state, now, interval_us, burst, cost)
+                    gcra::check(state, now, interval_us.get(), burst, cost)
                 }
                 Algorithm::Concurrency { limit, lease_us } => {
-                    concurrency::check(state, now, id, limit, lease_us, reclaimed, tombstoned)
+                    concurrency::check(state, now, id, limit, lease_us.get(), reclaimed, tombstoned)
                 }
                 Algorithm::Pause => pause::check(state, now),
                 Algorithm::Rate => rate::check(state, now),

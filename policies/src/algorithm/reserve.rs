@@ -66,13 +66,13 @@ pub fn reserve(
         let state = store.keys.get(key);
         let slot = match *alg {
             Algorithm::FixedWindow { limit, window_us } => {
-                fixed_window::reserve(state, now, limit, window_us, *margin)
+                fixed_window::reserve(state, now, limit, window_us.get(), *margin)
             }
             Algorithm::SlidingWindow { limit, window_us } => {
-                sliding_window::reserve(state, now, id, limit, window_us, *margin)
+                sliding_window::reserve(state, now, id, limit, window_us.get(), *margin)
             }
             Algorithm::Gcra { interval_us, burst, cost } => {
-                gcra::reserve(state, now, interval_us, burst, cost, *margin)
+                gcra::reserve(state, now, interval_us.get(), burst, cost, *margin)
             }
             Algorithm::Pause => pause::reserve(state, now),
             Algorithm::Rate => rate::reserve(state, now),

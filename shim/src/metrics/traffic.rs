@@ -237,6 +237,7 @@ mod tests {
     use sluice_policies::wire::{Check, CheckOutcome, LimitOutcome};
 
     use super::*;
+    use sluice_policies::units::Millis;
 
     fn request(policies: &[(&str, &str)], wait_ms: Option<u64>) -> CheckRequest<'static> {
         let checks: Vec<Check> = policies
@@ -244,7 +245,7 @@ mod tests {
             .map(|(policy, key)| Check {
                 policy: policy.to_string(),
                 key: key.to_string(),
-                limits: vec![WireLimit::Concurrency { limit: 5, lease_ms: 1000 }],
+                limits: vec![WireLimit::Concurrency { limit: 5, lease_ms: Millis(1000) }],
                 margin_ms: None,
                 upstream: false,
             })
@@ -303,7 +304,7 @@ mod tests {
         assert_eq!(seen["api"].totals.denied, 1);
         assert_eq!(seen["search"].totals, Totals::default());
         assert_eq!(seen["search"].keys[0].0, "a");
-        assert_eq!(seen["api"].limits, [WireLimit::Concurrency { limit: 5, lease_ms: 1000 }]);
+        assert_eq!(seen["api"].limits, [WireLimit::Concurrency { limit: 5, lease_ms: Millis(1000) }]);
     }
 
     #[test]
