@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::algorithm::LimitOutcome;
 pub use crate::feedback::Slowdown;
 pub use crate::limit::{WireLimit, MAX_REFILL_US};
-use crate::units::{is_false, is_zero};
+use crate::units::{is_false, is_zero, Micros, Millis};
 use crate::Duration;
 
 pub const CHECK_PATH: &str = "/v1/check";
@@ -48,7 +48,7 @@ pub struct CheckRequest<'a> {
     /// An explicit time in microseconds since the epoch, honoured only by a
     /// shim started with `--test-time`; otherwise the shim refuses it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub now_us: Option<u64>,
+    pub now_us: Option<Micros>,
     /// Egress waiting: the longest the shim may hold the request before it
     /// admits it, in milliseconds. Absent (or 0), the request is decided now.
     /// With it, the shim reserves the earliest time at which every limit
@@ -56,7 +56,7 @@ pub struct CheckRequest<'a> {
     /// answer until then, and refuses at once, reserving nothing, a request
     /// whose slot lies further away.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wait_ms: Option<u64>,
+    pub wait_ms: Option<Millis>,
 }
 
 /// One policy's limits on one key.
@@ -70,7 +70,7 @@ pub struct Check {
     /// Egress waiting: milliseconds added to each time-based slot of this
     /// check's limits when the request is reserved (see the README's `wait.margin`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub margin_ms: Option<u64>,
+    pub margin_ms: Option<Millis>,
     /// Upstream feedback: this check's policy reads the partner's "slow
     /// down", so the shim checks the pause recorded for its key with its
     /// limits, in the same script call.
@@ -156,7 +156,7 @@ pub struct AdjustRequest {
     pub adjustments: Vec<Adjustment>,
     /// As in [`CheckRequest::now_us`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub now_us: Option<u64>,
+    pub now_us: Option<Micros>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -184,7 +184,7 @@ pub struct FeedbackRequest {
     pub pauses: Vec<Pause>,
     /// As in [`CheckRequest::now_us`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub now_us: Option<u64>,
+    pub now_us: Option<Micros>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -194,7 +194,7 @@ pub struct Pause {
     pub key: String,
     /// How long from now the partner asked us to stop, already clamped to
     /// the policy's `max_pause` by the filter.
-    pub pause_ms: u64,
+    pub pause_ms: Millis,
     /// The partner refused the call and the policy adapts its rate: the
     /// first refusal after the key ran freely lowers it (`lua/scripts/upstream.lua`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -222,23 +222,24 @@ pub struct ShedRequest {
     pub classes: usize,
     pub high: f64,
     pub low: f64,
-    pub delay_ms: u64,
-    pub ramp_ms: u64,
-    pub recovery_ms: u64,
+    pub delay_ms: Millis,
+    pub ramp_ms: Millis,
+    pub recovery_ms: Millis,
     /// The utilization this gateway saw since its last report, 0 to 1;
     /// absent, the level is only read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub utilization: Option<f64>,
     /// As in [`CheckRequest::now_us`], in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub now_ms: Option<u64>,
+    pub now_ms: Option<Millis>,
 }
 
 impl ShedRequest {
     /// The controller's settings, checked as the parser checks a policy's.
     pub fn settings(&self) -> Result<crate::shed::ShedSettings, String> {
-        let duration = |ms: u64, name: &str| {
-            Duration::from_millis(ms).ok_or_else(|| format!("{name} {ms}ms out of range (1ms to 365d)"))
+        let duration = |ms: Millis, name: &str| {
+            Duration::from_millis(ms.get())
+                .ok_or_else(|| format!("{name} {}ms out of range (1ms to 365d)", ms.get()))
         };
         let settings = crate::shed::ShedSettings {
             high: self.high,
@@ -283,7 +284,7 @@ pub struct LeaseRequest {
     pub give_back: Option<GiveBack>,
     /// As in [`CheckRequest::now_us`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub now_us: Option<u64>,
+    pub now_us: Option<Micros>,
 }
 
 /// Tokens a gateway took out of its shared data unspent, for the window

@@ -165,7 +165,7 @@ fn egress_partner() {
     let wait = doc.policies[0].wait.expect("the policy waits");
     assert_eq!((wait.timeout_ms(), wait.margin_ms()), (15_000, 1));
     let check = doc.evaluate(&req).expect("applies")[0].check(&req);
-    assert_eq!(check.margin_ms, Some(1), "each check carries its policy's margin");
+    assert_eq!(check.margin_ms, Some(Millis(1)), "each check carries its policy's margin");
 }
 
 /// Upstream feedback on the egress case: the partner's 429s and its

@@ -148,7 +148,7 @@ fn a_policy_without_wait_sends_no_margin() {
     assert_eq!(doc.evaluate(&get("/")).expect("applies")[0].check(&get("/")).margin_ms, None);
     let waits = doc_with(r#""wait": {"timeout": "2s"}"#);
     let check = waits.evaluate(&get("/")).expect("applies")[0].check(&get("/"));
-    assert_eq!(check.margin_ms, Some(sluice_policies::wait::DEFAULT_MARGIN_MS));
+    assert_eq!(check.margin_ms, Some(Millis(sluice_policies::wait::DEFAULT_MARGIN_MS)));
 }
 
 #[test]

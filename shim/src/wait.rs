@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_policies::algorithm::Algorithm;
+use sluice_policies::units::Micros;
 use sluice_policies::wire::{CheckRequest, CheckResponse};
 
 use crate::decision::{by_check, decode, store_error, CheckError, SlotReply};
@@ -54,10 +55,10 @@ pub struct Waiting {
 
 impl Waiting {
     /// The script's time argument: empty for Redis TIME.
-    pub(crate) fn time_arg(&self, now_us: Option<u64>) -> Result<String, CheckError> {
+    pub(crate) fn time_arg(&self, now_us: Option<Micros>) -> Result<String, CheckError> {
         match (now_us, self.test_time) {
             (None, _) => Ok(String::new()),
-            (Some(now), true) => Ok(now.to_string()),
+            (Some(now), true) => Ok(now.get().to_string()),
             (Some(_), false) => {
                 Err(CheckError::BadRequest("now_us is honoured only with --test-time".into()))
             }
@@ -91,7 +92,7 @@ pub(crate) fn refuse_unsupported(limits: &[ScriptLimit], wait_us: u64) -> Result
 pub(crate) fn margins(req: &CheckRequest<'_>) -> Vec<u64> {
     req.checks
         .iter()
-        .flat_map(|c| std::iter::repeat_n(c.margin_ms.unwrap_or(0).saturating_mul(1000), c.limits.len()))
+        .flat_map(|c| std::iter::repeat_n(c.margin_ms.unwrap_or_default().as_micros().get(), c.limits.len()))
         // The partner's pauses and rates, after every limit (`keys::script_limits`), have none.
         .chain(req.checks.iter().filter(|c| c.upstream).flat_map(|_| [0, 0]))
         .collect()
@@ -234,7 +235,7 @@ pub struct Reserved {
 /// limits) without holding it: what [`check`] does before it sleeps.
 pub async fn reserve_request(waiting: &Waiting, req: &CheckRequest<'_>) -> Result<Reserved, CheckError> {
     let limits = crate::keys::script_limits(&req.checks).map_err(CheckError::BadRequest)?;
-    let wait_us = req.wait_ms.unwrap_or(0).saturating_mul(1000);
+    let wait_us = req.wait_ms.unwrap_or_default().as_micros().get();
     refuse_unsupported(&limits, wait_us).map_err(CheckError::BadRequest)?;
     let now = waiting.time_arg(req.now_us)?;
     let id = req.id.as_deref().unwrap_or("reserved");
@@ -392,7 +393,7 @@ impl Drop for Cancel {
 pub async fn cancel(
     waiting: &Waiting,
     limits: &[ScriptLimit],
-    now: Option<u64>,
+    now: Option<Micros>,
     id: &str,
     at: u64,
     held_until: &[u64],

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use redis::Commands;
 use sluice_harness::Redis;
-use sluice_policies::units::Millis;
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{
     AdjustRequest, Adjustment, Check, CheckRequest, CheckResponse, RenewRequest, WireLimit,
 };
@@ -33,7 +33,7 @@ fn request(key: &str, limits: &[WireLimit], now_us: Option<u64>) -> CheckRequest
             upstream: false,
         }]
         .into(),
-        now_us,
+        now_us: now_us.map(Micros),
         id: None,
         wait_ms: None,
     }
@@ -211,7 +211,7 @@ async fn adjust(limiter: &Limiter, admitted: &CheckResponse, limit: WireLimit, a
         held_until_us: outcome.held_until_us,
         refunded_us: outcome.refunded_us,
     };
-    let req = AdjustRequest { adjustments: vec![adjustment], now_us: Some(now_us) };
+    let req = AdjustRequest { adjustments: vec![adjustment], now_us: Some(Micros(now_us)) };
     limiter.adjust(&req).await.expect("adjust");
 }
 
@@ -330,7 +330,7 @@ async fn a_renewed_lease_outlives_its_length_and_an_expired_one_stays_gone() {
     let renew = |at| {
         let req = RenewRequest { lease: lease.clone(), checks: request("k", &pool, None).checks.to_vec() };
         let limiter = &limiter;
-        async move { limiter.renew_at(&req, Some(at)).await.expect("renew").renewed }
+        async move { limiter.renew_at(&req, Some(Micros(at))).await.expect("renew").renewed }
     };
     assert_eq!(renew(t0 + 800 * ms).await, 1);
     assert!(!check(&limiter, "k", &pool, t0 + 1_500 * ms).await.allowed, "the renewed lease was reclaimed");

@@ -116,7 +116,7 @@ async fn waiting_on_a_cluster() {
         checks: checks.into(),
         now_us: None,
         id: None,
-        wait_ms: Some(wait_ms),
+        wait_ms: Some(Millis(wait_ms)),
     };
 
     // One slot: held until the slot.

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use redis::Commands;
 use sluice_harness::Redis;
-use sluice_policies::units::Millis;
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{AdjustRequest, Adjustment, Check, CheckRequest, CheckResponse, WireLimit};
 use sluice_shim::limiter::{CheckError, Limiter};
 use sluice_shim::store::Target;
@@ -32,7 +32,7 @@ async fn check(limiter: &Limiter, cost: u32, now_us: u64) -> Result<CheckRespons
         upstream: false,
     }];
     limiter
-        .check(&CheckRequest { checks: checks.into(), now_us: Some(now_us), id: None, wait_ms: None })
+        .check(&CheckRequest { checks: checks.into(), now_us: Some(Micros(now_us)), id: None, wait_ms: None })
         .await
 }
 
@@ -45,7 +45,7 @@ async fn adjust(limiter: &Limiter, cost: u32, actual: u32, now_us: u64) -> Resul
         held_until_us: None,
         refunded_us: 0,
     };
-    limiter.adjust(&AdjustRequest { adjustments: vec![adjustment], now_us: Some(now_us) }).await
+    limiter.adjust(&AdjustRequest { adjustments: vec![adjustment], now_us: Some(Micros(now_us)) }).await
 }
 
 fn pttl(redis: &Redis) -> i64 {

@@ -20,7 +20,7 @@ use proptest::test_runner::TestRunner;
 use redis::Commands;
 use sluice_harness::Redis;
 use sluice_policies::algorithm::{self, Algorithm, RedisTwin};
-use sluice_policies::units::Millis;
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{
     AdjustRequest, Adjustment, Check, CheckRequest, GiveBack, LeaseRequest, LeaseResponse, ReleaseRequest,
     WireLimit,
@@ -204,7 +204,7 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
 
                 let req = CheckRequest {
                     checks: checks.as_slice().into(),
-                    now_us: Some(now),
+                    now_us: Some(Micros(now)),
                     id: None,
                     wait_ms: None,
                 };
@@ -265,7 +265,7 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                 let want = algorithm::release(&mut model, now, &lease_keys(&checks), &lease);
                 let got = w
                     .runtime
-                    .block_on(w.limiter.release_at(&ReleaseRequest { lease, checks }, Some(now)))
+                    .block_on(w.limiter.release_at(&ReleaseRequest { lease, checks }, Some(Micros(now))))
                     .expect("release");
                 prop_assert_eq!(got.released, want, "released");
             }
@@ -277,7 +277,7 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                 let want = algorithm::renew(&mut model, now, &lease_keys(&checks), &lease);
                 let got = w
                     .runtime
-                    .block_on(w.limiter.renew_at(&ReleaseRequest { lease, checks }, Some(now)))
+                    .block_on(w.limiter.renew_at(&ReleaseRequest { lease, checks }, Some(Micros(now))))
                     .expect("renew");
                 prop_assert_eq!(got.renewed, want, "renewed");
             }
@@ -302,7 +302,7 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                 }
                 let script = sluice_shim::keys::script_adjustments(&adjustments).expect("valid adjustments");
                 let model_adjust: Vec<_> = script.into_iter().filter(|a| a.delta != 0).collect();
-                let req = AdjustRequest { adjustments, now_us: Some(now) };
+                let req = AdjustRequest { adjustments, now_us: Some(Micros(now)) };
                 w.runtime.block_on(w.limiter.adjust(&req)).expect("adjust");
                 algorithm::adjust(&mut model, now, &model_adjust);
             }
@@ -376,15 +376,15 @@ fn run_waiting_case(
                     policy: policy.clone(),
                     key: "k".into(),
                     limits: with_cost(&limits, cost),
-                    margin_ms: Some(margin_ms),
+                    margin_ms: Some(Millis(margin_ms)),
                     upstream: false,
                 }];
                 let script = script_limits(&checks).expect("valid limits");
                 let req = CheckRequest {
                     checks: checks.as_slice().into(),
-                    now_us: Some(now),
+                    now_us: Some(Micros(now)),
                     id: Some(id.clone().into()),
-                    wait_ms: Some(wait_ms),
+                    wait_ms: Some(Millis(wait_ms)),
                 };
                 if wait_ms == 0 {
                     let model_limits: Vec<(String, Algorithm)> =
@@ -421,7 +421,7 @@ fn run_waiting_case(
                 let (id, checks, at, tats) = held.remove(n % held.len());
                 let script = script_limits(&checks).expect("valid limits");
                 w.runtime
-                    .block_on(wait::cancel(w.limiter.waiting(), &script, Some(now), &id, at, &tats))
+                    .block_on(wait::cancel(w.limiter.waiting(), &script, Some(Micros(now)), &id, at, &tats))
                     .expect("cancel");
                 let reserved: Vec<algorithm::cancel::Reserved> = script
                     .iter()
@@ -525,7 +525,7 @@ fn run_queue_case(w: &World, limit: u32, lease_ms: u64, ops: Vec<QueueOp>) -> Re
                 if wait == 0 {
                     let req = CheckRequest {
                         checks: checks.as_slice().into(),
-                        now_us: Some(now),
+                        now_us: Some(Micros(now)),
                         id: Some(id.clone().into()),
                         wait_ms: None,
                     };
@@ -558,7 +558,7 @@ fn run_queue_case(w: &World, limit: u32, lease_ms: u64, ops: Vec<QueueOp>) -> Re
                 }
                 let lease_id = ids[n % ids.len()].clone();
                 let req = ReleaseRequest { lease: lease_id.clone(), checks: checks.clone() };
-                let got = w.runtime.block_on(w.limiter.release_at(&req, Some(now))).expect("release");
+                let got = w.runtime.block_on(w.limiter.release_at(&req, Some(Micros(now)))).expect("release");
                 let want = algorithm::release(&mut model, now, &[(key.clone(), limit, lease)], &lease_id);
                 prop_assert_eq!(got.released, want, "released at {}", now);
             }
@@ -727,9 +727,9 @@ fn run_mixed_case(
                 ids.push(id.clone());
                 let req = CheckRequest {
                     checks: time_only.as_slice().into(),
-                    now_us: Some(now),
+                    now_us: Some(Micros(now)),
                     id: Some(id.clone().into()),
-                    wait_ms: Some(wait.div_ceil(1000)),
+                    wait_ms: Some(Millis(wait.div_ceil(1000))),
                 };
                 let got =
                     w.runtime.block_on(wait::reserve_request(w.limiter.waiting(), &req)).expect("reserve");
@@ -784,7 +784,7 @@ fn run_mixed_case(
                 }
                 let lease_id = ids[n % ids.len()].clone();
                 let req = ReleaseRequest { lease: lease_id.clone(), checks: all.clone() };
-                let got = w.runtime.block_on(w.limiter.release_at(&req, Some(now))).expect("release");
+                let got = w.runtime.block_on(w.limiter.release_at(&req, Some(Micros(now)))).expect("release");
                 let want =
                     algorithm::release(&mut model, now, &[(conc.key.clone(), limit, lease)], &lease_id);
                 prop_assert_eq!(got.released, want, "released at {}", now);
@@ -807,7 +807,7 @@ fn run_mixed_case(
                 ids.push(id.clone());
                 let req = CheckRequest {
                     checks: all.as_slice().into(),
-                    now_us: Some(now),
+                    now_us: Some(Micros(now)),
                     id: Some(id.clone().into()),
                     wait_ms: None,
                 };
@@ -905,7 +905,7 @@ fn run_lease_case(w: &World, limit: u32, window_ms: u64, ops: Vec<LeaseOp>) -> R
                 now += dt;
                 let req = CheckRequest {
                     checks: checks.as_slice().into(),
-                    now_us: Some(now),
+                    now_us: Some(Micros(now)),
                     id: None,
                     wait_ms: None,
                 };
@@ -925,7 +925,7 @@ fn run_lease_case(w: &World, limit: u32, window_ms: u64, ops: Vec<LeaseOp>) -> R
                     limit: wire,
                     want: want.min(limit),
                     give_back,
-                    now_us: Some(now),
+                    now_us: Some(Micros(now)),
                 };
                 let got = w.runtime.block_on(w.limiter.lease(&req)).expect("lease");
                 let grant = algorithm::lease(

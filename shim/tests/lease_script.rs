@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use redis::Commands;
 use sluice_harness::Redis;
-use sluice_policies::units::Millis;
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{GiveBack, LeaseRequest, LeaseResponse, WireLimit};
 use sluice_shim::limiter::{CheckError, Limiter};
 use sluice_shim::store::Target;
@@ -17,7 +17,14 @@ const KEY: &str = "sluice:{p:}:fw:10000";
 const T0: u64 = 1_700_000_000_000_000;
 
 fn request(limit: WireLimit, want: u32, give_back: Option<GiveBack>, now_us: u64) -> LeaseRequest {
-    LeaseRequest { policy: "p".into(), key: String::new(), limit, want, give_back, now_us: Some(now_us) }
+    LeaseRequest {
+        policy: "p".into(),
+        key: String::new(),
+        limit,
+        want,
+        give_back,
+        now_us: Some(Micros(now_us)),
+    }
 }
 
 fn window(limit: u32) -> WireLimit {

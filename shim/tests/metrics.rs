@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use sluice_harness::client::http;
 use sluice_harness::Redis;
-use sluice_policies::units::Millis;
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{Check, CheckRequest, CheckResponse, ReleaseRequest, WireLimit};
 use sluice_shim::limiter::Limiter;
 use sluice_shim::server::{run, Options};
@@ -36,7 +36,12 @@ async fn post_check(
     now_us: Option<u64>,
     wait_ms: Option<u64>,
 ) -> (u16, Option<CheckResponse>) {
-    let req = CheckRequest { checks: checks.into(), id: Some(id.to_string().into()), now_us, wait_ms };
+    let req = CheckRequest {
+        checks: checks.into(),
+        id: Some(id.to_string().into()),
+        now_us: now_us.map(Micros),
+        wait_ms: wait_ms.map(Millis),
+    };
     let (status, body) = http(port, "POST", "/v1/check", &serde_json::to_string(&req).expect("json")).await;
     (status, serde_json::from_str(&body).ok())
 }
@@ -164,12 +169,17 @@ async fn the_partners_answers_are_counted_by_effect() {
     use sluice_policies::wire::{FeedbackRequest, Pause, Slowdown};
     let redis = Redis::start().expect("redis");
     let port = serve(&redis, true).await;
-    let slow = Some(Slowdown { decrease_ppm: 500_000, recover_ms: 60_000, min_ppm: 50_000 });
+    let slow = Some(Slowdown { decrease_ppm: 500_000, recover_ms: Millis(60_000), min_ppm: 50_000 });
     let t0 = 1_700_000_000_000_000u64;
     for (dt, pause_ms) in [(0, 2_000), (1_000, 1_000), (2_000, 5_000)] {
         let req = FeedbackRequest {
-            pauses: vec![Pause { policy: "partner".into(), key: "acme".into(), pause_ms, slow }],
-            now_us: Some(t0 + dt),
+            pauses: vec![Pause {
+                policy: "partner".into(),
+                key: "acme".into(),
+                pause_ms: Millis(pause_ms),
+                slow,
+            }],
+            now_us: Some(Micros(t0 + dt)),
         };
         let (status, body) =
             http(port, "POST", "/v1/feedback", &serde_json::to_string(&req).expect("json")).await;

@@ -14,7 +14,7 @@ use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner}
 use sluice_harness::Redis;
 use sluice_policies::algorithm::reserve::{self, Waiting};
 use sluice_policies::algorithm::{self, Algorithm, RedisTwin, State};
-use sluice_policies::units::Millis;
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{Check, CheckRequest, FeedbackRequest, Pause, Slowdown, WireLimit};
 use sluice_shim::keys::script_limits;
 use sluice_shim::limiter::Limiter;
@@ -44,7 +44,7 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
 
 const LIMIT: WireLimit = WireLimit::SlidingWindow { limit: 3, window_ms: Millis(1_000), approximate: false };
 /// Halves the rate, back in 4 s, never below a tenth: 3 a second becomes 1.
-const SLOW: Slowdown = Slowdown { decrease_ppm: 500_000, recover_ms: 4_000, min_ppm: 100_000 };
+const SLOW: Slowdown = Slowdown { decrease_ppm: 500_000, recover_ms: Millis(4_000), min_ppm: 100_000 };
 
 fn request(policy: &str, now_us: u64, id: &str, wait_ms: Option<u64>) -> CheckRequest<'static> {
     CheckRequest {
@@ -56,9 +56,9 @@ fn request(policy: &str, now_us: u64, id: &str, wait_ms: Option<u64>) -> CheckRe
             upstream: true,
         }]
         .into(),
-        now_us: Some(now_us),
+        now_us: Some(Micros(now_us)),
         id: Some(id.to_string().into()),
-        wait_ms,
+        wait_ms: wait_ms.map(Millis),
     }
 }
 
@@ -94,8 +94,13 @@ fn the_pause_scripts_decide_as_the_model() {
                         now += dt;
                         let slow = refused.then_some(SLOW);
                         let req = FeedbackRequest {
-                            pauses: vec![Pause { policy: policy.clone(), key: "k".into(), pause_ms, slow }],
-                            now_us: Some(now),
+                            pauses: vec![Pause {
+                                policy: policy.clone(),
+                                key: "k".into(),
+                                pause_ms: Millis(pause_ms),
+                                slow,
+                            }],
+                            now_us: Some(Micros(now)),
                         };
                         let got = runtime
                             .block_on(limiter.feedback(&req))
@@ -179,8 +184,13 @@ fn a_pause_only_extends() {
     let t0 = 1_700_000_000_000_000u64;
     let record = |dt: u64, pause_ms: u64| {
         let req = FeedbackRequest {
-            pauses: vec![Pause { policy: "p".into(), key: "k".into(), pause_ms, slow: None }],
-            now_us: Some(t0 + dt),
+            pauses: vec![Pause {
+                policy: "p".into(),
+                key: "k".into(),
+                pause_ms: Millis(pause_ms),
+                slow: None,
+            }],
+            now_us: Some(Micros(t0 + dt)),
         };
         runtime.block_on(limiter.feedback(&req)).expect("feedback").extended
     };
@@ -204,7 +214,12 @@ fn bad_feedback_is_refused() {
     let _in_runtime = runtime.enter();
     let limiter = Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), false).expect("limiter");
     let bad = |policy: &str, key: &str, pause_ms: u64| FeedbackRequest {
-        pauses: vec![Pause { policy: policy.into(), key: key.into(), pause_ms, slow: None }],
+        pauses: vec![Pause {
+            policy: policy.into(),
+            key: key.into(),
+            pause_ms: Millis(pause_ms),
+            slow: None,
+        }],
         now_us: None,
     };
     for req in [bad("p{", "k", 1), bad("p", "a b", 1), bad("p", "k", u64::MAX)] {
@@ -235,7 +250,7 @@ async fn a_held_request_is_moved_past_a_pause_that_lands_while_it_waits() {
         .into(),
         now_us: None,
         id: Some(id.to_string().into()),
-        wait_ms: Some(5_000),
+        wait_ms: Some(Millis(5_000)),
     };
     assert!(limiter.check(&request("r1")).await.expect("r1").allowed);
     let held = {
@@ -244,7 +259,7 @@ async fn a_held_request_is_moved_past_a_pause_that_lands_while_it_waits() {
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
     let pause = FeedbackRequest {
-        pauses: vec![Pause { policy: "p".into(), key: "k".into(), pause_ms: 2_000, slow: None }],
+        pauses: vec![Pause { policy: "p".into(), key: "k".into(), pause_ms: Millis(2_000), slow: None }],
         now_us: None,
     };
     assert_eq!(limiter.feedback(&pause).await.expect("feedback").extended, 1);

@@ -124,7 +124,7 @@ async fn a_held_check_is_woken_over_tls() {
         checks: checks.clone().into(),
         now_us: None,
         id: Some(id.to_string().into()),
-        wait_ms,
+        wait_ms: wait_ms.map(Millis),
     };
     let first = limiter.check(&held("first", None)).await.expect("check over TLS");
     assert_eq!(first.lease.as_deref(), Some("first"));

@@ -28,7 +28,7 @@ fn request(id: &str, limits: &[WireLimit], wait_ms: u64) -> CheckRequest<'static
         .into(),
         now_us: None,
         id: Some(id.to_string().into()),
-        wait_ms: Some(wait_ms),
+        wait_ms: Some(Millis(wait_ms)),
     }
 }
 

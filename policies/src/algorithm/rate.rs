@@ -120,15 +120,16 @@ pub fn slow(state: Option<&State>, now: u64, paused_until: u64, slow: &Slowdown)
     Some(State::Rate {
         factor: lowered.max(slow.min_ppm),
         at: now,
-        recover_us: slow.recover_ms.saturating_mul(1000),
+        recover_us: slow.recover_ms.as_micros().get(),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::units::Millis;
 
-    const SLOW: Slowdown = Slowdown { decrease_ppm: 500_000, recover_ms: 10_000, min_ppm: 100_000 };
+    const SLOW: Slowdown = Slowdown { decrease_ppm: 500_000, recover_ms: Millis(10_000), min_ppm: 100_000 };
 
     #[test]
     fn a_refusal_halves_the_rate_which_climbs_back() {

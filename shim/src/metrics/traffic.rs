@@ -148,7 +148,7 @@ impl Traffic {
             }
             let second = second(&mut policy.seconds, now);
             let t = &mut policy.totals;
-            let could_wait = req.wait_ms.is_some_and(|ms| ms > 0);
+            let could_wait = req.wait_ms.is_some_and(|ms| ms.get() > 0);
             match label {
                 "allowed" => {
                     t.allowed += 1;
@@ -250,7 +250,7 @@ mod tests {
                 upstream: false,
             })
             .collect();
-        CheckRequest { checks: checks.into(), id: None, now_us: None, wait_ms }
+        CheckRequest { checks: checks.into(), id: None, now_us: None, wait_ms: wait_ms.map(Millis) }
     }
 
     fn admitted(checks: usize, waited_ms: Option<u64>, reclaimed: u64) -> Result<CheckResponse, CheckError> {
