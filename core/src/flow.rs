@@ -41,6 +41,7 @@
 use std::rc::Rc;
 
 use sluice_policies::load::{pool_occupancy, Signal};
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{
     AdjustRequest, Check, CheckOutcome, CheckResponse, FeedbackRequest, ReleaseRequest, RenewRequest,
     WireLimit, ADJUST_PATH, CHECK_PATH, FEEDBACK_PATH, RELEASE_PATH,
@@ -555,7 +556,7 @@ impl Flow {
         call.admitted = true;
         call.admitted_ms = now;
         // Held: the shim says so with a non-zero `waited_ms`.
-        let held = resp.waited_ms.unwrap_or(0);
+        let held = resp.waited_ms.map_or(0, Millis::get);
         if which == 0 {
             self.waited_ms = (held > 0).then_some(held);
         }
@@ -852,7 +853,7 @@ impl Flow {
                 (HeadersMode::Off, _) | (_, None) => None,
                 (_, Some(limit)) => Some(RateLimitHeaders::of(policy.name.as_str(), limit, 0, hit.wait_ms)),
             };
-            let mut reply = LocalReply::denial(policy, retry_after_secs(Some(hit.wait_ms)), headers);
+            let mut reply = LocalReply::denial(policy, retry_after_secs(Some(Millis(hit.wait_ms))), headers);
             let notes = std::mem::take(&mut self.shadow_notes);
             reply.headers.extend(notes.into_iter().map(|note| (SHADOW_HEADER.into(), note)));
             self.settle_tokens(false, host, fx);

@@ -14,7 +14,7 @@ use proptest::prelude::*;
 use sluice_core::leased::{Ask, Pool};
 use sluice_policies::algorithm::{self, Algorithm, RedisTwin};
 use sluice_policies::leased::Leased;
-use sluice_policies::units::Micros;
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::LeaseResponse;
 
 const KEY: &str = "sluice:{p:}:fw";
@@ -107,7 +107,7 @@ fn run(
                 let answer = LeaseResponse {
                     granted: u32::try_from(grant.granted).expect("small"),
                     window: grant.window,
-                    expires_in_ms: grant.expires_in_us / 1000,
+                    expires_in_ms: Millis(grant.expires_in_us / 1000),
                     remaining: grant.remaining,
                 };
                 answered.push((call, answer));

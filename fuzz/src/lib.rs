@@ -217,7 +217,7 @@ fn lease_pool(data: &[u8]) {
     let answer = sluice_policies::wire::LeaseResponse {
         granted: u32::try_from(pool.tokens % 1_000).unwrap_or(0),
         window: pool.window,
-        expires_in_ms: pool.expires_ms,
+        expires_in_ms: Millis(pool.expires_ms),
         remaining: 0,
     };
     pool.granted(lease, pool.asking_ms, now, answer);

@@ -153,8 +153,8 @@ fn worst_case_adjustments(policy: &Policy) -> Vec<Adjustment> {
             key: check.key.clone(),
             limit: *wire,
             actual: u32::MAX,
-            held_until_us: Some(u64::MAX),
-            refunded_us: u64::MAX,
+            held_until_us: Some(Micros(u64::MAX)),
+            refunded_us: Micros(u64::MAX),
         })
         .collect()
 }

@@ -68,6 +68,11 @@ impl Micros {
     pub fn ceil_millis(self) -> Millis {
         Millis(self.0.div_ceil(1000))
     }
+
+    /// For serde's `skip_serializing_if`.
+    pub(crate) fn is_zero(&self) -> bool {
+        self.0 == 0
+    }
 }
 
 /// A span of time in whole milliseconds, from 1 ms to one year. Written with a
@@ -256,8 +261,8 @@ mod tests {
         assert_eq!(serde_json::from_str::<Option<Micros>>("null").unwrap(), None);
     }
 
-    /// Microseconds become milliseconds rounded up, as `algorithm::ceil_ms`
-    /// rounds; milliseconds become microseconds without overflowing.
+    /// Microseconds become milliseconds rounded up, as every wait and reset
+    /// a check reports; milliseconds become microseconds without overflowing.
     #[test]
     fn conversions_round_up_to_milliseconds_and_saturate_to_microseconds() {
         assert_eq!(Millis(5).as_micros(), Micros(5_000));

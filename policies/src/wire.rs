@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::algorithm::LimitOutcome;
 pub use crate::feedback::Slowdown;
 pub use crate::limit::{WireLimit, MAX_REFILL_US};
-use crate::units::{is_false, is_zero, Micros, Millis};
+use crate::units::{is_false, Micros, Millis};
 use crate::Duration;
 
 pub const CHECK_PATH: &str = "/v1/check";
@@ -85,7 +85,7 @@ pub struct CheckResponse {
     /// When denied: the earliest time, in ms from now, at which the same
     /// request would pass; `None` when no one can know (a concurrency limit
     /// waits for a release). 0 when allowed.
-    pub retry_after_ms: Option<u64>,
+    pub retry_after_ms: Option<Millis>,
     /// One entry per check of the request, in order.
     pub checks: Vec<CheckOutcome>,
     /// When admitted with concurrency limits: the lease to release at the
@@ -95,7 +95,7 @@ pub struct CheckResponse {
     /// Egress waiting: how long the shim held the request before admitting
     /// it, in milliseconds; absent when it was decided at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub waited_ms: Option<u64>,
+    pub waited_ms: Option<Millis>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -107,7 +107,7 @@ pub struct CheckOutcome {
     /// more milliseconds; decided at once the check is refused, waiting its
     /// slot is the pause's end. Absent when not paused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub paused_ms: Option<u64>,
+    pub paused_ms: Option<Millis>,
 }
 
 impl CheckResponse {
@@ -170,10 +170,10 @@ pub struct Adjustment {
     /// The admitted check's `held_until_us` for this limit. A refund
     /// (`actual` below the estimate) without it returns nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub held_until_us: Option<u64>,
+    pub held_until_us: Option<Micros>,
     /// The admitted check's `refunded_us` for this limit.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub refunded_us: u64,
+    #[serde(default, skip_serializing_if = "Micros::is_zero")]
+    pub refunded_us: Micros,
 }
 
 /// Upstream feedback: the partner asked these keys to slow down. The shim
@@ -306,7 +306,7 @@ pub struct LeaseResponse {
     pub window: u64,
     /// Milliseconds, rounded down, from the shim's grant to the window's end:
     /// no token may be spent after it.
-    pub expires_in_ms: u64,
+    pub expires_in_ms: Millis,
     /// What the window has left after this grant.
     pub remaining: u64,
 }
@@ -338,7 +338,6 @@ impl LeaseRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::units::Millis;
 
     /// The shim refuses a lease call beyond what a policy could send.
     #[test]

@@ -197,8 +197,11 @@ fn run_costed(interval: u64, burst: u64, requests: &[Costed]) -> Vec<Admitted> {
                         key: key.clone(),
                         interval_us: interval,
                         delta: r.actual as i64 - r.estimate as i64,
-                        held_until_us: outcome.held_until_us.expect("an admitted bucket says until when"),
-                        refunded_us: outcome.refunded_us,
+                        held_until_us: outcome
+                            .held_until_us
+                            .expect("an admitted bucket says until when")
+                            .get(),
+                        refunded_us: outcome.refunded_us.get(),
                     };
                     admitted.push(Admitted {
                         checked: (t, 2 * n),
@@ -274,8 +277,8 @@ fn a_late_refund_returns_nothing_the_bucket_already_refilled() {
         key: "k".to_string(),
         interval_us: interval,
         delta: -10,
-        held_until_us: r1.limits[0].held_until_us.expect("held until"),
-        refunded_us: r1.limits[0].refunded_us,
+        held_until_us: r1.limits[0].held_until_us.expect("held until").get(),
+        refunded_us: r1.limits[0].refunded_us.get(),
     };
     algorithm::adjust(&mut store, t0 + 10 * second + 1_000, &[refund]);
     let r3 = algorithm::check(&mut store, t0 + 10 * second + 2_000, "r3", &limits(10));
@@ -299,8 +302,8 @@ fn a_refund_behind_an_earlier_refund_returns_only_what_its_moved_charge_holds() 
         key: "k".to_string(),
         interval_us: interval,
         delta,
-        held_until_us: reply.limits[0].held_until_us.expect("held until"),
-        refunded_us: reply.limits[0].refunded_us,
+        held_until_us: reply.limits[0].held_until_us.expect("held until").get(),
+        refunded_us: reply.limits[0].refunded_us.get(),
     };
     let t0 = 1_000_000_000u64;
     let mut store = RedisTwin::default();

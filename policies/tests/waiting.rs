@@ -77,7 +77,7 @@ fn run(limits: &[Algorithm], margin: u64, events: &[Event]) -> Vec<(u64, u64)> {
                     let charges = waiting
                         .iter()
                         .zip(&got.reply.limits)
-                        .map(|((key, alg, _), l)| (key.clone(), *alg, l.held_until_us))
+                        .map(|((key, alg, _), l)| (key.clone(), *alg, l.held_until_us.map(Micros::get)))
                         .collect();
                     held.push((reserved.len() - 1, id, at, charges));
                 }

@@ -13,6 +13,7 @@
 use sluice_policies::algorithm::{Algorithm, Correction};
 pub use sluice_policies::bounds::{MAX_ADJUSTMENTS, MAX_CHECKS, MAX_LIMITS};
 use sluice_policies::key::is_encoded;
+use sluice_policies::units::Micros;
 use sluice_policies::wire::{Adjustment, Check, LeaseRequest, WireLimit};
 use sluice_policies::PolicyName;
 
@@ -112,8 +113,8 @@ pub fn script_adjustments(adjustments: &[Adjustment]) -> Result<Vec<Correction>,
                 key: limit.key,
                 interval_us: interval_us.get(),
                 delta: i64::from(a.actual) - i64::from(cost),
-                held_until_us: a.held_until_us.unwrap_or(0),
-                refunded_us: a.refunded_us,
+                held_until_us: a.held_until_us.map_or(0, Micros::get),
+                refunded_us: a.refunded_us.get(),
             })
         })
         .collect()
@@ -201,7 +202,7 @@ mod tests {
             limit,
             actual,
             held_until_us: None,
-            refunded_us: 0,
+            refunded_us: Micros(0),
         };
         let got = script_adjustments(&[a(80), a(10)]).expect("valid");
         assert_eq!(

@@ -16,7 +16,7 @@ use std::time::Duration;
 use redis::cluster_routing::Slot;
 use redis::Script;
 use sluice_policies::algorithm::Algorithm;
-use sluice_policies::units::Micros;
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{
     AdjustRequest, CheckRequest, CheckResponse, FeedbackRequest, FeedbackResponse, LeaseRequest,
     LeaseResponse, LimitOutcome, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse, ShedRequest,
@@ -120,7 +120,7 @@ impl Limiter {
         if limits.is_empty() {
             return Ok(CheckResponse {
                 allowed: true,
-                retry_after_ms: Some(0),
+                retry_after_ms: Some(Millis(0)),
                 checks: Vec::new(),
                 lease: None,
                 waited_ms: None,
@@ -354,7 +354,7 @@ impl Limiter {
             granted: u32::try_from(granted).map_err(|_| unexpected())?,
             window: count(window)?,
             // Rounded down: the gateway stops spending no later than the window ends.
-            expires_in_ms: count(expires_in_us)? / 1000,
+            expires_in_ms: Millis(count(expires_in_us)? / 1000),
             remaining: count(remaining)?,
         })
     }
@@ -415,11 +415,11 @@ fn unasked(algorithm: &Algorithm) -> LimitOutcome {
     LimitOutcome {
         allowed: true,
         remaining: capacity,
-        reset_ms: 0,
-        retry_after_ms: Some(0),
+        reset_ms: Millis(0),
+        retry_after_ms: Some(Millis(0)),
         reclaimed: 0,
         held_until_us: None,
-        refunded_us: 0,
+        refunded_us: Micros(0),
     }
 }
 
@@ -437,10 +437,10 @@ fn lease_limits(req: &ReleaseRequest) -> Result<Vec<ScriptLimit>, CheckError> {
     Ok(limits.into_iter().filter(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })).collect())
 }
 
-fn combined_retry(replies: &[SlotReply]) -> Option<u64> {
+fn combined_retry(replies: &[SlotReply]) -> Option<Millis> {
     let denied: Vec<&SlotReply> = replies.iter().filter(|r| !r.allowed).collect();
     if denied.is_empty() {
-        return Some(0);
+        return Some(Millis(0));
     }
-    denied.iter().try_fold(0, |most, r| r.retry_after_ms.map(|ms| most.max(ms)))
+    denied.iter().try_fold(Millis(0), |most, r| r.retry_after_ms.map(|ms| most.max(ms)))
 }

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_policies::algorithm::Algorithm;
-use sluice_policies::units::Micros;
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{CheckRequest, CheckResponse};
 
 use crate::decision::{by_check, decode, store_error, CheckError, SlotReply};
@@ -126,7 +126,8 @@ pub(crate) async fn check(
     loop {
         let now = at_now(started.elapsed());
         let reply = reserve(waiting, limits, &now, id, left_us, &margins(req)).await?;
-        let held_until: Vec<u64> = reply.limits.iter().map(|l| l.held_until_us.unwrap_or(0)).collect();
+        let held_until: Vec<u64> =
+            reply.limits.iter().map(|l| l.held_until_us.map_or(0, Micros::get)).collect();
         let mut response = CheckResponse {
             allowed: reply.allowed,
             retry_after_ms: reply.retry_after_ms,
@@ -217,8 +218,8 @@ impl Drop for Holding<'_> {
     }
 }
 
-fn ceil_ms(d: Duration) -> u64 {
-    u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
+fn ceil_ms(d: Duration) -> Millis {
+    Millis(u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX))
 }
 
 /// A waiting request's reservation, not held: for tests.

@@ -111,8 +111,8 @@ async fn retry_after_is_exact() {
     assert!(check(&limiter, "k", &limits, t0 + SECOND).await.allowed);
     let denied = check(&limiter, "k", &limits, t0 + 2 * SECOND).await;
     assert!(!denied.allowed);
-    assert_eq!(denied.retry_after_ms, Some(3_000));
-    assert_eq!(denied.checks[0].limits[0].retry_after_ms, Some(3_000));
+    assert_eq!(denied.retry_after_ms, Some(Millis(3_000)));
+    assert_eq!(denied.checks[0].limits[0].retry_after_ms, Some(Millis(3_000)));
     // One microsecond early is still too early; on time it passes.
     assert!(!check(&limiter, "k", &limits, t0 + 5 * SECOND - 1).await.allowed);
     assert!(check(&limiter, "k", &limits, t0 + 5 * SECOND).await.allowed);
@@ -292,7 +292,7 @@ async fn a_clock_step_back_keeps_the_newer_fixed_window() {
     assert!(check(&limiter, "k", &limits, t0 + 1).await.allowed);
     let back = check(&limiter, "k", &limits, t0 - SECOND / 2).await;
     assert!(!back.allowed, "admitted in the older window after a step back: {back:?}");
-    assert_eq!(back.retry_after_ms, Some(1_500), "the stored window is full: wait for the next one");
+    assert_eq!(back.retry_after_ms, Some(Millis(1_500)), "the stored window is full: wait for the next one");
     let later = check(&limiter, "k", &limits, t0 + 2).await;
     assert!(!later.allowed, "the newer window lost its count: a third request in it was admitted");
 }

@@ -51,7 +51,7 @@ async fn a_denial_in_one_slot_refunds_the_others() {
         assert!(!denied.allowed);
         assert!(denied.checks[0].limits.iter().all(|l| l.allowed), "wide itself allowed: {denied:?}");
         assert!(!denied.checks[1].limits[0].allowed);
-        assert!(denied.retry_after_ms.is_some_and(|ms| ms > 3_000_000), "{denied:?}");
+        assert!(denied.retry_after_ms.is_some_and(|ms| ms > Millis(3_000_000)), "{denied:?}");
     }
 
     // Only `wide` now: 4 more pass on every algorithm, the fifth does not.

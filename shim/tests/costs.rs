@@ -43,7 +43,7 @@ async fn adjust(limiter: &Limiter, cost: u32, actual: u32, now_us: u64) -> Resul
         limit: points(cost),
         actual,
         held_until_us: None,
-        refunded_us: 0,
+        refunded_us: Micros(0),
     };
     limiter.adjust(&AdjustRequest { adjustments: vec![adjustment], now_us: Some(Micros(now_us)) }).await
 }
@@ -77,7 +77,7 @@ async fn an_actual_cost_beyond_the_capacity_is_refused_and_the_lockout_bounded()
     assert!((1..=11_000).contains(&ttl), "PTTL {ttl} after charging the whole capacity");
     let next = check(&limiter, 1, t0).await.expect("check");
     assert!(!next.allowed);
-    assert_eq!(next.retry_after_ms, Some(100), "an empty bucket waits one token (10 s / 100)");
+    assert_eq!(next.retry_after_ms, Some(Millis(100)), "an empty bucket waits one token (10 s / 100)");
 }
 
 /// A check whose points cost exceeds the capacity is refused, not decided:

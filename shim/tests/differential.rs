@@ -116,7 +116,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 /// A limit's charge as an admitted check reported it: (held_until_us, refunded_us).
-type Charge = (Option<u64>, u64);
+type Charge = (Option<Micros>, Micros);
 
 /// The (key, limit, lease) of each concurrency limit of `checks`, as the
 /// model's release and renewal take them.
@@ -408,8 +408,11 @@ fn run_waiting_case(
                 prop_assert_eq!(got.at, want.at, "slot at {}", now);
                 if let Some(at) = got.at {
                     prop_assert!(at >= now && at - now <= wait_ms * 1000, "slot {} beyond the wait", at);
-                    let tats =
-                        got.response.checks[0].limits.iter().map(|l| l.held_until_us.unwrap_or(0)).collect();
+                    let tats = got.response.checks[0]
+                        .limits
+                        .iter()
+                        .map(|l| l.held_until_us.map_or(0, Micros::get))
+                        .collect();
                     held.push((id, checks, at, tats));
                 }
             }
@@ -739,8 +742,11 @@ fn run_mixed_case(
                 prop_assert_eq!(&got.response.checks[0].limits, &want.reply.limits, "reserve at {}", now);
                 prop_assert_eq!(got.at, want.at, "slot at {}", now);
                 if let Some(at) = got.at {
-                    let held =
-                        got.response.checks[0].limits.iter().map(|l| l.held_until_us.unwrap_or(0)).collect();
+                    let held = got.response.checks[0]
+                        .limits
+                        .iter()
+                        .map(|l| l.held_until_us.map_or(0, Micros::get))
+                        .collect();
                     pending.push((id, at, held, wait));
                 }
             }
@@ -940,7 +946,7 @@ fn run_lease_case(w: &World, limit: u32, window_ms: u64, ops: Vec<LeaseOp>) -> R
                 let modelled = LeaseResponse {
                     granted: u32::try_from(grant.granted).expect("small"),
                     window: grant.window,
-                    expires_in_ms: grant.expires_in_us / 1000,
+                    expires_in_ms: Millis(grant.expires_in_us / 1000),
                     remaining: grant.remaining,
                 };
                 prop_assert_eq!(got, modelled, "lease at {}", now);

@@ -50,9 +50,16 @@ async fn grants_give_backs_and_refusals() {
 
     // Up to `want`, then what is left, then nothing.
     let got = lease(&limiter, request(window(10), 6, None, T0)).await.expect("lease");
-    assert_eq!(got, LeaseResponse { granted: 6, window: index, expires_in_ms: WINDOW_MS, remaining: 4 });
+    assert_eq!(
+        got,
+        LeaseResponse { granted: 6, window: index, expires_in_ms: Millis(WINDOW_MS), remaining: 4 }
+    );
     let got = lease(&limiter, request(window(10), 6, None, T0 + 1)).await.expect("lease");
-    assert_eq!((got.granted, got.remaining, got.expires_in_ms), (4, 0, WINDOW_MS - 1), "rounded down");
+    assert_eq!(
+        (got.granted, got.remaining, got.expires_in_ms),
+        (4, 0, Millis(WINDOW_MS - 1)),
+        "rounded down"
+    );
     let got = lease(&limiter, request(window(10), 6, None, T0 + 2)).await.expect("lease");
     assert_eq!(got.granted, 0);
 

@@ -151,7 +151,7 @@ async fn a_held_waiter_and_its_hand_over_are_counted() {
     let (status, resp) = second.await.expect("second check");
     let resp = resp.expect("an answer");
     assert_eq!((status, resp.allowed, resp.lease.as_deref()), (200, true, Some("second")));
-    assert!(resp.waited_ms.is_some_and(|ms| ms > 0), "{resp:?}");
+    assert!(resp.waited_ms.is_some_and(|ms| ms > Millis(0)), "{resp:?}");
 
     let page = metrics(port).await;
     assert_eq!(decisions(&page, "egress", "allowed"), 1.0, "{page}");

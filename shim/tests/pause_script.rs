@@ -136,7 +136,7 @@ fn the_pause_scripts_decide_as_the_model() {
                             now
                         );
                         let paused = want.limits[1].reset_ms;
-                        prop_assert_eq!(got.checks[0].paused_ms, (paused > 0).then_some(paused));
+                        prop_assert_eq!(got.checks[0].paused_ms, (paused > Millis(0)).then_some(paused));
                         if got.allowed {
                             prop_assert!(now >= until, "admitted at {} inside a pause until {}", now, until);
                             admitted.push(now);
@@ -199,8 +199,8 @@ fn a_pause_only_extends() {
     assert_eq!(record(2_000_000, 10_000), 1);
     let check = runtime.block_on(limiter.check(&request("p", t0 + 11_000_000, "a", None))).expect("check");
     assert!(!check.allowed);
-    assert_eq!(check.checks[0].paused_ms, Some(1_000));
-    assert_eq!(check.retry_after_ms, Some(1_000));
+    assert_eq!(check.checks[0].paused_ms, Some(Millis(1_000)));
+    assert_eq!(check.retry_after_ms, Some(Millis(1_000)));
     let mut conn = redis.connection().expect("redis");
     let ttl: i64 = redis::cmd("PTTL").arg("sluice:{p:k}:pause").query(&mut conn).expect("PTTL");
     assert!(ttl > 0, "the pause key has no TTL");
@@ -265,6 +265,6 @@ async fn a_held_request_is_moved_past_a_pause_that_lands_while_it_waits() {
     assert_eq!(limiter.feedback(&pause).await.expect("feedback").extended, 1);
     let r2 = held.await.expect("task").expect("r2");
     assert!(r2.allowed, "{r2:?}");
-    let waited = r2.waited_ms.expect("held");
+    let waited = r2.waited_ms.expect("held").get();
     assert!(waited >= 2_000, "r2 went out after {waited} ms, inside the 2 s pause that began at 0.2 s");
 }

@@ -57,7 +57,7 @@ async fn a_waiting_request_is_held_until_its_slot() {
     let held = started.elapsed();
     assert!(second.allowed, "{second:?}");
     assert!(held >= Duration::from_millis(250), "answered after {held:?}, before its slot");
-    assert!(second.waited_ms.is_some_and(|ms| ms >= 250), "{second:?}");
+    assert!(second.waited_ms.is_some_and(|ms| ms >= Millis(250)), "{second:?}");
 }
 
 /// A slot further away than the wait: refused at once with the exact wait,
@@ -72,7 +72,7 @@ async fn a_slot_beyond_the_wait_is_refused_and_reserves_nothing() {
     let started = Instant::now();
     let second = check(&limiter, "r2", &every, 100).await;
     assert!(!second.allowed, "{second:?}");
-    assert!(second.retry_after_ms.is_some_and(|ms| (200..=300).contains(&ms)), "{second:?}");
+    assert!(second.retry_after_ms.is_some_and(|ms| (Millis(200)..=Millis(300)).contains(&ms)), "{second:?}");
     assert!(started.elapsed() < Duration::from_millis(100), "a refusal was held");
     assert_eq!(tat(&redis), before, "a refused waiting request changed the bucket");
 }

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::feedback::Slowdown;
 use crate::limit::WireLimit;
-use crate::units::{is_zero, per_unit, Micros};
+use crate::units::{is_zero, per_unit, Micros, Millis};
 
 /// A limit as its algorithm takes it, in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -234,11 +234,11 @@ pub struct LimitOutcome {
     pub allowed: bool,
     /// Requests this limit would still admit after this one.
     pub remaining: u64,
-    /// Milliseconds until this limit next frees capacity.
-    pub reset_ms: u64,
-    /// Milliseconds until this limit would admit the request; 0 if it did;
-    /// `None` when unknown.
-    pub retry_after_ms: Option<u64>,
+    /// Until this limit next frees capacity.
+    pub reset_ms: Millis,
+    /// Until this limit would admit the request; 0 if it did; `None` when
+    /// unknown.
+    pub retry_after_ms: Option<Millis>,
     /// Expired leases this check reclaimed: their holders died without releasing.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub reclaimed: u64,
@@ -247,18 +247,19 @@ pub struct LimitOutcome {
     /// refund can give back at most what is left of it: what the bucket has
     /// refilled since was never the request's to return.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub held_until_us: Option<u64>,
+    pub held_until_us: Option<Micros>,
     /// With `held_until_us`: what the bucket's refunds had given back so
     /// far, in microseconds, when this charge was made. Refunds since then
     /// of earlier charges moved this one earlier; the counter tells a later
     /// refund by how much at most.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub refunded_us: u64,
+    #[serde(default, skip_serializing_if = "Micros::is_zero")]
+    pub refunded_us: Micros,
 }
 
-/// Microseconds to milliseconds, rounded up.
-pub fn ceil_ms(us: u64) -> u64 {
-    us.div_ceil(1000)
+/// Microseconds to milliseconds, rounded up ([`Micros::ceil_millis`]), as
+/// `ceil_ms` in `lua/lib/common.lua` rounds them.
+pub fn ceil_ms(us: u64) -> Millis {
+    Micros(us).ceil_millis()
 }
 
 /// The decision on one request: the reply of `lua/scripts/check.lua`.
@@ -266,7 +267,7 @@ pub fn ceil_ms(us: u64) -> u64 {
 pub struct CheckReply {
     pub allowed: bool,
     /// `None` when admitted, or when some denying limit cannot say.
-    pub retry_after_ms: Option<u64>,
+    pub retry_after_ms: Option<Millis>,
     pub limits: Vec<LimitOutcome>,
 }
 
@@ -328,7 +329,7 @@ pub fn check(store: &mut RedisTwin, now: u64, id: &str, limits: &[(String, Algor
             }
         }
     }
-    let mut retry_after_ms = Some(0);
+    let mut retry_after_ms = Some(Millis(0));
     for f in found.iter().filter(|f| !f.allowed) {
         retry_after_ms = match (retry_after_ms, f.retry_us) {
             (Some(a), Some(b)) => Some(a.max(ceil_ms(b))),
@@ -340,19 +341,23 @@ pub fn check(store: &mut RedisTwin, now: u64, id: &str, limits: &[(String, Algor
         .zip(limits)
         .map(|(f, (key, _))| {
             let view = if allowed { f.after } else { f.now };
-            let held_until_us = if allowed { f.held_until } else { None };
+            let held_until_us = if allowed { f.held_until.map(Micros) } else { None };
             LimitOutcome {
                 allowed: f.allowed,
                 remaining: view.remaining,
                 reset_ms: ceil_ms(view.reset_us),
-                retry_after_ms: if f.allowed { Some(0) } else { f.retry_us.map(ceil_ms) },
+                retry_after_ms: if f.allowed { Some(Millis(0)) } else { f.retry_us.map(ceil_ms) },
                 reclaimed: f.reclaimed,
                 held_until_us,
-                refunded_us: if held_until_us.is_some() { refunded(store, key) } else { 0 },
+                refunded_us: Micros(if held_until_us.is_some() { refunded(store, key) } else { 0 }),
             }
         })
         .collect();
-    CheckReply { allowed, retry_after_ms: if allowed { Some(0) } else { retry_after_ms }, limits: outcomes }
+    CheckReply {
+        allowed,
+        retry_after_ms: if allowed { Some(Millis(0)) } else { retry_after_ms },
+        limits: outcomes,
+    }
 }
 
 /// `lua/scripts/release.lua`: ends lease `id` on each (key, limit, lease); how many

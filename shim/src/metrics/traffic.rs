@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use sluice_policies::key::is_encoded;
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{CheckRequest, CheckResponse, WireLimit};
 use sluice_policies::PolicyName;
 
@@ -158,7 +159,7 @@ impl Traffic {
                 "waited" => {
                     t.waited += 1;
                     second.waited += 1;
-                    t.wait_ms += result.as_ref().ok().and_then(|r| r.waited_ms).unwrap_or(0);
+                    t.wait_ms += result.as_ref().ok().and_then(|r| r.waited_ms).map_or(0, Millis::get);
                 }
                 "denied" => {
                     t.denied += 1;
@@ -237,7 +238,7 @@ mod tests {
     use sluice_policies::wire::{Check, CheckOutcome, LimitOutcome};
 
     use super::*;
-    use sluice_policies::units::Millis;
+    use sluice_policies::units::Micros;
 
     fn request(policies: &[(&str, &str)], wait_ms: Option<u64>) -> CheckRequest<'static> {
         let checks: Vec<Check> = policies
@@ -257,18 +258,18 @@ mod tests {
         let limit = LimitOutcome {
             allowed: true,
             remaining: 1,
-            reset_ms: 0,
-            retry_after_ms: Some(0),
+            reset_ms: Millis(0),
+            retry_after_ms: Some(Millis(0)),
             reclaimed,
             held_until_us: None,
-            refunded_us: 0,
+            refunded_us: Micros(0),
         };
         Ok(CheckResponse {
             allowed: true,
-            retry_after_ms: Some(0),
+            retry_after_ms: Some(Millis(0)),
             checks: vec![CheckOutcome { limits: vec![limit], paused_ms: None }; checks],
             lease: None,
-            waited_ms,
+            waited_ms: waited_ms.map(Millis),
         })
     }
 
