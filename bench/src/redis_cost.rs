@@ -11,6 +11,7 @@
 use anyhow::{Context, Result};
 use redis::Script;
 use sluice_policies::algorithm::Algorithm;
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{Check, WireLimit};
 use sluice_shim::keys::script_limits;
 use sluice_shim::scripts::{Invocation, Scripts};
@@ -60,25 +61,28 @@ impl Callgrind {
 /// The cases: each Sluice type, then the hand-written scripts.
 fn sluice_cases() -> Vec<(&'static str, Vec<WireLimit>)> {
     vec![
-        ("fixed_window 100/1m", vec![WireLimit::FixedWindow { limit: 100, window_ms: 60_000 }]),
+        ("fixed_window 100/1m", vec![WireLimit::FixedWindow { limit: 100, window_ms: Millis(60_000) }]),
         (
             "sliding_window 25/5s + 300/5m (S0)",
             vec![
-                WireLimit::SlidingWindow { limit: 25, window_ms: 5_000, approximate: false },
-                WireLimit::SlidingWindow { limit: 300, window_ms: 300_000, approximate: false },
+                WireLimit::SlidingWindow { limit: 25, window_ms: Millis(5_000), approximate: false },
+                WireLimit::SlidingWindow { limit: 300, window_ms: Millis(300_000), approximate: false },
             ],
         ),
         (
             "sliding_window approximate 100/1m",
-            vec![WireLimit::SlidingWindow { limit: 100, window_ms: 60_000, approximate: true }],
+            vec![WireLimit::SlidingWindow { limit: 100, window_ms: Millis(60_000), approximate: true }],
         ),
         (
             "token_bucket 100/1s burst 500",
-            vec![WireLimit::TokenBucket { rate: 100, per_ms: 1_000, burst: 500 }],
+            vec![WireLimit::TokenBucket { rate: 100, per_ms: Millis(1_000), burst: 500 }],
         ),
-        ("interval 1ms", vec![WireLimit::Interval { every_ms: 1 }]),
-        ("concurrency 50, lease 30s", vec![WireLimit::Concurrency { limit: 50, lease_ms: 30_000 }]),
-        ("points 1000/20s, cost 10", vec![WireLimit::Points { capacity: 1000, refill_ms: 20_000, cost: 10 }]),
+        ("interval 1ms", vec![WireLimit::Interval { every_ms: Millis(1) }]),
+        ("concurrency 50, lease 30s", vec![WireLimit::Concurrency { limit: 50, lease_ms: Millis(30_000) }]),
+        (
+            "points 1000/20s, cost 10",
+            vec![WireLimit::Points { capacity: 1000, refill_ms: Millis(20_000), cost: 10 }],
+        ),
     ]
 }
 

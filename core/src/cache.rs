@@ -30,6 +30,7 @@
 //! a hash collision is a miss, never a wrong denial. Writes use no cas: the
 //! last writer wins, and either entry is a correct one.
 
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{Check, CheckOutcome, WireLimit};
 use sluice_policies::Policy;
 
@@ -73,7 +74,9 @@ impl<S: SharedData> OverLimitCache<S> {
         let identity = identity(check);
         let Some(key) = self.slot_key(&identity) else { return };
         // No cas: the last writer wins, and either entry is a correct one.
-        if let Err(err) = self.store.set(&key, &encode(sent_ms.saturating_add(wait_ms), limit, &identity), None) {
+        if let Err(err) =
+            self.store.set(&key, &encode(sent_ms.saturating_add(wait_ms), limit, &identity), None)
+        {
             log::debug!("cannot write the over-limit cache's {key}: {err:?}");
         }
     }
@@ -91,7 +94,7 @@ pub fn cacheable(policy: &Policy, check: &Check, outcome: &CheckOutcome) -> Opti
     if !caches(policy) {
         return None;
     }
-    let paused = outcome.paused_ms.filter(|ms| *ms > 0).map(|ms| (ms, 0));
+    let paused = outcome.paused_ms.map(Millis::get).filter(|ms| *ms > 0).map(|ms| (ms, 0));
     match (paused, limits_cacheable(policy, check, outcome)) {
         (Some(p), Some(l)) => Some(if l.0 > p.0 { l } else { p }),
         (p, l) => p.or(l),
@@ -108,7 +111,7 @@ fn limits_cacheable(policy: &Policy, check: &Check, outcome: &CheckOutcome) -> O
         if wire.lease_ms().is_some() || refundable {
             return None;
         }
-        let wait = out.retry_after_ms.filter(|ms| *ms > 0)?;
+        let wait = out.retry_after_ms.map(Millis::get).filter(|ms| *ms > 0)?;
         let i = u16::try_from(i).ok()?;
         if longest.is_none_or(|(w, _)| wait > w) {
             longest = Some((wait, i));
@@ -176,6 +179,7 @@ mod tests {
     use std::cell::RefCell;
     use std::collections::HashMap;
 
+    use sluice_policies::units::Micros;
     use sluice_policies::wire::LimitOutcome;
 
     use super::*;
@@ -217,11 +221,11 @@ mod tests {
         let limit = |retry: &Option<u64>| LimitOutcome {
             allowed: *retry == Some(0),
             remaining: 0,
-            reset_ms: 0,
-            retry_after_ms: *retry,
+            reset_ms: Millis(0),
+            retry_after_ms: retry.map(Millis),
             reclaimed: 0,
             held_until_us: None,
-            refunded_us: 0,
+            refunded_us: Micros(0),
         };
         CheckOutcome { limits: retries.iter().map(limit).collect(), paused_ms: None }
     }
@@ -296,19 +300,19 @@ mod tests {
     fn limits_that_differ_in_any_field_have_distinct_identities() {
         use WireLimit::*;
         let limits = [
-            FixedWindow { limit: 1, window_ms: 2 },
-            FixedWindow { limit: 2, window_ms: 2 },
-            FixedWindow { limit: 1, window_ms: 3 },
-            SlidingWindow { limit: 1, window_ms: 2, approximate: false },
-            SlidingWindow { limit: 1, window_ms: 2, approximate: true },
-            TokenBucket { rate: 1, per_ms: 2, burst: 3 },
-            TokenBucket { rate: 1, per_ms: 2, burst: 4 },
-            LeakyBucket { capacity: 1, drain_ms: 2 },
-            Interval { every_ms: 2 },
-            Interval { every_ms: 3 },
-            Concurrency { limit: 1, lease_ms: 2 },
-            Points { capacity: 1, refill_ms: 2, cost: 0 },
-            Points { capacity: 1, refill_ms: 2, cost: 1 },
+            FixedWindow { limit: 1, window_ms: Millis(2) },
+            FixedWindow { limit: 2, window_ms: Millis(2) },
+            FixedWindow { limit: 1, window_ms: Millis(3) },
+            SlidingWindow { limit: 1, window_ms: Millis(2), approximate: false },
+            SlidingWindow { limit: 1, window_ms: Millis(2), approximate: true },
+            TokenBucket { rate: 1, per_ms: Millis(2), burst: 3 },
+            TokenBucket { rate: 1, per_ms: Millis(2), burst: 4 },
+            LeakyBucket { capacity: 1, drain_ms: Millis(2) },
+            Interval { every_ms: Millis(2) },
+            Interval { every_ms: Millis(3) },
+            Concurrency { limit: 1, lease_ms: Millis(2) },
+            Points { capacity: 1, refill_ms: Millis(2), cost: 0 },
+            Points { capacity: 1, refill_ms: Millis(2), cost: 1 },
         ];
         let with = |limits: Vec<WireLimit>| {
             identity(&Check { policy: "p".into(), key: "k".into(), limits, margin_ms: None, upstream: false })
@@ -340,6 +344,7 @@ mod tests {
 
 #[cfg(test)]
 mod pause_tests {
+    use sluice_policies::units::Micros;
     use sluice_policies::wire::{CheckOutcome, LimitOutcome};
 
     use super::*;
@@ -357,7 +362,7 @@ mod pause_tests {
         let check = Check {
             policy: "p".into(),
             key: "k".into(),
-            limits: vec![WireLimit::Concurrency { limit: 1, lease_ms: 60_000 }],
+            limits: vec![WireLimit::Concurrency { limit: 1, lease_ms: Millis(60_000) }],
             margin_ms: None,
             upstream: true,
         };
@@ -365,13 +370,13 @@ mod pause_tests {
             limits: vec![LimitOutcome {
                 allowed,
                 remaining: 0,
-                reset_ms: 0,
+                reset_ms: Millis(0),
                 retry_after_ms: None,
                 reclaimed: 0,
                 held_until_us: None,
-                refunded_us: 0,
+                refunded_us: Micros(0),
             }],
-            paused_ms,
+            paused_ms: paused_ms.map(Millis),
         };
         assert_eq!(cacheable(policy, &check, &outcome(true, Some(4_000))), Some((4_000, 0)));
         assert_eq!(cacheable(policy, &check, &outcome(false, Some(4_000))), Some((4_000, 0)));

@@ -3,6 +3,7 @@
 //! an admission leaves to do at the stream's end (a lease to release, points
 //! to adjust).
 
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{Adjustment, Check, CheckOutcome, CheckRequest, CheckResponse, WireLimit};
 use sluice_policies::Document;
 
@@ -69,7 +70,7 @@ impl CheckCall {
             checks: (&self.checks[..]).into(),
             now_us: None,
             id: Some(self.id.as_str().into()),
-            wait_ms: (self.wait_ms > 0).then_some(self.wait_ms),
+            wait_ms: (self.wait_ms > 0).then_some(Millis(self.wait_ms)),
         }
     }
 
@@ -120,7 +121,7 @@ impl CheckCall {
                         limit: *wire,
                         actual,
                         held_until_us: outcomes.get(j).and_then(|o| o.held_until_us),
-                        refunded_us: outcomes.get(j).map_or(0, |o| o.refunded_us),
+                        refunded_us: outcomes.get(j).map_or(Micros(0), |o| o.refunded_us),
                     });
                 }
             }

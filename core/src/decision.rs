@@ -1,5 +1,6 @@
 //! Reading the shim's answer to a check call.
 
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{Check, CheckResponse};
 
 /// The shim's answer to `checks`, or why it is no usable answer (and
@@ -34,8 +35,8 @@ pub fn read_answer(
 
 /// `Retry-After` in whole seconds, rounded up, at least 1; an unknown wait
 /// (a concurrency limit waits for a release) is sent as 1 s.
-pub fn retry_after_secs(retry_after_ms: Option<u64>) -> u64 {
-    retry_after_ms.map_or(1, |ms| ms.div_ceil(1000).max(1))
+pub fn retry_after_secs(retry_after_ms: Option<Millis>) -> u64 {
+    retry_after_ms.map_or(1, |ms| ms.get().div_ceil(1000).max(1))
 }
 
 #[cfg(test)]
@@ -44,7 +45,8 @@ mod tests {
     use sluice_policies::wire::WireLimit;
 
     fn checks() -> Vec<Check> {
-        let limits = vec![WireLimit::SlidingWindow { limit: 25, window_ms: 5000, approximate: false }];
+        let limits =
+            vec![WireLimit::SlidingWindow { limit: 25, window_ms: Millis(5000), approximate: false }];
         vec![
             Check {
                 policy: "a".into(),
@@ -80,10 +82,10 @@ mod tests {
 
     #[test]
     fn retry_after_rounds_up_and_an_unknown_wait_is_one_second() {
-        assert_eq!(retry_after_secs(Some(4001)), 5);
-        assert_eq!(retry_after_secs(Some(5000)), 5);
-        assert_eq!(retry_after_secs(Some(1)), 1);
-        assert_eq!(retry_after_secs(Some(0)), 1);
+        assert_eq!(retry_after_secs(Some(Millis(4001))), 5);
+        assert_eq!(retry_after_secs(Some(Millis(5000))), 5);
+        assert_eq!(retry_after_secs(Some(Millis(1))), 1);
+        assert_eq!(retry_after_secs(Some(Millis(0))), 1);
         assert_eq!(retry_after_secs(None), 1);
     }
 

@@ -5,6 +5,7 @@
 //! hands in the status and a header reader.
 
 use sluice_policies::feedback::Adaptation;
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{Check, Pause};
 use sluice_policies::Document;
 
@@ -48,7 +49,7 @@ pub fn read(
         out.pauses.push(Pause {
             policy: check.policy.clone(),
             key: check.key.clone(),
-            pause_ms: throttle.pause_ms,
+            pause_ms: Millis(throttle.pause_ms),
             slow,
         });
         out.throttled.push(index);
@@ -93,7 +94,7 @@ mod tests {
         let slow = Some(sluice_policies::feedback::Adapt::default().slowdown());
         assert_eq!(
             got.pauses,
-            [Pause { policy: "partner".into(), key: "acme".into(), pause_ms: 7_000, slow }]
+            [Pause { policy: "partner".into(), key: "acme".into(), pause_ms: Millis(7_000), slow }]
         );
         assert_eq!((got.throttled, got.clamped), (vec![0], vec![]));
     }
@@ -103,18 +104,18 @@ mod tests {
         let doc = sluice_policies::parse(DOC).expect("valid");
         let nothing_left = headers(&[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "3")]);
         let got = read(&doc, &[0, 1], &checks(), 200, nothing_left, 0);
-        assert_eq!((got.pauses[0].pause_ms, got.pauses[0].slow), (3_000, None));
+        assert_eq!((got.pauses[0].pause_ms, got.pauses[0].slow), (Millis(3_000), None));
         let fixed = DOC.replace(r#""max_pause": "1m""#, r#""max_pause": "1m", "adapt": false"#);
         let doc = sluice_policies::parse(&fixed).expect("valid");
         let got = read(&doc, &[0, 1], &checks(), 429, headers(&[("retry-after", "7")]), 0);
-        assert_eq!((got.pauses[0].pause_ms, got.pauses[0].slow), (7_000, None));
+        assert_eq!((got.pauses[0].pause_ms, got.pauses[0].slow), (Millis(7_000), None));
     }
 
     #[test]
     fn a_hostile_retry_after_is_cut_and_reported() {
         let doc = sluice_policies::parse(DOC).expect("valid");
         let got = read(&doc, &[0, 1], &checks(), 429, headers(&[("retry-after", "31536000")]), 0);
-        assert_eq!(got.pauses[0].pause_ms, 60_000);
+        assert_eq!(got.pauses[0].pause_ms, Millis(60_000));
         assert_eq!(got.clamped, vec![0]);
     }
 

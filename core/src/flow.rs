@@ -41,6 +41,7 @@
 use std::rc::Rc;
 
 use sluice_policies::load::{pool_occupancy, Signal};
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{
     AdjustRequest, Check, CheckOutcome, CheckResponse, FeedbackRequest, ReleaseRequest, RenewRequest,
     WireLimit, ADJUST_PATH, CHECK_PATH, FEEDBACK_PATH, RELEASE_PATH,
@@ -452,7 +453,8 @@ impl Flow {
                 continue;
             }
             let now = host.now_ms();
-            let spent = worker.pool_key(a.index).and_then(|key| update_pool(host, key, |pool| pool.spend(now)));
+            let spent =
+                worker.pool_key(a.index).and_then(|key| update_pool(host, key, |pool| pool.spend(now)));
             match spent {
                 Some(Some(token)) => self.spent.push((a.index, token)),
                 _ => {
@@ -554,7 +556,7 @@ impl Flow {
         call.admitted = true;
         call.admitted_ms = now;
         // Held: the shim says so with a non-zero `waited_ms`.
-        let held = resp.waited_ms.unwrap_or(0);
+        let held = resp.waited_ms.map_or(0, Millis::get);
         if which == 0 {
             self.waited_ms = (held > 0).then_some(held);
         }
@@ -700,7 +702,10 @@ impl Flow {
         }
         match deny_status {
             Some((name, status)) => {
-                worker.log_failure(now, &format!("{reason}; failure_mode deny (policy {name}) answers {status}"));
+                worker.log_failure(
+                    now,
+                    &format!("{reason}; failure_mode deny (policy {name}) answers {status}"),
+                );
                 self.refuse(LocalReply::unavailable(status), fx);
             }
             None => {
@@ -724,7 +729,11 @@ impl Flow {
     /// lease, each taken once, each with whether the shim confirmed the
     /// lease (else it is released by the check's id, in case the shim took
     /// it unseen).
-    fn leases_to_release(&mut self, host: &dyn Host, fx: &mut Effects) -> Vec<(ReleaseRequest, Vec<usize>, bool)> {
+    fn leases_to_release(
+        &mut self,
+        host: &dyn Host,
+        fx: &mut Effects,
+    ) -> Vec<(ReleaseRequest, Vec<usize>, bool)> {
         let worker = self.worker.clone();
         let mut out = Vec::new();
         for call in &mut self.calls {
@@ -844,7 +853,7 @@ impl Flow {
                 (HeadersMode::Off, _) | (_, None) => None,
                 (_, Some(limit)) => Some(RateLimitHeaders::of(policy.name.as_str(), limit, 0, hit.wait_ms)),
             };
-            let mut reply = LocalReply::denial(policy, retry_after_secs(Some(hit.wait_ms)), headers);
+            let mut reply = LocalReply::denial(policy, retry_after_secs(Some(Millis(hit.wait_ms))), headers);
             let notes = std::mem::take(&mut self.shadow_notes);
             reply.headers.extend(notes.into_iter().map(|note| (SHADOW_HEADER.into(), note)));
             self.settle_tokens(false, host, fx);

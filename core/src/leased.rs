@@ -124,7 +124,7 @@ impl Pool {
         self.asking_ms = 0;
         // The shim's window ends this long after it answered, so no later
         // than this long after the call was sent.
-        let ends = asked_ms.saturating_add(answer.expires_in_ms);
+        let ends = asked_ms.saturating_add(answer.expires_in_ms.get());
         if answer.granted == 0 {
             // The window is spent: until it ends, only give-backs elsewhere
             // free tokens, which exact checks find.
@@ -205,13 +205,14 @@ pub fn pool_key(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_policies::units::Millis;
 
     fn lease() -> Leased {
         Leased::new(10, 2_000).expect("valid")
     }
 
     fn answer(granted: u32, window: u64, expires_in_ms: u64) -> LeaseResponse {
-        LeaseResponse { granted, window, expires_in_ms, remaining: 0 }
+        LeaseResponse { granted, window, expires_in_ms: Millis(expires_in_ms), remaining: 0 }
     }
 
     /// Empty at first: the request goes to the shim, and the next tick asks

@@ -31,7 +31,7 @@ impl Live {
     pub fn hold(&mut self, request: RenewRequest, now_ms: u64) {
         let shortest = request.checks.iter().flat_map(|c| &c.limits).filter_map(WireLimit::lease_ms).min();
         let Some(lease_ms) = shortest else { return };
-        let every_ms = (lease_ms / RENEWALS_PER_LEASE).max(1);
+        let every_ms = (lease_ms.get() / RENEWALS_PER_LEASE).max(1);
         self.leases.insert(request.lease.clone(), Held { request, every_ms, due_ms: now_ms + every_ms });
     }
 
@@ -60,6 +60,7 @@ impl Live {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_policies::units::Millis;
     use sluice_policies::wire::Check;
 
     fn request(lease: &str, limits: Vec<WireLimit>) -> RenewRequest {
@@ -68,7 +69,7 @@ mod tests {
     }
 
     fn pool(lease_ms: u64) -> WireLimit {
-        WireLimit::Concurrency { limit: 3, lease_ms }
+        WireLimit::Concurrency { limit: 3, lease_ms: Millis(lease_ms) }
     }
 
     #[test]
@@ -95,7 +96,7 @@ mod tests {
     #[test]
     fn the_shortest_lease_sets_the_pace() {
         let mut live = Live::default();
-        let time = WireLimit::Interval { every_ms: 10 };
+        let time = WireLimit::Interval { every_ms: Millis(10) };
         live.hold(request("a", vec![pool(30_000), time, pool(600)]), 0);
         assert_eq!(live.due(200).len(), 1);
     }
@@ -114,7 +115,7 @@ mod tests {
     #[test]
     fn a_request_without_a_concurrency_limit_holds_nothing() {
         let mut live = Live::default();
-        live.hold(request("a", vec![WireLimit::Interval { every_ms: 10 }]), 0);
+        live.hold(request("a", vec![WireLimit::Interval { every_ms: Millis(10) }]), 0);
         assert_eq!(live.len(), 0);
         assert!(live.due(u64::MAX / 2).is_empty());
     }

@@ -18,6 +18,7 @@
 //! the seconds until the limit frees capacity (for a denying limit, until it
 //! would admit the request).
 
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{LimitOutcome, WireLimit};
 use sluice_policies::Limit;
 
@@ -50,7 +51,7 @@ impl RateLimitHeaders {
         let (q, window) = WireLimit::with_cost(limit, 1).quota();
         let mut policy = item(name, "q", q.into());
         match window {
-            Some(w_ms) => push_param(&mut policy, "w", secs(w_ms)),
+            Some(w_ms) => push_param(&mut policy, "w", secs(w_ms.get())),
             None => policy.push_str(";qu=\"concurrent-requests\""),
         }
         let mut ratelimit = item(name, "r", remaining);
@@ -91,9 +92,9 @@ fn push_param(out: &mut String, key: &str, value: u64) {
 /// For a denying limit, until it would admit; otherwise until it resets.
 fn wait_ms(o: &LimitOutcome) -> u64 {
     if o.allowed {
-        o.reset_ms
+        o.reset_ms.get()
     } else {
-        o.reset_ms.max(o.retry_after_ms.unwrap_or(0))
+        o.reset_ms.max(o.retry_after_ms.unwrap_or(Millis(0))).get()
     }
 }
 
@@ -109,6 +110,7 @@ fn ceil_secs(ms: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_policies::units::Micros;
 
     fn limit(json: &str) -> Limit {
         serde_json::from_str(json).expect("a limit")
@@ -118,11 +120,11 @@ mod tests {
         LimitOutcome {
             allowed,
             remaining,
-            reset_ms,
-            retry_after_ms: retry,
+            reset_ms: Millis(reset_ms),
+            retry_after_ms: retry.map(Millis),
             reclaimed: 0,
             held_until_us: None,
-            refunded_us: 0,
+            refunded_us: Micros(0),
         }
     }
 

@@ -14,6 +14,7 @@ use proptest::prelude::*;
 use sluice_core::leased::{Ask, Pool};
 use sluice_policies::algorithm::{self, Algorithm, RedisTwin};
 use sluice_policies::leased::Leased;
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::LeaseResponse;
 
 const KEY: &str = "sluice:{p:}:fw";
@@ -65,7 +66,7 @@ fn run(
     let mut sent: Vec<Call> = Vec::new();
     let mut answered: Vec<(Call, LeaseResponse)> = Vec::new();
     let mut admitted: HashMap<u64, u64> = HashMap::new();
-    let exact = [(KEY.to_string(), Algorithm::FixedWindow { limit, window_us: window_ms * 1000 })];
+    let exact = [(KEY.to_string(), Algorithm::FixedWindow { limit, window_us: Micros(window_ms * 1000) })];
     for (i, op) in ops.into_iter().enumerate() {
         match op {
             Op::Advance { dt } => now += dt,
@@ -106,7 +107,7 @@ fn run(
                 let answer = LeaseResponse {
                     granted: u32::try_from(grant.granted).expect("small"),
                     window: grant.window,
-                    expires_in_ms: grant.expires_in_us / 1000,
+                    expires_in_ms: Millis(grant.expires_in_us / 1000),
                     remaining: grant.remaining,
                 };
                 answered.push((call, answer));

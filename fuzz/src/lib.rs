@@ -17,11 +17,12 @@ use std::collections::HashMap;
 
 use arbitrary::{Arbitrary, Unstructured};
 use sluice_core::cache::OverLimitCache;
-use sluice_core::host::{SetError, SharedData};
 use sluice_core::decision::{read_answer, retry_after_secs};
+use sluice_core::host::{SetError, SharedData};
 use sluice_policies::algorithm::Algorithm;
 use sluice_policies::key;
 use sluice_policies::request::SimpleRequest;
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{
     AdjustRequest, Check, CheckRequest, CheckResponse, ReleaseRequest, ReleaseResponse, WireLimit,
 };
@@ -163,14 +164,14 @@ pub fn answer(data: &[u8]) {
         Check {
             policy: "a".into(),
             key: "k".into(),
-            limits: vec![WireLimit::SlidingWindow { limit: 1, window_ms: 1000, approximate: false }],
+            limits: vec![WireLimit::SlidingWindow { limit: 1, window_ms: Millis(1000), approximate: false }],
             margin_ms: None,
             upstream: false,
         },
         Check {
             policy: "b".into(),
             key: "k".into(),
-            limits: vec![WireLimit::Interval { every_ms: 10 }],
+            limits: vec![WireLimit::Interval { every_ms: Millis(10) }],
             margin_ms: None,
             upstream: false,
         },
@@ -216,7 +217,7 @@ fn lease_pool(data: &[u8]) {
     let answer = sluice_policies::wire::LeaseResponse {
         granted: u32::try_from(pool.tokens % 1_000).unwrap_or(0),
         window: pool.window,
-        expires_in_ms: pool.expires_ms,
+        expires_in_ms: Millis(pool.expires_ms),
         remaining: 0,
     };
     pool.granted(lease, pool.asking_ms, now, answer);

@@ -18,6 +18,7 @@ use std::borrow::Cow;
 use crate::condition::PathCondition;
 use crate::key::MAX_PART_LEN;
 pub use crate::key::{MAX_KEY_LEN, MAX_KEY_SOURCES};
+use crate::units::{Micros, Millis};
 use crate::wire::{AdjustRequest, Adjustment, Check, CheckRequest, WireLimit};
 use crate::Policy;
 
@@ -65,10 +66,10 @@ pub fn worst_case_body(policies: &[Policy]) -> Worst {
     let empty_check = CheckRequest {
         checks: Cow::Borrowed(&[]),
         id: Some(Cow::Borrowed(&id)),
-        now_us: Some(u64::MAX),
-        wait_ms: Some(u64::MAX),
+        now_us: Some(Micros(u64::MAX)),
+        wait_ms: Some(Millis(u64::MAX)),
     };
-    let empty_adjust = AdjustRequest { adjustments: Vec::new(), now_us: Some(u64::MAX) };
+    let empty_adjust = AdjustRequest { adjustments: Vec::new(), now_us: Some(Micros(u64::MAX)) };
     let check = Worst { total: check.total + json_len(&empty_check), ..check };
     let adjust = Worst { total: adjust.total + json_len(&empty_adjust), ..adjust };
     if check.total >= adjust.total {
@@ -132,7 +133,13 @@ fn worst_case_check(policy: &Policy) -> Check {
             WireLimit::with_cost(limit, WireLimit::with_cost(limit, 1).capacity())
         })
         .collect();
-    Check { policy: policy.name.as_str().to_string(), key, limits, margin_ms: Some(u64::MAX), upstream: true }
+    Check {
+        policy: policy.name.as_str().to_string(),
+        key,
+        limits,
+        margin_ms: Some(Millis(u64::MAX)),
+        upstream: true,
+    }
 }
 
 /// The adjustments of `policy`'s points limits with an `actual_cost_header`, at their largest.
@@ -146,8 +153,8 @@ fn worst_case_adjustments(policy: &Policy) -> Vec<Adjustment> {
             key: check.key.clone(),
             limit: *wire,
             actual: u32::MAX,
-            held_until_us: Some(u64::MAX),
-            refunded_us: u64::MAX,
+            held_until_us: Some(Micros(u64::MAX)),
+            refunded_us: Micros(u64::MAX),
         })
         .collect()
 }

@@ -39,6 +39,7 @@ use crate::key::{self, ClientIp, KeySource, OnMissingKey};
 pub use crate::response::FailureMode;
 use crate::response::{CacheSlots, CooldownMs, DenyResponse, DenyStatus, FailureThreshold, HeadersMode};
 use crate::shed::ShedPolicy;
+use crate::units::Millis;
 use crate::wait::Wait;
 use crate::wire::{Check, ShedRequest, WireLimit};
 use crate::{HeaderName, Limit, PolicyName, Request};
@@ -497,7 +498,7 @@ impl Applied<'_> {
             policy: self.policy.name.as_str().to_string(),
             key: self.key.clone(),
             limits: self.policy.limits.iter().map(|l| WireLimit::of(l, req, self.class)).collect(),
-            margin_ms: self.policy.wait.map(|w| w.margin_ms()),
+            margin_ms: self.policy.wait.map(|w| Millis(w.margin_ms())),
             upstream: self.policy.upstream.is_some(),
         }
     }
@@ -517,9 +518,9 @@ impl ShedRequest {
             classes,
             high: c.high,
             low: c.low,
-            delay_ms: c.delay.as_millis(),
-            ramp_ms: c.ramp.as_millis(),
-            recovery_ms: c.recovery.as_millis(),
+            delay_ms: c.delay.to_millis(),
+            ramp_ms: c.ramp.to_millis(),
+            recovery_ms: c.recovery.to_millis(),
             utilization,
             now_ms: None,
         }

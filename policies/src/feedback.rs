@@ -27,7 +27,7 @@ use std::time::{Duration as StdDuration, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::units::{Duration, PPM};
+use crate::units::{Duration, Millis, PPM};
 
 /// A policy's `upstream` setting. `"upstream": {}` takes every default.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -105,7 +105,7 @@ impl Adapt {
     pub fn slowdown(&self) -> Slowdown {
         Slowdown {
             decrease_ppm: ppm(self.decrease),
-            recover_ms: self.recover.as_millis(),
+            recover_ms: self.recover.to_millis(),
             min_ppm: ppm(self.min),
         }
     }
@@ -119,7 +119,7 @@ pub struct Slowdown {
     /// The factor the rate is multiplied by.
     pub decrease_ppm: u64,
     /// How long the rate takes to climb from nothing back to the policy's own.
-    pub recover_ms: u64,
+    pub recover_ms: Millis,
     /// The lowest the rate goes.
     pub min_ppm: u64,
 }
@@ -139,8 +139,9 @@ impl Slowdown {
                 self.decrease_ppm as f64 / PPM as f64
             ));
         }
-        if self.recover_ms == 0 || self.recover_ms > Self::MAX_RECOVER_MS {
-            return Err(format!("recover: above 0 and at most 1d, got {} ms", self.recover_ms));
+        let recover_ms = self.recover_ms.get();
+        if recover_ms == 0 || recover_ms > Self::MAX_RECOVER_MS {
+            return Err(format!("recover: above 0 and at most 1d, got {recover_ms} ms"));
         }
         if !(Self::LEAST_MIN_PPM..=PPM).contains(&self.min_ppm) {
             return Err(format!(
@@ -459,7 +460,10 @@ mod tests {
         let want = Adapt { decrease: 0.7, recover: Duration::parse("5m").expect("5m"), min: 0.05 };
         assert_eq!(tuned, Some(Adaptation::On(want)));
         let defaults = Adapt::default().slowdown();
-        assert_eq!(defaults, Slowdown { decrease_ppm: 500_000, recover_ms: 1_800_000, min_ppm: 50_000 });
+        assert_eq!(
+            defaults,
+            Slowdown { decrease_ppm: 500_000, recover_ms: Millis(1_800_000), min_ppm: 50_000 }
+        );
         assert!(parse(r#"{"adapt": {"decrease": 1.5}}"#)
             .is_ok_and(|a| { matches!(a, Adaptation::On(a) if a.slowdown().validate().is_err()) }));
     }

@@ -26,7 +26,8 @@
 //! The model:
 //!
 //! - [`units`]: the validated scalars: durations, counts, names, parts per
-//!   million, and a bucket's time per unit.
+//!   million, and a bucket's time per unit; past parsing, milliseconds
+//!   ([`Millis`](units::Millis)) and microseconds ([`Micros`](units::Micros)).
 //! - [`request`]: what matching and keying read from a request.
 //! - [`cost`]: a points cost read from a header, clamped to the capacity.
 //! - [`response`]: what the gateway answers and when: headers, denial

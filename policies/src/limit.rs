@@ -17,7 +17,7 @@ use serde::de::{self, Deserializer};
 use serde::{Deserialize, Serialize};
 
 use crate::cost::read_cost;
-use crate::units::{is_false, per_unit_us, MAX_COUNT};
+use crate::units::{is_false, per_unit, Micros, Millis, MAX_COUNT};
 use crate::{Count, Duration, HeaderName, PolicyName, Request};
 
 /// One limit of a policy; `type` names its kind.
@@ -349,39 +349,39 @@ fn check_rate(limit: &Limit) -> Result<(), String> {
 pub enum WireLimit {
     FixedWindow {
         limit: u32,
-        window_ms: u64,
+        window_ms: Millis,
     },
     SlidingWindow {
         limit: u32,
-        window_ms: u64,
+        window_ms: Millis,
         #[serde(default, skip_serializing_if = "is_false")]
         approximate: bool,
     },
     TokenBucket {
         rate: u32,
-        per_ms: u64,
+        per_ms: Millis,
         burst: u32,
     },
     LeakyBucket {
         capacity: u32,
-        drain_ms: u64,
+        drain_ms: Millis,
     },
     Interval {
-        every_ms: u64,
+        every_ms: Millis,
     },
     Concurrency {
         limit: u32,
-        lease_ms: u64,
+        lease_ms: Millis,
     },
     Points {
         capacity: u32,
-        refill_ms: u64,
+        refill_ms: Millis,
         cost: u32,
     },
 }
 
 /// The longest a bucket may take to refill completely: ten years.
-pub const MAX_REFILL_US: u64 = 10 * 365 * 24 * 3600 * 1_000_000;
+pub const MAX_REFILL_US: Micros = Micros(10 * 365 * 24 * 3600 * 1_000_000);
 
 impl WireLimit {
     /// `limit` as it applies to `req` of `class`: a `points` cost read from
@@ -394,7 +394,7 @@ impl WireLimit {
             }
             Limit::Concurrency { limit, lease, reserve: Some(reserve) } => WireLimit::Concurrency {
                 limit: reserve.pool_for(limit.get(), class),
-                lease_ms: lease.as_millis(),
+                lease_ms: lease.to_millis(),
             },
             _ => WireLimit::with_cost(limit, 1),
         }
@@ -404,23 +404,23 @@ impl WireLimit {
     pub fn with_cost(limit: &Limit, cost: u32) -> WireLimit {
         match *limit {
             Limit::FixedWindow { limit, window } => {
-                WireLimit::FixedWindow { limit: limit.get(), window_ms: window.as_millis() }
+                WireLimit::FixedWindow { limit: limit.get(), window_ms: window.to_millis() }
             }
             Limit::SlidingWindow { limit, window, approximate } => {
-                WireLimit::SlidingWindow { limit: limit.get(), window_ms: window.as_millis(), approximate }
+                WireLimit::SlidingWindow { limit: limit.get(), window_ms: window.to_millis(), approximate }
             }
             Limit::TokenBucket { rate, per, burst } => {
-                WireLimit::TokenBucket { rate: rate.get(), per_ms: per.as_millis(), burst: burst.get() }
+                WireLimit::TokenBucket { rate: rate.get(), per_ms: per.to_millis(), burst: burst.get() }
             }
             Limit::LeakyBucket { capacity, drain } => {
-                WireLimit::LeakyBucket { capacity: capacity.get(), drain_ms: drain.as_millis() }
+                WireLimit::LeakyBucket { capacity: capacity.get(), drain_ms: drain.to_millis() }
             }
-            Limit::Interval { every } => WireLimit::Interval { every_ms: every.as_millis() },
+            Limit::Interval { every } => WireLimit::Interval { every_ms: every.to_millis() },
             Limit::Concurrency { limit, lease, .. } => {
-                WireLimit::Concurrency { limit: limit.get(), lease_ms: lease.as_millis() }
+                WireLimit::Concurrency { limit: limit.get(), lease_ms: lease.to_millis() }
             }
             Limit::Points { capacity, refill, .. } => {
-                WireLimit::Points { capacity: capacity.get(), refill_ms: refill.as_millis(), cost }
+                WireLimit::Points { capacity: capacity.get(), refill_ms: refill.to_millis(), cost }
             }
         }
     }
@@ -456,13 +456,13 @@ impl WireLimit {
     /// The quota and its window in milliseconds, as the RateLimit headers
     /// tell them: its [capacity](Self::capacity) over its window, or the time
     /// an empty bucket takes to fill; no window for concurrency.
-    pub fn quota(&self) -> (u32, Option<u64>) {
+    pub fn quota(&self) -> (u32, Option<Millis>) {
         let window_ms = match *self {
             WireLimit::FixedWindow { window_ms, .. } | WireLimit::SlidingWindow { window_ms, .. } => {
                 Some(window_ms)
             }
             WireLimit::TokenBucket { rate, per_ms, burst } => {
-                Some(per_ms.saturating_mul(burst.into()) / u64::from(rate.max(1)))
+                Some(Millis(per_ms.get().saturating_mul(burst.into()) / u64::from(rate.max(1))))
             }
             WireLimit::LeakyBucket { drain_ms, .. } => Some(drain_ms),
             WireLimit::Interval { every_ms } => Some(every_ms),
@@ -472,8 +472,8 @@ impl WireLimit {
         (self.capacity(), window_ms)
     }
 
-    /// A `concurrency` limit's lease in milliseconds; none for the other kinds.
-    pub fn lease_ms(&self) -> Option<u64> {
+    /// A `concurrency` limit's lease; none for the other kinds.
+    pub fn lease_ms(&self) -> Option<Millis> {
         match *self {
             WireLimit::Concurrency { lease_ms, .. } => Some(lease_ms),
             _ => None,
@@ -485,15 +485,15 @@ impl WireLimit {
     /// field never give the same numbers (the over-limit cache's identity).
     pub fn identity(&self) -> (u8, u32, u64, u32) {
         match *self {
-            WireLimit::FixedWindow { limit, window_ms } => (1, limit, window_ms, 0),
+            WireLimit::FixedWindow { limit, window_ms } => (1, limit, window_ms.get(), 0),
             WireLimit::SlidingWindow { limit, window_ms, approximate } => {
-                (2, limit, window_ms, u32::from(approximate))
+                (2, limit, window_ms.get(), u32::from(approximate))
             }
-            WireLimit::TokenBucket { rate, per_ms, burst } => (3, rate, per_ms, burst),
-            WireLimit::LeakyBucket { capacity, drain_ms } => (4, capacity, drain_ms, 0),
-            WireLimit::Interval { every_ms } => (5, 0, every_ms, 0),
-            WireLimit::Concurrency { limit, lease_ms } => (6, limit, lease_ms, 0),
-            WireLimit::Points { capacity, refill_ms, cost } => (7, capacity, refill_ms, cost),
+            WireLimit::TokenBucket { rate, per_ms, burst } => (3, rate, per_ms.get(), burst),
+            WireLimit::LeakyBucket { capacity, drain_ms } => (4, capacity, drain_ms.get(), 0),
+            WireLimit::Interval { every_ms } => (5, 0, every_ms.get(), 0),
+            WireLimit::Concurrency { limit, lease_ms } => (6, limit, lease_ms.get(), 0),
+            WireLimit::Points { capacity, refill_ms, cost } => (7, capacity, refill_ms.get(), cost),
         }
     }
 
@@ -501,26 +501,32 @@ impl WireLimit {
     /// report: `fixed_window 100 per 60000ms`.
     pub fn describe(&self) -> String {
         match *self {
-            WireLimit::FixedWindow { limit, window_ms } => format!("fixed_window {limit} per {window_ms}ms"),
+            WireLimit::FixedWindow { limit, window_ms } => {
+                format!("fixed_window {limit} per {}ms", window_ms.get())
+            }
             WireLimit::SlidingWindow { limit, window_ms, approximate } => {
                 let kind = if approximate { "approximate sliding_window" } else { "sliding_window" };
-                format!("{kind} {limit} per {window_ms}ms")
+                format!("{kind} {limit} per {}ms", window_ms.get())
             }
             WireLimit::TokenBucket { rate, per_ms, burst } => {
-                format!("token_bucket {rate} per {per_ms}ms, burst {burst}")
+                format!("token_bucket {rate} per {}ms, burst {burst}", per_ms.get())
             }
             WireLimit::LeakyBucket { capacity, drain_ms } => {
-                format!("leaky_bucket {capacity}, drained in {drain_ms}ms")
+                format!("leaky_bucket {capacity}, drained in {}ms", drain_ms.get())
             }
-            WireLimit::Interval { every_ms } => format!("interval {every_ms}ms"),
-            WireLimit::Concurrency { limit, lease_ms } => format!("concurrency {limit}, lease {lease_ms}ms"),
-            WireLimit::Points { capacity, refill_ms, .. } => format!("points {capacity} per {refill_ms}ms"),
+            WireLimit::Interval { every_ms } => format!("interval {}ms", every_ms.get()),
+            WireLimit::Concurrency { limit, lease_ms } => {
+                format!("concurrency {limit}, lease {}ms", lease_ms.get())
+            }
+            WireLimit::Points { capacity, refill_ms, .. } => {
+                format!("points {capacity} per {}ms", refill_ms.get())
+            }
         }
     }
 
-    /// Its numbers in words, without its type, durations shown by `show`
-    /// (given milliseconds), for the dashboard: `100 per 1m`.
-    pub fn summary(&self, show: impl Fn(u64) -> String) -> String {
+    /// Its numbers in words, without its type, durations shown by `show`,
+    /// for the dashboard: `100 per 1m`.
+    pub fn summary(&self, show: impl Fn(Millis) -> String) -> String {
         match *self {
             WireLimit::FixedWindow { limit, window_ms } => format!("{limit} per {}", show(window_ms)),
             WireLimit::SlidingWindow { limit, window_ms, approximate } => {
@@ -548,7 +554,7 @@ impl WireLimit {
     /// a bucket unit of at least a microsecond, a refill of at most ten years,
     /// a points cost of at most the capacity.
     pub fn validate(&self) -> Result<(), String> {
-        let (counts, durations): (&[u32], &[u64]) = match self {
+        let (counts, durations): (&[u32], &[Millis]) = match self {
             WireLimit::FixedWindow { limit, window_ms }
             | WireLimit::SlidingWindow { limit, window_ms, .. } => (&[*limit], &[*window_ms]),
             WireLimit::TokenBucket { rate, per_ms, burst } => (&[*rate, *burst], &[*per_ms]),
@@ -560,8 +566,8 @@ impl WireLimit {
         if let Some(n) = counts.iter().find(|n| Count::new(u64::from(**n)).is_none()) {
             return Err(format!("count {n} out of range (1 to {MAX_COUNT})"));
         }
-        if let Some(ms) = durations.iter().find(|ms| Duration::from_millis(**ms).is_none()) {
-            return Err(format!("duration {ms}ms out of range (1ms to 365d)"));
+        if let Some(ms) = durations.iter().find(|ms| Duration::from_millis(ms.get()).is_none()) {
+            return Err(format!("duration {}ms out of range (1ms to 365d)", ms.get()));
         }
         let (period_ms, units, burst) = match *self {
             WireLimit::TokenBucket { rate, per_ms, burst } => (per_ms, rate, burst),
@@ -569,10 +575,10 @@ impl WireLimit {
             WireLimit::Points { capacity, refill_ms, .. } => (refill_ms, capacity, capacity),
             _ => return Ok(()),
         };
-        if period_ms * 1000 < u64::from(units) {
+        if period_ms.as_micros() < Micros(u64::from(units)) {
             return Err(format!(
                 "{units} per {} is more than one per microsecond, the finest rate Sluice keeps",
-                Duration::from_millis(period_ms).map(|d| d.to_string()).unwrap_or_default()
+                Duration::from_millis(period_ms.get()).map(|d| d.to_string()).unwrap_or_default()
             ));
         }
         if let WireLimit::Points { capacity, cost, .. } = *self {
@@ -580,7 +586,7 @@ impl WireLimit {
                 return Err(format!("cost {cost} exceeds the capacity {capacity}"));
             }
         }
-        if per_unit_us(period_ms, units).saturating_mul(u64::from(burst)) > MAX_REFILL_US {
+        if per_unit(period_ms, units).get().saturating_mul(u64::from(burst)) > MAX_REFILL_US.get() {
             return Err("the bucket would take more than ten years to refill".to_string());
         }
         Ok(())

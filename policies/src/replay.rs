@@ -213,7 +213,7 @@ impl<'d> Replay<'d> {
         let lease_keys: Vec<(String, u64, u64)> = model
             .iter()
             .filter_map(|(k, a)| match *a {
-                Algorithm::Concurrency { limit, lease_us } => Some((k.clone(), limit, lease_us)),
+                Algorithm::Concurrency { limit, lease_us } => Some((k.clone(), limit, lease_us.get())),
                 _ => None,
             })
             .collect();

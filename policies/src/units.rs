@@ -1,10 +1,12 @@
 //! Validated scalars. Each type refuses a wrong value while it is parsed, so a
-//! parsed document cannot hold one.
+//! parsed document cannot hold one. Past parsing, times keep their unit in
+//! their type: [`Millis`] on the wire, [`Micros`] in the algorithms.
 
 use std::fmt;
 use std::num::{NonZeroU32, NonZeroU64};
 
-use serde::de::{self, Deserialize, Deserializer};
+use serde::de::{self, Deserializer};
+use serde::{Deserialize, Serialize};
 
 /// The largest count a limit may have.
 pub const MAX_COUNT: u32 = 1_000_000_000;
@@ -14,10 +16,10 @@ pub const MAX_DURATION_MS: u64 = 365 * 24 * 3600 * 1000;
 pub const PPM: u64 = 1_000_000;
 
 /// The time one unit of a bucket takes to refill, `count` units every
-/// `period_ms`, in microseconds rounded up, so a bucket never refills
+/// `period`, rounded up to a whole microsecond, so a bucket never refills
 /// faster than asked.
-pub fn per_unit_us(period_ms: u64, count: u32) -> u64 {
-    period_ms.saturating_mul(1000).div_ceil(u64::from(count.max(1)))
+pub fn per_unit(period: Millis, count: u32) -> Micros {
+    Micros(period.as_micros().get().div_ceil(u64::from(count.max(1))))
 }
 
 /// For serde's `skip_serializing_if`.
@@ -28,6 +30,49 @@ pub(crate) fn is_false(b: &bool) -> bool {
 /// For serde's `skip_serializing_if`.
 pub(crate) fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+/// Whole milliseconds, as the wire between the filter and the shim carries
+/// them (`window_ms`, `retry_after_ms`, ...): a span, or a time since the
+/// epoch (a test-mode `now_ms`). A plain number in JSON. Unlike
+/// [`Duration`], any value, 0 included; the shim checks ranges where they
+/// matter ([`WireLimit::validate`](crate::limit::WireLimit::validate)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Millis(pub u64);
+
+impl Millis {
+    pub fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The same time in microseconds, saturating: a wire value is untrusted.
+    pub fn as_micros(self) -> Micros {
+        Micros(self.0.saturating_mul(1000))
+    }
+}
+
+/// Whole microseconds, the algorithms' unit (`window_us`, `held_until_us`,
+/// ...): a span, or a time since the epoch on the shim's clock. A plain
+/// number in JSON.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Micros(pub u64);
+
+impl Micros {
+    pub fn get(self) -> u64 {
+        self.0
+    }
+
+    /// In milliseconds rounded up, so a wait is never told shorter than it is.
+    pub fn ceil_millis(self) -> Millis {
+        Millis(self.0.div_ceil(1000))
+    }
+
+    /// For serde's `skip_serializing_if`.
+    pub(crate) fn is_zero(&self) -> bool {
+        self.0 == 0
+    }
 }
 
 /// A span of time in whole milliseconds, from 1 ms to one year. Written with a
@@ -42,6 +87,11 @@ impl Duration {
 
     pub fn as_millis(self) -> u64 {
         self.0.get()
+    }
+
+    /// The span as the wire carries it.
+    pub fn to_millis(self) -> Millis {
+        Millis(self.as_millis())
     }
 
     /// Parses `<digits><unit>`; `None` when the text is not of that form or out of range.
@@ -199,6 +249,29 @@ mod tests {
         assert_eq!(show("60s").as_deref(), Some("1m"));
         assert_eq!(show("1500ms").as_deref(), Some("1500ms"));
         assert_eq!(show("24h").as_deref(), Some("1d"));
+    }
+
+    /// Millis and Micros are plain numbers in JSON, so the wire is the same
+    /// as when they were bare integers.
+    #[test]
+    fn millis_and_micros_are_plain_numbers_on_the_wire() {
+        assert_eq!(serde_json::to_string(&Millis(5_000)).unwrap(), "5000");
+        assert_eq!(serde_json::from_str::<Millis>("5000").unwrap(), Millis(5_000));
+        assert_eq!(serde_json::to_string(&Some(Micros(7))).unwrap(), "7");
+        assert_eq!(serde_json::from_str::<Option<Micros>>("null").unwrap(), None);
+    }
+
+    /// Microseconds become milliseconds rounded up, as every wait and reset
+    /// a check reports; milliseconds become microseconds without overflowing.
+    #[test]
+    fn conversions_round_up_to_milliseconds_and_saturate_to_microseconds() {
+        assert_eq!(Millis(5).as_micros(), Micros(5_000));
+        assert_eq!(Millis(u64::MAX).as_micros(), Micros(u64::MAX));
+        assert_eq!(Micros(0).ceil_millis(), Millis(0));
+        assert_eq!(Micros(1).ceil_millis(), Millis(1));
+        assert_eq!(Micros(1_000).ceil_millis(), Millis(1));
+        assert_eq!(Micros(1_001).ceil_millis(), Millis(2));
+        assert_eq!(Duration::parse("5s").map(Duration::to_millis), Some(Millis(5_000)));
     }
 
     #[test]

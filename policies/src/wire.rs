@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::algorithm::LimitOutcome;
 pub use crate::feedback::Slowdown;
 pub use crate::limit::{WireLimit, MAX_REFILL_US};
-use crate::units::{is_false, is_zero};
+use crate::units::{is_false, Micros, Millis};
 use crate::Duration;
 
 pub const CHECK_PATH: &str = "/v1/check";
@@ -48,7 +48,7 @@ pub struct CheckRequest<'a> {
     /// An explicit time in microseconds since the epoch, honoured only by a
     /// shim started with `--test-time`; otherwise the shim refuses it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub now_us: Option<u64>,
+    pub now_us: Option<Micros>,
     /// Egress waiting: the longest the shim may hold the request before it
     /// admits it, in milliseconds. Absent (or 0), the request is decided now.
     /// With it, the shim reserves the earliest time at which every limit
@@ -56,7 +56,7 @@ pub struct CheckRequest<'a> {
     /// answer until then, and refuses at once, reserving nothing, a request
     /// whose slot lies further away.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wait_ms: Option<u64>,
+    pub wait_ms: Option<Millis>,
 }
 
 /// One policy's limits on one key.
@@ -70,7 +70,7 @@ pub struct Check {
     /// Egress waiting: milliseconds added to each time-based slot of this
     /// check's limits when the request is reserved (see the README's `wait.margin`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub margin_ms: Option<u64>,
+    pub margin_ms: Option<Millis>,
     /// Upstream feedback: this check's policy reads the partner's "slow
     /// down", so the shim checks the pause recorded for its key with its
     /// limits, in the same script call.
@@ -85,7 +85,7 @@ pub struct CheckResponse {
     /// When denied: the earliest time, in ms from now, at which the same
     /// request would pass; `None` when no one can know (a concurrency limit
     /// waits for a release). 0 when allowed.
-    pub retry_after_ms: Option<u64>,
+    pub retry_after_ms: Option<Millis>,
     /// One entry per check of the request, in order.
     pub checks: Vec<CheckOutcome>,
     /// When admitted with concurrency limits: the lease to release at the
@@ -95,7 +95,7 @@ pub struct CheckResponse {
     /// Egress waiting: how long the shim held the request before admitting
     /// it, in milliseconds; absent when it was decided at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub waited_ms: Option<u64>,
+    pub waited_ms: Option<Millis>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -107,7 +107,7 @@ pub struct CheckOutcome {
     /// more milliseconds; decided at once the check is refused, waiting its
     /// slot is the pause's end. Absent when not paused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub paused_ms: Option<u64>,
+    pub paused_ms: Option<Millis>,
 }
 
 impl CheckResponse {
@@ -156,7 +156,7 @@ pub struct AdjustRequest {
     pub adjustments: Vec<Adjustment>,
     /// As in [`CheckRequest::now_us`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub now_us: Option<u64>,
+    pub now_us: Option<Micros>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -170,10 +170,10 @@ pub struct Adjustment {
     /// The admitted check's `held_until_us` for this limit. A refund
     /// (`actual` below the estimate) without it returns nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub held_until_us: Option<u64>,
+    pub held_until_us: Option<Micros>,
     /// The admitted check's `refunded_us` for this limit.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub refunded_us: u64,
+    #[serde(default, skip_serializing_if = "Micros::is_zero")]
+    pub refunded_us: Micros,
 }
 
 /// Upstream feedback: the partner asked these keys to slow down. The shim
@@ -184,7 +184,7 @@ pub struct FeedbackRequest {
     pub pauses: Vec<Pause>,
     /// As in [`CheckRequest::now_us`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub now_us: Option<u64>,
+    pub now_us: Option<Micros>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -194,7 +194,7 @@ pub struct Pause {
     pub key: String,
     /// How long from now the partner asked us to stop, already clamped to
     /// the policy's `max_pause` by the filter.
-    pub pause_ms: u64,
+    pub pause_ms: Millis,
     /// The partner refused the call and the policy adapts its rate: the
     /// first refusal after the key ran freely lowers it (`lua/scripts/upstream.lua`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -222,23 +222,24 @@ pub struct ShedRequest {
     pub classes: usize,
     pub high: f64,
     pub low: f64,
-    pub delay_ms: u64,
-    pub ramp_ms: u64,
-    pub recovery_ms: u64,
+    pub delay_ms: Millis,
+    pub ramp_ms: Millis,
+    pub recovery_ms: Millis,
     /// The utilization this gateway saw since its last report, 0 to 1;
     /// absent, the level is only read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub utilization: Option<f64>,
     /// As in [`CheckRequest::now_us`], in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub now_ms: Option<u64>,
+    pub now_ms: Option<Millis>,
 }
 
 impl ShedRequest {
     /// The controller's settings, checked as the parser checks a policy's.
     pub fn settings(&self) -> Result<crate::shed::ShedSettings, String> {
-        let duration = |ms: u64, name: &str| {
-            Duration::from_millis(ms).ok_or_else(|| format!("{name} {ms}ms out of range (1ms to 365d)"))
+        let duration = |ms: Millis, name: &str| {
+            Duration::from_millis(ms.get())
+                .ok_or_else(|| format!("{name} {}ms out of range (1ms to 365d)", ms.get()))
         };
         let settings = crate::shed::ShedSettings {
             high: self.high,
@@ -283,7 +284,7 @@ pub struct LeaseRequest {
     pub give_back: Option<GiveBack>,
     /// As in [`CheckRequest::now_us`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub now_us: Option<u64>,
+    pub now_us: Option<Micros>,
 }
 
 /// Tokens a gateway took out of its shared data unspent, for the window
@@ -305,7 +306,7 @@ pub struct LeaseResponse {
     pub window: u64,
     /// Milliseconds, rounded down, from the shim's grant to the window's end:
     /// no token may be spent after it.
-    pub expires_in_ms: u64,
+    pub expires_in_ms: Millis,
     /// What the window has left after this grant.
     pub remaining: u64,
 }
@@ -349,7 +350,7 @@ mod tests {
             give_back: back,
             now_us: None,
         };
-        let window = WireLimit::FixedWindow { limit: 100, window_ms: 1_000 };
+        let window = WireLimit::FixedWindow { limit: 100, window_ms: Millis(1_000) };
         assert_eq!(req(window, 100, Some(GiveBack { window: 7, tokens: 100 })).validate(), Ok(()));
         assert_eq!(
             req(window, 101, None).validate(),
@@ -359,9 +360,9 @@ mod tests {
             req(window, 1, Some(GiveBack { window: 7, tokens: 101 })).validate(),
             Err("give_back.tokens: 101 is more than the limit 100".into())
         );
-        let bucket = WireLimit::TokenBucket { rate: 1, per_ms: 1_000, burst: 10 };
+        let bucket = WireLimit::TokenBucket { rate: 1, per_ms: Millis(1_000), burst: 10 };
         assert_eq!(req(bucket, 1, None).validate(), Err("limit: only a fixed_window is leased".into()));
-        let zero = WireLimit::FixedWindow { limit: 100, window_ms: 0 };
+        let zero = WireLimit::FixedWindow { limit: 100, window_ms: Millis(0) };
         assert!(req(zero, 1, None).validate().is_err());
     }
 }

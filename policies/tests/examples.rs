@@ -1,6 +1,7 @@
 //! Every document in `examples/` parses, and says what its scenario needs.
 
 use sluice_policies::request::SimpleRequest;
+use sluice_policies::units::Millis;
 use sluice_policies::wire::WireLimit;
 use sluice_policies::{parse, Document};
 
@@ -39,7 +40,11 @@ fn applied(doc: &Document, req: &SimpleRequest) -> Option<(String, Vec<WireLimit
 #[test]
 fn partner_api() {
     let req = SimpleRequest::new("POST", "/v42/orders").header("x-api-key", "acct-1");
-    let sw = |limit, window_ms| WireLimit::SlidingWindow { limit, window_ms, approximate: false };
+    let sw = |limit, window_ms| WireLimit::SlidingWindow {
+        limit,
+        window_ms: Millis(window_ms),
+        approximate: false,
+    };
     let want = ("acct-1".to_string(), vec![sw(25, 5_000), sw(300, 60_000)]);
     assert_eq!(applied(&example("partner-api"), &req), Some(want.clone()));
     assert_eq!(applied(&example("demo"), &req), Some(want));
@@ -49,7 +54,7 @@ fn partner_api() {
 #[test]
 fn one_call_per_second() {
     let req = SimpleRequest::new("GET", "/api/v9/me").authority("api.track.example");
-    let want = (String::new(), vec![WireLimit::Interval { every_ms: 1_000 }]);
+    let want = (String::new(), vec![WireLimit::Interval { every_ms: Millis(1_000) }]);
     assert_eq!(applied(&example("one-call-per-second"), &req), Some(want));
 }
 
@@ -57,7 +62,7 @@ fn one_call_per_second() {
 #[test]
 fn erp_concurrency() {
     let req = SimpleRequest::new("GET", "/erp/invoices");
-    let want = (String::new(), vec![WireLimit::Concurrency { limit: 50, lease_ms: 30_000 }]);
+    let want = (String::new(), vec![WireLimit::Concurrency { limit: 50, lease_ms: Millis(30_000) }]);
     assert_eq!(applied(&example("erp-concurrency"), &req), Some(want));
 }
 
@@ -66,7 +71,8 @@ fn erp_concurrency() {
 fn token_bucket_per_user() {
     let doc = example("token-bucket-per-user");
     let req = SimpleRequest::new("GET", "/v1/charges").header("x-user-id", "u42");
-    let want = ("u42".to_string(), vec![WireLimit::TokenBucket { rate: 100, per_ms: 1_000, burst: 500 }]);
+    let want =
+        ("u42".to_string(), vec![WireLimit::TokenBucket { rate: 100, per_ms: Millis(1_000), burst: 500 }]);
     assert_eq!(applied(&doc, &req), Some(want));
     assert!(doc.evaluate(&SimpleRequest::new("GET", "/v1/charges")).is_err());
 }
@@ -77,7 +83,8 @@ fn query_cost_points() {
     let req = SimpleRequest::new("POST", "/admin/api/graphql.json")
         .header("x-shop-id", "s1")
         .header("x-query-cost", "120");
-    let want = ("s1".to_string(), vec![WireLimit::Points { capacity: 1000, refill_ms: 20_000, cost: 120 }]);
+    let want =
+        ("s1".to_string(), vec![WireLimit::Points { capacity: 1000, refill_ms: Millis(20_000), cost: 120 }]);
     assert_eq!(applied(&example("query-cost-points"), &req), Some(want));
 }
 
@@ -112,7 +119,7 @@ fn query_cost_headers_are_clamped() {
 #[test]
 fn leaky_bucket() {
     let req = SimpleRequest::new("GET", "/").header("x-api-key", "k");
-    let want = ("k".to_string(), vec![WireLimit::LeakyBucket { capacity: 60, drain_ms: 60_000 }]);
+    let want = ("k".to_string(), vec![WireLimit::LeakyBucket { capacity: 60, drain_ms: Millis(60_000) }]);
     assert_eq!(applied(&example("leaky-bucket"), &req), Some(want));
 }
 
@@ -120,7 +127,7 @@ fn leaky_bucket() {
 #[test]
 fn fixed_windows() {
     let req = SimpleRequest::new("GET", "/").header("x-api-key", "k");
-    let fw = |limit, window_ms| WireLimit::FixedWindow { limit, window_ms };
+    let fw = |limit, window_ms| WireLimit::FixedWindow { limit, window_ms: Millis(window_ms) };
     let want = ("k".to_string(), vec![fw(100, 60_000), fw(10_000, 86_400_000)]);
     assert_eq!(applied(&example("fixed-windows"), &req), Some(want));
 }
@@ -134,7 +141,7 @@ fn public_api_by_ip() {
         .header("x-forwarded-for", "203.0.113.7");
     let want = (
         "203.0.113.7".to_string(),
-        vec![WireLimit::SlidingWindow { limit: 60, window_ms: 60_000, approximate: true }],
+        vec![WireLimit::SlidingWindow { limit: 60, window_ms: Millis(60_000), approximate: true }],
     );
     assert_eq!(applied(&doc, &req), Some(want));
     assert_eq!(applied(&doc, &req.clone().header("x-internal-token", "change-me")), None);
@@ -148,13 +155,17 @@ fn egress_partner() {
     let req = SimpleRequest::new("POST", "/v42/orders")
         .authority("api.partner.example")
         .header("x-provider-account", "acct-1");
-    let sw = |limit, window_ms| WireLimit::SlidingWindow { limit, window_ms, approximate: false };
+    let sw = |limit, window_ms| WireLimit::SlidingWindow {
+        limit,
+        window_ms: Millis(window_ms),
+        approximate: false,
+    };
     let want = ("acct-1".to_string(), vec![sw(25, 5_000), sw(300, 300_000)]);
     assert_eq!(applied(&doc, &req), Some(want));
     let wait = doc.policies[0].wait.expect("the policy waits");
     assert_eq!((wait.timeout_ms(), wait.margin_ms()), (15_000, 1));
     let check = doc.evaluate(&req).expect("applies")[0].check(&req);
-    assert_eq!(check.margin_ms, Some(1), "each check carries its policy's margin");
+    assert_eq!(check.margin_ms, Some(Millis(1)), "each check carries its policy's margin");
 }
 
 /// Upstream feedback on the egress case: the partner's 429s and its
@@ -179,7 +190,8 @@ fn partner_feedback() {
 #[test]
 fn fleet_reserve() {
     let doc = example("fleet-reserve");
-    let pool = |limit| Some((String::new(), vec![WireLimit::Concurrency { limit, lease_ms: 30_000 }]));
+    let pool =
+        |limit| Some((String::new(), vec![WireLimit::Concurrency { limit, lease_ms: Millis(30_000) }]));
     assert_eq!(applied(&doc, &SimpleRequest::new("POST", "/payments/charge")), pool(500));
     assert_eq!(applied(&doc, &SimpleRequest::new("GET", "/catalog")), pool(400));
     let named = SimpleRequest::new("GET", "/catalog").header("x-priority", "critical");
@@ -210,7 +222,7 @@ fn leased_ingress() {
     let leased = doc.policies[0].leased.expect("the policy is leased");
     assert_eq!((leased.tokens(), leased.ttl_ms(), leased.held_at_most()), (200, 2_000, 300));
     let req = SimpleRequest::new("GET", "/api/items");
-    let want = (String::new(), vec![WireLimit::FixedWindow { limit: 60_000, window_ms: 60_000 }]);
+    let want = (String::new(), vec![WireLimit::FixedWindow { limit: 60_000, window_ms: Millis(60_000) }]);
     assert_eq!(applied(&doc, &req), Some(want));
 }
 

@@ -15,13 +15,15 @@ use std::collections::BinaryHeap;
 use proptest::prelude::*;
 use sluice_policies::algorithm::rate::PPM;
 use sluice_policies::algorithm::{self, Algorithm, RedisTwin};
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::Slowdown;
 
 const TAG: &str = "sluice:{partner:acme}:";
 
 /// Halves the rate; the climb back is far slower than any run, so the
 /// bound on lowerings is exact.
-const SLOW: Slowdown = Slowdown { decrease_ppm: 500_000, recover_ms: 1_000_000_000_000, min_ppm: 1_000 };
+const SLOW: Slowdown =
+    Slowdown { decrease_ppm: 500_000, recover_ms: Millis(1_000_000_000_000), min_ppm: 1_000 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
@@ -52,7 +54,10 @@ fn run(
     slow: Option<&Slowdown>,
 ) -> Outcome {
     let limits = vec![
-        (format!("{TAG}sw:{}", window_us / 1000), Algorithm::SlidingWindow { limit, window_us }),
+        (
+            format!("{TAG}sw:{}", window_us / 1000),
+            Algorithm::SlidingWindow { limit, window_us: Micros(window_us) },
+        ),
         (format!("{TAG}pause"), Algorithm::Pause),
         (format!("{TAG}rate"), Algorithm::Rate),
     ];

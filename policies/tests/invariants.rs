@@ -4,6 +4,7 @@
 
 use proptest::prelude::*;
 use sluice_policies::algorithm::{self, Algorithm, Correction, RedisTwin, State};
+use sluice_policies::units::Micros;
 
 /// Arrival gaps in µs, same-instant arrivals included.
 fn gaps() -> impl Strategy<Value = Vec<u64>> {
@@ -20,7 +21,7 @@ proptest! {
     #[test]
     fn sliding_window_admits_exactly_up_to_the_limit(limit in 1u64..20, window_ms in 1u64..2_000, gaps in gaps()) {
         let window = window_ms * 1000;
-        let limits = [("k".to_string(), Algorithm::SlidingWindow { limit, window_us: window })];
+        let limits = [("k".to_string(), Algorithm::SlidingWindow { limit, window_us: Micros(window) })];
         let (mut store, mut now, mut admitted) = (RedisTwin::default(), 0u64, Vec::<u64>::new());
         for (i, gap) in gaps.into_iter().enumerate() {
             now += gap;
@@ -48,7 +49,7 @@ proptest! {
         let (mut now, mut admitted) = (0u64, Vec::<(u64, u64)>::new());
         for (i, (gap, cost)) in arrivals.into_iter().enumerate() {
             now += gap;
-            let limits = [("k".to_string(), Algorithm::Gcra { interval_us: interval, burst, cost })];
+            let limits = [("k".to_string(), Algorithm::Gcra { interval_us: Micros(interval), burst, cost })];
             if check(&mut store, now, i as u64, &limits) {
                 admitted.push((now, cost));
             }
@@ -71,7 +72,7 @@ proptest! {
         ops in prop::collection::vec((0u64..20_000, any::<bool>(), any::<usize>()), 1..200),
     ) {
         let lease = lease_ms * 1000;
-        let limits = [("k".to_string(), Algorithm::Concurrency { limit, lease_us: lease })];
+        let limits = [("k".to_string(), Algorithm::Concurrency { limit, lease_us: Micros(lease) })];
         let (mut store, mut now, mut held) = (RedisTwin::default(), 0u64, Vec::<String>::new());
         for (i, (gap, release, pick)) in ops.into_iter().enumerate() {
             now += gap;
@@ -94,10 +95,10 @@ proptest! {
     #[test]
     fn a_denied_check_charges_no_limit(gaps in gaps(), small in 1u64..4) {
         let limits = [
-            ("a".to_string(), Algorithm::SlidingWindow { limit: 100, window_us: 60_000_000 }),
-            ("b".to_string(), Algorithm::Gcra { interval_us: 1_000_000, burst: small, cost: 1 }),
-            ("c".to_string(), Algorithm::FixedWindow { limit: 100, window_us: 60_000_000 }),
-            ("d".to_string(), Algorithm::SlidingApprox { limit: 100, window_us: 60_000_000 }),
+            ("a".to_string(), Algorithm::SlidingWindow { limit: 100, window_us: Micros(60_000_000) }),
+            ("b".to_string(), Algorithm::Gcra { interval_us: Micros(1_000_000), burst: small, cost: 1 }),
+            ("c".to_string(), Algorithm::FixedWindow { limit: 100, window_us: Micros(60_000_000) }),
+            ("d".to_string(), Algorithm::SlidingApprox { limit: 100, window_us: Micros(60_000_000) }),
         ];
         let (mut store, mut now) = (RedisTwin::default(), 1_000_000_000u64);
         for (i, gap) in gaps.into_iter().enumerate() {
@@ -185,8 +186,10 @@ fn run_costed(interval: u64, burst: u64, requests: &[Costed]) -> Vec<Admitted> {
         match *event {
             Event::Check(n) => {
                 let r = &requests[n];
-                let limits =
-                    [(key.clone(), Algorithm::Gcra { interval_us: interval, burst, cost: r.estimate })];
+                let limits = [(
+                    key.clone(),
+                    Algorithm::Gcra { interval_us: Micros(interval), burst, cost: r.estimate },
+                )];
                 let reply = algorithm::check(&mut store, t, &format!("r{n}"), &limits);
                 if reply.allowed {
                     let outcome = &reply.limits[0];
@@ -194,8 +197,11 @@ fn run_costed(interval: u64, burst: u64, requests: &[Costed]) -> Vec<Admitted> {
                         key: key.clone(),
                         interval_us: interval,
                         delta: r.actual as i64 - r.estimate as i64,
-                        held_until_us: outcome.held_until_us.expect("an admitted bucket says until when"),
-                        refunded_us: outcome.refunded_us,
+                        held_until_us: outcome
+                            .held_until_us
+                            .expect("an admitted bucket says until when")
+                            .get(),
+                        refunded_us: outcome.refunded_us.get(),
                     };
                     admitted.push(Admitted {
                         checked: (t, 2 * n),
@@ -260,7 +266,8 @@ proptest! {
 fn a_late_refund_returns_nothing_the_bucket_already_refilled() {
     let second = 1_000_000u64;
     let interval = second; // 10 points per 10 s
-    let limits = |cost| [("k".to_string(), Algorithm::Gcra { interval_us: interval, burst: 10, cost })];
+    let limits =
+        |cost| [("k".to_string(), Algorithm::Gcra { interval_us: Micros(interval), burst: 10, cost })];
     let t0 = 1_000 * second;
     let mut store = RedisTwin::default();
     let r1 = algorithm::check(&mut store, t0, "r1", &limits(10));
@@ -270,8 +277,8 @@ fn a_late_refund_returns_nothing_the_bucket_already_refilled() {
         key: "k".to_string(),
         interval_us: interval,
         delta: -10,
-        held_until_us: r1.limits[0].held_until_us.expect("held until"),
-        refunded_us: r1.limits[0].refunded_us,
+        held_until_us: r1.limits[0].held_until_us.expect("held until").get(),
+        refunded_us: r1.limits[0].refunded_us.get(),
     };
     algorithm::adjust(&mut store, t0 + 10 * second + 1_000, &[refund]);
     let r3 = algorithm::check(&mut store, t0 + 10 * second + 2_000, "r3", &limits(10));
@@ -289,13 +296,14 @@ fn a_late_refund_returns_nothing_the_bucket_already_refilled() {
 #[test]
 fn a_refund_behind_an_earlier_refund_returns_only_what_its_moved_charge_holds() {
     let interval = 100_000u64;
-    let limits = |cost| [("k".to_string(), Algorithm::Gcra { interval_us: interval, burst: 3, cost })];
+    let limits =
+        |cost| [("k".to_string(), Algorithm::Gcra { interval_us: Micros(interval), burst: 3, cost })];
     let refund = |reply: &algorithm::CheckReply, delta| Correction {
         key: "k".to_string(),
         interval_us: interval,
         delta,
-        held_until_us: reply.limits[0].held_until_us.expect("held until"),
-        refunded_us: reply.limits[0].refunded_us,
+        held_until_us: reply.limits[0].held_until_us.expect("held until").get(),
+        refunded_us: reply.limits[0].refunded_us.get(),
     };
     let t0 = 1_000_000_000u64;
     let mut store = RedisTwin::default();

@@ -2,6 +2,7 @@
 //! sources and `on_missing_key`.
 
 use sluice_policies::request::SimpleRequest;
+use sluice_policies::units::Millis;
 use sluice_policies::wire::WireLimit;
 use sluice_policies::{parse, Document};
 
@@ -147,7 +148,7 @@ fn a_policy_without_wait_sends_no_margin() {
     assert_eq!(doc.evaluate(&get("/")).expect("applies")[0].check(&get("/")).margin_ms, None);
     let waits = doc_with(r#""wait": {"timeout": "2s"}"#);
     let check = waits.evaluate(&get("/")).expect("applies")[0].check(&get("/"));
-    assert_eq!(check.margin_ms, Some(sluice_policies::wait::DEFAULT_MARGIN_MS));
+    assert_eq!(check.margin_ms, Some(Millis(sluice_policies::wait::DEFAULT_MARGIN_MS)));
 }
 
 #[test]
@@ -183,8 +184,8 @@ fn checks_carry_the_limits_and_the_request_cost() {
         let applied = doc.evaluate(req).expect("applies");
         applied[0].check(req).limits
     };
-    let window = WireLimit::SlidingWindow { limit: 25, window_ms: 5_000, approximate: false };
-    let points = |cost| WireLimit::Points { capacity: 1000, refill_ms: 20_000, cost };
+    let window = WireLimit::SlidingWindow { limit: 25, window_ms: Millis(5_000), approximate: false };
+    let points = |cost| WireLimit::Points { capacity: 1000, refill_ms: Millis(20_000), cost };
     assert_eq!(limits(&get("/").header("x-cost", " 42 ")), [window, points(42)]);
     assert_eq!(limits(&get("/")), [window, points(10)]);
     assert_eq!(limits(&get("/").header("x-cost", "lots")), [window, points(10)]);

@@ -9,6 +9,7 @@ use proptest::prelude::*;
 use sluice_policies::algorithm::cancel::{cancel, Reserved};
 use sluice_policies::algorithm::reserve::{reserve, Waiting};
 use sluice_policies::algorithm::{Algorithm, RedisTwin};
+use sluice_policies::units::Micros;
 
 #[derive(Debug, Clone)]
 enum Event {
@@ -31,10 +32,12 @@ fn events() -> impl Strategy<Value = Vec<Event>> {
 /// One limit of each time-based kind.
 fn limit() -> impl Strategy<Value = Algorithm> {
     prop_oneof![
-        (1u64..6, 1u64..500).prop_map(|(limit, ms)| Algorithm::SlidingWindow { limit, window_us: ms * 1000 }),
-        (1u64..6, 1u64..500).prop_map(|(limit, ms)| Algorithm::FixedWindow { limit, window_us: ms * 1000 }),
+        (1u64..6, 1u64..500)
+            .prop_map(|(limit, ms)| Algorithm::SlidingWindow { limit, window_us: Micros(ms * 1000) }),
+        (1u64..6, 1u64..500)
+            .prop_map(|(limit, ms)| Algorithm::FixedWindow { limit, window_us: Micros(ms * 1000) }),
         (1u64..100_000, 1u64..6).prop_map(|(interval_us, burst)| Algorithm::Gcra {
-            interval_us,
+            interval_us: Micros(interval_us),
             burst,
             cost: 1
         }),
@@ -74,7 +77,7 @@ fn run(limits: &[Algorithm], margin: u64, events: &[Event]) -> Vec<(u64, u64)> {
                     let charges = waiting
                         .iter()
                         .zip(&got.reply.limits)
-                        .map(|((key, alg, _), l)| (key.clone(), *alg, l.held_until_us))
+                        .map(|((key, alg, _), l)| (key.clone(), *alg, l.held_until_us.map(Micros::get)))
                         .collect();
                     held.push((reserved.len() - 1, id, at, charges));
                 }
@@ -113,18 +116,21 @@ proptest! {
         for alg in &limits {
             match *alg {
                 Algorithm::SlidingWindow { limit, window_us } => {
+                    let window_us = window_us.get();
                     for (i, &(start, _)) in admitted.iter().enumerate() {
                         let within = admitted[i..].iter().take_while(|(t, _)| *t < start + window_us + margin).count();
                         prop_assert!(within as u64 <= limit, "{} in the window from {}", within, start);
                     }
                 }
                 Algorithm::FixedWindow { limit, window_us } => {
+                    let window_us = window_us.get();
                     for (i, &(start, _)) in admitted.iter().enumerate() {
                         let same = admitted[i..].iter().take_while(|(t, _)| t / window_us == start / window_us).count();
                         prop_assert!(same as u64 <= limit, "{} in the window of {}", same, start);
                     }
                 }
                 Algorithm::Gcra { interval_us, burst, .. } => {
+                    let interval_us = interval_us.get();
                     for i in 0..admitted.len() {
                         let mut units = 0;
                         for &(t, cost) in &admitted[i..] {

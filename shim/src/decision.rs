@@ -4,6 +4,7 @@
 //! ([`CheckError`]). The deciding, waiting and observing code all speak it;
 //! it uses no other module of the shim.
 
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{CheckOutcome, CheckRequest, LimitOutcome};
 
 /// Why a request could not be decided.
@@ -18,7 +19,7 @@ pub enum CheckError {
 /// One slot's answer to a check.
 pub(crate) struct SlotReply {
     pub allowed: bool,
-    pub retry_after_ms: Option<u64>,
+    pub retry_after_ms: Option<Millis>,
     /// The time the script charged at, for a refund.
     pub now: i64,
     pub limits: Vec<LimitOutcome>,
@@ -41,7 +42,7 @@ pub(crate) fn by_check(
         .map(|c| CheckOutcome { limits: outcomes.by_ref().take(c.limits.len()).collect(), paused_ms: None })
         .collect();
     for (_, outcome) in req.checks.iter().zip(&mut checks).filter(|(c, _)| c.upstream) {
-        outcome.paused_ms = outcomes.next().map(|pause| pause.reset_ms).filter(|&ms| ms > 0);
+        outcome.paused_ms = outcomes.next().map(|pause| pause.reset_ms).filter(|ms| ms.get() > 0);
     }
     checks
 }
@@ -61,17 +62,17 @@ pub(crate) fn decode(limits: usize, reply: &[i64]) -> Option<SlotReply> {
         _ => return None,
     };
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
-    let retry = |n: i64| u64::try_from(n).ok();
+    let retry = |n: i64| u64::try_from(n).ok().map(Millis);
     let limits = rest
         .chunks_exact(7)
         .map(|r| LimitOutcome {
             allowed: r[0] == 1,
             remaining: count(r[1]),
-            reset_ms: count(r[2]),
+            reset_ms: Millis(count(r[2])),
             retry_after_ms: retry(r[3]),
             reclaimed: count(r[4]),
-            held_until_us: u64::try_from(r[5]).ok().filter(|&t| t > 0),
-            refunded_us: count(r[6]),
+            held_until_us: u64::try_from(r[5]).ok().filter(|&t| t > 0).map(Micros),
+            refunded_us: Micros(count(r[6])),
         })
         .collect();
     Some(SlotReply { allowed: head[0] == 1, retry_after_ms: retry(head[1]), now: head[2], limits, at })

@@ -13,6 +13,7 @@
 use sluice_policies::algorithm::{Algorithm, Correction};
 pub use sluice_policies::bounds::{MAX_ADJUSTMENTS, MAX_CHECKS, MAX_LIMITS};
 use sluice_policies::key::is_encoded;
+use sluice_policies::units::Micros;
 use sluice_policies::wire::{Adjustment, Check, LeaseRequest, WireLimit};
 use sluice_policies::PolicyName;
 
@@ -110,10 +111,10 @@ pub fn script_adjustments(adjustments: &[Adjustment]) -> Result<Vec<Correction>,
             };
             Ok(Correction {
                 key: limit.key,
-                interval_us,
+                interval_us: interval_us.get(),
                 delta: i64::from(a.actual) - i64::from(cost),
-                held_until_us: a.held_until_us.unwrap_or(0),
-                refunded_us: a.refunded_us,
+                held_until_us: a.held_until_us.map_or(0, Micros::get),
+                refunded_us: a.refunded_us.get(),
             })
         })
         .collect()
@@ -122,6 +123,7 @@ pub fn script_adjustments(adjustments: &[Adjustment]) -> Result<Vec<Correction>,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_policies::units::Millis;
 
     fn check(policy: &str, key: &str, limits: Vec<WireLimit>) -> Vec<Check> {
         vec![Check { policy: policy.into(), key: key.into(), limits, margin_ms: None, upstream: false }]
@@ -129,8 +131,8 @@ mod tests {
 
     fn dual() -> Vec<WireLimit> {
         vec![
-            WireLimit::SlidingWindow { limit: 25, window_ms: 5_000, approximate: false },
-            WireLimit::SlidingWindow { limit: 300, window_ms: 60_000, approximate: false },
+            WireLimit::SlidingWindow { limit: 25, window_ms: Millis(5_000), approximate: false },
+            WireLimit::SlidingWindow { limit: 300, window_ms: Millis(60_000), approximate: false },
         ]
     }
 
@@ -144,10 +146,10 @@ mod tests {
     #[test]
     fn each_algorithm_has_its_own_suffix() {
         let limits = vec![
-            WireLimit::FixedWindow { limit: 1, window_ms: 60_000 },
-            WireLimit::SlidingWindow { limit: 1, window_ms: 60_000, approximate: true },
-            WireLimit::TokenBucket { rate: 100, per_ms: 1_000, burst: 500 },
-            WireLimit::Concurrency { limit: 5, lease_ms: 30_000 },
+            WireLimit::FixedWindow { limit: 1, window_ms: Millis(60_000) },
+            WireLimit::SlidingWindow { limit: 1, window_ms: Millis(60_000), approximate: true },
+            WireLimit::TokenBucket { rate: 100, per_ms: Millis(1_000), burst: 500 },
+            WireLimit::Concurrency { limit: 5, lease_ms: Millis(30_000) },
         ];
         let keys: Vec<String> =
             script_limits(&check("p", "k", limits)).expect("valid").into_iter().map(|l| l.key).collect();
@@ -172,10 +174,10 @@ mod tests {
     #[test]
     fn out_of_range_limits_are_refused() {
         let bad = [
-            WireLimit::SlidingWindow { limit: 0, window_ms: 5_000, approximate: false },
-            WireLimit::SlidingWindow { limit: 1, window_ms: 0, approximate: false },
-            WireLimit::TokenBucket { rate: 1_000_000, per_ms: 1, burst: 1 },
-            WireLimit::Interval { every_ms: 400 * 86_400_000 },
+            WireLimit::SlidingWindow { limit: 0, window_ms: Millis(5_000), approximate: false },
+            WireLimit::SlidingWindow { limit: 1, window_ms: Millis(0), approximate: false },
+            WireLimit::TokenBucket { rate: 1_000_000, per_ms: Millis(1), burst: 1 },
+            WireLimit::Interval { every_ms: Millis(400 * 86_400_000) },
         ];
         for limit in bad {
             assert!(script_limits(&check("p", "k", vec![limit])).is_err(), "{limit:?}");
@@ -184,20 +186,23 @@ mod tests {
 
     #[test]
     fn limits_sharing_a_key_are_refused() {
-        let twice = vec![WireLimit::Interval { every_ms: 1_000 }, WireLimit::Interval { every_ms: 1_000 }];
+        let twice = vec![
+            WireLimit::Interval { every_ms: Millis(1_000) },
+            WireLimit::Interval { every_ms: Millis(1_000) },
+        ];
         assert!(script_limits(&check("p", "k", twice)).is_err());
     }
 
     #[test]
     fn adjustments_charge_the_difference() {
-        let limit = WireLimit::Points { capacity: 1000, refill_ms: 20_000, cost: 50 };
+        let limit = WireLimit::Points { capacity: 1000, refill_ms: Millis(20_000), cost: 50 };
         let a = |actual| Adjustment {
             policy: "p".into(),
             key: "k".into(),
             limit,
             actual,
             held_until_us: None,
-            refunded_us: 0,
+            refunded_us: Micros(0),
         };
         let got = script_adjustments(&[a(80), a(10)]).expect("valid");
         assert_eq!(

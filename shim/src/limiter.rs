@@ -16,6 +16,7 @@ use std::time::Duration;
 use redis::cluster_routing::Slot;
 use redis::Script;
 use sluice_policies::algorithm::Algorithm;
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{
     AdjustRequest, CheckRequest, CheckResponse, FeedbackRequest, FeedbackResponse, LeaseRequest,
     LeaseResponse, LimitOutcome, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse, ShedRequest,
@@ -91,7 +92,7 @@ impl Limiter {
     }
 
     /// The script's time argument: empty for Redis TIME.
-    pub(crate) fn time_arg(&self, now_us: Option<u64>) -> Result<String, CheckError> {
+    pub(crate) fn time_arg(&self, now_us: Option<Micros>) -> Result<String, CheckError> {
         self.waiting.time_arg(now_us)
     }
 
@@ -119,7 +120,7 @@ impl Limiter {
         if limits.is_empty() {
             return Ok(CheckResponse {
                 allowed: true,
-                retry_after_ms: Some(0),
+                retry_after_ms: Some(Millis(0)),
                 checks: Vec::new(),
                 lease: None,
                 waited_ms: None,
@@ -132,11 +133,11 @@ impl Limiter {
             }
             None => format!("{:x}.{:x}", self.nonce, self.sequence.fetch_add(1, Ordering::Relaxed)),
         };
-        let wait_us = req.wait_ms.unwrap_or(0).saturating_mul(1000);
+        let wait_us = req.wait_ms.unwrap_or_default().as_micros().get();
         if wait_us > 0 {
             crate::wait::refuse_unsupported(&limits, wait_us).map_err(CheckError::BadRequest)?;
         }
-        if req.checks.iter().any(|c| c.margin_ms.is_some_and(|m| m > crate::wait::MAX_WAIT_MS)) {
+        if req.checks.iter().any(|c| c.margin_ms.is_some_and(|m| m.get() > crate::wait::MAX_WAIT_MS)) {
             return Err(CheckError::BadRequest(format!(
                 "margin_ms: at most {} (a day)",
                 crate::wait::MAX_WAIT_MS
@@ -244,7 +245,7 @@ impl Limiter {
     pub async fn release_at(
         &self,
         req: &ReleaseRequest,
-        now_us: Option<u64>,
+        now_us: Option<Micros>,
     ) -> Result<ReleaseResponse, CheckError> {
         let now = self.time_arg(now_us)?;
         let leases = lease_limits(req)?;
@@ -266,7 +267,7 @@ impl Limiter {
     pub async fn renew_at(
         &self,
         req: &RenewRequest,
-        now_us: Option<u64>,
+        now_us: Option<Micros>,
     ) -> Result<RenewResponse, CheckError> {
         let now = self.time_arg(now_us)?;
         let leases = lease_limits(req)?;
@@ -340,7 +341,7 @@ impl Limiter {
             return Err(CheckError::BadRequest("limit: only a fixed_window is leased".into()));
         };
         let mut call = self.scripts.lease.prepare_invoke();
-        call.key(&limit.key).arg(now).arg(most).arg(window_us).arg(req.want);
+        call.key(&limit.key).arg(now).arg(most).arg(window_us.get()).arg(req.want);
         match req.give_back {
             Some(back) => call.arg(back.window).arg(back.tokens),
             None => call.arg("").arg(0),
@@ -353,7 +354,7 @@ impl Limiter {
             granted: u32::try_from(granted).map_err(|_| unexpected())?,
             window: count(window)?,
             // Rounded down: the gateway stops spending no later than the window ends.
-            expires_in_ms: count(expires_in_us)? / 1000,
+            expires_in_ms: Millis(count(expires_in_us)? / 1000),
             remaining: count(remaining)?,
         })
     }
@@ -371,18 +372,18 @@ impl Limiter {
             let bad = |e: String| CheckError::BadRequest(format!("pauses[{i}]{e}"));
             let [pause_key, rate_key] =
                 feedback_keys(&pause.policy, &pause.key).map_err(|e| bad(format!(": {e}")))?;
-            if pause.pause_ms > MAX_PAUSE_MS {
+            if pause.pause_ms.get() > MAX_PAUSE_MS {
                 return Err(bad(format!(".pause_ms: at most {MAX_PAUSE_MS}")));
             }
             let slow = match &pause.slow {
                 Some(slow) => {
                     slow.validate().map_err(|e| bad(format!(".slow.{e}")))?;
-                    [slow.decrease_ppm, slow.recover_ms.saturating_mul(1000), slow.min_ppm]
+                    [slow.decrease_ppm, slow.recover_ms.as_micros().get(), slow.min_ppm]
                 }
                 None => [0, 0, 0],
             };
             let mut call = self.scripts.upstream.prepare_invoke();
-            call.arg(&now).key(pause_key).key(rate_key).arg(pause.pause_ms.saturating_mul(1000));
+            call.arg(&now).key(pause_key).key(rate_key).arg(pause.pause_ms.as_micros().get());
             for n in slow {
                 call.arg(n);
             }
@@ -414,11 +415,11 @@ fn unasked(algorithm: &Algorithm) -> LimitOutcome {
     LimitOutcome {
         allowed: true,
         remaining: capacity,
-        reset_ms: 0,
-        retry_after_ms: Some(0),
+        reset_ms: Millis(0),
+        retry_after_ms: Some(Millis(0)),
         reclaimed: 0,
         held_until_us: None,
-        refunded_us: 0,
+        refunded_us: Micros(0),
     }
 }
 
@@ -436,10 +437,10 @@ fn lease_limits(req: &ReleaseRequest) -> Result<Vec<ScriptLimit>, CheckError> {
     Ok(limits.into_iter().filter(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })).collect())
 }
 
-fn combined_retry(replies: &[SlotReply]) -> Option<u64> {
+fn combined_retry(replies: &[SlotReply]) -> Option<Millis> {
     let denied: Vec<&SlotReply> = replies.iter().filter(|r| !r.allowed).collect();
     if denied.is_empty() {
-        return Some(0);
+        return Some(Millis(0));
     }
-    denied.iter().try_fold(0, |most, r| r.retry_after_ms.map(|ms| most.max(ms)))
+    denied.iter().try_fold(Millis(0), |most, r| r.retry_after_ms.map(|ms| most.max(ms)))
 }

@@ -5,6 +5,7 @@
 
 use redis::Script;
 use sluice_policies::shed::ShedSettings;
+use sluice_policies::units::Millis;
 use sluice_policies::PolicyName;
 
 use crate::store::RedisClient;
@@ -57,7 +58,7 @@ impl ShedScript {
         classes: usize,
         settings: &ShedSettings,
         utilization: f64,
-        now_ms: Option<u64>,
+        now_ms: Option<Millis>,
     ) -> Result<Level, String> {
         if PolicyName::new(policy).is_none() {
             return Err(format!("invalid policy name {policy:?}"));
@@ -67,7 +68,7 @@ impl ShedScript {
         }
         let mut call = self.script.prepare_invoke();
         call.key(key(policy))
-            .arg(now_ms.map(|t| t.to_string()).unwrap_or_default())
+            .arg(now_ms.map(|t| t.get().to_string()).unwrap_or_default())
             .arg(utilization.to_string())
             .arg(classes)
             .arg(settings.high.to_string())

@@ -10,6 +10,7 @@ use std::time::Duration;
 use sluice_harness::Redis;
 use sluice_policies::bounds::{worst_case_body, MAX_BODY, MAX_CHECKS, MAX_KEY_SOURCES};
 use sluice_policies::request::SimpleRequest;
+use sluice_policies::units::Micros;
 use sluice_policies::wire::{AdjustRequest, Adjustment, CheckRequest, ReleaseRequest};
 use sluice_policies::{parse, Document};
 use sluice_shim::limiter::Limiter;
@@ -129,8 +130,8 @@ async fn the_largest_valid_documents_make_calls_the_shim_accepts() {
                 key: c.key.clone(),
                 limit: *l,
                 actual: 1,
-                held_until_us: Some(u64::MAX / 2),
-                refunded_us: u64::MAX / 2,
+                held_until_us: Some(Micros(u64::MAX / 2)),
+                refunded_us: Micros(u64::MAX / 2),
             })
             .collect();
         let adjust = AdjustRequest { adjustments, now_us: None };

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use redis::Commands;
 use sluice_harness::Redis;
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{
     AdjustRequest, Adjustment, Check, CheckRequest, CheckResponse, RenewRequest, WireLimit,
 };
@@ -19,7 +20,7 @@ fn limiter(redis: &Redis, test_time: bool) -> Limiter {
 }
 
 fn window(limit: u32, window_ms: u64) -> WireLimit {
-    WireLimit::SlidingWindow { limit, window_ms, approximate: false }
+    WireLimit::SlidingWindow { limit, window_ms: Millis(window_ms), approximate: false }
 }
 
 fn request(key: &str, limits: &[WireLimit], now_us: Option<u64>) -> CheckRequest<'static> {
@@ -32,7 +33,7 @@ fn request(key: &str, limits: &[WireLimit], now_us: Option<u64>) -> CheckRequest
             upstream: false,
         }]
         .into(),
-        now_us,
+        now_us: now_us.map(Micros),
         id: None,
         wait_ms: None,
     }
@@ -110,8 +111,8 @@ async fn retry_after_is_exact() {
     assert!(check(&limiter, "k", &limits, t0 + SECOND).await.allowed);
     let denied = check(&limiter, "k", &limits, t0 + 2 * SECOND).await;
     assert!(!denied.allowed);
-    assert_eq!(denied.retry_after_ms, Some(3_000));
-    assert_eq!(denied.checks[0].limits[0].retry_after_ms, Some(3_000));
+    assert_eq!(denied.retry_after_ms, Some(Millis(3_000)));
+    assert_eq!(denied.checks[0].limits[0].retry_after_ms, Some(Millis(3_000)));
     // One microsecond early is still too early; on time it passes.
     assert!(!check(&limiter, "k", &limits, t0 + 5 * SECOND - 1).await.allowed);
     assert!(check(&limiter, "k", &limits, t0 + 5 * SECOND).await.allowed);
@@ -210,7 +211,7 @@ async fn adjust(limiter: &Limiter, admitted: &CheckResponse, limit: WireLimit, a
         held_until_us: outcome.held_until_us,
         refunded_us: outcome.refunded_us,
     };
-    let req = AdjustRequest { adjustments: vec![adjustment], now_us: Some(now_us) };
+    let req = AdjustRequest { adjustments: vec![adjustment], now_us: Some(Micros(now_us)) };
     limiter.adjust(&req).await.expect("adjust");
 }
 
@@ -224,7 +225,7 @@ async fn adjust(limiter: &Limiter, admitted: &CheckResponse, limit: WireLimit, a
 async fn a_late_points_refund_cannot_over_admit() {
     let redis = Redis::start().expect("redis");
     let limiter = limiter(&redis, true);
-    let points = |cost| [WireLimit::Points { capacity: 10, refill_ms: 10_000, cost }];
+    let points = |cost| [WireLimit::Points { capacity: 10, refill_ms: Millis(10_000), cost }];
     let t0 = 1_700_000_000 * SECOND;
 
     let r1 = check(&limiter, "k", &points(10), t0).await;
@@ -241,7 +242,7 @@ async fn a_late_points_refund_cannot_over_admit() {
 async fn an_early_points_refund_returns_the_charge() {
     let redis = Redis::start().expect("redis");
     let limiter = limiter(&redis, true);
-    let points = |cost| [WireLimit::Points { capacity: 10, refill_ms: 10_000, cost }];
+    let points = |cost| [WireLimit::Points { capacity: 10, refill_ms: Millis(10_000), cost }];
     let t0 = 1_700_000_000 * SECOND;
 
     let r1 = check(&limiter, "k", &points(10), t0).await;
@@ -260,7 +261,7 @@ async fn an_early_points_refund_returns_the_charge() {
 async fn a_refund_behind_an_earlier_refund_cannot_over_admit() {
     let redis = Redis::start().expect("redis");
     let limiter = limiter(&redis, true);
-    let points = |cost| [WireLimit::Points { capacity: 3, refill_ms: 300, cost }];
+    let points = |cost| [WireLimit::Points { capacity: 3, refill_ms: Millis(300), cost }];
     let ms = 1_000;
     let t0 = 1_700_000_000 * SECOND;
 
@@ -285,13 +286,13 @@ async fn a_refund_behind_an_earlier_refund_cannot_over_admit() {
 async fn a_clock_step_back_keeps_the_newer_fixed_window() {
     let redis = Redis::start().expect("redis");
     let limiter = limiter(&redis, true);
-    let limits = [WireLimit::FixedWindow { limit: 2, window_ms: 1_000 }];
+    let limits = [WireLimit::FixedWindow { limit: 2, window_ms: Millis(1_000) }];
     let t0 = 1_700_000_005 * SECOND;
     assert!(check(&limiter, "k", &limits, t0).await.allowed);
     assert!(check(&limiter, "k", &limits, t0 + 1).await.allowed);
     let back = check(&limiter, "k", &limits, t0 - SECOND / 2).await;
     assert!(!back.allowed, "admitted in the older window after a step back: {back:?}");
-    assert_eq!(back.retry_after_ms, Some(1_500), "the stored window is full: wait for the next one");
+    assert_eq!(back.retry_after_ms, Some(Millis(1_500)), "the stored window is full: wait for the next one");
     let later = check(&limiter, "k", &limits, t0 + 2).await;
     assert!(!later.allowed, "the newer window lost its count: a third request in it was admitted");
 }
@@ -302,7 +303,7 @@ async fn a_clock_step_back_keeps_the_newer_fixed_window() {
 async fn a_clock_step_back_keeps_the_newer_approximate_window() {
     let redis = Redis::start().expect("redis");
     let limiter = limiter(&redis, true);
-    let limits = [WireLimit::SlidingWindow { limit: 2, window_ms: 1_000, approximate: true }];
+    let limits = [WireLimit::SlidingWindow { limit: 2, window_ms: Millis(1_000), approximate: true }];
     let t0 = 1_700_000_005 * SECOND;
     assert!(check(&limiter, "k", &limits, t0).await.allowed);
     assert!(check(&limiter, "k", &limits, t0 + 1).await.allowed);
@@ -320,7 +321,7 @@ async fn a_clock_step_back_keeps_the_newer_approximate_window() {
 async fn a_renewed_lease_outlives_its_length_and_an_expired_one_stays_gone() {
     let redis = Redis::start().expect("redis");
     let limiter = limiter(&redis, true);
-    let pool = [WireLimit::Concurrency { limit: 1, lease_ms: 1_000 }];
+    let pool = [WireLimit::Concurrency { limit: 1, lease_ms: Millis(1_000) }];
     let ms = 1_000;
     let t0 = 1_700_000_000 * SECOND;
 
@@ -329,7 +330,7 @@ async fn a_renewed_lease_outlives_its_length_and_an_expired_one_stays_gone() {
     let renew = |at| {
         let req = RenewRequest { lease: lease.clone(), checks: request("k", &pool, None).checks.to_vec() };
         let limiter = &limiter;
-        async move { limiter.renew_at(&req, Some(at)).await.expect("renew").renewed }
+        async move { limiter.renew_at(&req, Some(Micros(at))).await.expect("renew").renewed }
     };
     assert_eq!(renew(t0 + 800 * ms).await, 1);
     assert!(!check(&limiter, "k", &pool, t0 + 1_500 * ms).await.allowed, "the renewed lease was reclaimed");

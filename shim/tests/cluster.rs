@@ -6,17 +6,18 @@ use std::time::Duration;
 
 use redis::cluster_routing::Slot;
 use sluice_harness::RedisCluster;
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{Check, CheckRequest, WireLimit};
 use sluice_shim::limiter::Limiter;
 use sluice_shim::store::Target;
 
 fn every_algorithm(limit: u32) -> Vec<WireLimit> {
     vec![
-        WireLimit::SlidingWindow { limit, window_ms: 3_600_000, approximate: false },
-        WireLimit::SlidingWindow { limit, window_ms: 7_200_000, approximate: true },
-        WireLimit::FixedWindow { limit, window_ms: 31_536_000_000 },
-        WireLimit::TokenBucket { rate: 1, per_ms: 3_600_000, burst: limit },
-        WireLimit::Concurrency { limit, lease_ms: 3_600_000 },
+        WireLimit::SlidingWindow { limit, window_ms: Millis(3_600_000), approximate: false },
+        WireLimit::SlidingWindow { limit, window_ms: Millis(7_200_000), approximate: true },
+        WireLimit::FixedWindow { limit, window_ms: Millis(31_536_000_000) },
+        WireLimit::TokenBucket { rate: 1, per_ms: Millis(3_600_000), burst: limit },
+        WireLimit::Concurrency { limit, lease_ms: Millis(3_600_000) },
     ]
 }
 
@@ -34,7 +35,7 @@ async fn a_denial_in_one_slot_refunds_the_others() {
     assert_ne!(Slot::for_key("sluice:{wide:k}"), Slot::for_key("sluice:{narrow:k}"));
     let limiter =
         Limiter::new(&Target::Cluster(cluster.urls()), Duration::from_secs(5), false).expect("limiter");
-    let narrow = WireLimit::SlidingWindow { limit: 1, window_ms: 3_600_000, approximate: false };
+    let narrow = WireLimit::SlidingWindow { limit: 1, window_ms: Millis(3_600_000), approximate: false };
     let both = CheckRequest {
         checks: vec![check("wide", every_algorithm(5)), check("narrow", vec![narrow])].into(),
         now_us: None,
@@ -50,7 +51,7 @@ async fn a_denial_in_one_slot_refunds_the_others() {
         assert!(!denied.allowed);
         assert!(denied.checks[0].limits.iter().all(|l| l.allowed), "wide itself allowed: {denied:?}");
         assert!(!denied.checks[1].limits[0].allowed);
-        assert!(denied.retry_after_ms.is_some_and(|ms| ms > 3_000_000), "{denied:?}");
+        assert!(denied.retry_after_ms.is_some_and(|ms| ms > Millis(3_000_000)), "{denied:?}");
     }
 
     // Only `wide` now: 4 more pass on every algorithm, the fifth does not.
@@ -80,8 +81,8 @@ async fn one_slot_on_a_cluster_is_exact() {
         checks: vec![check(
             "dual",
             vec![
-                WireLimit::SlidingWindow { limit: 25, window_ms: 5_000, approximate: false },
-                WireLimit::SlidingWindow { limit: 300, window_ms: 60_000, approximate: false },
+                WireLimit::SlidingWindow { limit: 25, window_ms: Millis(5_000), approximate: false },
+                WireLimit::SlidingWindow { limit: 300, window_ms: Millis(60_000), approximate: false },
             ],
         )]
         .into(),
@@ -110,12 +111,12 @@ async fn waiting_on_a_cluster() {
     let limiter = std::sync::Arc::new(
         Limiter::new(&Target::Cluster(cluster.urls()), Duration::from_secs(5), false).expect("limiter"),
     );
-    let every = |ms| vec![WireLimit::Interval { every_ms: ms }];
+    let every = |ms| vec![WireLimit::Interval { every_ms: Millis(ms) }];
     let waiting = |checks: Vec<Check>, wait_ms| CheckRequest {
         checks: checks.into(),
         now_us: None,
         id: None,
-        wait_ms: Some(wait_ms),
+        wait_ms: Some(Millis(wait_ms)),
     };
 
     // One slot: held until the slot.
@@ -135,7 +136,7 @@ async fn waiting_on_a_cluster() {
     assert!(started.elapsed() < Duration::from_millis(1_000), "a request spanning slots was held");
 
     // A concurrency slot handed over across the cluster.
-    let slot = vec![check("leases", vec![WireLimit::Concurrency { limit: 1, lease_ms: 60_000 }])];
+    let slot = vec![check("leases", vec![WireLimit::Concurrency { limit: 1, lease_ms: Millis(60_000) }])];
     let holder = limiter.check(&waiting(slot.clone(), 1)).await.expect("check");
     let lease = holder.lease.clone().expect("a lease");
     let l = limiter.clone();
@@ -155,7 +156,10 @@ async fn waiting_on_a_cluster() {
     // the node that holds the slot.
     let mixed = vec![check(
         "mixed",
-        vec![WireLimit::Concurrency { limit: 1, lease_ms: 60_000 }, WireLimit::Interval { every_ms: 100 }],
+        vec![
+            WireLimit::Concurrency { limit: 1, lease_ms: Millis(60_000) },
+            WireLimit::Interval { every_ms: Millis(100) },
+        ],
     )];
     let holder = limiter.check(&waiting(mixed.clone(), 1_000)).await.expect("check");
     let lease = holder.lease.clone().expect("a lease");
@@ -190,7 +194,7 @@ async fn a_denial_stops_before_the_later_slots() {
     let cluster = tokio::task::spawn_blocking(RedisCluster::start).await.expect("task").expect("cluster");
     let limiter =
         Limiter::new(&Target::Cluster(cluster.urls()), Duration::from_secs(5), false).expect("limiter");
-    let spent = WireLimit::FixedWindow { limit: 1, window_ms: 31_536_000_000 };
+    let spent = WireLimit::FixedWindow { limit: 1, window_ms: Millis(31_536_000_000) };
     let narrow = CheckRequest {
         checks: vec![check("narrow", vec![spent])].into(),
         now_us: None,
@@ -232,7 +236,7 @@ async fn a_failed_slot_refunds_the_slots_before_it() {
         .expect("a policy on another master");
     let limiter =
         Limiter::new(&Target::Cluster(cluster.urls()), Duration::from_secs(2), false).expect("limiter");
-    let one = WireLimit::FixedWindow { limit: 5, window_ms: 31_536_000_000 };
+    let one = WireLimit::FixedWindow { limit: 5, window_ms: Millis(31_536_000_000) };
     let both = CheckRequest {
         checks: vec![check("wide", vec![one]), check(&other, vec![one])].into(),
         now_us: None,
@@ -266,8 +270,8 @@ async fn a_failed_refund_keeps_the_denial() {
         Limiter::new(&Target::Cluster(cluster.urls()), Duration::from_secs(5), false).expect("limiter");
     let request =
         |checks: Vec<Check>| CheckRequest { checks: checks.into(), now_us: None, id: None, wait_ms: None };
-    let one = WireLimit::FixedWindow { limit: 5, window_ms: 31_536_000_000 };
-    let spent = WireLimit::FixedWindow { limit: 1, window_ms: 31_536_000_000 };
+    let one = WireLimit::FixedWindow { limit: 5, window_ms: Millis(31_536_000_000) };
+    let spent = WireLimit::FixedWindow { limit: 1, window_ms: Millis(31_536_000_000) };
     // The check script is cached on both masters; narrow is spent.
     assert!(limiter.check(&request(vec![check("wide", vec![one])])).await.expect("check").allowed);
     assert!(limiter.check(&request(vec![check(&narrow, vec![spent])])).await.expect("check").allowed);

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use redis::Commands;
 use sluice_harness::Redis;
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{AdjustRequest, Adjustment, Check, CheckRequest, CheckResponse, WireLimit};
 use sluice_shim::limiter::{CheckError, Limiter};
 use sluice_shim::store::Target;
@@ -19,7 +20,7 @@ const SECOND: u64 = 1_000_000;
 const KEY: &str = "sluice:{p:k}:gcra:100000";
 
 fn points(cost: u32) -> WireLimit {
-    WireLimit::Points { capacity: 100, refill_ms: 10_000, cost }
+    WireLimit::Points { capacity: 100, refill_ms: Millis(10_000), cost }
 }
 
 async fn check(limiter: &Limiter, cost: u32, now_us: u64) -> Result<CheckResponse, CheckError> {
@@ -31,7 +32,7 @@ async fn check(limiter: &Limiter, cost: u32, now_us: u64) -> Result<CheckRespons
         upstream: false,
     }];
     limiter
-        .check(&CheckRequest { checks: checks.into(), now_us: Some(now_us), id: None, wait_ms: None })
+        .check(&CheckRequest { checks: checks.into(), now_us: Some(Micros(now_us)), id: None, wait_ms: None })
         .await
 }
 
@@ -42,9 +43,9 @@ async fn adjust(limiter: &Limiter, cost: u32, actual: u32, now_us: u64) -> Resul
         limit: points(cost),
         actual,
         held_until_us: None,
-        refunded_us: 0,
+        refunded_us: Micros(0),
     };
-    limiter.adjust(&AdjustRequest { adjustments: vec![adjustment], now_us: Some(now_us) }).await
+    limiter.adjust(&AdjustRequest { adjustments: vec![adjustment], now_us: Some(Micros(now_us)) }).await
 }
 
 fn pttl(redis: &Redis) -> i64 {
@@ -76,7 +77,7 @@ async fn an_actual_cost_beyond_the_capacity_is_refused_and_the_lockout_bounded()
     assert!((1..=11_000).contains(&ttl), "PTTL {ttl} after charging the whole capacity");
     let next = check(&limiter, 1, t0).await.expect("check");
     assert!(!next.allowed);
-    assert_eq!(next.retry_after_ms, Some(100), "an empty bucket waits one token (10 s / 100)");
+    assert_eq!(next.retry_after_ms, Some(Millis(100)), "an empty bucket waits one token (10 s / 100)");
 }
 
 /// A check whose points cost exceeds the capacity is refused, not decided:

@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde_json::Value;
 use sluice_harness::client::http;
 use sluice_harness::Redis;
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{Check, CheckRequest, CheckResponse, ReleaseRequest, WireLimit};
 use sluice_shim::dashboard;
 use sluice_shim::limiter::Limiter;
@@ -27,8 +28,8 @@ const DOCUMENT: &str = r#"{"policies": [
 
 fn partner_limits() -> Vec<WireLimit> {
     vec![
-        WireLimit::SlidingWindow { limit: 5, window_ms: 60_000, approximate: false },
-        WireLimit::TokenBucket { rate: 1, per_ms: 3_600_000, burst: 10 },
+        WireLimit::SlidingWindow { limit: 5, window_ms: Millis(60_000), approximate: false },
+        WireLimit::TokenBucket { rate: 1, per_ms: Millis(3_600_000), burst: 10 },
     ]
 }
 
@@ -119,7 +120,7 @@ async fn busy_keys_show_their_state_from_redis() {
     }
     let resp = check(port, "a3", "partner-api", "alice", partner_limits()).await;
     assert!(!resp.allowed, "the sixth of 5 per minute");
-    let erp = || vec![WireLimit::Concurrency { limit: 4, lease_ms: 60_000 }];
+    let erp = || vec![WireLimit::Concurrency { limit: 4, lease_ms: Millis(60_000) }];
     for i in 0..3 {
         assert!(check(port, &format!("e{i}"), "erp", "acme", erp()).await.allowed);
     }
@@ -136,7 +137,7 @@ async fn busy_keys_show_their_state_from_redis() {
     let (status, body) =
         http(port, "POST", "/v1/release", &serde_json::to_string(&release).expect("json")).await;
     assert_eq!(status, 200, "{body}");
-    let fixed = vec![WireLimit::FixedWindow { limit: 100, window_ms: 86_400_000 }];
+    let fixed = vec![WireLimit::FixedWindow { limit: 100, window_ms: Millis(86_400_000) }];
     check(port, "u0", "unlisted", "k", fixed).await;
 
     let board = dashboard(port).await;

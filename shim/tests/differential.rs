@@ -20,6 +20,7 @@ use proptest::test_runner::TestRunner;
 use redis::Commands;
 use sluice_harness::Redis;
 use sluice_policies::algorithm::{self, Algorithm, RedisTwin};
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{
     AdjustRequest, Adjustment, Check, CheckRequest, GiveBack, LeaseRequest, LeaseResponse, ReleaseRequest,
     WireLimit,
@@ -51,26 +52,29 @@ impl World {
 fn limit() -> impl Strategy<Value = WireLimit> {
     let window = prop::sample::select(vec![1u64, 7, 50, 1_000, 60_000]);
     prop_oneof![
-        (1u32..20, window.clone()).prop_map(|(limit, window_ms)| WireLimit::FixedWindow { limit, window_ms }),
+        (1u32..20, window.clone())
+            .prop_map(|(limit, window_ms)| WireLimit::FixedWindow { limit, window_ms: Millis(window_ms) }),
         (1u32..20, window.clone()).prop_map(|(limit, window_ms)| WireLimit::SlidingWindow {
             limit,
-            window_ms,
+            window_ms: Millis(window_ms),
             approximate: false
         }),
         (1u32..20, window).prop_map(|(limit, window_ms)| WireLimit::SlidingWindow {
             limit,
-            window_ms,
+            window_ms: Millis(window_ms),
             approximate: true
         }),
         (1u32..10, prop::sample::select(vec![10u64, 1_000, 3_000]), 1u32..10)
-            .prop_map(|(rate, per_ms, burst)| WireLimit::TokenBucket { rate, per_ms, burst }),
+            .prop_map(|(rate, per_ms, burst)| WireLimit::TokenBucket { rate, per_ms: Millis(per_ms), burst }),
         (1u32..10, prop::sample::select(vec![10u64, 700, 3_000]))
-            .prop_map(|(capacity, drain_ms)| WireLimit::LeakyBucket { capacity, drain_ms }),
-        prop::sample::select(vec![1u64, 10, 1_000]).prop_map(|every_ms| WireLimit::Interval { every_ms }),
+            .prop_map(|(capacity, drain_ms)| WireLimit::LeakyBucket { capacity, drain_ms: Millis(drain_ms) }),
+        prop::sample::select(vec![1u64, 10, 1_000])
+            .prop_map(|every_ms| WireLimit::Interval { every_ms: Millis(every_ms) }),
         (1u32..5, prop::sample::select(vec![5u64, 100, 1_000]))
-            .prop_map(|(limit, lease_ms)| WireLimit::Concurrency { limit, lease_ms }),
-        (5u32..50, prop::sample::select(vec![100u64, 1_000]))
-            .prop_map(|(capacity, refill_ms)| WireLimit::Points { capacity, refill_ms, cost: 1 }),
+            .prop_map(|(limit, lease_ms)| WireLimit::Concurrency { limit, lease_ms: Millis(lease_ms) }),
+        (5u32..50, prop::sample::select(vec![100u64, 1_000])).prop_map(|(capacity, refill_ms)| {
+            WireLimit::Points { capacity, refill_ms: Millis(refill_ms), cost: 1 }
+        }),
     ]
 }
 
@@ -112,7 +116,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 /// A limit's charge as an admitted check reported it: (held_until_us, refunded_us).
-type Charge = (Option<u64>, u64);
+type Charge = (Option<Micros>, Micros);
 
 /// The (key, limit, lease) of each concurrency limit of `checks`, as the
 /// model's release and renewal take them.
@@ -121,7 +125,7 @@ fn lease_keys(checks: &[Check]) -> Vec<(String, u64, u64)> {
         .expect("valid limits")
         .into_iter()
         .filter_map(|l| match l.algorithm {
-            Algorithm::Concurrency { limit, lease_us } => Some((l.key, limit, lease_us)),
+            Algorithm::Concurrency { limit, lease_us } => Some((l.key, limit, lease_us.get())),
             _ => None,
         })
         .collect()
@@ -200,7 +204,7 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
 
                 let req = CheckRequest {
                     checks: checks.as_slice().into(),
-                    now_us: Some(now),
+                    now_us: Some(Micros(now)),
                     id: None,
                     wait_ms: None,
                 };
@@ -261,7 +265,7 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                 let want = algorithm::release(&mut model, now, &lease_keys(&checks), &lease);
                 let got = w
                     .runtime
-                    .block_on(w.limiter.release_at(&ReleaseRequest { lease, checks }, Some(now)))
+                    .block_on(w.limiter.release_at(&ReleaseRequest { lease, checks }, Some(Micros(now))))
                     .expect("release");
                 prop_assert_eq!(got.released, want, "released");
             }
@@ -273,7 +277,7 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                 let want = algorithm::renew(&mut model, now, &lease_keys(&checks), &lease);
                 let got = w
                     .runtime
-                    .block_on(w.limiter.renew_at(&ReleaseRequest { lease, checks }, Some(now)))
+                    .block_on(w.limiter.renew_at(&ReleaseRequest { lease, checks }, Some(Micros(now))))
                     .expect("renew");
                 prop_assert_eq!(got.renewed, want, "renewed");
             }
@@ -298,7 +302,7 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                 }
                 let script = sluice_shim::keys::script_adjustments(&adjustments).expect("valid adjustments");
                 let model_adjust: Vec<_> = script.into_iter().filter(|a| a.delta != 0).collect();
-                let req = AdjustRequest { adjustments, now_us: Some(now) };
+                let req = AdjustRequest { adjustments, now_us: Some(Micros(now)) };
                 w.runtime.block_on(w.limiter.adjust(&req)).expect("adjust");
                 algorithm::adjust(&mut model, now, &model_adjust);
             }
@@ -372,15 +376,15 @@ fn run_waiting_case(
                     policy: policy.clone(),
                     key: "k".into(),
                     limits: with_cost(&limits, cost),
-                    margin_ms: Some(margin_ms),
+                    margin_ms: Some(Millis(margin_ms)),
                     upstream: false,
                 }];
                 let script = script_limits(&checks).expect("valid limits");
                 let req = CheckRequest {
                     checks: checks.as_slice().into(),
-                    now_us: Some(now),
+                    now_us: Some(Micros(now)),
                     id: Some(id.clone().into()),
-                    wait_ms: Some(wait_ms),
+                    wait_ms: Some(Millis(wait_ms)),
                 };
                 if wait_ms == 0 {
                     let model_limits: Vec<(String, Algorithm)> =
@@ -404,8 +408,11 @@ fn run_waiting_case(
                 prop_assert_eq!(got.at, want.at, "slot at {}", now);
                 if let Some(at) = got.at {
                     prop_assert!(at >= now && at - now <= wait_ms * 1000, "slot {} beyond the wait", at);
-                    let tats =
-                        got.response.checks[0].limits.iter().map(|l| l.held_until_us.unwrap_or(0)).collect();
+                    let tats = got.response.checks[0]
+                        .limits
+                        .iter()
+                        .map(|l| l.held_until_us.map_or(0, Micros::get))
+                        .collect();
                     held.push((id, checks, at, tats));
                 }
             }
@@ -417,7 +424,7 @@ fn run_waiting_case(
                 let (id, checks, at, tats) = held.remove(n % held.len());
                 let script = script_limits(&checks).expect("valid limits");
                 w.runtime
-                    .block_on(wait::cancel(w.limiter.waiting(), &script, Some(now), &id, at, &tats))
+                    .block_on(wait::cancel(w.limiter.waiting(), &script, Some(Micros(now)), &id, at, &tats))
                     .expect("cancel");
                 let reserved: Vec<algorithm::cancel::Reserved> = script
                     .iter()
@@ -501,7 +508,7 @@ fn run_queue_case(w: &World, limit: u32, lease_ms: u64, ops: Vec<QueueOp>) -> Re
     let checks = vec![Check {
         policy,
         key: "k".into(),
-        limits: vec![WireLimit::Concurrency { limit, lease_ms }],
+        limits: vec![WireLimit::Concurrency { limit, lease_ms: Millis(lease_ms) }],
         margin_ms: None,
         upstream: false,
     }];
@@ -521,7 +528,7 @@ fn run_queue_case(w: &World, limit: u32, lease_ms: u64, ops: Vec<QueueOp>) -> Re
                 if wait == 0 {
                     let req = CheckRequest {
                         checks: checks.as_slice().into(),
-                        now_us: Some(now),
+                        now_us: Some(Micros(now)),
                         id: Some(id.clone().into()),
                         wait_ms: None,
                     };
@@ -554,7 +561,7 @@ fn run_queue_case(w: &World, limit: u32, lease_ms: u64, ops: Vec<QueueOp>) -> Re
                 }
                 let lease_id = ids[n % ids.len()].clone();
                 let req = ReleaseRequest { lease: lease_id.clone(), checks: checks.clone() };
-                let got = w.runtime.block_on(w.limiter.release_at(&req, Some(now))).expect("release");
+                let got = w.runtime.block_on(w.limiter.release_at(&req, Some(Micros(now)))).expect("release");
                 let want = algorithm::release(&mut model, now, &[(key.clone(), limit, lease)], &lease_id);
                 prop_assert_eq!(got.released, want, "released at {}", now);
             }
@@ -613,14 +620,15 @@ fn queue_scripts_decide_as_the_model() {
 /// A time limit that a mixed request waits on beside its concurrency limit.
 fn time_limit() -> impl Strategy<Value = WireLimit> {
     prop_oneof![
-        prop::sample::select(vec![1u64, 10, 100]).prop_map(|every_ms| WireLimit::Interval { every_ms }),
+        prop::sample::select(vec![1u64, 10, 100])
+            .prop_map(|every_ms| WireLimit::Interval { every_ms: Millis(every_ms) }),
         (1u32..4, prop::sample::select(vec![7u64, 100])).prop_map(|(limit, window_ms)| {
-            WireLimit::SlidingWindow { limit, window_ms, approximate: false }
+            WireLimit::SlidingWindow { limit, window_ms: Millis(window_ms), approximate: false }
         }),
         (1u32..4, prop::sample::select(vec![7u64, 100]))
-            .prop_map(|(limit, window_ms)| WireLimit::FixedWindow { limit, window_ms }),
+            .prop_map(|(limit, window_ms)| WireLimit::FixedWindow { limit, window_ms: Millis(window_ms) }),
         (1u32..4, prop::sample::select(vec![10u64, 100]), 1u32..3)
-            .prop_map(|(rate, per_ms, burst)| WireLimit::TokenBucket { rate, per_ms, burst }),
+            .prop_map(|(rate, per_ms, burst)| WireLimit::TokenBucket { rate, per_ms: Millis(per_ms), burst }),
     ]
 }
 
@@ -698,7 +706,7 @@ fn run_mixed_case(
     let check = |limits: Vec<WireLimit>| {
         vec![Check { policy: policy.clone(), key: "k".into(), limits, margin_ms: None, upstream: false }]
     };
-    let concurrency = WireLimit::Concurrency { limit, lease_ms };
+    let concurrency = WireLimit::Concurrency { limit, lease_ms: Millis(lease_ms) };
     let all = check(if time_first { vec![time_limit, concurrency] } else { vec![concurrency, time_limit] });
     let time_only = check(vec![time_limit]);
     let script = script_limits(&all).expect("valid limits");
@@ -722,9 +730,9 @@ fn run_mixed_case(
                 ids.push(id.clone());
                 let req = CheckRequest {
                     checks: time_only.as_slice().into(),
-                    now_us: Some(now),
+                    now_us: Some(Micros(now)),
                     id: Some(id.clone().into()),
-                    wait_ms: Some(wait.div_ceil(1000)),
+                    wait_ms: Some(Millis(wait.div_ceil(1000))),
                 };
                 let got =
                     w.runtime.block_on(wait::reserve_request(w.limiter.waiting(), &req)).expect("reserve");
@@ -734,8 +742,11 @@ fn run_mixed_case(
                 prop_assert_eq!(&got.response.checks[0].limits, &want.reply.limits, "reserve at {}", now);
                 prop_assert_eq!(got.at, want.at, "slot at {}", now);
                 if let Some(at) = got.at {
-                    let held =
-                        got.response.checks[0].limits.iter().map(|l| l.held_until_us.unwrap_or(0)).collect();
+                    let held = got.response.checks[0]
+                        .limits
+                        .iter()
+                        .map(|l| l.held_until_us.map_or(0, Micros::get))
+                        .collect();
                     pending.push((id, at, held, wait));
                 }
             }
@@ -779,7 +790,7 @@ fn run_mixed_case(
                 }
                 let lease_id = ids[n % ids.len()].clone();
                 let req = ReleaseRequest { lease: lease_id.clone(), checks: all.clone() };
-                let got = w.runtime.block_on(w.limiter.release_at(&req, Some(now))).expect("release");
+                let got = w.runtime.block_on(w.limiter.release_at(&req, Some(Micros(now)))).expect("release");
                 let want =
                     algorithm::release(&mut model, now, &[(conc.key.clone(), limit, lease)], &lease_id);
                 prop_assert_eq!(got.released, want, "released at {}", now);
@@ -802,7 +813,7 @@ fn run_mixed_case(
                 ids.push(id.clone());
                 let req = CheckRequest {
                     checks: all.as_slice().into(),
-                    now_us: Some(now),
+                    now_us: Some(Micros(now)),
                     id: Some(id.clone().into()),
                     wait_ms: None,
                 };
@@ -878,7 +889,7 @@ fn lease_op() -> impl Strategy<Value = LeaseOp> {
 fn run_lease_case(w: &World, limit: u32, window_ms: u64, ops: Vec<LeaseOp>) -> Result<(), TestCaseError> {
     static CASE: AtomicU64 = AtomicU64::new(0);
     let policy = format!("l{}", CASE.fetch_add(1, Ordering::Relaxed));
-    let wire = WireLimit::FixedWindow { limit, window_ms };
+    let wire = WireLimit::FixedWindow { limit, window_ms: Millis(window_ms) };
     let checks = vec![Check {
         policy: policy.clone(),
         key: String::new(),
@@ -900,7 +911,7 @@ fn run_lease_case(w: &World, limit: u32, window_ms: u64, ops: Vec<LeaseOp>) -> R
                 now += dt;
                 let req = CheckRequest {
                     checks: checks.as_slice().into(),
-                    now_us: Some(now),
+                    now_us: Some(Micros(now)),
                     id: None,
                     wait_ms: None,
                 };
@@ -920,7 +931,7 @@ fn run_lease_case(w: &World, limit: u32, window_ms: u64, ops: Vec<LeaseOp>) -> R
                     limit: wire,
                     want: want.min(limit),
                     give_back,
-                    now_us: Some(now),
+                    now_us: Some(Micros(now)),
                 };
                 let got = w.runtime.block_on(w.limiter.lease(&req)).expect("lease");
                 let grant = algorithm::lease(
@@ -935,7 +946,7 @@ fn run_lease_case(w: &World, limit: u32, window_ms: u64, ops: Vec<LeaseOp>) -> R
                 let modelled = LeaseResponse {
                     granted: u32::try_from(grant.granted).expect("small"),
                     window: grant.window,
-                    expires_in_ms: grant.expires_in_us / 1000,
+                    expires_in_ms: Millis(grant.expires_in_us / 1000),
                     remaining: grant.remaining,
                 };
                 prop_assert_eq!(got, modelled, "lease at {}", now);

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use redis::Commands;
 use sluice_harness::Redis;
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{GiveBack, LeaseRequest, LeaseResponse, WireLimit};
 use sluice_shim::limiter::{CheckError, Limiter};
 use sluice_shim::store::Target;
@@ -16,11 +17,18 @@ const KEY: &str = "sluice:{p:}:fw:10000";
 const T0: u64 = 1_700_000_000_000_000;
 
 fn request(limit: WireLimit, want: u32, give_back: Option<GiveBack>, now_us: u64) -> LeaseRequest {
-    LeaseRequest { policy: "p".into(), key: String::new(), limit, want, give_back, now_us: Some(now_us) }
+    LeaseRequest {
+        policy: "p".into(),
+        key: String::new(),
+        limit,
+        want,
+        give_back,
+        now_us: Some(Micros(now_us)),
+    }
 }
 
 fn window(limit: u32) -> WireLimit {
-    WireLimit::FixedWindow { limit, window_ms: WINDOW_MS }
+    WireLimit::FixedWindow { limit, window_ms: Millis(WINDOW_MS) }
 }
 
 async fn lease(limiter: &Limiter, req: LeaseRequest) -> Result<LeaseResponse, CheckError> {
@@ -42,9 +50,16 @@ async fn grants_give_backs_and_refusals() {
 
     // Up to `want`, then what is left, then nothing.
     let got = lease(&limiter, request(window(10), 6, None, T0)).await.expect("lease");
-    assert_eq!(got, LeaseResponse { granted: 6, window: index, expires_in_ms: WINDOW_MS, remaining: 4 });
+    assert_eq!(
+        got,
+        LeaseResponse { granted: 6, window: index, expires_in_ms: Millis(WINDOW_MS), remaining: 4 }
+    );
     let got = lease(&limiter, request(window(10), 6, None, T0 + 1)).await.expect("lease");
-    assert_eq!((got.granted, got.remaining, got.expires_in_ms), (4, 0, WINDOW_MS - 1), "rounded down");
+    assert_eq!(
+        (got.granted, got.remaining, got.expires_in_ms),
+        (4, 0, Millis(WINDOW_MS - 1)),
+        "rounded down"
+    );
     let got = lease(&limiter, request(window(10), 6, None, T0 + 2)).await.expect("lease");
     assert_eq!(got.granted, 0);
 
@@ -70,7 +85,7 @@ async fn grants_give_backs_and_refusals() {
     assert_eq!((got.granted, got.window, got.remaining), (2, index + 1, 8));
 
     // Refused: another limit type, more than the limit, a bad name or key.
-    let bucket = WireLimit::TokenBucket { rate: 1, per_ms: 1_000, burst: 5 };
+    let bucket = WireLimit::TokenBucket { rate: 1, per_ms: Millis(1_000), burst: 5 };
     assert_eq!(
         refused(lease(&limiter, request(bucket, 1, None, T0)).await),
         "limit: only a fixed_window is leased"

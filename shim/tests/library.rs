@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use sluice_harness::Redis;
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{Check, CheckRequest, WireLimit};
 use sluice_shim::limiter::Limiter;
 use sluice_shim::store::Target;
@@ -14,7 +15,7 @@ fn request(id: &str) -> CheckRequest<'static> {
         checks: vec![Check {
             policy: "p".into(),
             key: "k".into(),
-            limits: vec![WireLimit::FixedWindow { limit: 2, window_ms: 60_000 }],
+            limits: vec![WireLimit::FixedWindow { limit: 2, window_ms: Millis(60_000) }],
             margin_ms: None,
             upstream: false,
         }]

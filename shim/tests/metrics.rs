@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use sluice_harness::client::http;
 use sluice_harness::Redis;
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{Check, CheckRequest, CheckResponse, ReleaseRequest, WireLimit};
 use sluice_shim::limiter::Limiter;
 use sluice_shim::server::{run, Options};
@@ -35,7 +36,12 @@ async fn post_check(
     now_us: Option<u64>,
     wait_ms: Option<u64>,
 ) -> (u16, Option<CheckResponse>) {
-    let req = CheckRequest { checks: checks.into(), id: Some(id.to_string().into()), now_us, wait_ms };
+    let req = CheckRequest {
+        checks: checks.into(),
+        id: Some(id.to_string().into()),
+        now_us: now_us.map(Micros),
+        wait_ms: wait_ms.map(Millis),
+    };
     let (status, body) = http(port, "POST", "/v1/check", &serde_json::to_string(&req).expect("json")).await;
     (status, serde_json::from_str(&body).ok())
 }
@@ -70,8 +76,8 @@ async fn metrics_count_each_decision_script_call_and_reload() {
     // One explicit time: the fixed window cannot roll over mid-test.
     let now = Some(1_700_000_000_000_000);
     let partner =
-        |key: &str| check("partner-api", key, WireLimit::FixedWindow { limit: 2, window_ms: 60_000 });
-    let search = || check("search", "k", WireLimit::FixedWindow { limit: 100, window_ms: 60_000 });
+        |key: &str| check("partner-api", key, WireLimit::FixedWindow { limit: 2, window_ms: Millis(60_000) });
+    let search = || check("search", "k", WireLimit::FixedWindow { limit: 100, window_ms: Millis(60_000) });
 
     for (i, allowed) in [true, true, false].into_iter().enumerate() {
         let (status, resp) = post_check(port, vec![partner("k")], &format!("r{i}"), now, None).await;
@@ -121,7 +127,7 @@ async fn metrics_count_each_decision_script_call_and_reload() {
 async fn a_held_waiter_and_its_hand_over_are_counted() {
     let redis = Redis::start().expect("redis");
     let port = serve(&redis, false).await;
-    let slot = || vec![check("egress", "k", WireLimit::Concurrency { limit: 1, lease_ms: 30_000 })];
+    let slot = || vec![check("egress", "k", WireLimit::Concurrency { limit: 1, lease_ms: Millis(30_000) })];
 
     let (_, first) = post_check(port, slot(), "first", None, Some(10_000)).await;
     assert_eq!(first.as_ref().map(|r| r.allowed), Some(true));
@@ -145,7 +151,7 @@ async fn a_held_waiter_and_its_hand_over_are_counted() {
     let (status, resp) = second.await.expect("second check");
     let resp = resp.expect("an answer");
     assert_eq!((status, resp.allowed, resp.lease.as_deref()), (200, true, Some("second")));
-    assert!(resp.waited_ms.is_some_and(|ms| ms > 0), "{resp:?}");
+    assert!(resp.waited_ms.is_some_and(|ms| ms > Millis(0)), "{resp:?}");
 
     let page = metrics(port).await;
     assert_eq!(decisions(&page, "egress", "allowed"), 1.0, "{page}");
@@ -163,12 +169,17 @@ async fn the_partners_answers_are_counted_by_effect() {
     use sluice_policies::wire::{FeedbackRequest, Pause, Slowdown};
     let redis = Redis::start().expect("redis");
     let port = serve(&redis, true).await;
-    let slow = Some(Slowdown { decrease_ppm: 500_000, recover_ms: 60_000, min_ppm: 50_000 });
+    let slow = Some(Slowdown { decrease_ppm: 500_000, recover_ms: Millis(60_000), min_ppm: 50_000 });
     let t0 = 1_700_000_000_000_000u64;
     for (dt, pause_ms) in [(0, 2_000), (1_000, 1_000), (2_000, 5_000)] {
         let req = FeedbackRequest {
-            pauses: vec![Pause { policy: "partner".into(), key: "acme".into(), pause_ms, slow }],
-            now_us: Some(t0 + dt),
+            pauses: vec![Pause {
+                policy: "partner".into(),
+                key: "acme".into(),
+                pause_ms: Millis(pause_ms),
+                slow,
+            }],
+            now_us: Some(Micros(t0 + dt)),
         };
         let (status, body) =
             http(port, "POST", "/v1/feedback", &serde_json::to_string(&req).expect("json")).await;

@@ -14,6 +14,7 @@ use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner}
 use sluice_harness::Redis;
 use sluice_policies::algorithm::reserve::{self, Waiting};
 use sluice_policies::algorithm::{self, Algorithm, RedisTwin, State};
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{Check, CheckRequest, FeedbackRequest, Pause, Slowdown, WireLimit};
 use sluice_shim::keys::script_limits;
 use sluice_shim::limiter::Limiter;
@@ -41,9 +42,9 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
     prop::collection::vec(op, 1..60)
 }
 
-const LIMIT: WireLimit = WireLimit::SlidingWindow { limit: 3, window_ms: 1_000, approximate: false };
+const LIMIT: WireLimit = WireLimit::SlidingWindow { limit: 3, window_ms: Millis(1_000), approximate: false };
 /// Halves the rate, back in 4 s, never below a tenth: 3 a second becomes 1.
-const SLOW: Slowdown = Slowdown { decrease_ppm: 500_000, recover_ms: 4_000, min_ppm: 100_000 };
+const SLOW: Slowdown = Slowdown { decrease_ppm: 500_000, recover_ms: Millis(4_000), min_ppm: 100_000 };
 
 fn request(policy: &str, now_us: u64, id: &str, wait_ms: Option<u64>) -> CheckRequest<'static> {
     CheckRequest {
@@ -55,9 +56,9 @@ fn request(policy: &str, now_us: u64, id: &str, wait_ms: Option<u64>) -> CheckRe
             upstream: true,
         }]
         .into(),
-        now_us: Some(now_us),
+        now_us: Some(Micros(now_us)),
         id: Some(id.to_string().into()),
-        wait_ms,
+        wait_ms: wait_ms.map(Millis),
     }
 }
 
@@ -93,8 +94,13 @@ fn the_pause_scripts_decide_as_the_model() {
                         now += dt;
                         let slow = refused.then_some(SLOW);
                         let req = FeedbackRequest {
-                            pauses: vec![Pause { policy: policy.clone(), key: "k".into(), pause_ms, slow }],
-                            now_us: Some(now),
+                            pauses: vec![Pause {
+                                policy: policy.clone(),
+                                key: "k".into(),
+                                pause_ms: Millis(pause_ms),
+                                slow,
+                            }],
+                            now_us: Some(Micros(now)),
                         };
                         let got = runtime
                             .block_on(limiter.feedback(&req))
@@ -130,7 +136,7 @@ fn the_pause_scripts_decide_as_the_model() {
                             now
                         );
                         let paused = want.limits[1].reset_ms;
-                        prop_assert_eq!(got.checks[0].paused_ms, (paused > 0).then_some(paused));
+                        prop_assert_eq!(got.checks[0].paused_ms, (paused > Millis(0)).then_some(paused));
                         if got.allowed {
                             prop_assert!(now >= until, "admitted at {} inside a pause until {}", now, until);
                             admitted.push(now);
@@ -178,8 +184,13 @@ fn a_pause_only_extends() {
     let t0 = 1_700_000_000_000_000u64;
     let record = |dt: u64, pause_ms: u64| {
         let req = FeedbackRequest {
-            pauses: vec![Pause { policy: "p".into(), key: "k".into(), pause_ms, slow: None }],
-            now_us: Some(t0 + dt),
+            pauses: vec![Pause {
+                policy: "p".into(),
+                key: "k".into(),
+                pause_ms: Millis(pause_ms),
+                slow: None,
+            }],
+            now_us: Some(Micros(t0 + dt)),
         };
         runtime.block_on(limiter.feedback(&req)).expect("feedback").extended
     };
@@ -188,8 +199,8 @@ fn a_pause_only_extends() {
     assert_eq!(record(2_000_000, 10_000), 1);
     let check = runtime.block_on(limiter.check(&request("p", t0 + 11_000_000, "a", None))).expect("check");
     assert!(!check.allowed);
-    assert_eq!(check.checks[0].paused_ms, Some(1_000));
-    assert_eq!(check.retry_after_ms, Some(1_000));
+    assert_eq!(check.checks[0].paused_ms, Some(Millis(1_000)));
+    assert_eq!(check.retry_after_ms, Some(Millis(1_000)));
     let mut conn = redis.connection().expect("redis");
     let ttl: i64 = redis::cmd("PTTL").arg("sluice:{p:k}:pause").query(&mut conn).expect("PTTL");
     assert!(ttl > 0, "the pause key has no TTL");
@@ -203,7 +214,12 @@ fn bad_feedback_is_refused() {
     let _in_runtime = runtime.enter();
     let limiter = Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), false).expect("limiter");
     let bad = |policy: &str, key: &str, pause_ms: u64| FeedbackRequest {
-        pauses: vec![Pause { policy: policy.into(), key: key.into(), pause_ms, slow: None }],
+        pauses: vec![Pause {
+            policy: policy.into(),
+            key: key.into(),
+            pause_ms: Millis(pause_ms),
+            slow: None,
+        }],
         now_us: None,
     };
     for req in [bad("p{", "k", 1), bad("p", "a b", 1), bad("p", "k", u64::MAX)] {
@@ -222,7 +238,7 @@ async fn a_held_request_is_moved_past_a_pause_that_lands_while_it_waits() {
     let limiter = std::sync::Arc::new(
         Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), false).expect("limiter"),
     );
-    let one_per_second = WireLimit::SlidingWindow { limit: 1, window_ms: 1_000, approximate: false };
+    let one_per_second = WireLimit::SlidingWindow { limit: 1, window_ms: Millis(1_000), approximate: false };
     let request = move |id: &str| CheckRequest {
         checks: vec![Check {
             policy: "p".into(),
@@ -234,7 +250,7 @@ async fn a_held_request_is_moved_past_a_pause_that_lands_while_it_waits() {
         .into(),
         now_us: None,
         id: Some(id.to_string().into()),
-        wait_ms: Some(5_000),
+        wait_ms: Some(Millis(5_000)),
     };
     assert!(limiter.check(&request("r1")).await.expect("r1").allowed);
     let held = {
@@ -243,12 +259,12 @@ async fn a_held_request_is_moved_past_a_pause_that_lands_while_it_waits() {
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
     let pause = FeedbackRequest {
-        pauses: vec![Pause { policy: "p".into(), key: "k".into(), pause_ms: 2_000, slow: None }],
+        pauses: vec![Pause { policy: "p".into(), key: "k".into(), pause_ms: Millis(2_000), slow: None }],
         now_us: None,
     };
     assert_eq!(limiter.feedback(&pause).await.expect("feedback").extended, 1);
     let r2 = held.await.expect("task").expect("r2");
     assert!(r2.allowed, "{r2:?}");
-    let waited = r2.waited_ms.expect("held");
+    let waited = r2.waited_ms.expect("held").get();
     assert!(waited >= 2_000, "r2 went out after {waited} ms, inside the 2 s pause that began at 0.2 s");
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use redis::Commands;
 use sluice_harness::Redis;
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{Check, CheckRequest, CheckResponse, ReleaseRequest, WireLimit};
 use sluice_shim::limiter::{CheckError, Limiter};
 use sluice_shim::store::Target;
@@ -31,7 +32,7 @@ fn checks(limits: &[WireLimit]) -> Vec<Check> {
 }
 
 fn slot(limit: u32, lease_ms: u64) -> [WireLimit; 1] {
-    [WireLimit::Concurrency { limit, lease_ms }]
+    [WireLimit::Concurrency { limit, lease_ms: Millis(lease_ms) }]
 }
 
 async fn check(limiter: &Limiter, id: &str, limits: &[WireLimit], wait_ms: u64) -> CheckResponse {
@@ -39,7 +40,7 @@ async fn check(limiter: &Limiter, id: &str, limits: &[WireLimit], wait_ms: u64) 
         checks: checks(limits).into(),
         now_us: None,
         id: Some(id.to_string().into()),
-        wait_ms: Some(wait_ms),
+        wait_ms: Some(Millis(wait_ms)),
     };
     match limiter.check(&req).await {
         Ok(resp) => resp,
@@ -178,10 +179,11 @@ async fn two_concurrency_limits_cannot_wait() {
     let redis = Redis::start().expect("redis");
     let limiter = limiter(&redis);
     let two = [
-        WireLimit::Concurrency { limit: 1, lease_ms: 10_000 },
-        WireLimit::Concurrency { limit: 1, lease_ms: 20_000 },
+        WireLimit::Concurrency { limit: 1, lease_ms: Millis(10_000) },
+        WireLimit::Concurrency { limit: 1, lease_ms: Millis(20_000) },
     ];
-    let req = CheckRequest { checks: checks(&two).into(), now_us: None, id: None, wait_ms: Some(100) };
+    let req =
+        CheckRequest { checks: checks(&two).into(), now_us: None, id: None, wait_ms: Some(Millis(100)) };
     match limiter.check(&req).await {
         Err(CheckError::BadRequest(reason)) => assert!(reason.contains("concurrency"), "{reason}"),
         other => panic!("expected a 400, got {other:?}"),
@@ -206,8 +208,10 @@ fn leases(redis: &Redis, key: &str) -> Vec<String> {
 async fn mixed_waits_never_hold_a_concurrency_slot_while_waiting_for_time() {
     let redis = Redis::start().expect("redis");
     let limiter = limiter(&redis);
-    let mixed =
-        [WireLimit::Concurrency { limit: 1, lease_ms: 10_000 }, WireLimit::Interval { every_ms: 400 }];
+    let mixed = [
+        WireLimit::Concurrency { limit: 1, lease_ms: Millis(10_000) },
+        WireLimit::Interval { every_ms: Millis(400) },
+    ];
     let r1 = check(&limiter, "r1", &mixed, 3_000).await;
     assert!(r1.allowed && r1.lease.as_deref() == Some("r1"), "{r1:?}");
 
@@ -250,7 +254,7 @@ async fn losing_the_wake_up_subscription_while_waiting_is_a_store_error() {
             checks: checks(&one).into(),
             now_us: None,
             id: Some("r2".into()),
-            wait_ms: Some(5_000),
+            wait_ms: Some(Millis(5_000)),
         };
         l.check(&req).await
     });

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use sluice_harness::tls::Pki;
 use sluice_harness::{free_port, Redis};
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{Check, CheckRequest, WireLimit};
 use sluice_shim::limiter::{CheckError, Limiter};
 use sluice_shim::store::{Connect, Target};
@@ -17,7 +18,7 @@ use sluice_shim::store::{Connect, Target};
 const PASSWORD: &str = "pw-Zq8rT1x";
 
 fn request() -> CheckRequest<'static> {
-    let limits = vec![WireLimit::SlidingWindow { limit: 1, window_ms: 60_000, approximate: false }];
+    let limits = vec![WireLimit::SlidingWindow { limit: 1, window_ms: Millis(60_000), approximate: false }];
     let checks =
         vec![Check { policy: "p".into(), key: "k".into(), limits, margin_ms: None, upstream: false }];
     CheckRequest { checks: checks.into(), now_us: None, id: None, wait_ms: None }
@@ -116,14 +117,14 @@ async fn a_held_check_is_woken_over_tls() {
     let ca = std::fs::read(&pki.ca).expect("ca");
     let url = format!("rediss://:{PASSWORD}@127.0.0.1:{}", redis.port);
     let limiter = std::sync::Arc::new(limiter(url, Some(ca)));
-    let limits = vec![WireLimit::Concurrency { limit: 1, lease_ms: 30_000 }];
+    let limits = vec![WireLimit::Concurrency { limit: 1, lease_ms: Millis(30_000) }];
     let checks =
         vec![Check { policy: "p".into(), key: "k".into(), limits, margin_ms: None, upstream: false }];
     let held = |id: &str, wait_ms: Option<u64>| CheckRequest {
         checks: checks.clone().into(),
         now_us: None,
         id: Some(id.to_string().into()),
-        wait_ms,
+        wait_ms: wait_ms.map(Millis),
     };
     let first = limiter.check(&held("first", None)).await.expect("check over TLS");
     assert_eq!(first.lease.as_deref(), Some("first"));

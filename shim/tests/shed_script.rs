@@ -8,6 +8,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
 use sluice_harness::Redis;
 use sluice_policies::shed::{ShedSettings, ShedState, Shedder};
+use sluice_policies::units::Millis;
 use sluice_shim::shed::ShedScript;
 use sluice_shim::store::{RedisClient, Target};
 
@@ -38,7 +39,7 @@ fn the_script_controls_as_the_model() {
             for (dt, u) in reports {
                 now += dt;
                 let got = runtime
-                    .block_on(shed.report(&store, &policy, CLASSES, &settings, u, Some(now)))
+                    .block_on(shed.report(&store, &policy, CLASSES, &settings, u, Some(Millis(now))))
                     .map_err(TestCaseError::fail)?;
                 model.observe(now, u);
                 prop_assert_eq!(
@@ -71,7 +72,7 @@ fn a_fleet_shares_one_level() {
     for i in 0..=60u64 {
         // Gateway A reports on even seconds, B on odd ones.
         let level = runtime
-            .block_on(shed.report(&store, "fleet", CLASSES, &settings, 0.9, Some(t0 + i * 1_000)))
+            .block_on(shed.report(&store, "fleet", CLASSES, &settings, 0.9, Some(Millis(t0 + i * 1_000))))
             .expect("report");
         levels.push(level.level);
     }
@@ -98,7 +99,7 @@ fn nonsense_utilization_is_refused() {
             CLASSES,
             &ShedSettings::default(),
             u,
-            Some(1),
+            Some(Millis(1)),
         ));
         assert!(got.is_err(), "{u} accepted");
     }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use redis::Commands;
 use sluice_harness::Redis;
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{Check, CheckRequest, CheckResponse, WireLimit};
 use sluice_shim::limiter::{CheckError, Limiter};
 use sluice_shim::store::Target;
@@ -27,7 +28,7 @@ fn request(id: &str, limits: &[WireLimit], wait_ms: u64) -> CheckRequest<'static
         .into(),
         now_us: None,
         id: Some(id.to_string().into()),
-        wait_ms: Some(wait_ms),
+        wait_ms: Some(Millis(wait_ms)),
     }
 }
 
@@ -48,7 +49,7 @@ fn tat(redis: &Redis) -> Option<String> {
 async fn a_waiting_request_is_held_until_its_slot() {
     let redis = Redis::start().expect("redis");
     let limiter = limiter(&redis);
-    let every = [WireLimit::Interval { every_ms: 300 }];
+    let every = [WireLimit::Interval { every_ms: Millis(300) }];
     let first = check(&limiter, "r1", &every, 1_000).await;
     assert!(first.allowed && first.waited_ms.is_none(), "{first:?}");
     let started = Instant::now();
@@ -56,7 +57,7 @@ async fn a_waiting_request_is_held_until_its_slot() {
     let held = started.elapsed();
     assert!(second.allowed, "{second:?}");
     assert!(held >= Duration::from_millis(250), "answered after {held:?}, before its slot");
-    assert!(second.waited_ms.is_some_and(|ms| ms >= 250), "{second:?}");
+    assert!(second.waited_ms.is_some_and(|ms| ms >= Millis(250)), "{second:?}");
 }
 
 /// A slot further away than the wait: refused at once with the exact wait,
@@ -65,13 +66,13 @@ async fn a_waiting_request_is_held_until_its_slot() {
 async fn a_slot_beyond_the_wait_is_refused_and_reserves_nothing() {
     let redis = Redis::start().expect("redis");
     let limiter = limiter(&redis);
-    let every = [WireLimit::Interval { every_ms: 300 }];
+    let every = [WireLimit::Interval { every_ms: Millis(300) }];
     assert!(check(&limiter, "r1", &every, 1_000).await.allowed);
     let before = tat(&redis);
     let started = Instant::now();
     let second = check(&limiter, "r2", &every, 100).await;
     assert!(!second.allowed, "{second:?}");
-    assert!(second.retry_after_ms.is_some_and(|ms| (200..=300).contains(&ms)), "{second:?}");
+    assert!(second.retry_after_ms.is_some_and(|ms| (Millis(200)..=Millis(300)).contains(&ms)), "{second:?}");
     assert!(started.elapsed() < Duration::from_millis(100), "a refusal was held");
     assert_eq!(tat(&redis), before, "a refused waiting request changed the bucket");
 }
@@ -82,7 +83,7 @@ async fn a_slot_beyond_the_wait_is_refused_and_reserves_nothing() {
 async fn a_client_that_goes_away_gives_its_slot_back() {
     let redis = Redis::start().expect("redis");
     let limiter = limiter(&redis);
-    let every = [WireLimit::Interval { every_ms: 300 }];
+    let every = [WireLimit::Interval { every_ms: Millis(300) }];
     assert!(check(&limiter, "r1", &every, 1_000).await.allowed);
     let after_first = tat(&redis);
     let gone = tokio::time::timeout(Duration::from_millis(50), check(&limiter, "r2", &every, 1_000)).await;
@@ -102,7 +103,7 @@ async fn a_client_that_goes_away_gives_its_slot_back() {
 async fn approximate_windows_cannot_wait() {
     let redis = Redis::start().expect("redis");
     let limiter = limiter(&redis);
-    let approx = [WireLimit::SlidingWindow { limit: 5, window_ms: 1_000, approximate: true }];
+    let approx = [WireLimit::SlidingWindow { limit: 5, window_ms: Millis(1_000), approximate: true }];
     match limiter.check(&request("r1", &approx, 100)).await {
         Err(CheckError::BadRequest(reason)) => assert!(reason.contains("approximate"), "{reason}"),
         other => panic!("expected a 400, got {other:?}"),
@@ -118,14 +119,14 @@ async fn every_waiting_key_has_a_ttl_covering_its_reservations() {
     let redis = Redis::start().expect("redis");
     let limiter = std::sync::Arc::new(limiter(&redis));
     let time = [
-        WireLimit::SlidingWindow { limit: 1, window_ms: 200, approximate: false },
-        WireLimit::FixedWindow { limit: 1, window_ms: 200 },
-        WireLimit::Interval { every_ms: 200 },
+        WireLimit::SlidingWindow { limit: 1, window_ms: Millis(200), approximate: false },
+        WireLimit::FixedWindow { limit: 1, window_ms: Millis(200) },
+        WireLimit::Interval { every_ms: Millis(200) },
     ];
     assert!(check(&limiter, "r1", &time, 1_000).await.allowed);
     let l = limiter.clone();
     let held = tokio::spawn(async move { check(&l, "r2", &time, 1_000).await });
-    let slot = [WireLimit::Concurrency { limit: 1, lease_ms: 10_000 }];
+    let slot = [WireLimit::Concurrency { limit: 1, lease_ms: Millis(10_000) }];
     assert!(check(&limiter, "c1", &slot, 0).await.allowed);
     let l = limiter.clone();
     let queued = tokio::spawn(async move { check(&l, "c2", &slot, 1_000).await });

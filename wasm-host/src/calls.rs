@@ -15,6 +15,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{CheckOutcome, CheckRequest, CheckResponse, LimitOutcome};
 
 use super::pairs::HeaderMap;
@@ -202,15 +203,15 @@ fn check_response(call: &HttpCall, denied_ms: Option<u64>, waited_ms: Option<u64
     let mut first = true;
     let mut outcome = || {
         let deny = denied_ms.filter(|_| std::mem::take(&mut first));
-        let retry_after_ms = Some(deny.unwrap_or(0));
+        let retry_after_ms = Some(Millis(deny.unwrap_or(0)));
         LimitOutcome {
             allowed: deny.is_none(),
             remaining: 0,
-            reset_ms: 1000,
+            reset_ms: Millis(1000),
             retry_after_ms,
             reclaimed: 0,
             held_until_us: None,
-            refunded_us: 0,
+            refunded_us: Micros(0),
         }
     };
     let checks = request.checks.iter().map(|check| CheckOutcome {
@@ -219,10 +220,10 @@ fn check_response(call: &HttpCall, denied_ms: Option<u64>, waited_ms: Option<u64
     });
     let response = CheckResponse {
         allowed: denied_ms.is_none(),
-        retry_after_ms: Some(denied_ms.unwrap_or(0)),
+        retry_after_ms: Some(Millis(denied_ms.unwrap_or(0))),
         checks: checks.collect(),
         lease: None,
-        waited_ms,
+        waited_ms: waited_ms.map(Millis),
     };
     serde_json::to_vec(&response).unwrap_or_default()
 }

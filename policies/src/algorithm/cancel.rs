@@ -18,9 +18,9 @@ pub fn cancel(store: &mut RedisTwin, now: u64, id: &str, at: u64, limits: &[Rese
         let state = store.keys.get_mut(key);
         match *alg {
             Algorithm::SlidingWindow { .. } => sliding_window::cancel(state, now, id),
-            Algorithm::FixedWindow { window_us, .. } => fixed_window::cancel(state, now, at, window_us),
+            Algorithm::FixedWindow { window_us, .. } => fixed_window::cancel(state, now, at, window_us.get()),
             Algorithm::Gcra { interval_us, cost, .. } => {
-                gcra::cancel(state, held.unwrap_or(0), interval_us, cost)
+                gcra::cancel(state, held.unwrap_or(0), interval_us.get(), cost)
             }
             Algorithm::SlidingApprox { .. }
             | Algorithm::Concurrency { .. }

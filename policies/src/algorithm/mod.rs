@@ -25,32 +25,32 @@ use serde::{Deserialize, Serialize};
 
 use crate::feedback::Slowdown;
 use crate::limit::WireLimit;
-use crate::units::{is_zero, per_unit_us};
+use crate::units::{is_zero, per_unit, Micros, Millis};
 
 /// A limit as its algorithm takes it, in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Algorithm {
     FixedWindow {
         limit: u64,
-        window_us: u64,
+        window_us: Micros,
     },
     SlidingWindow {
         limit: u64,
-        window_us: u64,
+        window_us: Micros,
     },
     SlidingApprox {
         limit: u64,
-        window_us: u64,
+        window_us: Micros,
     },
     /// One unit every `interval_us`, at most `burst` saved up; a request costs `cost` units.
     Gcra {
-        interval_us: u64,
+        interval_us: Micros,
         burst: u64,
         cost: u64,
     },
     Concurrency {
         limit: u64,
-        lease_us: u64,
+        lease_us: Micros,
     },
     /// The partner's pause (upstream feedback): one more limit on the checks
     /// of a policy that reads it. Never from the policy's own limits.
@@ -66,17 +66,15 @@ impl Algorithm {
     /// time per unit is rounded up to a whole microsecond, so a bucket never
     /// refills faster than asked.
     pub fn of(limit: &WireLimit) -> Algorithm {
-        let us = |ms: u64| ms.saturating_mul(1000);
-        let per_unit = per_unit_us;
         match *limit {
             WireLimit::FixedWindow { limit, window_ms } => {
-                Algorithm::FixedWindow { limit: limit.into(), window_us: us(window_ms) }
+                Algorithm::FixedWindow { limit: limit.into(), window_us: window_ms.as_micros() }
             }
             WireLimit::SlidingWindow { limit, window_ms, approximate: false } => {
-                Algorithm::SlidingWindow { limit: limit.into(), window_us: us(window_ms) }
+                Algorithm::SlidingWindow { limit: limit.into(), window_us: window_ms.as_micros() }
             }
             WireLimit::SlidingWindow { limit, window_ms, approximate: true } => {
-                Algorithm::SlidingApprox { limit: limit.into(), window_us: us(window_ms) }
+                Algorithm::SlidingApprox { limit: limit.into(), window_us: window_ms.as_micros() }
             }
             WireLimit::TokenBucket { rate, per_ms, burst } => {
                 Algorithm::Gcra { interval_us: per_unit(per_ms, rate), burst: burst.into(), cost: 1 }
@@ -85,10 +83,10 @@ impl Algorithm {
                 Algorithm::Gcra { interval_us: per_unit(drain_ms, capacity), burst: capacity.into(), cost: 1 }
             }
             WireLimit::Interval { every_ms } => {
-                Algorithm::Gcra { interval_us: us(every_ms), burst: 1, cost: 1 }
+                Algorithm::Gcra { interval_us: every_ms.as_micros(), burst: 1, cost: 1 }
             }
             WireLimit::Concurrency { limit, lease_ms } => {
-                Algorithm::Concurrency { limit: limit.into(), lease_us: us(lease_ms) }
+                Algorithm::Concurrency { limit: limit.into(), lease_us: lease_ms.as_micros() }
             }
             WireLimit::Points { capacity, refill_ms, cost } => Algorithm::Gcra {
                 interval_us: per_unit(refill_ms, capacity),
@@ -102,11 +100,11 @@ impl Algorithm {
     /// one policy would share state, so a policy may not have them.
     pub fn state_suffix(&self) -> String {
         match *self {
-            Algorithm::FixedWindow { window_us, .. } => format!("fw:{}", window_us / 1000),
-            Algorithm::SlidingWindow { window_us, .. } => format!("sw:{}", window_us / 1000),
-            Algorithm::SlidingApprox { window_us, .. } => format!("sa:{}", window_us / 1000),
-            Algorithm::Gcra { interval_us, .. } => format!("gcra:{interval_us}"),
-            Algorithm::Concurrency { lease_us, .. } => format!("cc:{}", lease_us / 1000),
+            Algorithm::FixedWindow { window_us, .. } => format!("fw:{}", window_us.get() / 1000),
+            Algorithm::SlidingWindow { window_us, .. } => format!("sw:{}", window_us.get() / 1000),
+            Algorithm::SlidingApprox { window_us, .. } => format!("sa:{}", window_us.get() / 1000),
+            Algorithm::Gcra { interval_us, .. } => format!("gcra:{}", interval_us.get()),
+            Algorithm::Concurrency { lease_us, .. } => format!("cc:{}", lease_us.get() / 1000),
             Algorithm::Pause => "pause".to_string(),
             Algorithm::Rate => "rate".to_string(),
         }
@@ -115,11 +113,11 @@ impl Algorithm {
     /// The script's name for it and its three numbers, as `lua/scripts/check.lua` reads them.
     pub fn script_args(&self) -> (&'static str, [u64; 3]) {
         match *self {
-            Algorithm::FixedWindow { limit, window_us } => ("fixed_window", [limit, window_us, 0]),
-            Algorithm::SlidingWindow { limit, window_us } => ("sliding_window", [limit, window_us, 0]),
-            Algorithm::SlidingApprox { limit, window_us } => ("sliding_approx", [limit, window_us, 0]),
-            Algorithm::Gcra { interval_us, burst, cost } => ("gcra", [interval_us, burst, cost]),
-            Algorithm::Concurrency { limit, lease_us } => ("concurrency", [limit, lease_us, 0]),
+            Algorithm::FixedWindow { limit, window_us } => ("fixed_window", [limit, window_us.get(), 0]),
+            Algorithm::SlidingWindow { limit, window_us } => ("sliding_window", [limit, window_us.get(), 0]),
+            Algorithm::SlidingApprox { limit, window_us } => ("sliding_approx", [limit, window_us.get(), 0]),
+            Algorithm::Gcra { interval_us, burst, cost } => ("gcra", [interval_us.get(), burst, cost]),
+            Algorithm::Concurrency { limit, lease_us } => ("concurrency", [limit, lease_us.get(), 0]),
             Algorithm::Pause => ("pause", [0, 0, 0]),
             Algorithm::Rate => ("rate", [0, 0, 0]),
         }
@@ -236,11 +234,11 @@ pub struct LimitOutcome {
     pub allowed: bool,
     /// Requests this limit would still admit after this one.
     pub remaining: u64,
-    /// Milliseconds until this limit next frees capacity.
-    pub reset_ms: u64,
-    /// Milliseconds until this limit would admit the request; 0 if it did;
-    /// `None` when unknown.
-    pub retry_after_ms: Option<u64>,
+    /// Until this limit next frees capacity.
+    pub reset_ms: Millis,
+    /// Until this limit would admit the request; 0 if it did; `None` when
+    /// unknown.
+    pub retry_after_ms: Option<Millis>,
     /// Expired leases this check reclaimed: their holders died without releasing.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub reclaimed: u64,
@@ -249,18 +247,19 @@ pub struct LimitOutcome {
     /// refund can give back at most what is left of it: what the bucket has
     /// refilled since was never the request's to return.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub held_until_us: Option<u64>,
+    pub held_until_us: Option<Micros>,
     /// With `held_until_us`: what the bucket's refunds had given back so
     /// far, in microseconds, when this charge was made. Refunds since then
     /// of earlier charges moved this one earlier; the counter tells a later
     /// refund by how much at most.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub refunded_us: u64,
+    #[serde(default, skip_serializing_if = "Micros::is_zero")]
+    pub refunded_us: Micros,
 }
 
-/// Microseconds to milliseconds, rounded up.
-pub fn ceil_ms(us: u64) -> u64 {
-    us.div_ceil(1000)
+/// Microseconds to milliseconds, rounded up ([`Micros::ceil_millis`]), as
+/// `ceil_ms` in `lua/lib/common.lua` rounds them.
+pub fn ceil_ms(us: u64) -> Millis {
+    Micros(us).ceil_millis()
 }
 
 /// The decision on one request: the reply of `lua/scripts/check.lua`.
@@ -268,7 +267,7 @@ pub fn ceil_ms(us: u64) -> u64 {
 pub struct CheckReply {
     pub allowed: bool,
     /// `None` when admitted, or when some denying limit cannot say.
-    pub retry_after_ms: Option<u64>,
+    pub retry_after_ms: Option<Millis>,
     pub limits: Vec<LimitOutcome>,
 }
 
@@ -281,7 +280,7 @@ pub fn check(store: &mut RedisTwin, now: u64, id: &str, limits: &[(String, Algor
         .iter()
         .map(|(key, alg)| match *alg {
             Algorithm::Concurrency { limit, lease_us } => {
-                let reclaimed = queue::reclaim(store, key, now, limit, lease_us);
+                let reclaimed = queue::reclaim(store, key, now, limit, lease_us.get());
                 (reclaimed, queue::tombstoned(store, key, now, id))
             }
             _ => (0, false),
@@ -297,19 +296,19 @@ pub fn check(store: &mut RedisTwin, now: u64, id: &str, limits: &[(String, Algor
             let state = store.keys.get(key);
             match *alg {
                 Algorithm::FixedWindow { limit, window_us } => {
-                    fixed_window::check(state, now, limit, window_us)
+                    fixed_window::check(state, now, limit, window_us.get())
                 }
                 Algorithm::SlidingWindow { limit, window_us } => {
-                    sliding_window::check(state, now, id, limit, window_us)
+                    sliding_window::check(state, now, id, limit, window_us.get())
                 }
                 Algorithm::SlidingApprox { limit, window_us } => {
-                    sliding_approx::check(state, now, limit, window_us)
+                    sliding_approx::check(state, now, limit, window_us.get())
                 }
                 Algorithm::Gcra { interval_us, burst, cost } => {
-                    gcra::check(state, now, interval_us, burst, cost)
+                    gcra::check(state, now, interval_us.get(), burst, cost)
                 }
                 Algorithm::Concurrency { limit, lease_us } => {
-                    concurrency::check(state, now, id, limit, lease_us, reclaimed, tombstoned)
+                    concurrency::check(state, now, id, limit, lease_us.get(), reclaimed, tombstoned)
                 }
                 Algorithm::Pause => pause::check(state, now),
                 Algorithm::Rate => rate::check(state, now),
@@ -330,7 +329,7 @@ pub fn check(store: &mut RedisTwin, now: u64, id: &str, limits: &[(String, Algor
             }
         }
     }
-    let mut retry_after_ms = Some(0);
+    let mut retry_after_ms = Some(Millis(0));
     for f in found.iter().filter(|f| !f.allowed) {
         retry_after_ms = match (retry_after_ms, f.retry_us) {
             (Some(a), Some(b)) => Some(a.max(ceil_ms(b))),
@@ -342,19 +341,23 @@ pub fn check(store: &mut RedisTwin, now: u64, id: &str, limits: &[(String, Algor
         .zip(limits)
         .map(|(f, (key, _))| {
             let view = if allowed { f.after } else { f.now };
-            let held_until_us = if allowed { f.held_until } else { None };
+            let held_until_us = if allowed { f.held_until.map(Micros) } else { None };
             LimitOutcome {
                 allowed: f.allowed,
                 remaining: view.remaining,
                 reset_ms: ceil_ms(view.reset_us),
-                retry_after_ms: if f.allowed { Some(0) } else { f.retry_us.map(ceil_ms) },
+                retry_after_ms: if f.allowed { Some(Millis(0)) } else { f.retry_us.map(ceil_ms) },
                 reclaimed: f.reclaimed,
                 held_until_us,
-                refunded_us: if held_until_us.is_some() { refunded(store, key) } else { 0 },
+                refunded_us: Micros(if held_until_us.is_some() { refunded(store, key) } else { 0 }),
             }
         })
         .collect();
-    CheckReply { allowed, retry_after_ms: if allowed { Some(0) } else { retry_after_ms }, limits: outcomes }
+    CheckReply {
+        allowed,
+        retry_after_ms: if allowed { Some(Millis(0)) } else { retry_after_ms },
+        limits: outcomes,
+    }
 }
 
 /// `lua/scripts/release.lua`: ends lease `id` on each (key, limit, lease); how many

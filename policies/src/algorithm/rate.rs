@@ -18,6 +18,7 @@
 use super::reserve::{Committed, Slot};
 use super::{Algorithm, Found, State, View};
 use crate::feedback::Slowdown;
+use crate::units::Micros;
 
 /// A factor of one: the policy's own rate.
 pub use crate::units::PPM;
@@ -52,7 +53,7 @@ pub fn scaled(limit: Algorithm, f: u64) -> Algorithm {
             Algorithm::SlidingApprox { limit: fewer(limit), window_us }
         }
         Algorithm::Gcra { interval_us, burst, cost } => Algorithm::Gcra {
-            interval_us: (interval_us as f64 * PPM as f64 / f as f64).ceil() as u64,
+            interval_us: Micros((interval_us.get() as f64 * PPM as f64 / f as f64).ceil() as u64),
             burst: fewer(burst).max(cost),
             cost,
         },
@@ -119,15 +120,16 @@ pub fn slow(state: Option<&State>, now: u64, paused_until: u64, slow: &Slowdown)
     Some(State::Rate {
         factor: lowered.max(slow.min_ppm),
         at: now,
-        recover_us: slow.recover_ms.saturating_mul(1000),
+        recover_us: slow.recover_ms.as_micros().get(),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::units::Millis;
 
-    const SLOW: Slowdown = Slowdown { decrease_ppm: 500_000, recover_ms: 10_000, min_ppm: 100_000 };
+    const SLOW: Slowdown = Slowdown { decrease_ppm: 500_000, recover_ms: Millis(10_000), min_ppm: 100_000 };
 
     #[test]
     fn a_refusal_halves_the_rate_which_climbs_back() {
@@ -150,12 +152,18 @@ mod tests {
 
     #[test]
     fn scaling_keeps_at_least_one_call_and_a_whole_request() {
-        let window = Algorithm::SlidingWindow { limit: 24, window_us: 5_000_000 };
-        assert_eq!(scaled(window, 500_000), Algorithm::SlidingWindow { limit: 12, window_us: 5_000_000 });
-        assert_eq!(scaled(window, 1_000), Algorithm::SlidingWindow { limit: 1, window_us: 5_000_000 });
-        let points = Algorithm::Gcra { interval_us: 100, burst: 10, cost: 8 };
-        assert_eq!(scaled(points, 500_000), Algorithm::Gcra { interval_us: 200, burst: 8, cost: 8 });
-        let pool = Algorithm::Concurrency { limit: 10, lease_us: 1 };
+        let window = Algorithm::SlidingWindow { limit: 24, window_us: Micros(5_000_000) };
+        assert_eq!(
+            scaled(window, 500_000),
+            Algorithm::SlidingWindow { limit: 12, window_us: Micros(5_000_000) }
+        );
+        assert_eq!(
+            scaled(window, 1_000),
+            Algorithm::SlidingWindow { limit: 1, window_us: Micros(5_000_000) }
+        );
+        let points = Algorithm::Gcra { interval_us: Micros(100), burst: 10, cost: 8 };
+        assert_eq!(scaled(points, 500_000), Algorithm::Gcra { interval_us: Micros(200), burst: 8, cost: 8 });
+        let pool = Algorithm::Concurrency { limit: 10, lease_us: Micros(1) };
         assert_eq!(scaled(pool, 500_000), pool);
     }
 }

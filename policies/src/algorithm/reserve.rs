@@ -18,6 +18,7 @@ use super::{
     ceil_ms, fixed_window, gcra, pause, rate, sliding_window, Algorithm, CheckReply, LimitOutcome, RedisTwin,
     State, View,
 };
+use crate::units::{Micros, Millis};
 
 /// One limit's earliest slot.
 pub struct Slot {
@@ -66,13 +67,13 @@ pub fn reserve(
         let state = store.keys.get(key);
         let slot = match *alg {
             Algorithm::FixedWindow { limit, window_us } => {
-                fixed_window::reserve(state, now, limit, window_us, *margin)
+                fixed_window::reserve(state, now, limit, window_us.get(), *margin)
             }
             Algorithm::SlidingWindow { limit, window_us } => {
-                sliding_window::reserve(state, now, id, limit, window_us, *margin)
+                sliding_window::reserve(state, now, id, limit, window_us.get(), *margin)
             }
             Algorithm::Gcra { interval_us, burst, cost } => {
-                gcra::reserve(state, now, interval_us, burst, cost, *margin)
+                gcra::reserve(state, now, interval_us.get(), burst, cost, *margin)
             }
             Algorithm::Pause => pause::reserve(state, now),
             Algorithm::Rate => rate::reserve(state, now),
@@ -98,25 +99,25 @@ pub fn reserve(
                     allowed: true,
                     remaining: c.view.remaining,
                     reset_ms: ceil_ms(c.view.reset_us),
-                    retry_after_ms: Some(0),
+                    retry_after_ms: Some(Millis(0)),
                     reclaimed: 0,
-                    held_until_us: c.held_until,
-                    refunded_us: if c.held_until.is_some() { super::refunded(store, key) } else { 0 },
+                    held_until_us: c.held_until.map(Micros),
+                    refunded_us: Micros(if c.held_until.is_some() { super::refunded(store, key) } else { 0 }),
                 }
             }
             None => LimitOutcome {
                 allowed: slot.at.is_some_and(|a| a - now <= wait),
                 remaining: slot.remaining_now,
-                reset_ms: own.unwrap_or(0),
+                reset_ms: own.unwrap_or(Millis(0)),
                 retry_after_ms: own,
                 reclaimed: 0,
                 held_until_us: None,
-                refunded_us: 0,
+                refunded_us: Micros(0),
             },
         });
     }
     let retry_after_ms = match at {
-        _ if allowed => Some(0),
+        _ if allowed => Some(Millis(0)),
         Some(t) => Some(ceil_ms(t - now)),
         None => None,
     };

@@ -31,6 +31,7 @@ use axum::routing::get;
 use axum::Router;
 use futures_util::future::join_all;
 use serde::Serialize;
+use sluice_policies::units::Millis;
 use sluice_policies::wire::WireLimit;
 use sluice_policies::Document;
 
@@ -222,6 +223,6 @@ impl Dashboard {
 
 /// A limit in words, and its capacity.
 fn describe(limit: &WireLimit) -> LimitView {
-    let t = |ms: u64| humantime::format_duration(std::time::Duration::from_millis(ms)).to_string();
+    let t = |ms: Millis| humantime::format_duration(std::time::Duration::from_millis(ms.get())).to_string();
     LimitView { kind: limit.type_name(), text: limit.summary(t), capacity: limit.capacity().into() }
 }

@@ -72,20 +72,21 @@ async fn read_one(
         Algorithm::FixedWindow { limit, window_us } => {
             let [w, n] = hmget(store, key, ["w", "n"]).await?;
             let state = w.map(|window| State::Counter { window, count: n.unwrap_or(0) });
-            timed(fixed_window::check(state.as_ref(), now, limit, window_us).now)
+            timed(fixed_window::check(state.as_ref(), now, limit, window_us.get()).now)
         }
         Algorithm::SlidingApprox { limit, window_us } => {
             let [w, c, p] = hmget(store, key, ["w", "c", "p"]).await?;
             let state =
                 w.map(|window| State::Approx { window, current: c.unwrap_or(0), previous: p.unwrap_or(0) });
-            timed(sliding_approx::check(state.as_ref(), now, limit, window_us).now)
+            timed(sliding_approx::check(state.as_ref(), now, limit, window_us.get()).now)
         }
         Algorithm::Gcra { interval_us, burst, cost } => {
             let tat: Option<String> = store.query(redis::cmd("GET").arg(key)).await?;
             let state = tat.as_deref().and_then(number).map(State::Tat);
-            timed(gcra::check(state.as_ref(), now, interval_us, burst, cost).now)
+            timed(gcra::check(state.as_ref(), now, interval_us.get(), burst, cost).now)
         }
         Algorithm::SlidingWindow { limit, window_us } => {
+            let window_us = window_us.get();
             // Entries admitted after now - window count (reservations ahead too).
             let since = format!("({}", now.saturating_sub(window_us));
             let count: u64 = store.query(redis::cmd("ZCOUNT").arg(key).arg(&since).arg("+inf")).await?;

@@ -226,7 +226,7 @@ impl Metrics {
 /// it counts for (the one that denied), or `None` for every check.
 pub(crate) fn classify(result: &Result<CheckResponse, CheckError>) -> (&'static str, Option<usize>) {
     match result {
-        Ok(resp) if resp.allowed && resp.waited_ms.is_some_and(|ms| ms > 0) => ("waited", None),
+        Ok(resp) if resp.allowed && resp.waited_ms.is_some_and(|ms| ms.get() > 0) => ("waited", None),
         Ok(resp) if resp.allowed => ("allowed", None),
         Ok(resp) => ("denied", Some(resp.denied_check().unwrap_or(0))),
         Err(CheckError::Store(_)) => ("error", None),

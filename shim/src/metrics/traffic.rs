@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use sluice_policies::key::is_encoded;
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{CheckRequest, CheckResponse, WireLimit};
 use sluice_policies::PolicyName;
 
@@ -148,7 +149,7 @@ impl Traffic {
             }
             let second = second(&mut policy.seconds, now);
             let t = &mut policy.totals;
-            let could_wait = req.wait_ms.is_some_and(|ms| ms > 0);
+            let could_wait = req.wait_ms.is_some_and(|ms| ms.get() > 0);
             match label {
                 "allowed" => {
                     t.allowed += 1;
@@ -158,7 +159,7 @@ impl Traffic {
                 "waited" => {
                     t.waited += 1;
                     second.waited += 1;
-                    t.wait_ms += result.as_ref().ok().and_then(|r| r.waited_ms).unwrap_or(0);
+                    t.wait_ms += result.as_ref().ok().and_then(|r| r.waited_ms).map_or(0, Millis::get);
                 }
                 "denied" => {
                     t.denied += 1;
@@ -237,6 +238,7 @@ mod tests {
     use sluice_policies::wire::{Check, CheckOutcome, LimitOutcome};
 
     use super::*;
+    use sluice_policies::units::Micros;
 
     fn request(policies: &[(&str, &str)], wait_ms: Option<u64>) -> CheckRequest<'static> {
         let checks: Vec<Check> = policies
@@ -244,30 +246,30 @@ mod tests {
             .map(|(policy, key)| Check {
                 policy: policy.to_string(),
                 key: key.to_string(),
-                limits: vec![WireLimit::Concurrency { limit: 5, lease_ms: 1000 }],
+                limits: vec![WireLimit::Concurrency { limit: 5, lease_ms: Millis(1000) }],
                 margin_ms: None,
                 upstream: false,
             })
             .collect();
-        CheckRequest { checks: checks.into(), id: None, now_us: None, wait_ms }
+        CheckRequest { checks: checks.into(), id: None, now_us: None, wait_ms: wait_ms.map(Millis) }
     }
 
     fn admitted(checks: usize, waited_ms: Option<u64>, reclaimed: u64) -> Result<CheckResponse, CheckError> {
         let limit = LimitOutcome {
             allowed: true,
             remaining: 1,
-            reset_ms: 0,
-            retry_after_ms: Some(0),
+            reset_ms: Millis(0),
+            retry_after_ms: Some(Millis(0)),
             reclaimed,
             held_until_us: None,
-            refunded_us: 0,
+            refunded_us: Micros(0),
         };
         Ok(CheckResponse {
             allowed: true,
-            retry_after_ms: Some(0),
+            retry_after_ms: Some(Millis(0)),
             checks: vec![CheckOutcome { limits: vec![limit], paused_ms: None }; checks],
             lease: None,
-            waited_ms,
+            waited_ms: waited_ms.map(Millis),
         })
     }
 
@@ -303,7 +305,7 @@ mod tests {
         assert_eq!(seen["api"].totals.denied, 1);
         assert_eq!(seen["search"].totals, Totals::default());
         assert_eq!(seen["search"].keys[0].0, "a");
-        assert_eq!(seen["api"].limits, [WireLimit::Concurrency { limit: 5, lease_ms: 1000 }]);
+        assert_eq!(seen["api"].limits, [WireLimit::Concurrency { limit: 5, lease_ms: Millis(1000) }]);
     }
 
     #[test]

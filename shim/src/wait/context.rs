@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use sluice_policies::algorithm::Algorithm;
+use sluice_policies::units::Micros;
 use sluice_policies::wire::CheckRequest;
 
 use super::wakeups::Wakeups;
@@ -36,10 +37,10 @@ pub struct Waiting {
 
 impl Waiting {
     /// The script's time argument: empty for Redis TIME.
-    pub(crate) fn time_arg(&self, now_us: Option<u64>) -> Result<String, CheckError> {
+    pub(crate) fn time_arg(&self, now_us: Option<Micros>) -> Result<String, CheckError> {
         match (now_us, self.test_time) {
             (None, _) => Ok(String::new()),
-            (Some(now), true) => Ok(now.to_string()),
+            (Some(now), true) => Ok(now.get().to_string()),
             (Some(_), false) => {
                 Err(CheckError::BadRequest("now_us is honoured only with --test-time".into()))
             }
@@ -73,7 +74,7 @@ pub(crate) fn refuse_unsupported(limits: &[ScriptLimit], wait_us: u64) -> Result
 pub(crate) fn margins(req: &CheckRequest<'_>) -> Vec<u64> {
     req.checks
         .iter()
-        .flat_map(|c| std::iter::repeat_n(c.margin_ms.unwrap_or(0).saturating_mul(1000), c.limits.len()))
+        .flat_map(|c| std::iter::repeat_n(c.margin_ms.unwrap_or_default().as_micros().get(), c.limits.len()))
         // The partner's pauses and rates, after every limit (`keys::script_limits`), have none.
         .chain(req.checks.iter().filter(|c| c.upstream).flat_map(|_| [0, 0]))
         .collect()

@@ -17,6 +17,7 @@
 use std::time::{Duration, Instant};
 
 use sluice_policies::algorithm::Algorithm;
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{CheckRequest, CheckResponse, LimitOutcome};
 
 use super::context::{margins, Waiting};
@@ -109,24 +110,24 @@ pub(crate) async fn check(
     let free = LimitOutcome {
         allowed: true,
         remaining: 0,
-        reset_ms: 0,
-        retry_after_ms: Some(0),
+        reset_ms: Millis(0),
+        retry_after_ms: Some(Millis(0)),
         reclaimed: 0,
         held_until_us: None,
-        refunded_us: 0,
+        refunded_us: Micros(0),
     };
     let outcomes: Vec<LimitOutcome> = limits
         .iter()
         .map(|l| if is_lease(l) { free } else { time_outcomes.next().unwrap_or(free) })
         .collect();
-    let answer = |allowed: bool, retry: Option<u64>, lease: bool, waited: bool| CheckResponse {
+    let answer = |allowed: bool, retry: Option<Millis>, lease: bool, waited: bool| CheckResponse {
         allowed,
         retry_after_ms: retry,
         checks: by_check(
             req,
             outcomes.iter().zip(limits).map(|(o, l)| {
                 if is_lease(l) {
-                    LimitOutcome { allowed, retry_after_ms: allowed.then_some(0), ..*o }
+                    LimitOutcome { allowed, retry_after_ms: allowed.then_some(Millis(0)), ..*o }
                 } else {
                     *o
                 }
@@ -134,12 +135,12 @@ pub(crate) async fn check(
         ),
         lease: lease.then(|| id.to_string()),
         waited_ms: waited
-            .then(|| started.elapsed().as_micros().div_ceil(1000).try_into().unwrap_or(u64::MAX)),
+            .then(|| Millis(started.elapsed().as_micros().div_ceil(1000).try_into().unwrap_or(u64::MAX))),
     };
     let Some(mut at) = reply.at.filter(|_| reply.allowed) else {
         return Ok(answer(false, reply.retry_after_ms, false, false));
     };
-    let mut held: Vec<u64> = reply.limits.iter().map(|l| l.held_until_us.unwrap_or(0)).collect();
+    let mut held: Vec<u64> = reply.limits.iter().map(|l| l.held_until_us.map_or(0, Micros::get)).collect();
     let mut delay = at.saturating_sub(u64::try_from(reply.now).unwrap_or(0));
     // Held at all (a time slot ahead, or the queue): then `waited_ms` is set.
     let mut held_any = delay > 0;
@@ -164,7 +165,7 @@ pub(crate) async fn check(
                 .await?;
         cancel.disarm();
         let soonest = match acquired {
-            AcquireReply::Leased => return Ok(answer(true, Some(0), true, held_any)),
+            AcquireReply::Leased => return Ok(answer(true, Some(Millis(0)), true, held_any)),
             AcquireReply::Refused => return Ok(answer(false, None, false, false)),
             AcquireReply::Queued { soonest } => soonest,
         };
@@ -186,7 +187,7 @@ pub(crate) async fn check(
         held_any = true;
         let words: Vec<&str> = message.split(' ').collect();
         match words.as_slice() {
-            [_] => return Ok(answer(true, Some(0), true, true)),
+            [_] => return Ok(answer(true, Some(Millis(0)), true, true)),
             [_, slot, wait] => {
                 at = slot.parse().map_err(|_| CheckError::Store(format!("bad wake-up {message:?}")))?;
                 delay = wait.parse().map_err(|_| CheckError::Store(format!("bad wake-up {message:?}")))?;

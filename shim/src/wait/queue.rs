@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_policies::algorithm::Algorithm;
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{CheckOutcome, CheckRequest, CheckResponse, LimitOutcome};
 
 use super::context::{Timers, Waiting};
@@ -29,7 +30,7 @@ pub use sluice_policies::algorithm::queue::AcquireReply;
 
 pub(crate) fn args(limit: &ScriptLimit) -> (u64, u64) {
     match limit.algorithm {
-        Algorithm::Concurrency { limit, lease_us } => (limit, lease_us),
+        Algorithm::Concurrency { limit, lease_us } => (limit, lease_us.get()),
         _ => (0, 0),
     }
 }
@@ -112,15 +113,15 @@ pub(crate) fn response(req: &CheckRequest<'_>, allowed: bool, reclaimed: u64) ->
     let outcome = LimitOutcome {
         allowed,
         remaining: 0,
-        reset_ms: 0,
-        retry_after_ms: allowed.then_some(0),
+        reset_ms: Millis(0),
+        retry_after_ms: allowed.then_some(Millis(0)),
         reclaimed,
         held_until_us: None,
-        refunded_us: 0,
+        refunded_us: Micros(0),
     };
     CheckResponse {
         allowed,
-        retry_after_ms: allowed.then_some(0),
+        retry_after_ms: allowed.then_some(Millis(0)),
         checks: req
             .checks
             .iter()
@@ -174,7 +175,7 @@ pub(crate) async fn check(
         let mut resp = response(req, true, reclaimed);
         resp.lease = Some(id.to_string());
         resp.waited_ms =
-            Some(u64::try_from(started.elapsed().as_micros().div_ceil(1000)).unwrap_or(u64::MAX));
+            Some(Millis(u64::try_from(started.elapsed().as_micros().div_ceil(1000)).unwrap_or(u64::MAX)));
         return Ok(resp);
     }
     // Timed out: answered now, so never later than the wait; the guard,

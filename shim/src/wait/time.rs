@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_policies::algorithm::Algorithm;
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{CheckRequest, CheckResponse};
 
 use super::context::{margins, refuse_unsupported, Waiting};
@@ -50,7 +51,8 @@ pub(crate) async fn check(
     loop {
         let now = at_now(started.elapsed());
         let reply = reserve(waiting, limits, &now, id, left_us, &margins(req)).await?;
-        let held_until: Vec<u64> = reply.limits.iter().map(|l| l.held_until_us.unwrap_or(0)).collect();
+        let held_until: Vec<u64> =
+            reply.limits.iter().map(|l| l.held_until_us.map_or(0, Micros::get)).collect();
         let mut response = CheckResponse {
             allowed: reply.allowed,
             retry_after_ms: reply.retry_after_ms,
@@ -103,8 +105,8 @@ async fn paused_for(waiting: &Waiting, pauses: &[&ScriptLimit], now: &str) -> Re
     Ok(u64::try_from(left).unwrap_or(0))
 }
 
-fn ceil_ms(d: Duration) -> u64 {
-    u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
+fn ceil_ms(d: Duration) -> Millis {
+    Millis(u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX))
 }
 
 /// A waiting request's reservation, not held: for tests.
@@ -121,7 +123,7 @@ pub struct Reserved {
 /// limits) without holding it: what [`check`] does before it sleeps.
 pub async fn reserve_request(waiting: &Waiting, req: &CheckRequest<'_>) -> Result<Reserved, CheckError> {
     let limits = crate::keys::script_limits(&req.checks).map_err(CheckError::BadRequest)?;
-    let wait_us = req.wait_ms.unwrap_or(0).saturating_mul(1000);
+    let wait_us = req.wait_ms.unwrap_or_default().as_micros().get();
     refuse_unsupported(&limits, wait_us).map_err(CheckError::BadRequest)?;
     let now = waiting.time_arg(req.now_us)?;
     let id = req.id.as_deref().unwrap_or("reserved");
@@ -279,7 +281,7 @@ impl Drop for Cancel {
 pub async fn cancel(
     waiting: &Waiting,
     limits: &[ScriptLimit],
-    now: Option<u64>,
+    now: Option<Micros>,
     id: &str,
     at: u64,
     held_until: &[u64],
