@@ -59,6 +59,7 @@ use crate::local_reply::LocalReply;
 use crate::ratelimit_headers::RateLimitHeaders;
 use crate::shedding::REPORT_MS;
 use crate::stats::{ClassStat, FilterStat, PolicyStat};
+use crate::verdict::{Verdict, VERDICT_HEADER};
 use crate::wait::{call_timeout_ms, overran_lease, request_wait_ms, server_timing, SERVER_TIMING};
 use crate::worker::{update_pool, Worker};
 
@@ -182,13 +183,13 @@ impl Flow {
         let evaluation = match worker.doc.evaluate(req) {
             Ok(evaluation) => evaluation,
             Err(policy) => {
-                self.refuse(LocalReply::missing_key(policy), &mut fx);
+                self.refuse(LocalReply::missing_key(policy), Verdict::MissingKey, &mut fx);
                 return fx.0;
             }
         };
         self.class = evaluation.class;
         if let Some(reply) = self.shed(&worker, &evaluation, &mut fx) {
-            self.refuse(reply, &mut fx);
+            self.refuse(reply, Verdict::Shed, &mut fx);
             return fx.0;
         }
         for &index in &evaluation.shadow_missing_key {
@@ -200,6 +201,9 @@ impl Flow {
         if self.calls.iter().all(|c| c.checks.is_empty()) {
             let notes = std::mem::take(&mut self.shadow_notes);
             self.response_headers.extend(notes.into_iter().map(|note| (SHADOW_HEADER, note)));
+            if evaluation.iter().next().is_some() {
+                self.tell(Verdict::Allowed);
+            }
             self.phase = if self.response_headers.is_empty() { Phase::Done } else { Phase::Admitted };
             self.settle_tokens(true, host, &mut fx);
             return fx.0;
@@ -400,9 +404,20 @@ impl Flow {
         fx.0
     }
 
-    fn refuse(&mut self, reply: LocalReply, fx: &mut Effects) {
+    fn refuse(&mut self, mut reply: LocalReply, verdict: Verdict, fx: &mut Effects) {
         self.phase = Phase::Refused;
+        if self.worker.doc.verdict_header {
+            reply.headers.push((VERDICT_HEADER.into(), verdict.as_str().into()));
+        }
         fx.push(Effect::Reply(reply));
+    }
+
+    /// Adds `x-sluice-verdict` to the response of a request let through,
+    /// if the document asks for it.
+    fn tell(&mut self, verdict: Verdict) {
+        if self.worker.doc.verdict_header {
+            self.response_headers.push((VERDICT_HEADER, verdict.as_str().into()));
+        }
     }
 
     /// The request's decision once every call it made has answered (or none
@@ -433,6 +448,7 @@ impl Flow {
         let through = matches!(self.phase, Phase::Admitted | Phase::Failed);
         if through {
             self.response_headers.extend(shadow_notes.into_iter().map(|note| (SHADOW_HEADER, note)));
+            self.tell(if self.phase == Phase::Failed { Verdict::FailureAllowed } else { Verdict::Allowed });
         }
         self.settle_tokens(through, host, fx);
     }
@@ -682,7 +698,8 @@ impl Flow {
             LocalReply::denial(policy, retry_after, headers)
         };
         reply.headers.extend(shadow_notes.iter().map(|note| (SHADOW_HEADER.into(), note.clone())));
-        self.refuse(reply, fx);
+        let verdict = if held_out_by_reserve(policy, outcome) { Verdict::Shed } else { Verdict::Denied };
+        self.refuse(reply, verdict, fx);
     }
 
     /// The shim gave no usable answer: `failure_mode` decides. Deny wins if
@@ -706,7 +723,7 @@ impl Flow {
                     now,
                     &format!("{reason}; failure_mode deny (policy {name}) answers {status}"),
                 );
-                self.refuse(LocalReply::unavailable(status), fx);
+                self.refuse(LocalReply::unavailable(status), Verdict::FailureDenied, fx);
             }
             None => {
                 worker.log_failure(now, &format!("{reason}; failure_mode allow lets the request through"));
@@ -857,7 +874,7 @@ impl Flow {
             let notes = std::mem::take(&mut self.shadow_notes);
             reply.headers.extend(notes.into_iter().map(|note| (SHADOW_HEADER.into(), note)));
             self.settle_tokens(false, host, fx);
-            self.refuse(reply, fx);
+            self.refuse(reply, Verdict::CacheDenied, fx);
             return true;
         }
         if worker.call_allowed(now, fx) {

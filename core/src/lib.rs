@@ -29,6 +29,7 @@
 //! - [`wait`]: egress waiting: the request's wait, the call's timeout, `server-timing`.
 //! - [`local_reply`]: the local responses: a denial, a failure, a missing key.
 //! - [`ratelimit_headers`]: the IETF `RateLimit` and `RateLimit-Policy` headers.
+//! - [`verdict`]: what the filter did with a request, for `x-sluice-verdict`.
 //! - [`log_throttle`]: a log line an outage cannot turn into a flood.
 //! - [`testing`]: a fake host for tests of this crate and its faces.
 
@@ -48,6 +49,7 @@ pub mod ratelimit_headers;
 pub mod shedding;
 pub mod stats;
 pub mod testing;
+pub mod verdict;
 pub mod wait;
 pub mod worker;
 

@@ -119,7 +119,8 @@ fn a_timed_out_check_releases_by_its_id() {
 /// with the policy's status.
 #[test]
 fn both_failure_modes() {
-    let allow = Test::new(r#"{"policies": [{"name": "a", "limits": [{"type": "interval", "every": "1s"}]}]}"#);
+    let allow =
+        Test::new(r#"{"policies": [{"name": "a", "limits": [{"type": "interval", "every": "1s"}]}]}"#);
     let mut s = allow.stream();
     let check = sent(&s.request(&get("/")), CHECK_PATH);
     s.hold_request();
@@ -178,7 +179,9 @@ fn an_open_breaker_decides_without_a_call() {
 /// data, and the same check is refused locally, with no call, until then.
 #[test]
 fn the_over_limit_cache_refuses_locally_until_the_wait_ends() {
-    let t = Test::new(r#"{"policies": [{"name": "a", "limits": [{"type": "fixed_window", "limit": 1, "window": "1s"}]}]}"#);
+    let t = Test::new(
+        r#"{"policies": [{"name": "a", "limits": [{"type": "fixed_window", "limit": 1, "window": "1s"}]}]}"#,
+    );
     let mut s = t.stream();
     let check = sent(&s.request(&get("/")), CHECK_PATH);
     s.answer(&check, &Shim::deny_check(0, 1, 800));
@@ -332,7 +335,9 @@ fn leased_spending() {
 /// A request no policy matches costs nothing and needs nothing later.
 #[test]
 fn a_request_no_policy_matches_passes() {
-    let t = Test::new(r#"{"policies": [{"name": "a", "match": {"path_prefix": "/api"}, "limits": [{"type": "interval", "every": "1s"}]}]}"#);
+    let t = Test::new(
+        r#"{"policies": [{"name": "a", "match": {"path_prefix": "/api"}, "limits": [{"type": "interval", "every": "1s"}]}]}"#,
+    );
     let mut s = t.stream();
     assert!(s.request(&get("/other")).is_empty());
     assert!(!s.hold_request());
@@ -342,9 +347,64 @@ fn a_request_no_policy_matches_passes() {
 /// A key a policy needs but the request lacks: 400, never a pass.
 #[test]
 fn a_missing_key_is_refused() {
-    let t = Test::new(r#"{"policies": [{"name": "a", "key": ["header:x-api-key"], "on_missing_key": "deny", "limits": [{"type": "interval", "every": "1s"}]}]}"#);
+    let t = Test::new(
+        r#"{"policies": [{"name": "a", "key": ["header:x-api-key"], "on_missing_key": "deny", "limits": [{"type": "interval", "every": "1s"}]}]}"#,
+    );
     let mut s = t.stream();
     let fx = s.request(&get("/"));
     assert_eq!(replied(&fx).map(|r| r.status), Some(400));
     assert!(s.hold_request());
+}
+
+/// With `verdict_header`, a request `failure_mode` let through says so in
+/// `x-sluice-verdict: failure_allowed`, never `allowed`: a 200 the limiter
+/// did not decide can be told from an admission (the first demo's bug was
+/// a table that counted such passes as allowed). Refusals say which kind.
+#[test]
+fn the_verdict_header_tells_a_failure_pass_from_an_admission() {
+    let doc = |mode: &str| {
+        format!(
+            r#"{{"verdict_header": true, "failure_mode": "{mode}", "policies": [
+                {{"name": "a", "limits": [{{"type": "fixed_window", "limit": 1, "window": "1s"}}]}}]}}"#
+        )
+    };
+    let allow = Test::new(&doc("allow"));
+    let verdict = |fx: &[Effect]| added(fx, "x-sluice-verdict");
+
+    let mut s = allow.stream();
+    let check = sent(&s.request(&get("/")), CHECK_PATH);
+    s.hold_request();
+    s.answer(&check, &Shim::allow(&check));
+    assert_eq!(verdict(&s.response(&[(":status", "200")], true)).as_deref(), Some("allowed"));
+
+    let mut s = allow.stream();
+    let check = sent(&s.request(&get("/")), CHECK_PATH);
+    s.hold_request();
+    s.answer(&check, &Shim::timed_out());
+    assert_eq!(s.phase(), Phase::Failed);
+    assert_eq!(verdict(&s.response(&[(":status", "200")], true)).as_deref(), Some("failure_allowed"));
+
+    let mut s = allow.stream();
+    let check = sent(&s.request(&get("/")), CHECK_PATH);
+    s.hold_request();
+    let fx = s.answer(&check, &Shim::deny_check(0, 1, 700));
+    let header = |fx: &[Effect]| {
+        replied(fx).and_then(|r| r.headers.into_iter().find(|(n, _)| n == "x-sluice-verdict")).map(|(_, v)| v)
+    };
+    assert_eq!(header(&fx).as_deref(), Some("denied"));
+
+    let deny = Test::new(&doc("deny"));
+    let mut s = deny.stream();
+    let check = sent(&s.request(&get("/")), CHECK_PATH);
+    s.hold_request();
+    assert_eq!(header(&s.answer(&check, &Shim::not_sent())).as_deref(), Some("failure_denied"));
+
+    // Off by default: no header at all.
+    let plain =
+        Test::new(r#"{"policies": [{"name": "a", "limits": [{"type": "interval", "every": "1s"}]}]}"#);
+    let mut s = plain.stream();
+    let check = sent(&s.request(&get("/")), CHECK_PATH);
+    s.hold_request();
+    s.answer(&check, &Shim::timed_out());
+    assert_eq!(verdict(&s.response(&[(":status", "200")], true)), None);
 }

@@ -1,5 +1,6 @@
 //! A small HTTP client for driving Envoy: a burst of N concurrent requests,
-//! each answer reduced to its status and `retry-after` header; and one raw
+//! each answer reduced to its status, `retry-after` and `x-sluice-verdict`
+//! headers; and one raw
 //! HTTP/1.1 request with a JSON body, for the shim's own endpoints.
 
 use std::time::Duration;
@@ -15,6 +16,9 @@ pub struct HttpReply {
     pub status: u16,
     /// The raw `retry-after` header, if any.
     pub retry_after: Option<String>,
+    /// The `x-sluice-verdict` header (a document with `verdict_header`): what
+    /// the filter did with the request.
+    pub verdict: Option<String>,
 }
 
 impl HttpReply {
@@ -50,9 +54,12 @@ pub fn burst(
         let mut replies = Vec::with_capacity(count);
         while let Some(joined) = requests.join_next().await {
             let response = joined?.with_context(|| format!("request to {url}"))?;
-            let retry_after = response.headers().get("retry-after");
-            let retry_after = retry_after.map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
-            replies.push(HttpReply { status: response.status().as_u16(), retry_after });
+            let header = |name: &str| {
+                let value = response.headers().get(name);
+                value.map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+            };
+            let (retry_after, verdict) = (header("retry-after"), header("x-sluice-verdict"));
+            replies.push(HttpReply { status: response.status().as_u16(), retry_after, verdict });
         }
         Ok(replies)
     })

@@ -31,8 +31,9 @@
 //! - [`egress`]: [`Egress`], gateways sharing one Redis in front of a
 //!   [`Partner`]; workers and single calls that say who answered and how
 //!   long the gateway held them; what is left in Redis.
-//! - [`client`]: [`burst`], N concurrent requests, collecting status and
-//!   `retry-after`.
+//! - [`client`]: [`burst`], N concurrent requests, collecting status,
+//!   `retry-after` and `x-sluice-verdict`.
+//! - [`demo`]: the demo's warm-up, traffic and table, by the gateway's verdicts.
 //! - [`faults`]: steady traffic under an injected fault, and its judges
 //!   (admitted, refused, failed, longest wait, the busiest window).
 //! - [`recorder`]: [`recorder::RecordingUpstream`], an upstream that records
@@ -54,6 +55,7 @@
 pub mod backend;
 pub mod client;
 pub mod cluster;
+pub mod demo;
 pub mod egress;
 pub mod envoy;
 pub mod faults;

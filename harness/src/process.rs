@@ -48,6 +48,16 @@ impl Proc {
         Ok(Proc { name, child, dir, log })
     }
 
+    /// Fault injection: SIGSTOP (`stop`) or SIGCONT: a process that hangs
+    /// without closing its connections, then goes on.
+    pub(crate) fn signal_stop(&self, stop: bool) {
+        let signal = if stop { libc::SIGSTOP } else { libc::SIGCONT };
+        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
+            // SAFETY: kill(2) with the pid of our own child, not yet reaped.
+            unsafe { libc::kill(pid, signal) };
+        }
+    }
+
     /// The whole log so far.
     pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

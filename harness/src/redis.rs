@@ -37,6 +37,18 @@ impl Redis {
         self.proc.kill();
     }
 
+    /// Fault injection: the server hangs (SIGSTOP), its connections open and
+    /// unanswered, as a Redis stalled by a slow command or a busy host,
+    /// until [`Redis::resume`].
+    pub fn pause(&self) {
+        self.proc.signal_stop(true);
+    }
+
+    /// Ends a [`Redis::pause`]: the server answers what queued meanwhile.
+    pub fn resume(&self) {
+        self.proc.signal_stop(false);
+    }
+
     /// Starts a fresh, empty redis-server on the same port (after [`Redis::kill`])
     /// and waits until it answers PING.
     pub fn start_again(&mut self) -> anyhow::Result<()> {

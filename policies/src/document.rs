@@ -65,6 +65,12 @@ pub struct Document {
     /// Adds `x-sluice-shadow: would-deny; policy="NAME"` to a request a shadow policy would have denied.
     #[serde(default)]
     pub shadow_header: bool,
+    /// Adds `x-sluice-verdict` to every response of a request a policy applies
+    /// to: `allowed`, `denied`, `cache_denied`, `shed`, `failure_allowed`,
+    /// `failure_denied` or `missing_key`, so that a request `failure_mode` let
+    /// through undecided is never read as admitted.
+    #[serde(default)]
+    pub verdict_header: bool,
     /// Slots of the over-limit cache shared by the workers, 0 (off) to 65536.
     #[serde(default)]
     pub over_limit_cache_slots: CacheSlots,

@@ -88,7 +88,7 @@ fixtures! {
     unknown_limit_field => r#"policies[0].limits[0].brust: unknown field `brust`, expected one of `type`, `limit`, `window`, `approximate`, `rate`, `per`, `burst`, `capacity`, `drain`, `every`, `lease`, `refill`, `cost`, `actual_cost_header`, `reserve` at 6:66"#,
     unknown_limit_type => r#"policies[0].limits[0].type: unknown variant `sliding`, expected one of `fixed_window`, `sliding_window`, `token_bucket`, `leaky_bucket`, `interval`, `concurrency`, `points` at 6:26"#,
     unknown_policy_field => r#"policies[0].shadow_mode: unknown field `shadow_mode`, expected one of `name`, `match`, `bypass`, `key`, `on_missing_key`, `limits`, `shadow`, `failure_mode`, `failure_status`, `response`, `wait`, `upstream`, `shed`, `leased` at 5:19"#,
-    unknown_top_level_field => r#"polices: unknown field `polices`, expected one of `$schema`, `shim`, `failure_mode`, `failure_status`, `headers`, `shadow_header`, `over_limit_cache_slots`, `trusted_hops`, `classes`, `class_header`, `policies` at 2:11"#,
+    unknown_top_level_field => r#"polices: unknown field `polices`, expected one of `$schema`, `shim`, `failure_mode`, `failure_status`, `headers`, `shadow_header`, `verdict_header`, `over_limit_cache_slots`, `trusted_hops`, `classes`, `class_header`, `policies` at 2:11"#,
     bad_headers_mode => r#"headers: unknown variant `sometimes`, expected one of `off`, `on_deny`, `always` at 2:24"#,
     failure_status_not_an_error => r#"failure_status: invalid status 200 (expected 400 to 599) at 3:23"#,
     policy_failure_mode_unknown => r#"policies[0].failure_mode: unknown variant `closed`, expected `allow` or `deny` at 5:30"#,

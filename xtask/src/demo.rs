@@ -2,6 +2,11 @@
 //! minute, per API key) through the real path: Envoy running `sluice.wasm`,
 //! the `sluice` shim, and redis-server, with `policies/examples/demo.json`.
 //!
+//! It warms up first, until one request has come back decided by the shim,
+//! and counts every answer by the gateway's own verdict
+//! (`sluice_harness::demo`): a request `failure_mode` let through is never
+//! shown as allowed.
+//!
 //! main has already installed the dependencies, built `dist/` and set the
 //! `SLUICE_*` variables. Everything started here is stopped by the harness's
 //! drop guards; Ctrl-C only sets a flag, so those guards still run.
@@ -11,14 +16,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use sluice_harness::client::{burst, count};
+use sluice_harness::demo::{send, warm_up, Row, LEGEND, PATH, TRAFFIC};
 use sluice_harness::{workspace_root, Stack};
 
-/// The limits of `policies/examples/demo.json`, for the table.
-const LIMIT: &str = "25/5s + 300/1m";
-/// API keys and how many concurrent GETs each one sends.
-const TRAFFIC: [(&str, usize); 3] = [("alice", 40), ("bob", 25), ("carol", 10)];
-const PATH: &str = "/v42/orders";
+/// How long the warm-up may take before the demo goes on regardless.
+const WARM_UP: Duration = Duration::from_secs(30);
 
 pub fn run(keep_running: bool) -> Result<()> {
     let interrupted = Arc::new(AtomicBool::new(false));
@@ -29,30 +31,45 @@ pub fn run(keep_running: bool) -> Result<()> {
     let policy_path = workspace_root().join("policies/examples/demo.json");
     let policy = std::fs::read_to_string(&policy_path)
         .with_context(|| format!("reading {}", policy_path.display()))?;
+    let doc = timeout_of(&policy);
     println!(
         "starting redis-server, the sluice shim, an upstream and envoy (policy: {})",
         policy_path.display()
     );
     let stack = Stack::start(&policy)?;
 
+    println!(
+        "warming up: one request through envoy, the filter, the shim and redis, until the shim decides it"
+    );
+    let warm = warm_up(stack.envoy.port, WARM_UP)?;
+    if warm.decided {
+        println!("  decided by the shim after {} request(s), {:.2} s", warm.tries, warm.took.as_secs_f64());
+    } else {
+        println!(
+            "  no request was decided by the shim within {} s; the counts below say what the failure mode did",
+            WARM_UP.as_secs()
+        );
+    }
+    println!(
+        "the shim has {doc} to answer each check (shim.timeout_ms); past it, failure_mode: allow lets a request \
+         through undecided, counted under failure-mode"
+    );
+
     println!("\nconcurrent GET {PATH} per API key, through envoy at {}\n", stack.envoy.url());
-    println!("{:<8} {:>5} {:>8} {:>9} {:>6}  limit", "key", "sent", "allowed", "rejected", "other");
+    println!("{}", Row::head());
     for (key, sent) in TRAFFIC {
         if interrupted.load(Ordering::SeqCst) {
             break;
         }
-        let replies = burst(stack.envoy.port, "GET", PATH, Some(("x-api-key", key)), sent)?;
-        let (allowed, rejected) = (count(&replies, 200), count(&replies, 429));
-        let other = sent - allowed - rejected;
-        println!("{key:<8} {sent:>5} {allowed:>8} {rejected:>9} {other:>6}  {LIMIT}");
+        println!("{}", send(stack.envoy.port, key, sent)?.line());
     }
-    println!("\nrejected = 429 with retry-after; other = anything else (e.g. 503 when the shim fails)");
+    println!("\n{LEGEND}");
 
     if keep_running && !interrupted.load(Ordering::SeqCst) {
         println!("\nstill running; Ctrl-C stops everything.");
         println!("  envoy listener  {}", stack.envoy.url());
         println!("  envoy admin     http://127.0.0.1:{}", stack.envoy.admin_port);
-        println!("  sluice shim     http://127.0.0.1:{}/healthz", stack.shim.port);
+        println!("  sluice shim     http://127.0.0.1:{}/  (the Limits dashboard)", stack.shim.port);
         println!("  redis           {}", stack.redis.url());
         println!("  try: curl -i -H 'x-api-key: alice' {}{PATH}", stack.envoy.url());
         while !interrupted.load(Ordering::SeqCst) {
@@ -62,4 +79,13 @@ pub fn run(keep_running: bool) -> Result<()> {
     println!("stopping envoy, the shim, the upstream and redis-server");
     drop(stack);
     Ok(())
+}
+
+/// The document's `shim.timeout_ms`, as the demo says it on screen.
+fn timeout_of(policy: &str) -> String {
+    let value: serde_json::Value = serde_json::from_str(policy).unwrap_or_default();
+    match value.pointer("/shim/timeout_ms").and_then(serde_json::Value::as_u64) {
+        Some(ms) => format!("{ms} ms"),
+        None => "the default timeout".to_string(),
+    }
 }
