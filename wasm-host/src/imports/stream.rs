@@ -13,7 +13,8 @@ use super::status::{BAD_ARGUMENT, INTERNAL_FAILURE, OK};
 use crate::calls::Refusal;
 use crate::memory::{read, read_str, write_u32};
 use crate::pairs::HeaderMap;
-use crate::state::{Effect, HostState, HttpCall, LocalResponse};
+use crate::calls::HttpCall;
+use crate::state::{Effect, HostState, LocalResponse};
 
 const REQUEST: i32 = 0;
 
