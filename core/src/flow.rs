@@ -524,7 +524,7 @@ impl Flow {
             }
             Err(reason) => {
                 for &index in &self.calls[1].policies {
-                    fx.count(index, PolicyStat::FailureAllowed);
+                    failure_passed(worker, index, fx);
                 }
                 worker.log_failure(now, &format!("{reason}; shadow policies let the request through"));
                 None
@@ -713,9 +713,12 @@ impl Flow {
                 (FailureMode::Allow, _) => None,
             }
         });
-        let denied = deny_status.is_some();
         for &index in &call.policies {
-            fx.count(index, if denied { PolicyStat::FailureDenied } else { PolicyStat::FailureAllowed });
+            if deny_status.is_some() {
+                fx.count(index, PolicyStat::FailureDenied);
+            } else {
+                failure_passed(worker, index, fx);
+            }
         }
         match deny_status {
             Some((name, status)) => {
@@ -888,6 +891,14 @@ impl Flow {
         self.finish(now, host, fx);
         true
     }
+}
+
+/// A shim failure let a request policy `index` applied to through: the
+/// `failure_allowed` stat, and the worker's next report to the shim, which
+/// never saw the request.
+fn failure_passed(worker: &Worker, index: usize, fx: &mut Effects) {
+    fx.count(index, PolicyStat::FailureAllowed);
+    worker.failure_passed(index);
 }
 
 /// The `x-sluice-shadow` value for a shadow policy that would have denied.

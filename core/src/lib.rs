@@ -12,7 +12,8 @@
 //! The machine:
 //! - [`flow`]: one request's [`Flow`], its [`Phase`]s, events and effects.
 //! - [`worker`]: the [`Worker`]: the document, the breaker, and the calls
-//!   that outlive a stream (releases, renewals, shed reports, lease calls).
+//!   that outlive a stream (releases, renewals, shed reports, lease calls,
+//!   reports of failure-mode passes).
 //! - [`effect`]: the [`Effect`] values, calls and their results.
 //! - [`host`]: the [`Host`] trait: clock, shared data, response headers.
 //! - [`stats`]: every stat's name, once.
@@ -24,6 +25,7 @@
 //! - [`cache`]: the over-limit cache in shared data.
 //! - [`leased`]: leased mode's pool of tokens in shared data.
 //! - [`leases`]: the leases of live streams, and when each is due for renewal.
+//! - [`passes`]: failure-mode passes, counted and reported to the shim.
 //! - [`shedding`]: load shedding in one worker: its reports, the fleet's level.
 //! - [`feedback`]: which policies a response's upstream answer pauses.
 //! - [`wait`]: egress waiting: the request's wait, the call's timeout, `server-timing`.
@@ -45,6 +47,7 @@ pub mod leased;
 pub mod leases;
 pub mod local_reply;
 pub mod log_throttle;
+pub mod passes;
 pub mod ratelimit_headers;
 pub mod shedding;
 pub mod stats;

@@ -1,8 +1,8 @@
 //! What one worker (one proxy-wasm VM) shares between its requests, and
 //! the work it does on its own: the parsed document, the outage breaker,
 //! the log throttle, the calls that streams leave for it to send, the
-//! leases of live streams it renews, load shedding's reports and leased
-//! mode's lease calls.
+//! leases of live streams it renews, load shedding's reports, leased
+//! mode's lease calls and the reports of failure-mode passes.
 //!
 //! A call a stream makes is cancelled when the stream ends, which is
 //! exactly when a lease is released. So a stream only queues such calls
@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use sluice_policies::wire::{
     LeaseRequest, LeaseResponse, ReleaseResponse, ShedRequest, ShedResponse, WireLimit, LEASE_PATH,
-    RENEW_PATH, SHED_PATH,
+    RENEW_PATH, REPORT_PATH, SHED_PATH,
 };
 use sluice_policies::Document;
 
@@ -25,6 +25,7 @@ use crate::host::{Host, SetError, SharedData};
 use crate::leased::{pool_key, Pool};
 use crate::leases::Live;
 use crate::log_throttle::LogThrottle;
+use crate::passes::FailurePasses;
 use crate::shedding::Shedding;
 use crate::stats::{ClassStat, FilterStat, PolicyStat};
 
@@ -56,6 +57,8 @@ enum Pending {
     /// A lease call for a leased policy: when asked (the gateway's clock),
     /// and the tokens it gives back.
     Lease { policy: usize, asked_ms: u64, given_back: u64 },
+    /// A report of failure-mode passes: dropped if it fails.
+    Report,
     /// Nothing to do with the answer (adjustments, feedback, renewals).
     Other(&'static str),
 }
@@ -71,6 +74,8 @@ pub struct Worker {
     pub(crate) live: RefCell<Live>,
     /// Load shedding: the utilization seen and the fleet's level, per policy.
     pub(crate) shedding: RefCell<Shedding>,
+    /// Failure-mode passes not yet reported to the shim.
+    passes: RefCell<FailurePasses>,
     /// Each policy's lease pool key in shared data (document order), named
     /// once here rather than on every request.
     pool_keys: Vec<String>,
@@ -88,6 +93,7 @@ impl Worker {
         let breaker = Breaker::new(doc.shim.failure_threshold.get(), doc.shim.cooldown_ms.get().into());
         let shedding = Shedding::new(&doc, now_ms);
         let pool_keys = doc.policies.iter().map(|p| pool_key(p.name.as_str())).collect();
+        let passes = FailurePasses::new(&doc);
         Worker {
             doc,
             breaker: RefCell::new(breaker),
@@ -97,6 +103,7 @@ impl Worker {
             next_call: Cell::new(0),
             live: RefCell::new(Live::default()),
             shedding: RefCell::new(shedding),
+            passes: RefCell::new(passes),
             pool_keys,
             rng: RefCell::new(fastrand::Rng::with_seed(seed)),
             nonce: seed,
@@ -143,16 +150,20 @@ impl Worker {
 
     /// A check call answered readably (`ok`) or not, at `now_ms`.
     pub(crate) fn call_ended(&self, ok: bool, now_ms: u64, fx: &mut Effects) {
-        let change = if ok {
-            self.breaker.borrow_mut().success()
-        } else {
-            self.breaker.borrow_mut().failure(now_ms)
-        };
+        let change =
+            if ok { self.breaker.borrow_mut().success() } else { self.breaker.borrow_mut().failure(now_ms) };
         self.breaker_changed(change, fx);
     }
 
+    /// A request policy `index` applied to was let through by
+    /// `failure_mode: allow`: counted for the next report to the shim.
+    pub(crate) fn failure_passed(&self, index: usize) {
+        self.passes.borrow_mut().add(index);
+    }
+
     /// The worker's own work, every tick: renew the leases of live streams,
-    /// report shedding's utilization, ask for leases, and send what streams queued.
+    /// report shedding's utilization, ask for leases, report failure-mode
+    /// passes, and send what streams queued.
     pub fn tick(&self, host: &dyn Host) -> Vec<Effect> {
         let mut fx = Effects::default();
         let now = host.now_ms();
@@ -171,10 +182,20 @@ impl Worker {
             }
         }
         self.ask_for_leases(host, now, &mut fx);
+        let report = self.passes.borrow_mut().due(now, &self.doc);
+        if let Some(report) = report {
+            match serde_json::to_vec(&report) {
+                Ok(body) => self.send(REPORT_PATH, body, Pending::Report, &mut fx),
+                Err(err) => log::debug!("{REPORT_PATH}: {err}"),
+            }
+        }
         let queued = std::mem::take(&mut *self.queued.borrow_mut());
         for call in queued {
-            let pending =
-                if call.releases.is_empty() { Pending::Other(call.path) } else { Pending::Release(call.releases) };
+            let pending = if call.releases.is_empty() {
+                Pending::Other(call.path)
+            } else {
+                Pending::Release(call.releases)
+            };
             self.send(call.path, call.body, pending, &mut fx);
         }
         fx.0
@@ -196,11 +217,18 @@ impl Worker {
             (Pending::Release(policies), CallResult::NotSent(reason)) => {
                 self.release_failed(&policies, reason, host.now_ms(), &mut fx)
             }
-            (Pending::Release(policies), _) => self.release_answered(&policies, status, body, host.now_ms(), &mut fx),
+            (Pending::Release(policies), _) => {
+                self.release_answered(&policies, status, body, host.now_ms(), &mut fx)
+            }
             (Pending::Shed(index), _) => self.shed_answered(index, status, body, &mut fx),
             (Pending::Lease { policy, asked_ms, given_back }, _) => {
                 self.lease_answered(host, policy, asked_ms, given_back, &result, &mut fx)
             }
+            // The shim did not take it: its passes are dropped, still in Envoy's stats.
+            (Pending::Report, _) if status != Some(b"200") => {
+                log::debug!("{REPORT_PATH}: no 200, passes dropped")
+            }
+            (Pending::Report, _) => {}
             (Pending::Other(path), CallResult::NotSent(reason)) => log::warn!("{path}: {reason}"),
             (Pending::Other(_), _) => {}
         }
@@ -377,7 +405,11 @@ impl Worker {
 /// the rule applied again. `None` when it could not be stored, so nothing
 /// the rule did happened. A pool that is absent or unreadable starts empty
 /// (its tokens, if any, are lost: under-admission, never over).
-pub fn update_pool<R, S: SharedData + ?Sized>(shared: &S, key: &str, mut rule: impl FnMut(&mut Pool) -> R) -> Option<R> {
+pub fn update_pool<R, S: SharedData + ?Sized>(
+    shared: &S,
+    key: &str,
+    mut rule: impl FnMut(&mut Pool) -> R,
+) -> Option<R> {
     for _ in 0..CAS_TRIES {
         let (bytes, cas) = shared.get(key);
         let mut pool = bytes.as_deref().and_then(Pool::decode).unwrap_or_default();

@@ -3,8 +3,10 @@
 // checks to the shim the way the filter does (POST /v1/check) until the
 // page shows them: the document's policies, a busy key with its state,
 // a non-zero allowed rate. It never judges timing: traffic goes on until
-// the page shows it, within a generous deadline. It also opens the
-// playground the shim serves at /playground/.
+// the page shows it, within a generous deadline. A report of failure-mode
+// passes (POST /v1/report, as the filter's worker sends it) and held
+// egress checks then show in each policy's chart of the last minutes. It
+// also opens the playground the shim serves at /playground/.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
@@ -33,6 +35,7 @@ const DOCUMENT = {
     { name: "erp", key: ["header:x-tenant"], limits: [{ type: "concurrency", limit: 4, lease: "1m" }] },
     { name: "search", limits: [{ type: "token_bucket", rate: 10, per: "1s", burst: 20 }] },
     { name: "reports", key: ["header:x-user"], limits: [{ type: "fixed_window", limit: 100, window: "1h" }] },
+    { name: "egress", wait: { timeout: "3s" }, limits: [{ type: "interval", every: "500ms" }] },
   ],
 };
 // Each check as the filter would send it for DOCUMENT.
@@ -43,7 +46,10 @@ const LIMITS = {
   ],
   erp: [{ type: "concurrency", limit: 4, lease_ms: 60000 }],
   search: [{ type: "token_bucket", rate: 10, per_ms: 1000, burst: 20 }],
+  egress: [{ type: "interval", every_ms: 500 }],
 };
+// The filter sends a policy with `wait` its timeout with each check.
+const WAIT_MS = { egress: 3000 };
 
 let children = [], browser, shim, traffic, sent = 0;
 
@@ -76,7 +82,7 @@ async function until(what, probe) {
 
 let id = 0;
 function check(policy, key) {
-  const body = { id: `t${++id}`, checks: [{ policy, key, limits: LIMITS[policy] }] };
+  const body = { id: `t${++id}`, checks: [{ policy, key, limits: LIMITS[policy] }], wait_ms: WAIT_MS[policy] };
   sent++;
   return fetch(`${shim}/v1/check`, { method: "POST", body: JSON.stringify(body) }).catch(() => {});
 }
@@ -100,6 +106,8 @@ before(async () => {
     check("partner-api", "bob");
     if (id % 5 === 0) check("erp", "acme");
     check("search", "");
+    // Four a second for two a second: held, then refused once the wait is too long.
+    if (id % 3 === 0) check("egress", "");
   }, 100);
   browser = await launch();
 });
@@ -128,7 +136,7 @@ test("the dashboard shows the policies, a busy key with its state from Redis, an
   assert.ok(sent > 0);
   // Every policy of the document, traffic or not, with its limits.
   const names = await page.$$eval("section.policy", (all) => all.map((s) => s.dataset.policy));
-  assert.deepEqual(names, ["partner-api", "erp", "search", "reports"]);
+  assert.deepEqual(names, ["partner-api", "erp", "search", "reports", "egress"]);
   assert.match(await page.textContent('section[data-policy="reports"] .limits'), /100 per 1h/);
   assert.match(await page.textContent(`${partner} .limits`), /25 per 5s · 300 per 1m/);
   // Alice is the busiest key, and her row shows what remains, read from Redis.
@@ -139,6 +147,49 @@ test("the dashboard shows the policies, a busy key with its state from Redis, an
   if (process.env.SLUICE_SCREENSHOTS) {
     mkdirSync(process.env.SLUICE_SCREENSHOTS, { recursive: true });
     await page.screenshot({ path: join(process.env.SLUICE_SCREENSHOTS, "dashboard.png"), fullPage: true });
+  }
+  await page.close();
+});
+
+test("each policy's chart draws its last minutes, failure-mode passes reported by the filter included", async () => {
+  // What a filter's worker sends on its tick after failure_mode let requests through.
+  const report = { passes: [{ policy: "egress", count: 6 }, { policy: "partner-api", count: 2 }] };
+  const res = await fetch(`${shim}/v1/report`, { method: "POST", body: JSON.stringify(report) });
+  assert.equal(res.status, 200, await res.text());
+  const page = await browser.newPage({ viewport: { width: 900, height: 700 } });
+  const errors = [];
+  page.on("pageerror", (e) => errors.push(e));
+  await page.goto(`${shim}/`);
+  const egress = 'section[data-policy="egress"]';
+  // Traffic goes on until egress has been admitted at once, held and refused.
+  await page.waitForFunction(
+    (sel) => ["allowed", "denied", "waited", "failure_passes"].every((series) => {
+      const line = document.querySelector(`${sel} figure.history polyline[data-series="${series}"]`);
+      return line && Number(line.dataset.total) > 0;
+    }),
+    egress,
+    { timeout: DEADLINE_MS, polling: 200 },
+  );
+  const chart = await page.$$eval(`${egress} figure.history polyline`, (lines) => lines.map((l) => {
+    const ys = l.getAttribute("points").split(" ").map((p) => Number(p.split(",")[1]));
+    return { series: l.dataset.series, total: Number(l.dataset.total), points: ys.length, ys: new Set(ys).size };
+  }));
+  assert.deepEqual(chart.map((c) => c.series), ["allowed", "denied", "waited", "failure_passes"]);
+  for (const c of chart) {
+    assert.equal(c.points, 120, `${c.series}: 10 minutes of 5-second buckets`);
+    assert.ok(c.ys > 1, `${c.series} rises off the baseline`);
+  }
+  assert.equal(chart[3].total, 6, "the reported passes, once");
+  const legend = await page.textContent(`${egress} .legend`);
+  assert.match(legend, /failure-mode passes \(not enforced\): 6/);
+  const axis = await page.$$eval(`${egress} svg.chart text`, (all) => all.map((t) => t.textContent));
+  assert.ok(axis.includes("−10 min") && axis.includes("now") && axis.includes("per second"), axis.join(" | "));
+  const partner = await page.getAttribute('section[data-policy="partner-api"] polyline[data-series="failure_passes"]', "data-total");
+  assert.equal(partner, "2");
+  assert.deepEqual(errors, []);
+  if (process.env.SLUICE_SCREENSHOTS) {
+    mkdirSync(process.env.SLUICE_SCREENSHOTS, { recursive: true });
+    await page.locator(egress).screenshot({ path: join(process.env.SLUICE_SCREENSHOTS, "dashboard-history.png") });
   }
   await page.close();
 });

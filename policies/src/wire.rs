@@ -8,6 +8,9 @@
 //!   cost of a `points` request, answered by 200 and `{}`.
 //! - `POST /v1/lease`: a [`LeaseRequest`] from a gateway's root context for
 //!   a leased policy (see [`crate::leased`]), answered by a [`LeaseResponse`].
+//! - `POST /v1/report`: a [`ReportRequest`] from a gateway's root context:
+//!   the requests `failure_mode: allow` let through, which the shim never
+//!   saw, for its dashboard; answered by 200 and `{}`.
 //!
 //! A message's parts defined beneath it are re-exported here, so `wire::`
 //! names them all: [`WireLimit`] (a view of [`crate::Limit`]), the
@@ -31,6 +34,14 @@ pub const ADJUST_PATH: &str = "/v1/adjust";
 pub const FEEDBACK_PATH: &str = "/v1/feedback";
 pub const SHED_PATH: &str = "/v1/shed";
 pub const LEASE_PATH: &str = "/v1/lease";
+pub const REPORT_PATH: &str = "/v1/report";
+
+/// The most entries one [`ReportRequest`] carries; a worker with more
+/// policies to report sends the rest in its next report.
+pub const MAX_REPORT_ENTRIES: usize = 256;
+/// The largest `/v1/report` body the shim reads: [`MAX_REPORT_ENTRIES`]
+/// entries of the longest name and count fit in it.
+pub const MAX_REPORT_BODY: usize = 32 * 1024;
 
 /// Every policy that applies to one request. The shim decides them all at
 /// once: the request is admitted, and charged, only if every limit allows it.
@@ -335,9 +346,66 @@ impl LeaseRequest {
     }
 }
 
+/// Failure-mode passes: requests a gateway's worker let through with
+/// `failure_mode: allow` since its last report, per policy. The shim never
+/// saw them (it did not answer in time), so this is how its dashboard learns
+/// of them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportRequest {
+    pub passes: Vec<Passes>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Passes {
+    pub policy: String,
+    pub count: u64,
+}
+
+impl ReportRequest {
+    /// The bounds a shim holds a report to: at most [`MAX_REPORT_ENTRIES`]
+    /// entries, each naming a valid policy.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.passes.len() > MAX_REPORT_ENTRIES {
+            return Err(format!(
+                "passes: {} entries, more than the {MAX_REPORT_ENTRIES} a report may carry",
+                self.passes.len()
+            ));
+        }
+        for (i, passes) in self.passes.iter().enumerate() {
+            if crate::PolicyName::new(&passes.policy).is_none() {
+                return Err(format!(
+                    "passes[{i}].policy: invalid policy name {:?} (expected 1 to 64 of A-Z a-z 0-9 _ -)",
+                    passes.policy
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The largest report a worker sends fits in the body the shim reads,
+    /// and the shim refuses one beyond the bounds, naming the entry.
+    #[test]
+    fn reports_are_bounded() {
+        let entry = |policy: String| Passes { policy, count: u64::MAX };
+        let largest = ReportRequest { passes: vec![entry("p".repeat(64)); MAX_REPORT_ENTRIES] };
+        assert_eq!(largest.validate(), Ok(()));
+        assert!(serde_json::to_vec(&largest).map(|b| b.len()).unwrap_or(usize::MAX) <= MAX_REPORT_BODY);
+        let more = ReportRequest { passes: vec![entry("p".into()); MAX_REPORT_ENTRIES + 1] };
+        assert_eq!(more.validate(), Err("passes: 257 entries, more than the 256 a report may carry".into()));
+        let bad = ReportRequest { passes: vec![entry("ok".into()), entry("not ok".into())] };
+        assert_eq!(
+            bad.validate(),
+            Err(r#"passes[1].policy: invalid policy name "not ok" (expected 1 to 64 of A-Z a-z 0-9 _ -)"#
+                .into())
+        );
+    }
 
     /// The shim refuses a lease call beyond what a policy could send.
     #[test]

@@ -11,6 +11,10 @@
 //!   `/v1/shed`, `/v1/lease`: see `sluice_policies::wire`.
 //!   Each answers 200 with JSON, 400 for a malformed or oversized body, 503
 //!   when Redis fails.
+//! - `POST /v1/report`: failure-mode passes a filter let through, counted in
+//!   the dashboard's history when received (no Redis); 200 and `{}`, 400 for
+//!   a malformed body, one over `MAX_REPORT_BODY` bytes or
+//!   `MAX_REPORT_ENTRIES` entries, or an invalid policy name.
 //! - `GET /healthz`: 200 while the shim serves.
 //! - `GET /metrics`: see [`crate::metrics`].
 //! - `GET /`, `/dashboard.json`, `/playground/`: see [`crate::dashboard`].
@@ -32,8 +36,9 @@ use hyper_util::service::TowerToHyperService;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sluice_policies::wire::{
-    AdjustRequest, CheckRequest, FeedbackRequest, LeaseRequest, ReleaseRequest, RenewRequest, ShedRequest,
-    ADJUST_PATH, CHECK_PATH, FEEDBACK_PATH, LEASE_PATH, RELEASE_PATH, RENEW_PATH, SHED_PATH,
+    AdjustRequest, CheckRequest, FeedbackRequest, LeaseRequest, ReleaseRequest, RenewRequest, ReportRequest,
+    ShedRequest, ADJUST_PATH, CHECK_PATH, FEEDBACK_PATH, LEASE_PATH, MAX_REPORT_BODY, RELEASE_PATH,
+    RENEW_PATH, REPORT_PATH, SHED_PATH,
 };
 
 use tokio::net::{TcpListener, TcpStream};
@@ -61,6 +66,7 @@ pub fn router_with(limiter: Limiter, dashboard: crate::dashboard::Options) -> Ro
         .route(ADJUST_PATH, post(adjust))
         .route(FEEDBACK_PATH, post(feedback))
         .route(LEASE_PATH, post(lease))
+        .route(REPORT_PATH, post(report))
         .route("/healthz", get(|| async { "ok\n" }))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(Arc::new(limiter));
@@ -246,6 +252,25 @@ async fn feedback(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response 
 async fn lease(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
     match parse::<LeaseRequest>(&body) {
         Ok(req) => answer(limiter.lease(&req).await),
+        Err(resp) => resp,
+    }
+}
+
+/// Failure-mode passes a filter reports: counted now in the dashboard's
+/// history, a report period after they happened.
+async fn report(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
+    if body.len() > MAX_REPORT_BODY {
+        let reason =
+            format!("report of {} bytes, more than the {MAX_REPORT_BODY} a report may be", body.len());
+        return (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response();
+    }
+    match parse::<ReportRequest>(&body) {
+        Ok(req) => answer(req.validate().map_err(CheckError::BadRequest).map(|()| {
+            for passes in &req.passes {
+                limiter.metrics.traffic.passed(&passes.policy, passes.count);
+            }
+            serde_json::json!({})
+        })),
         Err(resp) => resp,
     }
 }

@@ -3,7 +3,9 @@
 //! every policy of its document before any traffic, with its limits; after
 //! checks, its rates and totals, its busiest keys, and each key's state as
 //! Redis holds it: remaining for a window and a bucket, leases held for a
-//! concurrency limit, charged by any shim of the fleet.
+//! concurrency limit, charged by any shim of the fleet. The last minutes
+//! of each policy, with the failure-mode passes the filters report at
+//! `POST /v1/report`, and the reports it refuses.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +14,10 @@ use serde_json::Value;
 use sluice_harness::client::http;
 use sluice_harness::Redis;
 use sluice_policies::units::Millis;
-use sluice_policies::wire::{Check, CheckRequest, CheckResponse, ReleaseRequest, WireLimit};
+use sluice_policies::wire::{
+    Check, CheckRequest, CheckResponse, ReleaseRequest, WireLimit, MAX_REPORT_BODY, MAX_REPORT_ENTRIES,
+    REPORT_PATH,
+};
 use sluice_shim::dashboard;
 use sluice_shim::limiter::Limiter;
 use sluice_shim::server::{run, Options};
@@ -188,4 +193,70 @@ async fn the_page_is_embedded_and_a_missing_playground_says_so() {
     let (status, body) = http(port, "GET", "/playground/", "").await;
     assert_eq!(status, 404);
     assert!(body.contains("cargo xtask playground"), "{body}");
+}
+
+/// The sum of one of a policy's history series, and its length.
+fn history(policy: &Value, series: &str) -> (u64, usize) {
+    let counts = policy["history"][series].as_array().unwrap_or_else(|| panic!("no {series} in {policy:#}"));
+    (counts.iter().filter_map(Value::as_u64).sum(), counts.len())
+}
+
+/// A report of failure-mode passes lands in the policy's history and
+/// totals beside the checks this shim decided; a policy it never checked
+/// shows zeros over the whole window.
+#[tokio::test]
+async fn reported_failure_passes_show_in_the_history() {
+    let redis = Redis::start().expect("redis");
+    let port = serve(&redis, Some(DOCUMENT)).await;
+    assert_eq!(history(policy(&dashboard(port).await, "partner-api"), "failure_passes"), (0, 120));
+    for i in 0..2 {
+        assert!(check(port, &format!("h{i}"), "partner-api", "alice", partner_limits()).await.allowed);
+    }
+    let report = r#"{"passes": [{"policy": "partner-api", "count": 3}, {"policy": "quiet", "count": 1}]}"#;
+    let (status, body) = http(port, "POST", REPORT_PATH, report).await;
+    assert_eq!((status, body.as_str()), (200, "{}"));
+
+    let board = dashboard(port).await;
+    let partner = policy(&board, "partner-api");
+    assert_eq!(partner["history"]["bucket_seconds"], 5);
+    assert_eq!(history(partner, "allowed"), (2, 120), "{partner:#}");
+    assert_eq!(history(partner, "failure_passes"), (3, 120));
+    assert_eq!(history(partner, "denied"), (0, 120));
+    assert_eq!(partner["totals"]["failure_passes"], 3);
+    assert_eq!(partner["totals"]["allowed"], 2, "a pass is not an admission");
+    assert_eq!(history(policy(&board, "quiet"), "failure_passes"), (1, 120));
+    assert_eq!(history(policy(&board, "erp"), "allowed"), (0, 120));
+}
+
+/// Bad reports are refused with a reason (400), never half counted: not
+/// JSON, an unknown field, a negative count, an invalid policy name, more
+/// entries than a report may carry, a body over the report's bound.
+#[tokio::test]
+async fn bad_reports_are_refused_with_a_reason() {
+    let redis = Redis::start().expect("redis");
+    let port = serve(&redis, Some(DOCUMENT)).await;
+    let entry = r#"{"policy": "quiet", "count": 1}"#;
+    let many = format!(r#"{{"passes": [{}]}}"#, vec![entry; MAX_REPORT_ENTRIES + 1].join(","));
+    let large =
+        format!(r#"{{"passes": [{{"policy": "quiet", "count": 1{}}}]}}"#, " ".repeat(MAX_REPORT_BODY));
+    let cases = [
+        ("not json", "malformed request"),
+        (r#"{"passes": [], "extra": 1}"#, "unknown field `extra`"),
+        (r#"{"passes": [{"policy": "quiet", "count": -1}]}"#, "malformed request"),
+        (
+            r#"{"passes": [{"policy": "quiet", "count": 1}, {"policy": "a b", "count": 1}]}"#,
+            "passes[1].policy: invalid policy name \"a b\"",
+        ),
+        (many.as_str(), "passes: 257 entries, more than the 256 a report may carry"),
+        (large.as_str(), "more than the 32768 a report may be"),
+    ];
+    for (body, reason) in cases {
+        let (status, answer) = http(port, "POST", REPORT_PATH, body).await;
+        assert_eq!(status, 400, "{answer}");
+        assert!(answer.contains(reason), "{answer:?} should say {reason:?}");
+    }
+    let board = dashboard(port).await;
+    let quiet = policy(&board, "quiet");
+    assert_eq!(history(quiet, "failure_passes").0, 0, "nothing counted: {quiet:#}");
+    assert_eq!(quiet["totals"]["failure_passes"], 0);
 }

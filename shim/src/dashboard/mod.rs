@@ -8,6 +8,10 @@
 //!   the limits its checks carried;
 //! - rates and totals (allowed, denied, waited, immediate, wait time,
 //!   reclaimed): the checks *this* shim answered ([`crate::metrics::traffic`]);
+//! - the last 10 minutes, in 5-second buckets: allowed, denied and waited
+//!   from the same checks, and failure-mode passes as the filters report
+//!   them (`POST /v1/report`), counted when received, so up to a second or
+//!   two late ([`crate::metrics::history`]);
 //! - the busiest keys: a Space-Saving sketch of this shim's checks
 //!   ([`crate::metrics::sketch`]), bounded per policy;
 //! - each busy key's remaining, reset, leases held and waiters: read from
@@ -36,6 +40,7 @@ use sluice_policies::wire::WireLimit;
 use sluice_policies::Document;
 
 use crate::limiter::Limiter;
+use crate::metrics::history::Series;
 use crate::metrics::sketch::Estimate;
 use crate::metrics::traffic::{self, Rates, Seen, Totals};
 use crate::metrics::Metrics;
@@ -104,6 +109,8 @@ pub struct PolicyView {
     pub limits: Vec<LimitView>,
     pub rates: Rates,
     pub totals: Totals,
+    /// The last minutes, oldest bucket first.
+    pub history: Series,
     pub keys: Vec<KeyView>,
 }
 
@@ -194,6 +201,7 @@ impl Dashboard {
             limits: policy.limits.iter().map(describe).collect(),
             rates: policy.seen.rates,
             totals: policy.seen.totals,
+            history: policy.seen.history,
             name: policy.name,
             source: policy.source,
             wait: policy.wait,

@@ -9,9 +9,11 @@
 //!   call in [`crate::store::RedisClient::invoke`];
 //! - requests in flight, around the `/v1/*` and `/healthz` handlers;
 //! - waiters held and hand-overs, in egress waiting;
-//! - per policy, for the dashboard: rates, totals and the busiest keys
-//!   ([`traffic`], with [`sketch`], Space-Saving in fixed memory), where
-//!   decisions are counted; the dashboard shows them.
+//! - per policy, for the dashboard: rates, totals, the last minutes and the
+//!   busiest keys ([`traffic`], with [`history`], a fixed ring of time
+//!   buckets, and [`sketch`], Space-Saving in fixed memory), where decisions
+//!   are counted, and failure-mode passes where the filters report them
+//!   (`/v1/report`); the dashboard shows them.
 //!
 //! The policy label comes from the caller's request, so its values are
 //! capped: the first [`MAX_POLICY_LABELS`] valid policy names seen keep
@@ -38,6 +40,7 @@ use sluice_policies::PolicyName;
 
 use crate::decision::CheckError;
 
+pub mod history;
 pub mod sketch;
 pub mod traffic;
 

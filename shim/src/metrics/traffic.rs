@@ -1,12 +1,16 @@
 //! What the shim itself saw of each policy's checks: totals, per-second
-//! rates over the last few seconds, the limits the checks carried, and the
-//! busiest keys in a [`SpaceSaving`] sketch. Fed by every `/v1/check` this
-//! shim answers ([`crate::metrics::Metrics::decided`]), so it covers this
-//! shim only; what a key holds is read from Redis when the page asks.
+//! rates over the last few seconds, a [`History`] of the last minutes, the
+//! limits the checks carried, and the busiest keys in a [`SpaceSaving`]
+//! sketch. Fed by every `/v1/check` this shim answers
+//! ([`crate::metrics::Metrics::decided`]), so it covers this shim only; what
+//! a key holds is read from Redis when the page asks. Failure-mode passes,
+//! which the shim never decided, come from the filters' reports
+//! (`/v1/report`, [`Traffic::passed`]) and count when received.
 //!
 //! Memory is bounded: at most [`MAX_POLICIES`] policies, each with at most
 //! [`KEYS_PER_POLICY`] keys (each a valid encoded key, at most
-//! `sluice_policies::bounds::MAX_KEY_LEN` bytes) and [`MAX_LIMITS`] limits.
+//! `sluice_policies::bounds::MAX_KEY_LEN` bytes), [`MAX_LIMITS`] limits and
+//! one fixed history ring.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -18,6 +22,7 @@ use sluice_policies::units::Millis;
 use sluice_policies::wire::{CheckRequest, CheckResponse, WireLimit};
 use sluice_policies::PolicyName;
 
+use super::history::{History, Kind, Series};
 use super::sketch::{Estimate, SpaceSaving};
 use crate::decision::CheckError;
 use crate::keys::MAX_LIMITS;
@@ -49,6 +54,8 @@ pub struct Totals {
     pub reclaimed: u64,
     /// Checks that failed: Redis errors (503) and malformed requests (400).
     pub errors: u64,
+    /// Requests `failure_mode: allow` let through, as the filters reported them.
+    pub failure_passes: u64,
 }
 
 /// Decisions per second, averaged over the last [`RATE_SECONDS`].
@@ -76,6 +83,7 @@ struct Policy {
     seconds: [Second; RATE_SECONDS as usize + 1],
     keys: SpaceSaving,
     halved_at: u64,
+    history: History,
 }
 
 /// One policy as the page shows it.
@@ -84,6 +92,7 @@ pub struct Seen {
     pub limits: Vec<WireLimit>,
     pub totals: Totals,
     pub rates: Rates,
+    pub history: Series,
     pub keys: Vec<(String, Estimate)>,
 }
 
@@ -125,13 +134,7 @@ impl Traffic {
     ) {
         let mut policies = self.policies.lock().unwrap_or_else(PoisonError::into_inner);
         for (i, check) in req.checks.iter().enumerate() {
-            if PolicyName::new(&check.policy).is_none() {
-                continue;
-            }
-            if !policies.contains_key(check.policy.as_str()) && policies.len() >= MAX_POLICIES {
-                continue;
-            }
-            let policy = policies.entry(check.policy.to_string()).or_insert_with(|| Policy::new(now));
+            let Some(policy) = tracked(&mut policies, &check.policy, now) else { continue };
             policy.age(now);
             // Only keys the shim would take: at most MAX_KEY_LEN bytes each.
             if is_encoded(&check.key) {
@@ -150,23 +153,46 @@ impl Traffic {
             let second = second(&mut policy.seconds, now);
             let t = &mut policy.totals;
             let could_wait = req.wait_ms.is_some_and(|ms| ms.get() > 0);
-            match label {
+            let kind = match label {
                 "allowed" => {
                     t.allowed += 1;
                     second.allowed += 1;
                     t.immediate += u64::from(could_wait);
+                    Kind::Allowed
                 }
                 "waited" => {
                     t.waited += 1;
                     second.waited += 1;
                     t.wait_ms += result.as_ref().ok().and_then(|r| r.waited_ms).map_or(0, Millis::get);
+                    Kind::Waited
                 }
                 "denied" => {
                     t.denied += 1;
                     second.denied += 1;
+                    Kind::Denied
                 }
-                _ => t.errors += 1,
-            }
+                _ => {
+                    t.errors += 1;
+                    continue;
+                }
+            };
+            policy.history.add(now, kind, 1);
+        }
+    }
+
+    /// Counts `count` failure-mode passes of `policy` that a filter reported
+    /// now: they happened up to a report period (a second) before, and land
+    /// in the history when received. A name past [`MAX_POLICIES`] is not
+    /// counted.
+    pub(crate) fn passed(&self, policy: &str, count: u64) {
+        self.passed_at(self.second(), policy, count);
+    }
+
+    fn passed_at(&self, now: u64, policy: &str, count: u64) {
+        let mut policies = self.policies.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(policy) = tracked(&mut policies, policy, now) {
+            policy.totals.failure_passes = policy.totals.failure_passes.saturating_add(count);
+            policy.history.add(now, Kind::FailurePass, count);
         }
     }
 
@@ -184,6 +210,7 @@ impl Traffic {
                     limits: p.limits.clone(),
                     totals: p.totals,
                     rates: p.rates(now),
+                    history: p.history.series(now),
                     keys: p.keys.top(top),
                 };
                 (name.clone(), seen)
@@ -200,6 +227,7 @@ impl Policy {
             seconds: Default::default(),
             keys: SpaceSaving::new(KEYS_PER_POLICY),
             halved_at: now,
+            history: History::default(),
         }
     }
 
@@ -221,6 +249,18 @@ impl Policy {
         let per_second = |n: u64| n as f64 / RATE_SECONDS as f64;
         Rates { allowed: per_second(allowed), denied: per_second(denied), waited: per_second(waited) }
     }
+}
+
+/// The policy named `name`, added if new: `None` for an invalid name, or a
+/// new one past [`MAX_POLICIES`].
+fn tracked<'a>(policies: &'a mut HashMap<String, Policy>, name: &str, now: u64) -> Option<&'a mut Policy> {
+    if PolicyName::new(name).is_none() {
+        return None;
+    }
+    if !policies.contains_key(name) && policies.len() >= MAX_POLICIES {
+        return None;
+    }
+    Some(policies.entry(name.to_string()).or_insert_with(|| Policy::new(now)))
 }
 
 /// The counts of second `now`, emptied if the ring last held an older one.
@@ -319,6 +359,28 @@ mod tests {
         assert_eq!((totals.immediate, totals.waited, totals.wait_ms, totals.reclaimed), (1, 2, 350, 2));
     }
 
+    /// Decisions and reported failure-mode passes land in the history's
+    /// bucket of their time; errors do not.
+    #[test]
+    fn the_history_counts_decisions_and_reported_passes() {
+        use super::super::history::BUCKET_S;
+        let traffic = Traffic::default();
+        let req = request(&[("api", "k")], Some(1_000));
+        traffic.record_at(10, &req, &admitted(1, None, 0), "allowed", None);
+        traffic.record_at(10, &req, &admitted(1, Some(300), 0), "waited", None);
+        traffic.record_at(10, &req, &Err(CheckError::Store(String::new())), "error", None);
+        traffic.passed_at(10 + BUCKET_S, "api", 3);
+        traffic.passed_at(10 + BUCKET_S, "not a name", 3);
+        let seen = traffic.seen_at(10 + BUCKET_S, 1);
+        let history = &seen["api"].history;
+        let last_two = |series: &[u64]| series[series.len() - 2..].to_vec();
+        assert_eq!(last_two(&history.allowed), [1, 0]);
+        assert_eq!(last_two(&history.waited), [1, 0]);
+        assert_eq!(last_two(&history.failure_passes), [0, 3]);
+        assert!(history.denied.iter().all(|&n| n == 0));
+        assert_eq!((seen["api"].totals.failure_passes, seen.len()), (3, 1));
+    }
+
     #[test]
     fn policies_are_capped_and_invalid_names_ignored() {
         let traffic = Traffic::default();
@@ -328,6 +390,9 @@ mod tests {
         }
         traffic.record_at(1, &request(&[("not a name", "k")], None), &admitted(1, None, 0), "allowed", None);
         assert_eq!(traffic.seen_at(1, 1).len(), MAX_POLICIES);
+        // Reports are held to the same cap.
+        traffic.passed_at(1, "reported-only", 1);
+        assert!(!traffic.seen_at(1, 1).contains_key("reported-only"));
         // A key the shim refuses is never kept.
         let long = "k".repeat(70_000);
         traffic.record_at(

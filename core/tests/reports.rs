@@ -1,0 +1,87 @@
+//! Failure-mode passes reach the shim: a request `failure_mode: allow` let
+//! through was never decided by the shim, so the worker reports it on its
+//! tick (`POST /v1/report`) for the shim's dashboard. Driven natively with
+//! a fake host and a fake clock; a test plays the shim.
+
+mod support;
+
+use serde_json::json;
+use sluice_core::Phase;
+use sluice_policies::wire::{CHECK_PATH, REPORT_PATH};
+use support::*;
+
+const TWO: &str = r#"{"policies": [
+    {"name": "a", "limits": [{"type": "interval", "every": "1s"}]},
+    {"name": "b", "match": {"path_prefix": "/b/"}, "limits": [{"type": "interval", "every": "1s"}]}]}"#;
+
+/// One request through `t`, answered by `answer`; its phase.
+fn request(t: &Test, path: &str, answer: fn(&sluice_core::Outgoing) -> sluice_core::CallResult) -> Phase {
+    let mut s = t.stream();
+    let check = sent(&s.request(&get(path)), CHECK_PATH);
+    s.hold_request();
+    s.answer(&check, &answer(&check));
+    s.phase()
+}
+
+/// A failure pass is reported once, on the next tick, for every policy that
+/// applied to the request; later ticks send nothing until there is more.
+#[test]
+fn a_failure_pass_is_reported_once_on_the_next_tick() {
+    let t = Test::new(TWO);
+    assert!(t.worker_sends(REPORT_PATH).is_empty(), "nothing to report yet");
+    assert_eq!(request(&t, "/b/x", |_| Shim::timed_out()), Phase::Failed);
+    assert_eq!(request(&t, "/", |_| Shim::status(503)), Phase::Failed);
+    let reports = t.worker_sends(REPORT_PATH);
+    assert_eq!(reports.len(), 1);
+    assert_eq!(
+        reports[0].json(),
+        json!({"passes": [{"policy": "a", "count": 2}, {"policy": "b", "count": 1}]})
+    );
+    assert!(t.worker_sends(REPORT_PATH).is_empty(), "reported once");
+    t.host.advance(5_000);
+    assert!(t.worker_sends(REPORT_PATH).is_empty(), "nothing new");
+}
+
+/// At most one report a second per worker: passes within the second wait
+/// for the next report, and none is lost.
+#[test]
+fn reports_go_at_most_once_a_second() {
+    let t = Test::new(TWO);
+    request(&t, "/", |_| Shim::timed_out());
+    assert_eq!(t.worker_sends(REPORT_PATH).len(), 1);
+    request(&t, "/", |_| Shim::timed_out());
+    t.host.advance(400);
+    assert!(t.worker_sends(REPORT_PATH).is_empty(), "within a second of the last report");
+    t.host.advance(600);
+    let reports = t.worker_sends(REPORT_PATH);
+    assert_eq!(reports.len(), 1);
+    assert_eq!(reports[0].json(), json!({"passes": [{"policy": "a", "count": 1}]}));
+}
+
+/// A report the host cannot send is dropped: its passes are not sent again
+/// (Envoy's `failure_allowed` stat still has them), and nothing else fails.
+#[test]
+fn a_report_that_cannot_be_sent_is_dropped() {
+    let t = Test::new(TWO);
+    request(&t, "/", |_| Shim::timed_out());
+    let reports = t.worker_sends(REPORT_PATH);
+    assert_eq!(reports.len(), 1);
+    let fx = t.worker.handle_answer(reports[0].id, Shim::not_sent(), &t.host);
+    assert!(fx.is_empty(), "{fx:?}");
+    t.host.advance(2_000);
+    assert!(t.worker_sends(REPORT_PATH).is_empty(), "dropped, not retried");
+}
+
+/// Admissions, denials and `failure_mode: deny` refusals are never
+/// reported: the shim saw the first two, and the last let nothing through.
+#[test]
+fn only_failure_passes_are_reported() {
+    let t = Test::new(TWO);
+    assert_eq!(request(&t, "/", Shim::allow), Phase::Admitted);
+    assert_eq!(request(&t, "/", |_| Shim::deny_check(0, 1, 700)), Phase::Refused);
+    let deny = Test::new(&TWO.replacen('{', r#"{"failure_mode": "deny", "#, 1));
+    assert_eq!(request(&deny, "/", |_| Shim::timed_out()), Phase::Refused);
+    t.host.advance(2_000);
+    assert!(t.worker_sends(REPORT_PATH).is_empty());
+    assert!(deny.worker_sends(REPORT_PATH).is_empty());
+}
