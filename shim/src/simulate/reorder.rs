@@ -80,6 +80,7 @@ impl<T> Reorder<T> {
     }
 
     /// How many lines are held now.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.heap.len()
     }
