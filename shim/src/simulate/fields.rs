@@ -161,7 +161,9 @@ impl Mapping {
             };
             match target {
                 Target::Time => at_us = text.map(rfc3339_us).transpose()?,
-                Target::TimeMs => at_us = text.map(|t| number(name, t)).transpose()?.map(|ms| ms * 1000),
+                Target::TimeMs => {
+                    at_us = text.map(|t| number(name, t)).transpose()?.map(|ms| ms.saturating_mul(1000))
+                }
                 Target::Method => method = Cow::Owned(text.unwrap_or("GET").to_string()),
                 Target::Path => path = text.map(str::to_string),
                 Target::DurationMs => duration_ms = text.map(|t| number(name, t)).transpose()?.unwrap_or(0),
