@@ -35,6 +35,8 @@
 //! - `leased`: scenario 7, leased mode: its allow path beside the exact
 //!   mode and native `local_ratelimit`, and its under-admission against
 //!   exact on the same traffic; LEASED.md.
+//! - `simulate`: `--simulate` alone, `sluice simulate` on a generated
+//!   1M-line access log, in lines per second.
 //! - `noise`: how busy the machine was while the bench ran.
 //! - `report`: LATEST.md. `plot`: the PNG.
 //!
@@ -59,6 +61,7 @@ mod shed_load;
 mod shed_plot;
 mod shed_report;
 mod shim_alone;
+mod simulate;
 mod tools;
 
 use std::path::PathBuf;
@@ -102,11 +105,14 @@ struct Cli {
     /// Only scenario 7, leased mode against exact and native; writes LEASED.md.
     #[arg(long, conflicts_with_all = ["egress", "shed", "feedback", "redis_cost"])]
     leased: bool,
+    /// Only `sluice simulate` on a generated access log (1M lines; 100k with --quick); prints lines/s.
+    #[arg(long, conflicts_with_all = ["egress", "shed", "feedback", "redis_cost", "leased"])]
+    simulate: bool,
 }
 
 fn main() -> std::process::ExitCode {
-    let Cli { quick, egress, shed, feedback, redis_cost, callgrind, leased } = Cli::parse();
-    match run(quick, Only { egress, shed, feedback, redis_cost, callgrind, leased }) {
+    let Cli { quick, egress, shed, feedback, redis_cost, callgrind, leased, simulate } = Cli::parse();
+    match run(quick, Only { egress, shed, feedback, redis_cost, callgrind, leased, simulate }) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("bench: error: {err:#}");
@@ -130,11 +136,18 @@ struct Only {
     callgrind: bool,
     /// Scenario 7, to LEASED.md.
     leased: bool,
+    /// `sluice simulate` on a generated log, printed.
+    simulate: bool,
 }
 
 /// The whole bench, or one part of it alone.
 fn run(quick: bool, only: Only) -> Result<()> {
     let started = Instant::now();
+    if only.simulate {
+        let lines = if quick { 100_000 } else { 1_000_000 };
+        let dir = workspace_root().join("target/bench-simulate");
+        return simulate::run(&sluice_harness::dist("sluice")?, &dir, lines).map(drop);
+    }
     let mut plan = plan::Plan::new(quick);
     // The sluice-harness guards find their binaries through the same
     // `SLUICE_*` variables.

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
-use sluice_policies::replay::Replayed;
+use sluice_policies::replay::{Recorded, Replayed};
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::Duration;
 
@@ -94,7 +94,15 @@ impl Pattern {
                 for (name, value) in &s.headers {
                     request = request.header(name, value);
                 }
-                out.push((i, Replayed { at_us: t * 1000, request, duration_ms: ms(s.duration) }));
+                out.push((
+                    i,
+                    Replayed {
+                        at_us: t * 1000,
+                        request,
+                        duration_ms: ms(s.duration),
+                        recorded: Recorded::EVERYTHING,
+                    },
+                ));
             }
         }
         out.sort_by_key(|(i, r)| (r.at_us, *i));

@@ -36,6 +36,7 @@ use crate::condition::RawCondition;
 use crate::condition::{raw_key, Condition};
 use crate::feedback::Upstream;
 use crate::key::{self, ClientIp, KeySource, OnMissingKey};
+use crate::request::Attribute;
 pub use crate::response::FailureMode;
 use crate::response::{CacheSlots, CooldownMs, DenyResponse, DenyStatus, FailureThreshold, HeadersMode};
 use crate::shed::ShedPolicy;
@@ -153,6 +154,11 @@ impl<'de> Deserialize<'de> for TimeoutMs {
 pub struct TrustedHops(u8);
 
 impl TrustedHops {
+    /// `n` if it is one of 0 to 16.
+    pub fn new(n: u64) -> Option<TrustedHops> {
+        u8::try_from(n).ok().filter(|n| *n <= 16).map(TrustedHops)
+    }
+
     pub fn client_ip(self) -> ClientIp {
         ClientIp { trusted_hops: self.0 }
     }
@@ -161,10 +167,7 @@ impl TrustedHops {
 impl<'de> Deserialize<'de> for TrustedHops {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let n = u64::deserialize(d)?;
-        u8::try_from(n)
-            .ok()
-            .filter(|n| *n <= 16)
-            .map(TrustedHops)
+        TrustedHops::new(n)
             .ok_or_else(|| de::Error::custom(format!("invalid trusted_hops {n} (expected 0 to 16)")))
     }
 }
@@ -418,10 +421,7 @@ pub enum Verdict {
 
 impl Policy {
     pub fn evaluate(&self, req: &impl Request, ip: ClientIp) -> Verdict {
-        let needs_key = self.matcher.needs_key() || self.bypass.iter().any(Condition::needs_key);
-        let raw = if needs_key { raw_key(&self.key, req, ip) } else { None };
-        let raw = raw.as_deref();
-        if !self.matcher.holds(req, raw) || self.bypass.iter().any(|b| b.holds(req, raw)) {
+        if !self.matches(req, ip) {
             return Verdict::NotApplied;
         }
         match (key::build(&self.key, req, ip), self.on_missing_key) {
@@ -430,6 +430,14 @@ impl Policy {
             (None, OnMissingKey::Skip) => Verdict::NotApplied,
             (None, OnMissingKey::Deny) => Verdict::MissingKey,
         }
+    }
+
+    /// Whether `match` holds and no `bypass` does.
+    fn matches(&self, req: &impl Request, ip: ClientIp) -> bool {
+        let needs_key = self.matcher.needs_key() || self.bypass.iter().any(Condition::needs_key);
+        let raw = if needs_key { raw_key(&self.key, req, ip) } else { None };
+        let raw = raw.as_deref();
+        self.matcher.holds(req, raw) && !self.bypass.iter().any(|b| b.holds(req, raw))
     }
 }
 
@@ -459,10 +467,31 @@ impl Document {
     /// shadow policy never refuses: its missing key is a would-deny, listed
     /// in [`Evaluation::shadow_missing_key`].
     pub fn evaluate<'d>(&'d self, req: &impl Request) -> Result<Evaluation<'d>, &'d Policy> {
+        self.evaluate_recorded(req, |_| true)
+    }
+
+    /// [`evaluate`](Document::evaluate) for a request known only from a
+    /// record of it (a log line) that `holds` some of its attributes and not
+    /// others: a matching policy whose key reads an attribute the record
+    /// lacks decides nothing, and is listed in
+    /// [`Evaluation::unrecorded`] instead, since whether the request had
+    /// that key is unknown. (A `keys` condition on such a key sees it
+    /// missing.)
+    pub fn evaluate_recorded<'d>(
+        &'d self,
+        req: &impl Request,
+        holds: impl Fn(Attribute<'_>) -> bool,
+    ) -> Result<Evaluation<'d>, &'d Policy> {
         let ip = self.trusted_hops.client_ip();
         let class = self.classes.classify(req, self.class_header.as_ref());
         let mut out = Evaluation { class, ..Evaluation::default() };
         for (index, policy) in self.policies.iter().enumerate() {
+            if let Some(source) = policy.key.iter().position(|s| !holds(s.reads(ip))) {
+                if policy.matches(req, ip) {
+                    out.unrecorded.push((index, source));
+                }
+                continue;
+            }
             match policy.evaluate(req, ip) {
                 Verdict::NotApplied => {}
                 Verdict::Key(key) => out.applied.push(Applied { policy, index, key, class }),
@@ -483,6 +512,10 @@ pub struct Evaluation<'d> {
     /// lacks (document indexes): each would have refused it, so each counts
     /// as a shadow denial, and none refuses.
     pub shadow_missing_key: Vec<usize>,
+    /// With [`Document::evaluate_recorded`]: policies that match but whose
+    /// key reads what the record does not hold, as (document index, index
+    /// of the key source).
+    pub unrecorded: Vec<(usize, usize)>,
     /// The request's priority class: an index into the document's classes,
     /// 0 the most important.
     pub class: usize,

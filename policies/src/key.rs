@@ -17,7 +17,7 @@ use std::net::{IpAddr, SocketAddr};
 use serde::de::{self, Deserialize, Deserializer};
 use sha2::{Digest, Sha256};
 
-use crate::request::{host_only, path_only, query_param};
+use crate::request::{host_only, path_only, query_param, Attribute};
 use crate::{HeaderName, Request};
 
 /// The longest encoded value kept as it is; longer ones are hashed.
@@ -62,6 +62,17 @@ impl KeySource {
         (!name.is_empty() && name.len() <= 128).then(|| KeySource::Query(name.to_string()))
     }
 
+    /// What this source reads from a request (`ip` as `ip` finds the client).
+    pub fn reads(&self, ip: ClientIp) -> Attribute<'_> {
+        match self {
+            KeySource::Header(name) => Attribute::Header(name.as_str()),
+            KeySource::Ip => ip.reads(),
+            KeySource::Path | KeySource::Query(_) => Attribute::Path,
+            KeySource::Method => Attribute::Method,
+            KeySource::Host => Attribute::Authority,
+        }
+    }
+
     /// This source's raw value in `req`, if it has one.
     pub fn value<'r>(&self, req: &'r impl Request, ip: ClientIp) -> Option<Cow<'r, [u8]>> {
         match self {
@@ -77,6 +88,20 @@ impl KeySource {
                 Cow::Borrowed(v) => Cow::Borrowed(v.as_bytes()),
                 Cow::Owned(v) => Cow::Owned(v.into_bytes()),
             }),
+        }
+    }
+}
+
+/// The source as a document writes it: `ip`, `header:x-api-key`.
+impl std::fmt::Display for KeySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeySource::Header(name) => write!(f, "header:{}", name.as_str()),
+            KeySource::Ip => f.write_str("ip"),
+            KeySource::Path => f.write_str("path"),
+            KeySource::Method => f.write_str("method"),
+            KeySource::Host => f.write_str("host"),
+            KeySource::Query(name) => write!(f, "query:{name}"),
         }
     }
 }
@@ -116,6 +141,14 @@ pub struct ClientIp {
 }
 
 impl ClientIp {
+    /// Where the address is read: the peer address, or `x-forwarded-for`.
+    pub fn reads(self) -> Attribute<'static> {
+        match self.trusted_hops {
+            0 => Attribute::SourceAddress,
+            _ => Attribute::Header("x-forwarded-for"),
+        }
+    }
+
     pub fn of(self, req: &impl Request) -> Option<IpAddr> {
         if self.trusted_hops == 0 {
             let addr = req.source_address()?;
@@ -166,6 +199,43 @@ fn encode_into(out: &mut String, value: &[u8]) {
             return;
         }
     }
+}
+
+/// An encoded key as people wrote its parts, for reports: each `:`-joined
+/// part percent-decoded (a hashed part stays `=<hex>`), control characters
+/// escaped; [`MISSING`] is `(shared: missing key)` and the key of
+/// `"key": []` is `(one bucket)`. Not an identity: two keys may show alike.
+pub fn display(key: &str) -> String {
+    match key {
+        MISSING => return "(shared: missing key)".to_string(),
+        "" => return "(one bucket)".to_string(),
+        _ => {}
+    }
+    let mut bytes = Vec::with_capacity(key.len());
+    let mut rest = key.as_bytes();
+    while let Some((&b, tail)) = rest.split_first() {
+        let hex = |i: usize| tail.get(i).and_then(|c| (*c as char).to_digit(16));
+        match (b, hex(0), hex(1)) {
+            (b'%', Some(hi), Some(lo)) => {
+                bytes.push((hi * 16 + lo) as u8);
+                rest = &tail[2..];
+            }
+            _ => {
+                bytes.push(b);
+                rest = tail;
+            }
+        }
+    }
+    let mut shown = String::with_capacity(bytes.len());
+    for c in String::from_utf8_lossy(&bytes).chars() {
+        // A key never moves the cursor of the terminal it is printed on.
+        if c.is_control() {
+            shown.extend(c.escape_debug());
+        } else {
+            shown.push(c);
+        }
+    }
+    shown
 }
 
 /// Whether `key` could have come out of [`build`] or be [`MISSING`]: the shim
@@ -262,6 +332,31 @@ mod tests {
         assert_eq!(ip(4), None, "fewer entries than trusted hops");
         let spoofed = headers(&[("x-forwarded-for", b"not-an-ip")]);
         assert_eq!(ClientIp { trusted_hops: 1 }.of(&spoofed), None);
+    }
+
+    #[test]
+    fn keys_display_as_written_part_by_part() {
+        let sources = [header("x-a"), header("x-b")];
+        let key = build(&sources, &headers(&[("x-a", b"ann smith"), ("x-b", b"a:b/c\n")]), DIRECT);
+        assert_eq!(key.as_deref(), Some("ann%20smith:a%3Ab%2Fc%0A"));
+        assert_eq!(display(&key.unwrap_or_default()), "ann smith:a:b/c\\n");
+        assert_eq!(display("caf%C3%A9"), "café");
+        assert_eq!(display(MISSING), "(shared: missing key)");
+        assert_eq!(display(""), "(one bucket)");
+        let hashed = encode(&[b'a'; 300]);
+        assert_eq!(display(&hashed), hashed, "a hashed part stays as it is");
+    }
+
+    #[test]
+    fn sources_name_what_they_read_and_show_as_written() {
+        let ip = |hops| KeySource::Ip.reads(ClientIp { trusted_hops: hops });
+        assert_eq!(ip(0), Attribute::SourceAddress);
+        assert_eq!(ip(2), Attribute::Header("x-forwarded-for"));
+        assert_eq!(header("X-Api-Key").reads(DIRECT), Attribute::Header("x-api-key"));
+        assert_eq!(KeySource::Query("p".into()).reads(DIRECT), Attribute::Path);
+        for text in ["ip", "header:x-api-key", "path", "method", "host", "query:page"] {
+            assert_eq!(KeySource::parse(text).map(|s| s.to_string()).as_deref(), Some(text));
+        }
     }
 
     #[test]

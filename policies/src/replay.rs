@@ -8,6 +8,13 @@
 //! admitted with a concurrency limit holds its lease for its `duration_ms`.
 //! The model's state keys are named like the shim's: one per policy, key and
 //! limit.
+//!
+//! A logged request is known only from its record, which holds some of its
+//! attributes and not others ([`Recorded`]): Envoy's text format logs no
+//! peer address and three headers. A policy whose key reads what the record
+//! does not hold decides nothing for that request, and is counted apart
+//! ([`PolicyReport::unrecorded`]): never in the shared bucket of requests
+//! that truly lacked a key.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -15,7 +22,7 @@ use std::collections::{BinaryHeap, HashMap};
 use serde::Serialize;
 
 use crate::algorithm::{self, Algorithm, RedisTwin};
-use crate::request::SimpleRequest;
+use crate::request::{Attribute, SimpleRequest};
 use crate::wire::{Check, LimitOutcome, WireLimit};
 use crate::Document;
 
@@ -27,6 +34,45 @@ pub struct Replayed {
     pub request: SimpleRequest,
     /// How long it is in flight: when a concurrency lease ends.
     pub duration_ms: u64,
+    /// What the record of it holds.
+    pub recorded: Recorded,
+}
+
+/// Which of a request's attributes its record holds. The path and method
+/// always are; a record that holds a header the request lacked says so (the
+/// request lacked it), one that does not hold it cannot say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    /// The downstream peer address.
+    pub source_address: bool,
+    pub authority: bool,
+    pub headers: RecordedHeaders,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordedHeaders {
+    /// Every header: one the record lacks, the request lacked.
+    All,
+    /// Only these, by lower-case name.
+    Only(Vec<String>),
+}
+
+impl Recorded {
+    /// A record that holds the whole request: generated traffic.
+    pub const EVERYTHING: Recorded =
+        Recorded { source_address: true, authority: true, headers: RecordedHeaders::All };
+
+    pub fn holds(&self, attribute: Attribute<'_>) -> bool {
+        match attribute {
+            Attribute::Path | Attribute::Method => true,
+            Attribute::Authority => self.authority,
+            Attribute::SourceAddress => self.source_address,
+            Attribute::Header(name) => match &self.headers {
+                RecordedHeaders::All => true,
+                RecordedHeaders::Only(names) => names.iter().any(|n| n == name),
+            },
+        }
+    }
 }
 
 /// What happened to one request, for a timeline.
@@ -59,9 +105,20 @@ pub struct PolicyReport {
     pub denied: u64,
     /// Refused for a missing key (`on_missing_key: deny`).
     pub missing_key: u64,
+    /// Matched, but the key reads what the request's record does not hold:
+    /// decided nothing, per key source (the first such source of each
+    /// request). Also in `matched`.
+    pub unrecorded: Vec<Unrecorded>,
     pub limits: Vec<LimitReport>,
     /// The keys with the most requests, most first.
     pub busiest_keys: Vec<(String, u64)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Unrecorded {
+    /// The key source as the document writes it: `ip`, `header:x-api-key`.
+    pub source: String,
+    pub requests: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -86,6 +143,8 @@ pub struct Replay<'d> {
     leases: BinaryHeap<Reverse<Ending>>,
     reports: Vec<PolicyReport>,
     keys: Vec<HashMap<String, u64>>,
+    /// Per policy, per key source: requests whose record lacked it.
+    unrecorded: Vec<Vec<u64>>,
     sequence: u64,
 }
 
@@ -119,6 +178,7 @@ impl<'d> Replay<'d> {
             leases: BinaryHeap::new(),
             reports,
             keys: vec![HashMap::new(); doc.policies.len()],
+            unrecorded: doc.policies.iter().map(|p| vec![0; p.key.len()]).collect(),
             sequence: 0,
         }
     }
@@ -134,7 +194,7 @@ impl<'d> Replay<'d> {
                 algorithm::release(&mut self.store, until, &keys, &id);
             }
         }
-        let applied = match self.doc.evaluate(&logged.request) {
+        let applied = match self.doc.evaluate_recorded(&logged.request, |a| logged.recorded.holds(a)) {
             Ok(applied) => applied,
             Err(policy) => {
                 if let Some(i) = self.doc.policies.iter().position(|p| std::ptr::eq(p, policy)) {
@@ -144,6 +204,14 @@ impl<'d> Replay<'d> {
                 return Event { at_us: now, decision: "missing_key", policies: Vec::new() };
             }
         };
+        for &(i, source) in &applied.unrecorded {
+            if let (Some(report), Some(n)) =
+                (self.reports.get_mut(i), self.unrecorded.get_mut(i).and_then(|u| u.get_mut(source)))
+            {
+                report.matched += 1;
+                *n += 1;
+            }
+        }
         // A shadow policy's missing key is a would-deny, never a refusal.
         for &i in &applied.shadow_missing_key {
             if let Some(report) = self.reports.get_mut(i) {
@@ -225,6 +293,14 @@ impl<'d> Replay<'d> {
     }
 
     pub fn finish(mut self) -> Vec<PolicyReport> {
+        for ((report, counts), policy) in
+            self.reports.iter_mut().zip(&self.unrecorded).zip(self.doc.policies.iter())
+        {
+            report.unrecorded = (policy.key.iter().zip(counts))
+                .filter(|(_, n)| **n > 0)
+                .map(|(source, n)| Unrecorded { source: source.to_string(), requests: *n })
+                .collect();
+        }
         for (report, keys) in self.reports.iter_mut().zip(self.keys) {
             let mut busiest: Vec<(String, u64)> = keys.into_iter().collect();
             busiest.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
@@ -251,10 +327,53 @@ mod tests {
         )
         .expect("valid document");
         let mut replay = Replay::new(&doc);
-        let logged = Replayed { at_us: 1_000_000, request: SimpleRequest::new("GET", "/"), duration_ms: 1 };
+        let logged = Replayed {
+            at_us: 1_000_000,
+            request: SimpleRequest::new("GET", "/"),
+            duration_ms: 1,
+            recorded: Recorded::EVERYTHING,
+        };
         assert_eq!(replay.request(&logged).decision, "admitted");
         let reports = replay.finish();
         assert_eq!((reports[1].matched, reports[1].missing_key), (1, 1));
         assert_eq!(reports[0].admitted, 1);
+    }
+
+    /// A key the record does not hold is counted apart, never in the shared
+    /// bucket; a header the record holds but the request lacked goes where
+    /// the gateway puts it (`on_missing_key`, here the shared bucket).
+    #[test]
+    fn a_key_the_log_does_not_hold_is_not_a_missing_key() {
+        let doc = crate::parse(
+            r#"{"policies": [
+                {"name": "by-ip", "key": ["ip"], "limits": [{"type": "interval", "every": "1s"}]},
+                {"name": "by-tenant", "key": ["header:x-tenant"], "limits": [{"type": "interval", "every": "1s"}]}]}"#,
+        )
+        .expect("valid document");
+        let text_log = Recorded {
+            source_address: false,
+            authority: true,
+            headers: RecordedHeaders::Only(vec!["x-forwarded-for".into()]),
+        };
+        let mut replay = Replay::new(&doc);
+        for (at_us, recorded) in
+            [(1_000_000, text_log.clone()), (2_000_000, text_log), (3_000_000, Recorded::EVERYTHING)]
+        {
+            replay.request(&Replayed {
+                at_us,
+                request: SimpleRequest::new("GET", "/"),
+                duration_ms: 1,
+                recorded,
+            });
+        }
+        let reports = replay.finish();
+        let by_ip = &reports[0];
+        // The third is recorded whole: it truly had no peer address.
+        assert_eq!((by_ip.matched, by_ip.admitted), (3, 1));
+        assert_eq!(by_ip.busiest_keys, vec![(crate::key::MISSING.to_string(), 1)]);
+        assert_eq!(by_ip.unrecorded, vec![Unrecorded { source: "ip".into(), requests: 2 }]);
+        let by_tenant = &reports[1];
+        assert_eq!(by_tenant.unrecorded, vec![Unrecorded { source: "header:x-tenant".into(), requests: 2 }]);
+        assert_eq!(by_tenant.busiest_keys, vec![(crate::key::MISSING.to_string(), 1)]);
     }
 }

@@ -16,6 +16,20 @@ pub trait Request {
     fn source_address(&self) -> Option<Cow<'_, [u8]>>;
 }
 
+/// One thing a [`Request`] is read for, by name: what a key source or a
+/// record of the request (a log line) may or may not hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Attribute<'a> {
+    /// The path, query included.
+    Path,
+    Method,
+    Authority,
+    /// A header, by lower-case name.
+    Header(&'a str),
+    /// The downstream peer address.
+    SourceAddress,
+}
+
 /// A request held in plain values, for tests, benches and tools.
 #[derive(Debug, Clone, Default)]
 pub struct SimpleRequest {

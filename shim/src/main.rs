@@ -89,7 +89,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::EnvoyConfig(args) => print_or_fail(sluice_shim::envoy_config::run(&args)),
-        Command::Simulate(args) => print_or_fail(sluice_shim::simulate::run(&args)),
+        Command::Simulate(args) => simulate(&args),
     }
 }
 
@@ -165,6 +165,25 @@ fn print_or_fail(result: anyhow::Result<String>) -> ExitCode {
         Ok(text) => {
             print!("{text}");
             ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("sluice: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Prints the report; exits 2 when it had to skip bad lines (the report
+/// stands for the lines read), 1 when nothing could be replayed.
+fn simulate(args: &sluice_shim::simulate::Args) -> ExitCode {
+    match sluice_shim::simulate::run(args, &mut std::io::stderr()) {
+        Ok(simulated) => {
+            print!("{}", simulated.report);
+            if simulated.bad_lines > 0 {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            }
         }
         Err(err) => {
             eprintln!("sluice: {err:#}");

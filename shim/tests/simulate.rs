@@ -124,3 +124,188 @@ fn a_bad_line_is_named() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad.log: line 2: expected [START_TIME] or a JSON object"), "{err}");
 }
+
+// The fixtures in `tests/fixtures/simulate/` are small logs in each shape,
+// written out of start order, replayed through `shapes-policy.json`: `by-ip`
+// (2 per minute per client address) and `by-key` (2 per minute per
+// `x-api-key`), both enforced, so a request is charged to both or neither.
+
+fn fixture(name: &str) -> String {
+    format!("{}/tests/fixtures/simulate/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs `sluice simulate` on a fixture with the shapes policy and `flags`;
+/// the report as JSON, by policy name.
+fn replay_fixture(log: &str, flags: &[&str]) -> serde_json::Value {
+    let policy = fixture("shapes-policy.json");
+    let log = fixture(log);
+    let mut args = vec!["--policy", &policy, "--format", "json"];
+    args.extend_from_slice(flags);
+    args.push(&log);
+    let out = simulate(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let reports: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("JSON");
+    reports.into_iter().map(|r| (r["policy"].as_str().unwrap_or_default().to_string(), r)).collect()
+}
+
+/// (matched, admitted, denied, missing_key) of one policy's report.
+fn counts(report: &serde_json::Value) -> (u64, u64, u64, u64) {
+    let n = |field: &str| report[field].as_u64().unwrap_or(u64::MAX);
+    (n("matched"), n("admitted"), n("denied"), n("missing_key"))
+}
+
+fn unrecorded(report: &serde_json::Value) -> serde_json::Value {
+    report["unrecorded"].clone()
+}
+
+/// The reported bug: Envoy's text format logs no client address, so a
+/// policy keyed on `ip` saw 8 lines from two clients as one key (`!`), 5
+/// denied, "0 missing a key". Now they are counted as not recorded, with
+/// the key source, and nothing is decided or lumped.
+#[test]
+fn envoy_text_without_a_client_address_lumps_nobody() {
+    let r = replay_fixture("envoy-text.log", &[]);
+    assert_eq!(counts(&r["by-ip"]), (8, 0, 0, 0));
+    assert_eq!(unrecorded(&r["by-ip"]), serde_json::json!([{"source": "ip", "requests": 8}]));
+    assert_eq!(r["by-ip"]["busiest_keys"], serde_json::json!([]));
+    assert_eq!(unrecorded(&r["by-key"]), serde_json::json!([{"source": "header:x-api-key", "requests": 8}]));
+}
+
+/// With `--trusted-hops 1` the client comes from `x-forwarded-for`: 4 lines
+/// of one client (2 admitted, 2 denied), 3 of the other (2 and 1), and one
+/// line whose request truly had no `x-forwarded-for`, in the shared bucket.
+#[test]
+fn envoy_text_with_trusted_hops_reads_the_forwarded_client() {
+    let r = replay_fixture("envoy-text.log", &["--trusted-hops", "1"]);
+    assert_eq!(counts(&r["by-ip"]), (8, 5, 3, 0));
+    assert_eq!(unrecorded(&r["by-ip"]), serde_json::json!([]));
+    assert_eq!(
+        r["by-ip"]["busiest_keys"],
+        serde_json::json!([["203.0.113.9", 4], ["198.51.100.7", 3], ["!", 1]])
+    );
+}
+
+/// The text report shows the unrecorded key with the shape's hint, keys as
+/// written, and the shared bucket by name.
+#[test]
+fn the_text_report_says_what_the_log_lacks_and_shows_keys_as_written() {
+    let policy = fixture("shapes-policy.json");
+    let log = fixture("envoy-text.log");
+    let out = simulate(&["--policy", &policy, &log]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("lines read: 8 Envoy text\n"), "{text}");
+    assert!(text.contains("policy by-ip: 8 matched, 0 admitted, 0 denied, 0 missing a key\n  8 not decided: the log does not record their key source ip\n    Envoy's text format logs no client address; pass --trusted-hops N to read the client from x-forwarded-for, or log %DOWNSTREAM_REMOTE_ADDRESS% in a JSON access log\n"), "{text}");
+    let out = simulate(&["--policy", &policy, "--trusted-hops", "1", &log]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("  busiest keys: 203.0.113.9 (4), 198.51.100.7 (3), (shared: missing key) (1)"),
+        "{text}"
+    );
+    let out = simulate(&[
+        "--policy",
+        &policy,
+        "--field",
+        "header:x-api-key=x-api-key",
+        &fixture("envoy-gateway.jsonl"),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("  busiest keys: team a (3), (shared: missing key) (1)"), "{text}");
+}
+
+/// Istio's default JSON access log, as it comes: the client is its
+/// `downstream_remote_address` (ports differ, the address is one client);
+/// it logs no `x-api-key`.
+#[test]
+fn istio_json_is_read_as_it_comes() {
+    let r = replay_fixture("istio.jsonl", &[]);
+    assert_eq!(counts(&r["by-ip"]), (5, 4, 1, 0));
+    assert_eq!(r["by-ip"]["busiest_keys"], serde_json::json!([["10.0.0.7", 3], ["10.0.0.8", 2]]));
+    assert_eq!(unrecorded(&r["by-key"]), serde_json::json!([{"source": "header:x-api-key", "requests": 5}]));
+}
+
+/// Envoy Gateway's default JSON access log, with an `x-api-key` field the
+/// operator added: unmapped it is ignored (the key is not recorded); mapped
+/// with `--field`, a `null` is a request without the header (shared bucket).
+/// The fourth request is over both limits and denied by both.
+#[test]
+fn envoy_gateway_json_is_read_and_extended_with_field() {
+    let r = replay_fixture("envoy-gateway.jsonl", &[]);
+    assert_eq!(counts(&r["by-ip"]), (4, 3, 1, 0));
+    assert_eq!(unrecorded(&r["by-key"]), serde_json::json!([{"source": "header:x-api-key", "requests": 4}]));
+    let r = replay_fixture("envoy-gateway.jsonl", &["--field", "header:x-api-key=x-api-key"]);
+    assert_eq!(counts(&r["by-ip"]), (4, 3, 1, 0));
+    assert_eq!(counts(&r["by-key"]), (4, 3, 1, 0));
+    assert_eq!(r["by-key"]["busiest_keys"], serde_json::json!([["team%20a", 3], ["!", 1]]));
+}
+
+/// Any JSON log through `--field` mappings; unmapped fields (an array
+/// even) are ignored. The third request is denied by `by-ip` alone, so
+/// `by-key` neither admits nor denies it.
+#[test]
+fn any_json_log_is_read_through_field_mappings() {
+    let fields = [
+        "--field",
+        "time=ts",
+        "--field",
+        "method=verb",
+        "--field",
+        "path=uri",
+        "--field",
+        "source=client",
+        "--field",
+        "header:x-api-key=api_key",
+        "--field",
+        "duration_ms=ms",
+    ];
+    let r = replay_fixture("mapped.jsonl", &fields);
+    assert_eq!(counts(&r["by-ip"]), (4, 2, 2, 0));
+    assert_eq!(counts(&r["by-key"]), (4, 2, 1, 0));
+    let policy = fixture("shapes-policy.json");
+    let out = simulate(&["--policy", &policy, "--field", "when=ts", &fixture("mapped.jsonl")]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--field \"when=ts\": unknown target \"when\""), "{err}");
+}
+
+/// A line that starts before one already replayed by more than the
+/// reorder window is counted and skipped, never replayed out of order; a
+/// wider window takes it.
+#[test]
+fn a_line_later_than_the_reorder_window_is_counted_not_replayed() {
+    let policy = fixture("shapes-policy.json");
+    let log = fixture("late.jsonl");
+    let out = simulate(&["--policy", &policy, &log]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("3 requests replayed\n"), "{text}");
+    assert!(text.contains("1 lines skipped as late: each started before a line already replayed, by more than --reorder 1m\n"), "{text}");
+    assert!(text.contains("policy by-ip: 3 matched, 3 admitted, 0 denied"), "{text}");
+    let r = replay_fixture("late.jsonl", &["--reorder", "2m"]);
+    assert_eq!(counts(&r["by-ip"]), (4, 3, 1, 0));
+}
+
+/// Bad lines are counted and skipped, each named on stderr with its line
+/// number; the report stands for the lines read and the exit status is 2.
+/// A log with no readable line is an error (exit 1).
+#[test]
+fn bad_lines_are_counted_skipped_and_named() {
+    let policy = fixture("shapes-policy.json");
+    let log = fixture("bad.log");
+    let out = simulate(&["--policy", &policy, "--trusted-hops", "1", &log]);
+    assert_eq!(out.status.code(), Some(2));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("2 requests replayed\nlines read: 2 Envoy text\n3 bad lines skipped\n"),
+        "{text}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.log: line 2: expected [START_TIME] or a JSON object\n"), "{err}");
+    assert!(err.contains("bad.log: line 3: unknown field `colour`"), "{err}");
+    assert!(err.contains("bad.log: line 4: EOF while parsing an object"), "{err}");
+    assert!(err.contains("bad.log: 3 bad lines skipped\n"), "{err}");
+    let garbage = write("garbage.log", "nothing\nto see\n");
+    let out = simulate(&["--policy", &policy, garbage.to_str().expect("path")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no line could be read (2 bad lines)"));
+}

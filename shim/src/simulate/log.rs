@@ -1,11 +1,12 @@
-//! Reading access logs: Envoy's default access-log format, or JSON lines.
+//! Reading one access log line, whatever its shape (see [`shapes`](super::shapes)).
 //!
 //! Envoy's default format (`[%START_TIME%] "%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%
 //! %PROTOCOL%" %RESPONSE_CODE% %RESPONSE_FLAGS% %BYTES_RECEIVED% %BYTES_SENT% %DURATION% ...
 //! "%REQ(X-FORWARDED-FOR)%" "%REQ(USER-AGENT)%" "%REQ(X-REQUEST-ID)%" "%REQ(:AUTHORITY)%" ...`)
 //! carries the method, path, duration, `x-forwarded-for`, `user-agent`,
-//! `x-request-id` and authority; a policy keyed on another header sees it
-//! missing. A JSON line carries whatever the operator logged:
+//! `x-request-id` and authority, and no peer address: a key on anything
+//! else is not recorded. Sluice's own JSON line carries whatever the
+//! operator logged:
 //!
 //! ```json
 //! {"time": "2026-11-23T10:00:00.250Z", "method": "GET", "path": "/v42/x",
@@ -13,14 +14,21 @@
 //!  "duration_ms": 120}
 //! ```
 //!
-//! `time` may also be `time_ms`, milliseconds since the epoch.
+//! `time` may also be `time_ms`, milliseconds since the epoch. A field it
+//! leaves out is not recorded (no `headers`: no header is); a header
+//! missing from `headers` was missing from the request. Istio's, Envoy
+//! Gateway's and mapped JSON lines are read by [`Mapping`].
 
 use std::collections::BTreeMap;
 use std::time::UNIX_EPOCH;
 
 use serde::Deserialize;
-use sluice_policies::replay::Replayed as Logged;
+use serde_json::{Map, Value};
+use sluice_policies::replay::{Recorded, RecordedHeaders, Replayed as Logged};
 use sluice_policies::request::SimpleRequest;
+
+use super::fields::Mapping;
+use super::shapes::Shape;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -30,10 +38,8 @@ struct JsonLine {
     #[serde(default = "get")]
     method: String,
     path: String,
-    #[serde(default)]
-    authority: String,
-    #[serde(default)]
-    headers: BTreeMap<String, String>,
+    authority: Option<String>,
+    headers: Option<BTreeMap<String, String>>,
     source: Option<String>,
     #[serde(default)]
     duration_ms: u64,
@@ -43,31 +49,74 @@ fn get() -> String {
     "GET".into()
 }
 
-/// Parses one line, either format; `line` numbers from 1 for the message.
-pub fn parse_line(text: &str, line: usize) -> Result<Logged, String> {
-    let text = text.trim();
-    let parsed = if text.starts_with('{') { json(text) } else { envoy(text) };
-    parsed.map_err(|reason| format!("line {line}: {reason}"))
+/// Reads lines of every shape; one per run, with the run's `--field` mapping.
+pub(crate) struct Reader {
+    istio: Mapping,
+    envoy_gateway: Mapping,
+    /// `--field`, if given.
+    mapped: Option<Mapping>,
 }
 
-fn json(text: &str) -> Result<Logged, String> {
-    let l: JsonLine = serde_json::from_str(text).map_err(|e| e.to_string())?;
+impl Reader {
+    pub(crate) fn new(fields: Mapping) -> Reader {
+        Reader {
+            istio: Mapping::istio().with(&fields),
+            envoy_gateway: Mapping::envoy_gateway().with(&fields),
+            mapped: (!fields.is_empty()).then_some(fields),
+        }
+    }
+
+    /// Reads one line; `line` numbers from 1 for the message.
+    pub(crate) fn read(&self, text: &str, line: usize) -> Result<(Shape, Logged), String> {
+        let text = text.trim();
+        let read = if text.starts_with('{') {
+            self.json(text)
+        } else {
+            envoy(text).map(|logged| (Shape::EnvoyText, logged))
+        };
+        read.map_err(|reason| format!("line {line}: {reason}"))
+    }
+
+    fn json(&self, text: &str) -> Result<(Shape, Logged), String> {
+        let object: Map<String, Value> = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let shape = Shape::of_json(&object, self.mapped.is_some());
+        let read = match (shape, &self.mapped) {
+            (Shape::Istio, _) => self.istio.read(&object),
+            (Shape::EnvoyGateway, _) => self.envoy_gateway.read(&object),
+            (Shape::Mapped, Some(mapping)) => mapping.read(&object),
+            _ => sluice(object),
+        };
+        read.map(|logged| (shape, logged)).map_err(|e| format!("{e} (read as {})", shape.name()))
+    }
+}
+
+fn sluice(object: Map<String, Value>) -> Result<Logged, String> {
+    let l = JsonLine::deserialize(Value::Object(object)).map_err(|e| e.to_string())?;
     let at_us = match (l.time, l.time_ms) {
         (Some(time), _) => rfc3339_us(&time)?,
         (None, Some(ms)) => ms.saturating_mul(1000),
         (None, None) => return Err("no time or time_ms".into()),
     };
-    let mut request = SimpleRequest::new(&l.method, &l.path).authority(&l.authority);
-    for (name, value) in &l.headers {
+    let recorded = Recorded {
+        source_address: l.source.is_some(),
+        authority: l.authority.is_some(),
+        headers: match l.headers {
+            Some(_) => RecordedHeaders::All,
+            None => RecordedHeaders::Only(Vec::new()),
+        },
+    };
+    let mut request = SimpleRequest::new(&l.method, &l.path).authority(l.authority.as_deref().unwrap_or(""));
+    for (name, value) in l.headers.iter().flatten() {
         request = request.header(name, value);
     }
     if let Some(source) = &l.source {
         request = request.source(source);
     }
-    Ok(Logged { at_us, request, duration_ms: l.duration_ms })
+    Ok(Logged { at_us, request, duration_ms: l.duration_ms, recorded })
 }
 
-fn rfc3339_us(time: &str) -> Result<u64, String> {
+/// An RFC 3339 time (`%START_TIME%`) in microseconds since the epoch.
+pub(crate) fn rfc3339_us(time: &str) -> Result<u64, String> {
     let at = humantime::parse_rfc3339_weak(time).map_err(|e| format!("time {time:?}: {e}"))?;
     let since = at.duration_since(UNIX_EPOCH).map_err(|_| format!("time {time:?} is before 1970"))?;
     u64::try_from(since.as_micros()).map_err(|_| format!("time {time:?} is out of range"))
@@ -105,7 +154,13 @@ fn envoy(text: &str) -> Result<Logged, String> {
             request = request.header(name, value);
         }
     }
-    Ok(Logged { at_us, request, duration_ms })
+    Ok(Logged { at_us, request, duration_ms, recorded: envoy_text_records() })
+}
+
+/// What Envoy's default format records: no peer address, three headers.
+fn envoy_text_records() -> Recorded {
+    let headers = ["x-forwarded-for", "user-agent", "x-request-id"].map(String::from).to_vec();
+    Recorded { source_address: false, authority: true, headers: RecordedHeaders::Only(headers) }
 }
 
 /// `"value"rest` → (value, rest).
@@ -120,6 +175,10 @@ mod tests {
     use sluice_policies::Request;
 
     use super::*;
+
+    fn parse_line(text: &str, line: usize) -> Result<Logged, String> {
+        Reader::new(Mapping::default()).read(text, line).map(|(_, logged)| logged)
+    }
 
     #[test]
     fn envoy_default_format() {
