@@ -24,7 +24,7 @@ use sluice_policies::replay::{Recorded, RecordedHeaders, Replayed};
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::HeaderName;
 
-use super::log::rfc3339_us;
+use super::time::rfc3339_us;
 
 /// What one mapped field is read as.
 #[derive(Debug, Clone, PartialEq, Eq)]

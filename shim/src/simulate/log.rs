@@ -20,7 +20,6 @@
 //! Gateway's and mapped JSON lines are read by [`Mapping`].
 
 use std::collections::BTreeMap;
-use std::time::UNIX_EPOCH;
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -29,6 +28,7 @@ use sluice_policies::request::SimpleRequest;
 
 use super::fields::Mapping;
 use super::shapes::Shape;
+use super::time::rfc3339_us;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -113,13 +113,6 @@ fn sluice(object: Map<String, Value>) -> Result<Logged, String> {
         request = request.source(source);
     }
     Ok(Logged { at_us, request, duration_ms: l.duration_ms, recorded })
-}
-
-/// An RFC 3339 time (`%START_TIME%`) in microseconds since the epoch.
-pub(crate) fn rfc3339_us(time: &str) -> Result<u64, String> {
-    let at = humantime::parse_rfc3339_weak(time).map_err(|e| format!("time {time:?}: {e}"))?;
-    let since = at.duration_since(UNIX_EPOCH).map_err(|_| format!("time {time:?} is before 1970"))?;
-    u64::try_from(since.as_micros()).map_err(|_| format!("time {time:?} is out of range"))
 }
 
 /// Envoy's default format, read field by field: `[time] "METHOD PATH PROTO"

@@ -20,6 +20,7 @@
 //! - `reorder`: the reorder buffer, a min-heap on start time.
 //! - `progress`: lines per second on a terminal.
 //! - `report`: the text report.
+//! - `time`: a line's RFC 3339 time.
 
 mod fields;
 mod log;
@@ -27,6 +28,7 @@ mod progress;
 mod reorder;
 mod report;
 mod shapes;
+mod time;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
