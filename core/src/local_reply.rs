@@ -57,7 +57,14 @@ impl LocalReply {
             "class": class,
             "retry_after": retry_after_secs,
         });
-        LocalReply::refusal(policy, 503, || json.to_string().into_bytes(), PROBLEM_JSON, retry_after_secs, None)
+        LocalReply::refusal(
+            policy,
+            503,
+            || json.to_string().into_bytes(),
+            PROBLEM_JSON,
+            retry_after_secs,
+            None,
+        )
     }
 
     fn refusal(
@@ -167,6 +174,10 @@ mod tests {
         assert_eq!(body["status"], 503);
         assert_eq!(body["class"], "batch");
         let own = policy(r#""response":{"status":429},"#);
-        assert_eq!(LocalReply::reduced_capacity(&own, "batch", 2).status, 429, "the policy's own status wins");
+        assert_eq!(
+            LocalReply::reduced_capacity(&own, "batch", 2).status,
+            429,
+            "the policy's own status wins"
+        );
     }
 }

@@ -11,7 +11,7 @@ pub struct LogThrottle {
 }
 
 impl LogThrottle {
-    pub fn new(period_ms: u64) -> LogThrottle {
+    pub const fn new(period_ms: u64) -> LogThrottle {
         LogThrottle { period_ms, next_ms: 0, suppressed: 0 }
     }
 

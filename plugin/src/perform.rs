@@ -8,6 +8,7 @@ use std::time::Duration;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType, Status};
 use sluice_core::{CallId, CallResult, Effect, Outgoing};
+use sluice_policies::wire::{PROTOCOL_HEADER, PROTOCOL_VERSION};
 
 use crate::stats::Stats;
 
@@ -72,13 +73,15 @@ pub fn perform(effects: Vec<Effect>, cluster: &str, stats: &Stats, calls: &mut i
     }
 }
 
-/// POSTs the call's JSON body to the shim; the host's token for it.
+/// POSTs the call's JSON body to the shim, with the wire's version; the
+/// host's token for it.
 fn send(cluster: &str, call: &Outgoing) -> Result<u32, String> {
     let headers = vec![
         (":method", "POST"),
         (":path", call.path),
         (":authority", "sluice-shim"),
         ("content-type", "application/json"),
+        (PROTOCOL_HEADER, PROTOCOL_VERSION),
     ];
     let timeout = Duration::from_millis(call.timeout_ms);
     hostcalls::dispatch_http_call(cluster, headers, Some(&call.body), vec![], timeout)

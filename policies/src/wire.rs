@@ -27,6 +27,15 @@ pub use crate::limit::{WireLimit, MAX_REFILL_US};
 use crate::units::{is_false, Micros, Millis};
 use crate::Duration;
 
+/// The version of this wire, sent by the filter on every call as
+/// [`PROTOCOL_HEADER`]. A shim refuses a call of another version (400, with
+/// both versions named) rather than misread it; the filter then logs the
+/// shim's message and `failure_mode` decides. Raise it with any change a
+/// shim or filter of the previous release would misread.
+pub const PROTOCOL_VERSION: &str = "1";
+/// The header that carries [`PROTOCOL_VERSION`].
+pub const PROTOCOL_HEADER: &str = "x-sluice-protocol";
+
 pub const CHECK_PATH: &str = "/v1/check";
 pub const RELEASE_PATH: &str = "/v1/release";
 pub const RENEW_PATH: &str = "/v1/renew";

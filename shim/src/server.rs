@@ -35,10 +35,11 @@ use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use sluice_core::log_throttle::LogThrottle;
 use sluice_policies::wire::{
     AdjustRequest, CheckRequest, FeedbackRequest, LeaseRequest, ReleaseRequest, RenewRequest, ReportRequest,
-    ShedRequest, ADJUST_PATH, CHECK_PATH, FEEDBACK_PATH, LEASE_PATH, MAX_REPORT_BODY, RELEASE_PATH,
-    RENEW_PATH, REPORT_PATH, SHED_PATH,
+    ShedRequest, ADJUST_PATH, CHECK_PATH, FEEDBACK_PATH, LEASE_PATH, MAX_REPORT_BODY, PROTOCOL_HEADER,
+    PROTOCOL_VERSION, RELEASE_PATH, RENEW_PATH, REPORT_PATH, SHED_PATH,
 };
 
 use tokio::net::{TcpListener, TcpStream};
@@ -67,10 +68,42 @@ pub fn router_with(limiter: Limiter, dashboard: crate::dashboard::Options) -> Ro
         .route(FEEDBACK_PATH, post(feedback))
         .route(LEASE_PATH, post(lease))
         .route(REPORT_PATH, post(report))
+        .layer(axum::middleware::from_fn(same_protocol))
         .route("/healthz", get(|| async { "ok\n" }))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(Arc::new(limiter));
     crate::metrics::serve(app, metrics).merge(pages)
+}
+
+/// Refuses a call whose `x-sluice-protocol` names another version of the
+/// wire than this shim's: 400, naming both, instead of a misread. A call
+/// without the header (`curl`, a debugging client) is served.
+async fn same_protocol(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let theirs = match req.headers().get(PROTOCOL_HEADER) {
+        Some(v) if v.as_bytes() != PROTOCOL_VERSION.as_bytes() => {
+            String::from_utf8_lossy(v.as_bytes()).into_owned()
+        }
+        _ => return next.run(req).await,
+    };
+    let reason = format!(
+        "protocol version mismatch: the caller speaks {theirs:?}, this shim speaks {PROTOCOL_VERSION:?}; \
+         run a filter and a shim of the same release"
+    );
+    warn_mismatch(&reason);
+    (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response()
+}
+
+/// At most one mismatch line a minute: every call of a mismatched fleet
+/// meets it, and the filter logs each too.
+static MISMATCH_LOG: std::sync::Mutex<LogThrottle> = std::sync::Mutex::new(LogThrottle::new(60_000));
+
+fn warn_mismatch(line: &str) {
+    let now_ms =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    let mut throttle = MISMATCH_LOG.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(suppressed) = throttle.admit(u64::try_from(now_ms).unwrap_or(u64::MAX)) {
+        tracing::warn!(suppressed, "{line}");
+    }
 }
 
 /// HTTP/2 streams one connection may have open at once. Hyper's default

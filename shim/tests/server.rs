@@ -213,3 +213,37 @@ async fn the_cap_counts_connections_not_streams() {
     assert_eq!(statuses.len(), 200);
     assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
 }
+
+/// A call that names another version of the wire is refused with 400 and a
+/// message naming both versions, before any Redis work; the same call with
+/// this shim's version (or with no version, as `curl` sends it) reaches the
+/// handler. A filter of another release is never misread.
+#[tokio::test]
+async fn a_call_of_another_protocol_version_is_refused_by_name() {
+    use sluice_policies::wire::{CHECK_PATH, PROTOCOL_HEADER, PROTOCOL_VERSION};
+    let port = serve(Options::default()).await;
+    let call = |version: Option<&str>| {
+        let header = version.map(|v| format!("{PROTOCOL_HEADER}: {v}\r\n")).unwrap_or_default();
+        format!(
+            "POST {CHECK_PATH} HTTP/1.1\r\nhost: shim\r\nconnection: close\r\ncontent-type: application/json\r\n\
+             {header}content-length: 2\r\n\r\n{{}}"
+        )
+    };
+    let send = |text: String| async move {
+        let mut tcp = connect(port).await;
+        tcp.write_all(text.as_bytes()).await.expect("write");
+        read_all(&mut tcp, Duration::from_secs(5)).await.expect("an answer")
+    };
+    let refused = send(call(Some("999"))).await;
+    assert!(refused.starts_with("HTTP/1.1 400"), "{refused}");
+    assert!(
+        refused.contains(&format!(
+            "protocol version mismatch: the caller speaks \"999\", this shim speaks \"{PROTOCOL_VERSION}\""
+        )),
+        "{refused}"
+    );
+    for version in [Some(PROTOCOL_VERSION), None] {
+        let served = send(call(version)).await;
+        assert!(!served.contains("protocol version mismatch"), "{version:?}: {served}");
+    }
+}

@@ -21,7 +21,9 @@ use std::cell::{RefCell, RefMut};
 use std::rc::Rc;
 
 use serde_json::Value;
-use sluice_policies::wire::{ADJUST_PATH, CHECK_PATH, LEASE_PATH, RELEASE_PATH, REPORT_PATH};
+use sluice_policies::wire::{
+    ADJUST_PATH, CHECK_PATH, LEASE_PATH, PROTOCOL_HEADER, PROTOCOL_VERSION, RELEASE_PATH, REPORT_PATH,
+};
 
 use super::calls::{Answer, Route};
 use super::pairs::HeaderMap;
@@ -378,9 +380,11 @@ impl Step {
     fn matches(&self, expect: &Expect, effect: &Effect) -> bool {
         match (expect, effect) {
             (Expect::Calls(path), Effect::HttpCall(call)) => {
+                // Every call to the shim names the wire's version.
                 call.cluster == self.cluster
                     && call.headers.get(":method") == Some(b"POST")
                     && call.headers.get(":path") == Some(path.as_bytes())
+                    && call.headers.get(PROTOCOL_HEADER) == Some(PROTOCOL_VERSION.as_bytes())
             }
             (Expect::Resumes, Effect::Continue(0)) => true,
             (Expect::Sends { status, headers, body }, Effect::LocalResponse(response)) => {

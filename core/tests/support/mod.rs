@@ -73,8 +73,9 @@ impl Test {
     pub fn grant_lease(&self, _index: usize, tokens: u32) {
         let asks = self.worker_sends(LEASE_PATH);
         assert_eq!(asks.len(), 1, "one lease call");
-        let body =
-            json!({"granted": tokens, "window": 1, "expires_in_ms": 60_000, "remaining": 90}).to_string().into_bytes();
+        let body = json!({"granted": tokens, "window": 1, "expires_in_ms": 60_000, "remaining": 90})
+            .to_string()
+            .into_bytes();
         self.worker.handle_answer(asks[0].id, ok(body), &self.host);
     }
 }

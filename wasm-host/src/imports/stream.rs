@@ -10,10 +10,10 @@ use wasmtime::{Caller, Linker, Result};
 
 use super::called;
 use super::status::{BAD_ARGUMENT, INTERNAL_FAILURE, OK};
+use crate::calls::HttpCall;
 use crate::calls::Refusal;
 use crate::memory::{read, read_str, write_u32};
 use crate::pairs::HeaderMap;
-use crate::calls::HttpCall;
 use crate::state::{Effect, HostState, LocalResponse};
 
 const REQUEST: i32 = 0;
