@@ -5,6 +5,11 @@
 //! on its tick (`POST /v1/report`), at most once per [`REPORT_EVERY_MS`],
 //! only when there is something to report.
 //!
+//! A report goes only while the shim is answering (its last call
+//! succeeded, the breaker closed): passes happen while the shim fails, and
+//! reporting them then would only add calls to a failing shim. The counts
+//! keep, and go in the first report once it answers again.
+//!
 //! A report that cannot be sent is dropped: the counts it carried are not
 //! kept for a retry, so a long outage costs no memory and no burst of
 //! reports afterwards; Envoy's stat still has them. Plain Rust over an

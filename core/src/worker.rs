@@ -19,7 +19,7 @@ use sluice_policies::wire::{
 };
 use sluice_policies::Document;
 
-use crate::breaker::{Breaker, Change};
+use crate::breaker::{Breaker, Change, State as BreakerState};
 use crate::effect::{CallId, CallResult, Effect, Effects, Outgoing};
 use crate::host::{Host, SetError, SharedData};
 use crate::leased::{pool_key, Pool};
@@ -182,7 +182,11 @@ impl Worker {
             }
         }
         self.ask_for_leases(host, now, &mut fx);
-        let report = self.passes.borrow_mut().due(now, &self.doc);
+        // A report waits until the shim answers again (its last call
+        // succeeded): passes happen while it is failing, and a report then
+        // would only add calls to a failing shim. The counts keep.
+        let answering = matches!(self.breaker.borrow().state(), BreakerState::Closed { failures: 0 });
+        let report = if answering { self.passes.borrow_mut().due(now, &self.doc) } else { None };
         if let Some(report) = report {
             match serde_json::to_vec(&report) {
                 Ok(body) => self.send(REPORT_PATH, body, Pending::Report, &mut fx),

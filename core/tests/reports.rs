@@ -23,14 +23,17 @@ fn request(t: &Test, path: &str, answer: fn(&sluice_core::Outgoing) -> sluice_co
     s.phase()
 }
 
-/// A failure pass is reported once, on the next tick, for every policy that
-/// applied to the request; later ticks send nothing until there is more.
+/// A failure pass is reported once, on the first tick after the shim
+/// answers again, for every policy that applied to the request; later ticks
+/// send nothing until there is more.
 #[test]
-fn a_failure_pass_is_reported_once_on_the_next_tick() {
+fn a_failure_pass_is_reported_once_the_shim_answers_again() {
     let t = Test::new(TWO);
     assert!(t.worker_sends(REPORT_PATH).is_empty(), "nothing to report yet");
     assert_eq!(request(&t, "/b/x", |_| Shim::timed_out()), Phase::Failed);
     assert_eq!(request(&t, "/", |_| Shim::status(503)), Phase::Failed);
+    assert!(t.worker_sends(REPORT_PATH).is_empty(), "no report to a shim that is failing");
+    assert_eq!(request(&t, "/other", Shim::allow), Phase::Admitted);
     let reports = t.worker_sends(REPORT_PATH);
     assert_eq!(reports.len(), 1);
     assert_eq!(
@@ -48,8 +51,10 @@ fn a_failure_pass_is_reported_once_on_the_next_tick() {
 fn reports_go_at_most_once_a_second() {
     let t = Test::new(TWO);
     request(&t, "/", |_| Shim::timed_out());
+    request(&t, "/", Shim::allow);
     assert_eq!(t.worker_sends(REPORT_PATH).len(), 1);
     request(&t, "/", |_| Shim::timed_out());
+    request(&t, "/", Shim::allow);
     t.host.advance(400);
     assert!(t.worker_sends(REPORT_PATH).is_empty(), "within a second of the last report");
     t.host.advance(600);
@@ -64,6 +69,7 @@ fn reports_go_at_most_once_a_second() {
 fn a_report_that_cannot_be_sent_is_dropped() {
     let t = Test::new(TWO);
     request(&t, "/", |_| Shim::timed_out());
+    request(&t, "/", Shim::allow);
     let reports = t.worker_sends(REPORT_PATH);
     assert_eq!(reports.len(), 1);
     let fx = t.worker.handle_answer(reports[0].id, Shim::not_sent(), &t.host);
@@ -84,4 +90,30 @@ fn only_failure_passes_are_reported() {
     t.host.advance(2_000);
     assert!(t.worker_sends(REPORT_PATH).is_empty());
     assert!(deny.worker_sends(REPORT_PATH).is_empty());
+}
+
+/// While the shim fails, and the outage breaker is open, no report goes to
+/// it: reports would only add calls to a failing shim. The passes keep, and
+/// the first report after a probe closes the breaker carries them all.
+#[test]
+fn no_report_while_the_shim_fails() {
+    let t = Test::new(
+        r#"{"shim": {"failure_threshold": 2, "cooldown_ms": 10000},
+            "policies": [{"name": "a", "limits": [{"type": "interval", "every": "1s"}]}]}"#,
+    );
+    for _ in 0..2 {
+        request(&t, "/", |_| Shim::timed_out());
+    }
+    // Open: this one is decided without a call.
+    let mut s = t.stream();
+    assert!(sends(&s.request(&get("/"))).is_empty(), "the breaker is open");
+    assert_eq!(s.phase(), Phase::Failed);
+    t.host.advance(2_000);
+    assert!(t.worker_sends(REPORT_PATH).is_empty(), "no report to a shim the breaker holds off");
+    t.host.advance(8_000);
+    // The cooldown is over: a probe that the shim answers closes the breaker.
+    assert_eq!(request(&t, "/", Shim::allow), Phase::Admitted);
+    let reports = t.worker_sends(REPORT_PATH);
+    assert_eq!(reports.len(), 1);
+    assert_eq!(reports[0].json(), json!({"passes": [{"policy": "a", "count": 3}]}));
 }
