@@ -18,7 +18,10 @@ use crate::{bench, browser, build, cmd, deps, paths, playground};
 pub(crate) fn run(test_args: &[String]) -> Result<()> {
     let redis = deps::ensure_redis()?;
     let envoy = deps::ensure_envoy()?;
+    // For the package test, which reads the images back with it.
+    let skopeo = deps::ensure_skopeo()?;
     eprintln!("xtask: redis-server: {}", redis.display());
+    eprintln!("xtask: skopeo: {}", skopeo.display());
     eprintln!("xtask: envoy: {}", envoy.display());
     build::build()?;
 
