@@ -228,7 +228,7 @@ impl Flow {
                     fx.push(Effect::Send(Outgoing { id, path: CHECK_PATH, body, timeout_ms }));
                 }
                 Err(err) => {
-                    worker.call_ended(false, now, &mut fx);
+                    worker.call_ended(false, now, now, &mut fx);
                     call.answer = Some(Err(format!("cannot encode the check: {err}")));
                 }
             }
@@ -306,7 +306,7 @@ impl Flow {
                 answer
             }
         };
-        worker.call_ended(answer.is_ok(), now, &mut fx);
+        worker.call_ended(answer.is_ok(), call.sent_ms, now, &mut fx);
         call.answer = Some(answer);
         if self.calls.iter().any(|c| c.in_flight) {
             return fx.0;

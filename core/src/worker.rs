@@ -148,10 +148,11 @@ impl Worker {
         allowed
     }
 
-    /// A check call answered readably (`ok`) or not, at `now_ms`.
-    pub(crate) fn call_ended(&self, ok: bool, now_ms: u64, fx: &mut Effects) {
-        let change =
-            if ok { self.breaker.borrow_mut().success() } else { self.breaker.borrow_mut().failure(now_ms) };
+    /// A check call sent at `sent_ms` answered readably (`ok`) or not, at `now_ms`.
+    pub(crate) fn call_ended(&self, ok: bool, sent_ms: u64, now_ms: u64, fx: &mut Effects) {
+        let mut breaker = self.breaker.borrow_mut();
+        let change = if ok { breaker.success(sent_ms) } else { breaker.failure(sent_ms, now_ms) };
+        drop(breaker);
         self.breaker_changed(change, fx);
     }
 
