@@ -25,6 +25,7 @@
 //! - [`store`]: [`store::RedisClient`], one Redis server or a Redis Cluster.
 //! - [`shed`]: the utilization shedder's fleet-wide state (`lua/scripts/shed.lua`).
 //! - [`scripts`]: the Lua scripts, assembled from `lua/`.
+//! - [`eviction`]: whether Redis's eviction policy can reset limits.
 //!
 //! **Observing**: what the shim counts.
 //! - [`metrics`]: `GET /metrics`: decisions, Redis latency, script errors,
@@ -38,6 +39,7 @@
 pub mod dashboard;
 pub mod decision;
 pub mod envoy_config;
+pub mod eviction;
 pub mod keys;
 pub mod limiter;
 pub mod metrics;

@@ -40,6 +40,8 @@ pub struct Limiter {
     shed: Arc<crate::shed::ShedScript>,
     /// What `GET /metrics` shows; the store and the wake-ups count in it too.
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
+    /// Whether Redis's eviction policy can reset limits (`GET /healthz`).
+    pub(crate) eviction: Arc<crate::eviction::Eviction>,
     /// Random per process: with `sequence` it makes request ids unique across shims.
     nonce: u64,
     sequence: AtomicU64,
@@ -80,6 +82,7 @@ impl Limiter {
             waiting,
             shed: Arc::default(),
             metrics,
+            eviction: Arc::default(),
             nonce,
             sequence: AtomicU64::new(0),
         })

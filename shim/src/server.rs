@@ -15,7 +15,8 @@
 //!   the dashboard's history when received (no Redis); 200 and `{}`, 400 for
 //!   a malformed body, one over `MAX_REPORT_BODY` bytes or
 //!   `MAX_REPORT_ENTRIES` entries, or an invalid policy name.
-//! - `GET /healthz`: 200 while the shim serves.
+//! - `GET /healthz`: 200 while the shim serves, with a warning line while
+//!   Redis's eviction policy can reset limits.
 //! - `GET /metrics`: see [`crate::metrics`].
 //! - `GET /`, `/dashboard.json`, `/playground/`: see [`crate::dashboard`].
 
@@ -69,10 +70,28 @@ pub fn router_with(limiter: Limiter, dashboard: crate::dashboard::Options) -> Ro
         .route(LEASE_PATH, post(lease))
         .route(REPORT_PATH, post(report))
         .layer(axum::middleware::from_fn(same_protocol))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(Arc::new(limiter));
     crate::metrics::serve(app, metrics).merge(pages)
+}
+
+/// `GET /healthz`: 200 while the shim serves, with a warning line while
+/// Redis's eviction policy can reset limits (see [`crate::eviction`]).
+async fn healthz(State(limiter): State<Arc<Limiter>>) -> String {
+    match limiter.eviction.warning() {
+        Some(warning) => format!("ok\nwarning: {warning}\n"),
+        None => "ok\n".to_string(),
+    }
+}
+
+/// Aborts a background task when the server it belongs to stops.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Refuses a call whose `x-sluice-protocol` names another version of the
@@ -146,6 +165,8 @@ pub async fn run(
     options: Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let watcher = crate::eviction::watch(limiter.eviction.clone(), limiter.store.clone());
+    let _stop_watching = AbortOnDrop(watcher);
     let app = router_with(limiter, options.dashboard.clone());
     let permits = Arc::new(Semaphore::new(options.max_connections));
     let acceptor = options.tls.clone().map(TlsAcceptor::from);

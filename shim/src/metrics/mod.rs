@@ -203,6 +203,9 @@ impl Metrics {
         if let Err(err) = result {
             let kind = if err.is_timeout() {
                 "timeout"
+            } else if err.code() == Some("OOM") {
+                // Redis is full under `noeviction`: it refuses writes.
+                "oom"
             } else if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
                 "connection"
             } else if matches!(err.kind(), redis::ErrorKind::Server(_)) {
