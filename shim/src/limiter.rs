@@ -76,6 +76,12 @@ impl Limiter {
             metrics: metrics.clone(),
             test_time,
         };
+        // Listening before the first waiter comes (when there is a runtime
+        // to run the subscriber; a limiter built outside one starts it on
+        // first use).
+        if tokio::runtime::Handle::try_current().is_ok() {
+            waiting.wakeups.start();
+        }
         Ok(Limiter {
             store,
             scripts,

@@ -17,6 +17,8 @@ use futures_util::StreamExt;
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{oneshot, watch};
 
+use sluice_core::log_throttle::LogThrottle;
+
 use crate::metrics::Metrics;
 
 pub struct Wakeups {
@@ -79,12 +81,19 @@ impl Wakeups {
         &self.channel
     }
 
-    /// Registers `id` for its wake-up; starts the subscriber if needed.
-    pub fn register(self: &Arc<Self>, id: &str) -> Registration {
+    /// Starts the subscriber, once; the shim does it as it starts, so the
+    /// first waiting request finds it listening (a waiter may wait only a
+    /// millisecond, less than it takes to connect).
+    pub fn start(self: &Arc<Self>) {
         let me = self.clone();
         self.start.call_once(|| {
             tokio::spawn(me.subscribe_forever());
         });
+    }
+
+    /// Registers `id` for its wake-up; starts the subscriber if needed.
+    pub fn register(self: &Arc<Self>, id: &str) -> Registration {
+        self.start();
         let (tx, rx) = oneshot::channel();
         if let Ok(mut waiters) = self.waiters.lock() {
             waiters.insert(id.to_string(), tx);
@@ -107,9 +116,15 @@ impl Wakeups {
     }
 
     async fn subscribe_forever(self: Arc<Self>) {
+        // A Redis that stays down would otherwise log ten lines a second.
+        let mut log = LogThrottle::new(60_000);
+        let started = std::time::Instant::now();
         loop {
             if let Err(err) = self.subscribe_once().await {
-                tracing::warn!(%err, channel = %self.channel, "wake-up subscriber lost; reconnecting");
+                let now_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                if let Some(suppressed) = log.admit(now_ms) {
+                    tracing::warn!(%err, channel = %self.channel, suppressed, "wake-up subscriber lost; reconnecting");
+                }
             }
             self.subscribed.send_replace(false);
             tokio::time::sleep(Duration::from_millis(100)).await;
