@@ -75,6 +75,7 @@ impl Limiter {
             held: Arc::default(),
             metrics: metrics.clone(),
             test_time,
+            drain: Arc::default(),
         };
         // Listening before the first waiter comes (when there is a runtime
         // to run the subscriber; a limiter built outside one starts it on
@@ -98,6 +99,11 @@ impl Limiter {
     /// (`wait`, `queue`, `mixed`) are called with.
     pub fn waiting(&self) -> &Waiting {
         &self.waiting
+    }
+
+    /// The shim's drain (SIGTERM): what `/healthz` and the waiters follow.
+    pub fn drain(&self) -> &Arc<crate::drain::Drain> {
+        &self.waiting.drain
     }
 
     /// The script's time argument: empty for Redis TIME.

@@ -73,6 +73,16 @@ struct ServeArgs {
     /// its limits before traffic arrives; refused if it does not parse.
     #[arg(long)]
     policy: Option<PathBuf>,
+    /// On SIGTERM, how long to keep accepting and serving while `/healthz`
+    /// answers 503 `draining`, so health checks (Envoy's, a Kubernetes
+    /// readiness probe) take the shim out of rotation first.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    drain_delay_ms: u64,
+    /// Then, the longest the drain takes: the calls in flight are answered, a
+    /// waiting request is served if its slot comes in time, else refused with
+    /// a retry-after and its reservation given back.
+    #[arg(long, default_value_t = sluice_shim::server::DRAIN_TIMEOUT.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    drain_timeout_ms: u64,
     /// The playground's built files, served at `/playground/`.
     /// [default: `playground/` beside this binary, e.g. `dist/playground`]
     #[arg(long)]
@@ -137,6 +147,9 @@ fn serve(args: ServeArgs) -> ExitCode {
             tls,
             max_connections: args.max_connections as usize,
             header_read_timeout: std::time::Duration::from_millis(args.header_read_timeout_ms),
+            drain_delay: std::time::Duration::from_millis(args.drain_delay_ms),
+            drain_timeout: std::time::Duration::from_millis(args.drain_timeout_ms),
+            give_back_time: timeout,
         };
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
