@@ -61,6 +61,8 @@ impl Limiter {
         let url = match how.target {
             Target::Single(url) => url.clone(),
             Target::Cluster(seeds) => seeds.first().cloned().unwrap_or_default(),
+            // The subscriber asks the store for the master the sentinels name.
+            Target::Sentinel { .. } => String::new(),
         };
         let metrics = Arc::new(crate::metrics::Metrics::new());
         let store = Arc::new(RedisClient::connect(how)?.with_metrics(metrics.clone()));
@@ -69,7 +71,10 @@ impl Limiter {
             store: store.clone(),
             scripts: scripts.clone(),
             wakeups: Arc::new(
-                crate::wait::wakeups::Wakeups::new(url, nonce).with_ca(how.ca.clone()).counting(&metrics),
+                crate::wait::wakeups::Wakeups::new(url, nonce)
+                    .with_ca(how.ca.clone())
+                    .counting(&metrics)
+                    .following(matches!(how.target, Target::Sentinel { .. }).then(|| store.clone())),
             ),
             timers: Arc::default(),
             held: Arc::default(),

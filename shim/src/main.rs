@@ -39,8 +39,15 @@ struct ServeArgs {
     #[arg(long, default_value = "redis://127.0.0.1:6379", conflicts_with = "redis_cluster")]
     redis: String,
     /// A Redis Cluster to keep the limits in instead: seed node URLs, comma-separated.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', conflicts_with = "redis_sentinel")]
     redis_cluster: Vec<String>,
+    /// Redis behind Sentinel instead: the sentinels, `host:port` or
+    /// `redis://host:port`, comma-separated. Needs --sentinel-master.
+    #[arg(long, value_delimiter = ',', requires = "sentinel_master", conflicts_with = "redis")]
+    redis_sentinel: Vec<String>,
+    /// The name of the master the sentinels watch (`sentinel monitor NAME ...`).
+    #[arg(long, requires = "redis_sentinel")]
+    sentinel_master: Option<String>,
     /// How long one Redis connect or command may take before the check fails.
     #[arg(long, default_value_t = 1000)]
     redis_timeout_ms: u64,
@@ -121,10 +128,13 @@ fn serve(args: ServeArgs) -> ExitCode {
     };
     let result = runtime.block_on(async {
         let timeout = std::time::Duration::from_millis(args.redis_timeout_ms);
-        let target = if args.redis_cluster.is_empty() {
-            sluice_shim::store::Target::Single(args.redis.clone())
-        } else {
-            sluice_shim::store::Target::Cluster(args.redis_cluster.clone())
+        let target = match (&args.sentinel_master, args.redis_cluster.is_empty()) {
+            (Some(master), _) => sluice_shim::store::Target::Sentinel {
+                sentinels: args.redis_sentinel.clone(),
+                master: master.clone(),
+            },
+            (None, true) => sluice_shim::store::Target::Single(args.redis.clone()),
+            (None, false) => sluice_shim::store::Target::Cluster(args.redis_cluster.clone()),
         };
         let ca = match &args.redis_ca {
             Some(path) => Some(
