@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
@@ -78,6 +79,8 @@ struct ServeArgs {
     header_read_timeout_ms: u64,
     /// The policy document, so the dashboard at `/` shows every policy and
     /// its limits before traffic arrives; refused if it does not parse.
+    /// SIGHUP reads it again (a document that does not parse is logged and
+    /// the loaded one kept).
     #[arg(long)]
     policy: Option<PathBuf>,
     /// On SIGTERM, how long to keep accepting and serving while `/healthz`
@@ -148,8 +151,13 @@ fn serve(args: ServeArgs) -> ExitCode {
             (Some(cert), Some(key), Some(ca)) => Some(sluice_shim::tls::server_config(cert, key, ca)?),
             _ => None,
         };
+        let policies: sluice_shim::dashboard::Policies =
+            args.policy.as_deref().map(sluice_shim::validate::read).transpose()?.map(Arc::new).into();
+        if let Some(path) = &args.policy {
+            tokio::spawn(reload_on_sighup(path.clone(), policies.clone()));
+        }
         let dashboard = sluice_shim::dashboard::Options {
-            policies: args.policy.as_deref().map(sluice_shim::validate::read).transpose()?.map(Into::into),
+            policies,
             playground: args.playground.clone().or_else(sluice_shim::dashboard::playground::beside_binary),
         };
         let options = sluice_shim::server::Options {
@@ -211,6 +219,32 @@ fn simulate(args: &sluice_shim::simulate::Args) -> ExitCode {
         Err(err) => {
             eprintln!("sluice: {err:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// On each SIGHUP, reads the `--policy` document again: the dashboard lists
+/// the new one. One that does not read or parse is refused (logged) and the
+/// one loaded stays. Decisions never depend on it: each check carries its
+/// limits from the filter.
+async fn reload_on_sighup(path: PathBuf, policies: sluice_shim::dashboard::Policies) {
+    let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(hup) => hup,
+        Err(err) => {
+            tracing::warn!(%err, "cannot watch SIGHUP; the policy document is not reloaded");
+            return;
+        }
+    };
+    while hup.recv().await.is_some() {
+        match sluice_shim::validate::read(&path) {
+            Ok(document) => {
+                let count = document.policies.len();
+                policies.set(document);
+                tracing::info!(path = %path.display(), policies = count, "policy document reloaded");
+            }
+            Err(err) => {
+                tracing::error!(%err, "policy document not reloaded; keeping the one loaded");
+            }
         }
     }
 }
