@@ -101,7 +101,10 @@ fn rolling_restart_of_two_shims_fails_no_request_and_stays_exact() {
         assert!(status.success(), "the shim exited with {status}\n{}", shim.log());
         assert!(shim.log().contains("drained"), "{}", shim.log());
         shim.restart().expect("the shim starts again");
-        assert!(eventually(WAIT, || healthy(&envoy, shim.port)), "Envoy never saw the restarted shim healthy");
+        assert!(
+            eventually(WAIT, || healthy(&envoy, shim.port)),
+            "Envoy never saw the restarted shim healthy"
+        );
         std::thread::sleep(Duration::from_millis(1000));
     }
     std::thread::sleep(Duration::from_millis(2500));

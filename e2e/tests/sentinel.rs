@@ -59,8 +59,8 @@ fn a_sentinel_failover_is_followed_by_the_shim() {
     let fault = "sentinel failover";
     let mut redis = RedisSentinel::start(1000).expect("sentinel");
     let sentinels = redis.sentinels();
-    let shim = Shim::start_args(&["--redis-sentinel", &sentinels, "--sentinel-master", MASTER_NAME])
-        .expect("shim");
+    let shim =
+        Shim::start_args(&["--redis-sentinel", &sentinels, "--sentinel-master", MASTER_NAME]).expect("shim");
     let upstream = RecordingUpstream::start().expect("upstream");
     let envoy = Envoy::start(&document(), shim.port, upstream.port).expect("envoy");
     let keys = ["alice", "bob", "carol", "dave"];

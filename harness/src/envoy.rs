@@ -172,7 +172,9 @@ impl Envoy {
 
     /// One counter or gauge of the admin's `/stats`, 0 if absent.
     pub fn stat(&self, name: &str) -> u64 {
-        let Some((200, page)) = http_get(self.admin_port, &format!("/stats?filter=^{name}$")) else { return 0 };
+        let Some((200, page)) = http_get(self.admin_port, &format!("/stats?filter=^{name}$")) else {
+            return 0;
+        };
         page.lines()
             .filter_map(|line| line.split_once(": "))
             .find(|(n, _)| *n == name)
@@ -227,7 +229,8 @@ impl Lds {
         let config = sluice_envoy_config::render(&text, &values)?;
         // The template's listeners: from `  listeners:` to `  clusters:`,
         // each item `  - name: ...` with its fields four deep.
-        let (Some(start), Some(end)) = (config.find("\n  listeners:\n"), config.find("\n  clusters:\n")) else {
+        let (Some(start), Some(end)) = (config.find("\n  listeners:\n"), config.find("\n  clusters:\n"))
+        else {
             bail!("{} has no static listeners before its clusters", template.display());
         };
         let items = &config[start + "\n  listeners:\n".len()..end];

@@ -94,7 +94,8 @@ impl RedisSentinel {
     fn wait_ready(&self) -> anyhow::Result<()> {
         let deadline = Instant::now() + STARTUP;
         loop {
-            let linked = info(self.replica_port, "replication").is_some_and(|i| i.contains("master_link_status:up"));
+            let linked =
+                info(self.replica_port, "replication").is_some_and(|i| i.contains("master_link_status:up"));
             let known = self.sentinel_ports.iter().all(|&p| {
                 master_state(p).is_some_and(|m| {
                     field(&m, "num-slaves") == Some("1") && field(&m, "num-other-sentinels") == Some("2")

@@ -198,7 +198,10 @@ pub async fn run(
         shutdown.await;
         announced.announce();
         if !delay.is_zero() {
-            tracing::info!(delay_ms = delay.as_millis(), "draining: /healthz answers 503; serving on for the drain delay");
+            tracing::info!(
+                delay_ms = delay.as_millis(),
+                "draining: /healthz answers 503; serving on for the drain delay"
+            );
             tokio::time::sleep(delay).await;
         }
     };
@@ -257,7 +260,10 @@ pub async fn run(
     let started = std::time::Instant::now();
     let hold_until = started + options.drain_timeout.saturating_sub(options.give_back_time);
     drain.close(hold_until);
-    tracing::info!(timeout_ms = options.drain_timeout.as_millis(), "draining: stopped accepting; answering what is in flight");
+    tracing::info!(
+        timeout_ms = options.drain_timeout.as_millis(),
+        "draining: stopped accepting; answering what is in flight"
+    );
     let deadline = started + options.drain_timeout;
     if tokio::time::timeout_at(deadline.into(), graceful.shutdown()).await.is_err() {
         tracing::warn!("drain timeout: connections still open are closed with their calls unanswered");
@@ -266,7 +272,10 @@ pub async fn run(
     // before the process exits, so no reservation or queue place is left.
     let last = deadline.max(std::time::Instant::now() + options.give_back_time);
     if tokio::time::timeout_at(last.into(), drain.idle()).await.is_err() {
-        tracing::warn!(pending = drain.pending(), "drain timeout: give-backs still running are abandoned; their reservations expire by their TTL");
+        tracing::warn!(
+            pending = drain.pending(),
+            "drain timeout: give-backs still running are abandoned; their reservations expire by their TTL"
+        );
     }
     tracing::info!(took_ms = started.elapsed().as_millis(), "drained");
     Ok(())

@@ -35,7 +35,10 @@ pub enum Target {
     Cluster(Vec<String>),
     /// Redis Sentinel: the sentinels' URLs (or `host:port`) and the name of
     /// the master they watch.
-    Sentinel { sentinels: Vec<String>, master: String },
+    Sentinel {
+        sentinels: Vec<String>,
+        master: String,
+    },
 }
 
 impl fmt::Display for Target {

@@ -104,7 +104,8 @@ fn decided(port: u16, body: &str) -> Value {
 }
 
 fn release(port: u16, lease: &str) {
-    let body = json!({"lease": lease, "checks": [{"policy": "drain", "key": "conc", "limits": [lease_limit()]}]});
+    let body =
+        json!({"lease": lease, "checks": [{"policy": "drain", "key": "conc", "limits": [lease_limit()]}]});
     let (status, text) = call(port, "POST", "/v1/release", &body.to_string()).expect("release");
     assert_eq!(status, 200, "{text}");
 }
@@ -173,7 +174,12 @@ fn sigterm_answers_in_flight_checks_and_every_waiter_and_leaks_nothing() {
     redis.pause();
     let in_flight: Vec<_> = (0..10)
         .map(|i| {
-            let body = check_body(&format!("flight-{i}"), "flight", json!({"type": "fixed_window", "limit": 1000, "window_ms": 60_000}), 0);
+            let body = check_body(
+                &format!("flight-{i}"),
+                "flight",
+                json!({"type": "fixed_window", "limit": 1000, "window_ms": 60_000}),
+                0,
+            );
             spawn_waiter(draining.port, format!("flight-{i}"), body)
         })
         .collect();
