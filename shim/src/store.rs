@@ -399,5 +399,10 @@ mod tests {
         let cluster = Target::Cluster(vec!["redis://:a1@n1:7000".into(), "redis://:a2@n2:7000".into()]);
         assert_eq!(format!("{cluster:?}"), "cluster redis://:***@n1:7000,redis://:***@n2:7000");
         assert_eq!(Target::Single("redis://u:pw@h".into()).to_string(), "redis://u:***@h");
+        let sentinel = Target::Sentinel {
+            sentinels: vec!["redis://:pw@s1:26379".into(), "s2:26379".into()],
+            master: "m".into(),
+        };
+        assert_eq!(sentinel.to_string(), "sentinel redis://:***@s1:26379,s2:26379 master m");
     }
 }
