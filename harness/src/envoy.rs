@@ -29,6 +29,14 @@ pub struct Envoy {
     pub port: u16,
     pub admin_port: u16,
     proc: Proc,
+    /// With [`Envoy::start_dynamic`]: the listener file Envoy watches, and
+    /// the values it was rendered with.
+    lds: Option<Lds>,
+}
+
+struct Lds {
+    path: PathBuf,
+    values: Vec<(String, String)>,
 }
 
 impl Envoy {
@@ -80,7 +88,7 @@ impl Envoy {
             let live = matches!(http_get(admin_port, "/ready"), Some((200, body)) if body.contains("LIVE"));
             live && listening(port)
         })?;
-        Ok(Envoy { port, admin_port, proc })
+        Ok(Envoy { port, admin_port, proc, lds: None })
     }
 
     /// Starts Envoy with a configuration it should refuse, and waits for it to
@@ -98,6 +106,80 @@ impl Envoy {
             (Ok(()), None) => bail!("envoy started although it should have refused\n{}", proc.log_tail()),
             (Err(err), None) => Err(err),
         }
+    }
+
+    /// As [`Envoy::start`], with the listener (and so the filter's policy
+    /// document) from a file Envoy watches (LDS from `path_config_source`),
+    /// so that [`Envoy::update_policy`] can change it under traffic.
+    pub fn start_dynamic(policy_json: &str, shim_port: u16, upstream_port: u16) -> anyhow::Result<Envoy> {
+        retry_port_clash(|| {
+            let (port, admin_port) = (free_port()?, free_port()?);
+            let mut values: Vec<(String, String)> = vec![
+                ("UPSTREAM_PORT".into(), upstream_port.to_string()),
+                ("SHIM_PORT".into(), shim_port.to_string()),
+                ("WASM_PATH".into(), dist("sluice.wasm")?.display().to_string()),
+                ("LISTEN_PORT".into(), port.to_string()),
+                ("ADMIN_PORT".into(), admin_port.to_string()),
+                ("SHIM_TRANSPORT_SOCKET".into(), String::new()),
+            ];
+            for host in ["LISTEN_HOST", "ADMIN_HOST", "UPSTREAM_HOST", "SHIM_HOST"] {
+                values.push((host.into(), "127.0.0.1".into()));
+            }
+            let dir = scratch_dir("envoy")?;
+            let lds_dir = dir.join("lds");
+            std::fs::create_dir_all(&lds_dir)?;
+            let lds = Lds { path: lds_dir.join("listeners.yaml"), values };
+            let (bootstrap, listeners) = lds.render(policy_json)?;
+            std::fs::write(&lds.path, listeners)?;
+            let bootstrap = format!(
+                "{bootstrap}\nnode: {{id: sluice, cluster: sluice}}\ndynamic_resources:\n  lds_config:\n    \
+                 resource_api_version: V3\n    path_config_source:\n      path: \"{}\"\n      \
+                 watched_directory: {{path: \"{}\"}}\n",
+                lds.path.display(),
+                lds_dir.display()
+            );
+            let config_path = dir.join("envoy.yaml");
+            std::fs::write(&config_path, bootstrap)?;
+            let bin = binary("SLUICE_ENVOY", "envoy")?;
+            let proc = Proc::spawn("envoy", command(&bin, &config_path, admin_port, DEMO_CONCURRENCY), dir)?;
+            let mut envoy = Envoy::serving(proc, port, admin_port)?;
+            envoy.lds = Some(lds);
+            Ok(envoy)
+        })
+    }
+
+    /// A listener update: the listener rendered with `policy_json` is
+    /// renamed into place, and Envoy reloads it. Returns once Envoy counts
+    /// the update and warms no listener: new connections run the new
+    /// document; connections open before keep the old one until they close.
+    pub fn update_policy(&self, policy_json: &str) -> anyhow::Result<()> {
+        let Some(lds) = &self.lds else { bail!("not started with Envoy::start_dynamic") };
+        let updates = || self.stat("listener_manager.lds.update_success");
+        let before = updates();
+        let (_, listeners) = lds.render(policy_json)?;
+        let tmp = lds.path.with_extension("yaml.tmp");
+        std::fs::write(&tmp, listeners)?;
+        std::fs::rename(&tmp, &lds.path)?;
+        let deadline = std::time::Instant::now() + STARTUP;
+        while updates() <= before || self.stat("listener_manager.total_listeners_warming") != 0 {
+            if std::time::Instant::now() > deadline {
+                bail!("Envoy did not take the listener update within {STARTUP:?}\n{}", self.proc.log_tail());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// One counter or gauge of the admin's `/stats`, 0 if absent.
+    pub fn stat(&self, name: &str) -> u64 {
+        let Some((200, page)) = http_get(self.admin_port, &format!("/stats?filter=^{name}$")) else {
+            return 0;
+        };
+        page.lines()
+            .filter_map(|line| line.split_once(": "))
+            .find(|(n, _)| *n == name)
+            .and_then(|(_, v)| v.trim().parse().ok())
+            .unwrap_or(0)
     }
 
     /// `http://127.0.0.1:PORT`, the listener.
@@ -132,6 +214,37 @@ fn spawn(policy_json: &str, shim_port: u16, upstream_port: u16) -> anyhow::Resul
     values.extend(timeouts.iter().map(|(name, value)| (name.as_str(), value.clone())));
     let proc = spawn_template(&demo_template(), &values, DEMO_CONCURRENCY, port, admin_port)?;
     Ok((proc, port, admin_port))
+}
+
+impl Lds {
+    /// `envoy/demo.yaml` rendered with `policy_json`, split in two: the
+    /// bootstrap without its listeners, and the listeners as an LDS file.
+    fn render(&self, policy_json: &str) -> anyhow::Result<(String, String)> {
+        let mut values = self.values.clone();
+        values.push(("POLICY_JSON".into(), serde_json::to_string(policy_json)?));
+        values.extend(sluice_envoy_config::timeout_values(policy_json));
+        let template = demo_template();
+        let text =
+            std::fs::read_to_string(&template).with_context(|| format!("reading {}", template.display()))?;
+        let config = sluice_envoy_config::render(&text, &values)?;
+        // The template's listeners: from `  listeners:` to `  clusters:`,
+        // each item `  - name: ...` with its fields four deep.
+        let (Some(start), Some(end)) = (config.find("\n  listeners:\n"), config.find("\n  clusters:\n"))
+        else {
+            bail!("{} has no static listeners before its clusters", template.display());
+        };
+        let items = &config[start + "\n  listeners:\n".len()..end];
+        let listeners = format!(
+            "resources:\n{}\n",
+            items.replacen(
+                "  - name:",
+                "  - \"@type\": type.googleapis.com/envoy.config.listener.v3.Listener\n    name:",
+                1
+            )
+        );
+        let bootstrap = format!("{}{}", &config[..start], &config[end..]);
+        Ok((bootstrap, listeners))
+    }
 }
 
 /// `envoy/demo.yaml`, the template the tests and the demo run.

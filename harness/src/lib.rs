@@ -17,6 +17,8 @@
 //!   crash and come back on the same port, for fault tests.
 //! - [`cluster`]: [`RedisCluster`], three private cluster masters, joined;
 //!   or three masters with a replica each, for failover.
+//! - [`sentinel`]: [`sentinel::RedisSentinel`], a master, a replica and
+//!   three sentinels, for failover through Sentinel.
 //! - [`shim`]: [`Shim`], `dist/sluice serve` pointed at a Redis or a Redis
 //!   Cluster; it can crash and come back on the same port.
 //! - [`upstream`]: [`Upstream`], an in-process HTTP server answering `ok`.
@@ -67,6 +69,7 @@ mod probe;
 mod process;
 pub mod recorder;
 pub mod redis;
+pub mod sentinel;
 pub mod service;
 pub mod shim;
 pub mod stack;

@@ -108,6 +108,19 @@ impl Proc {
         }
     }
 
+    /// SIGTERM, then up to `within` for the child to exit on its own: its
+    /// status, or `None` if it still runs (it is left running).
+    pub(crate) fn terminate(&mut self, within: Duration) -> anyhow::Result<Option<ExitStatus>> {
+        if let Some(status) = self.child.try_wait()? {
+            return Ok(Some(status));
+        }
+        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
+            // SAFETY: kill(2) on our own, not yet reaped child.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        self.wait_exit(within)
+    }
+
     /// Fault injection: SIGKILL at once, no grace (a crash), and reap.
     pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();

@@ -15,23 +15,31 @@ const STARTUP: Duration = Duration::from_secs(15);
 
 pub struct Shim {
     pub port: u16,
-    /// Where the limits live: `--redis URL` or `--redis-cluster URL,URL,...`.
-    store: [String; 2],
+    /// Where the limits live (`--redis URL`, `--redis-cluster URL,URL,...`,
+    /// `--redis-sentinel ... --sentinel-master NAME`) and any other arguments.
+    store: Vec<String>,
     proc: Proc,
 }
 
 impl Shim {
     /// Starts `sluice serve --listen 127.0.0.1:PORT --redis URL` and waits for `/healthz`.
     pub fn start(redis_url: &str) -> anyhow::Result<Shim> {
-        Shim::start_with(["--redis".into(), redis_url.into()])
+        Shim::start_with(vec!["--redis".into(), redis_url.into()])
     }
 
     /// Starts `sluice serve --redis-cluster URL,...` (the seed nodes) and waits for `/healthz`.
     pub fn start_cluster(seed_urls: &[String]) -> anyhow::Result<Shim> {
-        Shim::start_with(["--redis-cluster".into(), seed_urls.join(",")])
+        Shim::start_with(vec!["--redis-cluster".into(), seed_urls.join(",")])
     }
 
-    fn start_with(store: [String; 2]) -> anyhow::Result<Shim> {
+    /// Starts `sluice serve` with `args` (where the limits live, and any
+    /// other option) and waits for `/healthz`; [`Shim::start_again`] and
+    /// [`Shim::restart`] use the same arguments.
+    pub fn start_args(args: &[&str]) -> anyhow::Result<Shim> {
+        Shim::start_with(args.iter().map(|a| a.to_string()).collect())
+    }
+
+    fn start_with(store: Vec<String>) -> anyhow::Result<Shim> {
         retry_port_clash(|| {
             let port = free_port()?;
             let proc = spawn(port, &store)?;
@@ -51,6 +59,25 @@ impl Shim {
         self.proc.kill();
         self.proc = spawn(self.port, &self.store)?;
         Ok(())
+    }
+
+    /// SIGTERM, as an orchestrator stops it: the shim drains and exits by
+    /// itself. Its exit status, or an error if it still runs after `within`
+    /// (then it is killed).
+    pub fn terminate(&mut self, within: Duration) -> anyhow::Result<std::process::ExitStatus> {
+        match self.proc.terminate(within)? {
+            Some(status) => Ok(status),
+            None => {
+                self.proc.kill();
+                anyhow::bail!("the shim did not exit within {within:?} of SIGTERM\n{}", self.proc.log_tail())
+            }
+        }
+    }
+
+    /// Starts the shim again on the same port with the same arguments after
+    /// it exited ([`Shim::terminate`]), and waits for `/healthz`.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.start_again()
     }
 
     /// The shim's log (its stderr) so far.
@@ -77,12 +104,12 @@ impl Shim {
                 }
             })?;
             // `start_again` restarts it without `args`.
-            Ok(Shim { port, store: ["--redis".into(), redis_url.into()], proc })
+            Ok(Shim { port, store: vec!["--redis".into(), redis_url.into()], proc })
         })
     }
 }
 
-fn spawn(port: u16, store: &[String; 2]) -> anyhow::Result<Proc> {
+fn spawn(port: u16, store: &[String]) -> anyhow::Result<Proc> {
     let bin = dist("sluice")?;
     let mut cmd = Command::new(bin);
     cmd.arg("serve").arg("--listen").arg(format!("127.0.0.1:{port}"));

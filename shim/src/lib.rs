@@ -34,10 +34,12 @@
 //! **Vocabulary**: what the others speak; uses no other module.
 //! - [`decision`]: a script's reply, its outcomes by check, and [`decision::CheckError`].
 //! - [`keys`]: validates a check request and names its Redis keys.
+//! - [`drain`]: the drain on SIGTERM as handlers and waiters see it.
 //! - [`tls`]: rustls: the shim's mTLS server config, Redis's crypto provider.
 
 pub mod dashboard;
 pub mod decision;
+pub mod drain;
 pub mod envoy_config;
 pub mod eviction;
 pub mod keys;

@@ -61,6 +61,8 @@ impl Limiter {
         let url = match how.target {
             Target::Single(url) => url.clone(),
             Target::Cluster(seeds) => seeds.first().cloned().unwrap_or_default(),
+            // The subscriber asks the store for the master the sentinels name.
+            Target::Sentinel { .. } => String::new(),
         };
         let metrics = Arc::new(crate::metrics::Metrics::new());
         let store = Arc::new(RedisClient::connect(how)?.with_metrics(metrics.clone()));
@@ -69,12 +71,16 @@ impl Limiter {
             store: store.clone(),
             scripts: scripts.clone(),
             wakeups: Arc::new(
-                crate::wait::wakeups::Wakeups::new(url, nonce).with_ca(how.ca.clone()).counting(&metrics),
+                crate::wait::wakeups::Wakeups::new(url, nonce)
+                    .with_ca(how.ca.clone())
+                    .counting(&metrics)
+                    .following(matches!(how.target, Target::Sentinel { .. }).then(|| store.clone())),
             ),
             timers: Arc::default(),
             held: Arc::default(),
             metrics: metrics.clone(),
             test_time,
+            drain: Arc::default(),
         };
         // Listening before the first waiter comes (when there is a runtime
         // to run the subscriber; a limiter built outside one starts it on
@@ -98,6 +104,11 @@ impl Limiter {
     /// (`wait`, `queue`, `mixed`) are called with.
     pub fn waiting(&self) -> &Waiting {
         &self.waiting
+    }
+
+    /// The shim's drain (SIGTERM): what `/healthz` and the waiters follow.
+    pub fn drain(&self) -> &Arc<crate::drain::Drain> {
+        &self.waiting.drain
     }
 
     /// The script's time argument: empty for Redis TIME.

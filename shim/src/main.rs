@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
@@ -39,8 +40,15 @@ struct ServeArgs {
     #[arg(long, default_value = "redis://127.0.0.1:6379", conflicts_with = "redis_cluster")]
     redis: String,
     /// A Redis Cluster to keep the limits in instead: seed node URLs, comma-separated.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', conflicts_with = "redis_sentinel")]
     redis_cluster: Vec<String>,
+    /// Redis behind Sentinel instead: the sentinels, `host:port` or
+    /// `redis://host:port`, comma-separated. Needs --sentinel-master.
+    #[arg(long, value_delimiter = ',', requires = "sentinel_master", conflicts_with = "redis")]
+    redis_sentinel: Vec<String>,
+    /// The name of the master the sentinels watch (`sentinel monitor NAME ...`).
+    #[arg(long, requires = "redis_sentinel")]
+    sentinel_master: Option<String>,
     /// How long one Redis connect or command may take before the check fails.
     #[arg(long, default_value_t = 1000)]
     redis_timeout_ms: u64,
@@ -71,8 +79,20 @@ struct ServeArgs {
     header_read_timeout_ms: u64,
     /// The policy document, so the dashboard at `/` shows every policy and
     /// its limits before traffic arrives; refused if it does not parse.
+    /// SIGHUP reads it again (a document that does not parse is logged and
+    /// the loaded one kept).
     #[arg(long)]
     policy: Option<PathBuf>,
+    /// On SIGTERM, how long to keep accepting and serving while `/healthz`
+    /// answers 503 `draining`, so health checks (Envoy's, a Kubernetes
+    /// readiness probe) take the shim out of rotation first.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    drain_delay_ms: u64,
+    /// Then, the longest the drain takes: the calls in flight are answered, a
+    /// waiting request is served if its slot comes in time, else refused with
+    /// a retry-after and its reservation given back.
+    #[arg(long, default_value_t = sluice_shim::server::DRAIN_TIMEOUT.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    drain_timeout_ms: u64,
     /// The playground's built files, served at `/playground/`.
     /// [default: `playground/` beside this binary, e.g. `dist/playground`]
     #[arg(long)]
@@ -111,10 +131,13 @@ fn serve(args: ServeArgs) -> ExitCode {
     };
     let result = runtime.block_on(async {
         let timeout = std::time::Duration::from_millis(args.redis_timeout_ms);
-        let target = if args.redis_cluster.is_empty() {
-            sluice_shim::store::Target::Single(args.redis.clone())
-        } else {
-            sluice_shim::store::Target::Cluster(args.redis_cluster.clone())
+        let target = match (&args.sentinel_master, args.redis_cluster.is_empty()) {
+            (Some(master), _) => sluice_shim::store::Target::Sentinel {
+                sentinels: args.redis_sentinel.clone(),
+                master: master.clone(),
+            },
+            (None, true) => sluice_shim::store::Target::Single(args.redis.clone()),
+            (None, false) => sluice_shim::store::Target::Cluster(args.redis_cluster.clone()),
         };
         let ca = match &args.redis_ca {
             Some(path) => Some(
@@ -128,8 +151,13 @@ fn serve(args: ServeArgs) -> ExitCode {
             (Some(cert), Some(key), Some(ca)) => Some(sluice_shim::tls::server_config(cert, key, ca)?),
             _ => None,
         };
+        let policies: sluice_shim::dashboard::Policies =
+            args.policy.as_deref().map(sluice_shim::validate::read).transpose()?.map(Arc::new).into();
+        if let Some(path) = &args.policy {
+            tokio::spawn(reload_on_sighup(path.clone(), policies.clone()));
+        }
         let dashboard = sluice_shim::dashboard::Options {
-            policies: args.policy.as_deref().map(sluice_shim::validate::read).transpose()?.map(Into::into),
+            policies,
             playground: args.playground.clone().or_else(sluice_shim::dashboard::playground::beside_binary),
         };
         let options = sluice_shim::server::Options {
@@ -137,6 +165,9 @@ fn serve(args: ServeArgs) -> ExitCode {
             tls,
             max_connections: args.max_connections as usize,
             header_read_timeout: std::time::Duration::from_millis(args.header_read_timeout_ms),
+            drain_delay: std::time::Duration::from_millis(args.drain_delay_ms),
+            drain_timeout: std::time::Duration::from_millis(args.drain_timeout_ms),
+            give_back_time: timeout,
         };
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
@@ -188,6 +219,32 @@ fn simulate(args: &sluice_shim::simulate::Args) -> ExitCode {
         Err(err) => {
             eprintln!("sluice: {err:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// On each SIGHUP, reads the `--policy` document again: the dashboard lists
+/// the new one. One that does not read or parse is refused (logged) and the
+/// one loaded stays. Decisions never depend on it: each check carries its
+/// limits from the filter.
+async fn reload_on_sighup(path: PathBuf, policies: sluice_shim::dashboard::Policies) {
+    let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(hup) => hup,
+        Err(err) => {
+            tracing::warn!(%err, "cannot watch SIGHUP; the policy document is not reloaded");
+            return;
+        }
+    };
+    while hup.recv().await.is_some() {
+        match sluice_shim::validate::read(&path) {
+            Ok(document) => {
+                let count = document.policies.len();
+                policies.set(document);
+                tracing::info!(path = %path.display(), policies = count, "policy document reloaded");
+            }
+            Err(err) => {
+                tracing::error!(%err, "policy document not reloaded; keeping the one loaded");
+            }
         }
     }
 }

@@ -77,11 +77,15 @@ pub fn router_with(limiter: Limiter, dashboard: crate::dashboard::Options) -> Ro
 }
 
 /// `GET /healthz`: 200 while the shim serves, with a warning line while
-/// Redis's eviction policy can reset limits (see [`crate::eviction`]).
-async fn healthz(State(limiter): State<Arc<Limiter>>) -> String {
+/// Redis's eviction policy can reset limits (see [`crate::eviction`]); 503
+/// `draining` once SIGTERM came, so health checks take it out of rotation.
+async fn healthz(State(limiter): State<Arc<Limiter>>) -> Response {
+    if limiter.drain().is_draining() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "draining\n").into_response();
+    }
     match limiter.eviction.warning() {
-        Some(warning) => format!("ok\nwarning: {warning}\n"),
-        None => "ok\n".to_string(),
+        Some(warning) => format!("ok\nwarning: {warning}\n").into_response(),
+        None => "ok\n".into_response(),
     }
 }
 
@@ -145,7 +149,20 @@ pub struct Options {
     pub header_read_timeout: Duration,
     /// The dashboard's policy document and playground directory.
     pub dashboard: crate::dashboard::Options,
+    /// On shutdown, how long the shim keeps accepting and serving while
+    /// `/healthz` answers 503, so health checks take it out of rotation.
+    pub drain_delay: Duration,
+    /// Then, the longest the drain may take: answering what is in flight,
+    /// serving or refusing the waiters, giving their reservations back.
+    pub drain_timeout: Duration,
+    /// Of the drain timeout, what is kept after the last hold for giving
+    /// reservations back (a Redis call: the Redis timeout).
+    pub give_back_time: Duration,
 }
+
+/// The default of `--drain-timeout-ms`: under Kubernetes' default grace
+/// period of 30 s with room for a drain delay.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 
 impl Default for Options {
     fn default() -> Self {
@@ -154,11 +171,18 @@ impl Default for Options {
             max_connections: 1024,
             header_read_timeout: Duration::from_secs(10),
             dashboard: Default::default(),
+            drain_delay: Duration::ZERO,
+            drain_timeout: DRAIN_TIMEOUT,
+            give_back_time: Duration::from_secs(1),
         }
     }
 }
 
-/// Serves until `shutdown` completes, then finishes the requests in flight.
+/// Serves until `shutdown` completes, then drains (see [`crate::drain`]):
+/// `/healthz` says draining and the shim serves on for the drain delay;
+/// then it stops accepting, answers what is in flight, hands each waiter
+/// its outcome, gives back what they held, and returns, within the drain
+/// timeout.
 pub async fn run(
     listener: TcpListener,
     limiter: Limiter,
@@ -167,6 +191,20 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let watcher = crate::eviction::watch(limiter.eviction.clone(), limiter.store.clone());
     let _stop_watching = AbortOnDrop(watcher);
+    let drain = limiter.drain().clone();
+    let delay = options.drain_delay;
+    let announced = drain.clone();
+    let shutdown = async move {
+        shutdown.await;
+        announced.announce();
+        if !delay.is_zero() {
+            tracing::info!(
+                delay_ms = delay.as_millis(),
+                "draining: /healthz answers 503; serving on for the drain delay"
+            );
+            tokio::time::sleep(delay).await;
+        }
+    };
     let app = router_with(limiter, options.dashboard.clone());
     let permits = Arc::new(Semaphore::new(options.max_connections));
     let acceptor = options.tls.clone().map(TlsAcceptor::from);
@@ -219,7 +257,27 @@ pub async fn run(
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    let started = std::time::Instant::now();
+    let hold_until = started + options.drain_timeout.saturating_sub(options.give_back_time);
+    drain.close(hold_until);
+    tracing::info!(
+        timeout_ms = options.drain_timeout.as_millis(),
+        "draining: stopped accepting; answering what is in flight"
+    );
+    let deadline = started + options.drain_timeout;
+    if tokio::time::timeout_at(deadline.into(), graceful.shutdown()).await.is_err() {
+        tracing::warn!("drain timeout: connections still open are closed with their calls unanswered");
+    }
+    // The give-backs of clients gone away (spawned by their guards) run
+    // before the process exits, so no reservation or queue place is left.
+    let last = deadline.max(std::time::Instant::now() + options.give_back_time);
+    if tokio::time::timeout_at(last.into(), drain.idle()).await.is_err() {
+        tracing::warn!(
+            pending = drain.pending(),
+            "drain timeout: give-backs still running are abandoned; their reservations expire by their TTL"
+        );
+    }
+    tracing::info!(took_ms = started.elapsed().as_millis(), "drained");
     Ok(())
 }
 

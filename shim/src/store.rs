@@ -1,5 +1,6 @@
 //! The Redis the shim keeps its limits in: one server over a managed,
-//! multiplexed connection, or a Redis Cluster. Both reconnect by themselves;
+//! multiplexed connection, a Redis Cluster, or the master a Redis Sentinel
+//! names (asked again whenever a call fails on it). All reconnect by themselves;
 //! both run scripts by EVALSHA and load them again on NOSCRIPT. `rediss://`
 //! URLs connect over TLS (rustls), and a password in a URL authenticates
 //! (AUTH); it never appears in a log line or an error.
@@ -13,9 +14,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{
     Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, ScriptInvocation, TlsCertificates, Value,
 };
@@ -31,6 +33,12 @@ pub enum Target {
     Single(String),
     /// Seed nodes of a Redis Cluster.
     Cluster(Vec<String>),
+    /// Redis Sentinel: the sentinels' URLs (or `host:port`) and the name of
+    /// the master they watch.
+    Sentinel {
+        sentinels: Vec<String>,
+        master: String,
+    },
 }
 
 impl fmt::Display for Target {
@@ -40,6 +48,10 @@ impl fmt::Display for Target {
             Target::Cluster(seeds) => {
                 let seeds: Vec<String> = seeds.iter().map(|s| redact(s)).collect();
                 write!(f, "cluster {}", seeds.join(","))
+            }
+            Target::Sentinel { sentinels, master } => {
+                let sentinels: Vec<String> = sentinels.iter().map(|s| redact(s)).collect();
+                write!(f, "sentinel {} master {master}", sentinels.join(","))
             }
         }
     }
@@ -100,6 +112,58 @@ enum Conn {
         client: ClusterClient,
         conn: OnceCell<ClusterConnection>,
     },
+    Sentinel(SentinelConn),
+}
+
+/// The master a Sentinel names, followed across failovers: connected on
+/// first use by asking the sentinels (which check its `ROLE`); a call that
+/// fails on the connection (refused, dropped, timed out) or meets a
+/// demoted master (`READONLY`) drops it, so the next call asks again.
+struct SentinelConn {
+    client: tokio::sync::Mutex<SentinelClient>,
+    current: std::sync::Mutex<Option<MultiplexedConnection>>,
+    timeout: Duration,
+}
+
+impl SentinelConn {
+    fn cached(&self) -> Option<MultiplexedConnection> {
+        self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// The master's client, as the sentinels name it now.
+    async fn master(&self) -> RedisResult<redis::Client> {
+        let mut client = self.client.lock().await;
+        match tokio::time::timeout(self.timeout, client.async_get_client()).await {
+            Ok(found) => found,
+            Err(_) => Err(redis::RedisError::from((redis::ErrorKind::Io, "no sentinel answered in time"))),
+        }
+    }
+
+    async fn connection(&self) -> RedisResult<MultiplexedConnection> {
+        if let Some(conn) = self.cached() {
+            return Ok(conn);
+        }
+        let master = self.master().await?;
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout));
+        let conn = master.get_multiplexed_async_connection_with_config(&config).await?;
+        let mut current = self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        Ok(current.get_or_insert(conn).clone())
+    }
+
+    /// After a failed call: forgets the connection if the master may have moved.
+    fn failed(&self, err: &redis::RedisError) {
+        let moved = err.is_io_error()
+            || err.is_connection_dropped()
+            || err.is_connection_refusal()
+            || err.is_timeout()
+            || err.is_unrecoverable_error()
+            || detail_has(err, "READONLY");
+        if moved {
+            *self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        }
+    }
 }
 
 impl RedisClient {
@@ -148,6 +212,36 @@ impl RedisClient {
                     functions: AtomicBool::new(true),
                 })
             }
+            Target::Sentinel { sentinels, master } => {
+                if how.ca.is_some() {
+                    anyhow::bail!("--redis-ca: TLS through Sentinel is not supported");
+                }
+                let client = SentinelClient::build(
+                    sentinels.iter().map(|s| sentinel_url(s)).collect(),
+                    master.as_str(),
+                    None,
+                    SentinelServerType::Master,
+                )
+                .map_err(|e| anyhow::anyhow!("invalid --redis-sentinel {}: {e}", how.target))?;
+                Ok(RedisClient {
+                    conn: Conn::Sentinel(SentinelConn {
+                        client: tokio::sync::Mutex::new(client),
+                        current: std::sync::Mutex::new(None),
+                        timeout,
+                    }),
+                    metrics: Arc::default(),
+                    functions: AtomicBool::new(true),
+                })
+            }
+        }
+    }
+
+    /// A client for the master a Sentinel names now (the wake-up
+    /// subscriber's, which follows failovers too); `None` for a fixed Redis.
+    pub async fn sentinel_master(&self) -> Option<RedisResult<redis::Client>> {
+        match &self.conn {
+            Conn::Sentinel(sentinel) => Some(sentinel.master().await),
+            _ => None,
         }
     }
 
@@ -170,6 +264,16 @@ impl RedisClient {
                     Ok(conn) => call.invoke_async(&mut self.observed(conn.clone())).await,
                     Err(err) => Err(err),
                 }
+            }
+            Conn::Sentinel(sentinel) => {
+                let result = match sentinel.connection().await {
+                    Ok(conn) => call.invoke_async(&mut self.observed(conn)).await,
+                    Err(err) => Err(err),
+                };
+                if let Err(err) = &result {
+                    sentinel.failed(err);
+                }
+                result
             }
         };
         self.metrics.script_call(started, &result);
@@ -215,11 +319,27 @@ impl RedisClient {
                 let conn = conn.get_or_try_init(|| client.get_async_connection()).await?;
                 cmd.query_async(&mut conn.clone()).await
             }
+            Conn::Sentinel(sentinel) => {
+                let result = cmd.query_async(&mut sentinel.connection().await?).await;
+                if let Err(err) = &result {
+                    sentinel.failed(err);
+                }
+                result
+            }
         }
     }
 
     fn observed<C>(&self, conn: C) -> Observed<'_, C> {
         Observed { conn, metrics: &self.metrics }
+    }
+}
+
+/// A sentinel as `host:port` or a URL: a URL (`redis://host:port`).
+fn sentinel_url(sentinel: &str) -> String {
+    if sentinel.contains("://") {
+        sentinel.to_string()
+    } else {
+        format!("redis://{sentinel}")
     }
 }
 
@@ -279,5 +399,10 @@ mod tests {
         let cluster = Target::Cluster(vec!["redis://:a1@n1:7000".into(), "redis://:a2@n2:7000".into()]);
         assert_eq!(format!("{cluster:?}"), "cluster redis://:***@n1:7000,redis://:***@n2:7000");
         assert_eq!(Target::Single("redis://u:pw@h".into()).to_string(), "redis://u:***@h");
+        let sentinel = Target::Sentinel {
+            sentinels: vec!["redis://:pw@s1:26379".into(), "s2:26379".into()],
+            master: "m".into(),
+        };
+        assert_eq!(sentinel.to_string(), "sentinel redis://:***@s1:26379,s2:26379 master m");
     }
 }

@@ -42,8 +42,10 @@ fn partner_limits() -> Vec<WireLimit> {
 async fn serve(redis: &Redis, document: Option<&str>) -> u16 {
     let limiter = Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), false).expect("limiter");
     let policies = document.map(|d| Arc::new(sluice_policies::parse(d).expect("the document parses")));
-    let options =
-        Options { dashboard: dashboard::Options { policies, playground: None }, ..Options::default() };
+    let options = Options {
+        dashboard: dashboard::Options { policies: policies.into(), playground: None },
+        ..Options::default()
+    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = listener.local_addr().expect("addr").port();
     tokio::spawn(run(listener, limiter, options, std::future::pending()));

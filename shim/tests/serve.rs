@@ -88,3 +88,56 @@ fn sigterm_stops_the_shim_with_connections_open() {
     let log = stop(child, Duration::from_secs(3));
     assert!(log.contains("shutting down"), "{log}");
 }
+
+fn get(port: u16, path: &str) -> String {
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    write!(conn, "GET {path} HTTP/1.1\r\nhost: shim\r\nconnection: close\r\n\r\n").expect("write");
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).expect("read");
+    answer
+}
+
+fn document(policy: &str) -> String {
+    format!(
+        r#"{{"policies": [{{"name": "{policy}", "match": {{"path_prefix": "/"}}, "key": ["header:x-api-key"],
+            "limits": [{{"type": "fixed_window", "limit": 10, "window": "1m"}}]}}]}}"#
+    )
+}
+
+/// SIGHUP reads `--policy` again: the dashboard lists the new document's
+/// policies, not the old ones. A document that does not parse is refused
+/// with a log line, and the one loaded stays.
+#[test]
+fn sighup_reloads_the_policy_document() {
+    let dir = std::env::temp_dir().join(format!("sluice-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("policy.json");
+    std::fs::write(&path, document("before")).expect("write");
+    let (child, port) = serve("127.0.0.1", &["--policy", path.to_str().expect("utf-8 path")]);
+    assert!(get(port, "/dashboard.json").contains(r#""name":"before""#));
+    let hup = |child: &Child| {
+        let sent = Command::new("kill").args(["-HUP", &child.id().to_string()]).status().expect("kill");
+        assert!(sent.success());
+    };
+
+    std::fs::write(&path, document("after")).expect("write");
+    hup(&child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let page = get(port, "/dashboard.json");
+        if page.contains(r#""name":"after""#) && !page.contains(r#""name":"before""#) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not reloaded: {page}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    std::fs::write(&path, "{ not a policy document").expect("write");
+    hup(&child);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(get(port, "/dashboard.json").contains(r#""name":"after""#), "the loaded document was dropped");
+    let log = stop(child, Duration::from_secs(5));
+    assert!(log.contains("policy document reloaded"), "{log}");
+    assert!(log.contains("policy document not reloaded"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

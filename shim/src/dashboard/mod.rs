@@ -55,11 +55,32 @@ const PAGE: &str = include_str!("page.html");
 const SCRIPT: &str = include_str!("page.js");
 const STYLE: &str = include_str!("page.css");
 
+/// The policy document the dashboard lists, replaced whole on a reload
+/// (`sluice serve` on SIGHUP); clones share it.
+#[derive(Clone, Default)]
+pub struct Policies(Arc<std::sync::RwLock<Option<Arc<Document>>>>);
+
+impl Policies {
+    pub fn get(&self) -> Option<Arc<Document>> {
+        self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    pub fn set(&self, document: Document) {
+        *self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(document));
+    }
+}
+
+impl From<Option<Arc<Document>>> for Policies {
+    fn from(document: Option<Arc<Document>>) -> Policies {
+        Policies(Arc::new(std::sync::RwLock::new(document)))
+    }
+}
+
 /// What the dashboard is given at start.
 #[derive(Clone, Default)]
 pub struct Options {
     /// The policy document, so every policy shows before its first check.
-    pub policies: Option<Arc<Document>>,
+    pub policies: Policies,
     /// The playground's built files (`cargo xtask playground`).
     pub playground: Option<PathBuf>,
 }
@@ -67,7 +88,7 @@ pub struct Options {
 struct Dashboard {
     store: Arc<RedisClient>,
     metrics: Arc<Metrics>,
-    document: Option<Arc<Document>>,
+    document: Policies,
 }
 
 /// `GET /`, its script and style, `GET /dashboard.json`, and `/playground/`.
@@ -172,6 +193,7 @@ impl Dashboard {
         let mut seen = self.metrics.traffic.seen(SHOWN_KEYS);
         let mut listed: Vec<Listed> = self
             .document
+            .get()
             .iter()
             .flat_map(|doc| doc.policies.iter())
             .map(|policy| Listed {

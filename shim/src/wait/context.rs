@@ -12,6 +12,7 @@ use sluice_policies::wire::CheckRequest;
 
 use super::wakeups::Wakeups;
 use crate::decision::CheckError;
+use crate::drain::Drain;
 use crate::keys::ScriptLimit;
 use crate::metrics::Metrics;
 use crate::scripts::Scripts;
@@ -33,6 +34,8 @@ pub struct Waiting {
     pub(crate) metrics: Arc<Metrics>,
     /// Whether a request's `now_us` is honoured (`--test-time`).
     pub(crate) test_time: bool,
+    /// The shim's drain: holds end by its deadline, give-backs are awaited.
+    pub(crate) drain: Arc<Drain>,
 }
 
 impl Waiting {
@@ -47,6 +50,11 @@ impl Waiting {
         }
     }
 }
+
+/// What a request still queued for a concurrency slot when the drain's
+/// hold deadline comes is told to wait before it tries again (elsewhere):
+/// when a slot frees is unknown, and another shim can queue it at once.
+pub const DRAIN_RETRY_MS: u64 = 1000;
 
 /// The longest a request may be held: a day, far beyond any sane wait, and
 /// short enough that deadlines never overflow.

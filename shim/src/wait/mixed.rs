@@ -150,7 +150,19 @@ pub(crate) async fn check(
         let mut cancel = Cancel::new(waiting, id, at, time.clone(), held.clone(), now);
         // Never past the deadline, whatever a wake-up said.
         let until = (Instant::now() + Duration::from_micros(delay.min(wait_us))).min(deadline);
-        tokio::time::sleep_until(until.into()).await;
+        tokio::select! {
+            () = tokio::time::sleep_until(until.into()) => {}
+            hold_until = waiting.drain.closed() => {
+                // The shim drains: held on if the time slot comes before the
+                // hold deadline; else given back (awaited) and refused.
+                if until > hold_until {
+                    cancel.give_back().await;
+                    let retry = super::time::ceil_ms(until.saturating_duration_since(Instant::now()));
+                    return Ok(answer(false, Some(retry), false, false));
+                }
+                tokio::time::sleep_until(until.into()).await;
+            }
+        }
         let mut registration = waiting.wakeups.register(id);
         let left = deadline.saturating_duration_since(Instant::now());
         if !waiting.wakeups.subscribed(left).await {
@@ -171,11 +183,25 @@ pub(crate) async fn check(
         };
         let mut leave = Leave::queued(waiting, concurrency, id, soonest);
         // 3. The hand-over decides, with our time limits.
+        let lost = || CheckError::Store("the wake-up subscriber lost Redis while waiting".into());
         let message = tokio::select! {
             woken = &mut registration.woken => woken.ok(),
             () = tokio::time::sleep_until(deadline.into()) => None,
-            () = waiting.wakeups.lost() => {
-                return Err(CheckError::Store("the wake-up subscriber lost Redis while waiting".into()));
+            () = waiting.wakeups.lost() => return Err(lost()),
+            hold_until = waiting.drain.closed() => {
+                // The shim drains: a hand-over before the hold deadline is
+                // taken; after it, the request leaves the queue (awaited) and
+                // is refused, to retry elsewhere.
+                let message = tokio::select! {
+                    woken = &mut registration.woken => woken.ok(),
+                    () = tokio::time::sleep_until(deadline.min(hold_until).into()) => None,
+                    () = waiting.wakeups.lost() => return Err(lost()),
+                };
+                if message.is_none() && Instant::now() < deadline {
+                    leave.leave().await;
+                    return Ok(answer(false, Some(Millis(super::context::DRAIN_RETRY_MS)), false, false));
+                }
+                message
             }
         };
         let Some(message) = message else {

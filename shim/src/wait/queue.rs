@@ -161,13 +161,29 @@ pub(crate) async fn check(
     };
     let mut guard = Leave::queued(waiting, limit, id, soonest);
     let _counted = waiting.metrics.hold();
+    let lost = || CheckError::Store("the wake-up subscriber lost Redis while waiting".into());
     let woken = tokio::select! {
         woken = &mut registration.woken => woken.is_ok_and(|m| m == id),
         () = tokio::time::sleep_until(deadline.into()) => false,
-        () = waiting.wakeups.lost() => {
-            // The wake-up could not reach us: 503, and the filter applies
-            // its failure_mode. The guard leaves the queue.
-            return Err(CheckError::Store("the wake-up subscriber lost Redis while waiting".into()));
+        // The wake-up could not reach us: 503, and the filter applies
+        // its failure_mode. The guard leaves the queue.
+        () = waiting.wakeups.lost() => return Err(lost()),
+        hold_until = waiting.drain.closed() => {
+            // The shim drains: a slot handed over before the hold deadline
+            // is served; after it, the request leaves the queue (awaited:
+            // the process exits soon) and is refused, to retry elsewhere.
+            let woken = tokio::select! {
+                woken = &mut registration.woken => woken.is_ok_and(|m| m == id),
+                () = tokio::time::sleep_until(deadline.min(hold_until).into()) => false,
+                () = waiting.wakeups.lost() => return Err(lost()),
+            };
+            if !woken && Instant::now() < deadline {
+                guard.leave().await;
+                let mut resp = response(req, false, reclaimed);
+                resp.retry_after_ms = Some(Millis(super::context::DRAIN_RETRY_MS));
+                return Ok(resp);
+            }
+            woken
         }
     };
     if woken {
@@ -193,6 +209,7 @@ pub(crate) struct Leave {
     pub limit: ScriptLimit,
     pub id: String,
     pub armed: bool,
+    drain: Arc<crate::drain::Drain>,
 }
 
 impl Leave {
@@ -209,6 +226,16 @@ impl Leave {
             limit: limit.clone(),
             id: id.to_string(),
             armed: true,
+            drain: waiting.drain.clone(),
+        }
+    }
+
+    /// Leaves the queue now and waits for it (the drain: the process is
+    /// about to exit, so a spawned call might never run).
+    pub(crate) async fn leave(mut self) {
+        self.armed = false;
+        if let Err(err) = leave(&self.store, &self.scripts, &self.limit, "", &self.id).await {
+            tracing::warn!(id = %self.id, ?err, "cannot leave the queue while draining; the deadline will skip it");
         }
     }
 }
@@ -221,7 +248,10 @@ impl Drop for Leave {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let (store, scripts, limit, id) =
             (self.store.clone(), self.scripts.clone(), self.limit.clone(), std::mem::take(&mut self.id));
+        // Counted: a draining shim exits only once it has run.
+        let cleanup = self.drain.cleanup();
         runtime.spawn(async move {
+            let _cleanup = cleanup;
             match leave(&store, &scripts, &limit, "", &id).await {
                 Ok(_) => tracing::debug!(%id, "client gone while queued: left the queue"),
                 Err(err) => tracing::warn!(%id, ?err, "cannot leave the queue; the deadline will skip it"),

@@ -70,12 +70,24 @@ pub(crate) async fn check(
         let mut guard = Cancel::new(waiting, id, at, limits.to_vec(), held_until, &now);
         let mut holding = waiting.held.hold(id);
         let _counted = waiting.metrics.hold();
+        let slot = Instant::now() + Duration::from_micros(delay);
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_micros(delay)) => {}
+            () = tokio::time::sleep_until(slot.into()) => {}
             _ = &mut holding.released => {
                 // Let go by a release for this id: the guard, still armed, gives
                 // the reservation back as it is dropped.
                 return Ok(CheckResponse { allowed: false, retry_after_ms: None, ..response });
+            }
+            hold_until = waiting.drain.closed() => {
+                // The shim drains: served if the slot comes before the hold
+                // deadline; else the reservation is given back (awaited: the
+                // process exits soon) and the client told when its slot was.
+                if slot > hold_until {
+                    guard.give_back().await;
+                    let retry = ceil_ms(slot.saturating_duration_since(Instant::now()));
+                    return Ok(CheckResponse { allowed: false, retry_after_ms: Some(retry), ..response });
+                }
+                tokio::time::sleep_until(slot.into()).await;
             }
         }
         // The partner may have paused the key while this request was held
@@ -105,7 +117,7 @@ async fn paused_for(waiting: &Waiting, pauses: &[&ScriptLimit], now: &str) -> Re
     Ok(u64::try_from(left).unwrap_or(0))
 }
 
-fn ceil_ms(d: Duration) -> Millis {
+pub(crate) fn ceil_ms(d: Duration) -> Millis {
     Millis(u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX))
 }
 
@@ -177,6 +189,7 @@ pub(crate) struct Cancel {
     test_now: Option<u64>,
     started: Instant,
     armed: bool,
+    drain: Arc<crate::drain::Drain>,
 }
 
 impl Cancel {
@@ -199,6 +212,7 @@ impl Cancel {
             test_now: now.parse().ok(),
             started: Instant::now(),
             armed: true,
+            drain: waiting.drain.clone(),
         }
     }
 
@@ -267,7 +281,10 @@ impl Drop for Cancel {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let args = self.give_back_args();
         let id = args.id.clone();
+        // Counted: a draining shim exits only once it has run.
+        let cleanup = self.drain.cleanup();
         runtime.spawn(async move {
+            let _cleanup = cleanup;
             match args.run().await {
                 Ok(_) => tracing::debug!(%id, "client gone while held: reservation given back"),
                 Err(err) => tracing::warn!(%id, %err, "cannot give back a cancelled reservation"),

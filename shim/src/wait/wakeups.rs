@@ -31,6 +31,8 @@ pub struct Wakeups {
     start: Once,
     /// Wake-ups delivered to a waiter (`sluice_handovers`).
     handovers: Counter,
+    /// Under Sentinel, the store that names the master to subscribe on.
+    sentinel: Option<Arc<crate::store::RedisClient>>,
 }
 
 /// A registered waiter: its wake-up (the message: `<id>` served, `<id> <t'>
@@ -62,7 +64,15 @@ impl Wakeups {
             subscribed: watch::channel(false).0,
             start: Once::new(),
             handovers: Counter::default(),
+            sentinel: None,
         }
+    }
+
+    /// Under Sentinel: subscribes on the master `store`'s sentinels name
+    /// at each (re)connect, instead of a fixed URL.
+    pub fn following(mut self, store: Option<Arc<crate::store::RedisClient>>) -> Wakeups {
+        self.sentinel = store;
+        self
     }
 
     /// Trusts `ca` (PEM) for a `rediss://` URL instead of the system's roots.
@@ -132,12 +142,17 @@ impl Wakeups {
     }
 
     async fn subscribe_once(&self) -> redis::RedisResult<()> {
-        let client = match &self.ca {
-            Some(ca) => {
+        let master = match &self.sentinel {
+            Some(store) => store.sentinel_master().await.transpose()?,
+            None => None,
+        };
+        let client = match (master, &self.ca) {
+            (Some(master), _) => master,
+            (None, Some(ca)) => {
                 let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(ca.clone()) };
                 redis::Client::build_with_tls(self.url.as_str(), certs)?
             }
-            None => redis::Client::open(self.url.as_str())?,
+            (None, None) => redis::Client::open(self.url.as_str())?,
         };
         let mut pubsub = client.get_async_pubsub().await?;
         pubsub.subscribe(&self.channel).await?;

@@ -1,0 +1,131 @@
+//! Two shims behind one Envoy cluster, restarted one after the other under
+//! steady traffic, as a rolling deployment does: SIGTERM, wait for the exit,
+//! start again, wait until Envoy sees it healthy, then the next.
+//!
+//! What makes it lose nothing (`envoy/demo.yaml`, `docs/reliability.md`):
+//! Envoy health-checks each shim's `/healthz`; a shim given SIGTERM answers
+//! 503 there for its `--drain-delay-ms` while it still serves every call, so
+//! Envoy takes it out of rotation before it stops accepting; then it
+//! answers what is in flight and exits. Calls go to the other shim meanwhile.
+//!
+//! Claims, each asserted, with the counts printed on a `RESTART` line:
+//! - no request fails or is decided by `failure_mode` (here `deny`, 503):
+//!   every one is decided by a shim (a counted admission or a 429);
+//! - exactness holds throughout: no window of any key admits more than its
+//!   limit, judged from the upstream's own record of arrivals;
+//! - each shim exits by itself within its drain (delay + timeout) and
+//!   logs that it drained.
+
+use std::time::{Duration, Instant};
+
+use sluice_harness::faults::{admissions, busiest_window, Tally, Target, Traffic};
+use sluice_harness::gateway::{eventually, send};
+use sluice_harness::recorder::RecordingUpstream;
+use sluice_harness::{Envoy, Redis, Shim};
+
+const LIMIT: usize = 30;
+const WINDOW: Duration = Duration::from_secs(2);
+const CLIENTS: usize = 3;
+const PAUSE: Duration = Duration::from_millis(15);
+const PER_CLIENT: usize = 6000;
+/// Envoy's health check interval here, and the shims' drain delay: over ten
+/// intervals, so a loaded machine's late check still lands inside it.
+const HEALTH_INTERVAL: &str = "0.2s";
+const DRAIN_DELAY_MS: &str = "3000";
+const DRAIN_TIMEOUT_MS: &str = "5000";
+const WAIT: Duration = Duration::from_secs(30);
+
+fn document() -> String {
+    format!(
+        r#"{{"shim": {{"timeout_ms": 1000, "failure_threshold": 3, "cooldown_ms": 500}},
+            "failure_mode": "deny", "failure_status": 503, "headers": "always",
+            "policies": [{{"name": "roll", "match": {{"path_prefix": "/"}}, "key": ["header:x-api-key"],
+              "limits": [{{"type": "sliding_window", "limit": {LIMIT}, "window": "{}ms"}}]}}]}}"#,
+        WINDOW.as_millis()
+    )
+}
+
+/// Whether Envoy's shim cluster counts the shim on `port` healthy.
+fn healthy(envoy: &Envoy, port: u16) -> bool {
+    let Ok(page) = send(envoy.admin_port, "GET", "/clusters", &[]) else { return false };
+    let flag = format!("sluice_shim::127.0.0.1:{port}::health_flags::healthy");
+    page.body.lines().any(|line| line.trim() == flag)
+}
+
+#[test]
+fn rolling_restart_of_two_shims_fails_no_request_and_stays_exact() {
+    let redis = Redis::start().expect("redis");
+    let args = |url: &str| {
+        vec![
+            "--redis".to_string(),
+            url.to_string(),
+            "--drain-delay-ms".into(),
+            DRAIN_DELAY_MS.into(),
+            "--drain-timeout-ms".into(),
+            DRAIN_TIMEOUT_MS.into(),
+        ]
+    };
+    let start_shim = || {
+        let a = args(&redis.url());
+        Shim::start_args(&a.iter().map(String::as_str).collect::<Vec<_>>()).expect("shim")
+    };
+    let mut shims = [start_shim(), start_shim()];
+    let upstream = RecordingUpstream::start().expect("upstream");
+    let second = format!(
+        "- endpoint: {{address: {{socket_address: {{address: \"127.0.0.1\", port_value: {}}}}}}}",
+        shims[1].port
+    );
+    let envoy = Envoy::start_with(
+        &document(),
+        shims[0].port,
+        upstream.port,
+        &[("SHIM_MORE_ENDPOINTS", second), ("SHIM_HEALTH_INTERVAL", HEALTH_INTERVAL.to_string())],
+    )
+    .expect("envoy");
+    assert!(
+        eventually(WAIT, || shims.iter().all(|s| healthy(&envoy, s.port))),
+        "Envoy never saw both shims healthy\n{}",
+        envoy.log()
+    );
+
+    let keys = ["alice", "bob", "carol", "dave"];
+    let targets = keys.iter().map(|k| Target::new("/api", &[("x-api-key", k)])).collect();
+    let start = Instant::now();
+    let traffic = Traffic::start(envoy.port, targets, CLIENTS, PAUSE, PER_CLIENT);
+    std::thread::sleep(Duration::from_millis(2500));
+    let mut drains = Vec::new();
+    for shim in &mut shims {
+        let stopped = Instant::now();
+        let status = shim.terminate(WAIT).expect("the shim exits after its drain");
+        drains.push(stopped.elapsed());
+        assert!(status.success(), "the shim exited with {status}\n{}", shim.log());
+        assert!(shim.log().contains("drained"), "{}", shim.log());
+        shim.restart().expect("the shim starts again");
+        assert!(
+            eventually(WAIT, || healthy(&envoy, shim.port)),
+            "Envoy never saw the restarted shim healthy"
+        );
+        std::thread::sleep(Duration::from_millis(1000));
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    let sent = traffic.finish();
+
+    let tally = Tally::of(&sent);
+    let mut busiest = 0;
+    for i in 0..keys.len() {
+        let most = busiest_window(&admissions(&sent, &upstream, &[i]), WINDOW, start);
+        assert!(most <= LIMIT, "{}: {most} admitted in one window, limit {LIMIT}", keys[i]);
+        busiest = busiest.max(most);
+    }
+    let drains: Vec<String> = drains.iter().map(|d| format!("{:.1} s", d.as_secs_f64())).collect();
+    eprintln!(
+        "RESTART two shims, one after the other (drain delay {DRAIN_DELAY_MS} ms, health check every \
+         {HEALTH_INTERVAL}): {}; busiest window {busiest} (limit {LIMIT} per {WINDOW:?} per key); \
+         SIGTERM to exit: {}",
+        tally.line(),
+        drains.join(", ")
+    );
+    assert!(tally.admitted > 0 && tally.refused > 0, "the traffic never reached the limit: {}", tally.line());
+    assert_eq!(tally.failed, 0, "failed requests: {}", tally.line());
+    assert_eq!(tally.failure_allowed, 0, "requests let through by failure_mode: {}", tally.line());
+}
