@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::condition::PathCondition;
 use crate::key::MAX_PART_LEN;
+pub use crate::condition::MAX_CONDITION_ENTRIES;
 pub use crate::key::{MAX_KEY_LEN, MAX_KEY_SOURCES};
 use crate::units::{Micros, Millis};
 use crate::wire::{AdjustRequest, Adjustment, Check, CheckRequest, WireLimit};
@@ -33,9 +34,6 @@ pub const MAX_CHECKS: usize = 64;
 pub const MAX_POLICIES: usize = 1024;
 /// The longest policy document, in bytes.
 pub const MAX_DOCUMENT_BYTES: usize = 1024 * 1024;
-/// The most entries of one list or map in a condition (`methods`, `keys`,
-/// `headers`, `query`) or of a policy's `bypass`.
-pub const MAX_CONDITION_ENTRIES: usize = 256;
 /// The most limits one policy, and so one check, may have.
 pub const MAX_LIMITS: usize = 32;
 /// The most adjustments one `/v1/adjust` request may carry: one per limit.

@@ -13,7 +13,6 @@ use std::collections::BTreeMap;
 
 use serde::de::{self, Deserialize, Deserializer};
 
-use crate::bounds::MAX_CONDITION_ENTRIES;
 use crate::request::{host_only, path_only, query_param};
 use crate::{HeaderName, Request};
 
@@ -120,6 +119,10 @@ pub(crate) struct RawCondition {
     /// Raw values of the policy's (single) key source.
     keys: Option<Vec<String>>,
 }
+
+/// The most entries of one list or map in a condition (`methods`, `keys`,
+/// `headers`, `query`) or of a policy's `bypass`.
+pub const MAX_CONDITION_ENTRIES: usize = 256;
 
 /// The longest `path_regex` accepted.
 const MAX_REGEX_LEN: usize = 1024;
