@@ -17,8 +17,8 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 use crate::condition::PathCondition;
-use crate::key::MAX_PART_LEN;
 pub use crate::condition::MAX_CONDITION_ENTRIES;
+use crate::key::MAX_PART_LEN;
 pub use crate::key::{MAX_KEY_LEN, MAX_KEY_SOURCES};
 use crate::units::{Micros, Millis};
 use crate::wire::{AdjustRequest, Adjustment, Check, CheckRequest, WireLimit};
@@ -113,7 +113,9 @@ fn worst_set(policies: &[Policy], weight: impl Fn(&Policy) -> usize) -> Worst {
     }
     let anchors = policies.iter().filter_map(|policy| match &policy.matcher.path {
         Some(PathCondition::Prefix(p)) => Some((prefixes.sum_along(p), p.as_str())),
-        Some(PathCondition::Exact(e)) => Some((prefixes.sum_along(e) + exact.get(e.as_str()).copied().unwrap_or(0), e.as_str())),
+        Some(PathCondition::Exact(e)) => {
+            Some((prefixes.sum_along(e) + exact.get(e.as_str()).copied().unwrap_or(0), e.as_str()))
+        }
         _ => None,
     });
     match anchors.max_by_key(|(sum, _)| *sum) {

@@ -30,8 +30,8 @@ use serde::de::{self, Deserialize, Deserializer, SeqAccess, Visitor};
 
 use crate::algorithm::Algorithm;
 use crate::bounds::{
-    worst_case_body, worst_case_checks, MAX_BODY, MAX_CHECKS, MAX_CONDITION_ENTRIES, MAX_KEY_SOURCES, MAX_LIMITS,
-    MAX_POLICIES,
+    worst_case_body, worst_case_checks, MAX_BODY, MAX_CHECKS, MAX_CONDITION_ENTRIES, MAX_KEY_SOURCES,
+    MAX_LIMITS, MAX_POLICIES,
 };
 use crate::class::Classes;
 #[cfg(feature = "schema")]

@@ -28,7 +28,10 @@ pub fn parse(text: &str) -> Result<Document, ParseError> {
     if text.len() > MAX_DOCUMENT_BYTES {
         return Err(ParseError {
             path: ".".to_string(),
-            reason: format!("the document is {} bytes, more than the {MAX_DOCUMENT_BYTES} accepted", text.len()),
+            reason: format!(
+                "the document is {} bytes, more than the {MAX_DOCUMENT_BYTES} accepted",
+                text.len()
+            ),
             line: 1,
             column: 1,
         });

@@ -3,9 +3,7 @@
 //! which bound and why; the largest accepted document parses in one pass.
 
 use proptest::prelude::*;
-use sluice_policies::bounds::{
-    worst_case_checks, MAX_CONDITION_ENTRIES, MAX_DOCUMENT_BYTES, MAX_POLICIES,
-};
+use sluice_policies::bounds::{worst_case_checks, MAX_CONDITION_ENTRIES, MAX_DOCUMENT_BYTES, MAX_POLICIES};
 use sluice_policies::condition::PathCondition;
 use sluice_policies::{parse, Policy};
 

@@ -35,6 +35,7 @@
 //! - [`decision`]: a script's reply, its outcomes by check, and [`decision::CheckError`].
 //! - [`keys`]: validates a check request and names its Redis keys.
 //! - [`tls`]: rustls: the shim's mTLS server config, Redis's crypto provider.
+//! - [`logs`]: log lines clients can reach: throttled per site, values escaped.
 
 pub mod dashboard;
 pub mod decision;
@@ -42,6 +43,7 @@ pub mod envoy_config;
 pub mod eviction;
 pub mod keys;
 pub mod limiter;
+pub mod logs;
 pub mod metrics;
 pub mod scripts;
 pub mod server;
