@@ -14,8 +14,10 @@
 //! field can hold, serialized as the filter serializes it.
 
 use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::condition::PathCondition;
+pub use crate::condition::MAX_CONDITION_ENTRIES;
 use crate::key::MAX_PART_LEN;
 pub use crate::key::{MAX_KEY_LEN, MAX_KEY_SOURCES};
 use crate::units::{Micros, Millis};
@@ -25,6 +27,13 @@ use crate::Policy;
 /// The most checks one request to the shim may carry: one per policy that
 /// applies, so also the most policies that may apply to one request.
 pub const MAX_CHECKS: usize = 64;
+/// The most policies one document may hold. Matching is a scan of the
+/// policies for each request, in every worker of every gateway; a document
+/// that needs more is better written with keys (one policy, a key per
+/// tenant) than with a policy per tenant.
+pub const MAX_POLICIES: usize = 1024;
+/// The longest policy document, in bytes.
+pub const MAX_DOCUMENT_BYTES: usize = 1024 * 1024;
 /// The most limits one policy, and so one check, may have.
 pub const MAX_LIMITS: usize = 32;
 /// The most adjustments one `/v1/adjust` request may carry: one per limit.
@@ -85,36 +94,84 @@ pub fn worst_case_body(policies: &[Policy]) -> Worst {
 /// with a prefix or exact path, all sit on the path of one of them, the
 /// anchor: the sum over each anchor bounds every such set. Policies without
 /// either are counted always.
+///
+/// The prefixes go into a byte trie holding each one's weight, so an
+/// anchor's sum is one walk down its own bytes: linear in the document's
+/// paths, where comparing every anchor with every policy took minutes for
+/// tens of thousands of policies.
 fn worst_set(policies: &[Policy], weight: impl Fn(&Policy) -> usize) -> Worst {
-    let weights: Vec<usize> = policies.iter().map(&weight).collect();
     let mut always = 0;
-    let mut anchored: Vec<(&PathCondition, usize)> = Vec::new();
-    for (policy, w) in policies.iter().zip(&weights) {
+    let mut prefixes = PrefixTrie::default();
+    let mut exact: HashMap<&str, usize> = HashMap::new();
+    for policy in policies {
+        let w = weight(policy);
         match &policy.matcher.path {
-            Some(path @ (PathCondition::Prefix(_) | PathCondition::Exact(_))) => anchored.push((path, *w)),
+            Some(PathCondition::Prefix(p)) => prefixes.add(p, w),
+            Some(PathCondition::Exact(e)) => *exact.entry(e.as_str()).or_default() += w,
             _ => always += w,
         }
     }
-    let reaches = |anchor: &str, anchor_exact: bool, other: &PathCondition| match other {
-        PathCondition::Prefix(p) => anchor.starts_with(p.as_str()),
-        PathCondition::Exact(e) => anchor_exact && e == anchor,
-        PathCondition::Regex(_) => false,
-    };
-    let best = anchored
-        .iter()
-        .filter_map(|(anchor, _)| {
-            let (text, exact) = match anchor {
-                PathCondition::Prefix(p) => (p.as_str(), false),
-                PathCondition::Exact(e) => (e.as_str(), true),
-                PathCondition::Regex(_) => return None,
-            };
-            let sum: usize = anchored.iter().filter(|(c, _)| reaches(text, exact, c)).map(|(_, w)| w).sum();
-            Some((sum, text))
-        })
-        .max_by_key(|(sum, _)| *sum);
-    match best {
+    let anchors = policies.iter().filter_map(|policy| match &policy.matcher.path {
+        Some(PathCondition::Prefix(p)) => Some((prefixes.sum_along(p), p.as_str())),
+        Some(PathCondition::Exact(e)) => {
+            Some((prefixes.sum_along(e) + exact.get(e.as_str()).copied().unwrap_or(0), e.as_str()))
+        }
+        _ => None,
+    });
+    match anchors.max_by_key(|(sum, _)| *sum) {
         Some((sum, path)) => Worst { total: always + sum, path: Some(path.to_string()) },
         None => Worst { total: always, path: None },
+    }
+}
+
+/// Path prefixes by their bytes, each node holding the weight of the
+/// prefixes that end there.
+#[derive(Default)]
+struct PrefixTrie {
+    nodes: Vec<TrieNode>,
+}
+
+#[derive(Default)]
+struct TrieNode {
+    weight: usize,
+    children: BTreeMap<u8, usize>,
+}
+
+impl PrefixTrie {
+    fn add(&mut self, prefix: &str, weight: usize) {
+        if self.nodes.is_empty() {
+            self.nodes.push(TrieNode::default());
+        }
+        let mut at = 0;
+        for &byte in prefix.as_bytes() {
+            at = match self.nodes[at].children.get(&byte) {
+                Some(&next) => next,
+                None => {
+                    self.nodes.push(TrieNode::default());
+                    let next = self.nodes.len() - 1;
+                    self.nodes[at].children.insert(byte, next);
+                    next
+                }
+            };
+        }
+        self.nodes[at].weight += weight;
+    }
+
+    /// The weight of every prefix of `path` (itself included).
+    fn sum_along(&self, path: &str) -> usize {
+        let Some(root) = self.nodes.first() else { return 0 };
+        let mut sum = root.weight;
+        let mut at = 0;
+        for byte in path.as_bytes() {
+            match self.nodes[at].children.get(byte) {
+                Some(&next) => {
+                    at = next;
+                    sum += self.nodes[at].weight;
+                }
+                None => break,
+            }
+        }
+        sum
     }
 }
 

@@ -120,12 +120,27 @@ pub(crate) struct RawCondition {
     keys: Option<Vec<String>>,
 }
 
+/// The most entries of one list or map in a condition (`methods`, `keys`,
+/// `headers`, `query`) or of a policy's `bypass`.
+pub const MAX_CONDITION_ENTRIES: usize = 256;
+
 /// The longest `path_regex` accepted.
 const MAX_REGEX_LEN: usize = 1024;
 
 impl<'de> Deserialize<'de> for Condition {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let raw = RawCondition::deserialize(d)?;
+        let lists = [
+            ("methods", raw.methods.as_ref().map_or(0, Vec::len)),
+            ("headers", raw.headers.len()),
+            ("query", raw.query.len()),
+            ("keys", raw.keys.as_ref().map_or(0, Vec::len)),
+        ];
+        if let Some((name, len)) = lists.iter().find(|(_, len)| *len > MAX_CONDITION_ENTRIES) {
+            return Err(de::Error::custom(format!(
+                "`{name}` has {len} entries, more than the {MAX_CONDITION_ENTRIES} a condition may hold"
+            )));
+        }
         let paths = [raw.path_prefix.is_some(), raw.path_exact.is_some(), raw.path_regex.is_some()];
         if paths.iter().filter(|given| **given).count() > 1 {
             return Err(de::Error::custom("give at most one of `path_prefix`, `path_exact`, `path_regex`"));

@@ -29,7 +29,10 @@ use std::fmt;
 use serde::de::{self, Deserialize, Deserializer, SeqAccess, Visitor};
 
 use crate::algorithm::Algorithm;
-use crate::bounds::{worst_case_body, worst_case_checks, MAX_BODY, MAX_CHECKS, MAX_KEY_SOURCES, MAX_LIMITS};
+use crate::bounds::{
+    worst_case_body, worst_case_checks, MAX_BODY, MAX_CHECKS, MAX_CONDITION_ENTRIES, MAX_KEY_SOURCES,
+    MAX_LIMITS, MAX_POLICIES,
+};
 use crate::class::Classes;
 #[cfg(feature = "schema")]
 use crate::condition::RawCondition;
@@ -195,6 +198,12 @@ impl<'de> Deserialize<'de> for Policies {
                 let mut policies: Vec<Policy> = Vec::new();
                 let mut names = BTreeSet::new();
                 while let Some(policy) = seq.next_element::<Policy>()? {
+                    if policies.len() == MAX_POLICIES {
+                        return Err(de::Error::custom(format!(
+                            "more than {MAX_POLICIES} policies: matching scans them for every request; \
+                             key one policy by tenant instead of writing a policy per tenant"
+                        )));
+                    }
                     if !names.insert(policy.name.clone()) {
                         return Err(de::Error::custom(format!(
                             "duplicate policy name \"{}\" at policies[{}]",
@@ -383,6 +392,12 @@ impl<'de> Deserialize<'de> for Policy {
             if let Some((_, why)) = other.iter().find(|(on, _)| *on) {
                 return Err(de::Error::custom(format!("`leased` cannot be used with {why}")));
             }
+        }
+        if raw.bypass.len() > MAX_CONDITION_ENTRIES {
+            return Err(de::Error::custom(format!(
+                "`bypass` has {} entries, more than the {MAX_CONDITION_ENTRIES} a policy may hold",
+                raw.bypass.len()
+            )));
         }
         let matcher = raw.matcher.unwrap_or_default();
         let uses_keys = matcher.needs_key() || raw.bypass.iter().any(Condition::needs_key);

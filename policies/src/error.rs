@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use crate::bounds::MAX_DOCUMENT_BYTES;
 use crate::{Document, Limit};
 
 /// Why a policy document was refused: the JSON path of the offending value,
@@ -24,6 +25,17 @@ impl std::error::Error for ParseError {}
 
 /// Parses and validates a policy document.
 pub fn parse(text: &str) -> Result<Document, ParseError> {
+    if text.len() > MAX_DOCUMENT_BYTES {
+        return Err(ParseError {
+            path: ".".to_string(),
+            reason: format!(
+                "the document is {} bytes, more than the {MAX_DOCUMENT_BYTES} accepted",
+                text.len()
+            ),
+            line: 1,
+            column: 1,
+        });
+    }
     let mut de = serde_json::Deserializer::from_str(text);
     let doc: Document = serde_path_to_error::deserialize(&mut de).map_err(|err| {
         let path = err.path().to_string();

@@ -36,6 +36,7 @@
 //! - [`keys`]: validates a check request and names its Redis keys.
 //! - [`drain`]: the drain on SIGTERM as handlers and waiters see it.
 //! - [`tls`]: rustls: the shim's mTLS server config, Redis's crypto provider.
+//! - [`logs`]: log lines clients can reach: throttled per site, values escaped.
 
 pub mod dashboard;
 pub mod decision;
@@ -44,6 +45,7 @@ pub mod envoy_config;
 pub mod eviction;
 pub mod keys;
 pub mod limiter;
+pub mod logs;
 pub mod metrics;
 pub mod scripts;
 pub mod server;

@@ -30,6 +30,9 @@ use crate::scripts::Scripts;
 use crate::store::{Connect, RedisClient, Target};
 use crate::wait::Waiting;
 
+/// Redis failures that every waiter or check meets in an outage: one line a minute each.
+static REFUND_FAILED_LOG: crate::logs::Throttled = crate::logs::Throttled::per_minute();
+
 pub struct Limiter {
     pub(crate) store: Arc<RedisClient>,
     pub(crate) scripts: Arc<Scripts>,
@@ -202,7 +205,13 @@ impl Limiter {
             for (group, reply) in groups.iter().zip(&replies).filter(|(_, r)| r.allowed) {
                 let group_limits: Vec<&ScriptLimit> = group.iter().map(|&i| &limits[i]).collect();
                 if let Err(err) = self.refund(&group_limits, reply.now, &id).await {
-                    tracing::warn!(?err, "refund after a denial failed; the charge stays until it expires");
+                    if let Some(suppressed) = REFUND_FAILED_LOG.admit() {
+                        tracing::warn!(
+                            ?err,
+                            suppressed,
+                            "refund after a denial failed; the charge stays until it expires"
+                        );
+                    }
                 }
             }
         }

@@ -36,7 +36,6 @@ use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use sluice_core::log_throttle::LogThrottle;
 use sluice_policies::wire::{
     AdjustRequest, CheckRequest, FeedbackRequest, LeaseRequest, ReleaseRequest, RenewRequest, ReportRequest,
     ShedRequest, ADJUST_PATH, CHECK_PATH, FEEDBACK_PATH, LEASE_PATH, MAX_REPORT_BODY, PROTOCOL_HEADER,
@@ -48,6 +47,7 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
 use crate::limiter::{CheckError, Limiter};
+use crate::logs::Throttled;
 
 /// The largest body accepted: the bound every valid document stays within.
 pub use sluice_policies::bounds::MAX_BODY;
@@ -118,16 +118,16 @@ async fn same_protocol(req: axum::extract::Request, next: axum::middleware::Next
 
 /// At most one mismatch line a minute: every call of a mismatched fleet
 /// meets it, and the filter logs each too.
-static MISMATCH_LOG: std::sync::Mutex<LogThrottle> = std::sync::Mutex::new(LogThrottle::new(60_000));
+static MISMATCH_LOG: Throttled = Throttled::per_minute();
 
 fn warn_mismatch(line: &str) {
-    let now_ms =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
-    let mut throttle = MISMATCH_LOG.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(suppressed) = throttle.admit(u64::try_from(now_ms).unwrap_or(u64::MAX)) {
+    if let Some(suppressed) = MISMATCH_LOG.admit() {
         tracing::warn!(suppressed, "{line}");
     }
 }
+
+/// Every check fails while Redis is down: one line a minute says so.
+static REDIS_FAILED_LOG: Throttled = Throttled::per_minute();
 
 /// HTTP/2 streams one connection may have open at once. Hyper's default
 /// (200) is too low for egress waiting: Envoy multiplexes every call of a
@@ -402,7 +402,9 @@ fn answer<T: Serialize>(result: Result<T, CheckError>) -> Response {
             (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response()
         }
         Err(CheckError::Store(reason)) => {
-            tracing::warn!(%reason, "redis call failed");
+            if let Some(suppressed) = REDIS_FAILED_LOG.admit() {
+                tracing::warn!(?reason, suppressed, "redis call failed");
+            }
             (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")).into_response()
         }
     }

@@ -20,8 +20,13 @@ use sluice_policies::wire::{CheckOutcome, CheckRequest, CheckResponse, LimitOutc
 use super::context::{Timers, Waiting};
 use crate::decision::{store_error, CheckError};
 use crate::keys::ScriptLimit;
+use crate::logs::Throttled;
 use crate::scripts::Scripts;
 use crate::store::RedisClient;
+
+/// Redis failures that every waiter or check meets in an outage: one line a minute each.
+static LEAVE_FAILED_LOG: Throttled = Throttled::per_minute();
+static RECLAIM_FAILED_LOG: Throttled = Throttled::per_minute();
 
 /// What `lua/scripts/acquire.lua` answered: the reference model's own type, as the
 /// script mirrors the model (`sluice_policies::algorithm::queue::acquire`).
@@ -253,8 +258,17 @@ impl Drop for Leave {
         runtime.spawn(async move {
             let _cleanup = cleanup;
             match leave(&store, &scripts, &limit, "", &id).await {
-                Ok(_) => tracing::debug!(%id, "client gone while queued: left the queue"),
-                Err(err) => tracing::warn!(%id, ?err, "cannot leave the queue; the deadline will skip it"),
+                Ok(_) => tracing::debug!(?id, "client gone while queued: left the queue"),
+                Err(err) => {
+                    if let Some(suppressed) = LEAVE_FAILED_LOG.admit() {
+                        tracing::warn!(
+                            ?id,
+                            ?err,
+                            suppressed,
+                            "cannot leave the queue; the deadline will skip it"
+                        );
+                    }
+                }
             }
         });
     }
@@ -282,7 +296,9 @@ impl Timers {
                 let next = match reclaim(&store, &scripts, &limit, "").await {
                     Ok((_, next)) => next,
                     Err(err) => {
-                        tracing::warn!(?err, key = %limit.key, "reclaim for waiters failed");
+                        if let Some(suppressed) = RECLAIM_FAILED_LOG.admit() {
+                            tracing::warn!(?err, key = ?limit.key, suppressed, "reclaim for waiters failed");
+                        }
                         None
                     }
                 };

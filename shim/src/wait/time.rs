@@ -26,8 +26,12 @@ use sluice_policies::wire::{CheckRequest, CheckResponse};
 use super::context::{margins, refuse_unsupported, Waiting};
 use crate::decision::{by_check, decode, store_error, CheckError, SlotReply};
 use crate::keys::ScriptLimit;
+use crate::logs::Throttled;
 use crate::scripts::Scripts;
 use crate::store::RedisClient;
+
+/// Redis failures that every waiter or check meets in an outage: one line a minute each.
+static GIVE_BACK_FAILED_LOG: Throttled = Throttled::per_minute();
 
 /// A waiting check on time-based limits only: reserve, hold, answer.
 pub(crate) async fn check(
@@ -268,7 +272,9 @@ impl Cancel {
         let args = self.give_back_args();
         let id = args.id.clone();
         if let Err(err) = args.run().await {
-            tracing::warn!(%id, %err, "cannot give back a reservation inside a pause");
+            if let Some(suppressed) = GIVE_BACK_FAILED_LOG.admit() {
+                tracing::warn!(?id, %err, suppressed, "cannot give back a reservation inside a pause");
+            }
         }
     }
 }
@@ -286,8 +292,12 @@ impl Drop for Cancel {
         runtime.spawn(async move {
             let _cleanup = cleanup;
             match args.run().await {
-                Ok(_) => tracing::debug!(%id, "client gone while held: reservation given back"),
-                Err(err) => tracing::warn!(%id, %err, "cannot give back a cancelled reservation"),
+                Ok(_) => tracing::debug!(?id, "client gone while held: reservation given back"),
+                Err(err) => {
+                    if let Some(suppressed) = GIVE_BACK_FAILED_LOG.admit() {
+                        tracing::warn!(?id, %err, suppressed, "cannot give back a cancelled reservation");
+                    }
+                }
             }
         });
     }
