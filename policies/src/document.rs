@@ -310,7 +310,9 @@ impl<'de> Deserialize<'de> for Policy {
         let matcher = raw.matcher.clone().unwrap_or_default();
         if raw.unlimited {
             if !raw.limits.is_empty() {
-                return Err(de::Error::custom("an `unlimited` policy has no `limits`: remove one or the other"));
+                return Err(de::Error::custom(
+                    "an `unlimited` policy has no `limits`: remove one or the other",
+                ));
             }
             if !matcher.is_grpc_face() {
                 return Err(de::Error::custom(

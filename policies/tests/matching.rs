@@ -213,7 +213,10 @@ fn domain_and_entries_select_descriptors_and_key_them() {
     let rls = |domain: &str, pairs: &[(&str, &str)]| {
         pairs.iter().fold(SimpleRequest::default().domain(domain), |r, (k, v)| r.entry(k, v))
     };
-    assert_eq!(key(&doc, &rls("edge", &[("generic_key", "api"), ("client", "team-a b")])).as_deref(), Some("team-a%20b"));
+    assert_eq!(
+        key(&doc, &rls("edge", &[("generic_key", "api"), ("client", "team-a b")])).as_deref(),
+        Some("team-a%20b")
+    );
     assert!(!applies(&doc, &rls("other", &[("generic_key", "api"), ("client", "team-a")])));
     assert!(!applies(&doc, &rls("edge", &[("generic_key", "web"), ("client", "team-a")])));
     assert!(!applies(&doc, &rls("edge", &[("generic_key", "api"), ("client", "solo")])));

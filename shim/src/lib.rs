@@ -8,6 +8,8 @@
 //! **Serving**: the request handler and what is around it.
 //! - [`server`]: the HTTP endpoints the filter calls, over HTTP/1.1 and
 //!   HTTP/2, in cleartext or mutual TLS; connection caps and deadlines.
+//! - [`grpc`]: the gRPC faces, Envoy's own rate-limit protocols (RLS), on
+//!   `--grpc-listen`: translate to the policy document and the limiter.
 //! - [`limiter`]: the request handler: runs a check as one atomic Lua script
 //!   call on Redis, and the releases and adjustments that follow; hands
 //!   waiting checks to the waiting group.
@@ -40,6 +42,7 @@ pub mod dashboard;
 pub mod decision;
 pub mod envoy_config;
 pub mod eviction;
+pub mod grpc;
 pub mod keys;
 pub mod limiter;
 pub mod metrics;

@@ -35,6 +35,11 @@ struct ServeArgs {
     /// Where to listen, for HTTP/1.1 and HTTP/2 alike.
     #[arg(long, default_value = "127.0.0.1:8181")]
     listen: SocketAddr,
+    /// Also serve Envoy's RLS protocol (`ShouldRateLimit`, for the native
+    /// `envoy.filters.http.ratelimit` filter) over gRPC on this address,
+    /// behind the same TLS options. Needs --policy: the shim decides.
+    #[arg(long, requires = "policy")]
+    grpc_listen: Option<SocketAddr>,
     /// The Redis to keep the limits in.
     #[arg(long, default_value = "redis://127.0.0.1:6379", conflicts_with = "redis_cluster")]
     redis: String,
@@ -128,8 +133,9 @@ fn serve(args: ServeArgs) -> ExitCode {
             (Some(cert), Some(key), Some(ca)) => Some(sluice_shim::tls::server_config(cert, key, ca)?),
             _ => None,
         };
+        let document = args.policy.as_deref().map(sluice_shim::validate::read).transpose()?.map(std::sync::Arc::new);
         let dashboard = sluice_shim::dashboard::Options {
-            policies: args.policy.as_deref().map(sluice_shim::validate::read).transpose()?.map(Into::into),
+            policies: document.clone(),
             playground: args.playground.clone().or_else(sluice_shim::dashboard::playground::beside_binary),
         };
         let options = sluice_shim::server::Options {
@@ -149,7 +155,37 @@ fn serve(args: ServeArgs) -> ExitCode {
                 "listening without authentication on a non-loopback address: anyone who reaches this port can refill buckets and release leases; use --tls-cert, --tls-key and --client-ca"
             );
         }
-        sluice_shim::server::run(listener, limiter, options, shutdown_signal()).await
+        let limiter = std::sync::Arc::new(limiter);
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            let _ = stop.send(true);
+        });
+        let until_stopped = move || {
+            let mut stopped = stopped.clone();
+            async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            }
+        };
+        let grpc = match (args.grpc_listen, document) {
+            (Some(addr), Some(document)) => {
+                let grpc_listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cannot listen on --grpc-listen {addr}: {e}"))?;
+                let faces = sluice_shim::grpc::Faces { limiter: limiter.clone(), document };
+                tracing::info!(grpc_listen = %addr, auth, "sluice gRPC faces serving (RLS)");
+                let app = sluice_shim::grpc::router(faces);
+                let options = options.clone();
+                let until = until_stopped();
+                Some(tokio::spawn(async move { sluice_shim::server::serve(grpc_listener, app, options, until).await }))
+            }
+            _ => None,
+        };
+        sluice_shim::server::run_shared(listener, limiter, options, until_stopped()).await?;
+        match grpc {
+            Some(task) => task.await.map_err(|e| anyhow::anyhow!("the gRPC listener stopped: {e}"))?,
+            None => Ok(()),
+        }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
