@@ -15,6 +15,8 @@
 //!   waiting checks to the waiting group.
 //! - [`dashboard`]: `GET /`, the live Limits dashboard, and the playground at `/playground/`.
 //! - [`validate`]: `sluice validate FILE...`.
+//! - [`import`]: `sluice import`, an envoyproxy/ratelimit configuration as a
+//!   policy document for the RLS face.
 //! - [`simulate`]: `sluice simulate`, an access log replayed through a policy.
 //! - [`envoy_config`]: `sluice envoy-config`, a complete envoy.yaml for a policy
 //!   (rendered by the crate `sluice-envoy-config`).
@@ -43,6 +45,7 @@ pub mod decision;
 pub mod envoy_config;
 pub mod eviction;
 pub mod grpc;
+pub mod import;
 pub mod keys;
 pub mod limiter;
 pub mod metrics;

@@ -26,6 +26,10 @@ enum Command {
     Schema,
     /// Print a complete envoy.yaml that loads the filter with this policy.
     EnvoyConfig(sluice_shim::envoy_config::Args),
+    /// Convert an envoyproxy/ratelimit configuration (YAML) into a policy
+    /// document for the RLS face, on stdout; what it could not carry over,
+    /// and why, on stderr.
+    Import { file: PathBuf },
     /// Replay an access log through a policy: what would it have done?
     Simulate(sluice_shim::simulate::Args),
 }
@@ -95,6 +99,7 @@ fn main() -> ExitCode {
         }
         Command::EnvoyConfig(args) => print_or_fail(sluice_shim::envoy_config::run(&args)),
         Command::Simulate(args) => simulate(&args),
+        Command::Import { file } => import(&file),
     }
 }
 
@@ -201,6 +206,31 @@ fn print_or_fail(result: anyhow::Result<String>) -> ExitCode {
         Ok(text) => {
             print!("{text}");
             ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("sluice: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Prints the document, and each note on stderr.
+fn import(file: &std::path::Path) -> ExitCode {
+    match sluice_shim::import::run(file) {
+        Ok(imported) => {
+            for note in &imported.notes {
+                eprintln!("sluice import: {}: {note}", file.display());
+            }
+            match serde_json::to_string_pretty(&imported.document) {
+                Ok(text) => {
+                    println!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("sluice: {err}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Err(err) => {
             eprintln!("sluice: {err:#}");
