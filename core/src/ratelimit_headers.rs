@@ -38,12 +38,21 @@ impl RateLimitHeaders {
     pub fn most_restrictive<'a>(
         limits: impl IntoIterator<Item = (&'a str, &'a Limit, &'a LimitOutcome)>,
     ) -> Option<RateLimitHeaders> {
-        let (name, limit, outcome) = limits
-            .into_iter()
-            .min_by_key(|(_, _, o)| (o.allowed, o.remaining, std::cmp::Reverse(wait_ms(o))))?;
+        let (name, limit, outcome) = most_restrictive(limits)?;
         Some(RateLimitHeaders::of(name, limit, outcome.remaining, wait_ms(outcome)))
     }
+}
 
+/// The limit the headers describe: a denying one first, then the one with
+/// the fewest requests remaining, then the one that takes longest to reset.
+/// (The RLS face answers each descriptor's `current_limit` with it too.)
+pub fn most_restrictive<'a>(
+    limits: impl IntoIterator<Item = (&'a str, &'a Limit, &'a LimitOutcome)>,
+) -> Option<(&'a str, &'a Limit, &'a LimitOutcome)> {
+    limits.into_iter().min_by_key(|(_, _, o)| (o.allowed, o.remaining, std::cmp::Reverse(wait_ms(o))))
+}
+
+impl RateLimitHeaders {
     /// The headers for one limit with `remaining` requests left, `wait_ms` from resetting.
     pub fn of(name: &str, limit: &Limit, remaining: u64, wait_ms: u64) -> RateLimitHeaders {
         // Written piece by piece, not with `format!`: a denial from the
@@ -90,7 +99,7 @@ fn push_param(out: &mut String, key: &str, value: u64) {
 }
 
 /// For a denying limit, until it would admit; otherwise until it resets.
-fn wait_ms(o: &LimitOutcome) -> u64 {
+pub fn wait_ms(o: &LimitOutcome) -> u64 {
     if o.allowed {
         o.reset_ms.get()
     } else {

@@ -10,6 +10,8 @@
 //! - [`timeout_values`]: the values that depend on the document's waits.
 //! - [`ShimTls`]: mutual TLS from Envoy to the shim, as the template's
 //!   `${SHIM_TRANSPORT_SOCKET}`.
+//! - [`rls`]: the RLS face's template, `envoy/rls.yaml` (Envoy's native
+//!   rate-limit filter), and its values from the document.
 //!
 //! **Timeouts and egress waiting.** The filter holds a waiting request
 //! before the router, as one call to the shim. What could cut it short:
@@ -32,6 +34,8 @@
 use std::path::PathBuf;
 
 use anyhow::bail;
+
+pub mod rls;
 
 /// `envoy/demo.yaml`: the template `sluice envoy-config`, the tests and the
 /// demo render.

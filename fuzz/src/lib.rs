@@ -11,6 +11,9 @@
 //!   Redis key with.
 //! - [`answer`]: the filter reading the shim's answers, and the over-limit
 //!   cache and leased mode's pool reading shared data.
+//! - [`rls`]: the RLS face's decoder: a `RateLimitRequest` (Envoy's, or an
+//!   attacker's protobuf) as descriptors, evaluated and planned against a
+//!   document of gRPC-face policies, and answered.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -243,4 +246,43 @@ fn shim_accepts(check: &Check) {
     for limit in &check.limits {
         assert_eq!(limit.validate(), Ok(()), "the filter sent a limit the shim refuses: {limit:?}");
     }
+}
+
+/// gRPC-face policies for [`rls`]: every limit kind the face takes, keys
+/// from entries, shadow and unlimited.
+const RLS_DOCUMENT: &str = r#"{"headers": "always", "policies": [
+  {"name": "a", "match": {"domain": "edge", "entries": {"k": {"present": true}}}, "key": ["entry:k"],
+   "limits": [{"type": "fixed_window", "limit": 2, "window": "1m"}, {"type": "interval", "every": "1s"}]},
+  {"name": "b", "match": {"entries": {"p": {"prefix": "x"}}}, "key": ["entry:p", "entry:q"], "on_missing_key": "deny",
+   "limits": [{"type": "points", "capacity": 10, "refill": "1m", "cost": 1}]},
+  {"name": "c", "shadow": true, "match": {"domain": "edge"}, "limits": [{"type": "token_bucket", "rate": 1, "per": "1s", "burst": 2}]},
+  {"name": "d", "unlimited": true, "match": {"domain": "edge", "entries": {"u": {"equals": "1"}}}}
+]}"#;
+
+/// Any bytes as a `RateLimitRequest`: decoding refuses or yields at most
+/// the bounded number of descriptors, each bounded; planning refuses or
+/// yields at most the shim's checks; the answer has one status per
+/// descriptor and every key is a safe Redis key.
+pub fn rls(data: &[u8]) {
+    use prost::Message;
+    use sluice_shim::grpc::rls::{answer, decode, plan, MAX_DESCRIPTORS, MAX_ENTRIES};
+    thread_local! {
+        static DOC: Document = sluice_policies::parse(RLS_DOCUMENT).expect("the RLS document");
+    }
+    let Ok(req) = envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest::decode(data) else {
+        return;
+    };
+    let Ok(descriptors) = decode(&req) else { return };
+    assert!(!descriptors.is_empty() && descriptors.len() <= MAX_DESCRIPTORS);
+    assert!(descriptors.iter().all(|d| d.hits >= 1 && d.request.entries.len() <= MAX_ENTRIES));
+    DOC.with(|doc| {
+        let Ok(plan) = plan(doc, &descriptors) else { return };
+        assert_eq!(plan.descriptors.len(), descriptors.len());
+        for checks in [&plan.enforced.checks, &plan.shadow.checks] {
+            assert!(checks.len() <= sluice_policies::bounds::MAX_CHECKS);
+            assert!(checks.iter().all(|c| key::is_encoded(&c.key)));
+        }
+        let resp = answer(doc, &plan, None);
+        assert_eq!(resp.statuses.len(), descriptors.len());
+    });
 }

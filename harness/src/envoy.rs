@@ -68,6 +68,19 @@ impl Envoy {
         Envoy::start_template(&demo_template(), &all, DEMO_CONCURRENCY)
     }
 
+    /// Starts Envoy with its native rate-limit filter (`envoy/rls.yaml`, as
+    /// `sluice envoy-config --face rls` renders it for `policy_json`)
+    /// asking the shim's gRPC listener on `grpc_port`.
+    pub fn start_rls(policy_json: &str, grpc_port: u16, upstream_port: u16) -> anyhow::Result<Envoy> {
+        let doc = sluice_policies::parse(policy_json).map_err(|e| anyhow::anyhow!("the policy: {e}"))?;
+        let rls = sluice_envoy_config::rls::rls_values(&doc)?;
+        let mut values: Vec<(&str, String)> = rls.iter().map(|(n, v)| (n.as_str(), v.clone())).collect();
+        values.push(("UPSTREAM_PORT", upstream_port.to_string()));
+        values.push(("SHIM_PORT", grpc_port.to_string()));
+        let template = workspace_root().join("envoy/rls.yaml");
+        Envoy::start_template(&template, &values, DEMO_CONCURRENCY)
+    }
+
     /// Starts Envoy from any config `template` with `concurrency` workers and
     /// waits until it serves. The template's `${LISTEN_PORT}` and
     /// `${ADMIN_PORT}` are filled here; `values` fill its other placeholders.

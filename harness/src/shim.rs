@@ -109,6 +109,37 @@ impl Shim {
     }
 }
 
+/// A shim that also serves the gRPC faces: `sluice serve --grpc-listen`.
+pub struct GrpcShim {
+    pub shim: Shim,
+    /// The gRPC listener (`--grpc-listen`).
+    pub grpc_port: u16,
+}
+
+impl GrpcShim {
+    /// Starts `sluice serve --grpc-listen 127.0.0.1:PORT --policy FILE` with
+    /// `policy_json` written to FILE, and waits for `/healthz` and the gRPC port.
+    pub fn start(redis_url: &str, policy_json: &str) -> anyhow::Result<GrpcShim> {
+        let dir = scratch_dir("grpc-shim")?;
+        let policy = dir.join("policy.json");
+        std::fs::write(&policy, policy_json)?;
+        retry_port_clash(|| {
+            let grpc_port = free_port()?;
+            let grpc = format!("127.0.0.1:{grpc_port}");
+            let args = ["--grpc-listen".as_ref(), grpc.as_ref(), "--policy".as_ref(), policy.as_os_str()];
+            let shim = Shim::start_with_args(redis_url, &args)?;
+            let deadline = std::time::Instant::now() + STARTUP;
+            while !crate::probe::listening(grpc_port) {
+                if std::time::Instant::now() > deadline {
+                    anyhow::bail!("the shim's gRPC listener did not open\n{}", shim.log());
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Ok(GrpcShim { shim, grpc_port })
+        })
+    }
+}
+
 fn spawn(port: u16, store: &[String]) -> anyhow::Result<Proc> {
     let bin = dist("sluice")?;
     let mut cmd = Command::new(bin);

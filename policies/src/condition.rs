@@ -7,12 +7,18 @@
 //! `{"present": true}` (or `false` for absent), `{"equals": "v"}` or
 //! `{"prefix": "v"}`; query values are form-decoded first. `keys` holds when
 //! the policy's key (of a single source) is one of the listed raw values.
+//!
+//! `domain` (exact) and `entries` (each `{"present"}`, `{"equals"}` or
+//! `{"prefix"}`, like headers) are read from a gRPC face's request: an RLS
+//! descriptor's entries, an RLQS bucket id. A policy whose `match` names
+//! either is a gRPC-face policy (see [`Condition::is_grpc_face`]).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::de::{self, Deserialize, Deserializer};
 
+use crate::key::MAX_SOURCE_NAME_LEN;
 use crate::request::{host_only, path_only, query_param};
 use crate::{HeaderName, Request};
 
@@ -24,6 +30,10 @@ pub struct Condition {
     pub headers: BTreeMap<HeaderName, ValueCondition>,
     pub query: BTreeMap<String, ValueCondition>,
     pub keys: Option<Vec<String>>,
+    /// A gRPC face's domain, exact.
+    pub domain: Option<String>,
+    /// A gRPC face's entries, by key.
+    pub entries: BTreeMap<String, ValueCondition>,
 }
 
 #[derive(Debug, Clone)]
@@ -68,6 +78,13 @@ impl Condition {
         self.keys.is_some()
     }
 
+    /// Whether this names `domain` or `entries`: as a policy's `match`, it
+    /// makes the policy a gRPC-face policy, which only requests of a gRPC
+    /// face (with a domain) reach, and no HTTP request from the filter.
+    pub fn is_grpc_face(&self) -> bool {
+        self.domain.is_some() || !self.entries.is_empty()
+    }
+
     /// Whether every condition holds. `raw_key` is the policy's raw key value,
     /// asked for only when [`Condition::needs_key`].
     pub fn holds(&self, req: &impl Request, raw_key: Option<&[u8]>) -> bool {
@@ -86,6 +103,8 @@ impl Condition {
                 .keys
                 .as_ref()
                 .is_none_or(|keys| raw_key.is_some_and(|k| keys.iter().any(|v| v.as_bytes() == k)))
+            && self.domain.as_ref().is_none_or(|d| req.domain() == Some(d.as_bytes()))
+            && self.entries.iter().all(|(key, cond)| cond.holds(req.entry(key).as_deref()))
     }
 
     fn path_holds(&self, path: &[u8]) -> bool {
@@ -118,6 +137,11 @@ pub(crate) struct RawCondition {
     query: BTreeMap<String, ValueCondition>,
     /// Raw values of the policy's (single) key source.
     keys: Option<Vec<String>>,
+    /// gRPC faces: the request's domain (an RLS request's `domain`), exact.
+    domain: Option<String>,
+    /// gRPC faces: entries by key (an RLS descriptor's, an RLQS bucket id's).
+    #[serde(default)]
+    entries: BTreeMap<String, ValueCondition>,
 }
 
 /// The most entries of one list or map in a condition (`methods`, `keys`,
@@ -145,6 +169,11 @@ impl<'de> Deserialize<'de> for Condition {
         if paths.iter().filter(|given| **given).count() > 1 {
             return Err(de::Error::custom("give at most one of `path_prefix`, `path_exact`, `path_regex`"));
         }
+        if let Some(key) = raw.entries.keys().find(|k| k.is_empty() || k.len() > MAX_SOURCE_NAME_LEN) {
+            return Err(de::Error::custom(format!(
+                "invalid entry key {key:?} (expected 1 to {MAX_SOURCE_NAME_LEN} bytes)"
+            )));
+        }
         let path = if let Some(p) = raw.path_prefix {
             Some(PathCondition::Prefix(p))
         } else if let Some(p) = raw.path_exact {
@@ -161,6 +190,8 @@ impl<'de> Deserialize<'de> for Condition {
             headers: raw.headers,
             query: raw.query,
             keys: raw.keys,
+            domain: raw.domain,
+            entries: raw.entries,
         })
     }
 }

@@ -255,6 +255,9 @@ pub struct Policy {
     pub shed: Option<ShedPolicy>,
     /// Leased mode: spend leases of the window's tokens locally.
     pub leased: Option<crate::leased::Leased>,
+    /// A gRPC-face policy that limits nothing: its requests are answered
+    /// OK and counted as `unlimited` (`limits` is then empty).
+    pub unlimited: bool,
 }
 
 #[derive(serde::Deserialize)]
@@ -276,8 +279,13 @@ pub(crate) struct RawPolicy {
     /// A request without one of the key sources: `shared` bucket, `deny` (400) or `skip` the policy.
     #[serde(default)]
     on_missing_key: OnMissingKey,
-    /// At least one limit; the request must pass all of them.
+    /// At least one limit, unless `unlimited`; the request must pass all of them.
+    #[serde(default)]
     limits: Vec<Limit>,
+    /// gRPC faces: the policy limits nothing; its requests are answered OK and
+    /// counted as unlimited. Give no `limits`.
+    #[serde(default)]
+    unlimited: bool,
     /// Count and report every decision, but never refuse a request.
     #[serde(default)]
     shadow: bool,
@@ -308,8 +316,27 @@ pub(crate) struct RawPolicy {
 impl<'de> Deserialize<'de> for Policy {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let raw = RawPolicy::deserialize(d)?;
-        if raw.limits.is_empty() {
+        let matcher = raw.matcher.clone().unwrap_or_default();
+        if raw.unlimited {
+            if !raw.limits.is_empty() {
+                return Err(de::Error::custom(
+                    "an `unlimited` policy has no `limits`: remove one or the other",
+                ));
+            }
+            if !matcher.is_grpc_face() {
+                return Err(de::Error::custom(
+                    "`unlimited` is for gRPC-face policies (a `match` naming `domain` or `entries`): an HTTP policy that limits nothing is no policy",
+                ));
+            }
+        } else if raw.limits.is_empty() {
             return Err(de::Error::custom("a policy needs at least one limit"));
+        }
+        if matcher.is_grpc_face() {
+            grpc_face_fits(&raw).map_err(de::Error::custom)?;
+        } else if let Some(source) = raw.key.iter().find(|s| matches!(s, KeySource::Entry(_))) {
+            return Err(de::Error::custom(format!(
+                "key source \"{source}\" reads a gRPC face's entries: only a policy whose `match` names `domain` or `entries` has them"
+            )));
         }
         if raw.limits.len() > MAX_LIMITS {
             return Err(de::Error::custom(format!(
@@ -399,7 +426,6 @@ impl<'de> Deserialize<'de> for Policy {
                 raw.bypass.len()
             )));
         }
-        let matcher = raw.matcher.unwrap_or_default();
         let uses_keys = matcher.needs_key() || raw.bypass.iter().any(Condition::needs_key);
         if uses_keys && raw.key.len() != 1 {
             return Err(de::Error::custom("a `keys` condition needs a policy with exactly one key source"));
@@ -419,7 +445,34 @@ impl<'de> Deserialize<'de> for Policy {
             upstream: raw.upstream,
             shed: raw.shed,
             leased: raw.leased,
+            unlimited: raw.unlimited,
         })
+    }
+}
+
+/// What a gRPC-face policy cannot use: its face answers each request once
+/// and hears nothing after (no stream end, no response).
+fn grpc_face_fits(raw: &RawPolicy) -> Result<(), String> {
+    const GRPC: &str = "a gRPC-face policy (its `match` names `domain` or `entries`)";
+    if let Some(i) = raw.limits.iter().position(|l| l.lease().is_some()) {
+        return Err(format!(
+            "{GRPC} cannot have a concurrency limit (limits[{i}]): its face answers once and never hears the request end, so a slot would never be released"
+        ));
+    }
+    if let Some(i) = raw.limits.iter().position(|l| l.actual_cost_header().is_some()) {
+        return Err(format!(
+            "{GRPC} cannot read an `actual_cost_header` (limits[{i}]): its face never sees the response"
+        ));
+    }
+    let other = [
+        (raw.wait.is_some(), "`wait`: its face answers at once and cannot hold a request"),
+        (raw.upstream.is_some(), "`upstream`: its face never sees the partner's answer"),
+        (raw.shed.is_some(), "`shed`: its face reads no utilization"),
+        (raw.leased.is_some(), "`leased`: leases are spent inside the Sluice filter"),
+    ];
+    match other.iter().find(|(on, _)| *on) {
+        Some((_, why)) => Err(format!("{GRPC} cannot use {why}")),
+        None => Ok(()),
     }
 }
 
@@ -447,8 +500,13 @@ impl Policy {
         }
     }
 
-    /// Whether `match` holds and no `bypass` does.
+    /// Whether `match` holds and no `bypass` does. A gRPC face's request
+    /// (with a domain) is matched only by gRPC-face policies, an HTTP
+    /// request only by the others.
     fn matches(&self, req: &impl Request, ip: ClientIp) -> bool {
+        if self.matcher.is_grpc_face() != req.domain().is_some() {
+            return false;
+        }
         let needs_key = self.matcher.needs_key() || self.bypass.iter().any(Condition::needs_key);
         let raw = if needs_key { raw_key(&self.key, req, ip) } else { None };
         let raw = raw.as_deref();

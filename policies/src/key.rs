@@ -44,7 +44,13 @@ pub enum KeySource {
     Host,
     /// `query:NAME`: the first value of a query parameter, form-decoded.
     Query(String),
+    /// `entry:NAME`: a gRPC face's entry (an RLS descriptor's, an RLQS
+    /// bucket id's), by key; only in a gRPC-face policy.
+    Entry(String),
 }
+
+/// The longest name of a `query:` or `entry:` key source.
+pub const MAX_SOURCE_NAME_LEN: usize = 128;
 
 impl KeySource {
     pub fn parse(text: &str) -> Option<KeySource> {
@@ -58,8 +64,12 @@ impl KeySource {
         if let Some(name) = text.strip_prefix("header:") {
             return HeaderName::new(name).map(KeySource::Header);
         }
+        let named = |name: &str| !name.is_empty() && name.len() <= MAX_SOURCE_NAME_LEN;
+        if let Some(name) = text.strip_prefix("entry:") {
+            return named(name).then(|| KeySource::Entry(name.to_string()));
+        }
         let name = text.strip_prefix("query:")?;
-        (!name.is_empty() && name.len() <= 128).then(|| KeySource::Query(name.to_string()))
+        named(name).then(|| KeySource::Query(name.to_string()))
     }
 
     /// What this source reads from a request (`ip` as `ip` finds the client).
@@ -70,6 +80,7 @@ impl KeySource {
             KeySource::Path | KeySource::Query(_) => Attribute::Path,
             KeySource::Method => Attribute::Method,
             KeySource::Host => Attribute::Authority,
+            KeySource::Entry(name) => Attribute::Entry(name),
         }
     }
 
@@ -88,6 +99,7 @@ impl KeySource {
                 Cow::Borrowed(v) => Cow::Borrowed(v.as_bytes()),
                 Cow::Owned(v) => Cow::Owned(v.into_bytes()),
             }),
+            KeySource::Entry(name) => req.entry(name),
         }
     }
 }
@@ -102,6 +114,7 @@ impl std::fmt::Display for KeySource {
             KeySource::Method => f.write_str("method"),
             KeySource::Host => f.write_str("host"),
             KeySource::Query(name) => write!(f, "query:{name}"),
+            KeySource::Entry(name) => write!(f, "entry:{name}"),
         }
     }
 }
@@ -111,7 +124,7 @@ impl<'de> Deserialize<'de> for KeySource {
         let text = String::deserialize(d)?;
         KeySource::parse(&text).ok_or_else(|| {
             de::Error::custom(format!(
-                "invalid key source {text:?} (expected \"header:NAME\", \"ip\", \"path\", \"method\", \"host\" or \"query:NAME\")"
+                "invalid key source {text:?} (expected \"header:NAME\", \"ip\", \"path\", \"method\", \"host\", \"query:NAME\" or \"entry:NAME\")"
             ))
         })
     }

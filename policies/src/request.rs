@@ -14,6 +14,18 @@ pub trait Request {
     fn header(&self, name: &str) -> Option<Cow<'_, [u8]>>;
     /// The downstream peer address, `ip:port`, as the proxy saw it.
     fn source_address(&self) -> Option<Cow<'_, [u8]>>;
+    /// The domain of a request that came through a gRPC face (an RLS
+    /// request's `domain`, an RLQS stream's); `None` for the filter's HTTP
+    /// requests. A request with a domain is matched only by gRPC-face
+    /// policies, and one without only by the others.
+    fn domain(&self) -> Option<&[u8]> {
+        None
+    }
+    /// A gRPC face's entry by key: one RLS descriptor's entry, one RLQS
+    /// bucket id's value. HTTP requests have none.
+    fn entry(&self, _key: &str) -> Option<Cow<'_, [u8]>> {
+        None
+    }
 }
 
 /// One thing a [`Request`] is read for, by name: what a key source or a
@@ -28,6 +40,10 @@ pub enum Attribute<'a> {
     Header(&'a str),
     /// The downstream peer address.
     SourceAddress,
+    /// A gRPC face's domain.
+    Domain,
+    /// A gRPC face's entry, by key.
+    Entry(&'a str),
 }
 
 /// A request held in plain values, for tests, benches and tools.
@@ -39,6 +55,10 @@ pub struct SimpleRequest {
     /// Lower-case names; the first of a repeated name wins.
     pub headers: Vec<(String, Vec<u8>)>,
     pub source_address: Option<Vec<u8>>,
+    /// A gRPC face's domain; `None` for an HTTP request.
+    pub domain: Option<Vec<u8>>,
+    /// A gRPC face's entries; the first of a repeated key wins.
+    pub entries: Vec<(String, Vec<u8>)>,
 }
 
 impl SimpleRequest {
@@ -60,6 +80,17 @@ impl SimpleRequest {
         self.source_address = Some(address.into());
         self
     }
+
+    /// Makes this a gRPC face's request, in `domain`.
+    pub fn domain(mut self, domain: impl AsRef<[u8]>) -> SimpleRequest {
+        self.domain = Some(domain.as_ref().to_vec());
+        self
+    }
+
+    pub fn entry(mut self, key: &str, value: impl AsRef<[u8]>) -> SimpleRequest {
+        self.entries.push((key.to_string(), value.as_ref().to_vec()));
+        self
+    }
 }
 
 impl Request for SimpleRequest {
@@ -77,6 +108,12 @@ impl Request for SimpleRequest {
     }
     fn source_address(&self) -> Option<Cow<'_, [u8]>> {
         self.source_address.as_deref().map(Cow::Borrowed)
+    }
+    fn domain(&self) -> Option<&[u8]> {
+        self.domain.as_deref()
+    }
+    fn entry(&self, key: &str) -> Option<Cow<'_, [u8]>> {
+        self.entries.iter().find(|(k, _)| k == key).map(|(_, v)| Cow::Borrowed(v.as_slice()))
     }
 }
 

@@ -190,3 +190,35 @@ fn checks_carry_the_limits_and_the_request_cost() {
     assert_eq!(limits(&get("/")), [window, points(10)]);
     assert_eq!(limits(&get("/").header("x-cost", "lots")), [window, points(10)]);
 }
+
+/// A gRPC face's request (with a domain) reaches only gRPC-face policies,
+/// and an HTTP request only the others, even a policy that matches everything.
+#[test]
+fn grpc_face_policies_and_http_policies_never_meet() {
+    let grpc = doc_with(r#""match": {"domain": "edge", "entries": {"kind": {"present": false}}}"#);
+    let everything = doc_with(r#""match": {}"#);
+    let rls = SimpleRequest::default().domain("edge").entry("client", "a");
+    assert!(applies(&grpc, &rls));
+    assert!(!applies(&grpc, &get("/")), "an HTTP request has no absent entries to match");
+    assert!(!applies(&everything, &rls), "an HTTP policy never sees a descriptor");
+    assert!(applies(&everything, &get("/")));
+}
+
+#[test]
+fn domain_and_entries_select_descriptors_and_key_them() {
+    let doc = doc_with(
+        r#""match": {"domain": "edge", "entries": {"generic_key": {"equals": "api"}, "client": {"prefix": "team-"}}},
+           "key": ["entry:client"]"#,
+    );
+    let rls = |domain: &str, pairs: &[(&str, &str)]| {
+        pairs.iter().fold(SimpleRequest::default().domain(domain), |r, (k, v)| r.entry(k, v))
+    };
+    assert_eq!(
+        key(&doc, &rls("edge", &[("generic_key", "api"), ("client", "team-a b")])).as_deref(),
+        Some("team-a%20b")
+    );
+    assert!(!applies(&doc, &rls("other", &[("generic_key", "api"), ("client", "team-a")])));
+    assert!(!applies(&doc, &rls("edge", &[("generic_key", "web"), ("client", "team-a")])));
+    assert!(!applies(&doc, &rls("edge", &[("generic_key", "api"), ("client", "solo")])));
+    assert!(!applies(&doc, &rls("edge", &[("generic_key", "api")])));
+}

@@ -9,15 +9,29 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use sluice_envoy_config::{render, timeout_values, ShimTls, DEMO_TEMPLATE};
 
+/// Which Envoy filter asks Sluice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Face {
+    /// The Sluice filter (sluice.wasm) calling `sluice serve --listen`.
+    Wasm,
+    /// Envoy's native rate-limit filter calling `sluice serve --grpc-listen`
+    /// (the RLS face), with the route's `rate_limits` from the document.
+    Rls,
+}
+
 #[derive(clap::Args)]
 pub struct Args {
+    /// Which filter: `wasm` (the Sluice filter) or `rls` (Envoy's native
+    /// rate-limit filter and the shim's RLS face).
+    #[arg(long, value_enum, default_value = "wasm")]
+    face: Face,
     /// The policy document to embed; it must validate.
     #[arg(long)]
     policy: PathBuf,
     /// The filter; made absolute. Default: dist/sluice.wasm under the current directory.
     #[arg(long)]
     wasm: Option<PathBuf>,
-    /// The shim, `sluice serve --listen`.
+    /// The shim: `sluice serve --listen` (wasm), or its `--grpc-listen` (rls).
     #[arg(long, default_value = "127.0.0.1:8181")]
     shim: SocketAddr,
     /// Where Envoy accepts traffic.
@@ -72,8 +86,16 @@ fn shim_transport_socket(args: &Args) -> anyhow::Result<String> {
 pub fn run(args: &Args) -> anyhow::Result<String> {
     let policy = std::fs::read_to_string(&args.policy)
         .with_context(|| format!("cannot read {}", args.policy.display()))?;
-    if let Err(err) = sluice_policies::parse(&policy) {
-        bail!("{}: {err}", args.policy.display());
+    let doc = match sluice_policies::parse(&policy) {
+        Ok(doc) => doc,
+        Err(err) => bail!("{}: {err}", args.policy.display()),
+    };
+    if args.face == Face::Rls {
+        let mut values = sluice_envoy_config::rls::rls_values(&doc)
+            .with_context(|| format!("{}", args.policy.display()))?;
+        values.push(("SHIM_TRANSPORT_SOCKET".to_string(), shim_transport_socket(args)?));
+        values.extend(addresses(args));
+        return render(sluice_envoy_config::rls::RLS_TEMPLATE, &values);
     }
     let wasm = args.wasm.clone().unwrap_or_else(|| PathBuf::from("dist/sluice.wasm"));
     let wasm = std::path::absolute(&wasm).with_context(|| format!("bad --wasm {}", wasm.display()))?;
@@ -83,12 +105,19 @@ pub fn run(args: &Args) -> anyhow::Result<String> {
         ("POLICY_JSON".to_string(), serde_json::to_string(&policy)?),
         ("SHIM_TRANSPORT_SOCKET".to_string(), shim_transport_socket(args)?),
     ];
+    values.extend(addresses(args));
+    values.extend(timeout_values(&policy));
+    render(DEMO_TEMPLATE, &values)
+}
+
+/// The templates' `*_HOST` and `*_PORT` values.
+fn addresses(args: &Args) -> Vec<(String, String)> {
+    let mut values = Vec::new();
     for (name, addr) in
         [("LISTEN", args.listen), ("ADMIN", args.admin), ("UPSTREAM", args.upstream), ("SHIM", args.shim)]
     {
         values.push((format!("{name}_HOST"), addr.ip().to_string()));
         values.push((format!("{name}_PORT"), addr.port().to_string()));
     }
-    values.extend(timeout_values(&policy));
-    render(DEMO_TEMPLATE, &values)
+    values
 }

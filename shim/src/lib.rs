@@ -8,11 +8,15 @@
 //! **Serving**: the request handler and what is around it.
 //! - [`server`]: the HTTP endpoints the filter calls, over HTTP/1.1 and
 //!   HTTP/2, in cleartext or mutual TLS; connection caps and deadlines.
+//! - [`grpc`]: the gRPC faces, Envoy's own rate-limit protocols (RLS), on
+//!   `--grpc-listen`: translate to the policy document and the limiter.
 //! - [`limiter`]: the request handler: runs a check as one atomic Lua script
 //!   call on Redis, and the releases and adjustments that follow; hands
 //!   waiting checks to the waiting group.
 //! - [`dashboard`]: `GET /`, the live Limits dashboard, and the playground at `/playground/`.
 //! - [`validate`]: `sluice validate FILE...`.
+//! - [`import`]: `sluice import`, an envoyproxy/ratelimit configuration as a
+//!   policy document for the RLS face.
 //! - [`simulate`]: `sluice simulate`, an access log replayed through a policy.
 //! - [`envoy_config`]: `sluice envoy-config`, a complete envoy.yaml for a policy
 //!   (rendered by the crate `sluice-envoy-config`).
@@ -38,11 +42,17 @@
 //! - [`tls`]: rustls: the shim's mTLS server config, Redis's crypto provider.
 //! - [`logs`]: log lines clients can reach: throttled per site, values escaped.
 
+// The gRPC faces' futures (tonic around the limiter's check, which may
+// wait) are deeper than the compiler's default layout query depth.
+#![recursion_limit = "256"]
+
 pub mod dashboard;
 pub mod decision;
 pub mod drain;
 pub mod envoy_config;
 pub mod eviction;
+pub mod grpc;
+pub mod import;
 pub mod keys;
 pub mod limiter;
 pub mod logs;

@@ -27,6 +27,10 @@ enum Command {
     Schema,
     /// Print a complete envoy.yaml that loads the filter with this policy.
     EnvoyConfig(sluice_shim::envoy_config::Args),
+    /// Convert an envoyproxy/ratelimit configuration (YAML) into a policy
+    /// document for the RLS face, on stdout; what it could not carry over,
+    /// and why, on stderr.
+    Import { file: PathBuf },
     /// Replay an access log through a policy: what would it have done?
     Simulate(sluice_shim::simulate::Args),
 }
@@ -36,6 +40,11 @@ struct ServeArgs {
     /// Where to listen, for HTTP/1.1 and HTTP/2 alike.
     #[arg(long, default_value = "127.0.0.1:8181")]
     listen: SocketAddr,
+    /// Also serve Envoy's RLS protocol (`ShouldRateLimit`, for the native
+    /// `envoy.filters.http.ratelimit` filter) over gRPC on this address,
+    /// behind the same TLS options. Needs --policy: the shim decides.
+    #[arg(long, requires = "policy")]
+    grpc_listen: Option<SocketAddr>,
     /// The Redis to keep the limits in.
     #[arg(long, default_value = "redis://127.0.0.1:6379", conflicts_with = "redis_cluster")]
     redis: String,
@@ -110,6 +119,7 @@ fn main() -> ExitCode {
         }
         Command::EnvoyConfig(args) => print_or_fail(sluice_shim::envoy_config::run(&args)),
         Command::Simulate(args) => simulate(&args),
+        Command::Import { file } => import(&file),
     }
 }
 
@@ -151,8 +161,8 @@ fn serve(args: ServeArgs) -> ExitCode {
             (Some(cert), Some(key), Some(ca)) => Some(sluice_shim::tls::server_config(cert, key, ca)?),
             _ => None,
         };
-        let policies: sluice_shim::dashboard::Policies =
-            args.policy.as_deref().map(sluice_shim::validate::read).transpose()?.map(Arc::new).into();
+        let document = args.policy.as_deref().map(sluice_shim::validate::read).transpose()?.map(Arc::new);
+        let policies: sluice_shim::dashboard::Policies = document.clone().into();
         if let Some(path) = &args.policy {
             tokio::spawn(reload_on_sighup(path.clone(), policies.clone()));
         }
@@ -180,7 +190,38 @@ fn serve(args: ServeArgs) -> ExitCode {
                 "listening without authentication on a non-loopback address: anyone who reaches this port can refill buckets and release leases; use --tls-cert, --tls-key and --client-ca"
             );
         }
-        sluice_shim::server::run(listener, limiter, options, shutdown_signal()).await
+        let limiter = std::sync::Arc::new(limiter);
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            let _ = stop.send(true);
+        });
+        let until_stopped = move || {
+            let mut stopped = stopped.clone();
+            async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            }
+        };
+        let grpc = match (args.grpc_listen, document) {
+            (Some(addr), Some(document)) => {
+                let grpc_listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cannot listen on --grpc-listen {addr}: {e}"))?;
+                let faces = sluice_shim::grpc::Faces { limiter: limiter.clone(), document };
+                tracing::info!(grpc_listen = %addr, auth, "sluice gRPC faces serving (RLS)");
+                let app = sluice_shim::grpc::router(faces);
+                let options = options.clone();
+                let until = until_stopped();
+                let drain = limiter.drain().clone();
+                Some(tokio::spawn(sluice_shim::server::serve(grpc_listener, app, options, until, drain)))
+            }
+            _ => None,
+        };
+        sluice_shim::server::run_shared(listener, limiter, options, until_stopped()).await?;
+        match grpc {
+            Some(task) => task.await.map_err(|e| anyhow::anyhow!("the gRPC listener stopped: {e}"))?,
+            None => Ok(()),
+        }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -196,6 +237,31 @@ fn print_or_fail(result: anyhow::Result<String>) -> ExitCode {
         Ok(text) => {
             print!("{text}");
             ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("sluice: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Prints the document, and each note on stderr.
+fn import(file: &std::path::Path) -> ExitCode {
+    match sluice_shim::import::run(file) {
+        Ok(imported) => {
+            for note in &imported.notes {
+                eprintln!("sluice import: {}: {note}", file.display());
+            }
+            match serde_json::to_string_pretty(&imported.document) {
+                Ok(text) => {
+                    println!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("sluice: {err}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Err(err) => {
             eprintln!("sluice: {err:#}");

@@ -58,6 +58,11 @@ pub fn router(limiter: Limiter) -> Router {
 
 /// [`router`], with the dashboard given a policy document and the playground.
 pub fn router_with(limiter: Limiter, dashboard: crate::dashboard::Options) -> Router {
+    router_shared(Arc::new(limiter), dashboard)
+}
+
+/// [`router_with`], for a limiter the gRPC faces share.
+pub fn router_shared(limiter: Arc<Limiter>, dashboard: crate::dashboard::Options) -> Router {
     let pages = crate::dashboard::routes(&limiter, dashboard);
     let metrics = limiter.metrics.clone();
     let app = Router::new()
@@ -72,7 +77,7 @@ pub fn router_with(limiter: Limiter, dashboard: crate::dashboard::Options) -> Ro
         .layer(axum::middleware::from_fn(same_protocol))
         .route("/healthz", get(healthz))
         .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(Arc::new(limiter));
+        .with_state(limiter);
     crate::metrics::serve(app, metrics).merge(pages)
 }
 
@@ -189,6 +194,16 @@ pub async fn run(
     options: Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    run_shared(listener, Arc::new(limiter), options, shutdown).await
+}
+
+/// [`run`], for a limiter the gRPC faces share.
+pub async fn run_shared(
+    listener: TcpListener,
+    limiter: Arc<Limiter>,
+    options: Options,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let watcher = crate::eviction::watch(limiter.eviction.clone(), limiter.store.clone());
     let _stop_watching = AbortOnDrop(watcher);
     let drain = limiter.drain().clone();
@@ -205,7 +220,20 @@ pub async fn run(
             tokio::time::sleep(delay).await;
         }
     };
-    let app = router_with(limiter, options.dashboard.clone());
+    let app = router_shared(limiter, options.dashboard.clone());
+    serve(listener, app, options, shutdown, drain).await
+}
+
+/// Serves `app` on `listener` as [`Options`] say (TLS, connection cap,
+/// deadlines) until `shutdown` completes, then drains through `drain`. The
+/// HTTP endpoints and the gRPC faces ([`crate::grpc`]) alike.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    options: Options,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    drain: Arc<crate::drain::Drain>,
+) -> anyhow::Result<()> {
     let permits = Arc::new(Semaphore::new(options.max_connections));
     let acceptor = options.tls.clone().map(TlsAcceptor::from);
     let graceful = GracefulShutdown::new();

@@ -253,3 +253,48 @@ fn tls_config_accepted_by_envoy(extra: &[&str]) -> String {
     );
     yaml
 }
+
+/// `envoy-config --face rls` prints a configuration with Envoy's native
+/// rate-limit filter, the route's `rate_limits` and an HTTP/2 cluster to the
+/// shim's gRPC listener, which Envoy itself accepts; `failure_mode: deny`
+/// becomes `failure_mode_deny: true`.
+#[test]
+fn envoy_config_for_the_rls_face_is_accepted_by_envoy() {
+    let dir = std::env::temp_dir().join(format!("sluice-envoy-config-rls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let policy = dir.join("rls.json");
+    std::fs::write(
+        &policy,
+        r#"{"failure_mode": "deny", "policies": [
+          {"name": "per-client", "match": {"domain": "edge", "entries": {"generic_key": {"equals": "api"}, "x-client": {"present": true}}},
+           "key": ["entry:x-client"], "limits": [{"type": "fixed_window", "limit": 100, "window": "1m"}]},
+          {"name": "by-address", "match": {"domain": "edge", "entries": {"remote_address": {"present": true}}},
+           "key": ["entry:remote_address"], "limits": [{"type": "token_bucket", "rate": 10, "per": "1s", "burst": 20}]}]}"#,
+    )
+    .expect("write the policy");
+    let out = sluice(&[
+        "envoy-config",
+        "--face",
+        "rls",
+        "--policy",
+        policy.to_str().expect("utf-8"),
+        "--shim",
+        "127.0.0.1:8081",
+    ]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let yaml = String::from_utf8(out.stdout).expect("utf-8 yaml");
+    for part in [
+        "envoy.filters.http.ratelimit",
+        "domain: \"edge\"",
+        "failure_mode_deny: true",
+        r#"{"generic_key":{"descriptor_value":"api"}}"#,
+        r#"{"remote_address":{}}"#,
+        "port_value: 8081",
+        "http2_protocol_options",
+    ] {
+        assert!(yaml.contains(part), "{part} missing:\n{yaml}");
+    }
+    assert!(!yaml.contains("sluice.wasm"), "{yaml}");
+    envoy_validates(&yaml);
+}

@@ -62,7 +62,7 @@ fn sample(page: &str, name: &str) -> f64 {
 }
 
 fn decisions(page: &str, policy: &str, result: &str) -> f64 {
-    sample(page, &format!(r#"sluice_decisions_total{{policy="{policy}",result="{result}"}}"#))
+    sample(page, &format!(r#"sluice_decisions_total{{policy="{policy}",result="{result}",face="filter"}}"#))
 }
 
 /// Checks of two policies, a denial that names the policy that denied, a

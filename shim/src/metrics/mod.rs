@@ -55,8 +55,17 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Decision {
     policy: String,
-    /// `allowed`, `waited`, `denied`, `error` (503) or `invalid` (400).
+    /// `allowed`, `waited`, `denied`, `error` (503) or `invalid` (400);
+    /// on a gRPC face also `unlimited` (an `unlimited` policy matched).
     result: &'static str,
+    /// Where the request came from: `filter` (the Sluice filter's
+    /// `/v1/check`) or a gRPC face (`rls`).
+    face: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Unmatched {
+    face: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -75,6 +84,7 @@ struct ScriptError {
 pub struct Metrics {
     registry: Registry,
     decisions: Family<Decision, Counter>,
+    unmatched: Family<Unmatched, Counter>,
     feedback: Family<Feedback, Counter>,
     redis_seconds: Histogram,
     script_errors: Family<ScriptError, Counter>,
@@ -99,6 +109,7 @@ impl Metrics {
         let mut metrics = Metrics {
             registry: Registry::default(),
             decisions: Family::default(),
+            unmatched: Family::default(),
             feedback: Family::default(),
             // 100 µs to about 3.3 s.
             redis_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
@@ -113,8 +124,13 @@ impl Metrics {
         let r = &mut metrics.registry;
         r.register(
             "sluice_decisions",
-            "Checks answered, per policy and result (allowed, waited, denied, error, invalid)",
+            "Checks answered, per policy, result (allowed, waited, denied, error, invalid, unlimited) and face (filter, rls)",
             metrics.decisions.clone(),
+        );
+        r.register(
+            "sluice_unmatched_descriptors",
+            "gRPC faces: descriptors no policy matched, answered OK (no limit), per face",
+            metrics.unmatched.clone(),
         );
         r.register(
             "sluice_upstream_feedback",
@@ -163,15 +179,36 @@ impl Metrics {
         req: &CheckRequest<'_>,
         result: Result<CheckResponse, CheckError>,
     ) -> Result<CheckResponse, CheckError> {
+        self.decided_via("filter", req, result)
+    }
+
+    /// [`Metrics::decided`], for a request that came through `face`.
+    pub(crate) fn decided_via(
+        &self,
+        face: &'static str,
+        req: &CheckRequest<'_>,
+        result: Result<CheckResponse, CheckError>,
+    ) -> Result<CheckResponse, CheckError> {
         let (result_label, only) = classify(&result);
         self.traffic.record(req, &result, result_label, only);
         for (i, check) in req.checks.iter().enumerate() {
             if only.is_none_or(|only| only == i) {
                 let policy = self.policy_label(&check.policy);
-                self.decisions.get_or_create(&Decision { policy, result: result_label }).inc();
+                self.decisions.get_or_create(&Decision { policy, result: result_label, face }).inc();
             }
         }
         result
+    }
+
+    /// A gRPC face's request that an `unlimited` policy answered.
+    pub(crate) fn unlimited(&self, face: &'static str, policy: &str) {
+        let policy = self.policy_label(policy);
+        self.decisions.get_or_create(&Decision { policy, result: "unlimited", face }).inc();
+    }
+
+    /// A gRPC face's descriptor that no policy matched.
+    pub(crate) fn unmatched(&self, face: &'static str) {
+        self.unmatched.get_or_create(&Unmatched { face }).inc();
     }
 
     /// Counts what one answer of the partner did to `policy`'s key.

@@ -58,6 +58,9 @@ impl Shape {
         let ip = "pass --trusted-hops N to read the client from x-forwarded-for";
         Some(match (self, attribute) {
             (_, Attribute::Path | Attribute::Method) => return None,
+            (_, Attribute::Domain | Attribute::Entry(_)) => {
+                "access logs hold no gRPC face's domain or entries: a gRPC-face policy is not replayed".to_string()
+            }
             (Shape::EnvoyText, Attribute::SourceAddress) => format!(
                 "Envoy's text format logs no client address; {ip}, or log %DOWNSTREAM_REMOTE_ADDRESS% in a JSON access log"
             ),

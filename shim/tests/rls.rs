@@ -1,0 +1,255 @@
+//! The RLS face (`ShouldRateLimit`) through a gRPC client, on an in-process
+//! shim with a real Redis: descriptors select policies and key them, the
+//! whole answer (per descriptor and overall, current limit, remaining,
+//! reset, the IETF headers), costs, shadow, unlimited, descriptors nobody
+//! matches, bad requests, and the metrics labelled `face="rls"`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use sluice_harness::client::http;
+use sluice_harness::Redis;
+use sluice_shim::grpc::{router, Faces};
+use sluice_shim::limiter::Limiter;
+use sluice_shim::server::{run_shared, serve, Options};
+use sluice_shim::store::Target;
+use tonic::transport::Channel;
+
+const DOC: &str = r#"{
+  "headers": "always",
+  "policies": [
+    {"name": "per-client", "match": {"domain": "edge", "entries": {"generic_key": {"equals": "api"}, "client": {"present": true}}},
+     "key": ["entry:client"], "limits": [{"type": "fixed_window", "limit": 2, "window": "1m"}]},
+    {"name": "global", "match": {"domain": "edge", "entries": {"generic_key": {"equals": "global"}}},
+     "limits": [{"type": "sliding_window", "limit": 3, "window": "1h"}]},
+    {"name": "tokens", "match": {"domain": "edge", "entries": {"generic_key": {"equals": "tokens"}}},
+     "limits": [{"type": "points", "capacity": 10, "refill": "1h", "cost": 1}]},
+    {"name": "gcra", "match": {"domain": "edge", "entries": {"generic_key": {"equals": "gcra"}}},
+     "limits": [{"type": "token_bucket", "rate": 1, "per": "1h", "burst": 1}]},
+    {"name": "every", "match": {"domain": "edge", "entries": {"generic_key": {"equals": "every"}}},
+     "limits": [{"type": "interval", "every": "1h"}]},
+    {"name": "trial", "shadow": true, "match": {"domain": "edge", "entries": {"generic_key": {"equals": "trial"}}},
+     "limits": [{"type": "fixed_window", "limit": 1, "window": "1m"}]},
+    {"name": "internal", "unlimited": true, "match": {"domain": "edge", "entries": {"generic_key": {"equals": "internal"}}}},
+    {"name": "http-only", "match": {"path_prefix": "/"}, "limits": [{"type": "fixed_window", "limit": 1, "window": "1m"}]}
+  ]
+}"#;
+
+struct Face {
+    client: RateLimitServiceClient<Channel>,
+    http_port: u16,
+    _redis: Redis,
+}
+
+async fn start() -> Face {
+    let redis = Redis::start().expect("redis");
+    let limiter =
+        Arc::new(Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), false).expect("limiter"));
+    let document = Arc::new(sluice_policies::parse(DOC).expect("the document"));
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let grpc_port = grpc.local_addr().expect("addr").port();
+    let app = router(Faces { limiter: limiter.clone(), document });
+    tokio::spawn(serve(grpc, app, Options::default(), std::future::pending(), limiter.drain().clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let http_port = listener.local_addr().expect("addr").port();
+    tokio::spawn(run_shared(listener, limiter, Options::default(), std::future::pending()));
+    let client =
+        RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc_port}")).await.expect("connect");
+    Face { client, http_port, _redis: redis }
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries.iter().map(|(k, v)| Entry { key: k.to_string(), value: v.to_string() }).collect(),
+        ..RateLimitDescriptor::default()
+    }
+}
+
+fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>, hits: u32) -> RateLimitRequest {
+    RateLimitRequest { domain: domain.to_string(), descriptors, hits_addend: hits }
+}
+
+impl Face {
+    async fn ask(&mut self, req: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
+        self.client.should_rate_limit(req).await.map(|r| r.into_inner())
+    }
+
+    async fn one(&mut self, entries: &[(&str, &str)]) -> RateLimitResponse {
+        self.ask(request("edge", vec![descriptor(entries)], 0)).await.expect("an answer")
+    }
+
+    async fn metrics(&self) -> String {
+        let (status, page) = http(self.http_port, "GET", "/metrics", "").await;
+        assert_eq!(status, 200);
+        page
+    }
+}
+
+fn header<'a>(resp: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
+    resp.response_headers_to_add.iter().find(|h| h.key == name).map(|h| h.value.as_str())
+}
+
+fn sample(page: &str, name: &str) -> f64 {
+    page.lines()
+        .filter_map(|l| l.rsplit_once(' '))
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+#[tokio::test]
+async fn a_window_allows_then_denies_with_the_whole_answer() {
+    let mut face = start().await;
+    for remaining in [1, 0] {
+        let resp = face.one(&[("generic_key", "api"), ("client", "a")]).await;
+        assert_eq!(resp.overall_code, OK);
+        let status = &resp.statuses[0];
+        assert_eq!(status.code, OK);
+        let limit = status.current_limit.as_ref().expect("current_limit");
+        assert_eq!(
+            (limit.name.as_str(), limit.requests_per_unit, limit.unit),
+            ("per-client", 2, Unit::Minute as i32)
+        );
+        assert_eq!(status.limit_remaining, remaining);
+        let reset = status.duration_until_reset.as_ref().expect("duration_until_reset");
+        assert!((0..=60).contains(&reset.seconds), "{reset:?}");
+        assert_eq!(header(&resp, "ratelimit-policy"), Some(r#""per-client";q=2;w=60"#));
+        assert!(header(&resp, "ratelimit")
+            .is_some_and(|h| h.starts_with(&format!("\"per-client\";r={remaining};t="))));
+    }
+    let denied = face.one(&[("generic_key", "api"), ("client", "a")]).await;
+    assert_eq!(denied.overall_code, OVER);
+    assert_eq!(denied.statuses[0].code, OVER);
+    assert_eq!(denied.statuses[0].limit_remaining, 0);
+    // Another client has its own bucket.
+    assert_eq!(face.one(&[("generic_key", "api"), ("client", "b")]).await.overall_code, OK);
+    let page = face.metrics().await;
+    assert_eq!(
+        sample(&page, r#"sluice_decisions_total{policy="per-client",result="allowed",face="rls"}"#),
+        3.0
+    );
+    assert_eq!(
+        sample(&page, r#"sluice_decisions_total{policy="per-client",result="denied",face="rls"}"#),
+        1.0
+    );
+}
+
+/// Several descriptors: each answered, the request over limit if one is;
+/// and a denied request charges none of its descriptors.
+#[tokio::test]
+async fn descriptors_are_decided_together_and_a_denial_charges_none() {
+    let mut face = start().await;
+    let both = || {
+        request(
+            "edge",
+            vec![
+                descriptor(&[("generic_key", "global")]),
+                descriptor(&[("generic_key", "api"), ("client", "c")]),
+            ],
+            0,
+        )
+    };
+    for _ in 0..2 {
+        let resp = face.ask(both()).await.expect("answer");
+        assert_eq!(resp.overall_code, OK);
+        assert_eq!(resp.statuses.iter().map(|s| s.code).collect::<Vec<_>>(), [OK, OK]);
+    }
+    let resp = face.ask(both()).await.expect("answer");
+    assert_eq!(resp.overall_code, OVER);
+    assert_eq!(resp.statuses.iter().map(|s| s.code).collect::<Vec<_>>(), [OK, OVER]);
+    // `global` (3 an hour) was charged twice, not three times.
+    let alone = face.one(&[("generic_key", "global")]).await;
+    assert_eq!(alone.overall_code, OK);
+    assert_eq!(alone.statuses[0].limit_remaining, 0);
+    assert_eq!(face.one(&[("generic_key", "global")]).await.overall_code, OVER);
+}
+
+#[tokio::test]
+async fn hits_addend_is_a_points_cost_and_zero_means_one() {
+    let mut face = start().await;
+    let tokens = |hits| request("edge", vec![descriptor(&[("generic_key", "tokens")])], hits);
+    let resp = face.ask(tokens(0)).await.expect("answer");
+    assert_eq!(resp.statuses[0].limit_remaining, 9);
+    let resp = face.ask(tokens(7)).await.expect("answer");
+    assert_eq!((resp.overall_code, resp.statuses[0].limit_remaining), (OK, 2));
+    assert_eq!(face.ask(tokens(3)).await.expect("answer").overall_code, OVER);
+    assert_eq!(face.ask(tokens(2)).await.expect("answer").overall_code, OK);
+    // A window counts requests: a cost it cannot charge is refused, not under-counted.
+    let err = face
+        .ask(request("edge", vec![descriptor(&[("generic_key", "global")])], 5))
+        .await
+        .expect_err("refused");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("only a points limit charges a cost"), "{err:?}");
+}
+
+#[tokio::test]
+async fn gcra_and_interval_answer_too() {
+    let mut face = start().await;
+    for key in ["gcra", "every"] {
+        assert_eq!(face.one(&[("generic_key", key)]).await.overall_code, OK, "{key}");
+        let denied = face.one(&[("generic_key", key)]).await;
+        assert_eq!(denied.overall_code, OVER, "{key}");
+        let reset = denied.statuses[0].duration_until_reset.as_ref().expect("reset");
+        assert!(reset.seconds > 3000, "{key}: {reset:?}");
+    }
+}
+
+#[tokio::test]
+async fn shadow_counts_but_answers_ok_unlimited_and_unmatched_pass() {
+    let mut face = start().await;
+    for _ in 0..3 {
+        let resp = face.one(&[("generic_key", "trial")]).await;
+        assert_eq!((resp.overall_code, resp.statuses[0].code), (OK, OK));
+        assert_eq!(face.one(&[("generic_key", "internal")]).await.overall_code, OK);
+        assert_eq!(face.one(&[("generic_key", "nobody")]).await.overall_code, OK);
+    }
+    // An HTTP policy that matches every path never sees a descriptor.
+    assert_eq!(
+        face.ask(request("other", vec![descriptor(&[("generic_key", "api")])], 0))
+            .await
+            .expect("answer")
+            .overall_code,
+        OK
+    );
+    let page = face.metrics().await;
+    assert_eq!(sample(&page, r#"sluice_decisions_total{policy="trial",result="allowed",face="rls"}"#), 1.0);
+    assert_eq!(sample(&page, r#"sluice_decisions_total{policy="trial",result="denied",face="rls"}"#), 2.0);
+    assert_eq!(
+        sample(&page, r#"sluice_decisions_total{policy="internal",result="unlimited",face="rls"}"#),
+        3.0
+    );
+    assert_eq!(sample(&page, r#"sluice_unmatched_descriptors_total{face="rls"}"#), 4.0);
+    assert_eq!(
+        sample(&page, r#"sluice_decisions_total{policy="http-only",result="allowed",face="rls"}"#),
+        0.0
+    );
+}
+
+#[tokio::test]
+async fn malformed_and_oversized_requests_get_invalid_argument() {
+    let mut face = start().await;
+    let bad = [
+        request("", vec![descriptor(&[("generic_key", "api")])], 0),
+        request("edge", vec![], 0),
+        request("edge", vec![descriptor(&[])], 0),
+        request("edge", vec![descriptor(&[("", "x")])], 0),
+        request("edge", (0..65).map(|i| descriptor(&[("generic_key", &i.to_string())])).collect(), 0),
+        request("edge", vec![descriptor(&[("generic_key", &"v".repeat(2000))])], 0),
+    ];
+    for req in bad {
+        let err = face.ask(req).await.expect_err("refused");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    }
+    // The face still answers.
+    assert_eq!(face.one(&[("generic_key", "api"), ("client", "z")]).await.overall_code, OK);
+}
