@@ -79,6 +79,13 @@ struct ServeArgs {
     playground: Option<PathBuf>,
 }
 
+/// mimalloc rather than the system allocator: a decision allocates a few
+/// dozen small blocks (HTTP, JSON, the Redis reply), and glibc's malloc and
+/// free were a fifth of the shim's instructions per decision
+/// (docs/performance.md, "Levers measured").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {

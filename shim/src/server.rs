@@ -30,6 +30,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use futures_util::future::Either;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
@@ -69,7 +70,7 @@ pub fn router_with(limiter: Limiter, dashboard: crate::dashboard::Options) -> Ro
         .route(FEEDBACK_PATH, post(feedback))
         .route(LEASE_PATH, post(lease))
         .route(REPORT_PATH, post(report))
-        .layer(axum::middleware::from_fn(same_protocol))
+        .layer(SameProtocol)
         .route("/healthz", get(healthz))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(Arc::new(limiter));
@@ -97,13 +98,46 @@ impl Drop for AbortOnDrop {
 /// Refuses a call whose `x-sluice-protocol` names another version of the
 /// wire than this shim's: 400, naming both, instead of a misread. A call
 /// without the header (`curl`, a debugging client) is served.
-async fn same_protocol(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    let theirs = match req.headers().get(PROTOCOL_HEADER) {
-        Some(v) if v.as_bytes() != PROTOCOL_VERSION.as_bytes() => {
-            String::from_utf8_lossy(v.as_bytes()).into_owned()
+///
+/// A plain tower layer, not `axum::middleware::from_fn`: that boxes the
+/// inner service and every request's future, a cost each check paid
+/// (docs/performance.md, "Levers measured").
+#[derive(Clone, Copy)]
+struct SameProtocol;
+
+impl<S> tower_layer::Layer<S> for SameProtocol {
+    type Service = SameProtocolService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        SameProtocolService(inner)
+    }
+}
+
+#[derive(Clone)]
+struct SameProtocolService<S>(S);
+
+impl<S> tower_service::Service<axum::extract::Request> for SameProtocolService<S>
+where
+    S: tower_service::Service<axum::extract::Request, Response = Response>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = Either<std::future::Ready<Result<Response, S::Error>>, S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: axum::extract::Request) -> Self::Future {
+        match req.headers().get(PROTOCOL_HEADER) {
+            Some(v) if v.as_bytes() != PROTOCOL_VERSION.as_bytes() => {
+                Either::Left(std::future::ready(Ok(mismatch(&String::from_utf8_lossy(v.as_bytes())))))
+            }
+            _ => Either::Right(self.0.call(req)),
         }
-        _ => return next.run(req).await,
-    };
+    }
+}
+
+fn mismatch(theirs: &str) -> Response {
     let reason = format!(
         "protocol version mismatch: the caller speaks {theirs:?}, this shim speaks {PROTOCOL_VERSION:?}; \
          run a filter and a shim of the same release"
