@@ -7,6 +7,8 @@
 use std::process::Command;
 use std::time::Duration;
 
+use sluice_envoy_config::ShimAddress;
+
 use crate::paths::{dist, free_port};
 use crate::probe::http_get;
 use crate::process::{retry_port_clash, scratch_dir, Proc};
@@ -15,6 +17,8 @@ const STARTUP: Duration = Duration::from_secs(15);
 
 pub struct Shim {
     pub port: u16,
+    /// Its Unix socket, when started with [`Shim::start_unix`].
+    socket: Option<std::path::PathBuf>,
     /// Where the limits live: `--redis URL` or `--redis-cluster URL,URL,...`.
     store: [String; 2],
     proc: Proc,
@@ -35,7 +39,7 @@ impl Shim {
         retry_port_clash(|| {
             let port = free_port()?;
             let proc = spawn(port, &store)?;
-            Ok(Shim { port, store: store.clone(), proc })
+            Ok(Shim { port, socket: None, store: store.clone(), proc })
         })
     }
 
@@ -51,6 +55,28 @@ impl Shim {
         self.proc.kill();
         self.proc = spawn(self.port, &self.store)?;
         Ok(())
+    }
+
+    /// Starts `sluice serve --listen unix:/PATH --redis URL` (a Unix socket
+    /// in its scratch dir, as for an Envoy beside it) and waits for
+    /// `/healthz` on the socket. Its `port` is 0; [`Shim::address`] names it.
+    pub fn start_unix(redis_url: &str) -> anyhow::Result<Shim> {
+        let dir = scratch_dir("shim")?;
+        let path = dir.join("shim.sock");
+        let mut cmd = Command::new(dist("sluice")?);
+        cmd.arg("serve").arg("--listen").arg(ShimAddress::Unix(path.clone()).to_string());
+        cmd.arg("--redis").arg(redis_url);
+        let mut proc = Proc::spawn("sluice-shim", cmd, dir)?;
+        proc.wait_ready(STARTUP, || matches!(crate::probe::unix_http_get(&path, "/healthz"), Some((200, _))))?;
+        Ok(Shim { port: 0, socket: Some(path), store: ["--redis".into(), redis_url.into()], proc })
+    }
+
+    /// Where Envoy reaches this shim: its Unix socket, or `127.0.0.1:port`.
+    pub fn address(&self) -> ShimAddress {
+        match &self.socket {
+            Some(path) => ShimAddress::Unix(path.clone()),
+            None => ShimAddress::Tcp(std::net::SocketAddr::from(([127, 0, 0, 1], self.port))),
+        }
     }
 
     /// The shim's log (its stderr) so far.
@@ -77,7 +103,7 @@ impl Shim {
                 }
             })?;
             // `start_again` restarts it without `args`.
-            Ok(Shim { port, store: ["--redis".into(), redis_url.into()], proc })
+            Ok(Shim { port, socket: None, store: ["--redis".into(), redis_url.into()], proc })
         })
     }
 }

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use sluice_envoy_config::{render, timeout_values, ShimTls, DEMO_TEMPLATE};
+use sluice_envoy_config::{render, timeout_values, ShimAddress, ShimTls, DEMO_TEMPLATE};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -17,9 +17,10 @@ pub struct Args {
     /// The filter; made absolute. Default: dist/sluice.wasm under the current directory.
     #[arg(long)]
     wasm: Option<PathBuf>,
-    /// The shim, `sluice serve --listen`.
+    /// The shim, as `sluice serve --listen` has it: `HOST:PORT`, or
+    /// `unix:/PATH` for a shim on a Unix socket beside Envoy.
     #[arg(long, default_value = "127.0.0.1:8181")]
-    shim: SocketAddr,
+    shim: ShimAddress,
     /// Where Envoy accepts traffic.
     #[arg(long, default_value = "0.0.0.0:10000")]
     listen: SocketAddr,
@@ -82,10 +83,9 @@ pub fn run(args: &Args) -> anyhow::Result<String> {
         // A JSON string literal is also a valid YAML double-quoted scalar.
         ("POLICY_JSON".to_string(), serde_json::to_string(&policy)?),
         ("SHIM_TRANSPORT_SOCKET".to_string(), shim_transport_socket(args)?),
+        ("SHIM_ADDRESS".to_string(), args.shim.envoy_address()),
     ];
-    for (name, addr) in
-        [("LISTEN", args.listen), ("ADMIN", args.admin), ("UPSTREAM", args.upstream), ("SHIM", args.shim)]
-    {
+    for (name, addr) in [("LISTEN", args.listen), ("ADMIN", args.admin), ("UPSTREAM", args.upstream)] {
         values.push((format!("{name}_HOST"), addr.ip().to_string()));
         values.push((format!("{name}_PORT"), addr.port().to_string()));
     }

@@ -44,7 +44,7 @@ use sluice_policies::wire::{
     PROTOCOL_VERSION, RELEASE_PATH, RENEW_PATH, REPORT_PATH, SHED_PATH,
 };
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
@@ -192,13 +192,56 @@ impl Default for Options {
     }
 }
 
+/// Where the shim accepts connections: TCP, or a Unix socket for an Envoy
+/// on the same host (see `sluice_envoy_config::ShimAddress`).
+pub enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl From<TcpListener> for Listener {
+    fn from(listener: TcpListener) -> Self {
+        Listener::Tcp(listener)
+    }
+}
+
+impl From<UnixListener> for Listener {
+    fn from(listener: UnixListener) -> Self {
+        Listener::Unix(listener)
+    }
+}
+
+/// One accepted connection, and who it came from (for the log).
+enum Accepted {
+    Tcp(TcpStream, std::net::SocketAddr),
+    Unix(UnixStream),
+}
+
+impl Listener {
+    async fn accept(&self) -> std::io::Result<Accepted> {
+        match self {
+            Listener::Tcp(listener) => {
+                let (tcp, peer) = listener.accept().await?;
+                // Answers are small: without TCP_NODELAY, Nagle's algorithm holds each
+                // one back until the peer's delayed ACK, milliseconds per decision.
+                if let Err(err) = tcp.set_nodelay(true) {
+                    tracing::warn!(%err, "cannot set TCP_NODELAY");
+                }
+                Ok(Accepted::Tcp(tcp, peer))
+            }
+            Listener::Unix(listener) => Ok(Accepted::Unix(listener.accept().await?.0)),
+        }
+    }
+}
+
 /// Serves until `shutdown` completes, then finishes the requests in flight.
 pub async fn run(
-    listener: TcpListener,
+    listener: impl Into<Listener>,
     limiter: Limiter,
     options: Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let listener = listener.into();
     let watcher = crate::eviction::watch(limiter.eviction.clone(), limiter.store.clone());
     let _stop_watching = AbortOnDrop(watcher);
     let app = router_with(limiter, options.dashboard.clone());
@@ -221,7 +264,7 @@ pub async fn run(
             permit = permits.clone().acquire_owned() => permit?,
             () = &mut shutdown => break,
         };
-        let (tcp, peer) = tokio::select! {
+        let accepted = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(err) => {
@@ -233,11 +276,6 @@ pub async fn run(
             },
             () = &mut shutdown => break,
         };
-        // Answers are small: without TCP_NODELAY, Nagle's algorithm holds each
-        // one back until the peer's delayed ACK, milliseconds per decision.
-        if let Err(err) = tcp.set_nodelay(true) {
-            tracing::warn!(%err, "cannot set TCP_NODELAY");
-        }
         let connection = Connection {
             builder: builder.clone(),
             app: app.clone(),
@@ -246,8 +284,17 @@ pub async fn run(
             timeout: options.header_read_timeout,
         };
         tokio::spawn(async move {
-            if let Err(reason) = connection.serve(tcp).await {
-                tracing::debug!(%peer, %reason, "connection closed");
+            match accepted {
+                Accepted::Tcp(tcp, peer) => {
+                    if let Err(reason) = connection.serve(tcp).await {
+                        tracing::debug!(%peer, %reason, "connection closed");
+                    }
+                }
+                Accepted::Unix(unix) => {
+                    if let Err(reason) = connection.serve(unix).await {
+                        tracing::debug!(peer = "unix socket", %reason, "connection closed");
+                    }
+                }
             }
             drop(permit);
         });
@@ -255,6 +302,27 @@ pub async fn run(
     drop(listener);
     graceful.shutdown().await;
     Ok(())
+}
+
+/// A connection's stream: TCP or a Unix socket.
+trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static {
+    /// Waits for the client's first bytes: false if it closed first.
+    fn first_bytes(&self) -> impl Future<Output = std::io::Result<bool>> + Send;
+}
+
+impl Stream for TcpStream {
+    async fn first_bytes(&self) -> std::io::Result<bool> {
+        let mut first = [0u8; 1];
+        Ok(self.peek(&mut first).await? > 0)
+    }
+}
+
+impl Stream for UnixStream {
+    async fn first_bytes(&self) -> std::io::Result<bool> {
+        // Tokio's Unix stream has no `peek`: readable is bytes or the end,
+        // and hyper reads the end as a close.
+        self.readable().await.map(|()| true)
+    }
 }
 
 /// What one accepted connection needs to be served.
@@ -267,11 +335,11 @@ struct Connection {
 }
 
 impl Connection {
-    async fn serve(self, tcp: TcpStream) -> Result<(), String> {
+    async fn serve(self, stream: impl Stream) -> Result<(), String> {
         let service = TowerToHyperService::new(self.app);
         match self.acceptor {
             Some(acceptor) => {
-                let tls = tokio::time::timeout(self.timeout, acceptor.accept(tcp))
+                let tls = tokio::time::timeout(self.timeout, acceptor.accept(stream))
                     .await
                     .map_err(|_| "TLS handshake timed out".to_string())?
                     .map_err(|err| format!("TLS handshake failed: {err}"))?;
@@ -281,14 +349,13 @@ impl Connection {
             None => {
                 // A client that connects and sends nothing would otherwise
                 // hold its connection (and a permit) for ever.
-                let mut first = [0u8; 1];
-                match tokio::time::timeout(self.timeout, tcp.peek(&mut first)).await {
-                    Ok(Ok(n)) if n > 0 => {}
-                    Ok(Ok(_)) => return Ok(()),
+                match tokio::time::timeout(self.timeout, stream.first_bytes()).await {
+                    Ok(Ok(true)) => {}
+                    Ok(Ok(false)) => return Ok(()),
                     Ok(Err(err)) => return Err(err.to_string()),
                     Err(_) => return Err("no request before the header read timeout".to_string()),
                 }
-                let conn = self.builder.serve_connection(TokioIo::new(tcp), service);
+                let conn = self.builder.serve_connection(TokioIo::new(stream), service);
                 self.watcher.watch(conn.into_owned()).await.map_err(|err| err.to_string())
             }
         }
