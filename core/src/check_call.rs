@@ -4,7 +4,7 @@
 //! to adjust).
 
 use sluice_policies::units::{Micros, Millis};
-use sluice_policies::wire::{Adjustment, Check, CheckOutcome, CheckRequest, CheckResponse, WireLimit};
+use sluice_policies::wire::{Adjustment, Check, CheckOutcome, CheckRequest, CheckResponse, Views, WireLimit};
 use sluice_policies::Document;
 
 use crate::host::Host;
@@ -65,12 +65,14 @@ impl CheckCall {
         self.checks.push(check);
     }
 
-    pub fn request(&self) -> CheckRequest<'_> {
+    /// The call's body; `views` as the document's headers need them.
+    pub fn request(&self, views: Views) -> CheckRequest<'_> {
         CheckRequest {
             checks: (&self.checks[..]).into(),
             now_us: None,
             id: Some(self.id.as_str().into()),
             wait_ms: (self.wait_ms > 0).then_some(Millis(self.wait_ms)),
+            views,
         }
     }
 

@@ -43,7 +43,7 @@ use std::rc::Rc;
 use sluice_policies::load::{pool_occupancy, Signal};
 use sluice_policies::units::Millis;
 use sluice_policies::wire::{
-    AdjustRequest, Check, CheckOutcome, CheckResponse, FeedbackRequest, ReleaseRequest, RenewRequest,
+    AdjustRequest, Check, CheckOutcome, CheckResponse, FeedbackRequest, ReleaseRequest, RenewRequest, Views,
     WireLimit, ADJUST_PATH, CHECK_PATH, FEEDBACK_PATH, RELEASE_PATH,
 };
 use sluice_policies::{Evaluation, FailureMode, HeadersMode, Limit, Policy, Request};
@@ -213,6 +213,11 @@ impl Flow {
             return fx.0;
         }
         let timeout = worker.doc.shim.timeout_ms.get();
+        // An admitted request's reset is read only for `headers: always`.
+        let views = match worker.doc.headers {
+            HeadersMode::Always => Views::All,
+            HeadersMode::Off | HeadersMode::OnDeny => Views::NoResetWhenAdmitted,
+        };
         for (id, call) in [ENFORCED, SHADOW].into_iter().zip(&mut self.calls) {
             if call.checks.is_empty() {
                 continue;
@@ -220,7 +225,7 @@ impl Flow {
             call.sent_ms = now;
             // Named only when sent: most streams never need an id.
             call.id = worker.next_id();
-            match serde_json::to_vec(&call.request()) {
+            match serde_json::to_vec(&call.request(views)) {
                 Ok(body) => {
                     call.in_flight = true;
                     call.unconfirmed = true;

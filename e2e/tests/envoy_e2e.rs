@@ -11,7 +11,7 @@ use std::thread::sleep;
 use std::time::Duration;
 
 use sluice_harness::client::{burst, count, HttpReply};
-use sluice_harness::{free_port, Envoy, Stack, Upstream};
+use sluice_harness::{free_port, Envoy, Redis, Shim, Stack, Upstream};
 
 const PATH: &str = "/v42/orders";
 
@@ -49,6 +49,24 @@ fn assert_split(stack: &Stack, replies: &[HttpReply], want_ok: usize) {
     let split = (count(replies, 200), count(replies, 429));
     let want = (want_ok, replies.len() - want_ok);
     assert_eq!(split, want, "(200s, 429s) of {statuses:?}\n--- envoy log ---\n{}", stack.envoy.log());
+}
+
+/// The shim on a Unix socket beside Envoy (a `pipe` address in the shim's
+/// cluster, the same `unix:/PATH` given to `sluice serve --listen`), and
+/// Redis on its Unix socket: the same exact decision as over TCP, 25 of 40.
+/// The policy fails closed, so a shim Envoy cannot reach would deny all 40.
+#[test]
+fn the_shim_on_a_unix_socket_decides_exactly() {
+    let redis = Redis::start().expect("starting Redis");
+    let shim = Shim::start_unix(&redis.unix_url()).expect("starting the shim on a Unix socket");
+    let upstream = Upstream::start().expect("starting the upstream");
+    let address = [("SHIM_ADDRESS", shim.address().envoy_address())];
+    let envoy = Envoy::start_with(&policy("5s"), 0, upstream.port, &address).expect("starting Envoy");
+    let stack = Stack { envoy, shim, upstream, redis };
+    let replies = get(&stack, "alice", 40);
+    assert_split(&stack, &replies, 25);
+    assert_split(&stack, &get(&stack, "alice", 5), 0);
+    assert_split(&stack, &get(&stack, "bob", 5), 5);
 }
 
 /// Concurrent requests are admitted exactly up to the 5 s limit: of 40 at

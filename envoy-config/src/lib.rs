@@ -12,6 +12,9 @@
 //!   `${SHIM_TRANSPORT_SOCKET}`.
 //! - [`rls`]: the RLS face's template, `envoy/rls.yaml` (Envoy's native
 //!   rate-limit filter), and its values from the document.
+//! - [`ShimAddress`]: where the shim listens, TCP or a Unix socket: one
+//!   setting for `sluice serve --listen`, `sluice envoy-config --shim` and
+//!   the template's `${SHIM_ADDRESS}`.
 //!
 //! **Timeouts and egress waiting.** The filter holds a waiting request
 //! before the router, as one call to the shim. What could cut it short:
@@ -31,11 +34,65 @@
 //! The route timeout (default 15 s) starts only when the router sees the
 //! request, after the hold, so it needs no change.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::bail;
 
 pub mod rls;
+/// Where the shim listens: `HOST:PORT` (TCP, for a shim on another host),
+/// or `unix:/PATH`, a Unix socket, for a shim beside Envoy (a sidecar):
+/// no loopback TCP in the kernel per call (docs/performance.md). Written
+/// the same way to `sluice serve --listen` and `sluice envoy-config --shim`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShimAddress {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+/// The prefix of a Unix socket's [`ShimAddress`].
+pub const UNIX_PREFIX: &str = "unix:";
+
+impl std::str::FromStr for ShimAddress {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.strip_prefix(UNIX_PREFIX) {
+            Some("") => Err(format!("{s:?}: a Unix socket needs a path, as in unix:/run/sluice/shim.sock")),
+            Some(path) if !path.starts_with('/') => {
+                Err(format!("{s:?}: a Unix socket's path must be absolute, as in unix:/run/sluice/shim.sock"))
+            }
+            Some(path) => Ok(ShimAddress::Unix(PathBuf::from(path))),
+            None => s
+                .parse()
+                .map(ShimAddress::Tcp)
+                .map_err(|_| format!("{s:?}: expected HOST:PORT (an IP address and a port) or unix:/PATH")),
+        }
+    }
+}
+
+impl std::fmt::Display for ShimAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ShimAddress::Tcp(addr) => write!(f, "{addr}"),
+            ShimAddress::Unix(path) => write!(f, "{UNIX_PREFIX}{}", path.display()),
+        }
+    }
+}
+
+impl ShimAddress {
+    /// The shim endpoint's Envoy `address`, as one line of flow YAML (JSON),
+    /// the value of the template's `${SHIM_ADDRESS}`: a `socket_address`, or
+    /// a `pipe`.
+    pub fn envoy_address(&self) -> String {
+        let address = match self {
+            ShimAddress::Tcp(addr) => serde_json::json!({
+                "socket_address": {"address": addr.ip().to_string(), "port_value": addr.port()}
+            }),
+            ShimAddress::Unix(path) => serde_json::json!({"pipe": {"path": path.display().to_string()}}),
+        };
+        address.to_string()
+    }
+}
 
 /// `envoy/demo.yaml`: the template `sluice envoy-config`, the tests and the
 /// demo render.
@@ -140,6 +197,41 @@ fn fill_defaults(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shim_address_is_tcp_or_a_unix_socket_and_renders_as_envoy_reads_it() {
+        let tcp: ShimAddress = "127.0.0.1:8181".parse().expect("tcp");
+        assert_eq!(tcp.to_string(), "127.0.0.1:8181");
+        assert_eq!(tcp.envoy_address(), r#"{"socket_address":{"address":"127.0.0.1","port_value":8181}}"#);
+        let unix: ShimAddress = "unix:/run/sluice/shim.sock".parse().expect("unix");
+        assert_eq!(unix, ShimAddress::Unix(PathBuf::from("/run/sluice/shim.sock")));
+        assert_eq!(unix.to_string(), "unix:/run/sluice/shim.sock");
+        assert_eq!(unix.envoy_address(), r#"{"pipe":{"path":"/run/sluice/shim.sock"}}"#);
+        for (bad, says) in [
+            ("unix:", "needs a path"),
+            ("unix:shim.sock", "must be absolute"),
+            ("localhost:8181", "expected HOST:PORT"),
+            ("8181", "expected HOST:PORT"),
+        ] {
+            let err = bad.parse::<ShimAddress>().expect_err(bad);
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_template_takes_the_shim_address_as_one_value() {
+        let unix = ShimAddress::Unix(PathBuf::from("/run/sluice/shim.sock"));
+        assert!(DEMO_TEMPLATE.contains("address: ${SHIM_ADDRESS}"));
+        assert!(!DEMO_TEMPLATE
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .any(|l| l.contains("SHIM_HOST")));
+        let line = format!("address: {}", unix.envoy_address());
+        let rendered =
+            render("            address: ${SHIM_ADDRESS}\n", &[("SHIM_ADDRESS", unix.envoy_address())])
+                .expect("renders");
+        assert_eq!(rendered.trim(), line);
+    }
 
     #[test]
     fn placeholders_take_their_value_or_their_default() {

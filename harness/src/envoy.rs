@@ -135,9 +135,14 @@ impl Envoy {
                 ("ADMIN_PORT".into(), admin_port.to_string()),
                 ("SHIM_TRANSPORT_SOCKET".into(), String::new()),
             ];
-            for host in ["LISTEN_HOST", "ADMIN_HOST", "UPSTREAM_HOST", "SHIM_HOST"] {
+            for host in ["LISTEN_HOST", "ADMIN_HOST", "UPSTREAM_HOST"] {
                 values.push((host.into(), "127.0.0.1".into()));
             }
+            let shim = sluice_envoy_config::ShimAddress::Tcp(std::net::SocketAddr::from((
+                [127, 0, 0, 1],
+                shim_port,
+            )));
+            values.push(("SHIM_ADDRESS".into(), shim.envoy_address()));
             let dir = scratch_dir("envoy")?;
             let lds_dir = dir.join("lds");
             std::fs::create_dir_all(&lds_dir)?;
@@ -278,10 +283,17 @@ fn spawn_template(
         std::fs::read_to_string(template).with_context(|| format!("reading {}", template.display()))?;
     let mut all = vec![("LISTEN_PORT", port.to_string()), ("ADMIN_PORT", admin_port.to_string())];
     // Everything the harness starts is on loopback.
-    for host in ["LISTEN_HOST", "ADMIN_HOST", "UPSTREAM_HOST", "SHIM_HOST"] {
+    for host in ["LISTEN_HOST", "ADMIN_HOST", "UPSTREAM_HOST"] {
         all.push((host, "127.0.0.1".to_string()));
     }
     all.extend(values.iter().cloned());
+    // The shim on loopback TCP at `SHIM_PORT`, unless `values` gave its
+    // `SHIM_ADDRESS` (a Unix socket).
+    if let Some((_, port)) = values.iter().find(|(name, _)| *name == "SHIM_PORT") {
+        let port: u16 = port.parse().with_context(|| format!("SHIM_PORT {port}"))?;
+        let shim = sluice_envoy_config::ShimAddress::Tcp(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+        all.push(("SHIM_ADDRESS", shim.envoy_address()));
+    }
     // The shim in cleartext, unless `values` gave its TLS (the first value
     // for a placeholder wins).
     all.push(("SHIM_TRANSPORT_SOCKET", String::new()));

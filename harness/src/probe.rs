@@ -32,6 +32,20 @@ pub(crate) fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, body.to_string()))
 }
 
+/// `GET path` over HTTP/1.1 on a Unix socket, as [`http_get`].
+pub(crate) fn unix_http_get(socket: &std::path::Path, path: &str) -> Option<(u16, String)> {
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).ok()?;
+    stream.set_read_timeout(Some(TIMEOUT)).ok()?;
+    stream.set_write_timeout(Some(TIMEOUT)).ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split(' ').nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+    Some((status, body.to_string()))
+}
+
 /// True when a Redis server answers `PING` with `+PONG`.
 pub(crate) fn redis_ping(port: u16) -> bool {
     let Some(mut stream) = connect(port) else {

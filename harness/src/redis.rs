@@ -83,6 +83,11 @@ impl Redis {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// `unix:///PATH`: the same server on its Unix socket, beside the port.
+    pub fn unix_url(&self) -> String {
+        format!("unix://{}", unix_socket(self.port).display())
+    }
+
     /// A blocking connection, for tests that inspect the stored state.
     pub fn connection(&self) -> anyhow::Result<redis::Connection> {
         Ok(redis::Client::open(self.url())?.get_connection()?)
@@ -118,7 +123,13 @@ fn spawn(port: u16) -> anyhow::Result<Proc> {
     cmd.arg("--port").arg(port.to_string());
     cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
     cmd.arg("--dir").arg(&dir);
+    cmd.arg("--unixsocket").arg(unix_socket(port)).args(["--unixsocketperm", "700"]);
     let mut proc = Proc::spawn("redis-server", cmd, dir)?;
     proc.wait_ready(STARTUP, || redis_ping(port))?;
     Ok(proc)
+}
+
+/// The server's Unix socket: named by its port, which is unique while it runs.
+fn unix_socket(port: u16) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("sluice-redis-{port}.sock"))
 }

@@ -7,6 +7,8 @@
 use std::process::Command;
 use std::time::Duration;
 
+use sluice_envoy_config::ShimAddress;
+
 use crate::paths::{dist, free_port};
 use crate::probe::http_get;
 use crate::process::{retry_port_clash, scratch_dir, Proc};
@@ -18,6 +20,8 @@ pub struct Shim {
     /// Where the limits live (`--redis URL`, `--redis-cluster URL,URL,...`,
     /// `--redis-sentinel ... --sentinel-master NAME`) and any other arguments.
     store: Vec<String>,
+    /// Its Unix socket, when started with [`Shim::start_unix`].
+    socket: Option<std::path::PathBuf>,
     proc: Proc,
 }
 
@@ -43,7 +47,7 @@ impl Shim {
         retry_port_clash(|| {
             let port = free_port()?;
             let proc = spawn(port, &store)?;
-            Ok(Shim { port, store: store.clone(), proc })
+            Ok(Shim { port, socket: None, store: store.clone(), proc })
         })
     }
 
@@ -80,6 +84,30 @@ impl Shim {
         self.start_again()
     }
 
+    /// Starts `sluice serve --listen unix:/PATH --redis URL` (a Unix socket
+    /// in its scratch dir, as for an Envoy beside it) and waits for
+    /// `/healthz` on the socket. Its `port` is 0; [`Shim::address`] names it.
+    pub fn start_unix(redis_url: &str) -> anyhow::Result<Shim> {
+        let dir = scratch_dir("shim")?;
+        let path = dir.join("shim.sock");
+        let mut cmd = Command::new(dist("sluice")?);
+        cmd.arg("serve").arg("--listen").arg(ShimAddress::Unix(path.clone()).to_string());
+        cmd.arg("--redis").arg(redis_url);
+        let mut proc = Proc::spawn("sluice-shim", cmd, dir)?;
+        proc.wait_ready(STARTUP, || {
+            matches!(crate::probe::unix_http_get(&path, "/healthz"), Some((200, _)))
+        })?;
+        Ok(Shim { port: 0, socket: Some(path), store: vec!["--redis".into(), redis_url.into()], proc })
+    }
+
+    /// Where Envoy reaches this shim: its Unix socket, or `127.0.0.1:port`.
+    pub fn address(&self) -> ShimAddress {
+        match &self.socket {
+            Some(path) => ShimAddress::Unix(path.clone()),
+            None => ShimAddress::Tcp(std::net::SocketAddr::from(([127, 0, 0, 1], self.port))),
+        }
+    }
+
     /// The shim's log (its stderr) so far.
     pub fn log(&self) -> String {
         self.proc.log()
@@ -104,7 +132,7 @@ impl Shim {
                 }
             })?;
             // `start_again` restarts it without `args`.
-            Ok(Shim { port, store: vec!["--redis".into(), redis_url.into()], proc })
+            Ok(Shim { port, socket: None, store: vec!["--redis".into(), redis_url.into()], proc })
         })
     }
 }

@@ -9,21 +9,17 @@ local function sliding_window(key, now, id, limit, window)
   -- Entries at or before now - window have expired.
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
   local count = redis.call('ZCARD', key)
-  local oldest = tonumber(redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')[2])
   local allowed = count < limit
-  -- Without this request, capacity next frees when the oldest entry expires.
-  local reset_now = oldest and (oldest + window - now) or 0
-  local reset_after = oldest and (oldest + window - now) or window
   -- The request fits once all but limit - 1 entries have expired: when the
   -- entry at rank count - limit (oldest first) does.
   local retry = 0
   if not allowed then
     retry = tonumber(redis.call('ZRANGE', key, count - limit, count - limit, 'WITHSCORES')[2]) + window - now
   end
-  return {
+  local f = {
     allowed = allowed,
-    now = {math.max(limit - count, 0), reset_now},
-    after = {math.max(limit - count - 1, 0), reset_after},
+    now = {math.max(limit - count, 0), 0},
+    after = {math.max(limit - count - 1, 0), window},
     retry = retry,
     reclaimed = 0,
     commit = function()
@@ -33,6 +29,17 @@ local function sliding_window(key, now, id, limit, window)
       keep_ms(key, ceil_ms(window) + 1000)
     end,
   }
+  -- The reset, read before any commit and only when the reply shows it
+  -- (check.lua's views): without this request, capacity next frees when the
+  -- oldest entry expires.
+  f.reset = function()
+    local oldest = tonumber(redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')[2])
+    if oldest then
+      f.now[2] = oldest + window - now
+      f.after[2] = oldest + window - now
+    end
+  end
+  return f
 end
 
 -- Waiting (reserve.lua): the earliest t at or after now, and at or after the

@@ -12,6 +12,9 @@
 -- ARGV[4i-1 .. 4i+2]   limit i: its algorithm and three numbers (Algorithm::script_args)
 -- ARGV[4n+3]   optional, n limits: the longest wait in microseconds; above 0
 --     the request takes the waiting path (reserve.lua), with its margins after
+-- ARGV[4n+4]   optional, not waiting: 'no_reset_when_admitted' (wire::Views)
+--     when the caller reads no reset of an admitted request: it is 0 then,
+--     and a sliding window skips the lookup of its oldest entry
 --
 -- Returns {allowed, retry_after_ms, now, then for each limit i:
 --          allowed_i, remaining_i, reset_ms_i, retry_after_ms_i, reclaimed_i,
@@ -79,6 +82,15 @@ for i, key in ipairs(KEYS) do
   if not f.allowed then allowed = false end
 end
 
+-- The views the reply shows, read before the commit: an admitted request's
+-- reset only when the caller reads it.
+local no_reset = ARGV[4 * #KEYS + 4] == 'no_reset_when_admitted'
+if not (allowed and no_reset) then
+  for _, f in ipairs(found) do
+    if f.reset then f.reset() end
+  end
+end
+
 -- Phase 2: commit, only if every limit allowed.
 if allowed then
   for _, f in ipairs(found) do f.commit() end
@@ -102,7 +114,8 @@ for _, f in ipairs(found) do
   if retry > 0 then retry = ceil_ms(retry) end
   local held = (allowed and f.held_until) or 0
   local refunded = (allowed and f.refunded) or 0
-  for _, v in ipairs({f.allowed and 1 or 0, view[1], ceil_ms(view[2]), retry, f.reclaimed, held, refunded}) do
+  local reset = (allowed and no_reset) and 0 or ceil_ms(view[2])
+  for _, v in ipairs({f.allowed and 1 or 0, view[1], reset, retry, f.reclaimed, held, refunded}) do
     reply[#reply + 1] = v
   end
 end

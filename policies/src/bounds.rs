@@ -77,6 +77,7 @@ pub fn worst_case_body(policies: &[Policy]) -> Worst {
         id: Some(Cow::Borrowed(&id)),
         now_us: Some(Micros(u64::MAX)),
         wait_ms: Some(Millis(u64::MAX)),
+        views: Default::default(),
     };
     let empty_adjust = AdjustRequest { adjustments: Vec::new(), now_us: Some(Micros(u64::MAX)) };
     let check = Worst { total: check.total + json_len(&empty_check), ..check };

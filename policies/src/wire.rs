@@ -32,7 +32,7 @@ use crate::Duration;
 /// both versions named) rather than misread it; the filter then logs the
 /// shim's message and `failure_mode` decides. Raise it with any change a
 /// shim or filter of the previous release would misread.
-pub const PROTOCOL_VERSION: &str = "1";
+pub const PROTOCOL_VERSION: &str = "2";
 /// The header that carries [`PROTOCOL_VERSION`].
 pub const PROTOCOL_HEADER: &str = "x-sluice-protocol";
 
@@ -77,6 +77,39 @@ pub struct CheckRequest<'a> {
     /// whose slot lies further away.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_ms: Option<Millis>,
+    /// The parts of the reply the caller reads: absent, all of them.
+    #[serde(default, skip_serializing_if = "Views::is_all")]
+    pub views: Views,
+}
+
+/// Which views of a check's reply the caller reads, so the shim can skip
+/// the work of the others (docs/performance.md, "Levers measured").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Views {
+    /// Every field of every [`LimitOutcome`].
+    #[default]
+    All,
+    /// An admitted request's `reset_ms` is not read (no `RateLimit` header
+    /// shows it: the document's `headers` is not `always`), so a request
+    /// decided at once gets 0 there and the script skips what it costs (a
+    /// sliding window's oldest entry). A denied request's reply is whole.
+    NoResetWhenAdmitted,
+}
+
+/// [`Views::NoResetWhenAdmitted`] as the wire and the check script
+/// (`lua/scripts/check.lua`) name it.
+pub const NO_RESET_WHEN_ADMITTED: &str = "no_reset_when_admitted";
+
+impl Views {
+    pub fn is_all(&self) -> bool {
+        *self == Views::All
+    }
+
+    /// Whether an admitted request's reply carries its reset.
+    pub fn reset_when_admitted(self) -> bool {
+        self == Views::All
+    }
 }
 
 /// One policy's limits on one key.
@@ -397,6 +430,17 @@ impl ReportRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn views_are_named_once() {
+        let name = serde_json::to_string(&Views::NoResetWhenAdmitted).expect("serializes");
+        assert_eq!(name, format!("\"{NO_RESET_WHEN_ADMITTED}\""));
+        let lua = include_str!("../../lua/scripts/check.lua");
+        assert!(lua.contains(&format!("'{NO_RESET_WHEN_ADMITTED}'")), "check.lua names the view");
+        let json = r#"{"checks":[]}"#;
+        let req: CheckRequest<'_> = serde_json::from_str(json).expect("parses");
+        assert_eq!(req.views, Views::All, "absent, every view");
+    }
 
     /// The largest report a worker sends fits in the body the shim reads,
     /// and the shim refuses one beyond the bounds, naming the entry.

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use sluice_envoy_config::{render, timeout_values, ShimTls, DEMO_TEMPLATE};
+use sluice_envoy_config::{render, timeout_values, ShimAddress, ShimTls, DEMO_TEMPLATE};
 
 /// Which Envoy filter asks Sluice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -31,9 +31,11 @@ pub struct Args {
     /// The filter; made absolute. Default: dist/sluice.wasm under the current directory.
     #[arg(long)]
     wasm: Option<PathBuf>,
-    /// The shim: `sluice serve --listen` (wasm), or its `--grpc-listen` (rls).
+    /// The shim: `sluice serve --listen` (wasm), or its `--grpc-listen`
+    /// (rls); `HOST:PORT`, or `unix:/PATH` for a shim on a Unix socket
+    /// beside Envoy.
     #[arg(long, default_value = "127.0.0.1:8181")]
-    shim: SocketAddr,
+    shim: ShimAddress,
     /// Where Envoy accepts traffic.
     #[arg(long, default_value = "0.0.0.0:10000")]
     listen: SocketAddr,
@@ -110,14 +112,13 @@ pub fn run(args: &Args) -> anyhow::Result<String> {
     render(DEMO_TEMPLATE, &values)
 }
 
-/// The templates' `*_HOST` and `*_PORT` values.
+/// The templates' `*_HOST` and `*_PORT` values, and `SHIM_ADDRESS`.
 fn addresses(args: &Args) -> Vec<(String, String)> {
     let mut values = Vec::new();
-    for (name, addr) in
-        [("LISTEN", args.listen), ("ADMIN", args.admin), ("UPSTREAM", args.upstream), ("SHIM", args.shim)]
-    {
+    for (name, addr) in [("LISTEN", args.listen), ("ADMIN", args.admin), ("UPSTREAM", args.upstream)] {
         values.push((format!("{name}_HOST"), addr.ip().to_string()));
         values.push((format!("{name}_PORT"), addr.port().to_string()));
     }
+    values.push(("SHIM_ADDRESS".to_string(), args.shim.envoy_address()));
     values
 }

@@ -20,7 +20,7 @@ use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{
     AdjustRequest, CheckRequest, CheckResponse, FeedbackRequest, FeedbackResponse, LeaseRequest,
     LeaseResponse, LimitOutcome, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse, ShedRequest,
-    ShedResponse,
+    ShedResponse, Views, NO_RESET_WHEN_ADMITTED,
 };
 
 pub use crate::decision::CheckError;
@@ -182,7 +182,7 @@ impl Limiter {
         let mut failed = None;
         for group in &groups {
             let group_limits: Vec<&ScriptLimit> = group.iter().map(|&i| &limits[i]).collect();
-            match self.check_slot(&group_limits, &now, &id).await {
+            match self.check_slot(&group_limits, &now, &id, req.views).await {
                 Ok(reply) => {
                     let denied = !reply.allowed;
                     replies.push(reply);
@@ -241,12 +241,17 @@ impl Limiter {
         limits: &[&ScriptLimit],
         now: &str,
         id: &str,
+        views: Views,
     ) -> Result<SlotReply, CheckError> {
         let mut call = self.scripts.check.prepare_invoke();
         call.arg(now).arg(id);
         for limit in limits {
             let (name, [a, b, c]) = limit.algorithm.script_args();
             call.key(&limit.key).arg(name).arg(a).arg(b).arg(c);
+        }
+        if !views.reset_when_admitted() {
+            // No wait, then the views (check.lua's arguments).
+            call.arg(0).arg(NO_RESET_WHEN_ADMITTED);
         }
         let reply: Vec<i64> = self.store.call(&call).await.map_err(store_error)?;
         decode(limits.len(), &reply)

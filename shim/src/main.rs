@@ -1,11 +1,11 @@
 //! `sluice`: parses its arguments and runs the subcommand from `sluice_shim`.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
+use sluice_envoy_config::ShimAddress;
 
 #[derive(Parser)]
 #[command(name = "sluice", version, about = "Sluice: rate limits for API gateways")]
@@ -37,14 +37,17 @@ enum Command {
 
 #[derive(clap::Args)]
 struct ServeArgs {
-    /// Where to listen, for HTTP/1.1 and HTTP/2 alike.
+    /// Where to listen, for HTTP/1.1 and HTTP/2 alike: `HOST:PORT`, or
+    /// `unix:/PATH` for a Unix socket (an Envoy on the same host: give
+    /// `sluice envoy-config --shim` the same value). The socket file is made
+    /// anew at start; who may connect is its directory's permissions.
     #[arg(long, default_value = "127.0.0.1:8181")]
-    listen: SocketAddr,
+    listen: ShimAddress,
     /// Also serve Envoy's RLS protocol (`ShouldRateLimit`, for the native
     /// `envoy.filters.http.ratelimit` filter) over gRPC on this address,
     /// behind the same TLS options. Needs --policy: the shim decides.
     #[arg(long, requires = "policy")]
-    grpc_listen: Option<SocketAddr>,
+    grpc_listen: Option<std::net::SocketAddr>,
     /// The Redis to keep the limits in.
     #[arg(long, default_value = "redis://127.0.0.1:6379", conflicts_with = "redis_cluster")]
     redis: String,
@@ -107,6 +110,13 @@ struct ServeArgs {
     #[arg(long)]
     playground: Option<PathBuf>,
 }
+
+/// mimalloc rather than the system allocator: a decision allocates a few
+/// dozen small blocks (HTTP, JSON, the Redis reply), and glibc's malloc and
+/// free were a fifth of the shim's instructions per decision
+/// (docs/performance.md, "Levers measured").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -179,16 +189,16 @@ fn serve(args: ServeArgs) -> ExitCode {
             drain_timeout: std::time::Duration::from_millis(args.drain_timeout_ms),
             give_back_time: timeout,
         };
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+        let listener = bind(&args.listen).await?;
         let auth = if options.tls.is_some() { "mtls" } else { "none" };
         tracing::info!(listen = %args.listen, redis = %target, auth, test_time = args.test_time, "sluice shim serving");
-        if options.tls.is_none() && !args.listen.ip().is_loopback() {
-            tracing::warn!(
-                listen = %args.listen,
-                "listening without authentication on a non-loopback address: anyone who reaches this port can refill buckets and release leases; use --tls-cert, --tls-key and --client-ca"
-            );
+        if let ShimAddress::Tcp(addr) = args.listen {
+            if options.tls.is_none() && !addr.ip().is_loopback() {
+                tracing::warn!(
+                    listen = %args.listen,
+                    "listening without authentication on a non-loopback address: anyone who reaches this port can refill buckets and release leases; use --tls-cert, --tls-key and --client-ca"
+                );
+            }
         }
         let limiter = std::sync::Arc::new(limiter);
         let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -228,6 +238,22 @@ fn serve(args: ServeArgs) -> ExitCode {
         Err(err) => {
             eprintln!("sluice: {err:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Listens on `--listen`. A Unix socket's file left by a shim that stopped
+/// is removed first (only a socket: any other file there is an error).
+async fn bind(listen: &ShimAddress) -> anyhow::Result<sluice_shim::server::Listener> {
+    let cannot = |e: std::io::Error| anyhow::anyhow!("cannot listen on {listen}: {e}");
+    match listen {
+        ShimAddress::Tcp(addr) => Ok(tokio::net::TcpListener::bind(addr).await.map_err(cannot)?.into()),
+        ShimAddress::Unix(path) => {
+            use std::os::unix::fs::FileTypeExt;
+            if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+                std::fs::remove_file(path).map_err(cannot)?;
+            }
+            Ok(tokio::net::UnixListener::bind(path).map_err(cannot)?.into())
         }
     }
 }

@@ -30,6 +30,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use futures_util::future::Either;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
@@ -42,7 +43,7 @@ use sluice_policies::wire::{
     PROTOCOL_VERSION, RELEASE_PATH, RENEW_PATH, REPORT_PATH, SHED_PATH,
 };
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
@@ -74,7 +75,7 @@ pub fn router_shared(limiter: Arc<Limiter>, dashboard: crate::dashboard::Options
         .route(FEEDBACK_PATH, post(feedback))
         .route(LEASE_PATH, post(lease))
         .route(REPORT_PATH, post(report))
-        .layer(axum::middleware::from_fn(same_protocol))
+        .layer(SameProtocol)
         .route("/healthz", get(healthz))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(limiter);
@@ -106,13 +107,46 @@ impl Drop for AbortOnDrop {
 /// Refuses a call whose `x-sluice-protocol` names another version of the
 /// wire than this shim's: 400, naming both, instead of a misread. A call
 /// without the header (`curl`, a debugging client) is served.
-async fn same_protocol(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    let theirs = match req.headers().get(PROTOCOL_HEADER) {
-        Some(v) if v.as_bytes() != PROTOCOL_VERSION.as_bytes() => {
-            String::from_utf8_lossy(v.as_bytes()).into_owned()
+///
+/// A plain tower layer, not `axum::middleware::from_fn`: that boxes the
+/// inner service and every request's future, a cost each check paid
+/// (docs/performance.md, "Levers measured").
+#[derive(Clone, Copy)]
+struct SameProtocol;
+
+impl<S> tower_layer::Layer<S> for SameProtocol {
+    type Service = SameProtocolService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        SameProtocolService(inner)
+    }
+}
+
+#[derive(Clone)]
+struct SameProtocolService<S>(S);
+
+impl<S> tower_service::Service<axum::extract::Request> for SameProtocolService<S>
+where
+    S: tower_service::Service<axum::extract::Request, Response = Response>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = Either<std::future::Ready<Result<Response, S::Error>>, S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: axum::extract::Request) -> Self::Future {
+        match req.headers().get(PROTOCOL_HEADER) {
+            Some(v) if v.as_bytes() != PROTOCOL_VERSION.as_bytes() => {
+                Either::Left(std::future::ready(Ok(mismatch(&String::from_utf8_lossy(v.as_bytes())))))
+            }
+            _ => Either::Right(self.0.call(req)),
         }
-        _ => return next.run(req).await,
-    };
+    }
+}
+
+fn mismatch(theirs: &str) -> Response {
     let reason = format!(
         "protocol version mismatch: the caller speaks {theirs:?}, this shim speaks {PROTOCOL_VERSION:?}; \
          run a filter and a shim of the same release"
@@ -183,13 +217,55 @@ impl Default for Options {
     }
 }
 
+/// Where the shim accepts connections: TCP, or a Unix socket for an Envoy
+/// on the same host (see `sluice_envoy_config::ShimAddress`).
+pub enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl From<TcpListener> for Listener {
+    fn from(listener: TcpListener) -> Self {
+        Listener::Tcp(listener)
+    }
+}
+
+impl From<UnixListener> for Listener {
+    fn from(listener: UnixListener) -> Self {
+        Listener::Unix(listener)
+    }
+}
+
+/// One accepted connection, and who it came from (for the log).
+enum Accepted {
+    Tcp(TcpStream, std::net::SocketAddr),
+    Unix(UnixStream),
+}
+
+impl Listener {
+    async fn accept(&self) -> std::io::Result<Accepted> {
+        match self {
+            Listener::Tcp(listener) => {
+                let (tcp, peer) = listener.accept().await?;
+                // Answers are small: without TCP_NODELAY, Nagle's algorithm holds each
+                // one back until the peer's delayed ACK, milliseconds per decision.
+                if let Err(err) = tcp.set_nodelay(true) {
+                    tracing::warn!(%err, "cannot set TCP_NODELAY");
+                }
+                Ok(Accepted::Tcp(tcp, peer))
+            }
+            Listener::Unix(listener) => Ok(Accepted::Unix(listener.accept().await?.0)),
+        }
+    }
+}
+
 /// Serves until `shutdown` completes, then drains (see [`crate::drain`]):
 /// `/healthz` says draining and the shim serves on for the drain delay;
 /// then it stops accepting, answers what is in flight, hands each waiter
 /// its outcome, gives back what they held, and returns, within the drain
 /// timeout.
 pub async fn run(
-    listener: TcpListener,
+    listener: impl Into<Listener>,
     limiter: Limiter,
     options: Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -199,7 +275,7 @@ pub async fn run(
 
 /// [`run`], for a limiter the gRPC faces share.
 pub async fn run_shared(
-    listener: TcpListener,
+    listener: impl Into<Listener>,
     limiter: Arc<Limiter>,
     options: Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -228,12 +304,13 @@ pub async fn run_shared(
 /// deadlines) until `shutdown` completes, then drains through `drain`. The
 /// HTTP endpoints and the gRPC faces ([`crate::grpc`]) alike.
 pub async fn serve(
-    listener: TcpListener,
+    listener: impl Into<Listener>,
     app: Router,
     options: Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
     drain: Arc<crate::drain::Drain>,
 ) -> anyhow::Result<()> {
+    let listener: Listener = listener.into();
     let permits = Arc::new(Semaphore::new(options.max_connections));
     let acceptor = options.tls.clone().map(TlsAcceptor::from);
     let graceful = GracefulShutdown::new();
@@ -253,7 +330,7 @@ pub async fn serve(
             permit = permits.clone().acquire_owned() => permit?,
             () = &mut shutdown => break,
         };
-        let (tcp, peer) = tokio::select! {
+        let accepted = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(err) => {
@@ -265,11 +342,6 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        // Answers are small: without TCP_NODELAY, Nagle's algorithm holds each
-        // one back until the peer's delayed ACK, milliseconds per decision.
-        if let Err(err) = tcp.set_nodelay(true) {
-            tracing::warn!(%err, "cannot set TCP_NODELAY");
-        }
         let connection = Connection {
             builder: builder.clone(),
             app: app.clone(),
@@ -278,8 +350,17 @@ pub async fn serve(
             timeout: options.header_read_timeout,
         };
         tokio::spawn(async move {
-            if let Err(reason) = connection.serve(tcp).await {
-                tracing::debug!(%peer, %reason, "connection closed");
+            match accepted {
+                Accepted::Tcp(tcp, peer) => {
+                    if let Err(reason) = connection.serve(tcp).await {
+                        tracing::debug!(%peer, %reason, "connection closed");
+                    }
+                }
+                Accepted::Unix(unix) => {
+                    if let Err(reason) = connection.serve(unix).await {
+                        tracing::debug!(peer = "unix socket", %reason, "connection closed");
+                    }
+                }
             }
             drop(permit);
         });
@@ -309,6 +390,27 @@ pub async fn serve(
     Ok(())
 }
 
+/// A connection's stream: TCP or a Unix socket.
+trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static {
+    /// Waits for the client's first bytes: false if it closed first.
+    fn first_bytes(&self) -> impl Future<Output = std::io::Result<bool>> + Send;
+}
+
+impl Stream for TcpStream {
+    async fn first_bytes(&self) -> std::io::Result<bool> {
+        let mut first = [0u8; 1];
+        Ok(self.peek(&mut first).await? > 0)
+    }
+}
+
+impl Stream for UnixStream {
+    async fn first_bytes(&self) -> std::io::Result<bool> {
+        // Tokio's Unix stream has no `peek`: readable is bytes or the end,
+        // and hyper reads the end as a close.
+        self.readable().await.map(|()| true)
+    }
+}
+
 /// What one accepted connection needs to be served.
 struct Connection {
     builder: auto::Builder<TokioExecutor>,
@@ -319,11 +421,11 @@ struct Connection {
 }
 
 impl Connection {
-    async fn serve(self, tcp: TcpStream) -> Result<(), String> {
+    async fn serve(self, stream: impl Stream) -> Result<(), String> {
         let service = TowerToHyperService::new(self.app);
         match self.acceptor {
             Some(acceptor) => {
-                let tls = tokio::time::timeout(self.timeout, acceptor.accept(tcp))
+                let tls = tokio::time::timeout(self.timeout, acceptor.accept(stream))
                     .await
                     .map_err(|_| "TLS handshake timed out".to_string())?
                     .map_err(|err| format!("TLS handshake failed: {err}"))?;
@@ -333,14 +435,13 @@ impl Connection {
             None => {
                 // A client that connects and sends nothing would otherwise
                 // hold its connection (and a permit) for ever.
-                let mut first = [0u8; 1];
-                match tokio::time::timeout(self.timeout, tcp.peek(&mut first)).await {
-                    Ok(Ok(n)) if n > 0 => {}
-                    Ok(Ok(_)) => return Ok(()),
+                match tokio::time::timeout(self.timeout, stream.first_bytes()).await {
+                    Ok(Ok(true)) => {}
+                    Ok(Ok(false)) => return Ok(()),
                     Ok(Err(err)) => return Err(err.to_string()),
                     Err(_) => return Err("no request before the header read timeout".to_string()),
                 }
-                let conn = self.builder.serve_connection(TokioIo::new(tcp), service);
+                let conn = self.builder.serve_connection(TokioIo::new(stream), service);
                 self.watcher.watch(conn.into_owned()).await.map_err(|err| err.to_string())
             }
         }

@@ -119,6 +119,7 @@ async fn the_largest_valid_documents_make_calls_the_shim_accepts() {
             id: Some(id.clone().into()),
             now_us: None,
             wait_ms: None,
+            views: Default::default(),
         };
         let release = ReleaseRequest { lease: id, checks: checks.clone() };
         let adjustments: Vec<Adjustment> = checks

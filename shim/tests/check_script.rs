@@ -36,6 +36,7 @@ fn request(key: &str, limits: &[WireLimit], now_us: Option<u64>) -> CheckRequest
         now_us: now_us.map(Micros),
         id: None,
         wait_ms: None,
+        views: Default::default(),
     }
 }
 

@@ -41,6 +41,7 @@ async fn a_denial_in_one_slot_refunds_the_others() {
         now_us: None,
         id: None,
         wait_ms: None,
+        views: Default::default(),
     };
 
     let first = limiter.check(&both).await.expect("check");
@@ -60,6 +61,7 @@ async fn a_denial_in_one_slot_refunds_the_others() {
         now_us: None,
         id: None,
         wait_ms: None,
+        views: Default::default(),
     };
     for n in 0..4 {
         let resp = limiter.check(&wide).await.expect("check");
@@ -89,6 +91,7 @@ async fn one_slot_on_a_cluster_is_exact() {
         now_us: None,
         id: None,
         wait_ms: None,
+        views: Default::default(),
     };
     let mut allowed = 0;
     for _ in 0..40 {
@@ -117,6 +120,7 @@ async fn waiting_on_a_cluster() {
         now_us: None,
         id: None,
         wait_ms: Some(Millis(wait_ms)),
+        views: Default::default(),
     };
 
     // One slot: held until the slot.
@@ -200,6 +204,7 @@ async fn a_denial_stops_before_the_later_slots() {
         now_us: None,
         id: None,
         wait_ms: None,
+        views: Default::default(),
     };
     assert!(limiter.check(&narrow).await.expect("check").allowed);
     let both = CheckRequest {
@@ -207,6 +212,7 @@ async fn a_denial_stops_before_the_later_slots() {
         now_us: None,
         id: None,
         wait_ms: None,
+        views: Default::default(),
     };
     let denied = limiter.check(&both).await.expect("check");
     assert!(!denied.allowed);
@@ -242,6 +248,7 @@ async fn a_failed_slot_refunds_the_slots_before_it() {
         now_us: None,
         id: None,
         wait_ms: None,
+        views: Default::default(),
     };
     assert!(limiter.check(&both).await.expect("check").allowed);
     assert_eq!(fixed_count(&cluster, "wide").await, (true, 1));
@@ -268,8 +275,13 @@ async fn a_failed_refund_keeps_the_denial() {
         .expect("a policy on another master");
     let limiter =
         Limiter::new(&Target::Cluster(cluster.urls()), Duration::from_secs(5), false).expect("limiter");
-    let request =
-        |checks: Vec<Check>| CheckRequest { checks: checks.into(), now_us: None, id: None, wait_ms: None };
+    let request = |checks: Vec<Check>| CheckRequest {
+        checks: checks.into(),
+        now_us: None,
+        id: None,
+        wait_ms: None,
+        views: Default::default(),
+    };
     let one = WireLimit::FixedWindow { limit: 5, window_ms: Millis(31_536_000_000) };
     let spent = WireLimit::FixedWindow { limit: 1, window_ms: Millis(31_536_000_000) };
     // The check script is cached on both masters; narrow is spent.

@@ -32,7 +32,13 @@ async fn check(limiter: &Limiter, cost: u32, now_us: u64) -> Result<CheckRespons
         upstream: false,
     }];
     limiter
-        .check(&CheckRequest { checks: checks.into(), now_us: Some(Micros(now_us)), id: None, wait_ms: None })
+        .check(&CheckRequest {
+            checks: checks.into(),
+            now_us: Some(Micros(now_us)),
+            id: None,
+            wait_ms: None,
+            views: Default::default(),
+        })
         .await
 }
 

@@ -60,6 +60,7 @@ async fn check(port: u16, id: &str, policy: &str, key: &str, limits: Vec<WireLim
         id: Some(id.to_string().into()),
         now_us: None,
         wait_ms: None,
+        views: Default::default(),
     };
     let (status, body) = http(port, "POST", "/v1/check", &serde_json::to_string(&req).expect("json")).await;
     assert_eq!(status, 200, "{body}");

@@ -23,7 +23,7 @@ use sluice_policies::algorithm::{self, Algorithm, RedisTwin};
 use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{
     AdjustRequest, Adjustment, Check, CheckRequest, GiveBack, LeaseRequest, LeaseResponse, ReleaseRequest,
-    WireLimit,
+    Views, WireLimit,
 };
 use sluice_shim::keys::script_limits;
 use sluice_shim::limiter::Limiter;
@@ -89,8 +89,9 @@ fn limits() -> impl Strategy<Value = Vec<WireLimit>> {
 
 #[derive(Debug, Clone)]
 enum Op {
-    /// After `dt` µs, a check costing `cost` points (where points apply).
-    Check { dt: u64, cost: u32 },
+    /// After `dt` µs, a check costing `cost` points (where points apply),
+    /// reading an admitted request's reset or not (`wire::Views`).
+    Check { dt: u64, cost: u32, reset: bool },
     /// Release the `n`th lease held (modulo how many are held).
     Release { n: usize },
     /// Renew the `n`th lease held (modulo how many are held).
@@ -108,7 +109,7 @@ fn op() -> impl Strategy<Value = Op> {
     let dt =
         prop_oneof![3 => Just(0u64), 3 => near, 2 => 0u64..2_000, 2 => 0u64..200_000, 1 => 0u64..3_000_000];
     prop_oneof![
-        8 => (dt, 0u32..60).prop_map(|(dt, cost)| Op::Check { dt, cost }),
+        8 => (dt, 0u32..60, any::<bool>()).prop_map(|(dt, cost, reset)| Op::Check { dt, cost, reset }),
         1 => any::<usize>().prop_map(|n| Op::Release { n }),
         1 => any::<usize>().prop_map(|n| Op::Renew { n }),
         1 => (0u32..60).prop_map(|actual| Op::Adjust { actual }),
@@ -186,7 +187,7 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
 
     for op in ops {
         match op {
-            Op::Check { dt, cost } => {
+            Op::Check { dt, cost, reset } => {
                 now += dt;
                 id += 1;
                 let checks = vec![Check {
@@ -207,11 +208,12 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                     now_us: Some(Micros(now)),
                     id: None,
                     wait_ms: None,
+                    views: if reset { Views::All } else { Views::NoResetWhenAdmitted },
                 };
                 let got = w.runtime.block_on(w.limiter.check(&req)).expect("check");
                 // The model names its entries as the shim does, so a lease is one id in both.
                 let model_id = got.lease.clone().unwrap_or_else(|| format!("m{id}"));
-                let want = algorithm::check(&mut model, now, &model_id, &model_limits);
+                let want = algorithm::check_viewing(&mut model, now, &model_id, &model_limits, reset);
 
                 prop_assert_eq!(got.allowed, want.allowed, "decision at {}", now);
                 prop_assert_eq!(got.retry_after_ms, want.retry_after_ms, "retry after at {}", now);
@@ -385,6 +387,7 @@ fn run_waiting_case(
                     now_us: Some(Micros(now)),
                     id: Some(id.clone().into()),
                     wait_ms: Some(Millis(wait_ms)),
+                    views: Default::default(),
                 };
                 if wait_ms == 0 {
                     let model_limits: Vec<(String, Algorithm)> =
@@ -531,6 +534,7 @@ fn run_queue_case(w: &World, limit: u32, lease_ms: u64, ops: Vec<QueueOp>) -> Re
                         now_us: Some(Micros(now)),
                         id: Some(id.clone().into()),
                         wait_ms: None,
+                        views: Default::default(),
                     };
                     let got = w.runtime.block_on(w.limiter.check(&req)).expect("check");
                     let want = algorithm::check(&mut model, now, &id, &[(key.clone(), script[0].algorithm)]);
@@ -733,6 +737,7 @@ fn run_mixed_case(
                     now_us: Some(Micros(now)),
                     id: Some(id.clone().into()),
                     wait_ms: Some(Millis(wait.div_ceil(1000))),
+                    views: Default::default(),
                 };
                 let got =
                     w.runtime.block_on(wait::reserve_request(w.limiter.waiting(), &req)).expect("reserve");
@@ -816,6 +821,7 @@ fn run_mixed_case(
                     now_us: Some(Micros(now)),
                     id: Some(id.clone().into()),
                     wait_ms: None,
+                    views: Default::default(),
                 };
                 let got = w.runtime.block_on(w.limiter.check(&req)).expect("check");
                 let want = algorithm::check(&mut model, now, &id, &model_limits);
@@ -914,6 +920,7 @@ fn run_lease_case(w: &World, limit: u32, window_ms: u64, ops: Vec<LeaseOp>) -> R
                     now_us: Some(Micros(now)),
                     id: None,
                     wait_ms: None,
+                    views: Default::default(),
                 };
                 let got = w.runtime.block_on(w.limiter.check(&req)).expect("check");
                 let want = algorithm::check(&mut model, now, &format!("m{i}"), &model_limits);

@@ -49,7 +49,13 @@ async fn check(port: u16) -> (u16, String) {
         margin_ms: None,
         upstream: false,
     }];
-    let req = CheckRequest { checks: checks.into(), id: None, now_us: None, wait_ms: None };
+    let req = CheckRequest {
+        checks: checks.into(),
+        id: None,
+        now_us: None,
+        wait_ms: None,
+        views: Default::default(),
+    };
     http(port, "POST", "/v1/check", &serde_json::to_string(&req).expect("json")).await
 }
 

@@ -23,6 +23,7 @@ fn request(id: &str) -> CheckRequest<'static> {
         now_us: None,
         id: Some(id.to_string().into()),
         wait_ms: None,
+        views: Default::default(),
     }
 }
 

@@ -57,6 +57,7 @@ fn request(id: &str, wait_ms: u64) -> Vec<u8> {
         now_us: None,
         id: Some(id.to_string().into()),
         wait_ms: Some(Millis(wait_ms)),
+        views: Default::default(),
     };
     serde_json::to_vec(&req).expect("json")
 }

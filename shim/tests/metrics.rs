@@ -41,6 +41,7 @@ async fn post_check(
         id: Some(id.to_string().into()),
         now_us: now_us.map(Micros),
         wait_ms: wait_ms.map(Millis),
+        views: Default::default(),
     };
     let (status, body) = http(port, "POST", "/v1/check", &serde_json::to_string(&req).expect("json")).await;
     (status, serde_json::from_str(&body).ok())

@@ -59,6 +59,7 @@ fn request(policy: &str, now_us: u64, id: &str, wait_ms: Option<u64>) -> CheckRe
         now_us: Some(Micros(now_us)),
         id: Some(id.to_string().into()),
         wait_ms: wait_ms.map(Millis),
+        views: Default::default(),
     }
 }
 
@@ -251,6 +252,7 @@ async fn a_held_request_is_moved_past_a_pause_that_lands_while_it_waits() {
         now_us: None,
         id: Some(id.to_string().into()),
         wait_ms: Some(Millis(5_000)),
+        views: Default::default(),
     };
     assert!(limiter.check(&request("r1")).await.expect("r1").allowed);
     let held = {

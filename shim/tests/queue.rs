@@ -41,6 +41,7 @@ async fn check(limiter: &Limiter, id: &str, limits: &[WireLimit], wait_ms: u64) 
         now_us: None,
         id: Some(id.to_string().into()),
         wait_ms: Some(Millis(wait_ms)),
+        views: Default::default(),
     };
     match limiter.check(&req).await {
         Ok(resp) => resp,
@@ -182,8 +183,13 @@ async fn two_concurrency_limits_cannot_wait() {
         WireLimit::Concurrency { limit: 1, lease_ms: Millis(10_000) },
         WireLimit::Concurrency { limit: 1, lease_ms: Millis(20_000) },
     ];
-    let req =
-        CheckRequest { checks: checks(&two).into(), now_us: None, id: None, wait_ms: Some(Millis(100)) };
+    let req = CheckRequest {
+        checks: checks(&two).into(),
+        now_us: None,
+        id: None,
+        wait_ms: Some(Millis(100)),
+        views: Default::default(),
+    };
     match limiter.check(&req).await {
         Err(CheckError::BadRequest(reason)) => assert!(reason.contains("concurrency"), "{reason}"),
         other => panic!("expected a 400, got {other:?}"),
@@ -255,6 +261,7 @@ async fn losing_the_wake_up_subscription_while_waiting_is_a_store_error() {
             now_us: None,
             id: Some("r2".into()),
             wait_ms: Some(Millis(5_000)),
+            views: Default::default(),
         };
         l.check(&req).await
     });

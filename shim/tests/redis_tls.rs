@@ -21,7 +21,7 @@ fn request() -> CheckRequest<'static> {
     let limits = vec![WireLimit::SlidingWindow { limit: 1, window_ms: Millis(60_000), approximate: false }];
     let checks =
         vec![Check { policy: "p".into(), key: "k".into(), limits, margin_ms: None, upstream: false }];
-    CheckRequest { checks: checks.into(), now_us: None, id: None, wait_ms: None }
+    CheckRequest { checks: checks.into(), now_us: None, id: None, wait_ms: None, views: Default::default() }
 }
 
 fn limiter(url: String, ca: Option<Vec<u8>>) -> Limiter {
@@ -125,6 +125,7 @@ async fn a_held_check_is_woken_over_tls() {
         now_us: None,
         id: Some(id.to_string().into()),
         wait_ms: wait_ms.map(Millis),
+        views: Default::default(),
     };
     let first = limiter.check(&held("first", None)).await.expect("check over TLS");
     assert_eq!(first.lease.as_deref(), Some("first"));

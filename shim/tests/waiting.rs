@@ -29,6 +29,7 @@ fn request(id: &str, limits: &[WireLimit], wait_ms: u64) -> CheckRequest<'static
         now_us: None,
         id: Some(id.to_string().into()),
         wait_ms: Some(Millis(wait_ms)),
+        views: Default::default(),
     }
 }
 

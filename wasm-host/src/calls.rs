@@ -198,7 +198,13 @@ pub(crate) fn scripted(answer: Answer, call: &HttpCall) -> Outcome {
 }
 
 fn check_response(call: &HttpCall, denied_ms: Option<u64>, waited_ms: Option<u64>) -> Vec<u8> {
-    let empty = CheckRequest { checks: Vec::new().into(), now_us: None, id: None, wait_ms: None };
+    let empty = CheckRequest {
+        checks: Vec::new().into(),
+        now_us: None,
+        id: None,
+        wait_ms: None,
+        views: Default::default(),
+    };
     let request: CheckRequest = serde_json::from_slice(&call.body).unwrap_or(empty);
     let mut first = true;
     let mut outcome = || {

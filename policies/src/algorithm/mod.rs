@@ -275,6 +275,18 @@ pub struct CheckReply {
 
 /// `lua/scripts/check.lua`: decides every limit at once, all or nothing.
 pub fn check(store: &mut RedisTwin, now: u64, id: &str, limits: &[(String, Algorithm)]) -> CheckReply {
+    check_viewing(store, now, id, limits, true)
+}
+
+/// [`check`], with the views the caller reads (`wire::Views`): without
+/// `reset_when_admitted`, an admitted request's limits carry `reset_ms` 0.
+pub fn check_viewing(
+    store: &mut RedisTwin,
+    now: u64,
+    id: &str,
+    limits: &[(String, Algorithm)],
+    reset_when_admitted: bool,
+) -> CheckReply {
     // Phase 1: check. Expired leases go back, to waiters first (queue.lua).
     let reclaimed: Vec<(u64, bool)> = limits
         .iter()
@@ -345,7 +357,7 @@ pub fn check(store: &mut RedisTwin, now: u64, id: &str, limits: &[(String, Algor
             LimitOutcome {
                 allowed: f.allowed,
                 remaining: view.remaining,
-                reset_ms: ceil_ms(view.reset_us),
+                reset_ms: if allowed && !reset_when_admitted { Millis(0) } else { ceil_ms(view.reset_us) },
                 retry_after_ms: if f.allowed { Some(Millis(0)) } else { f.retry_us.map(ceil_ms) },
                 reclaimed: f.reclaimed,
                 held_until_us,

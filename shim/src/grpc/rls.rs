@@ -166,6 +166,8 @@ impl<'d> Checks<'d> {
             id: None,
             now_us: None,
             wait_ms: None,
+            // Every descriptor's answer carries its `duration_until_reset`.
+            views: sluice_policies::wire::Views::All,
         })
     }
 }

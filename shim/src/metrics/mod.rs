@@ -25,7 +25,6 @@ use std::time::Instant;
 
 use axum::extract::{Request, State};
 use axum::http::header;
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -289,14 +288,58 @@ impl Drop for Held {
 /// `app` with its requests counted in flight, and `GET /metrics` (not
 /// counted: a scrape would always see itself).
 pub fn serve(app: Router, metrics: Arc<Metrics>) -> Router {
-    app.layer(middleware::from_fn_with_state(metrics.clone(), in_flight))
-        .route("/metrics", get(page).with_state(metrics))
+    app.layer(InFlight(metrics.clone())).route("/metrics", get(page).with_state(metrics))
 }
 
-async fn in_flight(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
-    metrics.in_flight.inc();
-    let _done = Held(metrics.in_flight.clone());
-    next.run(req).await
+/// Counts each request in `sluice_in_flight` until its answer is ready (or
+/// it is dropped). A plain tower layer: `middleware::from_fn` boxed every
+/// request's future for this (docs/performance.md, "Levers measured").
+#[derive(Clone)]
+struct InFlight(Arc<Metrics>);
+
+impl<S> tower_layer::Layer<S> for InFlight {
+    type Service = InFlightService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        InFlightService { inner, metrics: self.0.clone() }
+    }
+}
+
+#[derive(Clone)]
+struct InFlightService<S> {
+    inner: S,
+    metrics: Arc<Metrics>,
+}
+
+impl<S: tower_service::Service<Request>> tower_service::Service<Request> for InFlightService<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Counted<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        self.metrics.in_flight.inc();
+        Counted { inner: self.inner.call(req), _held: Held(self.metrics.in_flight.clone()) }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request's future, holding the in-flight count until it completes or
+    /// is dropped.
+    struct Counted<F> {
+        #[pin]
+        inner: F,
+        _held: Held,
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for Counted<F> {
+    type Output = F::Output;
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<F::Output> {
+        self.project().inner.poll(cx)
+    }
 }
 
 async fn page(State(metrics): State<Arc<Metrics>>) -> Response {

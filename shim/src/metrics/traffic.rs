@@ -291,7 +291,13 @@ mod tests {
                 upstream: false,
             })
             .collect();
-        CheckRequest { checks: checks.into(), id: None, now_us: None, wait_ms: wait_ms.map(Millis) }
+        CheckRequest {
+            checks: checks.into(),
+            id: None,
+            now_us: None,
+            wait_ms: wait_ms.map(Millis),
+            views: Default::default(),
+        }
     }
 
     fn admitted(checks: usize, waited_ms: Option<u64>, reclaimed: u64) -> Result<CheckResponse, CheckError> {
