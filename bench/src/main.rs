@@ -211,7 +211,8 @@ fn run(quick: bool, only: Only) -> Result<()> {
     let dir = out_dir(quick);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let title = format!("Sluice gateway latency by setup ({})", if quick { "quick run" } else { "full run" });
-    plot::draw(&dir.join(PLOT), &tools.font, &title, &results.gateway.fixed)?;
+    let one_worker = results.gateway.matrices.first().map_or(&[][..], |m| &m.fixed[..]);
+    plot::draw(&dir.join(PLOT), &tools.font, &title, one_worker)?;
     let md = dir.join("LATEST.md");
     std::fs::write(&md, report::markdown(&results, PLOT, SHED_PLOT))
         .with_context(|| format!("writing {}", md.display()))?;

@@ -85,7 +85,7 @@ impl Shape {
     }
 
     /// The request: a browser-like header set, on `/api/` unless no policy may match.
-    fn headers(self) -> HeaderMap {
+    pub fn headers(self) -> HeaderMap {
         let path = match self {
             Shape::NoMatch => "/health?full=1",
             _ => "/api/orders?page=2",
