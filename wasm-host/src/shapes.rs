@@ -143,6 +143,11 @@ impl Driver {
         self.play(Answer::Allow)
     }
 
+    /// The root context's tick, as Envoy's timer fires it.
+    pub fn tick(&mut self) -> anyhow::Result<()> {
+        self.proxy.tick().map(drop)
+    }
+
     /// Turns [`Costs::trace`] on or off.
     pub fn trace(&mut self, on: bool) {
         self.proxy.trace(on);

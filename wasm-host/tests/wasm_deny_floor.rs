@@ -15,7 +15,7 @@
 
 use std::path::PathBuf;
 
-use sluice_wasm_host::shapes::{measure, Shape};
+use sluice_wasm_host::shapes::{measure, Driver, Shape};
 use sluice_wasm_host::{Costs, End, HeaderMap, HostConfig, Proxy, Returned};
 
 const N: u64 = 20;
@@ -62,8 +62,9 @@ fn per(costs: &Costs, name: &str) -> u64 {
 /// The floor is what it claims: one host call per request, the local
 /// reply. Sluice's cached denial is the floor's call plus exactly what its
 /// decision needs: the request headers its policy reads (`:path`,
-/// `:method`, `x-api-key`), one clock reading, one shared-data read (the
-/// over-limit cache), one counter. No call to the shim.
+/// `:method`, `x-api-key`), one clock reading, one counter. No call to the
+/// shim, and within one tick no shared-data read: the worker's copy of the
+/// over-limit cache's entry answers.
 #[test]
 fn a_cached_denial_is_the_floor_plus_its_decision() {
     let floor = deny_floor(N);
@@ -76,10 +77,31 @@ fn a_cached_denial_is_the_floor_plus_its_decision() {
     assert_eq!(per(&sluice, "proxy_send_local_response"), 1);
     assert_eq!(per(&sluice, "proxy_get_header_map_value"), 3);
     assert_eq!(per(&sluice, "proxy_get_current_time_nanoseconds"), 1);
-    assert_eq!(per(&sluice, "proxy_get_shared_data"), 1);
+    assert_eq!(per(&sluice, "proxy_get_shared_data"), 0);
     assert_eq!(per(&sluice, "proxy_increment_metric"), 1);
     assert_eq!(per(&sluice, "proxy_http_call"), 0);
-    assert_eq!(sluice.host_calls() / N, 7, "{:?}", sluice.calls);
+    assert_eq!(sluice.host_calls() / N, 6, "{:?}", sluice.calls);
+}
+
+/// The worker's copy of the over-limit cache is refreshed from shared data
+/// at most once per tick: after a tick, the next denial reads the entry
+/// once, and the ones after it in the same tick read nothing.
+#[test]
+fn the_over_limit_cache_is_read_from_shared_data_once_per_tick() {
+    let mut driver = Driver::new(Shape::CachedDeny).expect("the cached denial");
+    for round in 0..3 {
+        driver.tick().expect("tick");
+        driver.take_costs();
+        driver.request().expect("the first denial after the tick");
+        let first = driver.take_costs();
+        assert_eq!(first.calls_of("proxy_get_shared_data"), 1, "round {round}: {:?}", first.calls);
+        for _ in 0..5 {
+            driver.request().expect("a denial in the same tick");
+        }
+        let rest = driver.take_costs();
+        assert_eq!(rest.calls_of("proxy_get_shared_data"), 0, "round {round}: {:?}", rest.calls);
+        assert_eq!(rest.calls_of("proxy_send_local_response"), 5);
+    }
 }
 
 fn print_table(floor: &Costs, sluice: &Costs) {
