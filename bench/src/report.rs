@@ -257,7 +257,10 @@ fn gateway(md: &mut String, r: &Results, plot_file: &str) -> std::fmt::Result {
         r.plan.rounds
     )?;
     if let Some(why) = &g.skipped {
-        writeln!(md, "**Not measured:** the setups on Sluice's RLS and RLQS faces ((h), (h'), (j), (k)): {why}.\n")?;
+        writeln!(
+            md,
+            "**Not measured:** the setups on Sluice's RLS and RLQS faces ((h), (h'), (j), (k)): {why}.\n"
+        )?;
     }
     for m in &g.matrices {
         writeln!(md, "### {} Envoy worker(s)\n", m.workers)?;
@@ -342,18 +345,62 @@ fn targets(md: &mut String, r: &Results) -> std::fmt::Result {
                 let what = format!(
                     "{w}w, {name} at {rate}/s: allow adds (d)−(a) {sluice:.2} ms ÷ the floor's (c)−(a) {floor:.2} ms"
                 );
-                goal(md, "A", &what, sluice / floor, 1.3, true)?;
+                // A difference at or below zero is noise, not a ratio.
+                let ratio = if sluice > 0.0 && floor > 0.0 { sluice / floor } else { f64::NAN };
+                goal(md, "A", &what, ratio, 1.3, true)?;
             }
         }
-        goal(md, "B", &format!("{w}w, max req/s: allow (d) ÷ the peer (g)"), rps(m, Setup::SluiceAllow) / rps(m, Setup::RlsPeerAllow), 1.5, false)?;
-        goal(md, "B", &format!("{w}w, max req/s: allow (d) ÷ the callout floor (c)"), rps(m, Setup::SluiceAllow) / rps(m, Setup::Floor), 0.9, false)?;
+        goal(
+            md,
+            "B",
+            &format!("{w}w, max req/s: allow (d) ÷ the peer (g)"),
+            rps(m, Setup::SluiceAllow) / rps(m, Setup::RlsPeerAllow),
+            1.5,
+            false,
+        )?;
+        goal(
+            md,
+            "B",
+            &format!("{w}w, max req/s: allow (d) ÷ the callout floor (c)"),
+            rps(m, Setup::SluiceAllow) / rps(m, Setup::Floor),
+            0.9,
+            false,
+        )?;
         for (i, (rate, _)) in m.fixed.iter().enumerate() {
             let p50 = |s: Setup| fig(m, i, s, |r| r.p50);
-            goal(md, "C", &format!("{w}w, p50 at {rate}/s: deny (e) ÷ Wasm deny floor (f)"), p50(Setup::SluiceDeny) / p50(Setup::DenyFloor), 1.1, true)?;
-            goal(md, "C", &format!("{w}w, p50 at {rate}/s: deny (e) ÷ native deny (b')"), p50(Setup::SluiceDeny) / p50(Setup::NativeDeny), 1.2, true)?;
+            goal(
+                md,
+                "C",
+                &format!("{w}w, p50 at {rate}/s: deny (e) ÷ Wasm deny floor (f)"),
+                p50(Setup::SluiceDeny) / p50(Setup::DenyFloor),
+                1.1,
+                true,
+            )?;
+            goal(
+                md,
+                "C",
+                &format!("{w}w, p50 at {rate}/s: deny (e) ÷ native deny (b')"),
+                p50(Setup::SluiceDeny) / p50(Setup::NativeDeny),
+                1.2,
+                true,
+            )?;
         }
-        goal(md, "C", &format!("{w}w, max req/s: Wasm deny floor (f) ÷ deny (e)"), rps(m, Setup::DenyFloor) / rps(m, Setup::SluiceDeny), 1.1, true)?;
-        goal(md, "C", &format!("{w}w, max req/s: native deny (b') ÷ deny (e)"), rps(m, Setup::NativeDeny) / rps(m, Setup::SluiceDeny), 1.2, true)?;
+        goal(
+            md,
+            "C",
+            &format!("{w}w, max req/s: Wasm deny floor (f) ÷ deny (e)"),
+            rps(m, Setup::DenyFloor) / rps(m, Setup::SluiceDeny),
+            1.1,
+            true,
+        )?;
+        goal(
+            md,
+            "C",
+            &format!("{w}w, max req/s: native deny (b') ÷ deny (e)"),
+            rps(m, Setup::NativeDeny) / rps(m, Setup::SluiceDeny),
+            1.2,
+            true,
+        )?;
         let mut worst: Option<(f64, String)> = None;
         for (i, (rate, _)) in m.fixed.iter().enumerate() {
             for (name, pct) in [P50, P99, P999] {
@@ -364,19 +411,75 @@ fn targets(md: &mut String, r: &Results) -> std::fmt::Result {
             }
         }
         if let Some((ratio, at)) = worst {
-            goal(md, "D", &format!("{w}w, leased (d'') ÷ native (b), the worst rate and percentile ({at})"), ratio, 1.2, true)?;
+            goal(
+                md,
+                "D",
+                &format!("{w}w, leased (d'') ÷ native (b), the worst rate and percentile ({at})"),
+                ratio,
+                1.2,
+                true,
+            )?;
         }
-        goal(md, "D", &format!("{w}w, max req/s: native (b) ÷ leased (d'')"), rps(m, Setup::NativeAllow) / rps(m, Setup::SluiceLeased), 1.2, true)?;
+        goal(
+            md,
+            "D",
+            &format!("{w}w, max req/s: native (b) ÷ leased (d'')"),
+            rps(m, Setup::NativeAllow) / rps(m, Setup::SluiceLeased),
+            1.2,
+            true,
+        )?;
         if g.skipped.is_none() {
-            goal(md, "RLS", &format!("{w}w, max req/s: Sluice RLS (h) ÷ the peer (g)"), rps(m, Setup::RlsSluiceAllow) / rps(m, Setup::RlsPeerAllow), 1.5, false)?;
+            goal(
+                md,
+                "RLS",
+                &format!("{w}w, max req/s: Sluice RLS (h) ÷ the peer (g)"),
+                rps(m, Setup::RlsSluiceAllow) / rps(m, Setup::RlsPeerAllow),
+                1.5,
+                false,
+            )?;
             for (i, (rate, _)) in m.fixed.iter().enumerate() {
                 let p50 = |s: Setup| fig(m, i, s, |r| r.p50);
-                goal(md, "RLS", &format!("{w}w, p50 at {rate}/s: RLS deny (h') ÷ the filter's deny (e)"), p50(Setup::RlsSluiceDeny) / p50(Setup::SluiceDeny), 1.0, true)?;
-                goal(md, "RLQS", &format!("{w}w, p50 at {rate}/s: RLQS allow (j) ÷ native (b)"), p50(Setup::RlqsAllow) / p50(Setup::NativeAllow), 1.1, true)?;
-                goal(md, "RLQS", &format!("{w}w, p50 at {rate}/s: RLQS deny (k) ÷ native deny (b')"), p50(Setup::RlqsDeny) / p50(Setup::NativeDeny), 1.1, true)?;
+                goal(
+                    md,
+                    "RLS",
+                    &format!("{w}w, p50 at {rate}/s: RLS deny (h') ÷ the filter's deny (e)"),
+                    p50(Setup::RlsSluiceDeny) / p50(Setup::SluiceDeny),
+                    1.0,
+                    true,
+                )?;
+                goal(
+                    md,
+                    "RLQS",
+                    &format!("{w}w, p50 at {rate}/s: RLQS allow (j) ÷ native (b)"),
+                    p50(Setup::RlqsAllow) / p50(Setup::NativeAllow),
+                    1.1,
+                    true,
+                )?;
+                goal(
+                    md,
+                    "RLQS",
+                    &format!("{w}w, p50 at {rate}/s: RLQS deny (k) ÷ native deny (b')"),
+                    p50(Setup::RlqsDeny) / p50(Setup::NativeDeny),
+                    1.1,
+                    true,
+                )?;
             }
-            goal(md, "RLQS", &format!("{w}w, max req/s: native (b) ÷ RLQS allow (j)"), rps(m, Setup::NativeAllow) / rps(m, Setup::RlqsAllow), 1.1, true)?;
-            goal(md, "RLQS", &format!("{w}w, max req/s: native deny (b') ÷ RLQS deny (k)"), rps(m, Setup::NativeDeny) / rps(m, Setup::RlqsDeny), 1.1, true)?;
+            goal(
+                md,
+                "RLQS",
+                &format!("{w}w, max req/s: native (b) ÷ RLQS allow (j)"),
+                rps(m, Setup::NativeAllow) / rps(m, Setup::RlqsAllow),
+                1.1,
+                true,
+            )?;
+            goal(
+                md,
+                "RLQS",
+                &format!("{w}w, max req/s: native deny (b') ÷ RLQS deny (k)"),
+                rps(m, Setup::NativeDeny) / rps(m, Setup::RlqsDeny),
+                1.1,
+                true,
+            )?;
         }
     }
     waits(md, &r.egress)?;
@@ -406,18 +509,23 @@ fn targets(md: &mut String, r: &Results) -> std::fmt::Result {
 /// stays empty (S2a).
 fn waits(md: &mut String, scenarios: &[super::egress::Scenario]) -> std::fmt::Result {
     for s in scenarios.iter().filter(|s| !s.plan.feedback) {
-        let Some(n) = s.approaches.iter().find(|a| a.approach.starts_with("Sluice")).and_then(|a| a.outcome.as_ref().ok())
+        let Some(n) = s
+            .approaches
+            .iter()
+            .find(|a| a.approach.starts_with("Sluice"))
+            .and_then(|a| a.outcome.as_ref().ok())
         else {
             continue;
         };
         if let (Some(every), Some(min), Some(mean)) = (s.plan.limits.interval, n.min_gap, n.mean_gap) {
             let every_ms = every.as_secs_f64() * 1e3;
-            let what = format!("{}: smallest gap at the partner ÷ the interval ({every_ms:.0} ms)", s.plan.scenario);
+            let what =
+                format!("{}: smallest gap at the partner ÷ the interval ({every_ms:.0} ms)", s.plan.scenario);
             goal(md, "E", &what, min.as_secs_f64() * 1e3 / every_ms, 1.0, false)?;
             let what = format!("{}: mean gap at the partner ÷ the interval", s.plan.scenario);
             goal(md, "E", &what, mean.as_secs_f64() * 1e3 / every_ms, 1.05, true)?;
         }
-        if let Some((_, p99)) = n.handoff {
+        if let (Some(_), Some((_, p99))) = (s.plan.limits.concurrency, n.handoff) {
             let ms = p99.as_secs_f64() * 1e3;
             writeln!(
                 md,

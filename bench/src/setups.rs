@@ -235,7 +235,12 @@ impl Rig {
             let started = Envoys::start(
                 built,
                 workers,
-                Ports { upstream: upstream.port, floor: floor_responder.port, shim: shim.port, peer: peer.port },
+                Ports {
+                    upstream: upstream.port,
+                    floor: floor_responder.port,
+                    shim: shim.port,
+                    peer: peer.port,
+                },
                 face.as_ref().map(|f| f.1),
             )?;
             envoys.push(started);
@@ -271,7 +276,9 @@ impl Rig {
             Setup::RlsSluiceAllow | Setup::RlsSluiceDeny => {
                 envoys.rls_sluice.as_ref().context("Sluice's RLS face is not running")?
             }
-            Setup::RlqsAllow | Setup::RlqsDeny => envoys.rlqs.as_ref().context("Sluice's RLQS face is not running")?,
+            Setup::RlqsAllow | Setup::RlqsDeny => {
+                envoys.rlqs.as_ref().context("Sluice's RLQS face is not running")?
+            }
         };
         Ok(format!("{}{}", envoy.url(), setup.path()))
     }
@@ -327,7 +334,18 @@ impl Envoys {
             Some(port) => (Some(rls(port, "rls.yaml")?), Some(rls(port, "rlqs.yaml")?)),
             None => (None, None),
         };
-        Ok(Envoys { workers, plain, native_allow, native_deny, floor, deny_floor, sluice, rls_peer, rls_sluice, rlqs })
+        Ok(Envoys {
+            workers,
+            plain,
+            native_allow,
+            native_deny,
+            floor,
+            deny_floor,
+            sluice,
+            rls_peer,
+            rls_sluice,
+            rlqs,
+        })
     }
 }
 

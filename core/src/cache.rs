@@ -139,7 +139,8 @@ fn slot_key(slot: u32) -> String {
 /// The hit `value` (an entry) gives `identity` at `now_ms`, if it is its live entry.
 fn hit(value: &[u8], identity: &[u8], now_ms: u64) -> Option<Hit> {
     let (deadline_ms, limit, stored) = decode(value)?;
-    (stored == identity && deadline_ms > now_ms).then(|| Hit { wait_ms: deadline_ms - now_ms, limit: limit.into() })
+    (stored == identity && deadline_ms > now_ms)
+        .then(|| Hit { wait_ms: deadline_ms - now_ms, limit: limit.into() })
 }
 
 /// The longest wait of the limits that denied `check`, and which one it is,
@@ -430,7 +431,12 @@ mod tests {
         let c = check(&p, "alice");
         let me = OverLimitCache::new(&map, 16).with_mirror(&mine);
         assert_eq!(me.lookup(&p, &c, 1000), None);
-        OverLimitCache::new(&map, 16).with_mirror(&theirs).record(&p, &c, &denied(&[Some(4000), Some(0)]), 1000);
+        OverLimitCache::new(&map, 16).with_mirror(&theirs).record(
+            &p,
+            &c,
+            &denied(&[Some(4000), Some(0)]),
+            1000,
+        );
         assert_eq!(me.lookup(&p, &c, 1000), Some(Hit { wait_ms: 4000, limit: 0 }));
 
         let d = check(&p, "carol");

@@ -117,7 +117,11 @@ fn print_table(floor: &Costs, sluice: &Costs) {
     let names: std::collections::BTreeSet<&str> =
         floor.calls.keys().chain(sluice.calls.keys()).copied().collect();
     for name in names {
-        row(&format!("`{name}`"), floor.calls_of(name) as f64 / N as f64, sluice.calls_of(name) as f64 / N as f64);
+        row(
+            &format!("`{name}`"),
+            floor.calls_of(name) as f64 / N as f64,
+            sluice.calls_of(name) as f64 / N as f64,
+        );
     }
     row("bytes copied out of the guest", f.bytes_in as f64, s.bytes_in as f64);
     row("bytes copied into the guest", f.bytes_out as f64, s.bytes_out as f64);

@@ -46,7 +46,11 @@ pub fn build() -> Result<BenchArtifacts> {
         let bytes = fs::metadata(&out).with_context(|| format!("cannot stat {}", out.display()))?.len();
         eprintln!("{:>12}  {}", human(bytes), out.display());
     }
-    Ok(BenchArtifacts { floor_wasm: wasm.floor, deny_floor_wasm: wasm.deny_floor, responder: release.join(RESPONDER) })
+    Ok(BenchArtifacts {
+        floor_wasm: wasm.floor,
+        deny_floor_wasm: wasm.deny_floor,
+        responder: release.join(RESPONDER),
+    })
 }
 
 fn human(bytes: u64) -> String {

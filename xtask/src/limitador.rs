@@ -23,10 +23,8 @@ const VERSION: &str = "0.14.0";
 const PACKAGE: &str = "sluice-bench-limitador";
 /// The two items of the crate that its Redis storage uses but that compile
 /// only with `disk_storage`: (file, the item's first line).
-const FIXES: [(&str, &str); 2] = [
-    ("src/storage/keys.rs", "pub mod bin {"),
-    ("src/counter.rs", "    pub(crate) fn variables_for_key("),
-];
+const FIXES: [(&str, &str); 2] =
+    [("src/storage/keys.rs", "pub mod bin {"), ("src/counter.rs", "    pub(crate) fn variables_for_key(")];
 const CFG_BEFORE: &str = "#[cfg(feature = \"disk_storage\")]\n";
 const CFG_AFTER: &str = "#[cfg(any(feature = \"disk_storage\", feature = \"redis_storage\"))]\n";
 
@@ -46,7 +44,9 @@ pub(crate) fn build() -> Result<PathBuf> {
             .env("CARGO_TARGET_DIR", &target),
     )?;
     let bin = target.join("release").join(PACKAGE);
-    bin.is_file().then_some(bin.clone()).with_context(|| format!("the build succeeded but {} is missing", bin.display()))
+    bin.is_file()
+        .then_some(bin.clone())
+        .with_context(|| format!("the build succeeded but {} is missing", bin.display()))
 }
 
 /// The published crate, unpacked into `source` with the one `cfg` widened.
@@ -88,7 +88,8 @@ fn cached() -> Result<Option<PathBuf>> {
 /// Downloads the crate with `cargo fetch` of a one-dependency manifest.
 fn fetch(dir: &Path) -> Result<()> {
     let fetcher = dir.join("fetch");
-    std::fs::create_dir_all(fetcher.join("src")).with_context(|| format!("creating {}", fetcher.display()))?;
+    std::fs::create_dir_all(fetcher.join("src"))
+        .with_context(|| format!("creating {}", fetcher.display()))?;
     let manifest = format!(
         "[package]\nname = \"fetch-limitador\"\nversion = \"0.0.0\"\nedition = \"2021\"\n\n[dependencies]\n\
          limitador = {{ version = \"={VERSION}\", default-features = false }}\n\n[workspace]\n"

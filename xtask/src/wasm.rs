@@ -129,7 +129,19 @@ fn build_rustup() -> Result<PathBuf> {
     let target_dir = workspace_root().join("target/wasm-rustup");
     cmd::run(
         cmd::cargo()
-            .args(["build", "--profile", "wasm", "--target", TARGET, "-p", PLUGIN.0, "-p", FLOOR.0, "-p", DENY_FLOOR.0])
+            .args([
+                "build",
+                "--profile",
+                "wasm",
+                "--target",
+                TARGET,
+                "-p",
+                PLUGIN.0,
+                "-p",
+                FLOOR.0,
+                "-p",
+                DENY_FLOOR.0,
+            ])
             .env("CARGO_TARGET_DIR", &target_dir),
     )?;
     Ok(target_dir)
