@@ -554,7 +554,8 @@ fn row(md: &mut String, what: &str, value: f64, target: f64, at_most: bool) -> s
     } else {
         format!("missed by {:.0}%", (value / target - 1.0).abs() * 100.0)
     };
-    writeln!(md, "| {what} | {value:.2}× | {sign} {target}× | {verdict} |")
+    let shown = if value.is_finite() { format!("{value:.2}×") } else { "–".to_string() };
+    writeln!(md, "| {what} | {shown} | {sign} {target}× | {verdict} |")
 }
 
 /// One round trip at most: a denial the filter answers from its cache makes none.
