@@ -23,12 +23,16 @@ pub(crate) struct Run {
     pub(crate) p50: f64,
     pub(crate) p90: f64,
     pub(crate) p99: f64,
+    pub(crate) p999: f64,
     /// Completed requests per second.
     pub(crate) rps: f64,
     /// Responses by status code.
     pub(crate) statuses: BTreeMap<u16, u64>,
     /// Requests that got no response (connection errors, timeouts).
     pub(crate) errors: u64,
+    /// The CPU oha itself used (user and system), in cores: its CPU time
+    /// over the run's length.
+    pub(crate) load_cpu: f64,
 }
 
 /// A named figure of a run, e.g. its p50.
@@ -36,6 +40,7 @@ pub(crate) type Figure = (&'static str, fn(&Run) -> f64);
 pub(crate) const P50: Figure = ("p50", |r| r.p50);
 pub(crate) const P90: Figure = ("p90", |r| r.p90);
 pub(crate) const P99: Figure = ("p99", |r| r.p99);
+pub(crate) const P999: Figure = ("p99.9", |r| r.p999);
 
 impl Run {
     /// Each figure's median over the rounds (so a figure may come from another
@@ -46,7 +51,9 @@ impl Run {
             p50: mid(|r| r.p50),
             p90: mid(|r| r.p90),
             p99: mid(|r| r.p99),
+            p999: mid(|r| r.p999),
             rps: mid(|r| r.rps),
+            load_cpu: mid(|r| r.load_cpu),
             ..Run::default()
         };
         for run in runs {
@@ -114,8 +121,28 @@ pub(crate) fn run(oha: &Path, target: &Target<'_>, shape: &Shape, connections: u
         cmd.args(["-m", "POST", "-T", "application/json", "-d", body]);
     }
     cmd.arg(&target.url);
+    let cpu_before = children_cpu();
+    let started = std::time::Instant::now();
     let out = output_within(&mut cmd, limit)?;
-    parse(&out).with_context(|| format!("reading oha's JSON for {}", target.url))
+    let (cpu, wall) = (children_cpu() - cpu_before, started.elapsed().as_secs_f64());
+    let mut run = parse(&out).with_context(|| format!("reading oha's JSON for {}", target.url))?;
+    run.load_cpu = if wall > 0.0 { cpu / wall } else { f64::NAN };
+    Ok(run)
+}
+
+/// CPU seconds (user and system) of this process's finished children. Loads
+/// run one at a time, so the difference around one is oha's own.
+fn children_cpu() -> f64 {
+    // SAFETY: getrusage writes one rusage into the zeroed struct we own.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) != 0 {
+            return f64::NAN;
+        }
+        usage
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
 }
 
 fn secs(d: Duration) -> String {
@@ -139,8 +166,10 @@ fn parse(json: &str) -> Result<Run> {
         p50: pct("p50"),
         p90: pct("p90"),
         p99: pct("p99"),
+        p999: pct("p99.9"),
         rps: v["summary"]["requestsPerSec"].as_f64().context("summary.requestsPerSec")?,
         statuses,
         errors,
+        load_cpu: f64::NAN,
     })
 }

@@ -15,12 +15,15 @@
 //! - `tools`: oha, redis-benchmark, redis-cli, the plot's font and the
 //!   bench's own builds, found where xtask put them; bounded runs of outside
 //!   programs.
-//! - `setups`: the five gateway setups (six Envoy configurations) and the
-//!   processes behind them.
+//! - `setups`: the gateway setups (Envoy alone, native, the callout and
+//!   Wasm deny floors, Sluice, the Limitador peer, Sluice's RLS and RLQS
+//!   faces), each at one and two Envoy workers, and the processes behind
+//!   them.
 //! - `load`: one oha run, reduced to percentiles, throughput and statuses.
 //! - `monitor`: the commands clients send Redis, seen with MONITOR.
 //! - `redis_bench`: the shim's EVALSHA replayed with redis-benchmark; INFO.
-//! - `gateway`: scenario 1, gateway overhead.
+//! - `gateway`: scenario 1, gateway overhead, every setup at both worker
+//!   counts, interleaved.
 //! - `shim_alone`: scenario 2, the shim against raw EVALSHA.
 //! - `redis_cost`: scenario 3, Redis CPU and memory per limit type, beside
 //!   the hand-written scripts of `bench/handwritten/`.
@@ -83,7 +86,7 @@ const SHED_PLOT: &str = "shed.png";
     about = "Run every benchmark on loopback; writes bench/results/LATEST.md and a plot. Run it with `cargo xtask bench`."
 )]
 struct Cli {
-    /// A short smoke run (about a minute) that proves the bench works; its numbers mean little.
+    /// Every scenario once with short runs (about 4 minutes): the goals' ratios, rough, in target/bench-quick/.
     #[arg(long)]
     quick: bool,
     /// Only scenario 5, the egress waits (S0, S1, S2a); writes EGRESS.md instead of LATEST.md.
@@ -211,7 +214,8 @@ fn run(quick: bool, only: Only) -> Result<()> {
     let dir = out_dir(quick);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let title = format!("Sluice gateway latency by setup ({})", if quick { "quick run" } else { "full run" });
-    plot::draw(&dir.join(PLOT), &tools.font, &title, &results.gateway.fixed)?;
+    let one_worker = results.gateway.matrices.first().map_or(&[][..], |m| &m.fixed[..]);
+    plot::draw(&dir.join(PLOT), &tools.font, &title, one_worker)?;
     let md = dir.join("LATEST.md");
     std::fs::write(&md, report::markdown(&results, PLOT, SHED_PLOT))
         .with_context(|| format!("writing {}", md.display()))?;

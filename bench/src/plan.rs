@@ -1,6 +1,8 @@
-//! How much of each scenario to run: the full run (about 22 minutes on 2
-//! cores, 6 of them the three S0 egress runs, 3 scenario 7) or `--quick`
-//! (about two minutes, to prove the bench works; its numbers mean little).
+//! How much of each scenario to run: the full run (about 33 minutes on 2
+//! cores, 15 of them scenario 1's setups at two worker counts, 6 the three
+//! S0 egress runs, 3 scenario 7) or `--quick` (about 4 minutes: every
+//! scenario once with one-second runs, so each change can be checked
+//! against the goals' ratios before a full run; its numbers are rough).
 
 use std::time::Duration;
 

@@ -4,12 +4,12 @@
 
 use std::fmt::Write;
 
-use super::gateway::Gateway;
-use super::load::{Run, P50, P99};
+use super::gateway::{Gateway, Matrix};
+use super::load::{Run, P50, P99, P999};
 use super::noise::Noise;
 use super::plan::Plan;
 use super::scale::Outcome;
-use super::setups::{Setup, ENVOY_WORKERS};
+use super::setups::Setup;
 use super::shed_report;
 use super::shim_alone::ShimAlone;
 
@@ -248,91 +248,300 @@ fn gateway(md: &mut String, r: &Results, plot_file: &str) -> std::fmt::Result {
     writeln!(md, "\n## 1. Gateway overhead\n")?;
     writeln!(
         md,
-        "One Envoy per setup ({ENVOY_WORKERS} worker), the same upstream and load: oha with one thread and {} \
-         connections, fixed rates with latency correction. Each figure is the median of {} round(s), \
-         setups visited in a rotating order. Latencies in ms.\n",
-        r.plan.connections, r.plan.rounds
+        "One Envoy per setup and worker count, the same upstream and load: oha with one thread and {} \
+         connections, fixed rates with latency correction. Every setup at {} Envoy worker(s), all in one \
+         run: each round visits every (workers, setup) pair in a rotating order. Each figure is the median \
+         of {} round(s). Latencies in ms.\n",
+        r.plan.connections,
+        g.matrices.iter().map(|m| m.workers.to_string()).collect::<Vec<_>>().join(" and "),
+        r.plan.rounds
     )?;
-    write!(md, "| setup | status |")?;
-    for (rate, _) in &g.fixed {
-        write!(md, " {rate}/s p50 | p90 | p99 |")?;
+    if let Some(why) = &g.skipped {
+        writeln!(
+            md,
+            "**Not measured:** the setups on Sluice's RLS and RLQS faces ((h), (h'), (j), (k)): {why}.\n"
+        )?;
     }
-    writeln!(md, " max req/s | other status |")?;
-    write!(md, "|---|---|")?;
-    for _ in &g.fixed {
-        write!(md, "---:|---:|---:|")?;
-    }
-    writeln!(md, "---:|---:|")?;
-    for (i, setup) in Setup::ALL.iter().enumerate() {
-        write!(md, "| {} | {} |", setup.label(), setup.expected_status())?;
-        let mut other = 0;
-        for (_, runs) in &g.fixed {
-            let run = &runs[i].1;
-            write!(md, " {:.2} | {:.2} | {:.2} |", run.p50, run.p90, run.p99)?;
-            other += run.other_than(setup.expected_status());
+    for m in &g.matrices {
+        writeln!(md, "### {} Envoy worker(s)\n", m.workers)?;
+        write!(md, "| setup | status |")?;
+        for (rate, _) in &m.fixed {
+            write!(md, " {rate}/s p50 | p99 | p99.9 |")?;
         }
-        let max = &g.max[i].1;
-        other += max.other_than(setup.expected_status());
-        writeln!(md, " {:.0} | {other} |", max.rps)?;
+        writeln!(md, " max req/s | other status |")?;
+        write!(md, "|---|---|")?;
+        for _ in &m.fixed {
+            write!(md, "---:|---:|---:|")?;
+        }
+        writeln!(md, "---:|---:|")?;
+        for &setup in &g.setups {
+            write!(md, "| {} | {} |", setup.label(), setup.expected_status())?;
+            let mut other = 0;
+            for (i, _) in m.fixed.iter().enumerate() {
+                if let Some(run) = m.at(i, setup) {
+                    write!(md, " {:.2} | {:.2} | {:.2} |", run.p50, run.p99, run.p999)?;
+                    other += run.other_than(setup.expected_status());
+                }
+            }
+            if let Some(max) = m.max_of(setup) {
+                other += max.other_than(setup.expected_status());
+                writeln!(md, " {:.0} | {other} |", max.rps)?;
+            }
+        }
+        writeln!(md)?;
     }
-    writeln!(md, "\n\"other status\": responses (or failures) that were not the setup's expected status, over all its runs.")?;
-    writeln!(md, "\n![latency percentiles per setup]({plot_file})")
+    writeln!(md, "\"other status\": responses (or failures) that were not the setup's expected status, over all its runs.\n")?;
+    load_share(md, g)?;
+    writeln!(md, "\n![latency percentiles per setup, one Envoy worker]({plot_file})")
 }
 
-/// `run`'s figure for `setup` at the `rate_index`th fixed rate.
-fn at(g: &Gateway, rate_index: usize, setup: Setup) -> &Run {
-    let runs = &g.fixed[rate_index].1;
-    &runs.iter().find(|(s, _)| *s == setup).expect("every setup is measured").1
+/// How the load generator shares the two cores: oha's own CPU, in cores.
+fn load_share(md: &mut String, g: &Gateway) -> std::fmt::Result {
+    let cpu = |runs: Vec<&Run>| super::load::median(runs.iter().map(|r| r.load_cpu));
+    write!(
+        md,
+        "**The load generator's share of the cores.** oha runs on the same machine with one worker thread \
+         (`--worker-threads 1`): its CPU (user and system, from `getrusage`), in cores, median over the setups:"
+    )?;
+    for m in &g.matrices {
+        let fixed: Vec<String> = m
+            .fixed
+            .iter()
+            .map(|(rate, runs)| format!("{:.2} at {rate}/s", cpu(runs.iter().map(|(_, r)| r).collect())))
+            .collect();
+        let max = cpu(m.max.iter().map(|(_, r)| r).collect());
+        write!(md, " {} worker(s): {}, {max:.2} at max req/s;", m.workers, fixed.join(", "))?;
+    }
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    writeln!(
+        md,
+        " of {cores} cores. So with two Envoy workers at max req/s, Envoy, oha, the shim (or RLS server) \
+         and Redis compete for the same cores, and max req/s measures the whole machine, not Envoy alone."
+    )
+}
+
+/// `setup`'s figure `f` at the `i`th fixed rate with `workers` workers.
+fn fig(m: &Matrix, i: usize, setup: Setup, f: fn(&Run) -> f64) -> f64 {
+    m.at(i, setup).map_or(f64::NAN, f)
+}
+
+fn rps(m: &Matrix, setup: Setup) -> f64 {
+    m.max_of(setup).map_or(f64::NAN, |r| r.rps)
 }
 
 fn targets(md: &mut String, r: &Results) -> std::fmt::Result {
     let g = &r.gateway;
-    writeln!(md, "\n## Targets\n")?;
-    writeln!(md, "Reported as ratios, never enforced.\n")?;
-    writeln!(md, "| measure | value | target | verdict |")?;
-    writeln!(md, "|---|---:|---:|---|")?;
-    for (i, (rate, _)) in g.fixed.iter().enumerate() {
-        for (name, pct) in [P50, P99] {
-            let base = pct(at(g, i, Setup::Plain));
-            let sluice = pct(at(g, i, Setup::SluiceAllow)) - base;
-            let floor = pct(at(g, i, Setup::Floor)) - base;
-            writeln!(md, "| {name} at {rate}/s: Sluice adds (d)−(a) | {sluice:.2} ms | | |")?;
-            writeln!(md, "| {name} at {rate}/s: the floor adds (c)−(a) | {floor:.2} ms | | |")?;
-            let nagle = pct(at(g, i, Setup::FloorNagle)) - base;
-            writeln!(md, "| {name} at {rate}/s: the floor without TCP_NODELAY adds (c')−(a) | {nagle:.2} ms | | diagnostic |")?;
-            let ratio = if floor > 0.0 { sluice / floor } else { f64::NAN };
-            row(md, &format!("{name} at {rate}/s: (d)−(a) ÷ (c)−(a)"), ratio, 1.3, true)?;
+    writeln!(md, "\n## Goals\n")?;
+    writeln!(md, "Ratios within this run, reported, never enforced. A row is n/a when a setup it needs was not measured.\n")?;
+    writeln!(md, "| goal | measure | value | target | verdict |")?;
+    writeln!(md, "|---|---|---:|---:|---|")?;
+    for m in &g.matrices {
+        let w = m.workers;
+        for (i, (rate, _)) in m.fixed.iter().enumerate() {
+            for (name, pct) in [P50, P99] {
+                let base = fig(m, i, Setup::Plain, pct);
+                let sluice = fig(m, i, Setup::SluiceAllow, pct) - base;
+                let floor = fig(m, i, Setup::Floor, pct) - base;
+                let what = format!(
+                    "{w}w, {name} at {rate}/s: allow adds (d)−(a) {sluice:.2} ms ÷ the floor's (c)−(a) {floor:.2} ms"
+                );
+                // A difference at or below zero is noise, not a ratio.
+                let ratio = if sluice > 0.0 && floor > 0.0 { sluice / floor } else { f64::NAN };
+                goal(md, "A", &what, ratio, 1.3, true)?;
+            }
         }
-        let deny = at(g, i, Setup::SluiceDeny).p50 / at(g, i, Setup::NativeDeny).p50;
-        row(md, &format!("p50 at {rate}/s: deny (e) ÷ native deny (b')"), deny, 1.2, true)?;
+        goal(
+            md,
+            "B",
+            &format!("{w}w, max req/s: allow (d) ÷ the peer (g)"),
+            rps(m, Setup::SluiceAllow) / rps(m, Setup::RlsPeerAllow),
+            1.5,
+            false,
+        )?;
+        goal(
+            md,
+            "B",
+            &format!("{w}w, max req/s: allow (d) ÷ the callout floor (c)"),
+            rps(m, Setup::SluiceAllow) / rps(m, Setup::Floor),
+            0.9,
+            false,
+        )?;
+        for (i, (rate, _)) in m.fixed.iter().enumerate() {
+            let p50 = |s: Setup| fig(m, i, s, |r| r.p50);
+            goal(
+                md,
+                "C",
+                &format!("{w}w, p50 at {rate}/s: deny (e) ÷ Wasm deny floor (f)"),
+                p50(Setup::SluiceDeny) / p50(Setup::DenyFloor),
+                1.1,
+                true,
+            )?;
+            goal(
+                md,
+                "C",
+                &format!("{w}w, p50 at {rate}/s: deny (e) ÷ native deny (b')"),
+                p50(Setup::SluiceDeny) / p50(Setup::NativeDeny),
+                1.2,
+                true,
+            )?;
+        }
+        goal(
+            md,
+            "C",
+            &format!("{w}w, max req/s: Wasm deny floor (f) ÷ deny (e)"),
+            rps(m, Setup::DenyFloor) / rps(m, Setup::SluiceDeny),
+            1.1,
+            true,
+        )?;
+        goal(
+            md,
+            "C",
+            &format!("{w}w, max req/s: native deny (b') ÷ deny (e)"),
+            rps(m, Setup::NativeDeny) / rps(m, Setup::SluiceDeny),
+            1.2,
+            true,
+        )?;
+        let mut worst: Option<(f64, String)> = None;
+        for (i, (rate, _)) in m.fixed.iter().enumerate() {
+            for (name, pct) in [P50, P99, P999] {
+                let ratio = fig(m, i, Setup::SluiceLeased, pct) / fig(m, i, Setup::NativeAllow, pct);
+                if ratio.is_finite() && worst.as_ref().is_none_or(|(v, _)| ratio > *v) {
+                    worst = Some((ratio, format!("{name} at {rate}/s")));
+                }
+            }
+        }
+        if let Some((ratio, at)) = worst {
+            goal(
+                md,
+                "D",
+                &format!("{w}w, leased (d'') ÷ native (b), the worst rate and percentile ({at})"),
+                ratio,
+                1.2,
+                true,
+            )?;
+        }
+        goal(
+            md,
+            "D",
+            &format!("{w}w, max req/s: native (b) ÷ leased (d'')"),
+            rps(m, Setup::NativeAllow) / rps(m, Setup::SluiceLeased),
+            1.2,
+            true,
+        )?;
+        if g.skipped.is_none() {
+            goal(
+                md,
+                "RLS",
+                &format!("{w}w, max req/s: Sluice RLS (h) ÷ the peer (g)"),
+                rps(m, Setup::RlsSluiceAllow) / rps(m, Setup::RlsPeerAllow),
+                1.5,
+                false,
+            )?;
+            for (i, (rate, _)) in m.fixed.iter().enumerate() {
+                let p50 = |s: Setup| fig(m, i, s, |r| r.p50);
+                goal(
+                    md,
+                    "RLS",
+                    &format!("{w}w, p50 at {rate}/s: RLS deny (h') ÷ the filter's deny (e)"),
+                    p50(Setup::RlsSluiceDeny) / p50(Setup::SluiceDeny),
+                    1.0,
+                    true,
+                )?;
+                goal(
+                    md,
+                    "RLQS",
+                    &format!("{w}w, p50 at {rate}/s: RLQS allow (j) ÷ native (b)"),
+                    p50(Setup::RlqsAllow) / p50(Setup::NativeAllow),
+                    1.1,
+                    true,
+                )?;
+                goal(
+                    md,
+                    "RLQS",
+                    &format!("{w}w, p50 at {rate}/s: RLQS deny (k) ÷ native deny (b')"),
+                    p50(Setup::RlqsDeny) / p50(Setup::NativeDeny),
+                    1.1,
+                    true,
+                )?;
+            }
+            goal(
+                md,
+                "RLQS",
+                &format!("{w}w, max req/s: native (b) ÷ RLQS allow (j)"),
+                rps(m, Setup::NativeAllow) / rps(m, Setup::RlqsAllow),
+                1.1,
+                true,
+            )?;
+            goal(
+                md,
+                "RLQS",
+                &format!("{w}w, max req/s: native deny (b') ÷ RLQS deny (k)"),
+                rps(m, Setup::NativeDeny) / rps(m, Setup::RlqsDeny),
+                1.1,
+                true,
+            )?;
+        }
     }
-    let rps = |s: Setup| g.max.iter().find(|(x, _)| *x == s).map_or(f64::NAN, |(_, run)| run.rps);
-    row(
-        md,
-        "max throughput: native deny (b') ÷ deny (e)",
-        rps(Setup::NativeDeny) / rps(Setup::SluiceDeny),
-        1.2,
-        true,
-    )?;
+    waits(md, &r.egress)?;
+    goal(md, "F", "shim ÷ its raw script call, decisions/s", r.shim.shim.rps / r.shim.raw.rps, 0.9, false)?;
     let (allow, deny) = g.redis_per_request;
     let names = g.redis_commands.join(", ");
     writeln!(
         md,
-        "| Redis commands per request, allow (d) ({names}) | {allow:.2} | ≤ 1 | {} |",
+        "| | Redis commands per request, allow (d) ({names}) | {allow:.2} | ≤ 1 | {} |",
         one_at_most(allow)
     )?;
-    writeln!(md, "| Redis commands per request, deny (e) | {deny:.2} | ≤ 1 | {} |", one_at_most(deny))?;
-    row(md, "shim ÷ its raw script call, decisions/s", r.shim.shim.rps / r.shim.raw.rps, 0.9, false)?;
+    writeln!(md, "| | Redis commands per request, deny (e) | {deny:.2} | ≤ 1 | {} |", one_at_most(deny))?;
     for (kind, outcome) in &r.scale {
         if let Outcome::Measured(points) = outcome {
             if let (Some(first), Some(last)) = (points.first(), points.last()) {
                 let (last_n, first_n) = (count(last.keys), count(first.keys));
                 let what = format!("{kind}: mean latency at {last_n} keys ÷ at {first_n} keys");
-                row(md, &what, last.raw.mean / first.raw.mean, FLAT, true)?;
+                goal(md, "", &what, last.raw.mean / first.raw.mean, FLAT, true)?;
             }
         }
     }
     Ok(())
+}
+
+/// Goal E's rows from scenario 5: Sluice's smallest and mean gap at the
+/// partner against the interval (S1), and how long a freed concurrency slot
+/// stays empty (S2a).
+fn waits(md: &mut String, scenarios: &[super::egress::Scenario]) -> std::fmt::Result {
+    for s in scenarios.iter().filter(|s| !s.plan.feedback) {
+        let Some(n) = s
+            .approaches
+            .iter()
+            .find(|a| a.approach.starts_with("Sluice"))
+            .and_then(|a| a.outcome.as_ref().ok())
+        else {
+            continue;
+        };
+        if let (Some(every), Some(min), Some(mean)) = (s.plan.limits.interval, n.min_gap, n.mean_gap) {
+            let every_ms = every.as_secs_f64() * 1e3;
+            let what =
+                format!("{}: smallest gap at the partner ÷ the interval ({every_ms:.0} ms)", s.plan.scenario);
+            goal(md, "E", &what, min.as_secs_f64() * 1e3 / every_ms, 1.0, false)?;
+            let what = format!("{}: mean gap at the partner ÷ the interval", s.plan.scenario);
+            goal(md, "E", &what, mean.as_secs_f64() * 1e3 / every_ms, 1.05, true)?;
+        }
+        if let (Some(_), Some((_, p99))) = (s.plan.limits.concurrency, n.handoff) {
+            let ms = p99.as_secs_f64() * 1e3;
+            writeln!(
+                md,
+                "| E | {}: a freed slot empty at p99 | {ms:.1} ms | ≤ 1 ms | {} |",
+                s.plan.scenario,
+                if ms <= 1.0 { "met" } else { "missed" }
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// A goal's ratio row; `at_most`: the target is an upper bound (else a lower bound).
+fn goal(md: &mut String, goal: &str, what: &str, value: f64, target: f64, at_most: bool) -> std::fmt::Result {
+    write!(md, "| {goal} ")?;
+    row(md, what, value, target, at_most)
 }
 
 /// A ratio row; `at_most`: the target is an upper bound (else a lower bound).
@@ -345,7 +554,8 @@ fn row(md: &mut String, what: &str, value: f64, target: f64, at_most: bool) -> s
     } else {
         format!("missed by {:.0}%", (value / target - 1.0).abs() * 100.0)
     };
-    writeln!(md, "| {what} | {value:.2}× | {sign} {target}× | {verdict} |")
+    let shown = if value.is_finite() { format!("{value:.2}×") } else { "–".to_string() };
+    writeln!(md, "| {what} | {shown} | {sign} {target}× | {verdict} |")
 }
 
 /// One round trip at most: a denial the filter answers from its cache makes none.

@@ -7,8 +7,11 @@
 //! - `SLUICE_OHA`: oha (load with a fixed rate, latency percentiles, JSON).
 //! - `redis-benchmark` and `redis-cli`: on PATH (Debian's `redis-tools`).
 //! - `SLUICE_BENCH_FONT`: a TrueType font for the plots.
-//! - `SLUICE_BENCH_FLOOR_WASM`, `SLUICE_BENCH_RESPONDER`: the callout floor
-//!   filter (`bench/callout-floor`) and the responder (`bench/responder`).
+//! - `SLUICE_BENCH_FLOOR_WASM`, `SLUICE_BENCH_DENY_FLOOR_WASM`,
+//!   `SLUICE_BENCH_RESPONDER`, `SLUICE_BENCH_LIMITADOR`: the callout floor
+//!   filter (`bench/callout-floor`), the Wasm deny floor
+//!   (`bench/deny-floor`), the responder (`bench/responder`) and the RLS
+//!   peer on the limitador crate (`bench/limitador-peer`).
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -42,14 +45,18 @@ pub(crate) fn find() -> Result<Tools> {
 /// The bench's own builds, in `target/`.
 pub(crate) struct BenchArtifacts {
     pub(crate) floor_wasm: PathBuf,
+    pub(crate) deny_floor_wasm: PathBuf,
     pub(crate) responder: PathBuf,
+    pub(crate) limitador: PathBuf,
 }
 
 impl BenchArtifacts {
     pub(crate) fn find() -> Result<BenchArtifacts> {
         Ok(BenchArtifacts {
             floor_wasm: given("SLUICE_BENCH_FLOOR_WASM")?,
+            deny_floor_wasm: given("SLUICE_BENCH_DENY_FLOOR_WASM")?,
             responder: given("SLUICE_BENCH_RESPONDER")?,
+            limitador: given("SLUICE_BENCH_LIMITADOR")?,
         })
     }
 }

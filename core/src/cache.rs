@@ -29,6 +29,19 @@
 //! then simply asks the shim again). Each entry holds the whole identity, so
 //! a hash collision is a miss, never a wrong denial. Writes use no cas: the
 //! last writer wins, and either entry is a correct one.
+//!
+//! **A worker's copy of its hits.** Reading shared data is a host call and a
+//! copy into the guest on every request. A [`Mirror`] keeps, per worker, the
+//! live entries this worker found or wrote, and serves them until the
+//! worker's next tick clears it: so a denied key is read from shared data at
+//! most once per tick and worker. Only hits are kept, never misses, so a
+//! denial any worker records is seen by every other at once, as without the
+//! copy; and an entry is a correct denial until its deadline whatever
+//! overwrote its slot since, so serving the copy never refuses a request the
+//! shim would admit.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
 
 use sluice_policies::units::Millis;
 use sluice_policies::wire::{Check, CheckOutcome, WireLimit};
@@ -45,15 +58,35 @@ pub struct Hit {
     pub limit: usize,
 }
 
-pub struct OverLimitCache<S> {
-    store: S,
-    slots: u32,
+/// A worker's copy of the entries it found live, by slot; cleared on each
+/// tick (see the module's doc).
+#[derive(Debug, Default)]
+pub struct Mirror {
+    entries: HashMap<u32, Vec<u8>>,
 }
 
-impl<S: SharedData> OverLimitCache<S> {
+impl Mirror {
+    /// Forgets every copy: the next lookup of each slot reads shared data.
+    pub fn clear(&mut self) {
+        self.entries.clear();
+    }
+}
+
+pub struct OverLimitCache<'m, S> {
+    store: S,
+    slots: u32,
+    mirror: Option<&'m RefCell<Mirror>>,
+}
+
+impl<'m, S: SharedData> OverLimitCache<'m, S> {
     /// A cache of `slots` entries; 0 turns it off.
     pub fn new(store: S, slots: u32) -> Self {
-        OverLimitCache { store, slots }
+        OverLimitCache { store, slots, mirror: None }
+    }
+
+    /// The same cache, keeping this worker's hits in `mirror`.
+    pub fn with_mirror(self, mirror: &'m RefCell<Mirror>) -> Self {
+        OverLimitCache { mirror: Some(mirror), ..self }
     }
 
     /// The live entry for `check` of `policy` at `now_ms`, if any.
@@ -62,28 +95,52 @@ impl<S: SharedData> OverLimitCache<S> {
             return None;
         }
         let identity = identity(check);
-        let value = self.store.get(&self.slot_key(&identity)?).0?;
-        let (deadline_ms, limit, stored) = decode(&value)?;
-        (stored == identity.as_slice() && deadline_ms > now_ms)
-            .then(|| Hit { wait_ms: deadline_ms - now_ms, limit: limit.into() })
+        let slot = self.slot(&identity)?;
+        if let Some(mirror) = self.mirror {
+            if let Some(hit) = mirror.borrow().entries.get(&slot).and_then(|v| hit(v, &identity, now_ms)) {
+                return Some(hit);
+            }
+        }
+        let value = self.store.get(&slot_key(slot)).0?;
+        let found = hit(&value, &identity, now_ms)?;
+        if let Some(mirror) = self.mirror {
+            mirror.borrow_mut().entries.insert(slot, value);
+        }
+        Some(found)
     }
 
     /// Records the shim's denial of `check`, sent at `sent_ms`, if it is exact to.
     pub fn record(&self, policy: &Policy, check: &Check, outcome: &CheckOutcome, sent_ms: u64) {
         let Some((wait_ms, limit)) = cacheable(policy, check, outcome) else { return };
         let identity = identity(check);
-        let Some(key) = self.slot_key(&identity) else { return };
+        let Some(slot) = self.slot(&identity) else { return };
+        let key = slot_key(slot);
+        let value = encode(sent_ms.saturating_add(wait_ms), limit, &identity);
         // No cas: the last writer wins, and either entry is a correct one.
-        if let Err(err) =
-            self.store.set(&key, &encode(sent_ms.saturating_add(wait_ms), limit, &identity), None)
-        {
+        if let Err(err) = self.store.set(&key, &value, None) {
             log::debug!("cannot write the over-limit cache's {key}: {err:?}");
+        }
+        if let Some(mirror) = self.mirror {
+            mirror.borrow_mut().entries.insert(slot, value);
         }
     }
 
-    fn slot_key(&self, identity: &[u8]) -> Option<String> {
-        (self.slots > 0).then(|| format!("sluice:olc:{}", fnv1a(identity) % u64::from(self.slots)))
+    /// The slot of `identity`; `None` when the cache is off.
+    fn slot(&self, identity: &[u8]) -> Option<u32> {
+        // The remainder is below `slots`, a u32.
+        (self.slots > 0).then(|| (fnv1a(identity) % u64::from(self.slots)) as u32)
     }
+}
+
+fn slot_key(slot: u32) -> String {
+    format!("sluice:olc:{slot}")
+}
+
+/// The hit `value` (an entry) gives `identity` at `now_ms`, if it is its live entry.
+fn hit(value: &[u8], identity: &[u8], now_ms: u64) -> Option<Hit> {
+    let (deadline_ms, limit, stored) = decode(value)?;
+    (stored == identity && deadline_ms > now_ms)
+        .then(|| Hit { wait_ms: deadline_ms - now_ms, limit: limit.into() })
 }
 
 /// The longest wait of the limits that denied `check`, and which one it is,
@@ -185,10 +242,11 @@ mod tests {
     use super::*;
 
     #[derive(Default)]
-    struct Map(RefCell<HashMap<String, Vec<u8>>>);
+    struct Map(RefCell<HashMap<String, Vec<u8>>>, std::cell::Cell<u32>);
 
     impl SharedData for Map {
         fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+            self.1.set(self.1.get() + 1);
             (self.0.borrow().get(key).cloned(), None)
         }
         fn set(&self, key: &str, value: &[u8], _cas: Option<u32>) -> Result<(), crate::host::SetError> {
@@ -339,6 +397,53 @@ mod tests {
         let off = Map::default();
         OverLimitCache::new(&off, 0).record(&p, &check(&p, "k"), &denied(&[Some(1000), Some(0)]), 0);
         assert!(off.0.borrow().is_empty());
+    }
+
+    /// A worker's copy serves its hits without reading shared data until it
+    /// is cleared (the tick), and only until the entry's deadline.
+    #[test]
+    fn the_mirror_serves_hits_until_cleared_and_never_past_the_deadline() {
+        let map = Map::default();
+        let mirror = RefCell::new(Mirror::default());
+        let p = policy(TWO_WINDOWS);
+        let c = check(&p, "alice");
+        OverLimitCache::new(&map, 16).record(&p, &c, &denied(&[Some(4000), Some(0)]), 1000);
+        let cache = OverLimitCache::new(&map, 16).with_mirror(&mirror);
+        assert_eq!(cache.lookup(&p, &c, 1000), Some(Hit { wait_ms: 4000, limit: 0 }));
+        assert_eq!(map.1.get(), 1, "the first lookup reads shared data");
+        assert_eq!(cache.lookup(&p, &c, 1500), Some(Hit { wait_ms: 3500, limit: 0 }));
+        assert_eq!(map.1.get(), 1, "the next is served from the copy");
+        mirror.borrow_mut().clear();
+        assert!(cache.lookup(&p, &c, 1500).is_some());
+        assert_eq!(map.1.get(), 2, "after the tick, shared data again");
+        assert_eq!(cache.lookup(&p, &c, 5000), None, "never past the deadline");
+        assert_eq!(cache.lookup(&p, &check(&p, "bob"), 1500), None, "another check, same copy: a miss");
+    }
+
+    /// Misses are never copied: a denial another worker records after this
+    /// worker's miss is seen by this worker's next lookup, in the same tick.
+    /// A denial this worker records is in its copy at once.
+    #[test]
+    fn the_mirror_keeps_no_misses_so_other_workers_denials_show_at_once() {
+        let map = Map::default();
+        let (mine, theirs) = (RefCell::new(Mirror::default()), RefCell::new(Mirror::default()));
+        let p = policy(TWO_WINDOWS);
+        let c = check(&p, "alice");
+        let me = OverLimitCache::new(&map, 16).with_mirror(&mine);
+        assert_eq!(me.lookup(&p, &c, 1000), None);
+        OverLimitCache::new(&map, 16).with_mirror(&theirs).record(
+            &p,
+            &c,
+            &denied(&[Some(4000), Some(0)]),
+            1000,
+        );
+        assert_eq!(me.lookup(&p, &c, 1000), Some(Hit { wait_ms: 4000, limit: 0 }));
+
+        let d = check(&p, "carol");
+        me.record(&p, &d, &denied(&[Some(2000), Some(0)]), 1000);
+        let reads = map.1.get();
+        assert!(me.lookup(&p, &d, 1000).is_some());
+        assert_eq!(map.1.get(), reads, "its own denial is in its copy");
     }
 }
 

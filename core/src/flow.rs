@@ -686,12 +686,9 @@ impl Flow {
             fx.count(index, PolicyStat::WaitTimeout);
         }
         log::debug!("policy {} denies key {}", policy.name, check.key);
-        OverLimitCache::new(host, worker.doc.over_limit_cache_slots.get()).record(
-            policy,
-            check,
-            outcome,
-            call.sent_ms,
-        );
+        OverLimitCache::new(host, worker.doc.over_limit_cache_slots.get())
+            .with_mirror(&worker.over_limit)
+            .record(policy, check, outcome, call.sent_ms);
         let headers = match worker.doc.headers {
             HeadersMode::Off => None,
             _ => self.ratelimit_headers(worker, resp),
@@ -867,7 +864,8 @@ impl Flow {
     /// Local decisions before any call: the over-limit cache, then the
     /// breaker. True when they decided.
     fn decide_locally(&mut self, worker: &Worker, now: u64, host: &dyn Host, fx: &mut Effects) -> bool {
-        let cache = OverLimitCache::new(host, worker.doc.over_limit_cache_slots.get());
+        let cache = OverLimitCache::new(host, worker.doc.over_limit_cache_slots.get())
+            .with_mirror(&worker.over_limit);
         let call = &self.calls[0];
         for (&index, check) in call.policies.iter().zip(&call.checks) {
             let Some(policy) = worker.doc.policies.get(index) else { continue };

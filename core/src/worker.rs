@@ -20,6 +20,7 @@ use sluice_policies::wire::{
 use sluice_policies::Document;
 
 use crate::breaker::{Breaker, Change, State as BreakerState};
+use crate::cache::Mirror;
 use crate::effect::{CallId, CallResult, Effect, Effects, Outgoing};
 use crate::host::{Host, SetError, SharedData};
 use crate::leased::{pool_key, Pool};
@@ -84,6 +85,8 @@ pub struct Worker {
     /// Random per worker: with `sequence`, request ids unique across workers and gateways.
     nonce: u64,
     sequence: Cell<u64>,
+    /// This worker's copy of the over-limit cache's hits, cleared each tick.
+    pub(crate) over_limit: RefCell<Mirror>,
 }
 
 impl Worker {
@@ -108,6 +111,7 @@ impl Worker {
             rng: RefCell::new(fastrand::Rng::with_seed(seed)),
             nonce: seed,
             sequence: Cell::new(0),
+            over_limit: RefCell::new(Mirror::default()),
         }
     }
 
@@ -168,6 +172,7 @@ impl Worker {
     pub fn tick(&self, host: &dyn Host) -> Vec<Effect> {
         let mut fx = Effects::default();
         let now = host.now_ms();
+        self.over_limit.borrow_mut().clear();
         let renewals = self.live.borrow_mut().due(now);
         for renewal in renewals {
             self.send_later(RENEW_PATH, &renewal, Vec::new());

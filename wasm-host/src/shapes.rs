@@ -85,7 +85,7 @@ impl Shape {
     }
 
     /// The request: a browser-like header set, on `/api/` unless no policy may match.
-    fn headers(self) -> HeaderMap {
+    pub fn headers(self) -> HeaderMap {
         let path = match self {
             Shape::NoMatch => "/health?full=1",
             _ => "/api/orders?page=2",
@@ -141,6 +141,11 @@ impl Driver {
     /// One request of the shape, end to end.
     pub fn request(&mut self) -> anyhow::Result<()> {
         self.play(Answer::Allow)
+    }
+
+    /// The root context's tick, as Envoy's timer fires it.
+    pub fn tick(&mut self) -> anyhow::Result<()> {
+        self.proxy.tick().map(drop)
     }
 
     /// Turns [`Costs::trace`] on or off.

@@ -12,7 +12,11 @@
 //!   from `SLUICE_OHA`, PATH or cargo's bin dir, else `cargo install oha --locked`.
 //! - `SLUICE_BENCH_FONT`: a TrueType font for the plots (Debian's `fonts-dejavu-core`).
 //! - `SLUICE_BENCH_FLOOR_WASM`, `SLUICE_BENCH_RESPONDER`: the callout floor
-//!   filter and the responder, built beside `dist/` (see `build.rs`).
+//!   filter and the responder, and `SLUICE_BENCH_DENY_FLOOR_WASM`, the Wasm
+//!   deny floor, built beside `dist/` (see `build.rs`).
+//! - `SLUICE_BENCH_LIMITADOR`: the bench's RLS peer on the limitador crate
+//!   (`bench/limitador-peer`), built here in release: only the bench runs it
+//!   (see `limitador.rs`).
 //!
 //! `redis-benchmark` and `redis-cli` (Debian's `redis-tools`) are installed
 //! here and found on PATH by the bench.
@@ -22,7 +26,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use crate::paths::dist_dir;
-use crate::{apt, build, cmd, deps};
+use crate::{apt, build, cmd, deps, limitador};
 
 /// The oha release the bench was written against.
 const OHA_VERSION: &str = "1.16.0";
@@ -47,6 +51,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     }
     let oha = ensure_oha()?;
     let built = build::build()?;
+    let limitador = limitador::build()?;
     bench
         .env("SLUICE_REDIS_SERVER", redis_server)
         .env("SLUICE_ENVOY", envoy)
@@ -54,7 +59,9 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         .env("SLUICE_OHA", oha)
         .env("SLUICE_BENCH_FONT", FONT)
         .env("SLUICE_BENCH_FLOOR_WASM", built.floor_wasm)
-        .env("SLUICE_BENCH_RESPONDER", built.responder);
+        .env("SLUICE_BENCH_DENY_FLOOR_WASM", built.deny_floor_wasm)
+        .env("SLUICE_BENCH_RESPONDER", built.responder)
+        .env("SLUICE_BENCH_LIMITADOR", limitador);
     cmd::run(&mut bench)
 }
 

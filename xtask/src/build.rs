@@ -4,7 +4,8 @@
 //! - `dist/sluice`: the native shim, a plain release build.
 //!
 //! The same two cargo calls also build what `cargo xtask bench` runs: the
-//! callout floor filter (`bench/callout-floor`) and the bench responder
+//! callout floor filter (`bench/callout-floor`), the Wasm deny floor
+//! (`bench/deny-floor`) and the bench responder
 //! (`bench/responder`). They stay in `target/`, as they ship nowhere. Building
 //! the responder in the shim's cargo call gives both one feature set, so
 //! their shared dependencies are compiled once.
@@ -20,6 +21,7 @@ use crate::{cmd, wasm};
 /// The bench's own builds, in `target/`.
 pub struct BenchArtifacts {
     pub floor_wasm: PathBuf,
+    pub deny_floor_wasm: PathBuf,
     pub responder: PathBuf,
 }
 
@@ -44,7 +46,11 @@ pub fn build() -> Result<BenchArtifacts> {
         let bytes = fs::metadata(&out).with_context(|| format!("cannot stat {}", out.display()))?.len();
         eprintln!("{:>12}  {}", human(bytes), out.display());
     }
-    Ok(BenchArtifacts { floor_wasm: wasm.floor, responder: release.join(RESPONDER) })
+    Ok(BenchArtifacts {
+        floor_wasm: wasm.floor,
+        deny_floor_wasm: wasm.deny_floor,
+        responder: release.join(RESPONDER),
+    })
 }
 
 fn human(bytes: u64) -> String {

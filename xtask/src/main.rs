@@ -35,6 +35,7 @@ mod deps;
 mod docs;
 mod fuzz;
 mod images;
+mod limitador;
 mod oci;
 mod package;
 mod paths;

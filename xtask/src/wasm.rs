@@ -1,5 +1,6 @@
 //! Building the proxy-wasm filters for wasm32-wasip1 (Sluice's, and the
-//! bench's callout floor, in one cargo call), by one of two routes:
+//! bench's callout floor and Wasm deny floor, in one cargo call), by one of
+//! two routes:
 //!
 //! - rustup: the active toolchain has the wasm32-wasip1 std installed, so a
 //!   plain `cargo build --target wasm32-wasip1` works.
@@ -22,6 +23,7 @@ const TARGET: &str = "wasm32-wasip1";
 /// The packages built, and the `.wasm` each produces.
 const PLUGIN: (&str, &str) = ("sluice-plugin", "sluice_plugin.wasm");
 const FLOOR: (&str, &str) = ("sluice-callout-floor", "sluice_callout_floor.wasm");
+const DENY_FLOOR: (&str, &str) = ("sluice-deny-floor", "sluice_deny_floor.wasm");
 
 const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
 const DEBIAN_CARGO: &str = "/usr/bin/cargo";
@@ -36,9 +38,11 @@ pub(crate) struct Artifacts {
     pub(crate) plugin: PathBuf,
     /// The bench's callout floor (`bench/callout-floor`).
     pub(crate) floor: PathBuf,
+    /// The bench's Wasm deny floor (`bench/deny-floor`).
+    pub(crate) deny_floor: PathBuf,
 }
 
-/// Build both filters and return the paths of the `.wasm` files.
+/// Build the filters and return the paths of the `.wasm` files.
 pub(crate) fn build() -> Result<Artifacts> {
     let started = Instant::now();
     let target_dir = match rustup_wasm_std() {
@@ -52,7 +56,11 @@ pub(crate) fn build() -> Result<Artifacts> {
         }
     };
     eprintln!("xtask: wasm build took {:.1}s", started.elapsed().as_secs_f64());
-    Ok(Artifacts { plugin: artifact_in(&target_dir, PLUGIN.1)?, floor: artifact_in(&target_dir, FLOOR.1)? })
+    Ok(Artifacts {
+        plugin: artifact_in(&target_dir, PLUGIN.1)?,
+        floor: artifact_in(&target_dir, FLOOR.1)?,
+        deny_floor: artifact_in(&target_dir, DENY_FLOOR.1)?,
+    })
 }
 
 /// The browser target, for the playground (wasm-bindgen).
@@ -116,12 +124,24 @@ fn std_in(sysroot: &Path, target: &str) -> Option<PathBuf> {
     has_std.then_some(lib)
 }
 
-/// Builds both packages; the target dir they are in.
+/// Builds the filters' packages; the target dir they are in.
 fn build_rustup() -> Result<PathBuf> {
     let target_dir = workspace_root().join("target/wasm-rustup");
     cmd::run(
         cmd::cargo()
-            .args(["build", "--profile", "wasm", "--target", TARGET, "-p", PLUGIN.0, "-p", FLOOR.0])
+            .args([
+                "build",
+                "--profile",
+                "wasm",
+                "--target",
+                TARGET,
+                "-p",
+                PLUGIN.0,
+                "-p",
+                FLOOR.0,
+                "-p",
+                DENY_FLOOR.0,
+            ])
             .env("CARGO_TARGET_DIR", &target_dir),
     )?;
     Ok(target_dir)
@@ -143,7 +163,7 @@ fn build_debian() -> Result<PathBuf> {
         cmd::clean(DEBIAN_CARGO)
             .current_dir(workspace_root())
             .args(["build", "--profile", "wasm", "-Zbuild-std=std,panic_abort"])
-            .args(["--target", TARGET, "-p", PLUGIN.0, "-p", FLOOR.0])
+            .args(["--target", TARGET, "-p", PLUGIN.0, "-p", FLOOR.0, "-p", DENY_FLOOR.0])
             .env("RUSTC", DEBIAN_RUSTC)
             .env("RUSTC_BOOTSTRAP", "1")
             .env("CARGO_TARGET_WASM32_WASIP1_LINKER", WASM_LD)
