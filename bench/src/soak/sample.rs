@@ -43,7 +43,8 @@ pub(crate) struct Probe {
     pub(crate) shim_pid: u32,
     pub(crate) shim_port: u16,
     pub(crate) redis: redis::Connection,
-    /// The pool's lease set, once a lease has been seen.
+    /// The pool's lease set (`sluice:{pool:}:cc:<lease ms>`, not its
+    /// tombstones `:t` or queue keys), once a lease has been seen.
     pub(crate) pool_key: Option<String>,
 }
 
@@ -53,7 +54,9 @@ impl Probe {
         let used = info_field(&info, "used_memory").context("INFO memory has no used_memory")?;
         let keys: u64 = redis::cmd("DBSIZE").query(&mut self.redis)?;
         if self.pool_key.is_none() {
-            self.pool_key = find_key(&mut self.redis, "sluice:{pool:*")?;
+            self.pool_key = find_key(&mut self.redis, "sluice:{pool:*", |key| {
+                key.rsplit(':').next().is_some_and(|last| !last.is_empty() && last.bytes().all(|b| b.is_ascii_digit()))
+            })?;
         }
         let leases: u64 = match &self.pool_key {
             Some(key) => redis::cmd("ZCARD").arg(key).query(&mut self.redis)?,
@@ -94,13 +97,13 @@ fn gauge(page: &str, name: &str) -> Option<f64> {
     page.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')).and_then(|v| v.trim().parse().ok())
 }
 
-/// The first key matching `pattern`, by SCAN.
-fn find_key(conn: &mut redis::Connection, pattern: &str) -> Result<Option<String>> {
+/// The first key matching `pattern` for which `wanted` holds, by SCAN.
+fn find_key(conn: &mut redis::Connection, pattern: &str, wanted: impl Fn(&str) -> bool) -> Result<Option<String>> {
     let mut cursor = 0u64;
     loop {
         let (next, keys): (u64, Vec<String>) =
             redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000).query(conn)?;
-        if let Some(key) = keys.into_iter().next() {
+        if let Some(key) = keys.into_iter().find(|k| wanted(k)) {
             return Ok(Some(key));
         }
         if next == 0 {
