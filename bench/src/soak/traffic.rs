@@ -2,10 +2,11 @@
 //! rate, a request per tick share, whatever the answers take (a class whose
 //! requests pile up past its bound skips ticks, and the skips are counted).
 //!
-//! - `api`: the ingress mix, three keyed policies (sliding log + token
+//! - `api`: the ingress mix, four keyed policies (sliding log + token
 //!   bucket per user, a fixed window per client address, points per
-//!   session). Nine in ten requests bring a user, an address and a session
-//!   never seen before (a counter), so the key space keeps growing; one in
+//!   session, an approximate sliding window per device). Nine in ten
+//!   requests bring a user, an address, a session and a device never seen
+//!   before (a counter), so the key space keeps growing; one in
 //!   ten is one of [`HOT`] hot callers, who are over their limits. Its
 //!   latency is the one sampled (it never waits).
 //! - `lease`: a leased fixed window shared by all (leased mode takes `key: []`), offered more than it allows.
@@ -32,7 +33,7 @@ pub(crate) const POOL_HOLD: Duration = Duration::from_millis(100);
 pub(crate) const EVERY_MS: u64 = 50;
 pub(crate) const WAIT_MS: u64 = 1_000;
 /// Key-bearing policies of an `api` request (each fresh request brings a new key for each).
-pub(crate) const API_KEYS: u64 = 3;
+pub(crate) const API_KEYS: u64 = 4;
 /// The longest TTL of an `api` key (the 10 s windows, plus the second every key gets).
 pub(crate) const API_TTL_S: u64 = 11;
 const TICK: Duration = Duration::from_millis(10);
@@ -51,9 +52,11 @@ pub(crate) fn document() -> String {
       "limits": [{{"type": "fixed_window", "limit": 10, "window": "10s"}}]}},
     {{"name": "sessions", "match": {{"path_prefix": "/api/"}}, "key": ["header:x-session"],
       "limits": [{{"type": "points", "capacity": 100, "refill": "10s", "cost": 10}}]}},
+    {{"name": "devices", "match": {{"path_prefix": "/api/"}}, "key": ["header:x-device"],
+      "limits": [{{"type": "sliding_window", "limit": 10, "window": "10s", "approximate": true}}]}},
     {{"name": "tenants", "match": {{"path_prefix": "/lease/"}},
       "leased": {{"tokens": 10, "ttl": "2s"}},
-      "limits": [{{"type": "fixed_window", "limit": 60, "window": "1s"}}]}},
+      "limits": [{{"type": "fixed_window", "limit": 30, "window": "1s"}}]}},
     {{"name": "partners", "match": {{"path_prefix": "/wait/"}}, "key": ["header:x-partner"],
       "wait": {{"timeout": "{WAIT_MS}ms"}},
       "limits": [{{"type": "interval", "every": "{EVERY_MS}ms"}}]}},
@@ -72,7 +75,7 @@ pub(crate) struct Mix {
     pub(crate) pool: f64,
 }
 
-pub(crate) const MIX: Mix = Mix { api: 400.0, lease: 80.0, wait: 60.0, pool: 100.0 };
+pub(crate) const MIX: Mix = Mix { api: 250.0, lease: 40.0, wait: 50.0, pool: 50.0 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Class {
