@@ -295,6 +295,7 @@ fn request(class: Class, n: u64, fresh: &AtomicU64) -> (String, Vec<(&'static st
                 ("x-user", format!("u{who}")),
                 ("x-client-ip", format!("ip{who}")),
                 ("x-session", format!("s{who}")),
+                ("x-device", format!("d{who}")),
             ];
             ("/api/items".to_string(), headers)
         }
