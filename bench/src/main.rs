@@ -113,7 +113,7 @@ struct Cli {
     #[arg(long, conflicts_with_all = ["egress", "shed", "feedback", "redis_cost", "leased"])]
     simulate: bool,
     /// Only the soak, for this many seconds of traffic; writes SOAK.md and soak.png (with --quick,
-    /// to target/bench-quick/). `cargo xtask soak --minutes N` runs it.
+    /// to target/bench-quick/, and latency reported but not judged). `cargo xtask soak --minutes N` runs it.
     #[arg(long, value_name = "SECONDS", conflicts_with_all = ["egress", "shed", "feedback", "redis_cost", "leased", "simulate"])]
     soak_seconds: Option<u64>,
 }
@@ -170,7 +170,7 @@ fn run(quick: bool, only: Only) -> Result<()> {
             about.retain(|(what, _)| !matches!(*what, "oha" | "measuring"));
             about
         };
-        return soak::run(seconds as f64, &dir, &tools.font, about);
+        return soak::run(seconds as f64, !quick, &dir, &tools.font, about);
     }
     let built = tools::BenchArtifacts::find()?;
     if only.redis_cost {

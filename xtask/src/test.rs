@@ -10,8 +10,9 @@
 //! still runs end to end; its numbers are never judged (they go to
 //! `target/bench-quick/`, not to the committed results). Then a 60-second
 //! soak (`--soak-seconds 60 --quick`), which is judged: a leak's slope, a
-//! key without a TTL, or a waiter or lease left behind fails it (its
-//! SOAK.md and soak.png go to `target/bench-quick/`).
+//! key without a TTL, or a waiter or lease left behind fails it; its
+//! latency is reported, not judged (its SOAK.md and soak.png go to
+//! `target/bench-quick/`).
 
 use anyhow::{Context, Result};
 

@@ -55,7 +55,9 @@ impl Probe {
         let keys: u64 = redis::cmd("DBSIZE").query(&mut self.redis)?;
         if self.pool_key.is_none() {
             self.pool_key = find_key(&mut self.redis, "sluice:{pool:*", |key| {
-                key.rsplit(':').next().is_some_and(|last| !last.is_empty() && last.bytes().all(|b| b.is_ascii_digit()))
+                key.rsplit(':')
+                    .next()
+                    .is_some_and(|last| !last.is_empty() && last.bytes().all(|b| b.is_ascii_digit()))
             })?;
         }
         let leases: u64 = match &self.pool_key {
@@ -98,7 +100,11 @@ fn gauge(page: &str, name: &str) -> Option<f64> {
 }
 
 /// The first key matching `pattern` for which `wanted` holds, by SCAN.
-fn find_key(conn: &mut redis::Connection, pattern: &str, wanted: impl Fn(&str) -> bool) -> Result<Option<String>> {
+fn find_key(
+    conn: &mut redis::Connection,
+    pattern: &str,
+    wanted: impl Fn(&str) -> bool,
+) -> Result<Option<String>> {
     let mut cursor = 0u64;
     loop {
         let (next, keys): (u64, Vec<String>) =
