@@ -40,6 +40,9 @@
 //!   exact on the same traffic; LEASED.md.
 //! - `simulate`: `--simulate` alone, `sluice simulate` on a generated
 //!   1M-line access log, in lines per second.
+//! - `soak`: `--soak-seconds N` alone (`cargo xtask soak --minutes N`):
+//!   steady mixed traffic for N seconds, sampled and judged flat; SOAK.md
+//!   and soak.png.
 //! - `noise`: how busy the machine was while the bench ran.
 //! - `report`: LATEST.md. `plot`: the PNG.
 //!
@@ -65,6 +68,7 @@ mod shed_plot;
 mod shed_report;
 mod shim_alone;
 mod simulate;
+mod soak;
 mod tools;
 
 use std::path::PathBuf;
@@ -111,11 +115,16 @@ struct Cli {
     /// Only `sluice simulate` on a generated access log (1M lines; 100k with --quick); prints lines/s.
     #[arg(long, conflicts_with_all = ["egress", "shed", "feedback", "redis_cost", "leased"])]
     simulate: bool,
+    /// Only the soak, for this many seconds of traffic; writes SOAK.md and soak.png (with --quick,
+    /// to target/bench-quick/, and latency reported but not judged). `cargo xtask soak --minutes N` runs it.
+    #[arg(long, value_name = "SECONDS", conflicts_with_all = ["egress", "shed", "feedback", "redis_cost", "leased", "simulate"])]
+    soak_seconds: Option<u64>,
 }
 
 fn main() -> std::process::ExitCode {
-    let Cli { quick, egress, shed, feedback, redis_cost, callgrind, leased, simulate } = Cli::parse();
-    match run(quick, Only { egress, shed, feedback, redis_cost, callgrind, leased, simulate }) {
+    let Cli { quick, egress, shed, feedback, redis_cost, callgrind, leased, simulate, soak_seconds } =
+        Cli::parse();
+    match run(quick, Only { egress, shed, feedback, redis_cost, callgrind, leased, simulate, soak_seconds }) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("bench: error: {err:#}");
@@ -141,6 +150,8 @@ struct Only {
     leased: bool,
     /// `sluice simulate` on a generated log, printed.
     simulate: bool,
+    /// The soak, for this many seconds, to SOAK.md and soak.png.
+    soak_seconds: Option<u64>,
 }
 
 /// The whole bench, or one part of it alone.
@@ -155,6 +166,15 @@ fn run(quick: bool, only: Only) -> Result<()> {
     // The sluice-harness guards find their binaries through the same
     // `SLUICE_*` variables.
     let tools = tools::find()?;
+    if let Some(seconds) = only.soak_seconds {
+        let dir = out_dir(quick);
+        let about = |ran: f64| {
+            let mut about = about(&tools, &plan, ran);
+            about.retain(|(what, _)| !matches!(*what, "oha" | "measuring"));
+            about
+        };
+        return soak::run(seconds as f64, !quick, &dir, &tools.font, about);
+    }
     let built = tools::BenchArtifacts::find()?;
     if only.redis_cost {
         return run_redis_cost(&plan, &tools.redis_server, only.callgrind);

@@ -226,7 +226,7 @@ fn header(
     noise(md, n)
 }
 
-fn noise(md: &mut String, n: &Noise) -> std::fmt::Result {
+pub(crate) fn noise(md: &mut String, n: &Noise) -> std::fmt::Result {
     writeln!(
         md,
         "- machine noise: 1-minute load average {:.2} at the start, {:.2} at its highest; other \

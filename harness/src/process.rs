@@ -48,6 +48,11 @@ impl Proc {
         Ok(Proc { name, child, dir, log })
     }
 
+    /// The child's process id (for reading `/proc/<pid>`).
+    pub(crate) fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Fault injection: SIGSTOP (`stop`) or SIGCONT: a process that hangs
     /// without closing its connections, then goes on.
     pub(crate) fn signal_stop(&self, stop: bool) {

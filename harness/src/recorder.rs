@@ -2,7 +2,9 @@
 //! limiter from the far side: each request's `x-trace` id, path, and when it
 //! arrived and when its answer left. `/slow` answers after 100 ms, `/hang`
 //! holds the request until the peer closes the connection (or 60 s pass);
-//! anything else answers `200 ok` at once.
+//! anything else answers `200 ok` at once. In the query, `slow` (any path)
+//! also takes 100 ms, and `actual=N` adds the response header
+//! `x-actual-cost: N` (a `points` limit's true cost, for refunds).
 //!
 //! One thread per connection, blocking I/O: the record is the point, not
 //! the throughput.
@@ -105,13 +107,22 @@ fn serve(stream: TcpStream, record: &Mutex<Vec<Arrival>>, stop: &AtomicBool) {
             leave(record);
             return;
         }
-        if path.starts_with("/slow") {
+        let query = path.split_once('?').map(|(_, q)| q).unwrap_or("");
+        let param = |name: &str| query.split('&').find_map(|kv| kv.strip_prefix(name));
+        if path.starts_with("/slow") || param("slow").is_some() {
             std::thread::sleep(SLOW);
         }
+        let answer = match param("actual=").and_then(|n| n.parse::<u64>().ok()) {
+            Some(cost) => {
+                format!("HTTP/1.1 200 OK\r\nx-actual-cost: {cost}\r\ncontent-length: 3\r\n\r\nok\n")
+                    .into_bytes()
+            }
+            None => OK.to_vec(),
+        };
         // The answer has left once written: record it first, so the record
         // never shows a request ending later than the client saw it end.
         leave(record);
-        if stream.write_all(OK).is_err() {
+        if stream.write_all(&answer).is_err() {
             return;
         }
     }

@@ -108,6 +108,11 @@ impl Shim {
         }
     }
 
+    /// The shim's process id, e.g. to read its memory and open files in `/proc`.
+    pub fn pid(&self) -> u32 {
+        self.proc.id()
+    }
+
     /// The shim's log (its stderr) so far.
     pub fn log(&self) -> String {
         self.proc.log()

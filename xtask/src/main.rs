@@ -80,6 +80,13 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Steady mixed traffic through Envoy for N minutes, sampled and judged flat (the bench's
+    /// `--soak-seconds`); writes bench/results/SOAK.md and soak.png. Fails on a leak.
+    Soak {
+        /// How long the traffic runs.
+        #[arg(long, default_value_t = 20)]
+        minutes: u64,
+    },
     /// Build the policy playground into dist/playground/ (the shim serves it at /playground).
     Playground,
     /// Run the fuzz targets (nightly, libFuzzer, ASan); not part of `test`.
@@ -103,6 +110,7 @@ fn main() -> ExitCode {
         Task::Test { test_args } => test::run(&test_args),
         Task::Demo { keep_running } => run_demo(keep_running),
         Task::Bench { args } => bench::run(&args),
+        Task::Soak { minutes } => bench::run(&["--soak-seconds".to_string(), (minutes * 60).to_string()]),
         Task::Playground => playground::build().map(drop),
         Task::Fuzz { seconds, target } => fuzz::run(seconds, target.as_deref()),
         Task::Docs => docs::run(),

@@ -8,7 +8,11 @@
 //!
 //! Last, it runs `cargo xtask bench --quick` (the crate `sluice-bench`), only to prove that the bench
 //! still runs end to end; its numbers are never judged (they go to
-//! `target/bench-quick/`, not to the committed results).
+//! `target/bench-quick/`, not to the committed results). Then a 60-second
+//! soak (`--soak-seconds 60 --quick`), which is judged: a leak's slope, a
+//! key without a TTL, or a waiter or lease left behind fails it; its
+//! latency is reported, not judged (its SOAK.md and soak.png go to
+//! `target/bench-quick/`).
 
 use anyhow::{Context, Result};
 
@@ -39,5 +43,9 @@ pub(crate) fn run(test_args: &[String]) -> Result<()> {
     browser::test(&site, &redis)?;
 
     eprintln!("xtask: bench --quick, to prove the bench runs (its timings are not checked)");
-    bench::run(&["--quick".to_string()]).context("the bench smoke run (cargo xtask bench --quick) failed")
+    bench::run(&["--quick".to_string()]).context("the bench smoke run (cargo xtask bench --quick) failed")?;
+
+    eprintln!("xtask: a 60-second soak (judged; written to target/bench-quick/)");
+    let soak = ["--quick", "--soak-seconds", "60"].map(String::from);
+    bench::run(&soak).context("the 60-second soak failed (target/bench-quick/SOAK.md says why)")
 }
