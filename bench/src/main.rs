@@ -43,6 +43,7 @@
 
 mod egress;
 mod egress_clients;
+mod egress_jitter;
 mod gateway;
 mod leased;
 mod load;
@@ -108,11 +109,24 @@ struct Cli {
     /// Only `sluice simulate` on a generated access log (1M lines; 100k with --quick); prints lines/s.
     #[arg(long, conflicts_with_all = ["egress", "shed", "feedback", "redis_cost", "leased"])]
     simulate: bool,
+    /// Only wait precision at the partner: each held call's slot to its arrival, idle and busy;
+    /// writes JITTER.md (`--quick`: the 20 ms case only, under a minute).
+    #[arg(long, conflicts_with_all = ["egress", "shed", "feedback", "redis_cost", "leased", "simulate"])]
+    jitter: bool,
+    /// With --jitter: the policy's `wait.margin` in ms (default: the policy's default margin).
+    #[arg(long, requires = "jitter")]
+    margin_ms: Option<u64>,
 }
 
 fn main() -> std::process::ExitCode {
-    let Cli { quick, egress, shed, feedback, redis_cost, callgrind, leased, simulate } = Cli::parse();
-    match run(quick, Only { egress, shed, feedback, redis_cost, callgrind, leased, simulate }) {
+    let Cli { quick, egress, shed, feedback, redis_cost, callgrind, leased, simulate, jitter, margin_ms } =
+        Cli::parse();
+    let result = if jitter {
+        run_jitter(quick, margin_ms)
+    } else {
+        run(quick, Only { egress, shed, feedback, redis_cost, callgrind, leased, simulate })
+    };
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("bench: error: {err:#}");
@@ -247,6 +261,32 @@ fn run_redis_cost(plan: &plan::Plan, redis_server: &std::path::Path, callgrind: 
     let redis = sluice_harness::Redis::start()?;
     let cost = redis_cost::run(&mut redis.connection()?, calls, counter.as_ref())?;
     println!("{}", redis_cost::table(&cost));
+    Ok(())
+}
+
+/// Wait precision at the partner alone (`--jitter`, to `JITTER.md`).
+fn run_jitter(quick: bool, margin_ms: Option<u64>) -> Result<()> {
+    let started = Instant::now();
+    let measured = egress_jitter::run(&egress_jitter::cases(quick, margin_ms))?;
+    let dir = out_dir(quick);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let md = dir.join("JITTER.md");
+    let commit = Command::new("git").args(["rev-parse", "--short", "HEAD"]).output().ok();
+    let commit = commit.map_or(String::new(), |o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let rows: Vec<String> = measured.iter().map(egress_jitter::row).collect();
+    let text = format!(
+        "# Sluice bench: wait precision at the partner (`--jitter`)\n\nWritten by `cargo xtask bench --jitter{}`; \
+         see `bench/src/egress_jitter.rs`. Commit {commit}; took {:.0} s; 2 cores shared with other work \
+         (the load column is the 1-minute load average at the end of each run). \
+         \"late\": a held call's slot (Redis TIME) to its arrival at the partner (same host's wall clock); \
+         the jitter columns are above the smallest lateness. Gaps are between admitted arrivals.\n\n{}\n{}\n",
+        if quick { " --quick" } else { "" },
+        started.elapsed().as_secs_f64(),
+        egress_jitter::HEADER,
+        rows.join("\n")
+    );
+    std::fs::write(&md, text).with_context(|| format!("writing {}", md.display()))?;
+    eprintln!("bench: wrote {}", md.display());
     Ok(())
 }
 

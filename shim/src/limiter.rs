@@ -73,6 +73,7 @@ impl Limiter {
             ),
             timers: Arc::default(),
             held: Arc::default(),
+            clock: Arc::default(),
             metrics: metrics.clone(),
             test_time,
         };

@@ -150,7 +150,7 @@ pub(crate) async fn check(
         let mut cancel = Cancel::new(waiting, id, at, time.clone(), held.clone(), now);
         // Never past the deadline, whatever a wake-up said.
         let until = (Instant::now() + Duration::from_micros(delay.min(wait_us))).min(deadline);
-        tokio::time::sleep_until(until.into()).await;
+        super::timer::sleep_until(until).await;
         let mut registration = waiting.wakeups.register(id);
         let left = deadline.saturating_duration_since(Instant::now());
         if !waiting.wakeups.subscribed(left).await {
