@@ -305,3 +305,85 @@ pub(crate) fn row(m: &Measured) -> String {
 }
 
 pub(crate) const HEADER: &str = "| interval | margin | host | load | served | paired | late min ms | jitter p50 ms | p99 ms | p99.9 ms | max ms | min gap ms | mean gap ms | gaps under | partner 429s | shim wake late p50 / p99 ms | shim's Redis call p50 / p99 ms | re-slotted |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|";
+
+/// The concurrency hand-over: `slots` in flight at a partner that takes
+/// `delay` per call, `workers` callers through one gateway queueing for
+/// them; how long each freed slot stays empty at the partner (its answer
+/// finishing to the next call arriving: the filter's release, the shim's
+/// release script handing the slot to the head waiter, its wake-up by
+/// pub/sub, and the waiter's forward).
+#[derive(Clone, Debug)]
+pub(crate) struct Handover {
+    pub(crate) slots: u32,
+    pub(crate) delay: Duration,
+    pub(crate) workers: usize,
+    pub(crate) calls: usize,
+    pub(crate) busy: bool,
+}
+
+pub(crate) fn handover_cases(quick: bool) -> Vec<Handover> {
+    let calls = if quick { 300 } else { 1000 };
+    [false, true]
+        .into_iter()
+        .map(|busy| Handover { slots: 10, delay: Duration::from_millis(50), workers: 40, calls, busy })
+        .collect()
+}
+
+/// One run, as a table row.
+pub(crate) fn handover(case: &Handover) -> Result<String> {
+    eprintln!(
+        "bench: hand-over: {} slots, {:?} per call, {} workers, {} calls, {}",
+        case.slots,
+        case.delay,
+        case.workers,
+        case.calls,
+        if case.busy { "busy" } else { "idle" }
+    );
+    let redis = Redis::start()?;
+    let partner = Partner::start_with_delay(Limits::default().concurrency(case.slots), case.delay)?;
+    let doc = format!(
+        r#"{{"shim": {{"timeout_ms": 2000}}, "failure_mode": "deny", "policies": [
+            {{"name": "partner-api", "match": {{"path_prefix": "/v42/"}}, "key": ["header:x-account"],
+              "wait": {{"timeout": "60s"}},
+              "limits": [{{"type": "concurrency", "limit": {}, "lease": "30s"}}]}}]}}"#,
+        case.slots
+    );
+    let gateway = Gateway::start(&doc, &redis, partner.port)?;
+    let warm = Caller::new(PATH, "warm-up", Duration::from_secs(10))?.send(gateway.envoy.port, 0, 0, &[])?;
+    anyhow::ensure!(warm.served(), "the warm-up call was not served: {warm:?}");
+    let busy = if case.busy { Some(Busy::start(BUSY)?) } else { None };
+    let workers = Workers {
+        workers: case.workers,
+        calls: case.calls,
+        path: PATH.into(),
+        account: ACCOUNT.into(),
+        timeout: Duration::from_secs(120),
+    };
+    let run = workers.run(&[gateway.envoy.port])?;
+    let load = load_average();
+    drop(busy);
+    let log = partner.log().of(ACCOUNT);
+    let mut empty: Vec<f64> = log.handoffs().iter().map(|d| d.as_secs_f64() * 1e6).collect();
+    empty.sort_by(f64::total_cmp);
+    let q = |p: f64| if empty.is_empty() { String::new() } else { ms(pick(&empty, p)) };
+    let row = format!(
+        "| {} | {} ms | {} | {} | {:.1} | {}/{} | {} | {} | {} | {} | {} | {} |",
+        case.slots,
+        case.delay.as_millis(),
+        case.workers,
+        if case.busy { format!("busy ({BUSY} spinners)") } else { "as is".into() },
+        load,
+        run.count(|c| c.served()),
+        case.calls,
+        log.refused(),
+        log.max_in_flight(),
+        empty.len(),
+        q(0.5),
+        q(0.99),
+        q(0.999),
+    );
+    eprintln!("bench:   {row}");
+    Ok(row)
+}
+
+pub(crate) const HANDOVER_HEADER: &str = "| slots | partner's time per call | workers | host | load | served | partner 429s | most in flight | hand-overs | freed slot empty p50 ms | p99 ms | p99.9 ms |\n|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|";

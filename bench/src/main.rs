@@ -274,16 +274,24 @@ fn run_jitter(quick: bool, margin_ms: Option<u64>) -> Result<()> {
     let commit = Command::new("git").args(["rev-parse", "--short", "HEAD"]).output().ok();
     let commit = commit.map_or(String::new(), |o| String::from_utf8_lossy(&o.stdout).trim().to_string());
     let rows: Vec<String> = measured.iter().map(egress_jitter::row).collect();
+    let handovers = egress_jitter::handover_cases(quick)
+        .iter()
+        .map(egress_jitter::handover)
+        .collect::<Result<Vec<String>>>()?;
     let text = format!(
         "# Sluice bench: wait precision at the partner (`--jitter`)\n\nWritten by `cargo xtask bench --jitter{}`; \
          see `bench/src/egress_jitter.rs`. Commit {commit}; took {:.0} s; 2 cores shared with other work \
          (the load column is the 1-minute load average at the end of each run). \
          \"late\": a held call's slot (Redis TIME) to its arrival at the partner (same host's wall clock); \
-         the jitter columns are above the smallest lateness. Gaps are between admitted arrivals.\n\n{}\n{}\n",
+         the jitter columns are above the smallest lateness. Gaps are between admitted arrivals.\n\n{}\n{}\n\n\
+         ## Concurrency hand-over\n\nA freed slot's emptiness at the partner: its answer finishing to the next \
+         call arriving, while callers queue at the gateway.\n\n{}\n{}\n",
         if quick { " --quick" } else { "" },
         started.elapsed().as_secs_f64(),
         egress_jitter::HEADER,
-        rows.join("\n")
+        rows.join("\n"),
+        egress_jitter::HANDOVER_HEADER,
+        handovers.join("\n")
     );
     std::fs::write(&md, text).with_context(|| format!("writing {}", md.display()))?;
     eprintln!("bench: wrote {}", md.display());

@@ -14,7 +14,7 @@
 //! - [`context`]: what the paths share: the [`Waiting`] context, the held
 //!   requests, what waiting refuses, the margins.
 //! - [`wakeups`]: the shim's one pub/sub subscriber that wakes queued requests.
-//! - [`timer`]: waking a held request at its slot's instant, not on Tokio's
+//! - `timer`: waking a held request at its slot's instant, not on Tokio's
 //!   next millisecond tick.
 //!
 //! Approximate windows keep no per-request state, so they cannot reserve; a

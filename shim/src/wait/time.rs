@@ -2,9 +2,13 @@
 //! waiting path of `lua/scripts/check.lua`) finds the earliest slot at which
 //! every limit admits the request and charges them all there, or, if that
 //! slot is further away than the wait, charges nothing and says how far it
-//! is. The shim then sleeps for the delay the script computed on Redis's
-//! clock (never its own view of the slot) and answers allowed, with no
-//! second Redis call.
+//! is. The shim then sleeps until the slot, which is on Redis's clock (never
+//! its own view of the time), placed on the shim's clock by the calls so far
+//! (`timer::RedisClock`), and answers allowed, with no second Redis
+//! call. One that wakes later than half its margin after the slot is not
+//! sent (it could crowd the call after it at the partner): it gives the
+//! slot back where safe and reserves a new one ([`MAX_RESLOTS`] times at
+//! most).
 //!
 //! If the client goes away while the answer is held (Envoy resets the h2
 //! stream and hyper drops the handler's future), a drop guard ([`Cancel`])
