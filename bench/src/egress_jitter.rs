@@ -279,7 +279,14 @@ fn ms(us: f64) -> String {
 pub(crate) fn row(m: &Measured) -> String {
     let c = &m.case;
     let late = m.late.map_or(" | | | |".into(), |[min, p50, p99, p999, max]| {
-        format!("{} | {} | {} | {} | {}", ms(min), ms(p50 - min), ms(p99 - min), ms(p999 - min), ms(max - min))
+        format!(
+            "{} | {} | {} | {} | {}",
+            ms(min),
+            ms(p50 - min),
+            ms(p99 - min),
+            ms(p999 - min),
+            ms(max - min)
+        )
     });
     let gap = |g: Option<Duration>| g.map_or(String::new(), |g| format!("{:.2}", g.as_secs_f64() * 1000.0));
     let shim = m.shim_late.map_or("not counted".into(), |(p50, p99)| format!("≤{} / ≤{}", ms(p50), ms(p99)));

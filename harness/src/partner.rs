@@ -91,8 +91,13 @@ impl Partner {
         listener.set_nonblocking(true)?;
         let port = listener.local_addr()?.port();
         let state = Mutex::new((Rules::new(limits), Vec::new()));
-        let shared =
-            Arc::new(Shared { started: Instant::now(), started_wall: SystemTime::now(), delay, announce, state });
+        let shared = Arc::new(Shared {
+            started: Instant::now(),
+            started_wall: SystemTime::now(),
+            delay,
+            announce,
+            state,
+        });
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let (stop, stopped) = oneshot::channel();
         let serving = shared.clone();

@@ -91,11 +91,16 @@ static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 impl Precise {
     fn get() -> &'static Precise {
         PRECISE.get_or_init(|| {
-            let precise: &'static Precise =
-                Box::leak(Box::new(Precise { due: Mutex::default(), changed: Condvar::new(), running: true }));
+            let precise: &'static Precise = Box::leak(Box::new(Precise {
+                due: Mutex::default(),
+                changed: Condvar::new(),
+                running: true,
+            }));
             let started = std::thread::Builder::new().name("sluice-wake".into()).spawn(move || precise.run());
             if started.is_err() {
-                tracing::warn!("cannot start the precise wake-up thread; held requests wake on Tokio's timer");
+                tracing::warn!(
+                    "cannot start the precise wake-up thread; held requests wake on Tokio's timer"
+                );
                 return Box::leak(Box::new(Precise {
                     due: Mutex::default(),
                     changed: Condvar::new(),
@@ -170,7 +175,13 @@ impl RedisClock {
     /// A call sent at `asked` and answered at `received` read Redis's time
     /// `redis_us`; returns where `slot_us` on Redis's clock lies on ours:
     /// (earliest, latest).
-    pub(crate) fn place(&self, asked: Instant, received: Instant, redis_us: u64, slot_us: u64) -> (Instant, Instant) {
+    pub(crate) fn place(
+        &self,
+        asked: Instant,
+        received: Instant,
+        redis_us: u64,
+        slot_us: u64,
+    ) -> (Instant, Instant) {
         let redis_us = i64::try_from(redis_us).unwrap_or(i64::MAX);
         let (low_now, high_now) = (redis_us - self.local_us(received), redis_us - self.local_us(asked));
         let mut bounds = self.bounds.lock().unwrap_or_else(PoisonError::into_inner);
