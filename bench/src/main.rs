@@ -49,6 +49,7 @@
 
 mod egress;
 mod egress_clients;
+mod egress_jitter;
 mod gateway;
 mod leased;
 mod load;
@@ -119,12 +120,35 @@ struct Cli {
     /// to target/bench-quick/, and latency reported but not judged). `cargo xtask soak --minutes N` runs it.
     #[arg(long, value_name = "SECONDS", conflicts_with_all = ["egress", "shed", "feedback", "redis_cost", "leased", "simulate"])]
     soak_seconds: Option<u64>,
+    /// Only wait precision at the partner: each held call's slot to its arrival, idle and busy;
+    /// writes JITTER.md (`--quick`: the 20 ms case only, under a minute).
+    #[arg(long, conflicts_with_all = ["egress", "shed", "feedback", "redis_cost", "leased", "simulate", "soak_seconds"])]
+    jitter: bool,
+    /// With --jitter: the policy's `wait.margin` in ms (default: the policy's default margin).
+    #[arg(long, requires = "jitter")]
+    margin_ms: Option<u64>,
 }
 
 fn main() -> std::process::ExitCode {
-    let Cli { quick, egress, shed, feedback, redis_cost, callgrind, leased, simulate, soak_seconds } =
-        Cli::parse();
-    match run(quick, Only { egress, shed, feedback, redis_cost, callgrind, leased, simulate, soak_seconds }) {
+    let Cli {
+        quick,
+        egress,
+        shed,
+        feedback,
+        redis_cost,
+        callgrind,
+        leased,
+        simulate,
+        soak_seconds,
+        jitter,
+        margin_ms,
+    } = Cli::parse();
+    let result = if jitter {
+        run_jitter(quick, margin_ms)
+    } else {
+        run(quick, Only { egress, shed, feedback, redis_cost, callgrind, leased, simulate, soak_seconds })
+    };
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("bench: error: {err:#}");
@@ -271,6 +295,40 @@ fn run_redis_cost(plan: &plan::Plan, redis_server: &std::path::Path, callgrind: 
     let redis = sluice_harness::Redis::start()?;
     let cost = redis_cost::run(&mut redis.connection()?, calls, counter.as_ref())?;
     println!("{}", redis_cost::table(&cost));
+    Ok(())
+}
+
+/// Wait precision at the partner alone (`--jitter`, to `JITTER.md`).
+fn run_jitter(quick: bool, margin_ms: Option<u64>) -> Result<()> {
+    let started = Instant::now();
+    let measured = egress_jitter::run(&egress_jitter::cases(quick, margin_ms))?;
+    let dir = out_dir(quick);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let md = dir.join("JITTER.md");
+    let commit = Command::new("git").args(["rev-parse", "--short", "HEAD"]).output().ok();
+    let commit = commit.map_or(String::new(), |o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let rows: Vec<String> = measured.iter().map(egress_jitter::row).collect();
+    let handovers = egress_jitter::handover_cases(quick)
+        .iter()
+        .map(egress_jitter::handover)
+        .collect::<Result<Vec<String>>>()?;
+    let text = format!(
+        "# Sluice bench: wait precision at the partner (`--jitter`)\n\nWritten by `cargo xtask bench --jitter{}`; \
+         see `bench/src/egress_jitter.rs`. Commit {commit}; took {:.0} s; 2 cores shared with other work \
+         (the load column is the 1-minute load average at the end of each run). \
+         \"late\": a held call's slot (Redis TIME) to its arrival at the partner (same host's wall clock); \
+         the jitter columns are above the smallest lateness. Gaps are between admitted arrivals.\n\n{}\n{}\n\n\
+         ## Concurrency hand-over\n\nA freed slot's emptiness at the partner: its answer finishing to the next \
+         call arriving, while callers queue at the gateway.\n\n{}\n{}\n",
+        if quick { " --quick" } else { "" },
+        started.elapsed().as_secs_f64(),
+        egress_jitter::HEADER,
+        rows.join("\n"),
+        egress_jitter::HANDOVER_HEADER,
+        handovers.join("\n")
+    );
+    std::fs::write(&md, text).with_context(|| format!("writing {}", md.display()))?;
+    eprintln!("bench: wrote {}", md.display());
     Ok(())
 }
 

@@ -256,6 +256,27 @@ fn s1_interval_spaces_calls_across_workers() {
     assert_all_served(&egress, &run, &log);
 }
 
+/// S1 at 20 ms with the policy's default margin, 8 workers with separate
+/// connections through one gateway: the strict partner, by its own record,
+/// never saw two calls closer than 20 ms (it refused none and its smallest
+/// gap is at least the interval), and every call was served. A call whose
+/// shim woke later than the margin covers is given a new slot instead of
+/// being sent (`sluice_wait_reslotted`), so this holds on a busy host too.
+#[test]
+fn s1_default_margin_keeps_every_gap_at_20ms() {
+    let limits = Limits::default().interval(ms(20));
+    let partner = Partner::start(limits.clone()).expect("partner");
+    let every = r#"{"type": "interval", "every": "20ms"}"#;
+    let egress = egress(&document(&policy("time-tracking", &wait("30s", None), every)), 1, partner);
+    let run = workers(8, 200).run(&egress.ports()).expect("workers");
+    let log = egress.partner.log();
+    report("S1 at 20 ms, default margin (8 workers)", &run, &log, &limits);
+    let gaps = log.gaps();
+    let short: Vec<&Duration> = gaps.iter().filter(|gap| **gap < ms(20)).collect();
+    assert!(short.is_empty(), "gaps under 20 ms at the partner: {short:?}");
+    assert_all_served(&egress, &run, &log);
+}
+
 /// S2a scaled: at most 3 in flight, 12 workers, a partner that takes 300 ms
 /// per call and refuses a fourth at once. Every call is held until a slot
 /// is released and then served; the partner never sees more than 3.

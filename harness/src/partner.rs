@@ -21,7 +21,7 @@ mod rules;
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use axum::body::Body;
@@ -51,6 +51,9 @@ pub struct Partner {
 
 struct Shared {
     started: Instant,
+    /// The wall clock at `started`, so an arrival can be compared with a
+    /// time on Redis's clock (same host): [`Partner::wall`].
+    started_wall: SystemTime,
     delay: Duration,
     /// Admitted answers carry `x-ratelimit-remaining` and `x-ratelimit-reset`.
     announce: bool,
@@ -88,7 +91,13 @@ impl Partner {
         listener.set_nonblocking(true)?;
         let port = listener.local_addr()?.port();
         let state = Mutex::new((Rules::new(limits), Vec::new()));
-        let shared = Arc::new(Shared { started: Instant::now(), delay, announce, state });
+        let shared = Arc::new(Shared {
+            started: Instant::now(),
+            started_wall: SystemTime::now(),
+            delay,
+            announce,
+            state,
+        });
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let (stop, stopped) = oneshot::channel();
         let serving = shared.clone();
@@ -106,6 +115,13 @@ impl Partner {
     /// `http://127.0.0.1:PORT`
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The wall-clock time of `at` on the partner's clock (an [`Arrival`]'s
+    /// `at`), to compare with times on another clock of the same host, such
+    /// as Redis's `TIME`.
+    pub fn wall(&self, at: Duration) -> SystemTime {
+        self.shared.started_wall + at
     }
 
     /// The partner's clock: time since it started, as its log counts.

@@ -3,7 +3,7 @@
 //! and the shim both enforce, so they live here, once.
 //!
 //! ```json
-//! "wait": {"timeout": "15s", "margin": "1ms"}
+//! "wait": {"timeout": "15s", "margin": "4ms"}
 //! ```
 //!
 //! - `timeout`: the longest the gateway holds a request for this policy
@@ -20,17 +20,20 @@
 //! callers give up after 15 s). It also bounds how far ahead the shim
 //! reserves slots.
 //!
-//! **Why a 1 ms margin by default.** The margin is paid on every slot: with
+//! **Why a 4 ms margin by default.** The margin is paid on every slot: with
 //! `{"type": "interval", "every": "100ms"}`, calls leave every 100 ms plus the
-//! margin, so the mean gap at the partner is the interval plus the margin, and
-//! a margin of more than about 1 % of the interval is throughput given away.
-//! It has to cover only the *variation* of the delay between the shim's
-//! answer and the partner's arrival (the constant part shifts every call
-//! alike). Measured through Envoy on one host (README, "Waiting"), 1 ms
-//! keeps the mean gap at 101 ms for a 100 ms interval and cuts the gaps
-//! under 100 ms from 58 % to 14 %; 5 ms removes them but costs 5 %. A
-//! gateway on another host than its shim, or a partner across the internet,
-//! should set a margin from its own measurements.
+//! margin, so the mean gap at the partner is the interval plus the margin
+//! (4 % at 100 ms, 0.4 % at 1 s): throughput given away for safety. It has to
+//! cover the *variation* of the delay from a request's slot to its arrival
+//! at the partner (the constant part shifts every call alike): the shim's
+//! wake-up, which it bounds (a request that wakes later than half its margin
+//! is given a new slot instead of being sent), and the way from its answer
+//! through Envoy to the partner, which the other half covers. Measured on
+//! one shared 2-core host (`cargo xtask bench --jitter`, docs/egress-waiting.md),
+//! the slot-to-arrival jitter's p99 was about 2 to 4 ms: 1 ms let 14 % of
+//! gaps at 20 ms fall under the interval, 4 ms nearly none on the host as it
+//! was. A busy host, a gateway on another host than its shim, or a partner
+//! across the internet should set a margin from its own measurement.
 
 use serde::de::{self, Deserialize, Deserializer};
 
@@ -41,7 +44,7 @@ pub const MAX_TIMEOUT_MS: u64 = 5 * 60 * 1000;
 /// The largest `wait.margin`: 10 s.
 pub const MAX_MARGIN_MS: u64 = 10_000;
 /// The margin of a `wait` that gives none.
-pub const DEFAULT_MARGIN_MS: u64 = 1;
+pub const DEFAULT_MARGIN_MS: u64 = 4;
 
 /// A policy's `wait`: hold its requests up to `timeout` instead of refusing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,7 +104,7 @@ fn show(ms: u64) -> String {
 pub(crate) struct RawWait {
     /// The longest a request is held for a slot, 1ms to 5m; past it, 429.
     timeout: Duration,
-    /// Added to each time-based slot, "0ms" to "10s"; default "1ms".
+    /// Added to each time-based slot, "0ms" to "10s"; default "4ms".
     #[serde(default)]
     margin: Option<Margin>,
 }

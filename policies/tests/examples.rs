@@ -163,9 +163,9 @@ fn egress_partner() {
     let want = ("acct-1".to_string(), vec![sw(25, 5_000), sw(300, 300_000)]);
     assert_eq!(applied(&doc, &req), Some(want));
     let wait = doc.policies[0].wait.expect("the policy waits");
-    assert_eq!((wait.timeout_ms(), wait.margin_ms()), (15_000, 1));
+    assert_eq!((wait.timeout_ms(), wait.margin_ms()), (15_000, 4));
     let check = doc.evaluate(&req).expect("applies")[0].check(&req);
-    assert_eq!(check.margin_ms, Some(Millis(1)), "each check carries its policy's margin");
+    assert_eq!(check.margin_ms, Some(Millis(4)), "each check carries its policy's margin");
 }
 
 /// Upstream feedback on the egress case: the partner's 429s and its

@@ -81,6 +81,7 @@ impl Limiter {
             ),
             timers: Arc::default(),
             held: Arc::default(),
+            clock: Arc::default(),
             metrics: metrics.clone(),
             test_time,
             drain: Arc::default(),

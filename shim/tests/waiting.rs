@@ -148,3 +148,49 @@ async fn every_waiting_key_has_a_ttl_covering_its_reservations() {
     assert!(held.await.expect("r2").allowed);
     assert!(!queued.await.expect("c2").allowed);
 }
+
+/// Redis's clock, in µs.
+fn redis_time(redis: &Redis) -> u64 {
+    let (secs, micros): (u64, u64) =
+        redis::cmd("TIME").query(&mut redis.connection().expect("redis connection")).expect("TIME");
+    secs * 1_000_000 + micros
+}
+
+/// A held request that wakes later than its margin covers (here its shim
+/// is blocked for 600 ms, far past a slot 300 ms ahead and its 100 ms
+/// margin) is not sent at its old slot, which would crowd the call after
+/// it: it is given a new slot, at or after the time it woke, and admitted
+/// there. The slot it went at is read back from Redis (the interval's `tat`
+/// is its slot plus the interval).
+#[tokio::test]
+async fn a_request_woken_later_than_its_margin_is_given_a_new_slot() {
+    let redis = Redis::start().expect("redis");
+    let limiter = std::sync::Arc::new(limiter(&redis));
+    let with_margin = |id: &str| {
+        let mut req = request(id, &[WireLimit::Interval { every_ms: Millis(300) }], 5_000);
+        req.checks.to_mut()[0].margin_ms = Some(Millis(100));
+        req
+    };
+    assert!(limiter.check(&with_margin("r1")).await.expect("r1").allowed);
+    let after_first = tat(&redis);
+    let l = limiter.clone();
+    let second = with_margin("r2");
+    let held = tokio::spawn(async move { l.check(&second).await });
+    // r2 has reserved its slot (about 400 ms ahead) and is held.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tat(&redis) == after_first && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let old_slot: u64 = tat(&redis).expect("r2's reservation").parse::<u64>().expect("a tat") - 300_000;
+    // This test's runtime has one thread: blocking it keeps r2 from waking.
+    std::thread::sleep(Duration::from_millis(600));
+    let woke_after = redis_time(&redis);
+    assert!(woke_after > old_slot + 100_000, "the block did not outlast the slot and its margin");
+    let r2 = held.await.expect("r2's task").expect("r2");
+    assert!(r2.allowed, "{r2:?}");
+    let sent_at: u64 = tat(&redis).expect("r2's new reservation").parse::<u64>().expect("a tat") - 300_000;
+    assert!(
+        sent_at >= woke_after,
+        "r2 was sent at its old slot {old_slot}, or another before it woke at {woke_after}: {sent_at}"
+    );
+}

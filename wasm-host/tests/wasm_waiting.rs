@@ -129,7 +129,11 @@ fn the_request_waits_for_its_shortest_timeout_and_shadow_never_waits() {
     let plugin_short = plugin(&[PARTNER, short]);
     let (stream, calls) = asks(&plugin_short);
     assert_eq!(body(&calls[0])["wait_ms"], json!(300));
-    assert_eq!(body(&calls[0])["checks"][1]["margin_ms"], json!(1), "the default margin");
+    assert_eq!(
+        body(&calls[0])["checks"][1]["margin_ms"],
+        json!(sluice_policies::wait::DEFAULT_MARGIN_MS),
+        "the default margin"
+    );
     stream.shim_replies(Answer::Allow).resumes().done();
 
     let plain = r#"{"name": "plain", "limits": [{"type": "interval", "every": "1s"}]}"#;

@@ -91,6 +91,11 @@ pub struct Metrics {
     in_flight: Gauge,
     waiters: Gauge,
     pub(crate) handovers: Counter,
+    /// How late a request held for a time slot woke after its slot.
+    wait_late_seconds: Histogram,
+    /// Held requests that woke later than their margin allows and were
+    /// given a new slot instead of being sent.
+    wait_reslotted: Counter,
     /// The policy names with a label of their own.
     policies: Mutex<HashSet<String>>,
     /// Per policy, for the dashboard: rates, totals and the busiest keys.
@@ -117,6 +122,9 @@ impl Metrics {
             in_flight: Gauge::default(),
             waiters: Gauge::default(),
             handovers: Counter::default(),
+            // 50 µs to about 1.6 s.
+            wait_late_seconds: Histogram::new(exponential_buckets(0.00005, 2.0, 16)),
+            wait_reslotted: Counter::default(),
             policies: Mutex::new(HashSet::new()),
             traffic: Default::default(),
         };
@@ -157,6 +165,16 @@ impl Metrics {
             "sluice_handovers",
             "Wake-ups delivered to a waiting check: a slot handed over by a release, reclaim or leave",
             metrics.handovers.clone(),
+        );
+        r.register(
+            "sluice_wait_late_seconds",
+            "How late a request held for a time slot woke after its slot (an upper bound: from the reservation's call to Redis)",
+            metrics.wait_late_seconds.clone(),
+        );
+        r.register(
+            "sluice_wait_reslotted",
+            "Held requests that woke later than their margin allows (sent, they could crowd the next call at the partner) and were given a new slot instead",
+            metrics.wait_reslotted.clone(),
         );
         metrics
     }
@@ -258,6 +276,16 @@ impl Metrics {
     }
 
     /// Counts a waiting check as held until the guard drops.
+    /// A request held for a time slot woke `late` after it.
+    pub(crate) fn woke(&self, late: std::time::Duration) {
+        self.wait_late_seconds.observe(late.as_secs_f64());
+    }
+
+    /// A held request woke too late and was given a new slot.
+    pub(crate) fn reslotted(&self) {
+        self.wait_reslotted.inc();
+    }
+
     pub(crate) fn hold(&self) -> Held {
         self.waiters.inc();
         Held(self.waiters.clone())

@@ -32,6 +32,8 @@ pub struct Waiting {
     /// (the filter's, when the client goes away) ends the hold at once.
     pub(crate) held: Arc<Held>,
     pub(crate) metrics: Arc<Metrics>,
+    /// Redis's clock seen from ours, to wake held requests at their slots.
+    pub(crate) clock: Arc<super::timer::RedisClock>,
     /// Whether a request's `now_us` is honoured (`--test-time`).
     pub(crate) test_time: bool,
     /// The shim's drain: holds end by its deadline, give-backs are awaited.

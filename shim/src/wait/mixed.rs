@@ -151,7 +151,7 @@ pub(crate) async fn check(
         // Never past the deadline, whatever a wake-up said.
         let until = (Instant::now() + Duration::from_micros(delay.min(wait_us))).min(deadline);
         tokio::select! {
-            () = tokio::time::sleep_until(until.into()) => {}
+            () = super::timer::sleep_until(until) => {}
             hold_until = waiting.drain.closed() => {
                 // The shim drains: held on if the time slot comes before the
                 // hold deadline; else given back (awaited) and refused.
@@ -160,7 +160,7 @@ pub(crate) async fn check(
                     let retry = super::time::ceil_ms(until.saturating_duration_since(Instant::now()));
                     return Ok(answer(false, Some(retry), false, false));
                 }
-                tokio::time::sleep_until(until.into()).await;
+                super::timer::sleep_until(until).await;
             }
         }
         let mut registration = waiting.wakeups.register(id);

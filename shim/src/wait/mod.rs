@@ -9,10 +9,13 @@
 //! - [`mixed`]: a concurrency slot and time slots together.
 //! - [`queue`]: a concurrency slot: the fleet-wide FCFS queue, hand-over,
 //!   reclaim timers.
-//! - [`time`]: time slots: reserve, hold until the slot, give back.
+//! - [`time`]: time slots: reserve, hold until the slot (re-slotting a
+//!   request that woke later than its margin covers), give back.
 //! - [`context`]: what the paths share: the [`Waiting`] context, the held
 //!   requests, what waiting refuses, the margins.
 //! - [`wakeups`]: the shim's one pub/sub subscriber that wakes queued requests.
+//! - `timer`: waking a held request at its slot's instant, not on Tokio's
+//!   next millisecond tick.
 //!
 //! Approximate windows keep no per-request state, so they cannot reserve; a
 //! waiting request holding one is refused (400).
@@ -21,6 +24,7 @@ pub mod context;
 pub mod mixed;
 pub mod queue;
 pub mod time;
+mod timer;
 pub mod wakeups;
 
 pub(crate) use context::refuse_unsupported;

@@ -2,9 +2,13 @@
 //! waiting path of `lua/scripts/check.lua`) finds the earliest slot at which
 //! every limit admits the request and charges them all there, or, if that
 //! slot is further away than the wait, charges nothing and says how far it
-//! is. The shim then sleeps for the delay the script computed on Redis's
-//! clock (never its own view of the slot) and answers allowed, with no
-//! second Redis call.
+//! is. The shim then sleeps until the slot, which is on Redis's clock (never
+//! its own view of the time), placed on the shim's clock by the calls so far
+//! (`timer::RedisClock`), and answers allowed, with no second Redis
+//! call. One that wakes later than half its margin after the slot is not
+//! sent (it could crowd the call after it at the partner): it gives the
+//! slot back where safe and reserves a new one ([`MAX_RESLOTS`] times at
+//! most).
 //!
 //! If the client goes away while the answer is held (Envoy resets the h2
 //! stream and hyper drops the handler's future), a drop guard ([`Cancel`])
@@ -24,6 +28,7 @@ use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{CheckRequest, CheckResponse};
 
 use super::context::{margins, refuse_unsupported, Waiting};
+use super::timer;
 use crate::decision::{by_check, decode, store_error, CheckError, SlotReply};
 use crate::keys::ScriptLimit;
 use crate::logs::Throttled;
@@ -52,9 +57,13 @@ pub(crate) async fn check(
             .unwrap_or_default()
     };
     let mut left_us = wait_us;
+    let late_limit = late_limit(req);
+    let mut reslots = 0;
     loop {
         let now = at_now(started.elapsed());
+        let asked = Instant::now();
         let reply = reserve(waiting, limits, &now, id, left_us, &margins(req)).await?;
+        let received = Instant::now();
         let held_until: Vec<u64> =
             reply.limits.iter().map(|l| l.held_until_us.map_or(0, Micros::get)).collect();
         let mut response = CheckResponse {
@@ -65,49 +74,93 @@ pub(crate) async fn check(
             waited_ms: None,
         };
         let Some(at) = reply.at.filter(|_| reply.allowed) else { return Ok(response) };
-        let delay = at.saturating_sub(u64::try_from(reply.now).unwrap_or(0));
-        if delay == 0 {
-            response.waited_ms =
-                (started.elapsed() > Duration::ZERO && left_us < wait_us).then(|| ceil_ms(started.elapsed()));
-            return Ok(response);
-        }
+        let delay = Duration::from_micros(at.saturating_sub(u64::try_from(reply.now).unwrap_or(0)));
+        // The slot on our clock, between `earliest` and `wake`: from Redis's
+        // clock as the calls so far bound it, or (a request's own time, the
+        // test mode) from this call alone: the script ran after `asked` and
+        // before `received`. Waking at `wake` is never early; lateness is
+        // counted from `earliest`.
+        let (earliest, wake) = if now.is_empty() {
+            waiting.clock.place(asked, received, u64::try_from(reply.now).unwrap_or(0), at)
+        } else {
+            (asked + delay, received + delay)
+        };
         let mut guard = Cancel::new(waiting, id, at, limits.to_vec(), held_until, &now);
         let mut holding = waiting.held.hold(id);
         let _counted = waiting.metrics.hold();
-        let slot = Instant::now() + Duration::from_micros(delay);
-        tokio::select! {
-            () = tokio::time::sleep_until(slot.into()) => {}
-            _ = &mut holding.released => {
-                // Let go by a release for this id: the guard, still armed, gives
-                // the reservation back as it is dropped.
+        if !delay.is_zero() {
+            tokio::select! {
+                () = timer::sleep_until(wake) => {}
+                _ = &mut holding.released => {
+                    // Let go by a release for this id: the guard, still armed, gives
+                    // the reservation back as it is dropped.
+                    return Ok(CheckResponse { allowed: false, retry_after_ms: None, ..response });
+                }
+                hold_until = waiting.drain.closed() => {
+                    // The shim drains: served if the slot comes before the hold
+                    // deadline; else the reservation is given back (awaited: the
+                    // process exits soon) and the client told when its slot was.
+                    if wake > hold_until {
+                        guard.give_back().await;
+                        let retry = ceil_ms(wake.saturating_duration_since(Instant::now()));
+                        return Ok(CheckResponse { allowed: false, retry_after_ms: Some(retry), ..response });
+                    }
+                    timer::sleep_until(wake).await;
+                }
+            }
+        }
+        let late = Instant::now().saturating_duration_since(earliest);
+        waiting.metrics.woke(late);
+        // Woken later than the margin covers: sent now, it could reach the
+        // partner too close to the call after it. A new slot instead, within
+        // what is left of the wait (a bounded number of times: a Redis that
+        // answers slower than the margin every time would loop).
+        if late_limit.is_some_and(|limit| late > limit) {
+            waiting.metrics.reslotted();
+            guard.give_back().await;
+            reslots += 1;
+            left_us =
+                wait_us.saturating_sub(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
+            if reslots > MAX_RESLOTS || left_us == 0 {
+                // Refused, retry unknown: a slot can still come, but not one
+                // this request could be sent at without crowding the next.
                 return Ok(CheckResponse { allowed: false, retry_after_ms: None, ..response });
             }
-            hold_until = waiting.drain.closed() => {
-                // The shim drains: served if the slot comes before the hold
-                // deadline; else the reservation is given back (awaited: the
-                // process exits soon) and the client told when its slot was.
-                if slot > hold_until {
-                    guard.give_back().await;
-                    let retry = ceil_ms(slot.saturating_duration_since(Instant::now()));
-                    return Ok(CheckResponse { allowed: false, retry_after_ms: Some(retry), ..response });
-                }
-                tokio::time::sleep_until(slot.into()).await;
-            }
+            continue;
         }
         // The partner may have paused the key while this request was held
         // for a slot reserved before the pause: then its slot falls inside
         // the pause. Give it back and reserve again from the pause's end,
         // within what is left of the wait.
-        if !pauses.is_empty() && paused_for(waiting, &pauses, &at_now(started.elapsed())).await? > 0 {
+        if !delay.is_zero()
+            && !pauses.is_empty()
+            && paused_for(waiting, &pauses, &at_now(started.elapsed())).await? > 0
+        {
             guard.give_back().await;
             left_us =
                 wait_us.saturating_sub(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
             continue;
         }
         guard.disarm();
-        response.waited_ms = Some(ceil_ms(started.elapsed()));
+        response.waited_ms = if delay.is_zero() {
+            (started.elapsed() > Duration::ZERO && left_us < wait_us).then(|| ceil_ms(started.elapsed()))
+        } else {
+            Some(ceil_ms(started.elapsed()))
+        };
         return Ok(response);
     }
+}
+
+/// How many times one request may be given a new slot for waking too late.
+pub const MAX_RESLOTS: u32 = 3;
+
+/// How late after its slot a held request may still be sent: half the
+/// smallest margin of its checks (the other half is for the way from the
+/// shim's answer to the partner, which the shim does not see); `None` with
+/// a margin of 0 (the caller asked for no margin, and gets no re-slotting).
+pub(crate) fn late_limit(req: &CheckRequest<'_>) -> Option<Duration> {
+    let smallest = req.checks.iter().filter_map(|c| c.margin_ms).map(|m| m.as_micros().get()).min()?;
+    (smallest > 0).then(|| Duration::from_micros(smallest / 2))
 }
 
 /// How much longer the partner's pauses hold, in µs (`lua/scripts/paused.lua`).
