@@ -48,6 +48,15 @@ struct Queued {
     releases: Vec<usize>,
 }
 
+/// A lease call sent: when (the gateway's clock), the tokens it gives back
+/// and its sequence number.
+#[derive(Clone, Copy)]
+struct LeaseCallSent {
+    asked_ms: u64,
+    given_back: u64,
+    seq: u64,
+}
+
 /// A background call in flight, by what its answer is for.
 enum Pending {
     /// A release, with the policies whose slots it frees.
@@ -56,7 +65,7 @@ enum Pending {
     Shed(usize),
     /// A lease call for a leased policy: when asked (the gateway's clock),
     /// and the tokens it gives back.
-    Lease { policy: usize, asked_ms: u64, given_back: u64 },
+    Lease { policy: usize, asked_ms: u64, given_back: u64, seq: u64 },
     /// A report of failure-mode passes: dropped if it fails.
     Report,
     /// Nothing to do with the answer (adjustments, feedback, renewals).
@@ -226,8 +235,9 @@ impl Worker {
                 self.release_answered(&policies, status, body, host.now_ms(), &mut fx)
             }
             (Pending::Shed(index), _) => self.shed_answered(index, status, body, &mut fx),
-            (Pending::Lease { policy, asked_ms, given_back }, _) => {
-                self.lease_answered(host, policy, asked_ms, given_back, &result, &mut fx)
+            (Pending::Lease { policy, asked_ms, given_back, seq }, _) => {
+                let call = LeaseCallSent { asked_ms, given_back, seq };
+                self.lease_answered(host, policy, call, &result, &mut fx)
             }
             // The shim did not take it: its passes are dropped, still in Envoy's stats.
             (Pending::Report, _) if status != Some(b"200") => {
@@ -301,7 +311,11 @@ impl Worker {
         for (index, policy) in self.doc.policies.iter().enumerate() {
             let Some(lease) = policy.leased else { continue };
             let Some(key) = self.pool_key(index) else { continue };
-            let Some(Some(ask)) = update_pool(host, key, |pool| pool.tick(lease, now)) else { continue };
+            let tick = |pool: &mut Pool| {
+                pool.adopt(self.nonce);
+                pool.tick(lease, now).map(|ask| (ask, pool.call_id()))
+            };
+            let Some(Some((ask, call))) = update_pool(host, key, tick) else { continue };
             let Some(limit) = policy.limits.first() else { continue };
             let request = LeaseRequest {
                 policy: policy.name.as_str().to_string(),
@@ -310,11 +324,12 @@ impl Worker {
                 want: ask.want,
                 give_back: ask.give_back,
                 now_us: None,
+                call: Some(call),
             };
             match serde_json::to_vec(&request) {
                 Ok(body) => {
                     let given_back = ask.give_back.map_or(0, |b| u64::from(b.tokens));
-                    let pending = Pending::Lease { policy: index, asked_ms: now, given_back };
+                    let pending = Pending::Lease { policy: index, asked_ms: now, given_back, seq: call.seq };
                     self.send(LEASE_PATH, body, pending, fx);
                 }
                 Err(err) => log::debug!("{LEASE_PATH}: {err}"),
@@ -323,16 +338,18 @@ impl Worker {
     }
 
     /// A lease call's answer: the grant goes into the pool; a failure quiets
-    /// it for a while (its requests are checked exactly meanwhile).
+    /// it for a while (its requests are checked exactly meanwhile). A call
+    /// the shim may have run whose answer did not come is sent again; one
+    /// it refused (4xx) ran nothing and is dropped.
     fn lease_answered(
         &self,
         host: &dyn Host,
         index: usize,
-        asked_ms: u64,
-        given_back: u64,
+        sent: LeaseCallSent,
         result: &CallResult,
         fx: &mut Effects,
     ) {
+        let LeaseCallSent { asked_ms, given_back, seq } = sent;
         let Some(policy) = self.doc.policies.get(index) else { return };
         let Some(lease) = policy.leased else { return };
         let Some(key) = self.pool_key(index) else { return };
@@ -350,9 +367,11 @@ impl Worker {
         };
         match answer {
             Ok(answer) => {
-                update_pool(host, key, |pool| pool.granted(lease, asked_ms, now, answer));
-                fx.add(index, PolicyStat::LeaseGranted, answer.granted.into());
-                fx.add(index, PolicyStat::LeaseGivenBack, given_back);
+                let taken = update_pool(host, key, |pool| pool.answered(seq, lease, asked_ms, now, answer));
+                if taken == Some(true) {
+                    fx.add(index, PolicyStat::LeaseGranted, answer.granted.into());
+                    fx.add(index, PolicyStat::LeaseGivenBack, given_back);
+                }
             }
             Err(reason) => {
                 fx.count(index, PolicyStat::LeaseFailed);
@@ -367,7 +386,12 @@ impl Worker {
                         ),
                     );
                 }
-                update_pool(host, key, |pool| pool.failed(now));
+                let refused = matches!(result, CallResult::Answered { status: Some(s), .. } if s.first() == Some(&b'4'));
+                if refused {
+                    update_pool(host, key, |pool| pool.failed(now));
+                } else {
+                    update_pool(host, key, |pool| pool.lost(seq, now));
+                }
             }
         }
     }
