@@ -73,6 +73,8 @@ pub struct Pool {
     /// The last call asked, until its answer comes: in flight, or lost and
     /// to be sent again.
     pub unanswered: Option<Ask>,
+    /// What the window had left, beyond every lease, at the last grant.
+    pub left: u64,
 }
 
 /// A token a request took: it can go back only into its own window.
@@ -210,7 +212,17 @@ impl Pool {
             self.ends_ms = self.ends_ms.min(ends);
         }
         self.tokens = self.tokens.saturating_add(u64::from(answer.granted));
+        self.left = answer.remaining;
         self.expires_ms = now.saturating_add(lease.ttl_ms()).min(self.ends_ms);
+    }
+
+    /// The `RateLimit` header's view for a request admitted from the pool at
+    /// `now`: what remains (the tokens held plus what the window had left at
+    /// the last grant) and the milliseconds to the window's end. Off by what
+    /// other gateways hold (not counted) and what they admitted since the
+    /// last grant (still counted); see docs/leased-mode.md.
+    pub fn view(&self, now: u64) -> (u64, u64) {
+        (self.tokens.saturating_add(self.left), self.ends_ms.saturating_sub(now))
     }
 
     /// The call failed for good (the shim refused it, so it ran nothing):
@@ -239,7 +251,7 @@ impl Pool {
         };
         let back = ask.give_back.unwrap_or(GiveBack { window: 0, tokens: 0 });
         format!(
-            "L2 {} {} {} {} {} {} {} {} {} {flag} {} {} {}",
+            "L2 {} {} {} {} {} {} {} {} {} {flag} {} {} {} {}",
             self.window,
             self.tokens,
             self.ends_ms,
@@ -252,6 +264,7 @@ impl Pool {
             ask.want,
             back.window,
             back.tokens,
+            self.left,
         )
         .into_bytes()
     }
@@ -290,6 +303,7 @@ impl Pool {
                 1 => Some(Ask { want, give_back }),
                 _ => return None,
             };
+            pool.left = field()?;
         }
         parts.next().is_none().then_some(pool)
     }

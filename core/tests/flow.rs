@@ -408,3 +408,25 @@ fn the_verdict_header_tells_a_failure_pass_from_an_admission() {
     s.answer(&check, &Shim::timed_out());
     assert_eq!(verdict(&s.response(&[(":status", "200")], true)), None);
 }
+
+/// Leased mode with `headers: always`: a request admitted from the lease
+/// carries `RateLimit` headers computed from it, with no shim call: the
+/// tokens the gateway still holds plus what the window had left at the last
+/// grant, and the time to the window's end.
+#[test]
+fn leased_admissions_carry_ratelimit_headers() {
+    let t = Test::new(
+        r#"{"headers": "always", "policies": [{"name": "l", "leased": {"tokens": 10, "ttl": "2s"}, "limits": [{"type": "fixed_window", "limit": 100, "window": "1m"}]}]}"#,
+    );
+    let mut s = t.stream();
+    s.request(&get("/"));
+    t.grant_lease(0, 2);
+    for remaining in [91, 90] {
+        let mut s = t.stream();
+        let fx = s.request(&get("/"));
+        assert!(sends(&fx).is_empty(), "admitted from the lease: {fx:?}");
+        let fx = s.response(&[(":status", "200")], true);
+        assert_eq!(added(&fx, "ratelimit-policy").as_deref(), Some(r#""l";q=100;w=60"#));
+        assert_eq!(added(&fx, "ratelimit"), Some(format!(r#""l";r={remaining};t=60"#)));
+    }
+}
