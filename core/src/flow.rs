@@ -131,7 +131,8 @@ pub struct Flow {
     class: usize,
     /// Leased policies (document indexes) whose token this request took;
     /// put back if the request is refused after all.
-    spent: Vec<(usize, Token)>,
+    /// (With the hot key's pool, for a policy leased per key.)
+    spent: Vec<(usize, Option<String>, Token)>,
     /// With `headers: always`: the `RateLimit` view of each leased policy
     /// whose token this request took: (policy, remaining, ms to reset).
     leased_views: Vec<(usize, u64, u64)>,
@@ -485,10 +486,18 @@ impl Flow {
             }
             let now = host.now_ms();
             let spend = |pool: &mut Pool| pool.spend(now).map(|token| (token, pool.view(now)));
-            let spent = worker.pool_key(a.index).and_then(|key| update_pool(host, key, spend));
+            let per_key = worker.leased_per_key(a.index);
+            let hot = if per_key { worker.hot_pool(a.index, &a.key, now) } else { None };
+            if per_key && hot.is_none() {
+                // Not a hot key: the long tail is checked exactly.
+                self.calls[0].push(a.index, a.check(req));
+                continue;
+            }
+            let spent =
+                hot.as_deref().or(worker.pool_key(a.index)).and_then(|key| update_pool(host, key, spend));
             match spent {
                 Some(Some((token, (remaining, reset_ms)))) => {
-                    self.spent.push((a.index, token));
+                    self.spent.push((a.index, hot, token));
                     if worker.doc.headers == HeadersMode::Always {
                         self.leased_views.push((a.index, remaining, reset_ms));
                     }
@@ -508,13 +517,13 @@ impl Flow {
             return;
         }
         let now = host.now_ms();
-        for (index, token) in std::mem::take(&mut self.spent) {
+        for (index, hot, token) in std::mem::take(&mut self.spent) {
             if admitted {
                 fx.count(index, PolicyStat::Allowed);
                 fx.count(index, PolicyStat::Leased);
                 continue;
             }
-            if let Some(key) = self.worker.pool_key(index) {
+            if let Some(key) = hot.as_deref().or(self.worker.pool_key(index)) {
                 update_pool(host, key, |pool| pool.unspend(token, now));
             }
         }

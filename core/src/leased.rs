@@ -314,6 +314,12 @@ pub fn pool_key(name: &str) -> String {
     format!("sluice:lease:{name}")
 }
 
+/// The shared data key of the pool of a keyed policy `name`'s hot key
+/// `key` (encoded, as the shim takes it).
+pub fn key_pool_key(name: &str, key: &str) -> String {
+    format!("sluice:lease:{name}:{key}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

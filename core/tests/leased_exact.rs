@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
+use sluice_core::hot_keys::HotKeys;
 use sluice_core::leased::{Ask, Pool};
 use sluice_policies::algorithm::{self, Algorithm, RedisTwin};
 use sluice_policies::leased::Leased;
@@ -327,5 +328,130 @@ proptest! {
             })
             .collect();
         run_with_ids(limit, lease, offsets, ops)?;
+    }
+}
+
+/// Leased mode per key: as [`run`], with three keys, each its own window in
+/// the shim's model and its own pool at each gateway; each gateway learns
+/// which keys are hot from its own requests (`sluice_core::hot_keys`, as
+/// the worker does) and spends a pool only for a hot key, checking every
+/// other key exactly. Requests go to key 0 most, key 2 least.
+fn run_per_key(
+    limit: u64,
+    window_ms: u64,
+    lease: Leased,
+    offsets: Vec<u64>,
+    ops: Vec<Op>,
+) -> Result<(), TestCaseError> {
+    const KEYS: usize = 3;
+    let store_key = |k: usize| format!("sluice:{{p:k{k}}}:fw");
+    let mut store = RedisTwin::default();
+    let mut now = 1_700_000_000_000u64;
+    let gateways = offsets.len();
+    let mut pools = vec![[Pool::default(); KEYS]; gateways];
+    let mut hot: Vec<HotKeys> =
+        (0..gateways).map(|_| HotKeys::new(2, lease.ttl_ms(), lease.tokens().into())).collect();
+    let mut sent: Vec<(Call, usize)> = Vec::new();
+    let mut answered: Vec<(Call, usize, LeaseResponse)> = Vec::new();
+    let mut admitted: HashMap<(usize, u64), u64> = HashMap::new();
+    let exact =
+        |k: usize| [(store_key(k), Algorithm::FixedWindow { limit, window_us: Micros(window_ms * 1000) })];
+    for (i, op) in ops.into_iter().enumerate() {
+        match op {
+            Op::Advance { dt } => now += dt,
+            Op::Request { g, refused } => {
+                let k = [0, 0, 0, 1, 1, 2][i % 6];
+                let local = now + offsets[g];
+                let spent =
+                    if hot[g].observe(&k.to_string(), local) { pools[g][k].spend(local) } else { None };
+                match spent {
+                    Some(token) if refused => pools[g][k].unspend(token, local),
+                    Some(token) => {
+                        prop_assert_eq!(token.window, now / window_ms, "a token spent outside its window");
+                        *admitted.entry((k, now / window_ms)).or_default() += 1;
+                    }
+                    None => {
+                        let reply = algorithm::check(&mut store, now * 1000, &format!("r{i}"), &exact(k));
+                        if reply.allowed {
+                            *admitted.entry((k, now / window_ms)).or_default() += 1;
+                        }
+                    }
+                }
+            }
+            Op::Tick { g } => {
+                let local = now + offsets[g];
+                for k in 0..KEYS {
+                    if let Some(ask) = pools[g][k].tick(lease, local) {
+                        sent.push((Call { gateway: g, ask, asked_ms: local }, k));
+                    }
+                }
+            }
+            Op::Run { n } if !sent.is_empty() => {
+                let (call, k) = sent.remove(n % sent.len());
+                let back = call.ask.give_back.map(|b| (b.window, u64::from(b.tokens)));
+                let grant = algorithm::lease(
+                    &mut store,
+                    now * 1000,
+                    &store_key(k),
+                    limit,
+                    window_ms * 1000,
+                    call.ask.want.into(),
+                    back,
+                );
+                let answer = LeaseResponse {
+                    granted: u32::try_from(grant.granted).expect("small"),
+                    window: grant.window,
+                    expires_in_ms: Millis(grant.expires_in_us / 1000),
+                    remaining: grant.remaining,
+                };
+                answered.push((call, k, answer));
+            }
+            Op::Arrive { n } if !answered.is_empty() => {
+                let (call, k, answer) = answered.remove(n % answered.len());
+                let local = now + offsets[call.gateway];
+                pools[call.gateway][k].granted(lease, call.asked_ms, local, answer);
+            }
+            Op::Fail { n } if !sent.is_empty() => {
+                let (call, k) = sent.remove(n % sent.len());
+                pools[call.gateway][k].failed(now + offsets[call.gateway]);
+            }
+            _ => {}
+        }
+        for ((k, window), n) in &admitted {
+            prop_assert!(*n <= limit, "key {} window {} admitted {} over the limit {}", k, window, n, limit);
+        }
+        for pool in pools.iter().flatten() {
+            prop_assert!(pool.tokens <= lease.held_at_most(), "a pool holds {} tokens", pool.tokens);
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1_000, ..ProptestConfig::default() })]
+
+    /// Per key: over any interleaving, with hot keys leased and cold ones
+    /// checked exactly, no key's window admits more than its limit and no
+    /// key's pool holds more than `held_at_most`.
+    #[test]
+    fn no_key_window_admits_more_than_its_limit(
+        limit in 1u64..40,
+        window_ms in prop::sample::select(vec![10u64, 100, 1_000]),
+        tokens in 1u32..12,
+        ttl_ms in prop::sample::select(vec![1u64, 50, 2_000]),
+        offsets in prop::collection::vec(0u64..1_000_000, 1..=3),
+        ops in prop::collection::vec(op(3), 1..200),
+    ) {
+        let lease = Leased::new(tokens.min(u32::try_from(limit).expect("small")), ttl_ms).expect("valid");
+        let gateways = offsets.len();
+        let ops = ops
+            .into_iter()
+            .map(|op| match op {
+                Op::Request { g, refused } => Op::Request { g: g % gateways, refused },
+                Op::Tick { g } => Op::Tick { g: g % gateways },
+                other => other,
+            })
+            .collect();
+        run_per_key(limit, window_ms, lease, offsets, ops)?;
     }
 }
