@@ -54,7 +54,7 @@ use crate::decision::{read_answer, retry_after_secs};
 use crate::effect::{CallId, CallResult, Effect, Effects, Outgoing};
 use crate::feedback;
 use crate::host::Host;
-use crate::leased::Token;
+use crate::leased::{Pool, Token};
 use crate::local_reply::LocalReply;
 use crate::ratelimit_headers::RateLimitHeaders;
 use crate::shedding::REPORT_MS;
@@ -131,7 +131,11 @@ pub struct Flow {
     class: usize,
     /// Leased policies (document indexes) whose token this request took;
     /// put back if the request is refused after all.
-    spent: Vec<(usize, Token)>,
+    /// (With the hot key's pool, for a policy leased per key.)
+    spent: Vec<(usize, Option<String>, Token)>,
+    /// With `headers: always`: the `RateLimit` view of each leased policy
+    /// whose token this request took: (policy, remaining, ms to reset).
+    leased_views: Vec<(usize, u64, u64)>,
     next_call: u32,
 }
 
@@ -152,6 +156,7 @@ impl Flow {
             shadow_notes: Vec::new(),
             class: 0,
             spent: Vec::new(),
+            leased_views: Vec::new(),
             next_call: FIRST_OTHER,
         }
     }
@@ -201,6 +206,10 @@ impl Flow {
         if self.calls.iter().all(|c| c.checks.is_empty()) {
             let notes = std::mem::take(&mut self.shadow_notes);
             self.response_headers.extend(notes.into_iter().map(|note| (SHADOW_HEADER, note)));
+            if let Some(h) = self.leased_headers(&worker, None) {
+                self.response_headers.push((RateLimitHeaders::POLICY, h.policy));
+                self.response_headers.push((RateLimitHeaders::RATELIMIT, h.ratelimit));
+            }
             if evaluation.iter().next().is_some() {
                 self.tell(Verdict::Allowed);
             }
@@ -436,11 +445,18 @@ impl Flow {
         }
         let enforced = self.calls[0].answer.take();
         match enforced {
-            None => self.phase = Phase::Admitted,
+            None => {
+                if let Some(h) = self.leased_headers(&worker, None) {
+                    self.response_headers.push((RateLimitHeaders::POLICY, h.policy));
+                    self.response_headers.push((RateLimitHeaders::RATELIMIT, h.ratelimit));
+                }
+                self.phase = Phase::Admitted;
+            }
             Some(Ok(resp)) if resp.allowed => {
                 self.admit(&worker, &resp, 0, now, fx);
                 if worker.doc.headers == HeadersMode::Always {
-                    if let Some(h) = self.ratelimit_headers(&worker, &resp) {
+                    let shim = self.ratelimit_headers(&worker, &resp);
+                    if let Some(h) = self.leased_headers(&worker, shim) {
                         self.response_headers.push((RateLimitHeaders::POLICY, h.policy));
                         self.response_headers.push((RateLimitHeaders::RATELIMIT, h.ratelimit));
                     }
@@ -474,10 +490,23 @@ impl Flow {
                 continue;
             }
             let now = host.now_ms();
+            let spend = |pool: &mut Pool| pool.spend(now).map(|token| (token, pool.view(now)));
+            let per_key = worker.leased_per_key(a.index);
+            let hot = if per_key { worker.hot_pool(a.index, &a.key, now) } else { None };
+            if per_key && hot.is_none() {
+                // Not a hot key: the long tail is checked exactly.
+                self.calls[0].push(a.index, a.check(req));
+                continue;
+            }
             let spent =
-                worker.pool_key(a.index).and_then(|key| update_pool(host, key, |pool| pool.spend(now)));
+                hot.as_deref().or(worker.pool_key(a.index)).and_then(|key| update_pool(host, key, spend));
             match spent {
-                Some(Some(token)) => self.spent.push((a.index, token)),
+                Some(Some((token, (remaining, reset_ms)))) => {
+                    self.spent.push((a.index, hot, token));
+                    if worker.doc.headers == HeadersMode::Always {
+                        self.leased_views.push((a.index, remaining, reset_ms));
+                    }
+                }
                 _ => {
                     fx.count(a.index, PolicyStat::LeaseEmpty);
                     self.calls[0].push(a.index, a.check(req));
@@ -493,13 +522,13 @@ impl Flow {
             return;
         }
         let now = host.now_ms();
-        for (index, token) in std::mem::take(&mut self.spent) {
+        for (index, hot, token) in std::mem::take(&mut self.spent) {
             if admitted {
                 fx.count(index, PolicyStat::Allowed);
                 fx.count(index, PolicyStat::Leased);
                 continue;
             }
-            if let Some(key) = self.worker.pool_key(index) {
+            if let Some(key) = hot.as_deref().or(self.worker.pool_key(index)) {
                 update_pool(host, key, |pool| pool.unspend(token, now));
             }
         }
@@ -691,7 +720,7 @@ impl Flow {
             .record(policy, check, outcome, call.sent_ms);
         let headers = match worker.doc.headers {
             HeadersMode::Off => None,
-            _ => self.ratelimit_headers(worker, resp),
+            _ => self.ratelimit_headers(worker, resp).map(|(h, _)| h),
         };
         let retry_after = retry_after_secs(resp.retry_after_ms);
         let mut reply = if held_out_by_reserve(policy, outcome) {
@@ -738,13 +767,40 @@ impl Flow {
     }
 
     /// The most restrictive of the enforced call's limits.
-    fn ratelimit_headers(&self, worker: &Worker, resp: &CheckResponse) -> Option<RateLimitHeaders> {
+    /// The `RateLimit` headers of a request that took leased tokens: the
+    /// leased policy with the fewest remaining, unless the shim's answer
+    /// (`shim`, the most restrictive of the checked limits) has fewer.
+    fn leased_headers(
+        &self,
+        worker: &Worker,
+        shim: Option<(RateLimitHeaders, u64)>,
+    ) -> Option<RateLimitHeaders> {
+        let leased = self.leased_views.iter().min_by_key(|(_, remaining, _)| *remaining).and_then(
+            |&(index, remaining, reset_ms)| {
+                let policy = worker.doc.policies.get(index)?;
+                let limit = policy.limits.first()?;
+                Some((RateLimitHeaders::of(policy.name.as_str(), limit, remaining, reset_ms), remaining))
+            },
+        );
+        match (shim, leased) {
+            (Some(s), Some(l)) => Some(if l.1 < s.1 { l.0 } else { s.0 }),
+            (s, l) => s.or(l).map(|(h, _)| h),
+        }
+    }
+
+    fn ratelimit_headers(&self, worker: &Worker, resp: &CheckResponse) -> Option<(RateLimitHeaders, u64)> {
         let call = &self.calls[0];
         let limits = call.policies.iter().zip(&resp.checks).filter_map(|(&index, outcome)| {
             let policy = worker.doc.policies.get(index)?;
             Some(policy.limits.iter().zip(&outcome.limits).map(move |(l, o)| (policy.name.as_str(), l, o)))
         });
-        RateLimitHeaders::most_restrictive(limits.flatten())
+        let remaining = call
+            .policies
+            .iter()
+            .zip(&resp.checks)
+            .flat_map(|(_, outcome)| outcome.limits.iter().map(|o| o.remaining))
+            .min()?;
+        RateLimitHeaders::most_restrictive(limits.flatten()).map(|h| (h, remaining))
     }
 
     /// The releases still to send: one per call that holds (or may hold) a

@@ -14,7 +14,16 @@
 //!   pool holds half a lease or fewer and requests wanted tokens lately,
 //!   and gives unused tokens back `ttl` after the last grant. One call per
 //!   Envoy at a time: [`Pool::asking_ms`] claims it.
-//! - [`Pool::granted`] and [`Pool::failed`]: the call's answer.
+//! - [`Pool::answered`] (or [`Pool::granted`]), [`Pool::lost`] and
+//!   [`Pool::failed`]: the call's answer, or none.
+//!
+//! **Lost answers.** Each call carries an id ([`Pool::call_id`]): the
+//! gateway's and a sequence number. A call whose answer was lost (a
+//! timeout, a broken connection: the shim may have run it) is sent again,
+//! unchanged, after [`RETRY_MS`], until an answer comes; the shim answers a
+//! call it has run already with the grant it recorded, charged once, so the
+//! tokens of a lost answer reach the pool after all instead of staying
+//! charged until their window ends (`lua/scripts/lease.lua`).
 //!
 //! **Never over the limit.** A token is spent only before the pool's
 //! `ends_ms`: the time the lease was *asked for* plus what the shim said
@@ -27,10 +36,10 @@
 //! **Under-admission, bounded.** The pool asks only at [`Leased::low_water`]
 //! or below and one call is in flight at a time, so it holds at most
 //! [`Leased::held_at_most`]. A call unanswered for [`ASK_TIMEOUT_MS`] is
-//! given up (its tokens, if granted, stay charged until their window ends).
+//! taken as lost and sent again.
 
 use sluice_policies::leased::Leased;
-use sluice_policies::wire::{GiveBack, LeaseResponse};
+use sluice_policies::wire::{GiveBack, LeaseCall, LeaseResponse};
 
 /// A lease call unanswered this long is given up and may be asked again:
 /// longer than any call's timeout (a background call's is at most 60 s).
@@ -57,6 +66,15 @@ pub struct Pool {
     pub quiet_until_ms: u64,
     /// The last time a request wanted a token.
     pub demand_ms: u64,
+    /// This gateway's id in its lease calls, random (0: none chosen yet).
+    pub gateway: u64,
+    /// The sequence number of the last call asked.
+    pub seq: u64,
+    /// The last call asked, until its answer comes: in flight, or lost and
+    /// to be sent again.
+    pub unanswered: Option<Ask>,
+    /// What the window had left, beyond every lease, at the last grant.
+    pub left: u64,
 }
 
 /// A token a request took: it can go back only into its own window.
@@ -105,6 +123,11 @@ impl Pool {
         if now < self.quiet_until_ms {
             return None;
         }
+        if let Some(again) = self.unanswered {
+            // Its answer was lost: the same call again, so it is charged once.
+            self.asking_ms = now.max(1);
+            return Some(again);
+        }
         self.drop_ended(now);
         let give_back = (self.tokens > 0 && now >= self.expires_ms).then(|| {
             let tokens = u32::try_from(std::mem::take(&mut self.tokens)).unwrap_or(u32::MAX);
@@ -116,12 +139,58 @@ impl Pool {
             return None;
         }
         self.asking_ms = now.max(1);
-        Some(Ask { want, give_back })
+        self.seq = self.seq.wrapping_add(1);
+        let ask = Ask { want, give_back };
+        self.unanswered = Some(ask);
+        Some(ask)
+    }
+
+    /// Chooses this gateway's id for its lease calls, if none is yet:
+    /// `random` should differ between gateways (0 is taken as 1).
+    pub fn adopt(&mut self, random: u64) {
+        if self.gateway == 0 {
+            self.gateway = random.max(1);
+        }
+    }
+
+    /// The id of the last call asked (the one [`Pool::tick`] returned).
+    pub fn call_id(&self) -> LeaseCall {
+        LeaseCall { gateway: self.gateway, seq: self.seq }
+    }
+
+    /// The answer to call `seq`, asked at `asked_ms`, arriving at `now`: as
+    /// [`Pool::granted`] if it is the call the pool waits for; an answer to
+    /// any other (one given up and sent again, already answered) is dropped.
+    /// Whether it was taken.
+    pub fn answered(
+        &mut self,
+        seq: u64,
+        lease: Leased,
+        asked_ms: u64,
+        now: u64,
+        answer: LeaseResponse,
+    ) -> bool {
+        if self.unanswered.is_none() || seq != self.seq {
+            return false;
+        }
+        self.granted(lease, asked_ms, now, answer);
+        true
+    }
+
+    /// Call `seq`'s answer was lost (the shim may have run it): it is sent
+    /// again, unchanged, after [`RETRY_MS`]; exact checks meanwhile.
+    pub fn lost(&mut self, seq: u64, now: u64) {
+        if self.unanswered.is_none() || seq != self.seq {
+            return;
+        }
+        self.asking_ms = 0;
+        self.quiet_until_ms = now.saturating_add(RETRY_MS);
     }
 
     /// The answer to the call asked at `asked_ms`, arriving at `now`.
     pub fn granted(&mut self, lease: Leased, asked_ms: u64, now: u64, answer: LeaseResponse) {
         self.asking_ms = 0;
+        self.unanswered = None;
         // The shim's window ends this long after it answered, so no later
         // than this long after the call was sent.
         let ends = asked_ms.saturating_add(answer.expires_in_ms.get());
@@ -143,14 +212,25 @@ impl Pool {
             self.ends_ms = self.ends_ms.min(ends);
         }
         self.tokens = self.tokens.saturating_add(u64::from(answer.granted));
+        self.left = answer.remaining;
         self.expires_ms = now.saturating_add(lease.ttl_ms()).min(self.ends_ms);
     }
 
-    /// The call failed or its answer was unreadable: exact checks until a
-    /// retry. Tokens it gave back, if the shim never took them, stay
-    /// charged until their window ends.
+    /// The `RateLimit` header's view for a request admitted from the pool at
+    /// `now`: what remains (the tokens held plus what the window had left at
+    /// the last grant) and the milliseconds to the window's end. Off by what
+    /// other gateways hold (not counted) and what they admitted since the
+    /// last grant (still counted); see docs/leased-mode.md.
+    pub fn view(&self, now: u64) -> (u64, u64) {
+        (self.tokens.saturating_add(self.left), self.ends_ms.saturating_sub(now))
+    }
+
+    /// The call failed for good (the shim refused it, so it ran nothing):
+    /// exact checks until a retry. Tokens it gave back stay charged until
+    /// their window ends. (An answer that was lost is [`Pool::lost`].)
     pub fn failed(&mut self, now: u64) {
         self.asking_ms = 0;
+        self.unanswered = None;
         self.quiet_until_ms = now.saturating_add(RETRY_MS);
     }
 
@@ -161,30 +241,45 @@ impl Pool {
         }
     }
 
-    /// The form stored in shared data: `L1` and the fields in order.
+    /// The form stored in shared data: `L2` and the fields in order, the
+    /// unanswered call as a flag (0 or 1), its `want`, and its give-back's
+    /// window and tokens (0 tokens: none).
     pub fn encode(&self) -> Vec<u8> {
+        let (flag, ask) = match self.unanswered {
+            Some(ask) => (1, ask),
+            None => (0, Ask { want: 0, give_back: None }),
+        };
+        let back = ask.give_back.unwrap_or(GiveBack { window: 0, tokens: 0 });
         format!(
-            "L1 {} {} {} {} {} {} {}",
+            "L2 {} {} {} {} {} {} {} {} {} {flag} {} {} {} {}",
             self.window,
             self.tokens,
             self.ends_ms,
             self.expires_ms,
             self.asking_ms,
             self.quiet_until_ms,
-            self.demand_ms
+            self.demand_ms,
+            self.gateway,
+            self.seq,
+            ask.want,
+            back.window,
+            back.tokens,
+            self.left,
         )
         .into_bytes()
     }
 
-    /// Reads [`Pool::encode`]'s form; `None` for anything else.
+    /// Reads [`Pool::encode`]'s form, or the `L1` form before lost answers
+    /// were sent again (the first seven fields); `None` for anything else.
     pub fn decode(bytes: &[u8]) -> Option<Pool> {
         let text = std::str::from_utf8(bytes).ok()?;
         let mut parts = text.split(' ');
-        if parts.next()? != "L1" {
+        let version = parts.next()?;
+        if version != "L1" && version != "L2" {
             return None;
         }
         let mut field = || parts.next()?.parse::<u64>().ok();
-        let pool = Pool {
+        let mut pool = Pool {
             window: field()?,
             tokens: field()?,
             ends_ms: field()?,
@@ -192,7 +287,24 @@ impl Pool {
             asking_ms: field()?,
             quiet_until_ms: field()?,
             demand_ms: field()?,
+            ..Pool::default()
         };
+        if version == "L2" {
+            pool.gateway = field()?;
+            pool.seq = field()?;
+            let flag = field()?;
+            let want = u32::try_from(field()?).ok()?;
+            let back_window = field()?;
+            let back_tokens = u32::try_from(field()?).ok()?;
+            let give_back =
+                (back_tokens > 0).then_some(GiveBack { window: back_window, tokens: back_tokens });
+            pool.unanswered = match flag {
+                0 => None,
+                1 => Some(Ask { want, give_back }),
+                _ => return None,
+            };
+            pool.left = field()?;
+        }
         parts.next().is_none().then_some(pool)
     }
 }
@@ -200,6 +312,12 @@ impl Pool {
 /// The shared data key of policy `name`'s pool.
 pub fn pool_key(name: &str) -> String {
     format!("sluice:lease:{name}")
+}
+
+/// The shared data key of the pool of a keyed policy `name`'s hot key
+/// `key` (encoded, as the shim takes it).
+pub fn key_pool_key(name: &str, key: &str) -> String {
+    format!("sluice:lease:{name}:{key}")
 }
 
 #[cfg(test)]
@@ -326,6 +444,35 @@ mod tests {
         assert!(pool.tick(lease(), ASK_TIMEOUT_MS + 1).is_some());
     }
 
+    /// A lost answer: the same call (same id, same give-back) goes again
+    /// after the retry pause, with or without demand, until answered; an
+    /// answer to an older call is dropped.
+    #[test]
+    fn a_lost_answer_sends_the_same_call_again() {
+        let mut pool = Pool::default();
+        pool.adopt(42);
+        pool.spend(0);
+        pool.tick(lease(), 0);
+        pool.granted(lease(), 0, 1, answer(10, 5, 60_000));
+        let first = pool.call_id();
+        pool.spend(2);
+        let ask = pool.tick(lease(), 2_001).expect("give back, ask again");
+        let id = pool.call_id();
+        assert_eq!((id.gateway, id.seq), (42, first.seq + 1));
+        pool.lost(id.seq, 2_005);
+        assert_eq!(pool.tick(lease(), 2_500), None, "quiet after a loss");
+        assert_eq!(pool.tick(lease(), 3_005), Some(ask), "the same call, though nobody asked since");
+        assert_eq!(pool.call_id(), id);
+        assert!(!pool.answered(first.seq, lease(), 3_005, 3_006, answer(10, 5, 50_000)), "an older call's");
+        assert!(pool.answered(id.seq, lease(), 3_005, 3_006, answer(10, 5, 50_000)));
+        assert_eq!((pool.tokens, pool.unanswered), (10, None));
+        assert!(!pool.answered(id.seq, lease(), 3_005, 3_007, answer(10, 5, 50_000)), "taken once");
+        assert_eq!(pool.tokens, 10);
+        let stored = Pool { unanswered: Some(ask), ..pool };
+        assert_eq!(Pool::decode(&stored.encode()), Some(stored));
+        assert_eq!(Pool::decode(b"L1 1 2 3 4 5 6 7").map(|p| (p.tokens, p.unanswered)), Some((2, None)));
+    }
+
     #[test]
     fn encodes_and_refuses_anything_else() {
         let pool = Pool {
@@ -336,6 +483,7 @@ mod tests {
             asking_ms: 5,
             quiet_until_ms: 6,
             demand_ms: 7,
+            ..Pool::default()
         };
         assert_eq!(Pool::decode(&pool.encode()), Some(pool));
         for bad in

@@ -23,7 +23,8 @@
 //! - [`decision`]: reads the shim's answer, or why it is none.
 //! - [`breaker`]: the outage breaker.
 //! - [`cache`]: the over-limit cache in shared data.
-//! - [`leased`]: leased mode's pool of tokens in shared data.
+//! - [`leased`]: leased mode's pool of tokens in shared data; [`hot_keys`]:
+//!   which keys of a keyed leased policy are hot enough for a lease.
 //! - [`leases`]: the leases of live streams, and when each is due for renewal.
 //! - [`passes`]: failure-mode passes, counted and reported to the shim.
 //! - [`shedding`]: load shedding in one worker: its reports, the fleet's level.
@@ -43,6 +44,7 @@ pub mod effect;
 pub mod feedback;
 pub mod flow;
 pub mod host;
+pub mod hot_keys;
 pub mod leased;
 pub mod leases;
 pub mod local_reply;

@@ -23,7 +23,8 @@ use crate::breaker::{Breaker, Change, State as BreakerState};
 use crate::cache::Mirror;
 use crate::effect::{CallId, CallResult, Effect, Effects, Outgoing};
 use crate::host::{Host, SetError, SharedData};
-use crate::leased::{pool_key, Pool};
+use crate::hot_keys::{HotKeys, CAPACITY};
+use crate::leased::{key_pool_key, pool_key, Pool};
 use crate::leases::Live;
 use crate::log_throttle::LogThrottle;
 use crate::passes::FailurePasses;
@@ -37,6 +38,10 @@ const LOG_PERIOD_MS: u64 = 10_000;
 /// worker wrote first, before the request is checked by the shim instead.
 const CAS_TRIES: usize = 8;
 
+/// The most hot keys' pools one worker ticks per keyed leased policy; a hot
+/// key beyond them is checked exactly until one cools.
+const MAX_TRACKED: usize = 2 * CAPACITY;
+
 /// The shortest timeout for a call nobody waits for.
 const BACKGROUND_TIMEOUT_MS: u64 = 1_000;
 
@@ -49,6 +54,15 @@ struct Queued {
     releases: Vec<usize>,
 }
 
+/// A lease call sent: when (the gateway's clock), the tokens it gives back
+/// and its sequence number.
+#[derive(Clone, Copy)]
+struct LeaseCallSent {
+    asked_ms: u64,
+    given_back: u64,
+    seq: u64,
+}
+
 /// A background call in flight, by what its answer is for.
 enum Pending {
     /// A release, with the policies whose slots it frees.
@@ -57,7 +71,7 @@ enum Pending {
     Shed(usize),
     /// A lease call for a leased policy: when asked (the gateway's clock),
     /// and the tokens it gives back.
-    Lease { policy: usize, asked_ms: u64, given_back: u64 },
+    Lease { policy: usize, key: Option<String>, asked_ms: u64, given_back: u64, seq: u64 },
     /// A report of failure-mode passes: dropped if it fails.
     Report,
     /// Nothing to do with the answer (adjustments, feedback, renewals).
@@ -80,6 +94,11 @@ pub struct Worker {
     /// Each policy's lease pool key in shared data (document order), named
     /// once here rather than on every request.
     pool_keys: Vec<String>,
+    /// Leased mode per key: for each keyed leased policy (document order),
+    /// its hot keys as this worker sees them, and the keys whose pools this
+    /// worker ticks (each at most [`MAX_TRACKED`]).
+    hot: Vec<Option<RefCell<HotKeys>>>,
+    tracked: RefCell<Vec<Vec<String>>>,
     /// The draws that decide which requests of a partly shed class go.
     rng: RefCell<fastrand::Rng>,
     /// Random per worker: with `sequence`, request ids unique across workers and gateways.
@@ -96,6 +115,17 @@ impl Worker {
         let breaker = Breaker::new(doc.shim.failure_threshold.get(), doc.shim.cooldown_ms.get().into());
         let shedding = Shedding::new(&doc, now_ms);
         let pool_keys = doc.policies.iter().map(|p| pool_key(p.name.as_str())).collect();
+        let hot = doc
+            .policies
+            .iter()
+            .map(|p| match p.leased {
+                Some(lease) if !p.key.is_empty() => {
+                    Some(RefCell::new(HotKeys::new(CAPACITY, lease.ttl_ms(), lease.tokens().into())))
+                }
+                _ => None,
+            })
+            .collect();
+        let tracked = RefCell::new(vec![Vec::new(); doc.policies.len()]);
         let passes = FailurePasses::new(&doc);
         Worker {
             doc,
@@ -108,6 +138,8 @@ impl Worker {
             shedding: RefCell::new(shedding),
             passes: RefCell::new(passes),
             pool_keys,
+            hot,
+            tracked,
             rng: RefCell::new(fastrand::Rng::with_seed(seed)),
             nonce: seed,
             sequence: Cell::new(0),
@@ -118,6 +150,31 @@ impl Worker {
     /// The lease pool key of policy `index`.
     pub fn pool_key(&self, index: usize) -> Option<&str> {
         self.pool_keys.get(index).map(String::as_str)
+    }
+
+    /// Leased mode per key: counts a request for keyed leased policy
+    /// `index`'s `key` (encoded) at `now`; the key's pool in shared data if
+    /// the key is hot (and this worker ticks it), else `None`: the request
+    /// is checked exactly. `None` for a policy without a key.
+    pub fn hot_pool(&self, index: usize, key: &str, now: u64) -> Option<String> {
+        let hot = self.hot.get(index)?.as_ref()?;
+        if !hot.borrow_mut().observe(key, now) {
+            return None;
+        }
+        let mut tracked = self.tracked.borrow_mut();
+        let keys = tracked.get_mut(index)?;
+        if !keys.iter().any(|k| k == key) {
+            if keys.len() >= MAX_TRACKED {
+                return None;
+            }
+            keys.push(key.to_string());
+        }
+        Some(key_pool_key(self.doc.policies.get(index)?.name.as_str(), key))
+    }
+
+    /// Whether policy `index` is leased per key.
+    pub fn leased_per_key(&self, index: usize) -> bool {
+        self.hot.get(index).is_some_and(Option::is_some)
     }
 
     /// A uniform draw from 0 to 1.
@@ -231,8 +288,9 @@ impl Worker {
                 self.release_answered(&policies, status, body, host.now_ms(), &mut fx)
             }
             (Pending::Shed(index), _) => self.shed_answered(index, status, body, &mut fx),
-            (Pending::Lease { policy, asked_ms, given_back }, _) => {
-                self.lease_answered(host, policy, asked_ms, given_back, &result, &mut fx)
+            (Pending::Lease { policy, key, asked_ms, given_back, seq }, _) => {
+                let call = LeaseCallSent { asked_ms, given_back, seq };
+                self.lease_answered(host, policy, key.as_deref(), call, &result, &mut fx)
             }
             // The shim did not take it: its passes are dropped, still in Envoy's stats.
             (Pending::Report, _) if status != Some(b"200") => {
@@ -305,42 +363,94 @@ impl Worker {
     fn ask_for_leases(&self, host: &dyn Host, now: u64, fx: &mut Effects) {
         for (index, policy) in self.doc.policies.iter().enumerate() {
             let Some(lease) = policy.leased else { continue };
-            let Some(key) = self.pool_key(index) else { continue };
-            let Some(Some(ask)) = update_pool(host, key, |pool| pool.tick(lease, now)) else { continue };
-            let Some(limit) = policy.limits.first() else { continue };
-            let request = LeaseRequest {
-                policy: policy.name.as_str().to_string(),
-                key: String::new(),
-                limit: WireLimit::with_cost(limit, 1),
-                want: ask.want,
-                give_back: ask.give_back,
-                now_us: None,
-            };
-            match serde_json::to_vec(&request) {
-                Ok(body) => {
-                    let given_back = ask.give_back.map_or(0, |b| u64::from(b.tokens));
-                    let pending = Pending::Lease { policy: index, asked_ms: now, given_back };
-                    self.send(LEASE_PATH, body, pending, fx);
+            if !self.leased_per_key(index) {
+                let Some(key) = self.pool_key(index) else { continue };
+                self.ask_for_lease(host, index, None, key, lease, now, fx);
+                continue;
+            }
+            let keys = self.tracked.borrow().get(index).cloned().unwrap_or_default();
+            let name = policy.name.as_str();
+            let mut cooled = Vec::new();
+            for key in keys {
+                let shared = key_pool_key(name, &key);
+                let idle = self.ask_for_lease(host, index, Some(&key), &shared, lease, now, fx);
+                let hot = self
+                    .hot
+                    .get(index)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|h| h.borrow_mut().is_hot(&key, now));
+                if idle && !hot {
+                    cooled.push(key);
                 }
-                Err(err) => log::debug!("{LEASE_PATH}: {err}"),
+            }
+            // A key no longer hot whose pool is empty and quiet: no longer ticked here.
+            if let Some(keys) = self.tracked.borrow_mut().get_mut(index) {
+                keys.retain(|k| !cooled.contains(k));
             }
         }
     }
 
+    /// One pool's tick: the call to make, if any, sent. Whether the pool is
+    /// idle after it (no tokens, no call unanswered).
+    #[allow(clippy::too_many_arguments)]
+    fn ask_for_lease(
+        &self,
+        host: &dyn Host,
+        index: usize,
+        key: Option<&str>,
+        shared: &str,
+        lease: sluice_policies::leased::Leased,
+        now: u64,
+        fx: &mut Effects,
+    ) -> bool {
+        let Some(policy) = self.doc.policies.get(index) else { return true };
+        let tick = |pool: &mut Pool| {
+            pool.adopt(self.nonce);
+            let ask = pool.tick(lease, now).map(|ask| (ask, pool.call_id()));
+            (ask, pool.tokens == 0 && pool.unanswered.is_none())
+        };
+        let Some((ask, idle)) = update_pool(host, shared, tick) else { return false };
+        let Some((ask, call)) = ask else { return idle };
+        let Some(limit) = policy.limits.first() else { return idle };
+        let request = LeaseRequest {
+            policy: policy.name.as_str().to_string(),
+            key: key.unwrap_or_default().to_string(),
+            limit: WireLimit::with_cost(limit, 1),
+            want: ask.want,
+            give_back: ask.give_back,
+            now_us: None,
+            call: Some(call),
+        };
+        match serde_json::to_vec(&request) {
+            Ok(body) => {
+                let given_back = ask.give_back.map_or(0, |b| u64::from(b.tokens));
+                let key = key.map(str::to_string);
+                let pending = Pending::Lease { policy: index, key, asked_ms: now, given_back, seq: call.seq };
+                self.send(LEASE_PATH, body, pending, fx);
+            }
+            Err(err) => log::debug!("{LEASE_PATH}: {err}"),
+        }
+        false
+    }
+
     /// A lease call's answer: the grant goes into the pool; a failure quiets
-    /// it for a while (its requests are checked exactly meanwhile).
+    /// it for a while (its requests are checked exactly meanwhile). A call
+    /// the shim may have run whose answer did not come is sent again; one
+    /// it refused (4xx) ran nothing and is dropped.
     fn lease_answered(
         &self,
         host: &dyn Host,
         index: usize,
-        asked_ms: u64,
-        given_back: u64,
+        hot_key: Option<&str>,
+        sent: LeaseCallSent,
         result: &CallResult,
         fx: &mut Effects,
     ) {
+        let LeaseCallSent { asked_ms, given_back, seq } = sent;
         let Some(policy) = self.doc.policies.get(index) else { return };
         let Some(lease) = policy.leased else { return };
-        let Some(key) = self.pool_key(index) else { return };
+        let per_key = hot_key.map(|k| key_pool_key(policy.name.as_str(), k));
+        let Some(key) = per_key.as_deref().or(self.pool_key(index)) else { return };
         let now = host.now_ms();
         let answer = match result {
             CallResult::NotSent(reason) => Err(reason.clone()),
@@ -355,9 +465,11 @@ impl Worker {
         };
         match answer {
             Ok(answer) => {
-                update_pool(host, key, |pool| pool.granted(lease, asked_ms, now, answer));
-                fx.add(index, PolicyStat::LeaseGranted, answer.granted.into());
-                fx.add(index, PolicyStat::LeaseGivenBack, given_back);
+                let taken = update_pool(host, key, |pool| pool.answered(seq, lease, asked_ms, now, answer));
+                if taken == Some(true) {
+                    fx.add(index, PolicyStat::LeaseGranted, answer.granted.into());
+                    fx.add(index, PolicyStat::LeaseGivenBack, given_back);
+                }
             }
             Err(reason) => {
                 fx.count(index, PolicyStat::LeaseFailed);
@@ -372,7 +484,12 @@ impl Worker {
                         ),
                     );
                 }
-                update_pool(host, key, |pool| pool.failed(now));
+                let refused = matches!(result, CallResult::Answered { status: Some(s), .. } if s.first() == Some(&b'4'));
+                if refused {
+                    update_pool(host, key, |pool| pool.failed(now));
+                } else {
+                    update_pool(host, key, |pool| pool.lost(seq, now));
+                }
             }
         }
     }

@@ -4,9 +4,10 @@
 
 mod support;
 
+use sluice_core::effect::CallResult;
 use sluice_core::stats::{ClassStat, PolicyStat};
 use sluice_core::{Effect, Phase};
-use sluice_policies::wire::{ADJUST_PATH, CHECK_PATH, FEEDBACK_PATH, RELEASE_PATH};
+use sluice_policies::wire::{ADJUST_PATH, CHECK_PATH, FEEDBACK_PATH, LEASE_PATH, RELEASE_PATH};
 use support::*;
 
 /// A request two policies apply to is refused when either denies: the
@@ -407,4 +408,59 @@ fn the_verdict_header_tells_a_failure_pass_from_an_admission() {
     s.hold_request();
     s.answer(&check, &Shim::timed_out());
     assert_eq!(verdict(&s.response(&[(":status", "200")], true)), None);
+}
+
+/// Leased mode with `headers: always`: a request admitted from the lease
+/// carries `RateLimit` headers computed from it, with no shim call: the
+/// tokens the gateway still holds plus what the window had left at the last
+/// grant, and the time to the window's end.
+#[test]
+fn leased_admissions_carry_ratelimit_headers() {
+    let t = Test::new(
+        r#"{"headers": "always", "policies": [{"name": "l", "leased": {"tokens": 10, "ttl": "2s"}, "limits": [{"type": "fixed_window", "limit": 100, "window": "1m"}]}]}"#,
+    );
+    let mut s = t.stream();
+    s.request(&get("/"));
+    t.grant_lease(0, 2);
+    for remaining in [91, 90] {
+        let mut s = t.stream();
+        let fx = s.request(&get("/"));
+        assert!(sends(&fx).is_empty(), "admitted from the lease: {fx:?}");
+        let fx = s.response(&[(":status", "200")], true);
+        assert_eq!(added(&fx, "ratelimit-policy").as_deref(), Some(r#""l";q=100;w=60"#));
+        assert_eq!(added(&fx, "ratelimit"), Some(format!(r#""l";r={remaining};t=60"#)));
+    }
+}
+
+/// Leased mode per key: a key is checked exactly until this worker has seen
+/// a lease's worth of its requests (hot), then its own pool is leased (the
+/// lease call names the key) and spent with no call; a cold key stays on
+/// exact checks.
+#[test]
+fn hot_keys_are_leased_and_the_tail_is_checked_exactly() {
+    let t = Test::new(
+        r#"{"policies": [{"name": "k", "key": ["header:x-api-key"], "leased": {"tokens": 4, "ttl": "1m"}, "limits": [{"type": "fixed_window", "limit": 100, "window": "1h"}]}]}"#,
+    );
+    let req = |key: &str| get("/").header("x-api-key", key);
+    for n in 0..4 {
+        let mut s = t.stream();
+        let fx = s.request(&req("hot"));
+        assert_eq!(sends(&fx).len(), 1, "request {n}: exact until hot");
+    }
+    let asks = t.worker_sends(LEASE_PATH);
+    assert_eq!(asks.len(), 1, "one lease, for the hot key");
+    let ask: serde_json::Value = serde_json::from_slice(&asks[0].body).expect("json");
+    assert_ne!(ask["key"], "", "the lease names the key: {ask}");
+    let body = br#"{"granted": 4, "window": 1, "expires_in_ms": 60000, "remaining": 90}"#.to_vec();
+    t.worker.handle_answer(
+        asks[0].id,
+        CallResult::Answered { status: Some(b"200".to_vec()), body: Some(body) },
+        &t.host,
+    );
+    let mut s = t.stream();
+    let fx = s.request(&req("hot"));
+    assert!(sends(&fx).is_empty(), "the hot key spends its lease: {fx:?}");
+    assert_eq!(count(&fx, 0, PolicyStat::Leased), 1);
+    let mut s = t.stream();
+    assert_eq!(sends(&s.request(&req("cold"))).len(), 1, "a cold key: the exact check");
 }

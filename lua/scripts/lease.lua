@@ -1,13 +1,19 @@
 -- requires: common
 -- lease: leased mode on one fixed_window. Twin of policies/src/algorithm/mod.rs,
--- lease(), and fixed_window.rs, give_back() and grant().
+-- lease_call(), and fixed_window.rs, give_back() and grant().
 --
 -- KEYS[1]   the fixed_window's state key
+-- KEYS[2]   optional: the calls' record (a hash, one field per gateway:
+--     "seq window granted" of its last call), for lost answers
 -- ARGV[1]   the time in microseconds, or "" for Redis TIME
 -- ARGV[2], ARGV[3]   the limit and the window in microseconds
 -- ARGV[4]   the tokens wanted
 -- ARGV[5], ARGV[6]   a give-back: the window index of its grant and its
 --     tokens, or "" and 0
+-- ARGV[7], ARGV[8]   optional, with KEYS[2]: the gateway's id and the
+--     call's sequence number. A call sent again after its answer was lost
+--     carries the same numbers and gets the recorded answer, charged once;
+--     a run of an older call than the recorded one does nothing.
 --
 -- The give-back goes first: tokens a gateway never spent go back only into
 -- the window they were granted from, while it is the stored one, and the
@@ -18,26 +24,54 @@
 --
 -- Returns {granted, window index, microseconds to the window's end, remaining}.
 local now = clock(ARGV[1])
-local key = KEYS[1]
+local key, calls = KEYS[1], KEYS[2]
 local limit, window, want = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local back_window, back = tonumber(ARGV[5]), tonumber(ARGV[6]) or 0
+local gateway, seq = ARGV[7], tonumber(ARGV[8])
+if not (calls and gateway and seq) then calls = nil end
 
 local state = redis.call('HMGET', key, 'w', 'n')
 local stored, count = tonumber(state[1]), tonumber(state[2]) or 0
+local index = window_index(now, window)
+local stop = (index + 1) * window
+
+if calls then
+  local record = redis.call('HGET', calls, gateway)
+  if record then
+    local s, w, g = string.match(record, '^(%d+) (%d+) (%d+)$')
+    s, w, g = tonumber(s), tonumber(w), tonumber(g)
+    if s and s > seq then
+      -- An older call, run late: it was answered (or resent) already.
+      return {0, index, stop - now, 0}
+    end
+    if s == seq then
+      -- Sent again: the answer it had, charged once.
+      local left = 0
+      if stored == index then left = math.max(limit - count, 0) elseif not stored or stored < index then left = limit end
+      return {g, w, math.max((w + 1) * window - now, 0), left}
+    end
+  end
+end
+
 if back_window and back > 0 and stored == back_window then
   count = math.max(count - back, 0)
   redis.call('HSET', key, 'n', count)
 end
 
-local index = window_index(now, window)
-local stop = (index + 1) * window
-if stored and stored > index then
-  return {0, index, stop - now, 0}
+local granted, left = 0, 0
+if not (stored and stored > index) then
+  if stored ~= index then count = 0 end
+  granted = math.min(want, math.max(limit - count, 0))
+  if granted > 0 then
+    -- A new window: the calls' records of the last one are of no use.
+    if calls and stored ~= index then redis.call('DEL', calls) end
+    redis.call('HSET', key, 'w', index, 'n', count + granted)
+    redis.call('PEXPIRE', key, ceil_ms(stop - now) + 1000)
+  end
+  left = math.max(limit - count - granted, 0)
 end
-if stored ~= index then count = 0 end
-local granted = math.min(want, math.max(limit - count, 0))
-if granted > 0 then
-  redis.call('HSET', key, 'w', index, 'n', count + granted)
-  redis.call('PEXPIRE', key, ceil_ms(stop - now) + 1000)
+if calls then
+  redis.call('HSET', calls, gateway, string.format('%d %d %d', seq, index, granted))
+  redis.call('PEXPIRE', calls, ceil_ms(stop - now) + 1000)
 end
-return {granted, index, stop - now, math.max(limit - count - granted, 0)}
+return {granted, index, stop - now, left}

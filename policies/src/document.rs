@@ -414,7 +414,6 @@ impl<'de> Deserialize<'de> for Policy {
                 (raw.wait.is_some(), "`wait`: a lease admits or refuses at once"),
                 (raw.upstream.is_some(), "`upstream`: the partner's pauses are checked in the shim"),
                 (raw.shed.is_some(), "`shed`"),
-                (!raw.key.is_empty(), "a `key`: a gateway holds one lease, for the one bucket of `key: []`"),
             ];
             if let Some((_, why)) = other.iter().find(|(on, _)| *on) {
                 return Err(de::Error::custom(format!("`leased` cannot be used with {why}")));

@@ -24,8 +24,9 @@
 //! [`Leased::held_at_most`] tokens (a lease on top of half a lease), so a
 //! window offered more than `limit` requests admits at least
 //! `limit - gateways × 1.5 × tokens` of them, and never more than `limit`.
-//! A lease whose answer was lost (a timeout) stays charged until its window
-//! ends: one more lease per lost answer.
+//! A lease whose answer was lost (a timeout) is sent again with the same id
+//! and the shim answers it with the grant it recorded, charged once
+//! (`wire::LeaseCall`), so its tokens reach the gateway after all.
 //!
 //! **Why only `fixed_window`.** Its tokens belong to one window, so a token
 //! spent anywhere inside its window is within the limit, and unused tokens

@@ -338,6 +338,21 @@ pub struct LeaseRequest {
     /// As in [`CheckRequest::now_us`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub now_us: Option<Micros>,
+    /// The call's id, so a lost answer costs nothing: the same call sent
+    /// again gets the answer it had, charged once. Without it, a lease whose
+    /// answer is lost stays charged until its window ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<LeaseCall>,
+}
+
+/// A lease call's id: the gateway's (random, one per gateway and policy)
+/// and the call's sequence number there, which goes up by one for each new
+/// call and stays the same when a call whose answer was lost is sent again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseCall {
+    pub gateway: u64,
+    pub seq: u64,
 }
 
 /// Tokens a gateway took out of its shared data unspent, for the window
@@ -470,6 +485,7 @@ mod tests {
             want,
             give_back: back,
             now_us: None,
+            call: None,
         };
         let window = WireLimit::FixedWindow { limit: 100, window_ms: Millis(1_000) };
         assert_eq!(req(window, 100, Some(GiveBack { window: 7, tokens: 100 })).validate(), Ok(()));

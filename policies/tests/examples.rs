@@ -21,6 +21,7 @@ const TESTED: &[&str] = &[
     "fleet-reserve",
     "utilization-shedder",
     "leased-ingress",
+    "leased-per-key",
 ];
 
 fn example(name: &str) -> Document {
@@ -224,6 +225,20 @@ fn leased_ingress() {
     let req = SimpleRequest::new("GET", "/api/items");
     let want = (String::new(), vec![WireLimit::FixedWindow { limit: 60_000, window_ms: Millis(60_000) }]);
     assert_eq!(applied(&doc, &req), Some(want));
+}
+
+/// Leased per key: each API key has its own window of 6,000 a minute; a
+/// key hot enough at a gateway is leased 50 tokens at a time, the others
+/// are checked exactly.
+#[test]
+fn leased_per_key() {
+    let doc = example("leased-per-key");
+    let leased = doc.policies[0].leased.expect("the policy is leased");
+    assert_eq!((leased.tokens(), leased.ttl_ms(), leased.held_at_most()), (50, 1_000, 75));
+    let req = SimpleRequest::new("GET", "/api/items").header("x-api-key", "k1");
+    let (key, limits) = applied(&doc, &req).expect("applies");
+    assert!(!key.is_empty(), "one window per key");
+    assert_eq!(limits, vec![WireLimit::FixedWindow { limit: 6_000, window_ms: Millis(60_000) }]);
 }
 
 /// Every document in `examples/` is in [`TESTED`], so each has a test here.

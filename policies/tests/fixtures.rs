@@ -48,7 +48,6 @@ fixtures! {
     unlimited_http_policy => r#"policies[0]: `unlimited` is for gRPC-face policies (a `match` naming `domain` or `entries`): an HTTP policy that limits nothing is no policy at 6:4"#,
     unlimited_with_limits => r#"policies[0]: an `unlimited` policy has no `limits`: remove one or the other at 7:4"#,
     leased_on_a_token_bucket => r#"policies[0]: `leased` needs a fixed_window limit: only a window's tokens can be spent anywhere in it and given back exactly at 8:3"#,
-    leased_with_a_key => r#"policies[0]: `leased` cannot be used with a `key`: a gateway holds one lease, for the one bucket of `key: []` at 9:3"#,
     leased_tokens_over_the_limit => r#"policies[0]: `leased.tokens` 500 is more than the window's limit 100: a lease is part of one window at 8:3"#,
     leased_ttl_too_long => r#"policies[0].leased: ttl 2h out of range (1ms to 1h) at 5:44"#,
     reserve_unknown_class => r#"policies[0].limits[0].reserve.for: no class named "vip" (classes: critical, normal) at 7:2"#,

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use redis::cluster_routing::Slot;
 use redis::Script;
-use sluice_policies::algorithm::Algorithm;
+use sluice_policies::algorithm::{self, Algorithm};
 use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{
     AdjustRequest, CheckRequest, CheckResponse, FeedbackRequest, FeedbackResponse, LeaseRequest,
@@ -381,6 +381,10 @@ impl Limiter {
             Some(back) => call.arg(back.window).arg(back.tokens),
             None => call.arg("").arg(0),
         };
+        if let Some(id) = req.call {
+            // Same slot: the calls' record shares the window's hash tag.
+            call.key(algorithm::lease_calls_key(&limit.key)).arg(id.gateway.to_string()).arg(id.seq);
+        }
         let reply: Vec<i64> = self.store.invoke(&call).await.map_err(store_error)?;
         let unexpected = || CheckError::Store(format!("unexpected lease reply {reply:?}"));
         let [granted, window, expires_in_us, remaining] = reply[..] else { return Err(unexpected()) };

@@ -22,8 +22,8 @@ use sluice_harness::Redis;
 use sluice_policies::algorithm::{self, Algorithm, RedisTwin};
 use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{
-    AdjustRequest, Adjustment, Check, CheckRequest, GiveBack, LeaseRequest, LeaseResponse, ReleaseRequest,
-    Views, WireLimit,
+    AdjustRequest, Adjustment, Check, CheckRequest, GiveBack, LeaseCall, LeaseRequest, LeaseResponse,
+    ReleaseRequest, Views, WireLimit,
 };
 use sluice_shim::keys::script_limits;
 use sluice_shim::limiter::Limiter;
@@ -939,6 +939,7 @@ fn run_lease_case(w: &World, limit: u32, window_ms: u64, ops: Vec<LeaseOp>) -> R
                     want: want.min(limit),
                     give_back,
                     now_us: Some(Micros(now)),
+                    call: None,
                 };
                 let got = w.runtime.block_on(w.limiter.lease(&req)).expect("lease");
                 let grant = algorithm::lease(
@@ -975,6 +976,134 @@ fn lease_script_decides_as_the_model() {
         (1u32..20, prop::sample::select(vec![1u64, 7, 50, 1_000]), prop::collection::vec(lease_op(), 1..40));
     if let Err(failure) =
         runner.run(&cases, |(limit, window_ms, ops)| run_lease_case(&world, limit, window_ms, ops))
+    {
+        panic!("{failure}");
+    }
+}
+
+/// A lease call with its id: after `dt` µs, gateway `gateway`'s call number
+/// `seq`, a new one, the last one sent again (its answer lost), or an older
+/// one run late.
+#[derive(Debug, Clone)]
+struct IdLeaseOp {
+    dt: u64,
+    gateway: u64,
+    /// -1: an older call than the gateway's last; 0: the last one again; 1: the next.
+    step: i64,
+    want: u32,
+    back: u32,
+    offset: u64,
+}
+
+fn id_lease_op() -> impl Strategy<Value = IdLeaseOp> {
+    let dt = prop_oneof![3 => Just(0u64), 2 => 0u64..2_000, 1 => 0u64..200_000];
+    (
+        dt,
+        1u64..3,
+        prop_oneof![3 => Just(1i64), 2 => Just(0i64), 1 => Just(-1i64)],
+        0u32..12,
+        0u32..12,
+        0u64..2,
+    )
+        .prop_map(|(dt, gateway, step, want, back, offset)| IdLeaseOp {
+            dt,
+            gateway,
+            step,
+            want,
+            back,
+            offset,
+        })
+}
+
+fn run_id_lease_case(
+    w: &World,
+    limit: u32,
+    window_ms: u64,
+    ops: Vec<IdLeaseOp>,
+) -> Result<(), TestCaseError> {
+    static CASE: AtomicU64 = AtomicU64::new(0);
+    let policy = format!("i{}", CASE.fetch_add(1, Ordering::Relaxed));
+    let wire = WireLimit::FixedWindow { limit, window_ms: Millis(window_ms) };
+    let checks = vec![Check {
+        policy: policy.clone(),
+        key: String::new(),
+        limits: vec![wire],
+        margin_ms: None,
+        upstream: false,
+    }];
+    let key = script_limits(&checks).expect("valid limit")[0].key.clone();
+    let calls_key = algorithm::lease_calls_key(&key);
+    let window_us = window_ms * 1000;
+    let mut conn = w.redis.connection().expect("redis connection");
+    let mut model = RedisTwin::default();
+    let mut now = 1_700_000_000_000_000u64;
+    let mut seqs = [0u64; 3];
+    for (i, op) in ops.into_iter().enumerate() {
+        now += op.dt;
+        let seq = &mut seqs[op.gateway as usize];
+        *seq = seq.saturating_add_signed(op.step);
+        let back_window = (now / window_us).saturating_sub(op.offset);
+        let give_back = (op.back > 0).then_some(GiveBack { window: back_window, tokens: op.back.min(limit) });
+        let want = op.want.min(limit);
+        let call = LeaseCall { gateway: op.gateway, seq: *seq };
+        let req = LeaseRequest {
+            policy: policy.clone(),
+            key: String::new(),
+            limit: wire,
+            want,
+            give_back,
+            now_us: Some(Micros(now)),
+            call: Some(call),
+        };
+        let got = w.runtime.block_on(w.limiter.lease(&req)).expect("lease");
+        let gateway = op.gateway.to_string();
+        let grant = algorithm::lease_call(
+            &mut model,
+            now,
+            &key,
+            limit.into(),
+            window_us,
+            want.into(),
+            give_back.map(|b| (b.window, b.tokens.into())),
+            Some((gateway.as_str(), *seq)),
+        );
+        let modelled = LeaseResponse {
+            granted: u32::try_from(grant.granted).expect("small"),
+            window: grant.window,
+            expires_in_ms: Millis(grant.expires_in_us / 1000),
+            remaining: grant.remaining,
+        };
+        prop_assert_eq!(got, modelled, "lease {:?} at {}", call, now);
+        prop_assert_eq!(time_state(&mut conn, &key), model_time_state(&model, &key), "state after op {}", i);
+        let mut records: Vec<(String, String)> = conn.hgetall(&calls_key).unwrap_or_default();
+        records.sort();
+        let modelled: Vec<(String, String)> = match model.keys.get(&calls_key) {
+            Some(algorithm::State::Calls(calls)) => {
+                calls.iter().map(|(g, (s, w, n))| (g.clone(), format!("{s} {w} {n}"))).collect()
+            }
+            _ => Vec::new(),
+        };
+        prop_assert_eq!(records, modelled, "calls' record after op {}", i);
+    }
+    Ok(())
+}
+
+/// Lost answers: `lua/scripts/lease.lua` with call ids answers a call sent
+/// again with the grant it recorded (charged once, its give-back taken
+/// once), does nothing for a late run of an older call, and keeps one
+/// record per gateway, cleared when a new window is charged: exactly as the
+/// model, interleaved across two gateways, around window boundaries.
+#[test]
+fn lease_script_with_call_ids_decides_as_the_model() {
+    let world = World::start();
+    let mut runner = TestRunner::new(ProptestConfig { cases: 300, ..ProptestConfig::default() });
+    let cases = (
+        1u32..20,
+        prop::sample::select(vec![1u64, 7, 50, 1_000]),
+        prop::collection::vec(id_lease_op(), 1..40),
+    );
+    if let Err(failure) =
+        runner.run(&cases, |(limit, window_ms, ops)| run_id_lease_case(&world, limit, window_ms, ops))
     {
         panic!("{failure}");
     }

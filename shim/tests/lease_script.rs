@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::Commands;
 use sluice_harness::Redis;
 use sluice_policies::units::{Micros, Millis};
-use sluice_policies::wire::{GiveBack, LeaseRequest, LeaseResponse, WireLimit};
+use sluice_policies::wire::{GiveBack, LeaseCall, LeaseRequest, LeaseResponse, WireLimit};
 use sluice_shim::limiter::{CheckError, Limiter};
 use sluice_shim::store::Target;
 
@@ -24,6 +24,7 @@ fn request(limit: WireLimit, want: u32, give_back: Option<GiveBack>, now_us: u64
         want,
         give_back,
         now_us: Some(Micros(now_us)),
+        call: None,
     }
 }
 
@@ -97,4 +98,45 @@ async fn grants_give_backs_and_refusals() {
     let mut bad = request(window(10), 1, None, T0);
     bad.key = "{x}".into();
     assert_eq!(refused(lease(&limiter, bad).await), "not an encoded key");
+}
+
+/// Lost answers on a real Redis: a call sent again with the same id gets
+/// the grant it had and the window is charged once (its give-back taken
+/// once); a late run of an older call grants and gives back nothing; the
+/// calls' record is one field per gateway and lives no longer than the window.
+#[tokio::test]
+async fn a_call_sent_again_is_charged_once() {
+    let redis = Redis::start().expect("redis");
+    let limiter = Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), true).expect("limiter");
+    let index = T0 / (WINDOW_MS * 1000);
+    let with_id = |want, back, now, seq| LeaseRequest {
+        call: Some(LeaseCall { gateway: 7, seq }),
+        ..request(window(10), want, back, now)
+    };
+
+    let first = lease(&limiter, with_id(4, None, T0, 1)).await.expect("lease");
+    assert_eq!((first.granted, first.remaining), (4, 6));
+    // Its answer was lost: sent again, the same grant, charged once.
+    let again = lease(&limiter, with_id(4, None, T0 + 100, 1)).await.expect("lease");
+    assert_eq!((again.granted, again.window, again.remaining), (4, index, 6));
+    assert_eq!(again.expires_in_ms, Millis(WINDOW_MS - 1), "to the same window's end, from now");
+    // The next call gives 3 back and asks for 2; sent twice, counted once.
+    let back = Some(GiveBack { window: index, tokens: 3 });
+    let next = lease(&limiter, with_id(2, back, T0 + 200, 2)).await.expect("lease");
+    assert_eq!((next.granted, next.remaining), (2, 7));
+    let twice = lease(&limiter, with_id(2, back, T0 + 300, 2)).await.expect("lease");
+    assert_eq!((twice.granted, twice.remaining), (2, 7), "the give-back is taken once too");
+    // The first call, run late after the second: nothing.
+    let late = lease(&limiter, with_id(4, None, T0 + 400, 1)).await.expect("lease");
+    assert_eq!(late.granted, 0);
+    let mut conn = redis.connection().expect("connection");
+    let count: u64 = conn.hget(KEY, "n").expect("HGET");
+    assert_eq!(count, 3, "4 granted, 3 back, 2 granted");
+    let record: Vec<(String, String)> = conn.hgetall(format!("{KEY}:l")).expect("HGETALL");
+    assert_eq!(record, vec![("7".to_string(), format!("2 {index} 2"))]);
+    let ttl: i64 = conn.pttl(format!("{KEY}:l")).expect("PTTL");
+    assert!((1..=(WINDOW_MS as i64) + 1_000).contains(&ttl), "TTL {ttl} ms");
+    // A call without an id still works as before, and leaves no record of its own.
+    let plain = lease(&limiter, request(window(10), 1, None, T0 + 500)).await.expect("lease");
+    assert_eq!(plain.granted, 1);
 }

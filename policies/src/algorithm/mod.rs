@@ -19,7 +19,7 @@ pub mod reserve;
 pub mod sliding_approx;
 pub mod sliding_window;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -146,6 +146,10 @@ pub enum State {
     /// given back so far, which tells a later refund how far the charges
     /// behind it have moved (`adjust`).
     Refunded(u64),
+    /// lease: each gateway's last lease call, by its id: (its sequence
+    /// number, the window index it ran in, the tokens it granted) (a hash
+    /// of "seq window granted" strings, `lease_calls_key`).
+    Calls(BTreeMap<String, (u64, u64, u64)>),
 }
 
 /// The key of a bucket's refund counter ([`State::Refunded`]).
@@ -424,6 +428,7 @@ pub fn adjust(store: &mut RedisTwin, now: u64, corrections: &[Correction]) {
 
 /// `lua/scripts/lease.lua`: leased mode on the `fixed_window` at `key`. Gives back
 /// `give_back` (window index, tokens) first, then grants up to `want`.
+/// A call without an id: [`lease_call`] with none.
 pub fn lease(
     store: &mut RedisTwin,
     now: u64,
@@ -433,12 +438,75 @@ pub fn lease(
     want: u64,
     give_back: Option<(u64, u64)>,
 ) -> fixed_window::Grant {
+    lease_call(store, now, key, limit, window_us, want, give_back, None)
+}
+
+/// The key of a leased window's calls' record ([`State::Calls`]).
+pub fn lease_calls_key(key: &str) -> String {
+    format!("{key}:l")
+}
+
+/// `lua/scripts/lease.lua` with a call id (`call`: the gateway's id and the
+/// call's sequence number), so an answer that was lost costs nothing: the
+/// same call sent again gets the answer it had, charged once (its give-back
+/// taken once), and a late run of an older call than the gateway's last
+/// recorded one does nothing.
+#[allow(clippy::too_many_arguments)]
+pub fn lease_call(
+    store: &mut RedisTwin,
+    now: u64,
+    key: &str,
+    limit: u64,
+    window_us: u64,
+    want: u64,
+    give_back: Option<(u64, u64)>,
+    call: Option<(&str, u64)>,
+) -> fixed_window::Grant {
+    let calls_key = lease_calls_key(key);
+    let index = now / window_us;
+    let expires_in_us = (index + 1) * window_us - now;
+    if let Some((gateway, seq)) = call {
+        let record = match store.keys.get(&calls_key) {
+            Some(State::Calls(calls)) => calls.get(gateway).copied(),
+            _ => None,
+        };
+        match record {
+            Some((s, _, _)) if s > seq => {
+                return fixed_window::Grant { granted: 0, window: index, expires_in_us, remaining: 0 };
+            }
+            Some((s, w, granted)) if s == seq => {
+                let remaining = match store.keys.get(key) {
+                    Some(&State::Counter { window: stored, count }) if stored == index => {
+                        limit.saturating_sub(count)
+                    }
+                    Some(&State::Counter { window: stored, .. }) if stored > index => 0,
+                    _ => limit,
+                };
+                let expires_in_us = ((w + 1) * window_us).saturating_sub(now);
+                return fixed_window::Grant { granted, window: w, expires_in_us, remaining };
+            }
+            _ => {}
+        }
+    }
     if let Some((window, tokens)) = give_back {
         fixed_window::give_back(store.keys.get_mut(key), window, tokens);
     }
+    let rolls_over = !matches!(store.keys.get(key), Some(&State::Counter { window, .. }) if window == index);
     let (grant, commit) = fixed_window::grant(store.keys.get(key), now, limit, window_us, want);
     if let Some(state) = commit {
         store.keys.insert(key.to_string(), state);
+        if rolls_over {
+            store.keys.remove(&calls_key);
+        }
+    }
+    if let Some((gateway, seq)) = call {
+        let entry = store.keys.entry(calls_key).or_insert_with(|| State::Calls(BTreeMap::new()));
+        if !matches!(entry, State::Calls(_)) {
+            *entry = State::Calls(BTreeMap::new());
+        }
+        if let State::Calls(calls) = entry {
+            calls.insert(gateway.to_string(), (seq, index, grant.granted));
+        }
     }
     grant
 }
