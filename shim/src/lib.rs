@@ -38,6 +38,7 @@
 //! - [`tls`]: rustls: the shim's mTLS server config, Redis's crypto provider.
 //! - [`logs`]: log lines clients can reach: throttled per site, values escaped.
 
+pub mod admin;
 pub mod dashboard;
 pub mod decision;
 pub mod drain;

@@ -58,6 +58,13 @@ pub fn router(limiter: Limiter) -> Router {
 
 /// [`router`], with the dashboard given a policy document and the playground.
 pub fn router_with(limiter: Limiter, dashboard: crate::dashboard::Options) -> Router {
+    let (decisions, admin) = routers(limiter, dashboard);
+    decisions.merge(admin)
+}
+
+/// The decision routes (with `/healthz`) and the operator's routes (the
+/// dashboard and `/metrics`, see [`crate::admin`]), apart.
+pub fn routers(limiter: Limiter, dashboard: crate::dashboard::Options) -> (Router, Router) {
     let pages = crate::dashboard::routes(&limiter, dashboard);
     let metrics = limiter.metrics.clone();
     let app = Router::new()
@@ -73,7 +80,7 @@ pub fn router_with(limiter: Limiter, dashboard: crate::dashboard::Options) -> Ro
         .route("/healthz", get(healthz))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(Arc::new(limiter));
-    crate::metrics::serve(app, metrics).merge(pages)
+    (crate::metrics::count(app, metrics.clone()), crate::metrics::page_route(metrics).merge(pages))
 }
 
 /// `GET /healthz`: 200 while the shim serves, with a warning line while
@@ -147,8 +154,12 @@ pub struct Options {
     /// How long a new connection may take to send its first byte (cleartext)
     /// or complete its TLS handshake, and an HTTP/1.1 request its headers.
     pub header_read_timeout: Duration,
+    /// How long a request may take to send its body, once its headers came.
+    pub body_read_timeout: Duration,
     /// The dashboard's policy document and playground directory.
     pub dashboard: crate::dashboard::Options,
+    /// The dashboard's and `/metrics`' own listener and token.
+    pub admin: crate::admin::Options,
     /// On shutdown, how long the shim keeps accepting and serving while
     /// `/healthz` answers 503, so health checks take it out of rotation.
     pub drain_delay: Duration,
@@ -170,7 +181,9 @@ impl Default for Options {
             tls: None,
             max_connections: 1024,
             header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(10),
             dashboard: Default::default(),
+            admin: Default::default(),
             drain_delay: Duration::ZERO,
             drain_timeout: DRAIN_TIMEOUT,
             give_back_time: Duration::from_secs(1),
@@ -205,8 +218,17 @@ pub async fn run(
             tokio::time::sleep(delay).await;
         }
     };
-    let app = router_with(limiter, options.dashboard.clone());
-    let permits = Arc::new(Semaphore::new(options.max_connections));
+    let (decisions, admin) = routers(limiter, options.dashboard.clone());
+    let decisions = crate::admin::body_deadline(decisions, options.body_read_timeout, MAX_BODY);
+    let admin = crate::admin::guard(admin, options.admin.token.clone());
+    let (app, admin_listener) = match &options.admin.listener {
+        Some(listener) => {
+            let listener = listener.try_clone()?;
+            listener.set_nonblocking(true)?;
+            (decisions, Some((TcpListener::from_std(listener)?, admin)))
+        }
+        None => (decisions.merge(admin), None),
+    };
     let acceptor = options.tls.clone().map(TlsAcceptor::from);
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -217,46 +239,22 @@ pub async fn run(
         .timer(TokioTimer::new())
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(10));
-    tokio::pin!(shutdown);
-    loop {
-        // Taken before accepting: at the cap, new connections wait in the
-        // kernel's backlog instead of costing a task each.
-        let permit = tokio::select! {
-            permit = permits.clone().acquire_owned() => permit?,
-            () = &mut shutdown => break,
-        };
-        let (tcp, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(err) => {
-                    // EMFILE and the like: wait rather than spin.
-                    tracing::warn!(%err, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        // Answers are small: without TCP_NODELAY, Nagle's algorithm holds each
-        // one back until the peer's delayed ACK, milliseconds per decision.
-        if let Err(err) = tcp.set_nodelay(true) {
-            tracing::warn!(%err, "cannot set TCP_NODELAY");
-        }
-        let connection = Connection {
-            builder: builder.clone(),
-            app: app.clone(),
-            acceptor: acceptor.clone(),
-            watcher: graceful.watcher(),
-            timeout: options.header_read_timeout,
-        };
-        tokio::spawn(async move {
-            if let Err(reason) = connection.serve(tcp).await {
-                tracing::debug!(%peer, %reason, "connection closed");
-            }
-            drop(permit);
-        });
+    let connection = |app: &Router| Connection {
+        builder: builder.clone(),
+        app: app.clone(),
+        acceptor: acceptor.clone(),
+        watcher: graceful.watcher(),
+        timeout: options.header_read_timeout,
+    };
+    let serving = accept_loop(listener, options.max_connections, shutdown, || connection(&app));
+    match admin_listener {
+        // The admin loop ends with the decision loop, at shutdown.
+        Some((listener, admin)) => tokio::select! {
+            () = serving => {}
+            () = accept_loop(listener, options.max_connections, std::future::pending(), || connection(&admin)) => {}
+        },
+        None => serving.await,
     }
-    drop(listener);
     let started = std::time::Instant::now();
     let hold_until = started + options.drain_timeout.saturating_sub(options.give_back_time);
     drain.close(hold_until);
@@ -279,6 +277,53 @@ pub async fn run(
     }
     tracing::info!(took_ms = started.elapsed().as_millis(), "drained");
     Ok(())
+}
+
+/// Accepts connections from `listener` and serves each with a new
+/// `connection()`, at most `max` at once, until `shutdown` completes.
+async fn accept_loop(
+    listener: TcpListener,
+    max: usize,
+    shutdown: impl Future<Output = ()>,
+    connection: impl Fn() -> Connection,
+) {
+    let permits = Arc::new(Semaphore::new(max));
+    tokio::pin!(shutdown);
+    loop {
+        // Taken before accepting: at the cap, new connections wait in the
+        // kernel's backlog instead of costing a task each.
+        let permit = tokio::select! {
+            permit = permits.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+            () = &mut shutdown => break,
+        };
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    // EMFILE and the like: wait rather than spin.
+                    tracing::warn!(%err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        // Answers are small: without TCP_NODELAY, Nagle's algorithm holds each
+        // one back until the peer's delayed ACK, milliseconds per decision.
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::warn!(%err, "cannot set TCP_NODELAY");
+        }
+        let connection = connection();
+        tokio::spawn(async move {
+            if let Err(reason) = connection.serve(tcp).await {
+                tracing::debug!(%peer, %reason, "connection closed");
+            }
+            drop(permit);
+        });
+    }
 }
 
 /// What one accepted connection needs to be served.

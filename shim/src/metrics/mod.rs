@@ -252,8 +252,17 @@ impl Drop for Held {
 /// `app` with its requests counted in flight, and `GET /metrics` (not
 /// counted: a scrape would always see itself).
 pub fn serve(app: Router, metrics: Arc<Metrics>) -> Router {
-    app.layer(middleware::from_fn_with_state(metrics.clone(), in_flight))
-        .route("/metrics", get(page).with_state(metrics))
+    count(app, metrics.clone()).merge(page_route(metrics))
+}
+
+/// `app` with its requests counted in flight.
+pub fn count(app: Router, metrics: Arc<Metrics>) -> Router {
+    app.layer(middleware::from_fn_with_state(metrics, in_flight))
+}
+
+/// `GET /metrics` alone.
+pub fn page_route(metrics: Arc<Metrics>) -> Router {
+    Router::new().route("/metrics", get(page).with_state(metrics))
 }
 
 async fn in_flight(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
