@@ -43,6 +43,7 @@
 
 mod egress;
 mod egress_clients;
+mod footprint;
 mod gateway;
 mod leased;
 mod load;
@@ -108,10 +109,27 @@ struct Cli {
     /// Only `sluice simulate` on a generated access log (1M lines; 100k with --quick); prints lines/s.
     #[arg(long, conflicts_with_all = ["egress", "shed", "feedback", "redis_cost", "leased"])]
     simulate: bool,
+    /// Only the key footprint: bytes per Redis key for every limit kind, 100k client keys
+    /// (1M with --million); writes FOOTPRINT.md.
+    #[arg(long, conflicts_with_all = ["egress", "shed", "feedback", "redis_cost", "leased", "simulate"])]
+    footprint: bool,
+    /// With --footprint: 1M client keys.
+    #[arg(long, requires = "footprint")]
+    million: bool,
 }
 
 fn main() -> std::process::ExitCode {
-    let Cli { quick, egress, shed, feedback, redis_cost, callgrind, leased, simulate } = Cli::parse();
+    let Cli { quick, egress, shed, feedback, redis_cost, callgrind, leased, simulate, footprint, million } =
+        Cli::parse();
+    if footprint {
+        return match run_footprint(if million { 1_000_000 } else { 100_000 }) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("bench: error: {err:#}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     match run(quick, Only { egress, shed, feedback, redis_cost, callgrind, leased, simulate }) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
@@ -224,6 +242,30 @@ fn run(quick: bool, only: Only) -> Result<()> {
 /// Scenario 3 alone (`--redis-cost`), its table printed; with `callgrind`,
 /// redis-server runs under valgrind's callgrind and each case also reports
 /// the instructions Redis ran per decision (2,000 decisions a case).
+/// The key footprint at `clients` client keys, to bench/results/FOOTPRINT.md.
+fn run_footprint(clients: usize) -> Result<()> {
+    let redis = sluice_harness::Redis::start()?;
+    let rows = footprint::run(&mut redis.connection()?, clients)?;
+    let version: String = redis::cmd("INFO").arg("server").query::<String>(&mut redis.connection()?)?
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .unwrap_or("?")
+        .trim()
+        .to_string();
+    let text = format!(
+        "# Key footprint\n\nWritten by `cargo xtask bench --footprint{}` (Redis {version}). Each limit kind \
+         fills a fresh Redis through the real check library, one admitted decision per client key; \
+         bytes are Redis's `used_memory` after minus before, per client and per Redis key (`DBSIZE`), \
+         allocator overhead and the keyspace dictionary included. See `bench/src/footprint.rs`.\n\n{}",
+        if clients >= 1_000_000 { " --million" } else { "" },
+        footprint::table(&rows)
+    );
+    let path = workspace_root().join("bench/results/FOOTPRINT.md");
+    std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+    println!("{text}");
+    Ok(())
+}
+
 fn run_redis_cost(plan: &plan::Plan, redis_server: &std::path::Path, callgrind: bool) -> Result<()> {
     let counter = if callgrind {
         let dir = workspace_root().join("target/bench-callgrind");

@@ -59,7 +59,7 @@ impl Callgrind {
 }
 
 /// The cases: each Sluice type, then the hand-written scripts.
-fn sluice_cases() -> Vec<(&'static str, Vec<WireLimit>)> {
+pub(crate) fn sluice_cases() -> Vec<(&'static str, Vec<WireLimit>)> {
     vec![
         ("fixed_window 100/1m", vec![WireLimit::FixedWindow { limit: 100, window_ms: Millis(60_000) }]),
         (
@@ -139,7 +139,7 @@ pub(crate) fn run(
 }
 
 /// The state keys and algorithms of `limits` for client `client`, as the shim names them.
-fn case_keys(limits: &[WireLimit], client: usize) -> Result<Vec<(String, Algorithm)>> {
+pub(crate) fn case_keys(limits: &[WireLimit], client: usize) -> Result<Vec<(String, Algorithm)>> {
     let check = Check {
         policy: "bench".into(),
         key: format!("client{client}"),
