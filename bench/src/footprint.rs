@@ -13,7 +13,32 @@ use anyhow::{Context, Result};
 use sluice_policies::wire::WireLimit;
 use sluice_shim::scripts::Scripts;
 
-use crate::redis_cost::{case_keys, sluice_cases};
+use sluice_policies::units::Millis;
+
+use crate::redis_cost::case_keys;
+
+/// An hour: every case's state outlives the fill, so each client's keys
+/// are all there when measured.
+const HOUR: Millis = Millis(3_600_000);
+
+/// Every limit kind, one limit each, with state that lives an hour.
+fn cases() -> Vec<(&'static str, WireLimit)> {
+    vec![
+        ("fixed_window 100/1h", WireLimit::FixedWindow { limit: 100, window_ms: HOUR }),
+        (
+            "sliding_window 100/1h (exact log, one entry)",
+            WireLimit::SlidingWindow { limit: 100, window_ms: HOUR, approximate: false },
+        ),
+        (
+            "sliding_window approximate 100/1h",
+            WireLimit::SlidingWindow { limit: 100, window_ms: HOUR, approximate: true },
+        ),
+        ("token_bucket 1/1h burst 100 (GCRA)", WireLimit::TokenBucket { rate: 1, per_ms: HOUR, burst: 100 }),
+        ("points 1000/1h, cost 10", WireLimit::Points { capacity: 1000, refill_ms: HOUR, cost: 10 }),
+        ("interval 1h", WireLimit::Interval { every_ms: HOUR }),
+        ("concurrency 50, lease 1h (one lease)", WireLimit::Concurrency { limit: 50, lease_ms: HOUR }),
+    ]
+}
 
 /// Commands per pipeline.
 const BATCH: usize = 1_000;
@@ -55,8 +80,12 @@ fn measure(
         pipe.query::<()>(conn).with_context(|| format!("{case}: filling from client {start}"))?;
     }
     let after = used_memory(conn)?;
-    let footprint =
-        Footprint { case: case.to_string(), clients, keys: dbsize(conn)?, bytes: after.saturating_sub(before) };
+    let footprint = Footprint {
+        case: case.to_string(),
+        clients,
+        keys: dbsize(conn)?,
+        bytes: after.saturating_sub(before),
+    };
     eprintln!(
         "footprint: {case}: {} keys, {:.0} bytes per client",
         footprint.keys,
@@ -69,7 +98,8 @@ pub(crate) fn run(conn: &mut redis::Connection, clients: usize) -> Result<Vec<Fo
     let scripts = Scripts::new();
     let _: String = scripts.check.prepare_invoke().load().query(conn).context("FUNCTION LOAD")?;
     let mut out = Vec::new();
-    for (name, limits) in sluice_cases() {
+    for (name, limit) in cases() {
+        let limits = [limit];
         out.push(measure(conn, name, clients, |client, pipe| {
             let mut inv = scripts.check.prepare_invoke();
             inv.arg("").arg(format!("r{client}"));
@@ -83,24 +113,29 @@ pub(crate) fn run(conn: &mut redis::Connection, clients: usize) -> Result<Vec<Fo
     }
     let acquire = &scripts.acquire;
     let _: String = acquire.prepare_invoke().load(conn).context("SCRIPT LOAD acquire")?;
-    let queue = [WireLimit::Concurrency { limit: 1, lease_ms: sluice_policies::units::Millis(30_000) }];
-    out.push(measure(conn, "concurrency 1, one holder and one queued waiter", clients, |client, pipe| {
-        let (key, _) = case_keys(&queue, client)?.into_iter().next().context("a concurrency key")?;
-        for id in ["holder", "waiter"] {
-            pipe.cmd("EVALSHA")
-                .arg(acquire.get_hash())
-                .arg(1)
-                .arg(&key)
-                .arg("")
-                .arg(format!("{id}{client}"))
-                .arg(1)
-                .arg(30_000_000u64)
-                .arg(600_000_000u64)
-                .arg("sluice:footprint")
-                .ignore();
-        }
-        Ok(())
-    })?);
+    let queue = [WireLimit::Concurrency { limit: 1, lease_ms: HOUR }];
+    out.push(measure(
+        conn,
+        "concurrency 1, lease 1h: one holder and one queued waiter (wait mode)",
+        clients,
+        |client, pipe| {
+            let (key, _) = case_keys(&queue, client)?.into_iter().next().context("a concurrency key")?;
+            for id in ["holder", "waiter"] {
+                pipe.cmd("EVALSHA")
+                    .arg(acquire.get_hash())
+                    .arg(1)
+                    .arg(&key)
+                    .arg("")
+                    .arg(format!("{id}{client}"))
+                    .arg(1)
+                    .arg(HOUR.0 * 1_000)
+                    .arg(HOUR.0 * 1_000)
+                    .arg("sluice:footprint")
+                    .ignore();
+            }
+            Ok(())
+        },
+    )?);
     Ok(out)
 }
 

@@ -246,7 +246,9 @@ fn run(quick: bool, only: Only) -> Result<()> {
 fn run_footprint(clients: usize) -> Result<()> {
     let redis = sluice_harness::Redis::start()?;
     let rows = footprint::run(&mut redis.connection()?, clients)?;
-    let version: String = redis::cmd("INFO").arg("server").query::<String>(&mut redis.connection()?)?
+    let version: String = redis::cmd("INFO")
+        .arg("server")
+        .query::<String>(&mut redis.connection()?)?
         .lines()
         .find_map(|l| l.strip_prefix("redis_version:"))
         .unwrap_or("?")

@@ -59,7 +59,7 @@ impl Callgrind {
 }
 
 /// The cases: each Sluice type, then the hand-written scripts.
-pub(crate) fn sluice_cases() -> Vec<(&'static str, Vec<WireLimit>)> {
+fn sluice_cases() -> Vec<(&'static str, Vec<WireLimit>)> {
     vec![
         ("fixed_window 100/1m", vec![WireLimit::FixedWindow { limit: 100, window_ms: Millis(60_000) }]),
         (
