@@ -50,6 +50,7 @@
 mod egress;
 mod egress_clients;
 mod egress_jitter;
+mod footprint;
 mod gateway;
 mod leased;
 mod load;
@@ -127,6 +128,13 @@ struct Cli {
     /// With --jitter: the policy's `wait.margin` in ms (default: the policy's default margin).
     #[arg(long, requires = "jitter")]
     margin_ms: Option<u64>,
+    /// Only the key footprint: bytes per Redis key for every limit kind, 100k client keys
+    /// (1M with --million); writes FOOTPRINT.md.
+    #[arg(long, conflicts_with_all = ["egress", "shed", "feedback", "redis_cost", "leased", "simulate", "soak_seconds", "jitter"])]
+    footprint: bool,
+    /// With --footprint: 1M client keys.
+    #[arg(long, requires = "footprint")]
+    million: bool,
 }
 
 fn main() -> std::process::ExitCode {
@@ -142,8 +150,12 @@ fn main() -> std::process::ExitCode {
         soak_seconds,
         jitter,
         margin_ms,
+        footprint,
+        million,
     } = Cli::parse();
-    let result = if jitter {
+    let result = if footprint {
+        run_footprint(if million { 1_000_000 } else { 100_000 })
+    } else if jitter {
         run_jitter(quick, margin_ms)
     } else {
         run(quick, Only { egress, shed, feedback, redis_cost, callgrind, leased, simulate, soak_seconds })
@@ -272,6 +284,32 @@ fn run(quick: bool, only: Only) -> Result<()> {
 /// Scenario 3 alone (`--redis-cost`), its table printed; with `callgrind`,
 /// redis-server runs under valgrind's callgrind and each case also reports
 /// the instructions Redis ran per decision (2,000 decisions a case).
+/// The key footprint at `clients` client keys, to bench/results/FOOTPRINT.md.
+fn run_footprint(clients: usize) -> Result<()> {
+    let redis = sluice_harness::Redis::start()?;
+    let rows = footprint::run(&mut redis.connection()?, clients)?;
+    let version: String = redis::cmd("INFO")
+        .arg("server")
+        .query::<String>(&mut redis.connection()?)?
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .unwrap_or("?")
+        .trim()
+        .to_string();
+    let text = format!(
+        "# Key footprint\n\nWritten by `cargo xtask bench --footprint{}` (Redis {version}). Each limit kind \
+         fills a fresh Redis through the real check library, one admitted decision per client key; \
+         bytes are Redis's `used_memory` after minus before, per client and per Redis key (`DBSIZE`), \
+         allocator overhead and the keyspace dictionary included. See `bench/src/footprint.rs`.\n\n{}",
+        if clients >= 1_000_000 { " --million" } else { "" },
+        footprint::table(&rows)
+    );
+    let path = workspace_root().join("bench/results/FOOTPRINT.md");
+    std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+    println!("{text}");
+    Ok(())
+}
+
 fn run_redis_cost(plan: &plan::Plan, redis_server: &std::path::Path, callgrind: bool) -> Result<()> {
     let counter = if callgrind {
         let dir = workspace_root().join("target/bench-callgrind");

@@ -139,7 +139,7 @@ pub(crate) fn run(
 }
 
 /// The state keys and algorithms of `limits` for client `client`, as the shim names them.
-fn case_keys(limits: &[WireLimit], client: usize) -> Result<Vec<(String, Algorithm)>> {
+pub(crate) fn case_keys(limits: &[WireLimit], client: usize) -> Result<Vec<(String, Algorithm)>> {
     let check = Check {
         policy: "bench".into(),
         key: format!("client{client}"),

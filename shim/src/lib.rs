@@ -46,6 +46,7 @@
 // wait) are deeper than the compiler's default layout query depth.
 #![recursion_limit = "256"]
 
+pub mod admin;
 pub mod dashboard;
 pub mod decision;
 pub mod drain;

@@ -105,6 +105,18 @@ struct ServeArgs {
     /// a retry-after and its reservation given back.
     #[arg(long, default_value_t = sluice_shim::server::DRAIN_TIMEOUT.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..=600_000))]
     drain_timeout_ms: u64,
+    /// Serve the dashboard (`/`, `/dashboard.json`, `/playground/`) and
+    /// `/metrics` only on this address, not on `--listen`.
+    #[arg(long)]
+    admin_listen: Option<std::net::SocketAddr>,
+    /// Require `Authorization: Bearer <token>` on the dashboard and
+    /// `/metrics`, the token being this file's content (trimmed).
+    #[arg(long)]
+    admin_token_file: Option<PathBuf>,
+    /// How long a request may take to send its body once its headers came;
+    /// a slower client gets 408 and its connection closed.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    body_read_timeout_ms: u64,
     /// The playground's built files, served at `/playground/`.
     /// [default: `playground/` beside this binary, e.g. `dist/playground`]
     #[arg(long)]
@@ -180,8 +192,23 @@ fn serve(args: ServeArgs) -> ExitCode {
             policies,
             playground: args.playground.clone().or_else(sluice_shim::dashboard::playground::beside_binary),
         };
+        let admin = sluice_shim::admin::Options {
+            listener: match args.admin_listen {
+                Some(addr) => Some(Arc::new(
+                    std::net::TcpListener::bind(addr)
+                        .map_err(|e| anyhow::anyhow!("cannot listen on --admin-listen {addr}: {e}"))?,
+                )),
+                None => None,
+            },
+            token: args.admin_token_file.as_deref().map(sluice_shim::admin::Token::read).transpose()?,
+        };
+        if let Some(addr) = args.admin_listen {
+            tracing::info!(admin_listen = %addr, token = admin.token.is_some(), "dashboard and /metrics served only here");
+        }
         let options = sluice_shim::server::Options {
             dashboard,
+            admin,
+            body_read_timeout: std::time::Duration::from_millis(args.body_read_timeout_ms),
             tls,
             max_connections: args.max_connections as usize,
             header_read_timeout: std::time::Duration::from_millis(args.header_read_timeout_ms),
@@ -223,7 +250,7 @@ fn serve(args: ServeArgs) -> ExitCode {
                 let options = options.clone();
                 let until = until_stopped();
                 let drain = limiter.drain().clone();
-                Some(tokio::spawn(sluice_shim::server::serve(grpc_listener, app, options, until, drain)))
+                Some(tokio::spawn(sluice_shim::server::serve(grpc_listener, app, options, until, drain, None)))
             }
             _ => None,
         };

@@ -64,6 +64,13 @@ pub fn router_with(limiter: Limiter, dashboard: crate::dashboard::Options) -> Ro
 
 /// [`router_with`], for a limiter the gRPC faces share.
 pub fn router_shared(limiter: Arc<Limiter>, dashboard: crate::dashboard::Options) -> Router {
+    let (decisions, admin) = routers(limiter, dashboard);
+    decisions.merge(admin)
+}
+
+/// The decision routes (with `/healthz`) and the operator's routes (the
+/// dashboard and `/metrics`, see [`crate::admin`]), apart.
+pub fn routers(limiter: Arc<Limiter>, dashboard: crate::dashboard::Options) -> (Router, Router) {
     let pages = crate::dashboard::routes(&limiter, dashboard);
     let metrics = limiter.metrics.clone();
     let app = Router::new()
@@ -79,7 +86,7 @@ pub fn router_shared(limiter: Arc<Limiter>, dashboard: crate::dashboard::Options
         .route("/healthz", get(healthz))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(limiter);
-    crate::metrics::serve(app, metrics).merge(pages)
+    (crate::metrics::count(app, metrics.clone()), crate::metrics::page_route(metrics).merge(pages))
 }
 
 /// `GET /healthz`: 200 while the shim serves, with a warning line while
@@ -186,8 +193,12 @@ pub struct Options {
     /// How long a new connection may take to send its first byte (cleartext)
     /// or complete its TLS handshake, and an HTTP/1.1 request its headers.
     pub header_read_timeout: Duration,
+    /// How long a request may take to send its body, once its headers came.
+    pub body_read_timeout: Duration,
     /// The dashboard's policy document and playground directory.
     pub dashboard: crate::dashboard::Options,
+    /// The dashboard's and `/metrics`' own listener and token.
+    pub admin: crate::admin::Options,
     /// On shutdown, how long the shim keeps accepting and serving while
     /// `/healthz` answers 503, so health checks take it out of rotation.
     pub drain_delay: Duration,
@@ -209,7 +220,9 @@ impl Default for Options {
             tls: None,
             max_connections: 1024,
             header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(10),
             dashboard: Default::default(),
+            admin: Default::default(),
             drain_delay: Duration::ZERO,
             drain_timeout: DRAIN_TIMEOUT,
             give_back_time: Duration::from_secs(1),
@@ -296,22 +309,34 @@ pub async fn run_shared(
             tokio::time::sleep(delay).await;
         }
     };
-    let app = router_shared(limiter, options.dashboard.clone());
-    serve(listener, app, options, shutdown, drain).await
+    let (decisions, admin) = routers(limiter, options.dashboard.clone());
+    let decisions = crate::admin::body_deadline(decisions, options.body_read_timeout, MAX_BODY);
+    let admin = crate::admin::guard(admin, options.admin.token.clone());
+    let (app, admin) = match &options.admin.listener {
+        Some(listener) => {
+            let listener = listener.try_clone()?;
+            listener.set_nonblocking(true)?;
+            (decisions, Some((Listener::from(TcpListener::from_std(listener)?), admin)))
+        }
+        None => (decisions.merge(admin), None),
+    };
+    serve(listener, app, options, shutdown, drain, admin).await
 }
 
 /// Serves `app` on `listener` as [`Options`] say (TLS, connection cap,
 /// deadlines) until `shutdown` completes, then drains through `drain`. The
-/// HTTP endpoints and the gRPC faces ([`crate::grpc`]) alike.
+/// HTTP endpoints and the gRPC faces ([`crate::grpc`]) alike. `admin`: the
+/// operator's routes on a listener of their own ([`crate::admin`]), served
+/// until the main loop ends.
 pub async fn serve(
     listener: impl Into<Listener>,
     app: Router,
     options: Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
     drain: Arc<crate::drain::Drain>,
+    admin: Option<(Listener, Router)>,
 ) -> anyhow::Result<()> {
     let listener: Listener = listener.into();
-    let permits = Arc::new(Semaphore::new(options.max_connections));
     let acceptor = options.tls.clone().map(TlsAcceptor::from);
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -322,50 +347,22 @@ pub async fn serve(
         .timer(TokioTimer::new())
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(10));
-    tokio::pin!(shutdown);
-    loop {
-        // Taken before accepting: at the cap, new connections wait in the
-        // kernel's backlog instead of costing a task each.
-        let permit = tokio::select! {
-            permit = permits.clone().acquire_owned() => permit?,
-            () = &mut shutdown => break,
-        };
-        let accepted = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(err) => {
-                    // EMFILE and the like: wait rather than spin.
-                    tracing::warn!(%err, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        let connection = Connection {
-            builder: builder.clone(),
-            app: app.clone(),
-            acceptor: acceptor.clone(),
-            watcher: graceful.watcher(),
-            timeout: options.header_read_timeout,
-        };
-        tokio::spawn(async move {
-            match accepted {
-                Accepted::Tcp(tcp, peer) => {
-                    if let Err(reason) = connection.serve(tcp).await {
-                        tracing::debug!(%peer, %reason, "connection closed");
-                    }
-                }
-                Accepted::Unix(unix) => {
-                    if let Err(reason) = connection.serve(unix).await {
-                        tracing::debug!(peer = "unix socket", %reason, "connection closed");
-                    }
-                }
-            }
-            drop(permit);
-        });
+    let connection = |app: &Router| Connection {
+        builder: builder.clone(),
+        app: app.clone(),
+        acceptor: acceptor.clone(),
+        watcher: graceful.watcher(),
+        timeout: options.header_read_timeout,
+    };
+    let serving = accept_loop(listener, options.max_connections, shutdown, || connection(&app));
+    match admin {
+        // The admin loop ends with the main loop, at shutdown.
+        Some((listener, admin)) => tokio::select! {
+            () = serving => {}
+            () = accept_loop(listener, options.max_connections, std::future::pending(), || connection(&admin)) => {}
+        },
+        None => serving.await,
     }
-    drop(listener);
     let started = std::time::Instant::now();
     let hold_until = started + options.drain_timeout.saturating_sub(options.give_back_time);
     drain.close(hold_until);
@@ -408,6 +405,57 @@ impl Stream for UnixStream {
         // Tokio's Unix stream has no `peek`: readable is bytes or the end,
         // and hyper reads the end as a close.
         self.readable().await.map(|()| true)
+    }
+}
+
+/// Accepts connections from `listener` and serves each with a new
+/// `connection()`, at most `max` at once, until `shutdown` completes.
+async fn accept_loop(
+    listener: Listener,
+    max: usize,
+    shutdown: impl Future<Output = ()>,
+    connection: impl Fn() -> Connection,
+) {
+    let permits = Arc::new(Semaphore::new(max));
+    tokio::pin!(shutdown);
+    loop {
+        // Taken before accepting: at the cap, new connections wait in the
+        // kernel's backlog instead of costing a task each.
+        let permit = tokio::select! {
+            permit = permits.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+            () = &mut shutdown => break,
+        };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    // EMFILE and the like: wait rather than spin.
+                    tracing::warn!(%err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let connection = connection();
+        tokio::spawn(async move {
+            match accepted {
+                Accepted::Tcp(tcp, peer) => {
+                    if let Err(reason) = connection.serve(tcp).await {
+                        tracing::debug!(%peer, %reason, "connection closed");
+                    }
+                }
+                Accepted::Unix(unix) => {
+                    if let Err(reason) = connection.serve(unix).await {
+                        tracing::debug!(peer = "unix socket", %reason, "connection closed");
+                    }
+                }
+            }
+            drop(permit);
+        });
     }
 }
 

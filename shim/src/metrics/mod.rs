@@ -316,7 +316,17 @@ impl Drop for Held {
 /// `app` with its requests counted in flight, and `GET /metrics` (not
 /// counted: a scrape would always see itself).
 pub fn serve(app: Router, metrics: Arc<Metrics>) -> Router {
-    app.layer(InFlight(metrics.clone())).route("/metrics", get(page).with_state(metrics))
+    count(app, metrics.clone()).merge(page_route(metrics))
+}
+
+/// `app` with its requests counted in flight.
+pub fn count(app: Router, metrics: Arc<Metrics>) -> Router {
+    app.layer(InFlight(metrics))
+}
+
+/// `GET /metrics` alone.
+pub fn page_route(metrics: Arc<Metrics>) -> Router {
+    Router::new().route("/metrics", get(page).with_state(metrics))
 }
 
 /// Counts each request in `sluice_in_flight` until its answer is ready (or
