@@ -290,7 +290,7 @@ fn envoy_config_for_the_rls_face_is_accepted_by_envoy() {
         "failure_mode_deny: true",
         r#"{"generic_key":{"descriptor_value":"api"}}"#,
         r#"{"remote_address":{}}"#,
-        "port_value: 8081",
+        r#""port_value":8081"#,
         "http2_protocol_options",
     ] {
         assert!(yaml.contains(part), "{part} missing:\n{yaml}");

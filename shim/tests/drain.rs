@@ -154,10 +154,15 @@ fn sigterm_answers_in_flight_checks_and_every_waiter_and_leaks_nothing() {
         assert_eq!(decided(draining.port, &check_body(lease, "conc", lease_limit(), 0))["allowed"], true);
     }
     let mut waiters = Vec::new();
+    // One at a time, each reserved before the next is sent: waiter i's slot
+    // is i windows on only if they reach Redis in this order.
     for i in 1..=3 {
         let id = format!("slot-{i}");
         let body = check_body(&id, "time", time_limit(), 20_000);
         waiters.push(spawn_waiter(draining.port, id, body));
+        wait_for(&format!("slot-{i}'s reservation"), || {
+            conn.zcard::<_, usize>(TIME_KEY).unwrap_or(0) == 1 + i
+        });
     }
     for i in 1..=3 {
         let id = format!("queued-{i}");
