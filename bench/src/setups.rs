@@ -196,6 +196,8 @@ pub(crate) struct Rig {
     pub(crate) envoys: Vec<Envoys>,
     /// Why the setups on Sluice's gRPC faces are not measured, if they are not.
     pub(crate) skipped: Option<String>,
+    /// Whether the shim serves the RLQS face: rows (j) and (k).
+    rlqs: bool,
     pub(crate) shim: Shim,
     _face: Option<Service>,
     _peer: Service,
@@ -224,6 +226,10 @@ impl Rig {
                 (None, Some(why))
             }
         };
+        let rlqs = face.is_some() && serves_rlqs();
+        if face.is_some() && !rlqs {
+            eprintln!("bench: skipping the setups on Sluice's RLQS face: `sluice serve` does not serve it");
+        }
         let mut envoys = Vec::new();
         for workers in WORKERS {
             eprintln!("bench: starting the envoys with {workers} worker(s)");
@@ -236,13 +242,14 @@ impl Rig {
                     shim: shim.port,
                     peer: peer.port,
                 },
-                face.as_ref().map(|f| f.1),
+                face.as_ref().map(|f| (f.1, rlqs)),
             )?;
             envoys.push(started);
         }
         Ok(Rig {
             envoys,
             skipped,
+            rlqs,
             shim,
             _face: face.map(|f| f.0),
             _peer: peer,
@@ -254,7 +261,12 @@ impl Rig {
 
     /// The setups this rig measures: all but the faces' when they are skipped.
     pub(crate) fn setups(&self) -> Vec<Setup> {
-        Setup::ALL.into_iter().filter(|s| !s.face() || self.skipped.is_none()).collect()
+        let rlqs = |s: &Setup| matches!(s, Setup::RlqsAllow | Setup::RlqsDeny);
+        Setup::ALL
+            .into_iter()
+            .filter(|s| !s.face() || self.skipped.is_none())
+            .filter(|s| !rlqs(s) || self.rlqs)
+            .collect()
     }
 
     /// The URL that loads `setup` with `workers` Envoy workers.
@@ -287,7 +299,12 @@ struct Ports {
 }
 
 impl Envoys {
-    fn start(built: &BenchArtifacts, workers: u16, ports: Ports, face: Option<u16>) -> Result<Envoys> {
+    fn start(
+        built: &BenchArtifacts,
+        workers: u16,
+        ports: Ports,
+        face: Option<(u16, bool)>,
+    ) -> Result<Envoys> {
         let up = ("UPSTREAM_PORT", ports.upstream.to_string());
         let bench_template = |name: &str| workspace_root().join("bench/envoy").join(name);
         let start = |template: PathBuf, values: &[(&str, String)]| {
@@ -326,8 +343,8 @@ impl Envoys {
         };
         let rls_peer = rls(ports.peer, "rls.yaml")?;
         let (rls_sluice, rlqs) = match face {
-            Some(port) => {
-                let rlqs = if serves_rlqs() { Some(rls(port, "rlqs.yaml")?) } else { None };
+            Some((port, serves_rlqs)) => {
+                let rlqs = if serves_rlqs { Some(rls(port, "rlqs.yaml")?) } else { None };
                 (Some(rls(port, "rls.yaml")?), rlqs)
             }
             None => (None, None),
