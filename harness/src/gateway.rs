@@ -120,8 +120,7 @@ pub fn envoy_with_route_timeout(
     let route = "route: {cluster: upstream}";
     anyhow::ensure!(text.contains(route), "envoy/demo.yaml has no `{route}`");
     let text = text.replace(route, &format!("route: {{cluster: upstream, timeout: {route_timeout}}}"));
-    let dir = std::env::temp_dir().join(format!("sluice-template-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    let dir = crate::process::scratch_dir("template")?;
     let template = dir.join(format!("route-timeout-{upstream_port}.yaml"));
     std::fs::write(&template, text)?;
     let values = [

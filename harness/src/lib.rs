@@ -83,6 +83,7 @@ pub use egress::Egress;
 pub use envoy::Envoy;
 pub use partner::Partner;
 pub use paths::{dist, free_port, workspace_root};
+pub use process::scratch_dir;
 pub use redis::Redis;
 pub use service::Service;
 pub use shim::Shim;

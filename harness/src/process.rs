@@ -28,7 +28,7 @@ pub(crate) struct Proc {
 }
 
 /// A fresh, process- and call-unique scratch directory.
-pub(crate) fn scratch_dir(name: &str) -> anyhow::Result<PathBuf> {
+pub fn scratch_dir(name: &str) -> anyhow::Result<PathBuf> {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("sluice-{name}-{}-{n}", std::process::id()));

@@ -91,8 +91,7 @@ fn admin_routes_move_to_their_own_listener() {
 #[test]
 fn admin_routes_require_the_token_and_it_is_never_logged() {
     let redis = Redis::start().expect("redis");
-    let dir = std::env::temp_dir().join(format!("sluice-admin-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let dir = sluice_harness::scratch_dir("admin").expect("scratch dir");
     let file = dir.join("token");
     std::fs::write(&file, format!("{TOKEN}\n")).expect("token file");
     let (shim, port) = serve(&redis.url(), &["--admin-token-file", file.to_str().expect("utf-8 path")]);

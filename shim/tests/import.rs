@@ -113,8 +113,7 @@ fn what_cannot_be_carried_over_is_named_with_why() {
 
 #[test]
 fn a_file_that_is_not_a_configuration_is_refused() {
-    let dir = std::env::temp_dir().join(format!("sluice-import-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let dir = sluice_harness::scratch_dir("import").expect("scratch dir");
     let bad = dir.join("bad.yaml");
     std::fs::write(&bad, "descriptors: [1, 2]\n").expect("write");
     let out = Command::new(env!("CARGO_BIN_EXE_sluice")).arg("import").arg(&bad).output().expect("sluice");

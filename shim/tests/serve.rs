@@ -109,8 +109,7 @@ fn document(policy: &str) -> String {
 /// with a log line, and the one loaded stays.
 #[test]
 fn sighup_reloads_the_policy_document() {
-    let dir = std::env::temp_dir().join(format!("sluice-reload-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let dir = sluice_harness::scratch_dir("reload").expect("scratch dir");
     let path = dir.join("policy.json");
     std::fs::write(&path, document("before")).expect("write");
     let (child, port) = serve("127.0.0.1", &["--policy", path.to_str().expect("utf-8 path")]);

@@ -17,8 +17,7 @@ const POLICY: &str = r#"{"policies": [
 const T0: u64 = 1_795_428_000_000;
 
 fn write(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sluice-simulate-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = sluice_harness::scratch_dir("simulate").expect("scratch dir");
     let path = dir.join(name);
     std::fs::write(&path, text).expect("writing");
     path
