@@ -14,7 +14,7 @@
 use anyhow::bail;
 use serde_json::{json, Value};
 use sluice_policies::condition::ValueCondition;
-use sluice_policies::{Document, FailureMode};
+use sluice_policies::{Document, Face, FailureMode};
 
 /// `envoy/rls.yaml`, built in.
 pub const RLS_TEMPLATE: &str = include_str!("../../envoy/rls.yaml");
@@ -24,7 +24,7 @@ pub const DEFAULT_DOMAIN: &str = "sluice";
 
 /// The template's `DOMAIN`, `RATE_LIMITS`, `FAILURE_MODE_DENY` and `TIMEOUT`.
 pub fn rls_values(doc: &Document) -> anyhow::Result<Vec<(String, String)>> {
-    let grpc: Vec<_> = doc.policies.iter().filter(|p| p.matcher.is_grpc_face()).collect();
+    let grpc: Vec<_> = doc.policies.iter().filter(|p| p.matcher.face() == Face::Rls).collect();
     if grpc.is_empty() {
         bail!("the document has no gRPC-face policy (a `match` naming `domain` or `entries`): nothing for the RLS face to send");
     }

@@ -8,10 +8,12 @@
 //! `{"prefix": "v"}`; query values are form-decoded first. `keys` holds when
 //! the policy's key (of a single source) is one of the listed raw values.
 //!
-//! `domain` (exact) and `entries` (each `{"present"}`, `{"equals"}` or
-//! `{"prefix"}`, like headers) are read from a gRPC face's request: an RLS
-//! descriptor's entries, an RLQS bucket id. A policy whose `match` names
-//! either is a gRPC-face policy (see [`Condition::is_grpc_face`]).
+//! `domain` (exact), `entries` and `bucket` (each `{"present"}`,
+//! `{"equals"}` or `{"prefix"}`, like headers) are read from a gRPC face's
+//! request: `entries` from an RLS descriptor, `bucket` from an RLQS bucket
+//! id. A policy's `match` says its face ([`Condition::face`]): `bucket`
+//! makes it an RLQS-face policy, `domain` or `entries` without it an
+//! RLS-face one, neither an HTTP one.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -19,7 +21,7 @@ use std::collections::BTreeMap;
 use serde::de::{self, Deserialize, Deserializer};
 
 use crate::key::MAX_SOURCE_NAME_LEN;
-use crate::request::{host_only, path_only, query_param};
+use crate::request::{host_only, path_only, query_param, Face};
 use crate::{HeaderName, Request};
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -32,8 +34,10 @@ pub struct Condition {
     pub keys: Option<Vec<String>>,
     /// A gRPC face's domain, exact.
     pub domain: Option<String>,
-    /// A gRPC face's entries, by key.
+    /// An RLS descriptor's entries, by key.
     pub entries: BTreeMap<String, ValueCondition>,
+    /// An RLQS bucket id's values, by key.
+    pub bucket: BTreeMap<String, ValueCondition>,
 }
 
 #[derive(Debug, Clone)]
@@ -78,11 +82,46 @@ impl Condition {
         self.keys.is_some()
     }
 
-    /// Whether this names `domain` or `entries`: as a policy's `match`, it
-    /// makes the policy a gRPC-face policy, which only requests of a gRPC
-    /// face (with a domain) reach, and no HTTP request from the filter.
+    /// Whether this names `domain`, `entries` or `bucket`: as a policy's
+    /// `match`, it makes the policy a gRPC-face policy, which only requests
+    /// of a gRPC face (with a domain) reach, and no HTTP request from the filter.
     pub fn is_grpc_face(&self) -> bool {
-        self.domain.is_some() || !self.entries.is_empty()
+        self.face() != Face::Http
+    }
+
+    /// As a policy's `match`, the face of the requests it can match:
+    /// `bucket` names an RLQS bucket, `domain` or `entries` alone an RLS
+    /// descriptor, none of them an HTTP request.
+    pub fn face(&self) -> Face {
+        if !self.bucket.is_empty() {
+            Face::Rlqs
+        } else if self.domain.is_some() || !self.entries.is_empty() {
+            Face::Rls
+        } else {
+            Face::Http
+        }
+    }
+
+    /// The first condition named that an RLQS bucket never has (only
+    /// `domain`, `bucket` and `keys` read one), by its field's name.
+    pub fn http_field(&self) -> Option<&'static str> {
+        let path = match self.path {
+            Some(PathCondition::Prefix(_)) => Some("path_prefix"),
+            Some(PathCondition::Exact(_)) => Some("path_exact"),
+            Some(PathCondition::Regex(_)) => Some("path_regex"),
+            None => None,
+        };
+        path.or_else(|| {
+            [
+                (self.methods.is_some(), "methods"),
+                (self.host.is_some(), "host"),
+                (!self.headers.is_empty(), "headers"),
+                (!self.query.is_empty(), "query"),
+                (!self.entries.is_empty(), "entries"),
+            ]
+            .into_iter()
+            .find_map(|(named, field)| named.then_some(field))
+        })
     }
 
     /// Whether every condition holds. `raw_key` is the policy's raw key value,
@@ -105,6 +144,7 @@ impl Condition {
                 .is_none_or(|keys| raw_key.is_some_and(|k| keys.iter().any(|v| v.as_bytes() == k)))
             && self.domain.as_ref().is_none_or(|d| req.domain() == Some(d.as_bytes()))
             && self.entries.iter().all(|(key, cond)| cond.holds(req.entry(key).as_deref()))
+            && self.bucket.iter().all(|(key, cond)| cond.holds(req.bucket(key).as_deref()))
     }
 
     fn path_holds(&self, path: &[u8]) -> bool {
@@ -139,9 +179,13 @@ pub(crate) struct RawCondition {
     keys: Option<Vec<String>>,
     /// gRPC faces: the request's domain (an RLS request's `domain`), exact.
     domain: Option<String>,
-    /// gRPC faces: entries by key (an RLS descriptor's, an RLQS bucket id's).
+    /// RLS face: an RLS descriptor's entries by key.
     #[serde(default)]
     entries: BTreeMap<String, ValueCondition>,
+    /// RLQS face: an RLQS bucket id's values by key (the map Envoy's
+    /// `bucket_id_builder` builds).
+    #[serde(default)]
+    bucket: BTreeMap<String, ValueCondition>,
 }
 
 /// The most entries of one list or map in a condition (`methods`, `keys`,
@@ -159,6 +203,8 @@ impl<'de> Deserialize<'de> for Condition {
             ("headers", raw.headers.len()),
             ("query", raw.query.len()),
             ("keys", raw.keys.as_ref().map_or(0, Vec::len)),
+            ("entries", raw.entries.len()),
+            ("bucket", raw.bucket.len()),
         ];
         if let Some((name, len)) = lists.iter().find(|(_, len)| *len > MAX_CONDITION_ENTRIES) {
             return Err(de::Error::custom(format!(
@@ -173,6 +219,16 @@ impl<'de> Deserialize<'de> for Condition {
             return Err(de::Error::custom(format!(
                 "invalid entry key {key:?} (expected 1 to {MAX_SOURCE_NAME_LEN} bytes)"
             )));
+        }
+        if let Some(key) = raw.bucket.keys().find(|k| k.is_empty() || k.len() > MAX_SOURCE_NAME_LEN) {
+            return Err(de::Error::custom(format!(
+                "invalid bucket key {key:?} (expected 1 to {MAX_SOURCE_NAME_LEN} bytes)"
+            )));
+        }
+        if !raw.entries.is_empty() && !raw.bucket.is_empty() {
+            return Err(de::Error::custom(
+                "give `entries` (an RLS descriptor's) or `bucket` (an RLQS bucket id's), not both: a request comes through one face",
+            ));
         }
         let path = if let Some(p) = raw.path_prefix {
             Some(PathCondition::Prefix(p))
@@ -192,6 +248,7 @@ impl<'de> Deserialize<'de> for Condition {
             keys: raw.keys,
             domain: raw.domain,
             entries: raw.entries,
+            bucket: raw.bucket,
         })
     }
 }

@@ -39,7 +39,7 @@ use crate::condition::RawCondition;
 use crate::condition::{raw_key, Condition};
 use crate::feedback::Upstream;
 use crate::key::{self, ClientIp, KeySource, OnMissingKey};
-use crate::request::Attribute;
+use crate::request::{Attribute, Face};
 pub use crate::response::FailureMode;
 use crate::response::{CacheSlots, CooldownMs, DenyResponse, DenyStatus, FailureThreshold, HeadersMode};
 use crate::shed::ShedPolicy;
@@ -265,52 +265,52 @@ pub struct Policy {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawPolicy {
     /// 1 to 64 of `A-Z a-z 0-9 _ -`, unique in the document.
-    name: PolicyName,
+    pub(crate) name: PolicyName,
     /// Which requests the policy applies to; every condition given must hold.
     #[serde(rename = "match")]
-    matcher: Option<Condition>,
+    pub(crate) matcher: Option<Condition>,
     /// Requests exempt from the policy: any entry that holds exempts.
     #[serde(default)]
     #[cfg_attr(feature = "schema", schemars(with = "Vec<RawCondition>"))]
-    bypass: Vec<Condition>,
+    pub(crate) bypass: Vec<Condition>,
     /// Where the key comes from; `[]` is one bucket for every request.
     #[serde(default)]
-    key: Vec<KeySource>,
+    pub(crate) key: Vec<KeySource>,
     /// A request without one of the key sources: `shared` bucket, `deny` (400) or `skip` the policy.
     #[serde(default)]
-    on_missing_key: OnMissingKey,
+    pub(crate) on_missing_key: OnMissingKey,
     /// At least one limit, unless `unlimited`; the request must pass all of them.
     #[serde(default)]
-    limits: Vec<Limit>,
+    pub(crate) limits: Vec<Limit>,
     /// gRPC faces: the policy limits nothing; its requests are answered OK and
     /// counted as unlimited. Give no `limits`.
     #[serde(default)]
-    unlimited: bool,
+    pub(crate) unlimited: bool,
     /// Count and report every decision, but never refuse a request.
     #[serde(default)]
-    shadow: bool,
+    pub(crate) shadow: bool,
     /// Overrides the document's `failure_mode` for requests this policy applies to.
     #[serde(default)]
-    failure_mode: Option<FailureMode>,
+    pub(crate) failure_mode: Option<FailureMode>,
     /// Overrides the document's `failure_status`.
     #[serde(default)]
-    failure_status: Option<DenyStatus>,
+    pub(crate) failure_status: Option<DenyStatus>,
     /// The response to a request this policy denies: `status`, `body`, `headers`.
     #[serde(default)]
-    response: DenyResponse,
+    pub(crate) response: DenyResponse,
     /// Egress: hold a request until its slot (up to `timeout`) instead of answering 429.
     #[serde(default)]
-    wait: Option<Wait>,
+    pub(crate) wait: Option<Wait>,
     /// Egress: which answers of the partner mean "slow down"; `{}` takes every default.
     #[serde(default)]
-    upstream: Option<Upstream>,
+    pub(crate) upstream: Option<Upstream>,
     /// Load shedding: drop this policy's less important classes while the
     /// service is busy.
-    shed: Option<ShedPolicy>,
+    pub(crate) shed: Option<ShedPolicy>,
     /// Ingress, high rates: spend leases of a fixed_window's tokens locally,
     /// with no shim call per request (`{"tokens": 200, "ttl": "2s"}`).
     #[serde(default)]
-    leased: Option<crate::leased::Leased>,
+    pub(crate) leased: Option<crate::leased::Leased>,
 }
 
 impl<'de> Deserialize<'de> for Policy {
@@ -331,12 +331,23 @@ impl<'de> Deserialize<'de> for Policy {
         } else if raw.limits.is_empty() {
             return Err(de::Error::custom("a policy needs at least one limit"));
         }
-        if matcher.is_grpc_face() {
-            grpc_face_fits(&raw).map_err(de::Error::custom)?;
-        } else if let Some(source) = raw.key.iter().find(|s| matches!(s, KeySource::Entry(_))) {
-            return Err(de::Error::custom(format!(
-                "key source \"{source}\" reads a gRPC face's entries: only a policy whose `match` names `domain` or `entries` has them"
-            )));
+        match matcher.face() {
+            Face::Rls => grpc_face_fits(&raw, RLS_FACE).map_err(de::Error::custom)?,
+            Face::Rlqs => crate::rlqs::fits(&raw, &matcher).map_err(de::Error::custom)?,
+            Face::Http => {
+                if let Some(source) = raw.key.iter().find(|s| matches!(s, KeySource::Entry(_))) {
+                    return Err(de::Error::custom(format!(
+                        "key source \"{source}\" reads a gRPC face's entries: only a policy whose `match` names `domain` or `entries` has them"
+                    )));
+                }
+            }
+        }
+        if matcher.face() != Face::Rlqs {
+            if let Some(source) = raw.key.iter().find(|s| matches!(s, KeySource::Bucket(_))) {
+                return Err(de::Error::custom(format!(
+                    "key source \"{source}\" reads an RLQS bucket id: only a policy whose `match` names `bucket` has one"
+                )));
+            }
         }
         if raw.limits.len() > MAX_LIMITS {
             return Err(de::Error::custom(format!(
@@ -449,28 +460,32 @@ impl<'de> Deserialize<'de> for Policy {
     }
 }
 
+/// How the messages about an RLS-face policy name it.
+const RLS_FACE: &str = "a gRPC-face policy (its `match` names `domain` or `entries`)";
+
 /// What a gRPC-face policy cannot use: its face answers each request once
-/// and hears nothing after (no stream end, no response).
-fn grpc_face_fits(raw: &RawPolicy) -> Result<(), String> {
-    const GRPC: &str = "a gRPC-face policy (its `match` names `domain` or `entries`)";
+/// and hears nothing after (no stream end, no response). `GRPC` names the
+/// policy in the messages. An RLS-face policy cannot be `leased` either;
+/// an RLQS-face one is, by nature (see [`crate::rlqs`]).
+pub(crate) fn grpc_face_fits(raw: &RawPolicy, face: &str) -> Result<(), String> {
     if let Some(i) = raw.limits.iter().position(|l| l.lease().is_some()) {
         return Err(format!(
-            "{GRPC} cannot have a concurrency limit (limits[{i}]): its face answers once and never hears the request end, so a slot would never be released"
+            "{face} cannot have a concurrency limit (limits[{i}]): its face answers once and never hears the request end, so a slot would never be released"
         ));
     }
     if let Some(i) = raw.limits.iter().position(|l| l.actual_cost_header().is_some()) {
         return Err(format!(
-            "{GRPC} cannot read an `actual_cost_header` (limits[{i}]): its face never sees the response"
+            "{face} cannot read an `actual_cost_header` (limits[{i}]): its face never sees the response"
         ));
     }
     let other = [
         (raw.wait.is_some(), "`wait`: its face answers at once and cannot hold a request"),
         (raw.upstream.is_some(), "`upstream`: its face never sees the partner's answer"),
         (raw.shed.is_some(), "`shed`: its face reads no utilization"),
-        (raw.leased.is_some(), "`leased`: leases are spent inside the Sluice filter"),
+        (raw.leased.is_some() && face == RLS_FACE, "`leased`: leases are spent inside the Sluice filter"),
     ];
     match other.iter().find(|(on, _)| *on) {
-        Some((_, why)) => Err(format!("{GRPC} cannot use {why}")),
+        Some((_, why)) => Err(format!("{face} cannot use {why}")),
         None => Ok(()),
     }
 }
@@ -499,11 +514,10 @@ impl Policy {
         }
     }
 
-    /// Whether `match` holds and no `bypass` does. A gRPC face's request
-    /// (with a domain) is matched only by gRPC-face policies, an HTTP
-    /// request only by the others.
+    /// Whether `match` holds and no `bypass` does. A request is matched only
+    /// by the policies of its face (HTTP, RLS or RLQS).
     fn matches(&self, req: &impl Request, ip: ClientIp) -> bool {
-        if self.matcher.is_grpc_face() != req.domain().is_some() {
+        if self.matcher.face() != req.face() {
             return false;
         }
         let needs_key = self.matcher.needs_key() || self.bypass.iter().any(Condition::needs_key);

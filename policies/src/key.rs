@@ -44,12 +44,15 @@ pub enum KeySource {
     Host,
     /// `query:NAME`: the first value of a query parameter, form-decoded.
     Query(String),
-    /// `entry:NAME`: a gRPC face's entry (an RLS descriptor's, an RLQS
-    /// bucket id's), by key; only in a gRPC-face policy.
+    /// `entry:NAME`: an RLS descriptor's entry, by key; only in an
+    /// RLS-face policy.
     Entry(String),
+    /// `bucket:NAME`: an RLQS bucket id's value, by key; only in an
+    /// RLQS-face policy.
+    Bucket(String),
 }
 
-/// The longest name of a `query:` or `entry:` key source.
+/// The longest name of a `query:`, `entry:` or `bucket:` key source.
 pub const MAX_SOURCE_NAME_LEN: usize = 128;
 
 impl KeySource {
@@ -68,6 +71,9 @@ impl KeySource {
         if let Some(name) = text.strip_prefix("entry:") {
             return named(name).then(|| KeySource::Entry(name.to_string()));
         }
+        if let Some(name) = text.strip_prefix("bucket:") {
+            return named(name).then(|| KeySource::Bucket(name.to_string()));
+        }
         let name = text.strip_prefix("query:")?;
         named(name).then(|| KeySource::Query(name.to_string()))
     }
@@ -81,6 +87,7 @@ impl KeySource {
             KeySource::Method => Attribute::Method,
             KeySource::Host => Attribute::Authority,
             KeySource::Entry(name) => Attribute::Entry(name),
+            KeySource::Bucket(name) => Attribute::Bucket(name),
         }
     }
 
@@ -100,6 +107,7 @@ impl KeySource {
                 Cow::Owned(v) => Cow::Owned(v.into_bytes()),
             }),
             KeySource::Entry(name) => req.entry(name),
+            KeySource::Bucket(name) => req.bucket(name),
         }
     }
 }
@@ -115,6 +123,7 @@ impl std::fmt::Display for KeySource {
             KeySource::Host => f.write_str("host"),
             KeySource::Query(name) => write!(f, "query:{name}"),
             KeySource::Entry(name) => write!(f, "entry:{name}"),
+            KeySource::Bucket(name) => write!(f, "bucket:{name}"),
         }
     }
 }
@@ -124,7 +133,7 @@ impl<'de> Deserialize<'de> for KeySource {
         let text = String::deserialize(d)?;
         KeySource::parse(&text).ok_or_else(|| {
             de::Error::custom(format!(
-                "invalid key source {text:?} (expected \"header:NAME\", \"ip\", \"path\", \"method\", \"host\", \"query:NAME\" or \"entry:NAME\")"
+                "invalid key source {text:?} (expected \"header:NAME\", \"ip\", \"path\", \"method\", \"host\", \"query:NAME\", \"entry:NAME\" or \"bucket:NAME\")"
             ))
         })
     }

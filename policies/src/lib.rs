@@ -18,7 +18,8 @@
 //! wire       wire: the messages between the filter and the shim
 //!   ^
 //! document   document, bounds, error: a whole document, parsed and held
-//!            to the shim's bounds; which policies apply; Applied::check
+//!            to the shim's bounds; which policies apply; Applied::check;
+//!            rlqs: what the RLQS face enforces and which policy governs a bucket
 //!   ^
 //! tools      replay, schema
 //! ```
@@ -69,6 +70,9 @@
 //! - [`bounds`]: the size bounds of a request to the shim, which the parser
 //!   holds every document to and the shim enforces.
 //! - [`error`]: [`ParseError`], the one error type of [`parse`].
+//! - [`rlqs`]: the RLQS face's policies: what Envoy's `rate_limit_quota`
+//!   filter can enforce (refused at load time otherwise), and which policy
+//!   governs a bucket ([`rlqs::govern`]).
 //!
 //! The tools:
 //!
@@ -91,6 +95,7 @@ pub mod load;
 pub mod replay;
 pub mod request;
 pub mod response;
+pub mod rlqs;
 #[cfg(feature = "schema")]
 pub mod schema;
 pub mod shed;
@@ -103,7 +108,7 @@ pub use document::{Applied, Document, Evaluation, FailureMode, Policy, Shim, Ver
 pub use error::{parse, ParseError};
 pub use key::{KeySource, OnMissingKey};
 pub use limit::{Cost, Limit, PoolReserve};
-pub use request::Request;
+pub use request::{Face, Request};
 pub use response::{DenyResponse, DenyStatus, HeadersMode};
 pub use units::{Count, Duration, HeaderName, PolicyName};
 pub use wait::Wait;

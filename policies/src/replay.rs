@@ -68,7 +68,7 @@ impl Recorded {
             Attribute::Authority => self.authority,
             Attribute::SourceAddress => self.source_address,
             // Access logs record no gRPC face's domain or entries.
-            Attribute::Domain | Attribute::Entry(_) => false,
+            Attribute::Domain | Attribute::Entry(_) | Attribute::Bucket(_) => false,
             Attribute::Header(name) => match &self.headers {
                 RecordedHeaders::All => true,
                 RecordedHeaders::Only(names) => names.iter().any(|n| n == name),

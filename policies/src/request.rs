@@ -21,10 +21,45 @@ pub trait Request {
     fn domain(&self) -> Option<&[u8]> {
         None
     }
-    /// A gRPC face's entry by key: one RLS descriptor's entry, one RLQS
-    /// bucket id's value. HTTP requests have none.
+    /// An RLS descriptor's entry by key. Other requests have none.
     fn entry(&self, _key: &str) -> Option<Cow<'_, [u8]>> {
         None
+    }
+    /// An RLQS bucket id's value by key. Other requests have none.
+    fn bucket(&self, _key: &str) -> Option<Cow<'_, [u8]>> {
+        None
+    }
+    /// The face the request came through: a request with a domain is an
+    /// RLS descriptor's unless it says otherwise.
+    fn face(&self) -> Face {
+        if self.domain().is_some() {
+            Face::Rls
+        } else {
+            Face::Http
+        }
+    }
+}
+
+/// Where a request came from, and so which policies can match it: a policy
+/// is of one face (see `Condition::face`) and only its requests reach it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Face {
+    /// An HTTP request, through the Sluice filter.
+    Http,
+    /// One descriptor of an RLS `ShouldRateLimit` call.
+    Rls,
+    /// One bucket of an RLQS stream (`StreamRateLimitQuotas`).
+    Rlqs,
+}
+
+impl Face {
+    /// Its name in metrics and docs: `filter`, `rls`, `rlqs`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Face::Http => "filter",
+            Face::Rls => "rls",
+            Face::Rlqs => "rlqs",
+        }
     }
 }
 
@@ -42,8 +77,10 @@ pub enum Attribute<'a> {
     SourceAddress,
     /// A gRPC face's domain.
     Domain,
-    /// A gRPC face's entry, by key.
+    /// An RLS descriptor's entry, by key.
     Entry(&'a str),
+    /// An RLQS bucket id's value, by key.
+    Bucket(&'a str),
 }
 
 /// A request held in plain values, for tests, benches and tools.
@@ -57,8 +94,10 @@ pub struct SimpleRequest {
     pub source_address: Option<Vec<u8>>,
     /// A gRPC face's domain; `None` for an HTTP request.
     pub domain: Option<Vec<u8>>,
-    /// A gRPC face's entries; the first of a repeated key wins.
+    /// An RLS descriptor's entries; the first of a repeated key wins.
     pub entries: Vec<(String, Vec<u8>)>,
+    /// An RLQS bucket id; non-empty makes this an RLQS request.
+    pub bucket: Vec<(String, Vec<u8>)>,
 }
 
 impl SimpleRequest {
@@ -91,6 +130,12 @@ impl SimpleRequest {
         self.entries.push((key.to_string(), value.as_ref().to_vec()));
         self
     }
+
+    /// One value of an RLQS bucket id (with [`SimpleRequest::domain`]).
+    pub fn bucket(mut self, key: &str, value: impl AsRef<[u8]>) -> SimpleRequest {
+        self.bucket.push((key.to_string(), value.as_ref().to_vec()));
+        self
+    }
 }
 
 impl Request for SimpleRequest {
@@ -114,6 +159,16 @@ impl Request for SimpleRequest {
     }
     fn entry(&self, key: &str) -> Option<Cow<'_, [u8]>> {
         self.entries.iter().find(|(k, _)| k == key).map(|(_, v)| Cow::Borrowed(v.as_slice()))
+    }
+    fn bucket(&self, key: &str) -> Option<Cow<'_, [u8]>> {
+        self.bucket.iter().find(|(k, _)| k == key).map(|(_, v)| Cow::Borrowed(v.as_slice()))
+    }
+    fn face(&self) -> Face {
+        match (&self.domain, self.bucket.is_empty()) {
+            (None, _) => Face::Http,
+            (Some(_), true) => Face::Rls,
+            (Some(_), false) => Face::Rlqs,
+        }
     }
 }
 

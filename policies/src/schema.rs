@@ -78,7 +78,7 @@ fixed_schema!(PathRegex, "PathRegex", {"type": "string", "maxLength": 1024, "for
 fixed_schema!(crate::condition::Method, "Method", {"type": "string", "pattern": "^[A-Z]{1,32}$"});
 fixed_schema!(KeySource, "KeySource", {
     "type": "string",
-    "pattern": "^(ip|path|method|host|header::?[A-Za-z0-9._-]{1,128}|query:.{1,128})$",
+    "pattern": "^(ip|path|method|host|header::?[A-Za-z0-9._-]{1,128}|(query|entry|bucket):.{1,128})$",
     "examples": ["header:x-api-key", "ip", "path", "method", "host", "query:tenant"]
 });
 

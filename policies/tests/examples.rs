@@ -22,6 +22,7 @@ const TESTED: &[&str] = &[
     "utilization-shedder",
     "leased-ingress",
     "leased-per-key",
+    "rlqs-quota",
 ];
 
 fn example(name: &str) -> Document {
@@ -239,6 +240,26 @@ fn leased_per_key() {
     let (key, limits) = applied(&doc, &req).expect("applies");
     assert!(!key.is_empty(), "one window per key");
     assert_eq!(limits, vec![WireLimit::FixedWindow { limit: 6_000, window_ms: Millis(60_000) }]);
+}
+
+/// RLQS: each client's bucket (`name: api`) spends a window of 6,000 a
+/// minute in assignments of 100; the internal tier's buckets are unlimited.
+#[test]
+fn rlqs_quota() {
+    use sluice_policies::rlqs::{govern, Governed};
+    let doc = example("rlqs-quota");
+    let bucket = SimpleRequest::default().domain("edge").bucket("name", "api").bucket("client", "c1");
+    match govern(&doc, &bucket).0 {
+        Governed::Leased(window) => {
+            assert_eq!(
+                (window.key.as_str(), window.limit(), window.lease.tokens(), window.ttl_s()),
+                ("c1", 6_000, 100, 5)
+            );
+        }
+        other => panic!("expected a leased window, got {other:?}"),
+    }
+    let internal = SimpleRequest::default().domain("edge").bucket("tier", "internal");
+    assert_eq!(govern(&doc, &internal).0, Governed::Unlimited { policy: "internal".into() });
 }
 
 /// Every document in `examples/` is in [`TESTED`], so each has a test here.

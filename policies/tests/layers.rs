@@ -30,7 +30,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     ("algorithm", &["algorithm"]),
     ("wire", &["wire"]),
-    ("document", &["document", "bounds", "error"]),
+    ("document", &["document", "bounds", "error", "rlqs"]),
     ("tools", &["replay", "schema"]),
 ];
 

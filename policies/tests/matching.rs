@@ -222,3 +222,52 @@ fn domain_and_entries_select_descriptors_and_key_them() {
     assert!(!applies(&doc, &rls("edge", &[("generic_key", "api"), ("client", "solo")])));
     assert!(!applies(&doc, &rls("edge", &[("generic_key", "api")])));
 }
+
+/// An RLQS bucket (a domain and a bucket id) reaches only RLQS-face
+/// policies (a `match` naming `bucket`), keyed by `bucket:NAME`; an RLS
+/// descriptor with the same domain and pairs never does, and an RLS-face
+/// policy never sees a bucket.
+#[test]
+fn bucket_ids_select_rlqs_policies_and_key_them() {
+    use sluice_policies::rlqs::{govern, Governed};
+    let doc = parse(
+        r#"{"policies": [
+          {"name": "rls", "match": {"domain": "edge", "entries": {"name": {"equals": "api"}}},
+           "limits": [{"type": "fixed_window", "limit": 5, "window": "1m"}]},
+          {"name": "quota", "match": {"domain": "edge", "bucket": {"name": {"equals": "api"}, "client": {"prefix": "team-"}}},
+           "key": ["bucket:client"], "leased": {"tokens": 10, "ttl": "5s"},
+           "limits": [{"type": "fixed_window", "limit": 100, "window": "1m"}]},
+          {"name": "internal", "unlimited": true, "match": {"domain": "edge", "bucket": {"tier": {"equals": "internal"}}}}
+        ]}"#,
+    )
+    .expect("valid document");
+    let bucket = |pairs: &[(&str, &str)]| {
+        pairs.iter().fold(SimpleRequest::default().domain("edge"), |r, (k, v)| r.bucket(k, v))
+    };
+    let names = |req: &SimpleRequest| -> Vec<String> {
+        doc.evaluate(req)
+            .expect("no missing key")
+            .iter()
+            .map(|a| a.policy.name.as_str().to_string())
+            .collect()
+    };
+    let team = bucket(&[("name", "api"), ("client", "team-a b")]);
+    assert_eq!(names(&team), ["quota"]);
+    assert_eq!(key(&doc, &team).as_deref(), Some("team-a%20b"));
+    let descriptor = SimpleRequest::default().domain("edge").entry("name", "api").entry("client", "team-a");
+    assert_eq!(names(&descriptor), ["rls"], "a descriptor never reaches an RLQS-face policy");
+    assert!(names(&bucket(&[("name", "api"), ("client", "solo")])).is_empty());
+
+    match govern(&doc, &team).0 {
+        Governed::Leased(window) => {
+            assert_eq!((window.policy.as_str(), window.key.as_str()), ("quota", "team-a%20b"));
+            assert_eq!((window.limit(), window.ttl_s(), window.lease.tokens()), (100, 5, 10));
+        }
+        other => panic!("expected a leased window, got {other:?}"),
+    }
+    assert_eq!(
+        govern(&doc, &bucket(&[("tier", "internal")])).0,
+        Governed::Unlimited { policy: "internal".into() }
+    );
+    assert_eq!(govern(&doc, &bucket(&[("name", "web")])).0, Governed::Unmatched);
+}

@@ -58,7 +58,7 @@ impl Shape {
         let ip = "pass --trusted-hops N to read the client from x-forwarded-for";
         Some(match (self, attribute) {
             (_, Attribute::Path | Attribute::Method) => return None,
-            (_, Attribute::Domain | Attribute::Entry(_)) => {
+            (_, Attribute::Domain | Attribute::Entry(_) | Attribute::Bucket(_)) => {
                 "access logs hold no gRPC face's domain or entries: a gRPC-face policy is not replayed".to_string()
             }
             (Shape::EnvoyText, Attribute::SourceAddress) => format!(
