@@ -35,6 +35,10 @@
 //! - [`verdict`]: what the filter did with a request, for `x-sluice-verdict`.
 //! - [`log_throttle`]: a log line an outage cannot turn into a flood.
 //! - [`testing`]: a fake host for tests of this crate and its faces.
+//!
+//! Another face's machine:
+//! - [`rlqs`]: one RLQS stream (Envoy's `rate_limit_quota` filter): its
+//!   buckets' assignments, and the lease calls that take their tokens.
 
 pub mod breaker;
 pub mod cache;
@@ -51,6 +55,7 @@ pub mod local_reply;
 pub mod log_throttle;
 pub mod passes;
 pub mod ratelimit_headers;
+pub mod rlqs;
 pub mod shedding;
 pub mod stats;
 pub mod testing;
