@@ -6,6 +6,13 @@
 //! run the tighter the interval; the wobble of a busy machine does not.
 //! A series may also have a hard bound (e.g. the keys the TTLs allow) that
 //! no sample may exceed.
+//!
+//! A series also has a `step`: the smallest rise it shows by itself (one
+//! lease, one waiter, one file, an allocator's growth). Beyond noise, the
+//! line must also rise by more than one step over the judged span. In a
+//! long run the tolerance asks far more than that, so this changes nothing
+//! there; in a short one it keeps a single step (a pool going from 5 leases
+//! held to 6 in 30 s, 120 an hour extrapolated) from reading as a leak.
 
 /// How a series is judged. `per_hour` is the largest growth per hour that
 /// is not a leak, in the series' unit.
@@ -14,6 +21,8 @@ pub(crate) struct Tolerance {
     pub(crate) per_hour: f64,
     /// No post-warm-up sample may exceed this.
     pub(crate) bound: Option<f64>,
+    /// The smallest rise the series shows by itself, in its unit.
+    pub(crate) step: f64,
 }
 
 #[derive(Clone, Debug)]
@@ -41,12 +50,15 @@ pub(crate) fn judge(points: &[(f64, f64)], warmup: f64, tolerance: Tolerance) ->
     let max = values().fold(f64::NEG_INFINITY, f64::max);
     let (slope, se) = fit(&post);
     let (slope_per_hour, slope_low_per_hour) = (slope * 3600.0, (slope - 2.0 * se) * 3600.0);
+    let span = post.last().map_or(0.0, |p| p.0) - post.first().map_or(0.0, |p| p.0);
+    // The least the line rose over the judged span, beyond noise.
+    let rise_low = (slope - 2.0 * se) * span;
     let over_bound = tolerance.bound.filter(|b| max > *b);
     let (pass, why) = if n < 3 {
         (false, format!("{n} samples after warm-up: too few to judge"))
     } else if let Some(bound) = over_bound {
         (false, format!("reached {max:.1}, over the bound {bound:.1}"))
-    } else if slope_low_per_hour > tolerance.per_hour {
+    } else if slope_low_per_hour > tolerance.per_hour && rise_low > tolerance.step {
         (
             false,
             format!(
@@ -54,6 +66,8 @@ pub(crate) fn judge(points: &[(f64, f64)], warmup: f64, tolerance: Tolerance) ->
                 tolerance.per_hour
             ),
         )
+    } else if slope_low_per_hour > tolerance.per_hour {
+        (true, format!("flat: rose by at most {rise_low:.1}, within one step ({})", tolerance.step))
     } else if slope_per_hour > tolerance.per_hour {
         (true, "flat: the slope over tolerance is within noise".to_string())
     } else {
@@ -95,7 +109,7 @@ fn fit(points: &[(f64, f64)]) -> (f64, f64) {
 mod tests {
     use super::*;
 
-    const TOL: Tolerance = Tolerance { per_hour: 36.0, bound: None };
+    const TOL: Tolerance = Tolerance { per_hour: 36.0, bound: None, step: 1.0 };
 
     /// A steady climb beyond the tolerance fails; the same climb's noise
     /// alone (a wobble around a flat line) passes; warm-up is left out.
@@ -122,7 +136,27 @@ mod tests {
     fn bounds_and_too_few_samples() {
         let flat: Vec<(f64, f64)> = (0..10).map(|i| (i as f64, 50.0)).collect();
         assert!(judge(&flat, 0.0, TOL).pass);
-        assert!(!judge(&flat, 0.0, Tolerance { per_hour: 36.0, bound: Some(40.0) }).pass);
+        assert!(!judge(&flat, 0.0, Tolerance { per_hour: 36.0, bound: Some(40.0), step: 1.0 }).pass);
         assert!(!judge(&flat, 8.5, TOL).pass);
+    }
+
+    /// Regression: a 60-second soak failed on its pool's leases, which went
+    /// from 5 held to 6 halfway through its 30 judged seconds (a step, 120
+    /// an hour extrapolated, against 8). One step is not a leak; a climb of
+    /// one lease every 5 s over the same span is.
+    #[test]
+    fn one_step_in_a_short_run_is_not_a_leak() {
+        let tol = Tolerance { per_hour: 8.0, bound: Some(8.0), step: 1.0 };
+        let step: Vec<(f64, f64)> =
+            (0..16).map(|i| (30.0 + 2.0 * i as f64, if i < 8 { 5.0 } else { 6.0 })).collect();
+        let verdict = judge(&step, 30.0, tol);
+        assert!(verdict.pass, "{verdict:?}");
+        assert!(
+            verdict.slope_low_per_hour > tol.per_hour,
+            "the slope alone would have failed it: {verdict:?}"
+        );
+
+        let climb: Vec<(f64, f64)> = (0..16).map(|i| (30.0 + 2.0 * i as f64, (i / 3) as f64)).collect();
+        assert!(!judge(&climb, 30.0, Tolerance { bound: None, ..tol }).pass);
     }
 }

@@ -48,21 +48,25 @@ fn tolerances(fresh_per_s: f64) -> [Tolerance; 8] {
     let keys_bound = fresh_per_s * traffic::API_KEYS as f64 * traffic::API_TTL_S as f64 * 1.5 + 1_000.0;
     let waiters_bound = MIX.wait * traffic::WAIT_MS as f64 / 1000.0 * 1.5;
     [
-        // shim RSS: MiB per hour.
-        Tolerance { per_hour: 32.0, bound: None },
+        // shim RSS: MiB per hour; a rise under one MiB is never counted as growth.
+        Tolerance { per_hour: 32.0, bound: None, step: 1.0 },
         // shim fds per hour.
-        Tolerance { per_hour: 60.0, bound: None },
+        Tolerance { per_hour: 60.0, bound: None, step: 1.0 },
         // Redis used_memory: MiB per hour.
-        Tolerance { per_hour: 32.0, bound: None },
+        Tolerance { per_hour: 32.0, bound: None, step: 1.0 },
         // Redis keys: 10% of the bound per hour, and never over the bound.
-        Tolerance { per_hour: keys_bound * 0.1, bound: Some(keys_bound) },
+        Tolerance { per_hour: keys_bound * 0.1, bound: Some(keys_bound), step: 1.0 },
         // Pool leases: never over the pool.
-        Tolerance { per_hour: traffic::POOL_LIMIT as f64, bound: Some(traffic::POOL_LIMIT as f64) },
+        Tolerance {
+            per_hour: traffic::POOL_LIMIT as f64,
+            bound: Some(traffic::POOL_LIMIT as f64),
+            step: 1.0,
+        },
         // Waiters: never more than a wait's worth of arrivals (with slack).
-        Tolerance { per_hour: waiters_bound * 0.5, bound: Some(waiters_bound) },
+        Tolerance { per_hour: waiters_bound * 0.5, bound: Some(waiters_bound), step: 1.0 },
         // Latency: ms per hour.
-        Tolerance { per_hour: 20.0, bound: None },
-        Tolerance { per_hour: 100.0, bound: None },
+        Tolerance { per_hour: 20.0, bound: None, step: 1.0 },
+        Tolerance { per_hour: 100.0, bound: None, step: 1.0 },
     ]
 }
 
