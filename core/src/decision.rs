@@ -1,12 +1,13 @@
 //! Reading the shim's answer to a check call.
 
 use sluice_policies::units::Millis;
-use sluice_policies::wire::{Check, CheckResponse};
+use sluice_policies::wire::{Check, CheckResponse, Encoding};
 
 /// The shim's answer to `checks`, or why it is no usable answer (and
 /// `failure_mode` decides). `status` is the `:status` header, `None` when the
 /// call failed without a response (reset, timeout).
 pub fn read_answer(
+    encoding: Encoding,
     status: Option<&[u8]>,
     body: Option<&[u8]>,
     checks: &[Check],
@@ -19,8 +20,8 @@ pub fn read_answer(
         let reason = body.map(String::from_utf8_lossy).unwrap_or_default();
         return Err(format!("shim answered {shown}: {}", reason.trim()));
     }
-    let resp: CheckResponse = serde_json::from_slice(body.unwrap_or_default())
-        .map_err(|err| format!("malformed shim answer: {err}"))?;
+    let resp: CheckResponse =
+        encoding.decode(body.unwrap_or_default()).map_err(|err| format!("malformed shim answer: {err}"))?;
     if resp.checks.len() != checks.len()
         || resp.checks.iter().zip(checks).any(|(o, c)| o.limits.len() != c.limits.len())
     {
@@ -70,14 +71,23 @@ mod tests {
         .into_bytes()
     }
 
+    /// The same answer in the binary wire.
+    fn binary(json: &[u8]) -> Vec<u8> {
+        let resp: CheckResponse = serde_json::from_slice(json).expect("an answer");
+        Encoding::Binary.encode(&resp).expect("encodes")
+    }
+
     #[test]
     fn answers_are_read_with_the_denying_check() {
-        let resp =
-            read_answer(Some(b"200"), Some(&answer([true, true], Some(0))), &checks()).expect("answer");
-        assert!(resp.allowed);
-        let resp =
-            read_answer(Some(b"200"), Some(&answer([true, false], Some(4001))), &checks()).expect("answer");
-        assert_eq!((resp.allowed, resp.denied_check()), (false, Some(1)));
+        for (encoding, body) in
+            [(Encoding::Json, answer as fn(_, _) -> _), (Encoding::Binary, |a, r| binary(&answer(a, r)))]
+        {
+            let read =
+                |body: Vec<u8>| read_answer(encoding, Some(b"200"), Some(&body), &checks()).expect("answer");
+            assert!(read(body([true, true], Some(0))).allowed);
+            let resp = read(body([true, false], Some(4001)));
+            assert_eq!((resp.allowed, resp.denied_check()), (false, Some(1)), "{encoding:?}");
+        }
     }
 
     #[test]
@@ -91,8 +101,9 @@ mod tests {
 
     #[test]
     fn broken_answers_are_failures() {
-        let fails =
-            |status: Option<&[u8]>, body: Option<&[u8]>| read_answer(status, body, &checks()).is_err();
+        let fails = |status: Option<&[u8]>, body: Option<&[u8]>| {
+            read_answer(Encoding::Json, status, body, &checks()).is_err()
+        };
         assert!(fails(None, None));
         assert!(fails(Some(b"503"), Some(b"redis: connection refused")));
         assert!(fails(Some(b"200"), None));
@@ -102,5 +113,14 @@ mod tests {
         assert!(fails(Some(b"200"), Some(one_check)));
         let no_limits = br#"{"allowed":true,"retry_after_ms":0,"checks":[{"limits":[]},{"limits":[]}]}"#;
         assert!(fails(Some(b"200"), Some(no_limits)));
+        let fails = |body: &[u8]| read_answer(Encoding::Binary, Some(b"200"), Some(body), &checks()).is_err();
+        let whole = binary(&answer([true, true], Some(0)));
+        assert!(!fails(&whole));
+        assert!(fails(&whole[..whole.len() - 1]), "cut short");
+        assert!(fails(&[&whole[..], &[0]].concat()), "a byte too many");
+        assert!(fails(b"<html>502 bad gateway</html>"));
+        assert!(fails(&answer([true, true], Some(0))), "JSON where the binary wire was asked for");
+        assert!(fails(&binary(one_check)));
+        assert!(fails(&binary(no_limits)));
     }
 }

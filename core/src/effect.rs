@@ -2,6 +2,8 @@
 //! a local reply, resume the request or the response, add or set a
 //! response header, count a stat. The adapter performs them in order.
 
+use sluice_policies::wire::Encoding;
+
 use crate::local_reply::LocalReply;
 use crate::stats::{ClassStat, FilterStat, PolicyStat};
 
@@ -11,11 +13,13 @@ use crate::stats::{ClassStat, FilterStat, PolicyStat};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CallId(pub u32);
 
-/// A call to the shim: `POST path` with a JSON body.
+/// A call to the shim: `POST path` with a body in `encoding` (JSON, or
+/// for a check the binary wire), the answer in the same.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outgoing {
     pub id: CallId,
     pub path: &'static str,
+    pub encoding: Encoding,
     pub body: Vec<u8>,
     pub timeout_ms: u64,
 }

@@ -43,8 +43,8 @@ use std::rc::Rc;
 use sluice_policies::load::{pool_occupancy, Signal};
 use sluice_policies::units::Millis;
 use sluice_policies::wire::{
-    AdjustRequest, Check, CheckOutcome, CheckResponse, FeedbackRequest, ReleaseRequest, RenewRequest, Views,
-    WireLimit, ADJUST_PATH, CHECK_PATH, FEEDBACK_PATH, RELEASE_PATH,
+    AdjustRequest, Check, CheckOutcome, CheckResponse, Encoding, FeedbackRequest, ReleaseRequest,
+    RenewRequest, Views, WireLimit, ADJUST_PATH, CHECK_PATH, FEEDBACK_PATH, RELEASE_PATH,
 };
 use sluice_policies::{Evaluation, FailureMode, HeadersMode, Limit, Policy, Request};
 
@@ -67,6 +67,10 @@ use crate::worker::{update_pool, Worker};
 pub const SHADOW_HEADER: &str = "x-sluice-shadow";
 
 /// The enforced check's call id, and the shadow check's; others count from here.
+/// The check and its answer go in the binary wire (docs/performance.md,
+/// "Levers measured"); the other calls in JSON.
+pub const CHECK_ENCODING: Encoding = Encoding::Binary;
+
 const ENFORCED: CallId = CallId(0);
 const SHADOW: CallId = CallId(1);
 const FIRST_OTHER: u32 = 2;
@@ -234,12 +238,13 @@ impl Flow {
             call.sent_ms = now;
             // Named only when sent: most streams never need an id.
             call.id = worker.next_id();
-            match serde_json::to_vec(&call.request(views)) {
+            match CHECK_ENCODING.encode(&call.request(views)) {
                 Ok(body) => {
                     call.in_flight = true;
                     call.unconfirmed = true;
                     let timeout_ms = call_timeout_ms(timeout, call.wait_ms);
-                    fx.push(Effect::Send(Outgoing { id, path: CHECK_PATH, body, timeout_ms }));
+                    let encoding = CHECK_ENCODING;
+                    fx.push(Effect::Send(Outgoing { id, path: CHECK_PATH, encoding, body, timeout_ms }));
                 }
                 Err(err) => {
                     worker.call_ended(false, now, now, &mut fx);
@@ -314,7 +319,7 @@ impl Flow {
             }
             CallResult::Answered { status, body } => {
                 fx.filter(FilterStat::ShimLatencyMs, now.saturating_sub(call.sent_ms) as i64);
-                let answer = read_answer(status.as_deref(), body.as_deref(), &call.checks);
+                let answer = read_answer(CHECK_ENCODING, status.as_deref(), body.as_deref(), &call.checks);
                 // Only a readable answer says whether the shim took a lease.
                 call.unconfirmed = answer.is_err();
                 answer
@@ -670,7 +675,13 @@ impl Flow {
             Ok(body) => {
                 let id = self.call_id();
                 let timeout_ms = worker.doc.shim.timeout_ms.get().into();
-                fx.push(Effect::Send(Outgoing { id, path: FEEDBACK_PATH, body, timeout_ms }));
+                fx.push(Effect::Send(Outgoing {
+                    id,
+                    path: FEEDBACK_PATH,
+                    encoding: Encoding::Json,
+                    body,
+                    timeout_ms,
+                }));
                 self.reporting = Some((id, request));
             }
             Err(err) => log::warn!("cannot encode {FEEDBACK_PATH}: {err}"),
@@ -850,7 +861,13 @@ impl Flow {
                 Ok(body) => {
                     let id = self.call_id();
                     let timeout_ms = worker.doc.shim.timeout_ms.get().into();
-                    fx.push(Effect::Send(Outgoing { id, path: RELEASE_PATH, body, timeout_ms }));
+                    fx.push(Effect::Send(Outgoing {
+                        id,
+                        path: RELEASE_PATH,
+                        encoding: Encoding::Json,
+                        body,
+                        timeout_ms,
+                    }));
                     self.releasing.push((id, request, policies));
                 }
                 Err(err) => log::warn!("cannot encode {RELEASE_PATH}: {err}"),

@@ -14,7 +14,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 use sluice_policies::wire::{
-    LeaseRequest, LeaseResponse, ReleaseResponse, ShedRequest, ShedResponse, WireLimit, LEASE_PATH,
+    Encoding, LeaseRequest, LeaseResponse, ReleaseResponse, ShedRequest, ShedResponse, WireLimit, LEASE_PATH,
     RENEW_PATH, REPORT_PATH, SHED_PATH,
 };
 use sluice_policies::Document;
@@ -272,7 +272,8 @@ impl Worker {
         let id = CallId(self.next_call.get());
         self.next_call.set(id.0.wrapping_add(1));
         self.pending.borrow_mut().insert(id, pending);
-        fx.push(Effect::Send(Outgoing { id, path, body, timeout_ms: self.background_timeout_ms() }));
+        let timeout_ms = self.background_timeout_ms();
+        fx.push(Effect::Send(Outgoing { id, path, encoding: Encoding::Json, body, timeout_ms }));
     }
 
     /// What became of a background call the tick asked for.

@@ -73,14 +73,14 @@ pub fn perform(effects: Vec<Effect>, cluster: &str, stats: &Stats, calls: &mut i
     }
 }
 
-/// POSTs the call's JSON body to the shim, with the wire's version; the
-/// host's token for it.
+/// POSTs the call's body to the shim, with its encoding and the wire's
+/// version; the host's token for it.
 fn send(cluster: &str, call: &Outgoing) -> Result<u32, String> {
     let headers = vec![
         (":method", "POST"),
         (":path", call.path),
         (":authority", "sluice-shim"),
-        ("content-type", "application/json"),
+        ("content-type", call.encoding.content_type()),
         (PROTOCOL_HEADER, PROTOCOL_VERSION),
     ];
     let timeout = Duration::from_millis(call.timeout_ms);

@@ -344,7 +344,9 @@ fn check_rate(limit: &Limit) -> Result<(), String> {
 
 /// A limit as the shim takes it: durations in milliseconds, the request's
 /// cost resolved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, borsh::BorshSerialize, borsh::BorshDeserialize,
+)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum WireLimit {
     FixedWindow {

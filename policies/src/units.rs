@@ -37,7 +37,20 @@ pub(crate) fn is_zero(n: &u64) -> bool {
 /// epoch (a test-mode `now_ms`). A plain number in JSON. Unlike
 /// [`Duration`], any value, 0 included; the shim checks ranges where they
 /// matter ([`WireLimit::validate`](crate::limit::WireLimit::validate)).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    borsh::BorshSerialize,
+    borsh::BorshDeserialize,
+)]
 #[serde(transparent)]
 pub struct Millis(pub u64);
 
@@ -55,7 +68,20 @@ impl Millis {
 /// Whole microseconds, the algorithms' unit (`window_us`, `held_until_us`,
 /// ...): a span, or a time since the epoch on the shim's clock. A plain
 /// number in JSON.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    borsh::BorshSerialize,
+    borsh::BorshDeserialize,
+)]
 #[serde(transparent)]
 pub struct Micros(pub u64);
 

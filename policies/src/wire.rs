@@ -1,5 +1,11 @@
-//! The compact JSON the filter and the shim exchange. Internal to Sluice: both
+//! The messages the filter and the shim exchange. Internal to Sluice: both
 //! ends are built from this module.
+//!
+//! Each message is one type here, and each of its encodings derives from that
+//! type: compact JSON (serde), and for the check and its answer, the binary
+//! form the filter sends ([`Encoding::Binary`], borsh). The call's
+//! `content-type` names its encoding and the shim answers in the same one;
+//! JSON stays for debugging and `curl`. [`PROTOCOL_VERSION`] covers both.
 //!
 //! - `POST /v1/check`: a [`CheckRequest`], answered by a [`CheckResponse`].
 //! - `POST /v1/release`: a [`ReleaseRequest`] at the end of an admitted
@@ -19,6 +25,7 @@
 
 use std::borrow::Cow;
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 pub use crate::algorithm::LimitOutcome;
@@ -32,9 +39,61 @@ use crate::Duration;
 /// both versions named) rather than misread it; the filter then logs the
 /// shim's message and `failure_mode` decides. Raise it with any change a
 /// shim or filter of the previous release would misread.
-pub const PROTOCOL_VERSION: &str = "2";
+pub const PROTOCOL_VERSION: &str = "3";
 /// The header that carries [`PROTOCOL_VERSION`].
 pub const PROTOCOL_HEADER: &str = "x-sluice-protocol";
+
+/// How a call's body is written, named by its `content-type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    /// `application/json`: every call, and the one any other content type
+    /// (or none) means.
+    Json,
+    /// [`BINARY_CONTENT_TYPE`]: the check and its answer, as the filter sends
+    /// them. Borsh (<https://borsh.io>): the fields in their declared order,
+    /// integers little-endian at their full width, a string or a list as its
+    /// length (4 bytes) and its items, an option or an enum as a byte and
+    /// its value. A field added to a type here is added to both encodings.
+    Binary,
+}
+
+/// The `content-type` of [`Encoding::Binary`].
+pub const BINARY_CONTENT_TYPE: &str = "application/x-sluice-binary";
+/// The `content-type` of [`Encoding::Json`].
+pub const JSON_CONTENT_TYPE: &str = "application/json";
+
+impl Encoding {
+    /// The encoding a `content-type` names: binary for exactly
+    /// [`BINARY_CONTENT_TYPE`], JSON for any other.
+    pub fn of_content_type(value: Option<&[u8]>) -> Encoding {
+        match value {
+            Some(v) if v == BINARY_CONTENT_TYPE.as_bytes() => Encoding::Binary,
+            _ => Encoding::Json,
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Encoding::Json => JSON_CONTENT_TYPE,
+            Encoding::Binary => BINARY_CONTENT_TYPE,
+        }
+    }
+
+    pub fn encode<T: Serialize + borsh::BorshSerialize>(self, value: &T) -> Result<Vec<u8>, String> {
+        match self {
+            Encoding::Json => serde_json::to_vec(value).map_err(|err| err.to_string()),
+            Encoding::Binary => borsh::to_vec(value).map_err(|err| err.to_string()),
+        }
+    }
+
+    /// `bytes` read whole: trailing bytes are an error too.
+    pub fn decode<T: DeserializeOwned + borsh::BorshDeserialize>(self, bytes: &[u8]) -> Result<T, String> {
+        match self {
+            Encoding::Json => serde_json::from_slice(bytes).map_err(|err| err.to_string()),
+            Encoding::Binary => borsh::from_slice(bytes).map_err(|err| err.to_string()),
+        }
+    }
+}
 
 pub const CHECK_PATH: &str = "/v1/check";
 pub const RELEASE_PATH: &str = "/v1/release";
@@ -54,7 +113,7 @@ pub const MAX_REPORT_BODY: usize = 32 * 1024;
 
 /// Every policy that applies to one request. The shim decides them all at
 /// once: the request is admitted, and charged, only if every limit allows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, borsh::BorshSerialize, borsh::BorshDeserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CheckRequest<'a> {
     /// Borrowed when the filter sends its own checks, owned when the shim reads them.
@@ -84,7 +143,18 @@ pub struct CheckRequest<'a> {
 
 /// Which views of a check's reply the caller reads, so the shim can skip
 /// the work of the others (docs/performance.md, "Levers measured").
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    borsh::BorshSerialize,
+    borsh::BorshDeserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Views {
     /// Every field of every [`LimitOutcome`].
@@ -113,7 +183,7 @@ impl Views {
 }
 
 /// One policy's limits on one key.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, borsh::BorshSerialize, borsh::BorshDeserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Check {
     pub policy: String,
@@ -131,7 +201,9 @@ pub struct Check {
     pub upstream: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, borsh::BorshSerialize, borsh::BorshDeserialize,
+)]
 #[serde(deny_unknown_fields)]
 pub struct CheckResponse {
     pub allowed: bool,
@@ -151,7 +223,9 @@ pub struct CheckResponse {
     pub waited_ms: Option<Millis>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, borsh::BorshSerialize, borsh::BorshDeserialize,
+)]
 #[serde(deny_unknown_fields)]
 pub struct CheckOutcome {
     /// One entry per limit of the check, in order.

@@ -38,9 +38,9 @@ use hyper_util::service::TowerToHyperService;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sluice_policies::wire::{
-    AdjustRequest, CheckRequest, FeedbackRequest, LeaseRequest, ReleaseRequest, RenewRequest, ReportRequest,
-    ShedRequest, ADJUST_PATH, CHECK_PATH, FEEDBACK_PATH, LEASE_PATH, MAX_REPORT_BODY, PROTOCOL_HEADER,
-    PROTOCOL_VERSION, RELEASE_PATH, RENEW_PATH, REPORT_PATH, SHED_PATH,
+    AdjustRequest, CheckRequest, Encoding, FeedbackRequest, LeaseRequest, ReleaseRequest, RenewRequest,
+    ReportRequest, ShedRequest, ADJUST_PATH, CHECK_PATH, FEEDBACK_PATH, JSON_CONTENT_TYPE, LEASE_PATH,
+    MAX_REPORT_BODY, PROTOCOL_HEADER, PROTOCOL_VERSION, RELEASE_PATH, RENEW_PATH, REPORT_PATH, SHED_PATH,
 };
 
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
@@ -496,10 +496,27 @@ impl Connection {
     }
 }
 
-async fn check(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
-    match parse::<CheckRequest<'static>>(&body) {
-        Ok(req) => answer(limiter.metrics.decided(&req, limiter.check(&req).await)),
-        Err(resp) => resp,
+/// A check, read in the encoding its `content-type` names and answered in
+/// the same: the filter's binary wire, or JSON.
+async fn check(State(limiter): State<Arc<Limiter>>, Wire(encoding): Wire, body: Bytes) -> Response {
+    match encoding.decode::<CheckRequest<'static>>(&body) {
+        Ok(req) => answer_in(encoding, limiter.metrics.decided(&req, limiter.check(&req).await)),
+        Err(err) => malformed(err),
+    }
+}
+
+/// The encoding a call's `content-type` names (read without copying the headers).
+struct Wire(Encoding);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Wire {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let value = parts.headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes());
+        Ok(Wire(Encoding::of_content_type(value)))
     }
 }
 
@@ -565,20 +582,43 @@ async fn report(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
 }
 
 fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, Response> {
-    serde_json::from_slice(body)
-        .map_err(|err| (StatusCode::BAD_REQUEST, format!("malformed request: {err}\n")).into_response())
+    serde_json::from_slice(body).map_err(malformed)
 }
 
+fn malformed(err: impl std::fmt::Display) -> Response {
+    (StatusCode::BAD_REQUEST, format!("malformed request: {err}\n")).into_response()
+}
+
+/// The answer in JSON.
 fn answer<T: Serialize>(result: Result<T, CheckError>) -> Response {
     match result {
         Ok(value) => match serde_json::to_vec(&value) {
-            Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
+            Ok(json) => ([(header::CONTENT_TYPE, JSON_CONTENT_TYPE)], json).into_response(),
             Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{err}\n")).into_response(),
         },
-        Err(CheckError::BadRequest(reason)) => {
-            (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response()
-        }
-        Err(CheckError::Store(reason)) => {
+        Err(err) => failed(err),
+    }
+}
+
+/// The answer in `encoding`.
+fn answer_in<T: Serialize + borsh::BorshSerialize>(
+    encoding: Encoding,
+    result: Result<T, CheckError>,
+) -> Response {
+    match result {
+        Ok(value) => match encoding.encode(&value) {
+            Ok(body) => ([(header::CONTENT_TYPE, encoding.content_type())], body).into_response(),
+            Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{err}\n")).into_response(),
+        },
+        Err(err) => failed(err),
+    }
+}
+
+/// A call that failed: 400 for the caller's mistake, 503 for Redis's.
+fn failed(err: CheckError) -> Response {
+    match err {
+        CheckError::BadRequest(reason) => (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response(),
+        CheckError::Store(reason) => {
             if let Some(suppressed) = REDIS_FAILED_LOG.admit() {
                 tracing::warn!(?reason, suppressed, "redis call failed");
             }

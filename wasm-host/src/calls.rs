@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use sluice_policies::units::{Micros, Millis};
-use sluice_policies::wire::{CheckOutcome, CheckRequest, CheckResponse, LimitOutcome};
+use sluice_policies::wire::{CheckOutcome, CheckRequest, CheckResponse, Encoding, LimitOutcome};
 
 use super::pairs::HeaderMap;
 
@@ -174,12 +174,14 @@ impl Calls {
 }
 
 /// The scripted answer to `call`. Allow and deny are well-formed
-/// [`CheckResponse`]s with one outcome per check and limit of the request.
+/// [`CheckResponse`]s with one outcome per check and limit of the request,
+/// in the call's encoding, as the shim answers.
 pub(crate) fn scripted(answer: Answer, call: &HttpCall) -> Outcome {
+    let encoding = Encoding::of_content_type(call.headers.get("content-type"));
     let respond = |status: &str, body: Vec<u8>| {
         let mut headers = HeaderMap::new();
         headers.add(":status", status);
-        headers.add("content-type", "application/json");
+        headers.add("content-type", encoding.content_type());
         Outcome::Response { headers, body }
     };
     match answer {
@@ -205,7 +207,8 @@ fn check_response(call: &HttpCall, denied_ms: Option<u64>, waited_ms: Option<u64
         wait_ms: None,
         views: Default::default(),
     };
-    let request: CheckRequest = serde_json::from_slice(&call.body).unwrap_or(empty);
+    let encoding = Encoding::of_content_type(call.headers.get("content-type"));
+    let request: CheckRequest = encoding.decode(&call.body).unwrap_or(empty);
     let mut first = true;
     let mut outcome = || {
         let deny = denied_ms.filter(|_| std::mem::take(&mut first));
@@ -231,5 +234,5 @@ fn check_response(call: &HttpCall, denied_ms: Option<u64>, waited_ms: Option<u64
         lease: None,
         waited_ms: waited_ms.map(Millis),
     };
-    serde_json::to_vec(&response).unwrap_or_default()
+    encoding.encode(&response).unwrap_or_default()
 }

@@ -7,12 +7,13 @@
 use std::rc::Rc;
 
 use serde_json::{json, Value};
+use sluice_core::flow::CHECK_ENCODING;
 use sluice_core::local_reply::LocalReply;
 use sluice_core::stats::PolicyStat;
 use sluice_core::testing::FakeHost;
 use sluice_core::{CallResult, Effect, Flow, Outgoing, Phase, Worker};
 use sluice_policies::request::SimpleRequest;
-use sluice_policies::wire::{LEASE_PATH, SHED_PATH};
+use sluice_policies::wire::{CheckRequest, CheckResponse, Encoding, LEASE_PATH, SHED_PATH};
 
 pub const CONCURRENCY: &str =
     r#"{"policies": [{"name": "c", "limits": [{"type": "concurrency", "limit": 2, "lease": "30s"}]}]}"#;
@@ -126,6 +127,12 @@ fn ok(body: Vec<u8>) -> CallResult {
     CallResult::Answered { status: Some(b"200".to_vec()), body: Some(body) }
 }
 
+/// A check's answer, written as JSON here, in the wire the filter reads it in.
+fn checked(answer: Value) -> CallResult {
+    let answer: CheckResponse = serde_json::from_value(answer).expect("a check's answer");
+    ok(CHECK_ENCODING.encode(&answer).expect("encodes"))
+}
+
 /// The shim's answers to a check.
 pub struct Shim;
 
@@ -149,7 +156,7 @@ impl Shim {
         if let (Some(a), Some(e)) = (answer.as_object_mut(), extra.as_object()) {
             a.extend(e.clone());
         }
-        ok(answer.to_string().into_bytes())
+        checked(answer)
     }
 
     pub fn allow(call: &Outgoing) -> CallResult {
@@ -169,7 +176,7 @@ impl Shim {
         let mut limit = Shim::outcome(true, 0);
         limit["held_until_us"] = json!(held_until_us);
         let answer = json!({"allowed": true, "retry_after_ms": 0, "checks": [{"limits": [limit]}]});
-        ok(answer.to_string().into_bytes())
+        checked(answer)
     }
 
     /// Denies check `denied` of `checks` (each with one limit), for `retry_after_ms`.
@@ -177,7 +184,7 @@ impl Shim {
         let checks: Vec<Value> =
             (0..checks).map(|i| json!({"limits": [Shim::outcome(i != denied, retry_after_ms)]})).collect();
         let answer = json!({"allowed": false, "retry_after_ms": retry_after_ms, "checks": checks});
-        ok(answer.to_string().into_bytes())
+        checked(answer)
     }
 
     pub fn released(n: u64) -> CallResult {
@@ -215,8 +222,15 @@ pub trait Body {
 }
 
 impl Body for Outgoing {
+    /// The body as JSON; a check in the binary wire decoded first.
     fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).expect("a JSON body")
+        match self.encoding {
+            Encoding::Json => serde_json::from_slice(&self.body).expect("a JSON body"),
+            Encoding::Binary => {
+                let check: CheckRequest = Encoding::Binary.decode(&self.body).expect("a binary check");
+                serde_json::to_value(check).expect("as JSON")
+            }
+        }
     }
 }
 

@@ -232,7 +232,9 @@ pub struct View {
 }
 
 /// One limit's answer in a check's reply, as the shim sends it on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, borsh::BorshSerialize, borsh::BorshDeserialize,
+)]
 #[serde(deny_unknown_fields)]
 pub struct LimitOutcome {
     pub allowed: bool,
