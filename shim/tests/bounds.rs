@@ -11,7 +11,7 @@ use sluice_harness::Redis;
 use sluice_policies::bounds::{worst_case_body, MAX_BODY, MAX_CHECKS, MAX_KEY_SOURCES};
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::units::Micros;
-use sluice_policies::wire::{AdjustRequest, Adjustment, CheckRequest, ReleaseRequest};
+use sluice_policies::wire::{AdjustRequest, Adjustment, CheckRequest, Encoding, ReleaseRequest};
 use sluice_policies::{parse, Document};
 use sluice_shim::limiter::Limiter;
 use sluice_shim::store::Target;
@@ -61,23 +61,26 @@ fn longest_request() -> SimpleRequest {
     req.header("x-cost", "1000000000")
 }
 
-async fn post(port: u16, path: &str, body: &[u8]) -> (u16, String) {
+async fn post(port: u16, path: &str, encoding: Encoding, body: &[u8]) -> (u16, String) {
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
     let head = format!(
-        "POST {path} HTTP/1.1\r\nhost: shim\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        "POST {path} HTTP/1.1\r\nhost: shim\r\ncontent-type: {}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        encoding.content_type(),
         body.len()
     );
     stream.write_all(head.as_bytes()).await.expect("write head");
     stream.write_all(body).await.expect("write body");
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).await.expect("read answer");
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.expect("read answer");
+    let answer = String::from_utf8_lossy(&answer).into_owned();
     let status = answer.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
     (status, answer)
 }
 
 /// The largest valid documents of three shapes (many key sources, many
 /// limits, many points limits to adjust): each call the filter makes for
-/// the longest request stays within `MAX_BODY`, and the shim answers 200.
+/// the longest request stays within `MAX_BODY`, and the shim answers 200;
+/// the check in the binary wire too.
 #[tokio::test]
 async fn the_largest_valid_documents_make_calls_the_shim_accepts() {
     let redis = Redis::start().expect("redis");
@@ -138,13 +141,14 @@ async fn the_largest_valid_documents_make_calls_the_shim_accepts() {
         let adjust = AdjustRequest { adjustments, now_us: None };
         let bound = worst_case_body(&doc.policies).total;
         assert!(bound <= MAX_BODY, "{bound}");
-        for (path, body) in [
-            ("/v1/check", serde_json::to_vec(&check).expect("json")),
-            ("/v1/release", serde_json::to_vec(&release).expect("json")),
-            ("/v1/adjust", serde_json::to_vec(&adjust).expect("json")),
+        for (path, encoding, body) in [
+            ("/v1/check", Encoding::Json, serde_json::to_vec(&check).expect("json")),
+            ("/v1/check", Encoding::Binary, Encoding::Binary.encode(&check).expect("binary")),
+            ("/v1/release", Encoding::Json, serde_json::to_vec(&release).expect("json")),
+            ("/v1/adjust", Encoding::Json, serde_json::to_vec(&adjust).expect("json")),
         ] {
             assert!(body.len() <= bound, "{path}: {} bytes, more than the bound {bound}", body.len());
-            let (status, answer) = post(port, path, &body).await;
+            let (status, answer) = post(port, path, encoding, &body).await;
             // A release without a concurrency limit only ends a hold: 200 too.
             assert_eq!(status, 200, "{path} for a document of {} bytes: {answer}", text.len());
         }

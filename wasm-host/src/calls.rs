@@ -31,6 +31,20 @@ pub struct HttpCall {
     pub timeout_ms: u32,
 }
 
+impl HttpCall {
+    /// The body as JSON, whatever its encoding: a check in the binary wire
+    /// is decoded first. `None` when it is neither.
+    pub fn json_body(&self) -> Option<serde_json::Value> {
+        match Encoding::of_content_type(self.headers.get("content-type")) {
+            Encoding::Json => serde_json::from_slice(&self.body).ok(),
+            Encoding::Binary => {
+                let check: CheckRequest = Encoding::Binary.decode(&self.body).ok()?;
+                serde_json::to_value(check).ok()
+            }
+        }
+    }
+}
+
 /// A timeout of 0 means none in Envoy; the host still never waits longer.
 const MAX_WAIT: Duration = Duration::from_secs(30);
 

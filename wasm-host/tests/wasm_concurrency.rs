@@ -129,15 +129,14 @@ fn a_reset_while_the_check_is_in_flight_leaks_no_lease() {
     assert_eq!(leases(&backend), 0, "the lease taken for a request that was reset is still held");
 }
 
-/// The lease id of the one check call a step made, and of the one release.
+/// The body of the one call to `path` a step made, as JSON: a check in the
+/// binary wire decoded first.
 fn call_body(outcome: &sluice_wasm_host::Outcome, path: &str) -> serde_json::Value {
-    let body = outcome.effects.iter().find_map(|e| match e {
-        Effect::HttpCall(call) if call.headers.get(":path") == Some(path.as_bytes()) => {
-            Some(call.body.clone())
-        }
+    let call = outcome.effects.iter().find_map(|e| match e {
+        Effect::HttpCall(call) if call.headers.get(":path") == Some(path.as_bytes()) => Some(call),
         _ => None,
     });
-    serde_json::from_slice(&body.unwrap_or_else(|| panic!("no call to {path}"))).expect("a JSON body")
+    call.unwrap_or_else(|| panic!("no call to {path}")).json_body().expect("a readable body")
 }
 
 /// Regression (issue item 3, a check that times out leaks its lease): the

@@ -50,7 +50,7 @@ fn checks(outcome: &Outcome) -> Vec<HttpCall> {
 }
 
 fn body(call: &HttpCall) -> Value {
-    serde_json::from_slice(&call.body).expect("a JSON check")
+    call.json_body().expect("a readable check")
 }
 
 /// What the histogram `name` recorded during a step.

@@ -1,0 +1,93 @@
+//! The two encodings of the check call, against the real shim on a real
+//! Redis: the same check in JSON and in the binary wire is one decision on
+//! one counter, each answered in its own encoding; the protocol version is
+//! checked for both; a binary body cut short is refused, never misread.
+
+use std::time::Duration;
+
+use sluice_harness::Redis;
+use sluice_policies::units::Millis;
+use sluice_policies::wire::{
+    Check, CheckRequest, CheckResponse, Encoding, WireLimit, CHECK_PATH, PROTOCOL_HEADER, PROTOCOL_VERSION,
+};
+use sluice_shim::limiter::Limiter;
+use sluice_shim::store::Target;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// One HTTP/1.1 call: its status, `content-type` and body.
+async fn post(port: u16, encoding: Encoding, version: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let head = format!(
+        "POST {CHECK_PATH} HTTP/1.1\r\nhost: shim\r\ncontent-type: {}\r\n{PROTOCOL_HEADER}: {version}\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n",
+        encoding.content_type(),
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.expect("write head");
+    stream.write_all(body).await.expect("write body");
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.expect("read answer");
+    let split = answer.windows(4).position(|w| w == b"\r\n\r\n").expect("a head") + 4;
+    let head = String::from_utf8_lossy(&answer[..split]).to_lowercase();
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let content_type =
+        head.lines().find_map(|l| l.strip_prefix("content-type: ")).unwrap_or_default().trim().to_string();
+    (status, content_type, answer[split..].to_vec())
+}
+
+#[tokio::test]
+async fn a_check_is_answered_in_its_own_encoding_and_decided_once() {
+    let redis = Redis::start().expect("redis");
+    let limiter = Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), false).expect("limiter");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let server = tokio::spawn(sluice_shim::server::run(
+        listener,
+        limiter,
+        sluice_shim::server::Options::default(),
+        std::future::pending(),
+    ));
+    let limit = WireLimit::FixedWindow { limit: 10, window_ms: Millis(3_600_000) };
+    let checks = vec![Check {
+        policy: "p".into(),
+        key: "k".into(),
+        limits: vec![limit],
+        margin_ms: None,
+        upstream: false,
+    }];
+    let check = CheckRequest {
+        checks: checks.into(),
+        id: None,
+        now_us: None,
+        wait_ms: None,
+        views: Default::default(),
+    };
+
+    let mut remaining = Vec::new();
+    for encoding in [Encoding::Json, Encoding::Binary, Encoding::Json] {
+        let body = encoding.encode(&check).expect("encodes");
+        let (status, content_type, answer) = post(port, encoding, PROTOCOL_VERSION, &body).await;
+        assert_eq!(status, 200, "{encoding:?}: {}", String::from_utf8_lossy(&answer));
+        assert_eq!(content_type, encoding.content_type(), "answered in the call's encoding");
+        let answer: CheckResponse = encoding.decode(&answer).expect("an answer in the call's encoding");
+        assert!(answer.allowed, "{encoding:?}");
+        remaining.push(answer.checks[0].limits[0].remaining);
+    }
+    assert_eq!(remaining, [9, 8, 7], "one counter, whichever the encoding");
+
+    let binary = Encoding::Binary.encode(&check).expect("encodes");
+    let (status, _, answer) = post(port, Encoding::Binary, "999", &binary).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("protocol version mismatch"), "{answer}");
+
+    let (status, _, answer) =
+        post(port, Encoding::Binary, PROTOCOL_VERSION, &binary[..binary.len() - 1]).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("malformed request"), "{answer}");
+    let json = Encoding::Json.encode(&check).expect("encodes");
+    let (status, _, _) = post(port, Encoding::Binary, PROTOCOL_VERSION, &json).await;
+    assert_eq!(status, 400, "JSON sent as the binary wire is refused");
+    server.abort();
+}
