@@ -85,8 +85,21 @@ pub(crate) fn median(values: impl Iterator<Item = f64>) -> f64 {
 /// What to send.
 pub(crate) struct Target<'a> {
     pub(crate) url: String,
-    /// `Some(body)`: POST it as JSON; `None`: GET.
-    pub(crate) body: Option<&'a str>,
+    /// `Some(body)`: POST it; `None`: GET.
+    pub(crate) body: Option<Body<'a>>,
+}
+
+/// A POST's body and its `content-type`.
+#[derive(Clone, Copy)]
+pub(crate) struct Body<'a> {
+    pub(crate) content_type: &'a str,
+    pub(crate) bytes: &'a [u8],
+}
+
+impl<'a> Body<'a> {
+    pub(crate) fn json(text: &'a str) -> Body<'a> {
+        Body { content_type: "application/json", bytes: text.as_bytes() }
+    }
 }
 
 /// How to send it.
@@ -117,13 +130,26 @@ pub(crate) fn run(oha: &Path, target: &Target<'_>, shape: &Shape, connections: u
             SLACK
         }
     };
-    if let Some(body) = target.body {
-        cmd.args(["-m", "POST", "-T", "application/json", "-d", body]);
-    }
+    // oha reads a body that may not be text from a file.
+    let file = match target.body {
+        Some(body) => {
+            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let path = std::env::temp_dir().join(format!("sluice-bench-body-{}-{n}", std::process::id()));
+            std::fs::write(&path, body.bytes).with_context(|| format!("writing {}", path.display()))?;
+            cmd.args(["-m", "POST", "-T", body.content_type]).arg("-D").arg(&path);
+            Some(path)
+        }
+        None => None,
+    };
     cmd.arg(&target.url);
     let cpu_before = children_cpu();
     let started = std::time::Instant::now();
-    let out = output_within(&mut cmd, limit)?;
+    let out = output_within(&mut cmd, limit);
+    if let Some(path) = file {
+        let _ = std::fs::remove_file(path);
+    }
+    let out = out?;
     let (cpu, wall) = (children_cpu() - cpu_before, started.elapsed().as_secs_f64());
     let mut run = parse(&out).with_context(|| format!("reading oha's JSON for {}", target.url))?;
     run.load_cpu = if wall > 0.0 { cpu / wall } else { f64::NAN };

@@ -18,7 +18,7 @@
 
 use anyhow::{Context, Result};
 
-use super::load::{self, Shape, Target};
+use super::load::{self, Body, Shape, Target};
 use super::monitor;
 use super::plan::Plan;
 use super::redis_bench::{self, Raw, RAND};
@@ -97,7 +97,7 @@ fn capture(rig: &Rig, tools: &Tools, kind: &Kind) -> Result<Result<Vec<String>, 
     let commands = monitor::client_commands(&tools.redis_cli, rig.redis.port, || {
         for body in &bodies {
             let run =
-                load::run(&tools.oha, &Target { url: url.clone(), body: Some(body) }, &Shape::Count(1), 1)?;
+                load::run(&tools.oha, &Target { url: url.clone(), body: Some(Body::json(body)) }, &Shape::Count(1), 1)?;
             statuses.extend(run.statuses.into_keys());
         }
         Ok(())

@@ -1,19 +1,22 @@
 //! Scenario 2, the shim alone: decisions per second through `sluice serve`
-//! (oha POSTs one fixed check to `/v1/check`) against redis-benchmark sending
+//! (oha POSTs one fixed check to `/v1/check`, in the binary wire as the
+//! filter sends it) against redis-benchmark sending
 //! the shim's own script call (FCALL) straight to the same Redis, with as many
 //! connections. The two alternate, in a different order each round.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use sluice_policies::wire::{CheckRequest, Encoding};
 
-use super::load::{self, Run, Shape, Target};
+use super::load::{self, Body, Run, Shape, Target};
 use super::monitor;
 use super::plan::Plan;
 use super::redis_bench::{self, Raw, RAND};
 use super::setups::Rig;
 use super::tools::Tools;
 
-/// One sliding window that is never full: every decision is an admit.
-const BODY: &str = r#"{"checks":[{"policy":"bench-shim","key":"alone","limits":[{"type":"sliding_window","limit":1000000000,"window_ms":1000}]}]}"#;
+/// One sliding window that is never full: every decision is an admit. In
+/// JSON here; sent in the binary wire ([`binary_body`]).
+pub(crate) const BODY: &str = r#"{"checks":[{"policy":"bench-shim","key":"alone","limits":[{"type":"sliding_window","limit":1000000000,"window_ms":1000}]}]}"#;
 /// The request id's range: wide enough that two requests rarely share one.
 const IDS: u64 = 2_000_000_000;
 
@@ -24,8 +27,16 @@ pub(crate) struct ShimAlone {
     pub(crate) command: Vec<String>,
 }
 
+/// [`BODY`] in the binary wire.
+pub(crate) fn binary_body() -> Result<Vec<u8>> {
+    let check: CheckRequest = serde_json::from_str(BODY).context("the bench's check")?;
+    Encoding::Binary.encode(&check).map_err(anyhow::Error::msg)
+}
+
 pub(crate) fn run(rig: &Rig, plan: &Plan, tools: &Tools) -> Result<ShimAlone> {
-    let target = Target { url: format!("http://127.0.0.1:{}/v1/check", rig.shim.port), body: Some(BODY) };
+    let bytes = binary_body()?;
+    let body = Body { content_type: Encoding::Binary.content_type(), bytes: &bytes };
+    let target = Target { url: format!("http://127.0.0.1:{}/v1/check", rig.shim.port), body: Some(body) };
     let commands = monitor::client_commands(&tools.redis_cli, rig.redis.port, || {
         load::run(&tools.oha, &target, &Shape::Count(2), 1).map(drop)
     })?;
@@ -48,6 +59,19 @@ pub(crate) fn run(rig: &Rig, plan: &Plan, tools: &Tools) -> Result<ShimAlone> {
         }
     }
     Ok(ShimAlone { shim: Run::median(&shims), raw: median(&raws), command })
+}
+
+#[cfg(test)]
+mod tests {
+    /// `bench/tools/shim-callgrind.sh` sends this scenario's check; in the
+    /// binary wire as hex, which must be [`super::binary_body`].
+    #[test]
+    fn the_callgrind_script_sends_this_check() {
+        let script = include_str!("../tools/shim-callgrind.sh");
+        assert!(script.contains(super::BODY), "the script's JSON body");
+        let hex: String = super::binary_body().expect("encodes").iter().map(|b| format!("{b:02x}")).collect();
+        assert!(script.contains(&format!("BINARY={hex}")), "the script's binary body: BINARY={hex}");
+    }
 }
 
 fn median(raws: &[Raw]) -> Raw {

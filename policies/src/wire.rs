@@ -531,6 +531,115 @@ mod tests {
         assert_eq!(req.views, Views::All, "absent, every view");
     }
 
+    /// The check and its answer read back as they were written, in both
+    /// encodings, with every limit kind and every optional field absent
+    /// and present; the binary form is the shorter.
+    #[test]
+    fn checks_and_answers_read_back_in_both_encodings() {
+        let ms = Millis(1_000);
+        let limits = vec![
+            WireLimit::FixedWindow { limit: 1, window_ms: ms },
+            WireLimit::SlidingWindow { limit: 2, window_ms: ms, approximate: true },
+            WireLimit::SlidingWindow { limit: 2, window_ms: ms, approximate: false },
+            WireLimit::TokenBucket { rate: 3, per_ms: ms, burst: 4 },
+            WireLimit::LeakyBucket { capacity: 5, drain_ms: ms },
+            WireLimit::Interval { every_ms: ms },
+            WireLimit::Concurrency { limit: 6, lease_ms: ms },
+            WireLimit::Points { capacity: 7, refill_ms: ms, cost: u32::MAX },
+        ];
+        let bare = Check {
+            policy: "p".into(),
+            key: String::new(),
+            limits: limits.clone(),
+            margin_ms: None,
+            upstream: false,
+        };
+        let full = Check {
+            policy: "q".into(),
+            key: "k\u{e9}\"".into(),
+            limits,
+            margin_ms: Some(Millis(4)),
+            upstream: true,
+        };
+        let checks = [bare, full];
+        let requests = [
+            CheckRequest {
+                checks: Cow::Borrowed(&checks[..]),
+                id: None,
+                now_us: None,
+                wait_ms: None,
+                views: Views::All,
+            },
+            CheckRequest {
+                checks: Cow::Borrowed(&checks[..]),
+                id: Some("id-1".into()),
+                now_us: Some(Micros(u64::MAX)),
+                wait_ms: Some(Millis(0)),
+                views: Views::NoResetWhenAdmitted,
+            },
+        ];
+        let outcome = |allowed| LimitOutcome {
+            allowed,
+            remaining: u64::MAX,
+            reset_ms: ms,
+            retry_after_ms: (!allowed).then_some(ms),
+            reclaimed: 3,
+            held_until_us: allowed.then_some(Micros(9)),
+            refunded_us: Micros(8),
+        };
+        let answers = [
+            CheckResponse {
+                allowed: false,
+                retry_after_ms: None,
+                checks: vec![],
+                lease: None,
+                waited_ms: None,
+            },
+            CheckResponse {
+                allowed: true,
+                retry_after_ms: Some(Millis(0)),
+                checks: vec![
+                    CheckOutcome { limits: vec![outcome(true), outcome(false)], paused_ms: Some(ms) },
+                    CheckOutcome { limits: vec![], paused_ms: None },
+                ],
+                lease: Some("lease".into()),
+                waited_ms: Some(Millis(12)),
+            },
+        ];
+        for encoding in [Encoding::Json, Encoding::Binary] {
+            for request in &requests {
+                let bytes = encoding.encode(request).expect("encodes");
+                assert_eq!(
+                    &encoding.decode::<CheckRequest>(&bytes).expect("decodes"),
+                    request,
+                    "{encoding:?}"
+                );
+            }
+            for answer in &answers {
+                let bytes = encoding.encode(answer).expect("encodes");
+                assert_eq!(
+                    &encoding.decode::<CheckResponse>(&bytes).expect("decodes"),
+                    answer,
+                    "{encoding:?}"
+                );
+            }
+        }
+        for request in &requests {
+            let (json, binary) = (Encoding::Json.encode(request), Encoding::Binary.encode(request));
+            assert!(binary.expect("binary").len() < json.expect("json").len());
+        }
+    }
+
+    /// The content type names the encoding; anything else is JSON.
+    #[test]
+    fn the_content_type_names_the_encoding() {
+        for encoding in [Encoding::Json, Encoding::Binary] {
+            assert_eq!(Encoding::of_content_type(Some(encoding.content_type().as_bytes())), encoding);
+        }
+        assert_eq!(Encoding::of_content_type(None), Encoding::Json);
+        assert_eq!(Encoding::of_content_type(Some(b"text/plain")), Encoding::Json);
+    }
+
     /// The largest report a worker sends fits in the body the shim reads,
     /// and the shim refuses one beyond the bounds, naming the entry.
     #[test]
