@@ -27,7 +27,7 @@ use sluice_policies::key;
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::units::Millis;
 use sluice_policies::wire::{
-    AdjustRequest, Check, CheckRequest, CheckResponse, ReleaseRequest, ReleaseResponse, WireLimit,
+    AdjustRequest, Check, CheckRequest, CheckResponse, Encoding, ReleaseRequest, ReleaseResponse, WireLimit,
 };
 use sluice_policies::Document;
 
@@ -77,6 +77,15 @@ pub fn wire(data: &[u8]) {
             }
         }
     }
+    // The check and its answer in the binary wire, as the filter and the shim read them.
+    if let Ok(req) = Encoding::Binary.decode::<CheckRequest>(data) {
+        for limit in req.checks.iter().flat_map(|c| &c.limits) {
+            if limit.validate().is_ok() {
+                let _ = Algorithm::of(limit).script_args();
+            }
+        }
+    }
+    let _ = Encoding::Binary.decode::<CheckResponse>(data);
     let _ = serde_json::from_slice::<ReleaseRequest>(data);
     let _ = serde_json::from_slice::<AdjustRequest>(data);
     let _ = serde_json::from_slice::<CheckResponse>(data);
@@ -179,12 +188,15 @@ pub fn answer(data: &[u8]) {
             upstream: false,
         },
     ];
-    let (status, body): (&[u8], &[u8]) = match data.split_first() {
-        Some((0, rest)) => (b"200", rest),
-        Some((_, rest)) => (rest.get(..3).unwrap_or(rest), rest),
-        None => (b"200", data),
+    // The first byte: 0, a 200 in JSON; 1, a 200 in the binary wire; else
+    // a status from the next three bytes.
+    let (status, encoding, body): (&[u8], _, &[u8]) = match data.split_first() {
+        Some((0, rest)) => (b"200", Encoding::Json, rest),
+        Some((1, rest)) => (b"200", Encoding::Binary, rest),
+        Some((_, rest)) => (rest.get(..3).unwrap_or(rest), Encoding::Json, rest),
+        None => (b"200", Encoding::Json, data),
     };
-    if let Ok(resp) = read_answer(Some(status), Some(body), &checks) {
+    if let Ok(resp) = read_answer(encoding, Some(status), Some(body), &checks) {
         assert_eq!(resp.checks.len(), checks.len());
         let _ = retry_after_secs(resp.retry_after_ms);
         let _ = resp.denied_check();
