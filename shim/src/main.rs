@@ -43,9 +43,11 @@ struct ServeArgs {
     /// anew at start; who may connect is its directory's permissions.
     #[arg(long, default_value = "127.0.0.1:8181")]
     listen: ShimAddress,
-    /// Also serve Envoy's RLS protocol (`ShouldRateLimit`, for the native
-    /// `envoy.filters.http.ratelimit` filter) over gRPC on this address,
-    /// behind the same TLS options. Needs --policy: the shim decides.
+    /// Also serve Envoy's own rate-limit protocols over gRPC on this
+    /// address, behind the same TLS options: RLS (`ShouldRateLimit`, for the
+    /// native `envoy.filters.http.ratelimit` filter) and RLQS
+    /// (`StreamRateLimitQuotas`, for `envoy.filters.http.rate_limit_quota`).
+    /// Needs --policy: the shim decides.
     #[arg(long, requires = "policy")]
     grpc_listen: Option<std::net::SocketAddr>,
     /// The Redis to keep the limits in.
@@ -185,6 +187,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         };
         let document = args.policy.as_deref().map(sluice_shim::validate::read).transpose()?.map(Arc::new);
         let policies: sluice_shim::dashboard::Policies = document.clone().into();
+        let reloaded = policies.clone();
         if let Some(path) = &args.policy {
             tokio::spawn(reload_on_sighup(path.clone(), policies.clone()));
         }
@@ -244,8 +247,8 @@ fn serve(args: ServeArgs) -> ExitCode {
                 let grpc_listener = tokio::net::TcpListener::bind(addr)
                     .await
                     .map_err(|e| anyhow::anyhow!("cannot listen on --grpc-listen {addr}: {e}"))?;
-                let faces = sluice_shim::grpc::Faces { limiter: limiter.clone(), document };
-                tracing::info!(grpc_listen = %addr, auth, "sluice gRPC faces serving (RLS)");
+                let faces = sluice_shim::grpc::Faces::reloading(limiter.clone(), reloaded.clone(), document);
+                tracing::info!(grpc_listen = %addr, auth, "sluice gRPC faces serving (RLS and RLQS)");
                 let app = sluice_shim::grpc::router(faces);
                 let options = options.clone();
                 let until = until_stopped();

@@ -54,7 +54,7 @@ async fn start() -> Face {
     let document = Arc::new(sluice_policies::parse(DOC).expect("the document"));
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let grpc_port = grpc.local_addr().expect("addr").port();
-    let app = router(Faces { limiter: limiter.clone(), document });
+    let app = router(Faces::new(limiter.clone(), document));
     tokio::spawn(serve(grpc, app, Options::default(), std::future::pending(), limiter.drain().clone(), None));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let http_port = listener.local_addr().expect("addr").port();

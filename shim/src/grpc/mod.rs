@@ -8,25 +8,48 @@
 //! sends into requests the policy document evaluates, and the document's
 //! checks into the limiter's one decision flow.
 //!
-//! - [`rls`]: `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`.
+//! - [`rls`] serves `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`.
+//! - [`rlqs`] serves `envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas`.
 
 use std::sync::Arc;
 
 use sluice_policies::Document;
 
+use crate::dashboard::Policies;
 use crate::limiter::Limiter;
 
+pub mod rlqs;
 pub mod rls;
 
-/// What every face decides with: the shim's limiter and the policy document.
+/// What every face decides with: the shim's limiter and the policy
+/// document, the one `sluice serve` reloads on SIGHUP.
 #[derive(Clone)]
 pub struct Faces {
     pub limiter: Arc<Limiter>,
-    pub document: Arc<Document>,
+    policies: Policies,
+    /// The document the faces started with, if a reload ever empties `policies`.
+    loaded: Arc<Document>,
+}
+
+impl Faces {
+    /// The faces of one document.
+    pub fn new(limiter: Arc<Limiter>, document: Arc<Document>) -> Faces {
+        Faces::reloading(limiter, Some(document.clone()).into(), document)
+    }
+
+    /// The faces of the document in `policies`, following its reloads.
+    pub fn reloading(limiter: Arc<Limiter>, policies: Policies, loaded: Arc<Document>) -> Faces {
+        Faces { limiter, policies, loaded }
+    }
+
+    /// The document now.
+    pub fn document(&self) -> Arc<Document> {
+        self.policies.get().unwrap_or_else(|| self.loaded.clone())
+    }
 }
 
 /// Every gRPC service of the shim, as one router.
 pub fn router(faces: Faces) -> axum::Router {
-    let routes = tonic::service::Routes::new(rls::service(faces.clone()));
+    let routes = tonic::service::Routes::new(rls::service(faces.clone())).add_service(rlqs::service(faces));
     routes.prepare().into_axum_router()
 }

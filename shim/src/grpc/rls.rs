@@ -325,7 +325,8 @@ fn duration(ms: u64) -> ProtoDuration {
 /// Decides one request: decode, plan, the limiter's decision, the answer.
 pub async fn decide(faces: &Faces, req: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
     let descriptors = decode(req).map_err(Status::invalid_argument)?;
-    let plan = plan(&faces.document, &descriptors).map_err(Status::invalid_argument)?;
+    let document = faces.document();
+    let plan = plan(&document, &descriptors).map_err(Status::invalid_argument)?;
     let metrics = &faces.limiter.metrics;
     for planned in &plan.descriptors {
         if !planned.matched() {
@@ -347,7 +348,7 @@ pub async fn decide(faces: &Faces, req: &RateLimitRequest) -> Result<RateLimitRe
             Status::unavailable(reason)
         }
     })?;
-    Ok(answer(&faces.document, &plan, enforced.as_ref()))
+    Ok(answer(&document, &plan, enforced.as_ref()))
 }
 
 /// The limiter's decision on `checks`, counted as the RLS face's.

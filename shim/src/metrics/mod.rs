@@ -58,8 +58,22 @@ struct Decision {
     /// on a gRPC face also `unlimited` (an `unlimited` policy matched).
     result: &'static str,
     /// Where the request came from: `filter` (the Sluice filter's
-    /// `/v1/check`) or a gRPC face (`rls`).
+    /// `/v1/check`) or a gRPC face (`rls`, `rlqs`: as Envoy reported what
+    /// it enforced from its assignments).
     face: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Assignment {
+    /// `token_bucket`, `allow_all`, `deny_all` or `abandon`.
+    strategy: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LeaseTokens {
+    /// `granted` (taken from a window for an RLQS assignment) or
+    /// `given_back` (unspent, returned to its window).
+    direction: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -100,6 +114,10 @@ pub struct Metrics {
     policies: Mutex<HashSet<String>>,
     /// Per policy, for the dashboard: rates, totals and the busiest keys.
     pub(crate) traffic: traffic::Traffic,
+    /// The RLQS face: assignments sent, tokens taken and given back, open streams.
+    rlqs_assignments: Family<Assignment, Counter>,
+    rlqs_tokens: Family<LeaseTokens, Counter>,
+    pub(crate) rlqs_streams: Gauge,
 }
 
 impl Default for Metrics {
@@ -127,16 +145,19 @@ impl Metrics {
             wait_reslotted: Counter::default(),
             policies: Mutex::new(HashSet::new()),
             traffic: Default::default(),
+            rlqs_assignments: Family::default(),
+            rlqs_tokens: Family::default(),
+            rlqs_streams: Gauge::default(),
         };
         let r = &mut metrics.registry;
         r.register(
             "sluice_decisions",
-            "Checks answered, per policy, result (allowed, waited, denied, error, invalid, unlimited) and face (filter, rls)",
+            "Checks answered, per policy, result (allowed, waited, denied, error, invalid, unlimited) and face (filter, rls; rlqs: requests Envoy reported it admitted or denied from its assignments)",
             metrics.decisions.clone(),
         );
         r.register(
             "sluice_unmatched_descriptors",
-            "gRPC faces: descriptors no policy matched, answered OK (no limit), per face",
+            "gRPC faces: descriptors (RLS) and buckets (RLQS) no policy matched, answered OK or allow_all (no limit), per face",
             metrics.unmatched.clone(),
         );
         r.register(
@@ -175,6 +196,21 @@ impl Metrics {
             "sluice_wait_reslotted",
             "Held requests that woke later than their margin allows (sent, they could crowd the next call at the partner) and were given a new slot instead",
             metrics.wait_reslotted.clone(),
+        );
+        r.register(
+            "sluice_rlqs_assignments",
+            "RLQS face: bucket actions sent to Envoy, per strategy (token_bucket, allow_all, deny_all, abandon)",
+            metrics.rlqs_assignments.clone(),
+        );
+        r.register(
+            "sluice_rlqs_tokens",
+            "RLQS face: tokens taken from windows for assignments (granted) and unspent tokens returned (given_back)",
+            metrics.rlqs_tokens.clone(),
+        );
+        r.register(
+            "sluice_rlqs_streams",
+            "RLQS face: streams open (one per Envoy)",
+            metrics.rlqs_streams.clone(),
         );
         metrics
     }
@@ -221,6 +257,42 @@ impl Metrics {
     pub(crate) fn unlimited(&self, face: &'static str, policy: &str) {
         let policy = self.policy_label(policy);
         self.decisions.get_or_create(&Decision { policy, result: "unlimited", face }).inc();
+    }
+
+    /// What Envoy reported it enforced for one RLQS bucket of `policy`, on
+    /// `key`, since its last report: counted as decisions of face `rlqs`
+    /// and in the dashboard's traffic, as the filter's are.
+    pub(crate) fn enforced(
+        &self,
+        policy: &str,
+        key: &str,
+        limit: sluice_policies::wire::WireLimit,
+        allowed: u64,
+        denied: u64,
+    ) {
+        let label = self.policy_label(policy);
+        for (result, count) in [("allowed", allowed), ("denied", denied)] {
+            if count > 0 {
+                self.decisions
+                    .get_or_create(&Decision { policy: label.clone(), result, face: "rlqs" })
+                    .inc_by(count);
+            }
+        }
+        self.traffic.enforced(policy, key, limit, allowed, denied);
+    }
+
+    /// An RLQS bucket action sent.
+    pub(crate) fn assigned(&self, strategy: &'static str) {
+        self.rlqs_assignments.get_or_create(&Assignment { strategy }).inc();
+    }
+
+    /// Tokens an RLQS lease call took from a window, and gave back.
+    pub(crate) fn leased(&self, granted: u64, given_back: u64) {
+        for (direction, n) in [("granted", granted), ("given_back", given_back)] {
+            if n > 0 {
+                self.rlqs_tokens.get_or_create(&LeaseTokens { direction }).inc_by(n);
+            }
+        }
     }
 
     /// A gRPC face's descriptor that no policy matched.

@@ -35,8 +35,14 @@ impl SpaceSaving {
 
     /// Counts one occurrence of `key`.
     pub fn add(&mut self, key: &str) {
+        self.add_n(key, 1);
+    }
+
+    /// Counts `n` occurrences of `key` at once (weighted Space-Saving: a
+    /// new key starts from the smallest count plus `n`).
+    pub fn add_n(&mut self, key: &str, n: u64) {
         if let Some(estimate) = self.counters.get_mut(key) {
-            estimate.count += 1;
+            estimate.count = estimate.count.saturating_add(n);
             return;
         }
         let mut inherited = 0;
@@ -49,7 +55,8 @@ impl SpaceSaving {
                 inherited = count;
             }
         }
-        self.counters.insert(key.to_string(), Estimate { count: inherited + 1, error: inherited });
+        self.counters
+            .insert(key.to_string(), Estimate { count: inherited.saturating_add(n), error: inherited });
     }
 
     /// Halves every count and error: older traffic weighs half as much.

@@ -180,6 +180,32 @@ impl Traffic {
         }
     }
 
+    /// Counts what Envoy reported it enforced from an RLQS assignment of
+    /// `policy` on `key` under `limit`: `allowed` and `denied` requests,
+    /// landing in the history when received (up to a report period late).
+    pub(crate) fn enforced(&self, policy: &str, key: &str, limit: WireLimit, allowed: u64, denied: u64) {
+        self.enforced_at(self.second(), policy, key, limit, allowed, denied);
+    }
+
+    fn enforced_at(&self, now: u64, policy: &str, key: &str, limit: WireLimit, allowed: u64, denied: u64) {
+        let mut policies = self.policies.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(policy) = tracked(&mut policies, policy, now) else { return };
+        policy.age(now);
+        if is_encoded(key) && allowed + denied > 0 {
+            policy.keys.add_n(key, allowed.saturating_add(denied));
+        }
+        if policy.limits.first() != Some(&limit) {
+            policy.limits = vec![limit];
+        }
+        let second = second(&mut policy.seconds, now);
+        second.allowed += allowed;
+        second.denied += denied;
+        policy.totals.allowed = policy.totals.allowed.saturating_add(allowed);
+        policy.totals.denied = policy.totals.denied.saturating_add(denied);
+        policy.history.add(now, Kind::Allowed, allowed);
+        policy.history.add(now, Kind::Denied, denied);
+    }
+
     /// Counts `count` failure-mode passes of `policy` that a filter reported
     /// now: they happened up to a report period (a second) before, and land
     /// in the history when received. A name past [`MAX_POLICIES`] is not
