@@ -12,6 +12,8 @@
 //!   `${SHIM_TRANSPORT_SOCKET}`.
 //! - [`rls`]: the RLS face's template, `envoy/rls.yaml` (Envoy's native
 //!   rate-limit filter), and its values from the document.
+//! - [`rlqs`]: the RLQS face's template, `envoy/rlqs.yaml` (Envoy's
+//!   `rate_limit_quota` filter), and its bucket matchers from the document.
 //! - [`ShimAddress`]: where the shim listens, TCP or a Unix socket: one
 //!   setting for `sluice serve --listen`, `sluice envoy-config --shim` and
 //!   the template's `${SHIM_ADDRESS}`.
@@ -39,6 +41,7 @@ use std::path::PathBuf;
 
 use anyhow::bail;
 
+pub mod rlqs;
 pub mod rls;
 /// Where the shim listens: `HOST:PORT` (TCP, for a shim on another host),
 /// or `unix:/PATH`, a Unix socket, for a shim beside Envoy (a sidecar):

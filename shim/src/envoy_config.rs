@@ -17,12 +17,16 @@ pub enum Face {
     /// Envoy's native rate-limit filter calling `sluice serve --grpc-listen`
     /// (the RLS face), with the route's `rate_limits` from the document.
     Rls,
+    /// Envoy's `rate_limit_quota` filter streaming to `sluice serve
+    /// --grpc-listen` (the RLQS face), with its bucket matchers from the document.
+    Rlqs,
 }
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Which filter: `wasm` (the Sluice filter) or `rls` (Envoy's native
-    /// rate-limit filter and the shim's RLS face).
+    /// Which filter: `wasm` (the Sluice filter), `rls` (Envoy's native
+    /// rate-limit filter and the shim's RLS face) or `rlqs` (Envoy's
+    /// rate_limit_quota filter and the shim's RLQS face).
     #[arg(long, value_enum, default_value = "wasm")]
     face: Face,
     /// The policy document to embed; it must validate.
@@ -32,7 +36,7 @@ pub struct Args {
     #[arg(long)]
     wasm: Option<PathBuf>,
     /// The shim: `sluice serve --listen` (wasm), or its `--grpc-listen`
-    /// (rls); `HOST:PORT`, or `unix:/PATH` for a shim on a Unix socket
+    /// (rls, rlqs); `HOST:PORT`, or `unix:/PATH` for a shim on a Unix socket
     /// beside Envoy.
     #[arg(long, default_value = "127.0.0.1:8181")]
     shim: ShimAddress,
@@ -98,6 +102,13 @@ pub fn run(args: &Args) -> anyhow::Result<String> {
         values.push(("SHIM_TRANSPORT_SOCKET".to_string(), shim_transport_socket(args)?));
         values.extend(addresses(args));
         return render(sluice_envoy_config::rls::RLS_TEMPLATE, &values);
+    }
+    if args.face == Face::Rlqs {
+        let mut values = sluice_envoy_config::rlqs::rlqs_values(&doc)
+            .with_context(|| format!("{}", args.policy.display()))?;
+        values.push(("SHIM_TRANSPORT_SOCKET".to_string(), shim_transport_socket(args)?));
+        values.extend(addresses(args));
+        return render(sluice_envoy_config::rlqs::RLQS_TEMPLATE, &values);
     }
     let wasm = args.wasm.clone().unwrap_or_else(|| PathBuf::from("dist/sluice.wasm"));
     let wasm = std::path::absolute(&wasm).with_context(|| format!("bad --wasm {}", wasm.display()))?;

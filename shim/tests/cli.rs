@@ -240,6 +240,54 @@ fn tls_config_accepted_by_envoy(extra: &[&str]) -> String {
     yaml
 }
 
+/// `envoy-config --face rlqs` prints a configuration with Envoy's
+/// `rate_limit_quota` filter, one bucket matcher per RLQS-face policy (its
+/// bucket id built from constants and request headers) and an HTTP/2
+/// cluster to the shim's gRPC listener, which Envoy itself accepts;
+/// `failure_mode: deny` becomes `deny_all` before the first assignment.
+#[test]
+fn envoy_config_for_the_rlqs_face_is_accepted_by_envoy() {
+    let dir = sluice_harness::scratch_dir("envoy-config-rlqs").expect("scratch dir");
+    let policy = dir.join("rlqs.json");
+    std::fs::write(
+        &policy,
+        r#"{"failure_mode": "deny", "policies": [
+          {"name": "per-client", "match": {"domain": "edge", "bucket": {"name": {"equals": "api"}, "x-client": {"prefix": "team-"}}},
+           "key": ["bucket:x-client"], "leased": {"tokens": 100, "ttl": "5s"},
+           "limits": [{"type": "fixed_window", "limit": 6000, "window": "1m"}]},
+          {"name": "everyone", "match": {"domain": "edge", "bucket": {"name": {"equals": "all"}}},
+           "leased": {"tokens": 100, "ttl": "5s"}, "limits": [{"type": "fixed_window", "limit": 60000, "window": "1m"}]},
+          {"name": "http", "match": {"path_prefix": "/"}, "limits": [{"type": "fixed_window", "limit": 1, "window": "1s"}]}]}"#,
+    )
+    .expect("write the policy");
+    let out = sluice(&[
+        "envoy-config",
+        "--face",
+        "rlqs",
+        "--policy",
+        policy.to_str().expect("utf-8"),
+        "--shim",
+        "127.0.0.1:8081",
+    ]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let yaml = String::from_utf8(out.stdout).expect("utf-8 yaml");
+    for part in [
+        "envoy.filters.http.rate_limit_quota",
+        "domain: \"edge\"",
+        r#""name":{"string_value":"api"}"#,
+        r#""header_name":"x-client""#,
+        r#""value_match":{"prefix":"team-"}"#,
+        r#""blanket_rule":"DENY_ALL""#,
+        r#""port_value":8081"#,
+        "http2_protocol_options",
+    ] {
+        assert!(yaml.contains(part), "{part} missing:\n{yaml}");
+    }
+    assert!(!yaml.contains("sluice.wasm"), "{yaml}");
+    envoy_validates(&yaml);
+}
+
 /// `envoy-config --face rls` prints a configuration with Envoy's native
 /// rate-limit filter, the route's `rate_limits` and an HTTP/2 cluster to the
 /// shim's gRPC listener, which Envoy itself accepts; `failure_mode: deny`

@@ -1,0 +1,156 @@
+//! The RLQS face's Envoy configuration: Envoy's `rate_limit_quota` filter
+//! reporting to `sluice serve --grpc-listen`, with one bucket matcher per
+//! RLQS-face policy of the document (in document order: the first that
+//! matches a request builds its bucket id, as the first policy that applies
+//! governs a bucket).
+//!
+//! Each bucket id key the policy reads (`match.bucket`, `bucket:NAME`) is
+//! built from the request: an `equals` value as the constant itself, any
+//! other from the request header of the same name, which the matcher then
+//! requires (present, or with the `prefix`). `present: false` keys are left
+//! out of the id. Each bucket reports every [`REPORTING_INTERVAL`], and
+//! until its first assignment, or once one expires with Sluice away, it
+//! follows the document's `failure_mode`: `deny_all` for `deny` (exact: the
+//! filter never admits a request no assignment covers), `allow_all` for
+//! `allow`.
+
+use anyhow::bail;
+use serde_json::{json, Map, Value};
+use sluice_policies::condition::ValueCondition;
+use sluice_policies::{Document, Face, FailureMode, HeaderName, KeySource, Policy};
+
+/// `envoy/rlqs.yaml`, built in.
+pub const RLQS_TEMPLATE: &str = include_str!("../../envoy/rlqs.yaml");
+
+/// How often each bucket's usage is reported: how soon Sluice sees a bucket
+/// spend its tokens, and so how large `leased.tokens` must be (see docs/rlqs.md).
+pub const REPORTING_INTERVAL: &str = "0.5s";
+
+const SETTINGS: &str =
+    "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings";
+const HEADER_INPUT: &str = "type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput";
+
+/// The template's `DOMAIN` and `BUCKET_MATCHERS`.
+pub fn rlqs_values(doc: &Document) -> anyhow::Result<Vec<(String, String)>> {
+    let rlqs: Vec<&Policy> = doc.policies.iter().filter(|p| p.matcher.face() == Face::Rlqs).collect();
+    if rlqs.is_empty() {
+        bail!(
+            "the document has no RLQS-face policy (a `match` naming `bucket`): no bucket for Envoy to report"
+        );
+    }
+    let mut domains: Vec<&str> = rlqs.iter().filter_map(|p| p.matcher.domain.as_deref()).collect();
+    domains.dedup();
+    let domain = match domains.as_slice() {
+        [] => crate::rls::DEFAULT_DOMAIN,
+        [one] => one,
+        [first, second, ..] => {
+            bail!("policies name the domains {first:?} and {second:?}: Envoy's rate_limit_quota filter reports one domain")
+        }
+    };
+    let matchers = rlqs.iter().map(|p| matcher(doc, p)).collect::<anyhow::Result<Vec<Value>>>()?;
+    Ok(vec![
+        ("DOMAIN".to_string(), serde_json::to_string(domain)?),
+        ("BUCKET_MATCHERS".to_string(), serde_json::to_string(&matchers)?),
+    ])
+}
+
+/// One policy's matcher: its predicate on the request, and the settings of
+/// the bucket it builds.
+fn matcher(doc: &Document, policy: &Policy) -> anyhow::Result<Value> {
+    let mut builder = Map::new();
+    let mut predicates = Vec::new();
+    let key_names = policy.key.iter().filter_map(|k| match k {
+        KeySource::Bucket(name) => Some(name.as_str()),
+        _ => None,
+    });
+    let mut reads: Vec<(&str, Option<&ValueCondition>)> =
+        policy.matcher.bucket.iter().map(|(k, c)| (k.as_str(), Some(c))).collect();
+    reads.extend(key_names.filter(|n| !policy.matcher.bucket.contains_key(*n)).map(|n| (n, None)));
+    for (name, condition) in reads {
+        let value_match = match condition {
+            Some(ValueCondition::Present(false)) => continue,
+            Some(ValueCondition::Equals(value)) => {
+                builder.insert(name.to_string(), json!({"string_value": value}));
+                continue;
+            }
+            Some(ValueCondition::Prefix(prefix)) if !prefix.is_empty() => json!({"prefix": prefix}),
+            _ => json!({"safe_regex": {"regex": ".*"}}),
+        };
+        let Some(header) = HeaderName::new(name).filter(|h| !h.as_str().starts_with(':')) else {
+            bail!("policy {}: bucket key {name:?} is read from the request header of that name, which is no valid header name", policy.name);
+        };
+        let input =
+            json!({"name": name, "typed_config": {"@type": HEADER_INPUT, "header_name": header.as_str()}});
+        builder.insert(name.to_string(), json!({"custom_value": input.clone()}));
+        predicates.push(json!({"single_predicate": {"input": input, "value_match": value_match}}));
+    }
+    if predicates.is_empty() {
+        // A constant bucket: every request (every path starts with `/`).
+        let path = json!({"name": "path", "typed_config": {"@type": HEADER_INPUT, "header_name": ":path"}});
+        predicates.push(json!({"single_predicate": {"input": path, "value_match": {"prefix": "/"}}}));
+    }
+    let predicate = match predicates.len() {
+        1 => predicates.remove(0),
+        _ => json!({"and_matcher": {"predicate": predicates}}),
+    };
+    let blanket = match doc.failure_of(policy).0 {
+        FailureMode::Deny => "DENY_ALL",
+        FailureMode::Allow => "ALLOW_ALL",
+    };
+    let settings = json!({
+        "@type": SETTINGS,
+        "bucket_id_builder": {"bucket_id_builder": builder},
+        "reporting_interval": REPORTING_INTERVAL,
+        "no_assignment_behavior": {"fallback_rate_limit": {"blanket_rule": blanket}},
+    });
+    Ok(
+        json!({"predicate": predicate, "on_match": {"action": {"name": policy.name.as_str(), "typed_config": settings}}}),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(doc: &str) -> anyhow::Result<Vec<(String, String)>> {
+        rlqs_values(&sluice_policies::parse(doc).expect("a document"))
+    }
+
+    #[test]
+    fn each_rlqs_policy_becomes_a_bucket_matcher() {
+        let v = values(
+            r#"{"failure_mode": "deny", "policies": [
+              {"name": "a", "match": {"domain": "edge", "bucket": {"name": {"equals": "api"}, "x-user": {"present": true}, "gone": {"present": false}}},
+               "key": ["bucket:x-user"], "leased": {"tokens": 10, "ttl": "5s"}, "limits": [{"type": "fixed_window", "limit": 100, "window": "1m"}]},
+              {"name": "http", "match": {"path_prefix": "/"}, "limits": [{"type": "fixed_window", "limit": 1, "window": "1s"}]}]}"#,
+        )
+        .expect("values");
+        let get = |name: &str| v.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str()).expect(name);
+        assert_eq!(get("DOMAIN"), "\"edge\"");
+        let matchers: Value = serde_json::from_str(get("BUCKET_MATCHERS")).expect("json");
+        let one = &matchers[0];
+        let settings = &one["on_match"]["action"]["typed_config"];
+        assert_eq!(
+            settings["bucket_id_builder"]["bucket_id_builder"]["name"],
+            json!({"string_value": "api"})
+        );
+        assert_eq!(
+            settings["bucket_id_builder"]["bucket_id_builder"]["x-user"]["custom_value"]["typed_config"]
+                ["header_name"],
+            "x-user"
+        );
+        assert!(settings["bucket_id_builder"]["bucket_id_builder"].get("gone").is_none());
+        assert_eq!(settings["no_assignment_behavior"]["fallback_rate_limit"]["blanket_rule"], "DENY_ALL");
+        assert_eq!(
+            one["predicate"]["single_predicate"]["value_match"],
+            json!({"safe_regex": {"regex": ".*"}})
+        );
+        assert_eq!(matchers.as_array().map(Vec::len), Some(1), "the HTTP policy has no bucket");
+    }
+
+    #[test]
+    fn no_rlqs_policy_is_refused() {
+        let rls = r#"{"policies": [{"name": "a", "match": {"domain": "x"}, "unlimited": true}]}"#;
+        assert!(values(rls).unwrap_err().to_string().contains("no RLQS-face policy"));
+    }
+}
