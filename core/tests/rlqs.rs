@@ -108,42 +108,40 @@ fn blanket_rules_for_what_takes_no_tokens() {
     }
 }
 
-/// The next lease comes once reports show the token bucket at half or
-/// below, counting only reports that cannot hold the old one's requests;
-/// the old one's leftover goes back once settled.
+/// The next lease comes once the reports show the token bucket at half or
+/// below (what was sent, less what was reported admitted and given back,
+/// bounds what it has left); the old one's leftover goes back once a report
+/// settles it.
 #[test]
-fn top_ups_count_only_clean_reports_and_leftovers_go_back() {
+fn top_ups_at_half_and_leftovers_go_back_once_settled() {
     let mut stream = Stream::new(1);
     report(&mut stream, T0, 0, 1, leased());
     let call = one_call(&mut stream);
     stream.handle_lease(T0 + 5, &id(), call.seq, grant(10, 50_000));
     stream.poll_actions();
-    let clean = T0 + 5 + 2 * DELIVERY_MS;
-    report(&mut stream, clean - 1, 2, 0, leased());
-    assert_eq!(stream.poll_calls(), [], "too early to tell which token bucket these were");
-    report(&mut stream, clean, 1, 0, leased());
-    assert_eq!(stream.poll_calls(), [], "the first report after the margin may still hold the old one's");
-    report(&mut stream, clean + 1_000, 5, 0, leased());
+    report(&mut stream, T0 + 5_000, 2, 30, leased());
+    assert_eq!(stream.poll_calls(), [], "8 may be left of 10: above half");
+    report(&mut stream, T0 + 10_000, 3, 0, leased());
     let top_up = one_call(&mut stream);
     assert_eq!(top_up.request.want, 10, "at most 5 left of 10: at half or below");
-    stream.handle_lease(clean + 1_010, &id(), top_up.seq, grant(10, 40_000));
-    let replaced_at = clean + 1_010;
+    let replaced_at = T0 + 10_010;
+    stream.handle_lease(replaced_at, &id(), top_up.seq, grant(10, 40_000));
     assert_eq!(
         stream.poll_actions(),
         [assign(Strategy::DenyAll, 1), assign(Strategy::TokenBucket { tokens: 10 }, 5)]
     );
-    // 8 admitted in all, of 20 sent; the new one's 10 are live: the old one
-    // left at least 10 - 8 unspent, known once a later report settles it.
+    // 5 admitted in all, of 20 sent, the new one's 10 live: the old one left
+    // at least 5 unspent, known once a report settles it.
     report(&mut stream, replaced_at + 2 * DELIVERY_MS - 1, 0, 0, leased());
     assert_eq!(stream.poll_calls(), [], "not settled yet");
     report(&mut stream, replaced_at + 2 * DELIVERY_MS, 0, 0, leased());
     let back = one_call(&mut stream);
     assert_eq!(back.request.want, 0);
-    assert_eq!(back.request.give_back.map(|b| (b.window, b.tokens)), Some((7, 20 - 10 - 8)));
+    assert_eq!(back.request.give_back.map(|b| (b.window, b.tokens)), Some((7, 20 - 10 - 5)));
 }
 
-/// The window spent: once the token bucket is empty (denials in a clean
-/// report), `deny_all` until the window's end, and another ask a second later.
+/// The window spent: once the token bucket is empty (all it had reported
+/// admitted), `deny_all` until the window's end, and another ask a second later.
 #[test]
 fn a_spent_window_denies_all_once_the_bucket_is_empty() {
     let mut stream = Stream::new(1);
@@ -151,15 +149,13 @@ fn a_spent_window_denies_all_once_the_bucket_is_empty() {
     let call = one_call(&mut stream);
     stream.handle_lease(T0 + 5, &id(), call.seq, grant(10, 50_000));
     stream.poll_actions();
-    let clean = T0 + 5 + 2 * DELIVERY_MS;
-    report(&mut stream, clean, 10, 0, leased());
-    report(&mut stream, clean + 1_000, 0, 4, leased());
+    report(&mut stream, T0 + 5_000, 10, 4, leased());
     let top_up = one_call(&mut stream);
-    stream.handle_lease(clean + 1_005, &id(), top_up.seq, grant(0, 45_000));
+    stream.handle_lease(T0 + 5_005, &id(), top_up.seq, grant(0, 45_000));
     assert_eq!(stream.poll_actions(), [assign(Strategy::DenyAll, 5)]);
-    stream.tick(clean + 1_900);
+    stream.tick(T0 + 5_900);
     assert_eq!(stream.poll_calls(), [], "quiet for a second");
-    report(&mut stream, clean + 2_010, 0, 4, leased());
+    report(&mut stream, T0 + 6_010, 0, 4, leased());
     assert_eq!(one_call(&mut stream).request.want, 10);
 }
 

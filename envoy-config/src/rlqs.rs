@@ -8,11 +8,13 @@
 //! built from the request: an `equals` value as the constant itself, any
 //! other from the request header of the same name, which the matcher then
 //! requires (present, or with the `prefix`). `present: false` keys are left
-//! out of the id. Each bucket reports every [`REPORTING_INTERVAL`], and
-//! until its first assignment, or once one expires with Sluice away, it
-//! follows the document's `failure_mode`: `deny_all` for `deny` (exact: the
-//! filter never admits a request no assignment covers), `allow_all` for
-//! `allow`.
+//! out of the id. Each bucket reports every [`REPORTING_INTERVAL`] (Envoy
+//! 1.40 ignores it and reports every 5 s), and until its first assignment,
+//! or once one expires with Sluice away, it follows the policy's
+//! `failure_mode`: `deny_all` for `deny` (exact: the filter never admits a
+//! request no assignment covers, so a new bucket's first requests wait for
+//! its first assignment, one round trip), `allow_all` for `allow`. An
+//! `unlimited` policy's buckets are `allow_all` from the start.
 
 use anyhow::bail;
 use serde_json::{json, Map, Value};
@@ -74,7 +76,7 @@ fn matcher(doc: &Document, policy: &Policy) -> anyhow::Result<Value> {
                 continue;
             }
             Some(ValueCondition::Prefix(prefix)) if !prefix.is_empty() => json!({"prefix": prefix}),
-            _ => json!({"safe_regex": {"regex": ".*"}}),
+            _ => json!({"safe_regex": {"google_re2": {}, "regex": ".*"}}),
         };
         let Some(header) = HeaderName::new(name).filter(|h| !h.as_str().starts_with(':')) else {
             bail!("policy {}: bucket key {name:?} is read from the request header of that name, which is no valid header name", policy.name);
@@ -93,9 +95,10 @@ fn matcher(doc: &Document, policy: &Policy) -> anyhow::Result<Value> {
         1 => predicates.remove(0),
         _ => json!({"and_matcher": {"predicate": predicates}}),
     };
-    let blanket = match doc.failure_of(policy).0 {
-        FailureMode::Deny => "DENY_ALL",
-        FailureMode::Allow => "ALLOW_ALL",
+    // An unlimited policy's buckets are allowed from their first request.
+    let blanket = match (policy.unlimited, doc.failure_of(policy).0) {
+        (false, FailureMode::Deny) => "DENY_ALL",
+        _ => "ALLOW_ALL",
     };
     let settings = json!({
         "@type": SETTINGS,

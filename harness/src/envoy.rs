@@ -81,6 +81,41 @@ impl Envoy {
         Envoy::start_template(&template, &values, DEMO_CONCURRENCY)
     }
 
+    /// Starts Envoy with its `rate_limit_quota` filter (`envoy/rlqs.yaml`, as
+    /// `sluice envoy-config --face rlqs` renders it for `policy_json`)
+    /// reporting to the shim's gRPC listener on `grpc_port`. `settings`'
+    /// fields are set in every bucket's settings (e.g. an
+    /// `expired_assignment_behavior`, a `reporting_interval`).
+    pub fn start_rlqs(
+        policy_json: &str,
+        grpc_port: u16,
+        upstream_port: u16,
+        settings: serde_json::Value,
+    ) -> anyhow::Result<Envoy> {
+        let doc = sluice_policies::parse(policy_json).map_err(|e| anyhow::anyhow!("the policy: {e}"))?;
+        let mut values: Vec<(&str, String)> = Vec::new();
+        for (name, value) in sluice_envoy_config::rlqs::rlqs_values(&doc)? {
+            let value = if name == "BUCKET_MATCHERS" {
+                let mut matchers: serde_json::Value = serde_json::from_str(&value)?;
+                for matcher in matchers.as_array_mut().into_iter().flatten() {
+                    let target = &mut matcher["on_match"]["action"]["typed_config"];
+                    for (field, v) in settings.as_object().into_iter().flatten() {
+                        target[field] = v.clone();
+                    }
+                }
+                serde_json::to_string(&matchers)?
+            } else {
+                value
+            };
+            let name = if name == "BUCKET_MATCHERS" { "BUCKET_MATCHERS" } else { "DOMAIN" };
+            values.push((name, value));
+        }
+        values.push(("UPSTREAM_PORT", upstream_port.to_string()));
+        values.push(("SHIM_PORT", grpc_port.to_string()));
+        let template = workspace_root().join("envoy/rlqs.yaml");
+        Envoy::start_template(&template, &values, DEMO_CONCURRENCY)
+    }
+
     /// Starts Envoy from any config `template` with `concurrency` workers and
     /// waits until it serves. The template's `${LISTEN_PORT}` and
     /// `${ADMIN_PORT}` are filled here; `values` fill its other placeholders.

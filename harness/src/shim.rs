@@ -147,6 +147,9 @@ pub struct GrpcShim {
     pub shim: Shim,
     /// The gRPC listener (`--grpc-listen`).
     pub grpc_port: u16,
+    /// The policy document it reads (`--policy`).
+    policy: std::path::PathBuf,
+    redis_url: String,
 }
 
 impl GrpcShim {
@@ -168,8 +171,35 @@ impl GrpcShim {
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
-            Ok(GrpcShim { shim, grpc_port })
+            Ok(GrpcShim { shim, grpc_port, policy: policy.clone(), redis_url: redis_url.to_string() })
         })
+    }
+
+    /// Writes `policy_json` over its document and sends SIGHUP: the shim
+    /// reads it again.
+    pub fn reload(&self, policy_json: &str) -> anyhow::Result<()> {
+        std::fs::write(&self.policy, policy_json)?;
+        let pid = libc::pid_t::try_from(self.shim.pid())?;
+        // SAFETY: kill(2) with a pid this harness spawned and owns.
+        if unsafe { libc::kill(pid, libc::SIGHUP) } != 0 {
+            anyhow::bail!("SIGHUP to the shim failed: {}", std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Starts the shim again on the same ports and document, after
+    /// [`Shim::kill`] (of `self.shim`).
+    pub fn start_again(&mut self) -> anyhow::Result<()> {
+        let grpc = format!("127.0.0.1:{}", self.grpc_port);
+        let args = ["--grpc-listen".as_ref(), grpc.as_ref(), "--policy".as_ref(), self.policy.as_os_str()];
+        let port = self.shim.port;
+        let mut cmd = Command::new(dist("sluice")?);
+        cmd.arg("serve").arg("--listen").arg(format!("127.0.0.1:{port}"));
+        cmd.arg("--redis").arg(&self.redis_url).args(args);
+        let mut proc = Proc::spawn("sluice-shim", cmd, scratch_dir("shim")?)?;
+        proc.wait_ready(STARTUP, || matches!(http_get(port, "/healthz"), Some((200, _))))?;
+        self.shim = Shim { port, socket: None, store: vec!["--redis".into(), self.redis_url.clone()], proc };
+        Ok(())
     }
 }
 

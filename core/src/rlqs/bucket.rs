@@ -30,10 +30,11 @@
 //! **Under-admission, bounded as in leased mode.** A new token bucket
 //! replaces the old one (a `deny_all` first, in the same response, so it
 //! starts full) only once the reports show the old one down to half a lease
-//! (`leased.tokens / 2`) or empty, counted only from reports that cannot
-//! hold the previous assignment's requests, and only once the previous
-//! replacement's leftover went back. So a gateway holds back at most its
-//! live assignment plus half a lease: `1.5 × tokens`. The same token
+//! (`leased.tokens / 2`): what was sent, less what was reported admitted
+//! and what went back, bounds what the live one has left ([`Ledger::unspent`]),
+//! whichever token bucket each report's requests spent; and only once the
+//! previous replacement's leftover went back. So a gateway holds back at
+//! most its live assignment plus half a lease: `1.5 × tokens`. The same token
 //! bucket is sent again, free, to keep it alive while the bucket is
 //! reported busy; it is given up (and abandoned) once idle for [`IDLE_MS`].
 
@@ -98,6 +99,10 @@ pub struct Ledger {
     pub live: u64,
     /// Requests Envoy reported admitted since the ledger began.
     pub allowed: u64,
+    /// Of those, how many may be earlier windows' requests, reported late:
+    /// at most what their token buckets may still have had, and not yet
+    /// reported, when this ledger began.
+    pub carry: u64,
     /// Tokens given back after their token bucket ended.
     pub given: u64,
     /// The first report received from then on settles the token buckets
@@ -108,8 +113,34 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    fn new(window: Window, index: u64, ends_ms: u64) -> Ledger {
-        Ledger { window, index, ends_ms, sent: 0, live: 0, allowed: 0, given: 0, settle_at: None, back: 0 }
+    fn new(window: Window, index: u64, ends_ms: u64, carry: u64) -> Ledger {
+        Ledger {
+            window,
+            index,
+            ends_ms,
+            sent: 0,
+            live: 0,
+            allowed: 0,
+            carry,
+            given: 0,
+            settle_at: None,
+            back: 0,
+        }
+    }
+
+    /// At most what the live token bucket has left: everything sent, less
+    /// what was reported admitted by this window's token buckets (the ended
+    /// ones spent at most what they had) and what went back (at most what
+    /// the ended ones left).
+    pub fn unspent(&self) -> u64 {
+        let own = self.allowed.saturating_sub(self.carry);
+        self.sent.saturating_sub(own).saturating_sub(self.given)
+    }
+
+    /// At most how many requests of this and earlier windows are still to
+    /// be reported: the next ledger's `carry`.
+    fn owed(&self) -> u64 {
+        self.carry.saturating_sub(self.allowed) + self.unspent()
     }
 
     /// The live token bucket ended (replaced, or expired) at the latest by
@@ -121,7 +152,8 @@ impl Ledger {
     }
 
     /// A report settles what ended: what was sent and is no longer live,
-    /// less what was reported admitted, may go back.
+    /// less everything reported admitted (this window's requests and any
+    /// other), may go back.
     fn settle(&mut self, now: u64) {
         if self.settle_at.is_some_and(|at| now >= at) {
             self.settle_at = None;
@@ -144,17 +176,6 @@ struct Pending {
     in_flight: bool,
 }
 
-/// Reports since the last new assignment was sent. A report counts
-/// ("clean") only if its interval began after the assignment arrived: the
-/// second report received `2 × DELIVERY_MS` after the send or later.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Since {
-    sent_ms: u64,
-    after: u32,
-    allowed: u64,
-    denied: u64,
-}
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bucket {
     rule: Governed,
@@ -165,7 +186,6 @@ pub struct Bucket {
     quiet_until: u64,
     held: Held,
     ledger: Option<Ledger>,
-    since: Since,
     /// The last report with a request in it (0: none yet).
     demand_ms: u64,
     created_ms: u64,
@@ -181,7 +201,6 @@ impl Bucket {
             quiet_until: 0,
             held: Held::Nothing,
             ledger: None,
-            since: Since::default(),
             demand_ms: 0,
             created_ms: 0,
         }
@@ -202,6 +221,13 @@ impl Bucket {
         self.ledger.as_ref()
     }
 
+    /// Tokens on their way back to the window: settled or never sent, in
+    /// the next call or in one not yet answered.
+    pub fn returning(&self) -> u64 {
+        let asked = self.call.as_ref().and_then(|c| c.give_back).map_or(0, |b| u64::from(b.tokens));
+        self.ledger.as_ref().map_or(0, |l| l.back) + asked
+    }
+
     pub(crate) fn handle_report(
         &mut self,
         now: u64,
@@ -215,13 +241,6 @@ impl Bucket {
         }
         if allowed + denied > 0 {
             self.demand_ms = now.max(1);
-        }
-        if now >= self.since.sent_ms + 2 * DELIVERY_MS {
-            if self.since.after >= 1 {
-                self.since.allowed += allowed;
-                self.since.denied += denied;
-            }
-            self.since.after += 1;
         }
         if let Some(ledger) = &mut self.ledger {
             ledger.allowed += allowed;
@@ -307,7 +326,6 @@ impl Bucket {
     fn blanket(&mut self, now: u64, allow: bool, ttl_s: u64, out: &mut Out) {
         out.assign(if allow { Strategy::AllowAll } else { Strategy::DenyAll }, ttl_s);
         self.held = Held::Blanket { allow, sent_ms: now, ttl_s };
-        self.since = Since { sent_ms: now, ..Since::default() };
     }
 
     /// Whatever is due now.
@@ -350,10 +368,9 @@ impl Bucket {
         let may_ask = self.call.is_none() && now >= self.quiet_until && self.busy(now) && window_left;
         match self.held {
             Held::Tokens { tokens, sent_ms, ttl_s, spends_until } => {
-                let low = u64::from(tokens).saturating_sub(self.since.allowed) <= window.lease.low_water();
-                let exhausted = self.since.denied > 0 || low;
+                let low = self.ledger.as_ref().is_none_or(|l| l.unspent() <= window.lease.low_water());
                 let settled = self.ledger.as_ref().is_none_or(|l| l.settle_at.is_none());
-                if exhausted && settled && may_ask {
+                if low && settled && may_ask {
                     self.ask(now, window, window.lease.tokens(), out);
                     return;
                 }
@@ -434,7 +451,10 @@ impl Bucket {
                 l.ends_ms = l.ends_ms.max(ends);
                 l
             }
-            slot => slot.insert(Ledger::new(call.window.clone(), answer.window, ends)),
+            slot => {
+                let carry = slot.as_ref().map_or(0, Ledger::owed);
+                slot.insert(Ledger::new(call.window.clone(), answer.window, ends, carry))
+            }
         };
         let granted = u64::from(answer.granted);
         let current = matches!(&self.rule, Governed::Leased(w) if *w == call.window);
@@ -452,7 +472,7 @@ impl Bucket {
                 // The window is spent: deny once the live token bucket is
                 // empty, and ask again later (other gateways give back).
                 let empty = match self.held {
-                    Held::Tokens { .. } => self.since.denied > 0,
+                    Held::Tokens { .. } => ledger.unspent() == 0,
                     Held::Nothing => true,
                     Held::Blanket { allow, .. } => allow,
                 };
@@ -479,6 +499,5 @@ impl Bucket {
         out.assign(Strategy::TokenBucket { tokens }, k);
         self.held =
             Held::Tokens { tokens, sent_ms: now, ttl_s: k, spends_until: now + DELIVERY_MS + k * 1000 };
-        self.since = Since { sent_ms: now, ..Since::default() };
     }
 }

@@ -228,6 +228,7 @@ async fn drive(
                         Ok(decoded) => {
                             let document = faces.document();
                             for report in &decoded.reports {
+                                tracing::debug!(id = ?report.id, report.allowed, report.denied, "rlqs report");
                                 let governed = governed(&faces, &document, &decoded.domain, report, stream.knows(&report.id));
                                 stream.handle_report(now(), report, governed);
                             }
@@ -241,16 +242,32 @@ async fn drive(
                 }
                 Ok(None) | Err(_) => break,
             },
-            Some((id, seq, result)) = answered.recv() => stream.handle_lease(now(), &id, seq, result),
+            Some((id, seq, result)) = answered.recv() => {
+                tracing::debug!(?id, seq, ?result, "rlqs lease answer");
+                stream.handle_lease(now(), &id, seq, result)
+            }
             _ = tick.tick() => stream.tick(now()),
             _ = out.closed() => break,
         }
         for call in stream.poll_calls() {
+            tracing::debug!(id = ?call.id, call.seq, want = call.request.want, give_back = ?call.request.give_back, "rlqs lease call");
             tokio::spawn(lease(faces.clone(), call, answers.clone()));
         }
         let actions = stream.poll_actions();
         if !actions.is_empty() {
-            for action in &actions {
+            // A `deny_all` right before a token bucket only makes it fresh:
+            // not counted as what the bucket holds.
+            let counted = actions.iter().enumerate().filter(|(i, a)| {
+                !matches!(
+                    (a, actions.get(i + 1)),
+                    (
+                        Action::Assign { strategy: Strategy::DenyAll, id, .. },
+                        Some(Action::Assign { strategy: Strategy::TokenBucket { .. }, id: next, .. })
+                    ) if id == next
+                )
+            });
+            tracing::debug!(?actions, "rlqs actions");
+            for (_, action) in counted {
                 metrics.assigned(strategy_name(action));
             }
             if out.send(Ok(response(&actions))).await.is_err() {
