@@ -104,8 +104,8 @@ pub(crate) fn run(conn: &mut redis::Connection, clients: usize) -> Result<Vec<Fo
             let mut inv = scripts.check.prepare_invoke();
             inv.arg("").arg(format!("r{client}"));
             for (key, alg) in case_keys(&limits, client)? {
-                let (kind, [a, b, c]) = alg.script_args();
-                inv.key(key).arg(kind).arg(a).arg(b).arg(c);
+                let (kind, [a, b, c, d]) = alg.script_args(0);
+                inv.key(key).arg(kind).arg(a).arg(b).arg(c).arg(d);
             }
             pipe.add_command(inv.fcall()).ignore();
             Ok(())

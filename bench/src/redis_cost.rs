@@ -96,8 +96,8 @@ pub(crate) fn run(
         let mut inv = scripts.check.prepare_invoke();
         inv.arg("").arg(format!("r{call}"));
         for (key, alg) in case_keys(limits, client)? {
-            let (kind, [a, b, c]) = alg.script_args();
-            inv.key(key).arg(kind).arg(a).arg(b).arg(c);
+            let (kind, [a, b, c, d]) = alg.script_args(0);
+            inv.key(key).arg(kind).arg(a).arg(b).arg(c).arg(d);
         }
         Ok(inv)
     };
@@ -146,6 +146,7 @@ pub(crate) fn case_keys(limits: &[WireLimit], client: usize) -> Result<Vec<(Stri
         limits: limits.to_vec(),
         margin_ms: None,
         upstream: false,
+        levels: Vec::new(),
     };
     let limits = script_limits(&[check]).map_err(anyhow::Error::msg)?;
     Ok(limits.into_iter().map(|l| (l.key, l.algorithm)).collect())

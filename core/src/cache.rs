@@ -17,8 +17,9 @@
 //! neither records nor serves checks of such policies; their refusals cost a
 //! shim call, which answers at once.
 //!
-//! **Keyed by the whole check**: the policy, the encoded key and the limits
-//! as sent (with their cost), in a compact binary form (no JSON: the lookup
+//! **Keyed by the whole check**: the policy, the encoded key, a hierarchy's
+//! levels (names, keys and where their limits start) and the limits as sent
+//! (with their cost), in a compact binary form (no JSON: the lookup
 //! runs on every request). A request denied on policy A is never denied
 //! locally for a request that only matches policy B, nor one with another cost.
 //!
@@ -192,6 +193,19 @@ fn identity(check: &Check) -> Vec<u8> {
     out.push(0);
     out.extend_from_slice(key);
     out.push(0);
+    // A hierarchy's levels: each name (never empty, where a limit starts
+    // with its kind, 1 to 9) and key ended by a NUL, its start at a fixed
+    // width, and a NUL after the last. A check without levels adds nothing.
+    for level in &check.levels {
+        out.extend_from_slice(level.level.name.as_bytes());
+        out.push(0);
+        out.extend_from_slice(level.level.key.as_bytes());
+        out.push(0);
+        out.extend_from_slice(&(level.from as u64).to_le_bytes());
+    }
+    if !check.levels.is_empty() {
+        out.push(0);
+    }
     for limit in &check.limits {
         limit_identity(&mut out, limit);
     }
@@ -272,6 +286,7 @@ mod tests {
             limits,
             margin_ms: None,
             upstream: false,
+            levels: Vec::new(),
         }
     }
 
@@ -356,7 +371,9 @@ mod tests {
     /// that differ in one field, or only in their type, never share one.
     #[test]
     fn limits_that_differ_in_any_field_have_distinct_identities() {
+        use sluice_policies::calendar::{Calendar, Period, Zone};
         use WireLimit::*;
+        let day = |zone| Calendar { period: Period::Day, zone: Zone::new(zone).expect("a zone") };
         let limits = [
             FixedWindow { limit: 1, window_ms: Millis(2) },
             FixedWindow { limit: 2, window_ms: Millis(2) },
@@ -371,9 +388,21 @@ mod tests {
             Concurrency { limit: 1, lease_ms: Millis(2) },
             Points { capacity: 1, refill_ms: Millis(2), cost: 0 },
             Points { capacity: 1, refill_ms: Millis(2), cost: 1 },
+            CalendarWindow { limit: 1, calendar: day("UTC") },
+            CalendarWindow { limit: 2, calendar: day("UTC") },
+            CalendarWindow { limit: 1, calendar: day("Europe/Paris") },
+            CalendarPoints { capacity: 1, cost: 1, calendar: day("UTC") },
+            CalendarPoints { capacity: 1, cost: 0, calendar: day("UTC") },
         ];
         let with = |limits: Vec<WireLimit>| {
-            identity(&Check { policy: "p".into(), key: "k".into(), limits, margin_ms: None, upstream: false })
+            identity(&Check {
+                policy: "p".into(),
+                key: "k".into(),
+                limits,
+                margin_ms: None,
+                upstream: false,
+                levels: Vec::new(),
+            })
         };
         let mut seen = std::collections::HashSet::new();
         for a in &limits {
@@ -383,6 +412,36 @@ mod tests {
             }
         }
         assert_eq!(with(vec![limits[0]]).len(), 4 + LIMIT_IDENTITY_MAX);
+    }
+
+    /// A hierarchy's levels are part of the identity: the same limits on
+    /// another team's key, or split at another level, never share one.
+    #[test]
+    fn levels_are_part_of_the_identity() {
+        use sluice_policies::wire::{CheckLevel, LevelKey};
+        let limits = vec![WireLimit::Interval { every_ms: Millis(2) }; 2];
+        let with = |levels: Vec<CheckLevel>| {
+            identity(&Check {
+                policy: "p".into(),
+                key: "k".into(),
+                limits: limits.clone(),
+                margin_ms: None,
+                upstream: false,
+                levels,
+            })
+        };
+        let level = |name: &str, key: &str| CheckLevel {
+            level: LevelKey { name: name.into(), key: key.into() },
+            from: 1,
+        };
+        let all = [
+            with(vec![]),
+            with(vec![level("team", "a")]),
+            with(vec![level("team", "b")]),
+            with(vec![level("t", "a")]),
+        ];
+        let distinct: std::collections::HashSet<_> = all.iter().collect();
+        assert_eq!(distinct.len(), all.len());
     }
 
     #[test]
@@ -470,6 +529,7 @@ mod pause_tests {
             limits: vec![WireLimit::Concurrency { limit: 1, lease_ms: Millis(60_000) }],
             margin_ms: None,
             upstream: true,
+            levels: Vec::new(),
         };
         let outcome = |allowed: bool, paused_ms: Option<u64>| CheckOutcome {
             limits: vec![LimitOutcome {

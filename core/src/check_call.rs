@@ -112,7 +112,10 @@ impl CheckCall {
             let Some(policy) = doc.policies.get(*index) else { continue };
             let outcomes = self.charged.get(i).map(|c| c.limits.as_slice()).unwrap_or_default();
             for (j, (limit, wire)) in policy.limits.iter().zip(&check.limits).enumerate() {
-                let (Some(header), WireLimit::Points { capacity, .. }) = (limit.actual_cost_header(), wire)
+                let (
+                    Some(header),
+                    WireLimit::Points { capacity, .. } | WireLimit::CalendarPoints { capacity, .. },
+                ) = (limit.actual_cost_header(), wire)
                 else {
                     continue;
                 };
@@ -124,6 +127,7 @@ impl CheckCall {
                         actual,
                         held_until_us: outcomes.get(j).and_then(|o| o.held_until_us),
                         refunded_us: outcomes.get(j).map_or(Micros(0), |o| o.refunded_us),
+                        level: check.level_of(j).cloned(),
                     });
                 }
             }

@@ -55,8 +55,16 @@ mod tests {
                 limits: limits.clone(),
                 margin_ms: None,
                 upstream: false,
+                levels: Vec::new(),
             },
-            Check { policy: "b".into(), key: "k".into(), limits, margin_ms: None, upstream: false },
+            Check {
+                policy: "b".into(),
+                key: "k".into(),
+                limits,
+                margin_ms: None,
+                upstream: false,
+                levels: Vec::new(),
+            },
         ]
     }
 

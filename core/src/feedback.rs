@@ -79,6 +79,7 @@ mod tests {
                 limits: Vec::new(),
                 margin_ms: None,
                 upstream: false,
+                levels: Vec::new(),
             })
             .collect()
     }

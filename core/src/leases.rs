@@ -64,7 +64,14 @@ mod tests {
     use sluice_policies::wire::Check;
 
     fn request(lease: &str, limits: Vec<WireLimit>) -> RenewRequest {
-        let check = Check { policy: "p".into(), key: "k".into(), limits, margin_ms: None, upstream: false };
+        let check = Check {
+            policy: "p".into(),
+            key: "k".into(),
+            limits,
+            margin_ms: None,
+            upstream: false,
+            levels: Vec::new(),
+        };
         RenewRequest { lease: lease.into(), checks: vec![check] }
     }
 

@@ -72,7 +72,7 @@ pub fn wire(data: &[u8]) {
             for limit in &check.limits {
                 if limit.validate().is_ok() {
                     let algorithm = Algorithm::of(limit);
-                    let _ = (algorithm.state_suffix(), algorithm.script_args());
+                    let _ = (algorithm.state_suffix(), algorithm.script_args(0));
                 }
             }
         }
@@ -93,7 +93,7 @@ pub fn wire(data: &[u8]) {
     if let Ok(req) = serde_json::from_slice::<sluice_policies::wire::LeaseRequest>(data) {
         if req.validate().is_ok() {
             let algorithm = Algorithm::of(&req.limit);
-            let _ = (algorithm.state_suffix(), algorithm.script_args());
+            let _ = (algorithm.state_suffix(), algorithm.script_args(0));
         }
     }
     let _ = serde_json::from_slice::<sluice_policies::wire::LeaseResponse>(data);
@@ -179,6 +179,7 @@ pub fn answer(data: &[u8]) {
             limits: vec![WireLimit::SlidingWindow { limit: 1, window_ms: Millis(1000), approximate: false }],
             margin_ms: None,
             upstream: false,
+            levels: Vec::new(),
         },
         Check {
             policy: "b".into(),
@@ -186,6 +187,7 @@ pub fn answer(data: &[u8]) {
             limits: vec![WireLimit::Interval { every_ms: Millis(10) }],
             margin_ms: None,
             upstream: false,
+            levels: Vec::new(),
         },
     ];
     // The first byte: 0, a 200 in JSON; 1, a 200 in the binary wire; else

@@ -7,7 +7,7 @@
 -- answer until then; otherwise nothing changes but expired entries, and the
 -- reply says how far away the slot is (-1: never).
 --
--- ARGV[4n+3 + i]   limit i's margin in microseconds (n limits)
+-- ARGV[5n+3 + i]   limit i's margin in microseconds (n limits)
 --
 -- Returns check.lua's reply, then the slot t in microseconds (0 when denied).
 -- Per limit: allowed_i is whether its own slot lies within the wait; remaining
@@ -16,7 +16,7 @@
 -- when denied its own wait, as is retry_ms.
 -- Limit i of check.lua's arguments as a spec (slots.lua), with its margin.
 local function spec_of(i, key, margin)
-  local base = 4 * i - 1
+  local base = 5 * i - 2
   return {
     key = key, kind = ARGV[base], a = tonumber(ARGV[base + 1]), b = tonumber(ARGV[base + 2]),
     c = tonumber(ARGV[base + 3]), margin = margin,
@@ -27,7 +27,7 @@ local function reserve(now, id, wait)
   local n = #KEYS
   local specs = {}
   for i, key in ipairs(KEYS) do
-    specs[i] = spec_of(i, key, tonumber(ARGV[4 * n + 3 + i]) or 0)
+    specs[i] = spec_of(i, key, tonumber(ARGV[5 * n + 3 + i]) or 0)
   end
   local r, err = reserve_slots(now, id, wait, specs)
   if not r then return redis.error_reply(err) end

@@ -11,16 +11,16 @@
 -- ARGV[1]   the time in microseconds, or "" for Redis TIME
 -- ARGV[2]   the request id
 -- ARGV[3]   the slot the request was reserved at (reserve.lua's t)
--- ARGV[5i-1 .. 5i+3]   limit i: its algorithm, its three numbers, and the
+-- ARGV[6i-2 .. 6i+3]   limit i: its algorithm, its four numbers, and the
 --     gcra tat the reservation set (its held_until), else 0
 local now = clock(ARGV[1])
 local id = ARGV[2]
 local at = tonumber(ARGV[3])
 for i, key in ipairs(KEYS) do
-  local base = 5 * i - 1
+  local base = 6 * i - 2
   local kind = ARGV[base]
   local a, b, c = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
-  local held = tonumber(ARGV[base + 4])
+  local held = tonumber(ARGV[base + 5])
   if kind == 'sliding_window' then
     sliding_window_cancel(key, now, id)
   elseif kind == 'fixed_window' then

@@ -1,4 +1,4 @@
--- requires: common, fixed_window, sliding_window, sliding_approx, gcra, pause, rate, queue, concurrency, reserve
+-- requires: common, fixed_window, sliding_window, sliding_approx, gcra, calendar, pause, rate, queue, concurrency, reserve
 -- check: decide every limit of one request at once, all or nothing.
 -- Twin of policies/src/algorithm/mod.rs, check().
 --
@@ -9,10 +9,10 @@
 -- KEYS[i]   the state key of limit i
 -- ARGV[1]   the time in microseconds, or "" for Redis TIME
 -- ARGV[2]   the request id: a log entry, and the lease id
--- ARGV[4i-1 .. 4i+2]   limit i: its algorithm and three numbers (Algorithm::script_args)
--- ARGV[4n+3]   optional, n limits: the longest wait in microseconds; above 0
+-- ARGV[5i-2 .. 5i+2]   limit i: its algorithm and four numbers (Algorithm::script_args)
+-- ARGV[5n+3]   optional, n limits: the longest wait in microseconds; above 0
 --     the request takes the waiting path (reserve.lua), with its margins after
--- ARGV[4n+4]   optional, not waiting: 'no_reset_when_admitted' (wire::Views)
+-- ARGV[5n+4]   optional, not waiting: 'no_reset_when_admitted' (wire::Views)
 --     when the caller reads no reset of an admitted request: it is 0 then,
 --     and a sliding window skips the lookup of its oldest entry
 --
@@ -24,14 +24,14 @@
 -- holds until and the bucket's refund counter then (for adjust.lua), else 0.
 local now = clock(ARGV[1])
 local id = ARGV[2]
-local wait = tonumber(ARGV[4 * #KEYS + 3]) or 0
+local wait = tonumber(ARGV[5 * #KEYS + 3]) or 0
 if wait > 0 then return reserve(now, id, wait) end
 
 -- The partner's refusals scale the limits of their check (rate.lua). The
 -- specs are built only when a check carries a rate: the hot path reads ARGV.
 local specs = nil
 for i = 1, #KEYS do
-  if ARGV[4 * i - 1] == 'rate' then specs = {} break end
+  if ARGV[5 * i - 2] == 'rate' then specs = {} break end
 end
 if specs then
   for i, key in ipairs(KEYS) do specs[i] = spec_of(i, key, 0) end
@@ -42,7 +42,7 @@ end
 -- may charge a mixed waiter's time limits, which phase 1 must then see.
 local reclaimed = {}
 for i, key in ipairs(KEYS) do
-  local base = 4 * i - 1
+  local base = 5 * i - 2
   if ARGV[base] == 'concurrency' then
     reclaimed[i] = reclaim(key, now, tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]))
   end
@@ -52,7 +52,7 @@ end
 local found = {}
 local allowed = true
 for i, key in ipairs(KEYS) do
-  local base = 4 * i - 1
+  local base = 5 * i - 2
   local kind = ARGV[base]
   local a, b, c
   if specs then
@@ -69,6 +69,8 @@ for i, key in ipairs(KEYS) do
     f = sliding_approx(key, now, a, b)
   elseif kind == 'gcra' then
     f = gcra(key, now, a, b, c)
+  elseif kind == 'calendar' then
+    f = calendar(key, now, a, b, c, tonumber(ARGV[base + 4]))
   elseif kind == 'concurrency' then
     f = concurrency(key, now, id, a, b, reclaimed[i])
   elseif kind == 'pause' then
@@ -84,7 +86,7 @@ end
 
 -- The views the reply shows, read before the commit: an admitted request's
 -- reset only when the caller reads it.
-local no_reset = ARGV[4 * #KEYS + 4] == 'no_reset_when_admitted'
+local no_reset = ARGV[5 * #KEYS + 4] == 'no_reset_when_admitted'
 if not (allowed and no_reset) then
   for _, f in ipairs(found) do
     if f.reset then f.reset() end

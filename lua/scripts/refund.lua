@@ -1,4 +1,4 @@
--- requires: common, gcra, queue
+-- requires: common, gcra, calendar, queue
 -- refund: take back what check.lua charged for one request, when another
 -- Redis Cluster slot denied the same request (charge-then-refund: a charge,
 -- not a reservation, which in these scripts means a waiting slot).
@@ -6,17 +6,19 @@
 -- KEYS[i]   the state key of limit i, as in check.lua
 -- ARGV[1]   the time check.lua charged at (its reply's `now`)
 -- ARGV[2]   the request id
--- ARGV[4i-1 .. 4i+2]   limit i, as in check.lua
+-- ARGV[5i-2 .. 5i+2]   limit i, as in check.lua
 --
 -- Between the charge and the refund other requests saw the charge, so some
 -- may have been denied: a refund can under-admit for that moment, never over-admit.
 local charged = tonumber(ARGV[1])
 local id = ARGV[2]
 for i, key in ipairs(KEYS) do
-  local base = 4 * i - 1
+  local base = 5 * i - 2
   local kind = ARGV[base]
   local a, b, c = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
-  if kind == 'sliding_window' then
+  if kind == 'calendar' then
+    calendar_refund(key, charged, b, c, tonumber(ARGV[base + 4]))
+  elseif kind == 'sliding_window' then
     redis.call('ZREM', key, id)
   elseif kind == 'concurrency' then
     -- The slot goes to the oldest waiter, if any (queue.lua), at Redis's

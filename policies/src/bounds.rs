@@ -21,7 +21,7 @@ pub use crate::condition::MAX_CONDITION_ENTRIES;
 use crate::key::MAX_PART_LEN;
 pub use crate::key::{MAX_KEY_LEN, MAX_KEY_SOURCES};
 use crate::units::{Micros, Millis};
-use crate::wire::{AdjustRequest, Adjustment, Check, CheckRequest, WireLimit};
+use crate::wire::{AdjustRequest, Adjustment, Check, CheckLevel, CheckRequest, LevelKey, WireLimit};
 use crate::Policy;
 
 /// The most checks one request to the shim may carry: one per policy that
@@ -179,10 +179,20 @@ impl PrefixTrie {
 /// `policy`'s check at its largest: the longest key its sources can make,
 /// the largest cost, the largest margin.
 fn worst_case_check(policy: &Policy) -> Check {
-    let key = match policy.key.len() {
+    let longest = |sources: usize| match sources {
         0 => crate::key::MISSING.to_string(),
         n => vec!["%".repeat(MAX_PART_LEN); n].join(":"),
     };
+    let key = longest(policy.key.len());
+    let levels = (policy.levels.iter())
+        .map(|level| CheckLevel {
+            level: LevelKey {
+                name: level.name.as_str().to_string(),
+                key: longest(level.key.len() - policy.key.len()),
+            },
+            from: level.from,
+        })
+        .collect();
     let limits = policy
         .limits
         .iter()
@@ -197,22 +207,24 @@ fn worst_case_check(policy: &Policy) -> Check {
         limits,
         margin_ms: Some(Millis(u64::MAX)),
         upstream: true,
+        levels,
     }
 }
 
 /// The adjustments of `policy`'s points limits with an `actual_cost_header`, at their largest.
 fn worst_case_adjustments(policy: &Policy) -> Vec<Adjustment> {
     let check = worst_case_check(policy);
-    let adjusted =
-        policy.limits.iter().zip(&check.limits).filter(|(limit, _)| limit.actual_cost_header().is_some());
+    let adjusted = (policy.limits.iter().zip(&check.limits).enumerate())
+        .filter(|(_, (limit, _))| limit.actual_cost_header().is_some());
     adjusted
-        .map(|(_, wire)| Adjustment {
+        .map(|(j, (_, wire))| Adjustment {
             policy: check.policy.clone(),
             key: check.key.clone(),
             limit: *wire,
             actual: u32::MAX,
             held_until_us: Some(Micros(u64::MAX)),
             refunded_us: Micros(u64::MAX),
+            level: check.level_of(j).cloned(),
         })
         .collect()
 }

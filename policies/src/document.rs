@@ -45,7 +45,7 @@ use crate::response::{CacheSlots, CooldownMs, DenyResponse, DenyStatus, FailureT
 use crate::shed::ShedPolicy;
 use crate::units::Millis;
 use crate::wait::Wait;
-use crate::wire::{Check, ShedRequest, WireLimit};
+use crate::wire::{Check, CheckLevel, LevelKey, ShedRequest, WireLimit};
 use crate::{HeaderName, Limit, PolicyName, Request};
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
@@ -243,7 +243,12 @@ pub struct Policy {
     pub bypass: Vec<Condition>,
     pub key: Vec<KeySource>,
     pub on_missing_key: OnMissingKey,
+    /// Every limit: the top level's, then each level's in order (a level's
+    /// start at its `from`).
     pub limits: Vec<Limit>,
+    /// Quotas in a hierarchy: the levels below the top one (`key`), each
+    /// keyed within the one above it; see [`Level`].
+    pub levels: Vec<Level>,
     pub shadow: bool,
     pub failure_mode: Option<FailureMode>,
     pub failure_status: Option<DenyStatus>,
@@ -282,6 +287,12 @@ pub(crate) struct RawPolicy {
     /// At least one limit, unless `unlimited`; the request must pass all of them.
     #[serde(default)]
     pub(crate) limits: Vec<Limit>,
+    /// Quotas in a hierarchy: levels below this one, each with its own
+    /// `key` (beginning with the key of the level above it) and `limits`. A
+    /// request is checked against every level and charged to all or none.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(with = "Vec<RawLevel>"))]
+    pub(crate) levels: Vec<RawLevel>,
     /// gRPC faces: the policy limits nothing; its requests are answered OK and
     /// counted as unlimited. Give no `limits`.
     #[serde(default)]
@@ -313,9 +324,73 @@ pub(crate) struct RawPolicy {
     pub(crate) leased: Option<crate::leased::Leased>,
 }
 
+/// One level of a hierarchy below a policy's top one: its name, its key,
+/// and where its limits start in the policy's `limits`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Level {
+    pub name: PolicyName,
+    /// Its whole key: the sources of the level above it, then its own.
+    pub key: Vec<KeySource>,
+    /// The index of its first limit in the policy's `limits`.
+    pub from: usize,
+}
+
+#[derive(serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLevel {
+    /// 1 to 64 of `A-Z a-z 0-9 _ -`, unique among the policy's levels.
+    name: PolicyName,
+    /// Its key: the key of the level above it, then the sources that tell
+    /// its members apart (`["header:x-org", "header:x-team"]`).
+    key: Vec<KeySource>,
+    /// At least one; the request must pass all of them.
+    pub(crate) limits: Vec<Limit>,
+}
+
+/// The policy's levels, checked: each named once, with limits, and keyed
+/// within the level above it, so that every level's state shares the top
+/// level's hash tag and one script call charges them all or none. Their
+/// limits follow `limits` in one list, each level's from its `from`.
+fn levels(raw: &RawPolicy) -> Result<(Vec<Limit>, Vec<Level>), String> {
+    let mut limits = raw.limits.clone();
+    let mut out: Vec<Level> = Vec::with_capacity(raw.levels.len());
+    let mut above: (&str, &[KeySource]) = ("the policy's `key`", &raw.key);
+    for (i, level) in raw.levels.iter().enumerate() {
+        if out.iter().any(|l| l.name == level.name) {
+            return Err(format!("levels[{i}]: duplicate level name \"{}\"", level.name));
+        }
+        if level.limits.is_empty() {
+            return Err(format!("levels[{i}]: a level needs at least one limit"));
+        }
+        if level.key.len() > MAX_KEY_SOURCES {
+            return Err(format!(
+                "levels[{i}]: {} key sources, more than the {MAX_KEY_SOURCES} a level may have",
+                level.key.len()
+            ));
+        }
+        if !level.key.starts_with(above.1) {
+            let show = |key: &[KeySource]| {
+                format!("[{}]", key.iter().map(|s| format!("\"{s}\"")).collect::<Vec<_>>().join(", "))
+            };
+            return Err(format!(
+                "levels[{i}].key {} does not begin with {} {}: a level is keyed within the level above it, so that every level's state shares the top level's Redis Cluster hash tag and one atomic call charges them all; begin it with those sources, or make it a policy of its own",
+                show(&level.key),
+                above.0,
+                show(above.1)
+            ));
+        }
+        out.push(Level { name: level.name.clone(), key: level.key.clone(), from: limits.len() });
+        limits.extend(level.limits.iter().cloned());
+        above = ("the key of the level above it", &level.key);
+    }
+    Ok((limits, out))
+}
+
 impl<'de> Deserialize<'de> for Policy {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let raw = RawPolicy::deserialize(d)?;
+        let (all_limits, levels) = levels(&raw).map_err(de::Error::custom)?;
         let matcher = raw.matcher.clone().unwrap_or_default();
         if raw.unlimited {
             if !raw.limits.is_empty() {
@@ -349,10 +424,10 @@ impl<'de> Deserialize<'de> for Policy {
                 )));
             }
         }
-        if raw.limits.len() > MAX_LIMITS {
+        if all_limits.len() > MAX_LIMITS {
             return Err(de::Error::custom(format!(
                 "{} limits, more than the {MAX_LIMITS} a policy may have",
-                raw.limits.len()
+                all_limits.len()
             )));
         }
         if raw.key.len() > MAX_KEY_SOURCES {
@@ -361,7 +436,8 @@ impl<'de> Deserialize<'de> for Policy {
                 raw.key.len()
             )));
         }
-        // Two limits whose state would live under one key would charge it twice.
+        // Two limits whose state would live under one key would charge it
+        // twice (each level's state lives under its own name).
         let suffixes: Vec<String> =
             raw.limits.iter().map(|l| Algorithm::of(&WireLimit::with_cost(l, 0)).state_suffix()).collect();
         for (i, suffix) in suffixes.iter().enumerate() {
@@ -371,6 +447,20 @@ impl<'de> Deserialize<'de> for Policy {
                 )));
             }
         }
+        for (n, level) in raw.levels.iter().enumerate() {
+            let suffixes: Vec<String> = level
+                .limits
+                .iter()
+                .map(|l| Algorithm::of(&WireLimit::with_cost(l, 0)).state_suffix())
+                .collect();
+            for (i, suffix) in suffixes.iter().enumerate() {
+                if let Some(j) = suffixes[..i].iter().position(|s| s == suffix) {
+                    return Err(de::Error::custom(format!(
+                        "levels[{n}].limits[{i}] would share its state with limits[{j}]: give one a different window, period or lease"
+                    )));
+                }
+            }
+        }
         if raw.wait.is_some() {
             if raw.shadow {
                 return Err(de::Error::custom(
@@ -378,8 +468,8 @@ impl<'de> Deserialize<'de> for Policy {
                 ));
             }
             let approximate =
-                raw.limits.iter().position(|l| matches!(l, Limit::SlidingWindow { approximate: true, .. }));
-            if !crate::wait::can_wait(&raw.limits) {
+                all_limits.iter().position(|l| matches!(l, Limit::SlidingWindow { approximate: true, .. }));
+            if !crate::wait::can_wait(&all_limits) {
                 return Err(de::Error::custom(
                     "`wait` on two concurrency limits is not supported: the shim queues a request for one concurrency limit",
                 ));
@@ -389,7 +479,12 @@ impl<'de> Deserialize<'de> for Policy {
                     "`wait` cannot be used with an approximate sliding_window (limits[{i}]): its estimate cannot tell when a slot opens; use an exact one"
                 )));
             }
-            let reserved = raw.limits.iter().position(|l| l.reserve().is_some());
+            if let Some(i) = all_limits.iter().position(|l| l.calendar().is_some()) {
+                return Err(de::Error::custom(format!(
+                    "`wait` cannot be used with a calendar window (limits[{i}]): a full calendar window opens again at its end, hours or days away"
+                )));
+            }
+            let reserved = all_limits.iter().position(|l| l.reserve().is_some());
             if let Some(i) = reserved {
                 return Err(de::Error::custom(format!(
                     "`wait` cannot be used with a concurrency `reserve` (limits[{i}]): a freed slot goes to the oldest waiter, whatever its class; a reserve protects a service, refusing at once"
@@ -411,12 +506,17 @@ impl<'de> Deserialize<'de> for Policy {
                 ));
             }
             shed.controller.validate().map_err(|e| de::Error::custom(format!("shed.{e}")))?;
-            let pool = raw.limits.iter().any(|l| l.lease().is_some());
+            let pool = all_limits.iter().any(|l| l.lease().is_some());
             if shed.signal == crate::load::Signal::Pool && !pool {
                 return Err(de::Error::custom(
                     "shed.signal \"pool\" needs a concurrency limit in the policy",
                 ));
             }
+        }
+        if raw.leased.is_some() && !levels.is_empty() {
+            return Err(de::Error::custom(
+                "`leased` cannot be used with `levels`: a lease is taken from one window, and a hierarchy charges every level at once",
+            ));
         }
         if let Some(leased) = raw.leased {
             leased.fits(&raw.limits).map_err(de::Error::custom)?;
@@ -446,7 +546,8 @@ impl<'de> Deserialize<'de> for Policy {
             bypass: raw.bypass,
             key: raw.key,
             on_missing_key: raw.on_missing_key,
-            limits: raw.limits,
+            limits: all_limits,
+            levels,
             shadow: raw.shadow,
             failure_mode: raw.failure_mode,
             failure_status: raw.failure_status,
@@ -468,12 +569,14 @@ const RLS_FACE: &str = "a gRPC-face policy (its `match` names `domain` or `entri
 /// policy in the messages. An RLS-face policy cannot be `leased` either;
 /// an RLQS-face one is, by nature (see [`crate::rlqs`]).
 pub(crate) fn grpc_face_fits(raw: &RawPolicy, face: &str) -> Result<(), String> {
-    if let Some(i) = raw.limits.iter().position(|l| l.lease().is_some()) {
+    // Every level's limits too, numbered as the policy's flat list.
+    let limits: Vec<&Limit> = raw.limits.iter().chain(raw.levels.iter().flat_map(|l| &l.limits)).collect();
+    if let Some(i) = limits.iter().position(|l| l.lease().is_some()) {
         return Err(format!(
             "{face} cannot have a concurrency limit (limits[{i}]): its face answers once and never hears the request end, so a slot would never be released"
         ));
     }
-    if let Some(i) = raw.limits.iter().position(|l| l.actual_cost_header().is_some()) {
+    if let Some(i) = limits.iter().position(|l| l.actual_cost_header().is_some()) {
         return Err(format!(
             "{face} cannot read an `actual_cost_header` (limits[{i}]): its face never sees the response"
         ));
@@ -502,6 +605,27 @@ pub enum Verdict {
 }
 
 impl Policy {
+    /// Every key source the policy reads: its deepest level's key, which
+    /// begins with every key above it; the policy's `key` without levels.
+    pub fn key_sources(&self) -> &[KeySource] {
+        self.levels.last().map_or(&self.key, |l| &l.key)
+    }
+
+    /// Each level's key: the encoded values of its sources beyond the top
+    /// level's. A missing one is the shared bucket's `!` when the policy
+    /// shares; otherwise `None`, and the policy's `on_missing_key` decides.
+    fn level_keys(&self, req: &impl Request, ip: ClientIp) -> Option<Vec<String>> {
+        let top = self.key.len();
+        let share = self.on_missing_key == OnMissingKey::Shared;
+        self.levels
+            .iter()
+            .map(|level| match key::build(&level.key[top..], req, ip) {
+                Some(key) => Some(key),
+                None => share.then(|| key::MISSING.to_string()),
+            })
+            .collect()
+    }
+
     pub fn evaluate(&self, req: &impl Request, ip: ClientIp) -> Verdict {
         if !self.matches(req, ip) {
             return Verdict::NotApplied;
@@ -536,6 +660,8 @@ pub struct Applied<'d> {
     pub key: String,
     /// The request's class (see [`Evaluation::class`]).
     pub class: usize,
+    /// Each level's key, in the policy's `levels` order (`Check::levels`).
+    pub levels: Vec<String>,
 }
 
 impl Document {
@@ -572,7 +698,7 @@ impl Document {
         let class = self.classes.classify(req, self.class_header.as_ref());
         let mut out = Evaluation { class, ..Evaluation::default() };
         for (index, policy) in self.policies.iter().enumerate() {
-            if let Some(source) = policy.key.iter().position(|s| !holds(s.reads(ip))) {
+            if let Some(source) = policy.key_sources().iter().position(|s| !holds(s.reads(ip))) {
                 if policy.matches(req, ip) {
                     out.unrecorded.push((index, source));
                 }
@@ -580,7 +706,12 @@ impl Document {
             }
             match policy.evaluate(req, ip) {
                 Verdict::NotApplied => {}
-                Verdict::Key(key) => out.applied.push(Applied { policy, index, key, class }),
+                Verdict::Key(key) => match policy.level_keys(req, ip) {
+                    Some(levels) => out.applied.push(Applied { policy, index, key, class, levels }),
+                    None if policy.on_missing_key == OnMissingKey::Skip => {}
+                    None if policy.shadow => out.shadow_missing_key.push(index),
+                    None => return Err(policy),
+                },
                 Verdict::MissingKey if policy.shadow => out.shadow_missing_key.push(index),
                 Verdict::MissingKey => return Err(policy),
             }
@@ -625,6 +756,12 @@ impl Applied<'_> {
             limits: self.policy.limits.iter().map(|l| WireLimit::of(l, req, self.class)).collect(),
             margin_ms: self.policy.wait.map(|w| Millis(w.margin_ms())),
             upstream: self.policy.upstream.is_some(),
+            levels: (self.policy.levels.iter().zip(&self.levels))
+                .map(|(level, key)| CheckLevel {
+                    level: LevelKey { name: level.name.as_str().to_string(), key: key.clone() },
+                    from: level.from,
+                })
+                .collect(),
         }
     }
 }

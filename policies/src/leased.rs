@@ -96,6 +96,10 @@ impl Leased {
                 self.tokens,
                 limit.get()
             )),
+            [Limit::CalendarWindow { .. }] => Err(
+                "`leased` needs a fixed_window with a duration `window`, not a calendar: a lease names its window by its index since the epoch"
+                    .to_string(),
+            ),
             [_] => Err(
                 "`leased` needs a fixed_window limit: only a window's tokens can be spent anywhere in it and given back exactly"
                     .to_string(),

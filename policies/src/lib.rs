@@ -9,7 +9,7 @@
 //! wire's bounds and the algorithms' state keys, so it sits under both):
 //!
 //! ```text
-//! model      units, request, cost, response, load, condition, key, class,
+//! model      units, calendar, request, cost, response, load, condition, key, class,
 //!            limit (and WireLimit, the form the shim takes), wait, leased,
 //!            shed, feedback (and Slowdown)
 //!   ^
@@ -29,6 +29,8 @@
 //! - [`units`]: the validated scalars: durations, counts, names, parts per
 //!   million, and a bucket's time per unit; past parsing, milliseconds
 //!   ([`Millis`](units::Millis)) and microseconds ([`Micros`](units::Micros)).
+//! - [`calendar`]: calendar windows (a day, week or month in an IANA time
+//!   zone), their bounds, and the two ends a check passes to Redis.
 //! - [`request`]: what matching and keying read from a request.
 //! - [`cost`]: a points cost read from a header, clamped to the capacity.
 //! - [`response`]: what the gateway answers and when: headers, denial
@@ -82,6 +84,7 @@
 
 pub mod algorithm;
 pub mod bounds;
+pub mod calendar;
 pub mod class;
 pub mod condition;
 pub mod cost;

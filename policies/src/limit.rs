@@ -12,10 +12,16 @@
 //! | `interval` | `every` | at most one request per `every` |
 //! | `concurrency` | `limit`, `lease`, `reserve` | at most `limit` in flight; a slot returns at stream end, or after `lease` if its holder died; `reserve` holds a share back for the more important classes |
 //! | `points` | `capacity`, `refill`, `cost`, `actual_cost_header` | a bucket of `capacity` points refilled completely in `refill`; each request costs `cost` |
+//!
+//! A `fixed_window`'s `window` or a `points` limit's `refill` may be a
+//! calendar window instead of a duration (see [`crate::calendar`]): at most
+//! `limit` requests, or `capacity` points, per calendar day, week or month.
+//! These are [`Limit::CalendarWindow`] and [`Limit::CalendarPoints`].
 
 use serde::de::{self, Deserializer};
 use serde::{Deserialize, Serialize};
 
+use crate::calendar::Calendar;
 use crate::cost::read_cost;
 use crate::units::{is_false, per_unit, Micros, Millis, MAX_COUNT};
 use crate::{Count, Duration, HeaderName, PolicyName, Request};
@@ -27,8 +33,13 @@ use crate::{Count, Duration, HeaderName, PolicyName, Request};
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[cfg_attr(feature = "schema", schemars(tag = "type", rename_all = "snake_case", deny_unknown_fields))]
 pub enum Limit {
-    /// At most `limit` per window aligned to the epoch.
-    FixedWindow { limit: Count, window: Duration },
+    /// At most `limit` per window aligned to the epoch, or per calendar day,
+    /// week or month when `window` is a calendar.
+    FixedWindow {
+        limit: Count,
+        #[cfg_attr(feature = "schema", schemars(with = "crate::calendar::SpanOrCalendar"))]
+        window: Duration,
+    },
     /// At most `limit` in any interval one `window` long (exact), or the O(1)
     /// two-counter estimate with `approximate`.
     SlidingWindow {
@@ -49,19 +60,45 @@ pub enum Limit {
     Concurrency { limit: Count, lease: Duration, reserve: Option<PoolReserve> },
     /// A bucket of `capacity` points refilled completely in `refill`; each
     /// request costs `cost`, a number or `{"header": NAME, "default": N}`.
-    Points { capacity: Count, refill: Duration, cost: Cost, actual_cost_header: Option<HeaderName> },
+    /// With a calendar as `refill`: `capacity` points per calendar day, week
+    /// or month, all back when it ends.
+    Points {
+        capacity: Count,
+        #[cfg_attr(feature = "schema", schemars(with = "crate::calendar::SpanOrCalendar"))]
+        refill: Duration,
+        cost: Cost,
+        actual_cost_header: Option<HeaderName>,
+    },
+    /// A `fixed_window` whose window is a calendar day, week or month: at
+    /// most `limit` per calendar window.
+    #[cfg_attr(feature = "schema", schemars(skip))]
+    CalendarWindow { limit: Count, calendar: Calendar },
+    /// A `points` limit whose `refill` is a calendar window: `capacity`
+    /// points per calendar window, all back at its end.
+    #[cfg_attr(feature = "schema", schemars(skip))]
+    CalendarPoints { capacity: Count, calendar: Calendar, cost: Cost, actual_cost_header: Option<HeaderName> },
 }
 
 impl Limit {
     pub fn kind(&self) -> LimitType {
         match self {
-            Limit::FixedWindow { .. } => LimitType::FixedWindow,
+            Limit::FixedWindow { .. } | Limit::CalendarWindow { .. } => LimitType::FixedWindow,
             Limit::SlidingWindow { .. } => LimitType::SlidingWindow,
             Limit::TokenBucket { .. } => LimitType::TokenBucket,
             Limit::LeakyBucket { .. } => LimitType::LeakyBucket,
             Limit::Interval { .. } => LimitType::Interval,
             Limit::Concurrency { .. } => LimitType::Concurrency,
-            Limit::Points { .. } => LimitType::Points,
+            Limit::Points { .. } | Limit::CalendarPoints { .. } => LimitType::Points,
+        }
+    }
+
+    /// Its calendar, if its window is one.
+    pub fn calendar(&self) -> Option<Calendar> {
+        match self {
+            Limit::CalendarWindow { calendar, .. } | Limit::CalendarPoints { calendar, .. } => {
+                Some(*calendar)
+            }
+            _ => None,
         }
     }
 
@@ -88,7 +125,9 @@ impl Limit {
     /// The response header a `points` limit reads its true cost from, if any.
     pub fn actual_cost_header(&self) -> Option<&HeaderName> {
         match self {
-            Limit::Points { actual_cost_header, .. } => actual_cost_header.as_ref(),
+            Limit::Points { actual_cost_header, .. } | Limit::CalendarPoints { actual_cost_header, .. } => {
+                actual_cost_header.as_ref()
+            }
             _ => None,
         }
     }
@@ -151,7 +190,7 @@ pub(crate) struct RawLimit {
     #[serde(rename = "type")]
     kind: LimitType,
     limit: Option<Count>,
-    window: Option<Duration>,
+    window: Option<Span>,
     approximate: Option<bool>,
     rate: Option<Count>,
     per: Option<Duration>,
@@ -160,7 +199,7 @@ pub(crate) struct RawLimit {
     drain: Option<Duration>,
     every: Option<Duration>,
     lease: Option<Duration>,
-    refill: Option<Duration>,
+    refill: Option<Span>,
     cost: Option<RawCost>,
     actual_cost_header: Option<HeaderName>,
     reserve: Option<RawReserve>,
@@ -230,6 +269,54 @@ impl<'de> Deserialize<'de> for RawCost {
     }
 }
 
+/// A `window` or `refill`: a duration (`"1m"`), or a calendar window
+/// (`{"calendar": "day", "zone": "UTC"}`).
+pub(crate) enum Span {
+    Duration(Duration),
+    Calendar(Calendar),
+}
+
+impl Span {
+    /// The duration; a calendar where `what` must be a duration is refused.
+    fn duration(self, what: &str) -> Result<Duration, String> {
+        match self {
+            Span::Duration(d) => Ok(d),
+            Span::Calendar(_) => {
+                Err(format!("{what} is a duration: calendar windows are for fixed_window and points limits"))
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Span {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        enum Read {
+            Text(String),
+            Calendar(Calendar),
+        }
+        struct SpanVisitor;
+        impl<'de> de::Visitor<'de> for SpanVisitor {
+            type Value = Read;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Read, E> {
+                Ok(Read::Text(text.to_string()))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Read, A::Error> {
+                Calendar::deserialize(de::value::MapAccessDeserializer::new(map)).map(Read::Calendar)
+            }
+        }
+        // A duration is checked once read, so its error is placed as before.
+        match d.deserialize_any(SpanVisitor)? {
+            Read::Text(text) => Duration::parse(&text)
+                .map(Span::Duration)
+                .ok_or_else(|| de::Error::custom(crate::units::invalid_duration(&text))),
+            Read::Calendar(calendar) => Ok(Span::Calendar(calendar)),
+        }
+    }
+}
+
 #[derive(serde::Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
@@ -272,12 +359,15 @@ impl RawLimit {
             value.ok_or_else(|| format!("missing field `{field}`"))
         }
         let limit = match self.kind {
-            LimitType::FixedWindow => {
-                Limit::FixedWindow { limit: need(self.limit, "limit")?, window: need(self.window, "window")? }
-            }
+            LimitType::FixedWindow => match need(self.window, "window")? {
+                Span::Duration(window) => Limit::FixedWindow { limit: need(self.limit, "limit")?, window },
+                Span::Calendar(calendar) => {
+                    Limit::CalendarWindow { limit: need(self.limit, "limit")?, calendar }
+                }
+            },
             LimitType::SlidingWindow => Limit::SlidingWindow {
                 limit: need(self.limit, "limit")?,
-                window: need(self.window, "window")?,
+                window: need(self.window, "window")?.duration("a sliding_window's `window`")?,
                 approximate: self.approximate.unwrap_or(false),
             },
             LimitType::TokenBucket => Limit::TokenBucket {
@@ -308,11 +398,12 @@ impl RawLimit {
                         capacity.get()
                     ));
                 }
-                Limit::Points {
-                    capacity,
-                    refill: need(self.refill, "refill")?,
-                    cost,
-                    actual_cost_header: self.actual_cost_header,
+                let actual_cost_header = self.actual_cost_header;
+                match need(self.refill, "refill")? {
+                    Span::Duration(refill) => Limit::Points { capacity, refill, cost, actual_cost_header },
+                    Span::Calendar(calendar) => {
+                        Limit::CalendarPoints { capacity, calendar, cost, actual_cost_header }
+                    }
                 }
             }
         };
@@ -380,6 +471,17 @@ pub enum WireLimit {
         refill_ms: Millis,
         cost: u32,
     },
+    /// A `fixed_window` on a calendar window.
+    CalendarWindow {
+        limit: u32,
+        calendar: Calendar,
+    },
+    /// A `points` limit on a calendar window.
+    CalendarPoints {
+        capacity: u32,
+        cost: u32,
+        calendar: Calendar,
+    },
 }
 
 /// The longest a bucket may take to refill completely: ten years.
@@ -391,7 +493,7 @@ impl WireLimit {
     /// reserve holds out.
     pub fn of(limit: &Limit, req: &impl Request, class: usize) -> WireLimit {
         match limit {
-            Limit::Points { cost, capacity, .. } => {
+            Limit::Points { cost, capacity, .. } | Limit::CalendarPoints { cost, capacity, .. } => {
                 WireLimit::with_cost(limit, request_cost(cost, capacity.get(), req))
             }
             Limit::Concurrency { limit, lease, reserve: Some(reserve) } => WireLimit::Concurrency {
@@ -424,18 +526,24 @@ impl WireLimit {
             Limit::Points { capacity, refill, .. } => {
                 WireLimit::Points { capacity: capacity.get(), refill_ms: refill.to_millis(), cost }
             }
+            Limit::CalendarWindow { limit, calendar } => {
+                WireLimit::CalendarWindow { limit: limit.get(), calendar }
+            }
+            Limit::CalendarPoints { capacity, calendar, .. } => {
+                WireLimit::CalendarPoints { capacity: capacity.get(), cost, calendar }
+            }
         }
     }
 
     pub fn kind(&self) -> LimitType {
         match self {
-            WireLimit::FixedWindow { .. } => LimitType::FixedWindow,
+            WireLimit::FixedWindow { .. } | WireLimit::CalendarWindow { .. } => LimitType::FixedWindow,
             WireLimit::SlidingWindow { .. } => LimitType::SlidingWindow,
             WireLimit::TokenBucket { .. } => LimitType::TokenBucket,
             WireLimit::LeakyBucket { .. } => LimitType::LeakyBucket,
             WireLimit::Interval { .. } => LimitType::Interval,
             WireLimit::Concurrency { .. } => LimitType::Concurrency,
-            WireLimit::Points { .. } => LimitType::Points,
+            WireLimit::Points { .. } | WireLimit::CalendarPoints { .. } => LimitType::Points,
         }
     }
 
@@ -448,16 +556,20 @@ impl WireLimit {
         match *self {
             WireLimit::FixedWindow { limit, .. }
             | WireLimit::SlidingWindow { limit, .. }
-            | WireLimit::Concurrency { limit, .. } => limit,
+            | WireLimit::Concurrency { limit, .. }
+            | WireLimit::CalendarWindow { limit, .. } => limit,
             WireLimit::TokenBucket { burst, .. } => burst,
-            WireLimit::LeakyBucket { capacity, .. } | WireLimit::Points { capacity, .. } => capacity,
+            WireLimit::LeakyBucket { capacity, .. }
+            | WireLimit::Points { capacity, .. }
+            | WireLimit::CalendarPoints { capacity, .. } => capacity,
             WireLimit::Interval { .. } => 1,
         }
     }
 
     /// The quota and its window in milliseconds, as the RateLimit headers
     /// tell them: its [capacity](Self::capacity) over its window, or the time
-    /// an empty bucket takes to fill; no window for concurrency.
+    /// an empty bucket takes to fill; no window for concurrency; a calendar
+    /// window's nominal length ([`Calendar::nominal_ms`]).
     pub fn quota(&self) -> (u32, Option<Millis>) {
         let window_ms = match *self {
             WireLimit::FixedWindow { window_ms, .. } | WireLimit::SlidingWindow { window_ms, .. } => {
@@ -470,6 +582,9 @@ impl WireLimit {
             WireLimit::Interval { every_ms } => Some(every_ms),
             WireLimit::Concurrency { .. } => None,
             WireLimit::Points { refill_ms, .. } => Some(refill_ms),
+            WireLimit::CalendarWindow { calendar, .. } | WireLimit::CalendarPoints { calendar, .. } => {
+                Some(Millis(calendar.nominal_ms()))
+            }
         };
         (self.capacity(), window_ms)
     }
@@ -482,9 +597,10 @@ impl WireLimit {
         }
     }
 
-    /// A number for its kind, 1 to 7, and every field at its full width, 0
+    /// A number for its kind, 1 to 9, and every field at its full width, 0
     /// where the kind has none: two limits that differ in kind or in any
-    /// field never give the same numbers (the over-limit cache's identity).
+    /// field never give the same numbers (the over-limit cache's identity;
+    /// a calendar by its [code](Calendar::code), distinct for every one).
     pub fn identity(&self) -> (u8, u32, u64, u32) {
         match *self {
             WireLimit::FixedWindow { limit, window_ms } => (1, limit, window_ms.get(), 0),
@@ -496,6 +612,8 @@ impl WireLimit {
             WireLimit::Interval { every_ms } => (5, 0, every_ms.get(), 0),
             WireLimit::Concurrency { limit, lease_ms } => (6, limit, lease_ms.get(), 0),
             WireLimit::Points { capacity, refill_ms, cost } => (7, capacity, refill_ms.get(), cost),
+            WireLimit::CalendarWindow { limit, calendar } => (8, limit, calendar.code(), 0),
+            WireLimit::CalendarPoints { capacity, cost, calendar } => (9, capacity, calendar.code(), cost),
         }
     }
 
@@ -523,6 +641,10 @@ impl WireLimit {
             WireLimit::Points { capacity, refill_ms, .. } => {
                 format!("points {capacity} per {}ms", refill_ms.get())
             }
+            WireLimit::CalendarWindow { limit, calendar } => format!("fixed_window {limit} per {calendar}"),
+            WireLimit::CalendarPoints { capacity, calendar, .. } => {
+                format!("points {capacity} per {calendar}")
+            }
         }
     }
 
@@ -548,6 +670,10 @@ impl WireLimit {
             WireLimit::Points { capacity, refill_ms, .. } => {
                 format!("{capacity} points, refilled in {}", show(refill_ms))
             }
+            WireLimit::CalendarWindow { limit, calendar } => format!("{limit} per {calendar}"),
+            WireLimit::CalendarPoints { capacity, calendar, .. } => {
+                format!("{capacity} points per {calendar}")
+            }
         }
     }
 
@@ -564,6 +690,13 @@ impl WireLimit {
             WireLimit::Interval { every_ms } => (&[], &[*every_ms]),
             WireLimit::Concurrency { limit, lease_ms } => (&[*limit], &[*lease_ms]),
             WireLimit::Points { capacity, refill_ms, .. } => (&[*capacity], &[*refill_ms]),
+            WireLimit::CalendarWindow { limit, .. } => (&[*limit], &[]),
+            WireLimit::CalendarPoints { capacity, cost, .. } => {
+                if cost > capacity {
+                    return Err(format!("cost {cost} exceeds the capacity {capacity}"));
+                }
+                (&[*capacity], &[])
+            }
         };
         if let Some(n) = counts.iter().find(|n| Count::new(u64::from(**n)).is_none()) {
             return Err(format!("count {n} out of range (1 to {MAX_COUNT})"));

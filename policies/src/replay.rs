@@ -180,7 +180,7 @@ impl<'d> Replay<'d> {
             leases: BinaryHeap::new(),
             reports,
             keys: vec![HashMap::new(); doc.policies.len()],
-            unrecorded: doc.policies.iter().map(|p| vec![0; p.key.len()]).collect(),
+            unrecorded: doc.policies.iter().map(|p| vec![0; p.key_sources().len()]).collect(),
             sequence: 0,
         }
     }
@@ -253,9 +253,9 @@ impl<'d> Replay<'d> {
     fn decide(&mut self, now: u64, duration_ms: u64, chosen: &[(usize, Check)]) -> (bool, Vec<LimitOutcome>) {
         let mut model: Vec<(String, Algorithm)> = Vec::new();
         for (_, check) in chosen {
-            for limit in &check.limits {
+            for (i, limit) in check.limits.iter().enumerate() {
                 let algorithm = Algorithm::of(limit);
-                let key = format!("sluice:{{{}:{}}}:{}", check.policy, check.key, algorithm.state_suffix());
+                let key = format!("{}:{}", check.state_prefix(i), algorithm.state_suffix());
                 model.push((key, algorithm));
             }
         }
@@ -298,7 +298,7 @@ impl<'d> Replay<'d> {
         for ((report, counts), policy) in
             self.reports.iter_mut().zip(&self.unrecorded).zip(self.doc.policies.iter())
         {
-            report.unrecorded = (policy.key.iter().zip(counts))
+            report.unrecorded = (policy.key_sources().iter().zip(counts))
                 .filter(|(_, n)| **n > 0)
                 .map(|(source, n)| Unrecorded { source: source.to_string(), requests: *n })
                 .collect();
@@ -377,5 +377,40 @@ mod tests {
         let by_tenant = &reports[1];
         assert_eq!(by_tenant.unrecorded, vec![Unrecorded { source: "header:x-tenant".into(), requests: 2 }]);
         assert_eq!(by_tenant.busiest_keys, vec![(crate::key::MISSING.to_string(), 1)]);
+    }
+
+    /// A replay counts a calendar day from local midnight to local midnight,
+    /// and a hierarchy's levels each on their own key: team `a` spends its
+    /// share, team `b` still passes until the organisation's day is spent;
+    /// the next Paris day (not the next UTC day) admits again.
+    #[test]
+    fn calendar_windows_and_levels_replay_as_the_shim_decides() {
+        let doc = crate::parse(
+            r#"{"policies": [{"name": "org", "key": ["header:x-org"],
+                "limits": [{"type": "fixed_window", "limit": 3, "window": {"calendar": "day", "zone": "Europe/Paris"}}],
+                "levels": [{"name": "team", "key": ["header:x-org", "header:x-team"],
+                            "limits": [{"type": "fixed_window", "limit": 2, "window": {"calendar": "day", "zone": "Europe/Paris"}}]}]}]}"#,
+        )
+        .expect("valid document");
+        let mut replay = Replay::new(&doc);
+        let mut decide = |at_us: u64, team: &str| {
+            let request = SimpleRequest::new("GET", "/").header("x-org", "acme").header("x-team", team);
+            replay
+                .request(&Replayed { at_us, request, duration_ms: 1, recorded: Recorded::EVERYTHING })
+                .decision
+        };
+        // 2026-03-10 20:00 UTC is 21:00 in Paris; Paris's next day starts at 23:00 UTC.
+        let evening = 1_773_172_800_000_000;
+        let hour = 3_600_000_000;
+        let got: Vec<&str> = vec![
+            decide(evening, "a"),
+            decide(evening, "a"),
+            decide(evening, "a"),
+            decide(evening, "b"),
+            decide(evening, "b"),
+            decide(evening + 2 * hour + 1, "b"),
+            decide(evening + 3 * hour, "b"),
+        ];
+        assert_eq!(got, ["admitted", "admitted", "denied", "admitted", "denied", "denied", "admitted"]);
     }
 }

@@ -151,12 +151,13 @@ impl fmt::Display for Duration {
 impl<'de> Deserialize<'de> for Duration {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let text = String::deserialize(d)?;
-        Duration::parse(&text).ok_or_else(|| {
-            de::Error::custom(format!(
-                "invalid duration {text:?} (expected e.g. \"5s\", \"250ms\"; from 1ms to 365d)"
-            ))
-        })
+        Duration::parse(&text).ok_or_else(|| de::Error::custom(invalid_duration(&text)))
     }
+}
+
+/// Why `text` is not a [`Duration`].
+pub(crate) fn invalid_duration(text: &str) -> String {
+    format!("invalid duration {text:?} (expected e.g. \"5s\", \"250ms\"; from 1ms to 365d)")
 }
 
 /// How many requests a limit admits: from 1 to [`MAX_COUNT`].

@@ -199,6 +199,62 @@ pub struct Check {
     /// limits, in the same script call.
     #[serde(default, skip_serializing_if = "is_false")]
     pub upstream: bool,
+    /// Quotas in a hierarchy: the levels below the policy's top one, in
+    /// order, each with its own key and the limits from its `from` on (to
+    /// the next level's). Every level's state lives under the check's hash
+    /// tag, so the whole check stays one atomic script call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub levels: Vec<CheckLevel>,
+}
+
+/// One level of a hierarchy in a [`Check`].
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, borsh::BorshSerialize, borsh::BorshDeserialize,
+)]
+#[serde(deny_unknown_fields)]
+pub struct CheckLevel {
+    #[serde(flatten)]
+    pub level: LevelKey,
+    /// The index in the check's `limits` of this level's first limit.
+    pub from: usize,
+}
+
+/// A level's name and its key: the encoded parts of its key sources beyond
+/// the top level's (whose key is the check's), joined by `:`.
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, borsh::BorshSerialize, borsh::BorshDeserialize,
+)]
+#[serde(deny_unknown_fields)]
+pub struct LevelKey {
+    pub name: String,
+    pub key: String,
+}
+
+impl LevelKey {
+    /// Where this level's state lives under the check's hash tag `tag`.
+    pub fn under(&self, tag: &str) -> String {
+        format!("{tag}:@{}:{}", self.name, self.key)
+    }
+}
+
+/// `sluice:{<policy>:<key>}`: the start of every state key of a policy's
+/// check on `key`; the hash tag puts them all in one Redis Cluster slot.
+pub fn hash_tag(policy: &str, key: &str) -> String {
+    format!("sluice:{{{policy}:{key}}}")
+}
+
+impl Check {
+    /// The level limit `limit` belongs to; `None` for the top level's.
+    pub fn level_of(&self, limit: usize) -> Option<&LevelKey> {
+        self.levels.iter().rev().find(|l| l.from <= limit).map(|l| &l.level)
+    }
+
+    /// Where limit `limit`'s state lives, but for its algorithm's suffix:
+    /// the hash tag, then for a level's limit `:@<level>:<level key>`.
+    pub fn state_prefix(&self, limit: usize) -> String {
+        let tag = hash_tag(&self.policy, &self.key);
+        self.level_of(limit).map_or_else(|| tag.clone(), |level| level.under(&tag))
+    }
 }
 
 #[derive(
@@ -301,6 +357,10 @@ pub struct Adjustment {
     /// The admitted check's `refunded_us` for this limit.
     #[serde(default, skip_serializing_if = "Micros::is_zero")]
     pub refunded_us: Micros,
+    /// The hierarchy level the limit belongs to (`Check::level_of`); none
+    /// for the top level's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<LevelKey>,
 }
 
 /// Upstream feedback: the partner asked these keys to slow down. The shim
@@ -553,6 +613,7 @@ mod tests {
             limits: limits.clone(),
             margin_ms: None,
             upstream: false,
+            levels: Vec::new(),
         };
         let full = Check {
             policy: "q".into(),
@@ -560,6 +621,7 @@ mod tests {
             limits,
             margin_ms: Some(Millis(4)),
             upstream: true,
+            levels: Vec::new(),
         };
         let checks = [bare, full];
         let requests = [

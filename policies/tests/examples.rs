@@ -23,6 +23,8 @@ const TESTED: &[&str] = &[
     "leased-ingress",
     "leased-per-key",
     "rlqs-quota",
+    "calendar-budgets",
+    "llm-hierarchy",
 ];
 
 fn example(name: &str) -> Document {
@@ -260,6 +262,59 @@ fn rlqs_quota() {
     }
     let internal = SimpleRequest::default().domain("edge").bucket("tier", "internal");
     assert_eq!(govern(&doc, &internal).0, Governed::Unlimited { policy: "internal".into() });
+}
+
+/// Calendar budgets: 20,000 requests per New York day and 5,000,000
+/// points per billing month from the 15th in Paris, by organisation; the
+/// points cost 1,000 up front, corrected by the response.
+#[test]
+fn calendar_budgets() {
+    use sluice_policies::calendar::{Calendar, Period, Zone};
+    let doc = example("calendar-budgets");
+    let req = SimpleRequest::new("POST", "/v1/chat").header("x-org", "acme");
+    let zone = |name| Zone::new(name).expect("a zone");
+    let want = vec![
+        WireLimit::CalendarWindow {
+            limit: 20_000,
+            calendar: Calendar { period: Period::Day, zone: zone("America/New_York") },
+        },
+        WireLimit::CalendarPoints {
+            capacity: 5_000_000,
+            cost: 1_000,
+            calendar: Calendar { period: Period::Month { anchor: 15 }, zone: zone("Europe/Paris") },
+        },
+    ];
+    assert_eq!(applied(&doc, &req), Some(("acme".to_string(), want)));
+    assert!(doc.policies[0].limits[1].actual_cost_header().is_some());
+}
+
+/// A hierarchy: an organisation's monthly token budget, each team's share,
+/// each API key's rate. One check carries every level, each keyed within
+/// the one above; a request without a team is refused (`on_missing_key`).
+#[test]
+fn llm_hierarchy() {
+    use sluice_policies::wire::{CheckLevel, LevelKey};
+    let doc = example("llm-hierarchy");
+    let req = SimpleRequest::new("POST", "/v1/chat")
+        .header("x-org", "acme")
+        .header("x-team", "red")
+        .header("x-api-key", "k 1")
+        .header("x-max-tokens", "1000");
+    let applied = doc.evaluate(&req).expect("applies");
+    let check = applied[0].check(&req);
+    assert_eq!(check.key, "acme");
+    assert_eq!(check.limits.len(), 3);
+    let level = |name: &str, key: &str, from| CheckLevel {
+        level: LevelKey { name: name.into(), key: key.into() },
+        from,
+    };
+    assert_eq!(check.levels, vec![level("team", "red", 1), level("api-key", "red:k%201", 2)]);
+    assert!(matches!(check.limits[1], WireLimit::CalendarPoints { capacity: 10_000_000, cost: 1000, .. }));
+    assert_eq!(check.state_prefix(0), "sluice:{llm:acme}");
+    assert_eq!(check.state_prefix(1), "sluice:{llm:acme}:@team:red");
+    assert_eq!(check.state_prefix(2), "sluice:{llm:acme}:@api-key:red:k%201");
+    let no_team = SimpleRequest::new("POST", "/v1/chat").header("x-org", "acme").header("x-api-key", "k1");
+    assert!(doc.evaluate(&no_team).is_err(), "a level's missing key refuses the request");
 }
 
 /// Every document in `examples/` is in [`TESTED`], so each has a test here.

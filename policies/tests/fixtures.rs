@@ -36,6 +36,19 @@ macro_rules! fixtures {
 }
 
 fixtures! {
+    level_key_not_nested => r#"policies[0]: levels[0].key ["header:x-team"] does not begin with the policy's `key` ["header:x-org"]: a level is keyed within the level above it, so that every level's state shares the top level's Redis Cluster hash tag and one atomic call charges them all; begin it with those sources, or make it a policy of its own at 11:3"#,
+    level_duplicate_name => r#"policies[0]: levels[1]: duplicate level name "team" at 12:3"#,
+    level_without_limits => r#"policies[0]: levels[0]: a level needs at least one limit at 11:3"#,
+    level_too_many_key_sources => r#"policies[0]: levels[0]: 9 key sources, more than the 8 a level may have at 12:3"#,
+    leased_with_levels => r#"policies[0]: `leased` cannot be used with `levels`: a lease is taken from one window, and a hierarchy charges every level at once at 12:3"#,
+    calendar_on_a_sliding_window => r#"policies[0].limits[0]: a sliding_window's `window` is a duration: calendar windows are for fixed_window and points limits at 7:7"#,
+    calendar_unknown_zone => r#"policies[0].limits[0].window: unknown time zone "Europe/Atlantis" (expected an IANA name such as "UTC" or "Europe/Paris") at 6:104"#,
+    calendar_anchor_on_a_day => r#"policies[0].limits[0].window: `anchor` is for a month calendar at 6:106"#,
+    calendar_anchor_out_of_range => r#"policies[0].limits[0].refill: invalid anchor 32 (expected a day of the month, 1 to 31) at 6:119"#,
+    calendar_starts_on_a_month => r#"policies[0].limits[0].refill: `starts` is for a week calendar at 6:125"#,
+    calendar_bad_starts => r#"policies[0].limits[0].window: invalid starts "funday" (expected a day, "monday" to "sunday") at 6:113"#,
+    calendar_with_wait => r#"policies[0]: `wait` cannot be used with a calendar window (limits[0]): a full calendar window opens again at its end, hours or days away at 10:3"#,
+    leased_on_a_calendar_window => r#"policies[0]: `leased` needs a fixed_window with a duration `window`, not a calendar: a lease names its window by its index since the epoch at 8:3"#,
     bad_entry_condition_key => r#"policies[0].match: invalid entry key "" (expected 1 to 128 bytes) at 4:67"#,
     bad_entry_key_source => r#"policies[0].key[0]: invalid key source "entry:" (expected "header:NAME", "ip", "path", "method", "host", "query:NAME", "entry:NAME" or "bucket:NAME") at 5:21"#,
     entry_key_on_http_policy => r#"policies[0]: key source "entry:remote_address" reads a gRPC face's entries: only a policy whose `match` names `domain` or `entries` has them at 7:4"#,
@@ -114,7 +127,7 @@ fixtures! {
     two_path_conditions => r#"policies[0].match: give at most one of `path_prefix`, `path_exact`, `path_regex` at 5:65"#,
     unknown_limit_field => r#"policies[0].limits[0].brust: unknown field `brust`, expected one of `type`, `limit`, `window`, `approximate`, `rate`, `per`, `burst`, `capacity`, `drain`, `every`, `lease`, `refill`, `cost`, `actual_cost_header`, `reserve` at 6:66"#,
     unknown_limit_type => r#"policies[0].limits[0].type: unknown variant `sliding`, expected one of `fixed_window`, `sliding_window`, `token_bucket`, `leaky_bucket`, `interval`, `concurrency`, `points` at 6:26"#,
-    unknown_policy_field => r#"policies[0].shadow_mode: unknown field `shadow_mode`, expected one of `name`, `match`, `bypass`, `key`, `on_missing_key`, `limits`, `unlimited`, `shadow`, `failure_mode`, `failure_status`, `response`, `wait`, `upstream`, `shed`, `leased` at 5:19"#,
+    unknown_policy_field => r#"policies[0].shadow_mode: unknown field `shadow_mode`, expected one of `name`, `match`, `bypass`, `key`, `on_missing_key`, `limits`, `levels`, `unlimited`, `shadow`, `failure_mode`, `failure_status`, `response`, `wait`, `upstream`, `shed`, `leased` at 5:19"#,
     unknown_top_level_field => r#"polices: unknown field `polices`, expected one of `$schema`, `shim`, `failure_mode`, `failure_status`, `headers`, `shadow_header`, `verdict_header`, `over_limit_cache_slots`, `trusted_hops`, `classes`, `class_header`, `policies` at 2:11"#,
     bad_headers_mode => r#"headers: unknown variant `sometimes`, expected one of `off`, `on_deny`, `always` at 2:24"#,
     failure_status_not_an_error => r#"failure_status: invalid status 200 (expected 400 to 599) at 3:23"#,

@@ -318,3 +318,90 @@ fn a_refund_behind_an_earlier_refund_returns_only_what_its_moved_charge_holds() 
     let r3 = algorithm::check(&mut store, t0 + 110_000, "r3", &limits(1));
     assert!(!r3.allowed, "a refund returned more than its moved charge still held");
 }
+
+/// A calendar window as the property below names it, from a date alone
+/// (not from `Calendar::window`): the local date of the window's first day.
+fn calendar_key(c: &sluice_policies::calendar::Calendar, at_us: u64) -> jiff::civil::Date {
+    use sluice_policies::calendar::Period;
+    let tz = jiff::tz::db().get(c.zone.name()).expect("a zone");
+    let ts = jiff::Timestamp::from_microsecond(at_us as i64).expect("in range");
+    let date = ts.to_zoned(tz).date();
+    match c.period {
+        Period::Day => date,
+        Period::Week { starts } => {
+            let mut d = date;
+            while d.weekday() != starts {
+                d = d.yesterday().expect("a date");
+            }
+            d
+        }
+        Period::Month { anchor } => {
+            // The month's anchor day, or its last; before it, the previous month's.
+            let first_day = |d: jiff::civil::Date| {
+                let d = d.first_of_month();
+                d.with().day((anchor as i8).min(d.days_in_month())).build().expect("a day")
+            };
+            if date >= first_day(date) {
+                first_day(date)
+            } else {
+                first_day(date.first_of_month().yesterday().expect("a date"))
+            }
+        }
+    }
+}
+
+proptest! {
+    /// A calendar window never admits more than its limit (in points, net
+    /// of the refunds corrections made) between two of its local midnights,
+    /// and refuses a request only when the request would take it over:
+    /// across DST changes, skipped midnights, months of every length and
+    /// anchor 31 in February.
+    #[test]
+    fn calendar_windows_never_exceed_their_limit(
+        zone in prop::sample::select(vec!["UTC", "Europe/Paris", "America/Santiago", "Australia/Lord_Howe", "Asia/Kathmandu"]),
+        period in prop_oneof![
+            Just(sluice_policies::calendar::Period::Day),
+            Just(sluice_policies::calendar::Period::Week { starts: sluice_policies::calendar::Weekday::Sunday }),
+            (1u8..=31).prop_map(|anchor| sluice_policies::calendar::Period::Month { anchor }),
+        ],
+        limit in 1u64..30,
+        start in 1_767_225_600_000_000u64..1_830_297_600_000_000, // 2026 to 2027
+        arrivals in prop::collection::vec(
+            (prop_oneof![Just(0u64), 0u64..3_600_000_000, 0u64..2 * 86_400_000_000], 0u64..10, prop::option::of(0u64..10)),
+            1..200,
+        ),
+    ) {
+        use std::collections::HashMap;
+        let c = sluice_policies::calendar::Calendar {
+            period,
+            zone: sluice_policies::calendar::Zone::new(zone).expect("a zone"),
+        };
+        let alg = Algorithm::Calendar { limit, cost: 0, calendar: c, points: true };
+        let mut store = RedisTwin::default();
+        let mut used: HashMap<jiff::civil::Date, u64> = HashMap::new();
+        let mut now = start;
+        for (i, (gap, cost, actual)) in arrivals.into_iter().enumerate() {
+            now += gap;
+            let Algorithm::Calendar { calendar, points, .. } = alg else { unreachable!() };
+            let limits = [("k".to_string(), Algorithm::Calendar { limit, cost, calendar, points })];
+            let key = calendar_key(&c, now);
+            let before = used.get(&key).copied().unwrap_or(0);
+            let reply = algorithm::check(&mut store, now, &format!("r{i}"), &limits);
+            prop_assert_eq!(reply.allowed, before + cost <= limit, "at {} with {} used of {}", now, before, limit);
+            if !reply.allowed {
+                continue;
+            }
+            let mut charged = cost;
+            // A refund only: the true cost at most the estimate.
+            if let Some(actual) = actual.filter(|a| *a < cost) {
+                let held = reply.limits[0].held_until_us.map_or(0, Micros::get);
+                let c = Correction { key: "k".into(), interval_us: 0, delta: actual as i64 - cost as i64, held_until_us: held, refunded_us: 0 };
+                algorithm::adjust(&mut store, now, &[c]);
+                charged = actual;
+            }
+            let total = before + charged;
+            prop_assert!(total <= limit, "{} in the window of {}", total, key);
+            used.insert(key, total);
+        }
+    }
+}

@@ -14,6 +14,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "model",
         &[
             "units",
+            "calendar",
             "request",
             "cost",
             "response",

@@ -2,7 +2,9 @@
 //! their keys: `sluice:{<policy>:<key>}:<suffix>`.
 //!
 //! Every key of one check shares the hash tag `{<policy>:<key>}`, so a check
-//! lands in one Redis Cluster slot. The key is the filter's encoded key (see
+//! lands in one Redis Cluster slot; a hierarchy's level keeps its state
+//! under it too, as `sluice:{<policy>:<key>}:@<level>:<level key>:<suffix>`,
+//! so every level of a check is charged in the same atomic call. The key is the filter's encoded key (see
 //! `sluice_policies::key`); the shim refuses anything else, so no request can
 //! smuggle `{`, `}` or spaces into a key name. The suffix names the limit's
 //! algorithm and period (`Algorithm::state_suffix`).
@@ -24,6 +26,25 @@ pub struct ScriptLimit {
     pub algorithm: Algorithm,
 }
 
+impl ScriptLimit {
+    /// Its algorithm's name and four numbers (check.lua's layout) for a
+    /// call whose time argument is `now`: empty for Redis TIME, in which case
+    /// a calendar's window ends are placed around this shim's clock (see
+    /// `sluice_policies::calendar`).
+    pub fn script_args(&self, now: &str) -> (&'static str, [u64; 4]) {
+        self.algorithm.script_args(clock_us(now))
+    }
+}
+
+/// A script's time argument as microseconds: the explicit time of test
+/// mode, or this shim's clock for Redis TIME (empty).
+pub fn clock_us(now: &str) -> u64 {
+    now.parse().unwrap_or_else(|_| {
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
+    })
+}
+
 /// `sluice:{<policy>:<key>}`, after checking both parts.
 pub fn tag(policy: &str, key: &str) -> Result<String, String> {
     if PolicyName::new(policy).is_none() {
@@ -32,7 +53,29 @@ pub fn tag(policy: &str, key: &str) -> Result<String, String> {
     if !is_encoded(key) {
         return Err("not an encoded key".to_string());
     }
-    Ok(format!("sluice:{{{policy}:{key}}}"))
+    Ok(sluice_policies::wire::hash_tag(policy, key))
+}
+
+/// A check's levels, checked: valid names and keys, each level starting
+/// after the one before, with at least one limit each and one for the top.
+fn check_levels(check: &Check) -> Result<(), String> {
+    let mut from = 0;
+    for (i, level) in check.levels.iter().enumerate() {
+        if PolicyName::new(&level.level.name).is_none() {
+            return Err(format!("levels[{i}].name: invalid level name {:?}", level.level.name));
+        }
+        if !is_encoded(&level.level.key) {
+            return Err(format!("levels[{i}].key: not an encoded key"));
+        }
+        if level.from <= from || level.from >= check.limits.len() {
+            return Err(format!(
+                "levels[{i}].from: {} is not after the level above it and within the limits",
+                level.from
+            ));
+        }
+        from = level.from;
+    }
+    Ok(())
 }
 
 fn script_limit(tag: &str, limit: &WireLimit) -> Result<ScriptLimit, String> {
@@ -48,12 +91,14 @@ pub fn script_limits(checks: &[Check]) -> Result<Vec<ScriptLimit>, String> {
     }
     let mut out = Vec::new();
     for (i, check) in checks.iter().enumerate() {
-        let tag = tag(&check.policy, &check.key).map_err(|e| format!("checks[{i}]: {e}"))?;
+        tag(&check.policy, &check.key).map_err(|e| format!("checks[{i}]: {e}"))?;
         if check.limits.is_empty() || check.limits.len() > MAX_LIMITS {
             return Err(format!("checks[{i}].limits: expected 1 to {MAX_LIMITS} limits"));
         }
+        check_levels(check).map_err(|e| format!("checks[{i}].{e}"))?;
         for (j, limit) in check.limits.iter().enumerate() {
-            out.push(script_limit(&tag, limit).map_err(|e| format!("checks[{i}].limits[{j}]: {e}"))?);
+            let prefix = check.state_prefix(j);
+            out.push(script_limit(&prefix, limit).map_err(|e| format!("checks[{i}].limits[{j}]: {e}"))?);
         }
     }
     // The partner's pauses come after every limit, in the checks' order
@@ -96,7 +141,9 @@ pub fn script_adjustments(adjustments: &[Adjustment]) -> Result<Vec<Correction>,
         .iter()
         .enumerate()
         .map(|(i, a)| {
-            let WireLimit::Points { cost, capacity, .. } = a.limit else {
+            let (WireLimit::Points { cost, capacity, .. } | WireLimit::CalendarPoints { cost, capacity, .. }) =
+                a.limit
+            else {
                 return Err(format!("adjustments[{i}].limit: only points limits are adjusted"));
             };
             // An actual cost beyond the capacity could drive the bucket
@@ -104,14 +151,23 @@ pub fn script_adjustments(adjustments: &[Adjustment]) -> Result<Vec<Correction>,
             if a.actual > capacity {
                 return Err(format!("adjustments[{i}].actual: {} exceeds the capacity {capacity}", a.actual));
             }
-            let tag = tag(&a.policy, &a.key).map_err(|e| format!("adjustments[{i}]: {e}"))?;
+            let mut tag = tag(&a.policy, &a.key).map_err(|e| format!("adjustments[{i}]: {e}"))?;
+            if let Some(level) = &a.level {
+                if PolicyName::new(&level.name).is_none() || !is_encoded(&level.key) {
+                    return Err(format!("adjustments[{i}].level: invalid level name or key"));
+                }
+                tag = level.under(&tag);
+            }
             let limit = script_limit(&tag, &a.limit).map_err(|e| format!("adjustments[{i}].limit: {e}"))?;
-            let Algorithm::Gcra { interval_us, .. } = limit.algorithm else {
-                return Err(format!("adjustments[{i}].limit: not a bucket"));
+            // A calendar window's counter takes interval 0 (calendar.lua).
+            let interval_us = match limit.algorithm {
+                Algorithm::Gcra { interval_us, .. } => interval_us.get(),
+                Algorithm::Calendar { .. } => 0,
+                _ => return Err(format!("adjustments[{i}].limit: not a bucket")),
             };
             Ok(Correction {
                 key: limit.key,
-                interval_us: interval_us.get(),
+                interval_us,
                 delta: i64::from(a.actual) - i64::from(cost),
                 held_until_us: a.held_until_us.map_or(0, Micros::get),
                 refunded_us: a.refunded_us.get(),
@@ -126,7 +182,14 @@ mod tests {
     use sluice_policies::units::Millis;
 
     fn check(policy: &str, key: &str, limits: Vec<WireLimit>) -> Vec<Check> {
-        vec![Check { policy: policy.into(), key: key.into(), limits, margin_ms: None, upstream: false }]
+        vec![Check {
+            policy: policy.into(),
+            key: key.into(),
+            limits,
+            margin_ms: None,
+            upstream: false,
+            levels: Vec::new(),
+        }]
     }
 
     fn dual() -> Vec<WireLimit> {
@@ -203,6 +266,7 @@ mod tests {
             actual,
             held_until_us: None,
             refunded_us: Micros(0),
+            level: None,
         };
         let got = script_adjustments(&[a(80), a(10)]).expect("valid");
         assert_eq!(

@@ -247,8 +247,8 @@ impl Limiter {
         let mut call = self.scripts.check.prepare_invoke();
         call.arg(now).arg(id);
         for limit in limits {
-            let (name, [a, b, c]) = limit.algorithm.script_args();
-            call.key(&limit.key).arg(name).arg(a).arg(b).arg(c);
+            let (name, [a, b, c, d]) = limit.script_args(now);
+            call.key(&limit.key).arg(name).arg(a).arg(b).arg(c).arg(d);
         }
         if !views.reset_when_admitted() {
             // No wait, then the views (check.lua's arguments).
@@ -262,9 +262,11 @@ impl Limiter {
     async fn refund(&self, limits: &[&ScriptLimit], charged: i64, id: &str) -> Result<(), CheckError> {
         let mut call = self.scripts.refund.prepare_invoke();
         call.arg(charged).arg(id);
+        // A calendar's ends around the time of the charge hold its window.
+        let charged_at = charged.to_string();
         for limit in limits {
-            let (name, [a, b, c]) = limit.algorithm.script_args();
-            call.key(&limit.key).arg(name).arg(a).arg(b).arg(c);
+            let (name, [a, b, c, d]) = limit.script_args(&charged_at);
+            call.key(&limit.key).arg(name).arg(a).arg(b).arg(c).arg(d);
         }
         let _: i64 = self.store.invoke(&call).await.map_err(store_error)?;
         Ok(())
@@ -325,7 +327,7 @@ impl Limiter {
             let mut call = script.prepare_invoke();
             call.arg(lease).arg(now);
             for i in group {
-                let (_, [limit, lease_us, _]) = leases[i].algorithm.script_args();
+                let (_, [limit, lease_us, ..]) = leases[i].algorithm.script_args(0);
                 call.key(&leases[i].key).arg(limit).arg(lease_us);
             }
             changed += self.store.invoke::<u64>(&call).await.map_err(store_error)?;
@@ -446,7 +448,8 @@ fn unasked(algorithm: &Algorithm) -> LimitOutcome {
         Algorithm::FixedWindow { limit, .. }
         | Algorithm::SlidingWindow { limit, .. }
         | Algorithm::SlidingApprox { limit, .. }
-        | Algorithm::Concurrency { limit, .. } => limit,
+        | Algorithm::Concurrency { limit, .. }
+        | Algorithm::Calendar { limit, .. } => limit,
         Algorithm::Gcra { burst, .. } => burst,
         Algorithm::Pause => 1,
         Algorithm::Rate => sluice_policies::algorithm::rate::PPM,

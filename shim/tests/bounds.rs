@@ -136,6 +136,7 @@ async fn the_largest_valid_documents_make_calls_the_shim_accepts() {
                 actual: 1,
                 held_until_us: Some(Micros(u64::MAX / 2)),
                 refunded_us: Micros(u64::MAX / 2),
+                level: None,
             })
             .collect();
         let adjust = AdjustRequest { adjustments, now_us: None };

@@ -31,6 +31,7 @@ fn request(key: &str, limits: &[WireLimit], now_us: Option<u64>) -> CheckRequest
             limits: limits.to_vec(),
             margin_ms: None,
             upstream: false,
+            levels: Vec::new(),
         }]
         .into(),
         now_us: now_us.map(Micros),
@@ -211,6 +212,7 @@ async fn adjust(limiter: &Limiter, admitted: &CheckResponse, limit: WireLimit, a
         actual,
         held_until_us: outcome.held_until_us,
         refunded_us: outcome.refunded_us,
+        level: None,
     };
     let req = AdjustRequest { adjustments: vec![adjustment], now_us: Some(Micros(now_us)) };
     limiter.adjust(&req).await.expect("adjust");

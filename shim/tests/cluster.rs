@@ -22,7 +22,14 @@ fn every_algorithm(limit: u32) -> Vec<WireLimit> {
 }
 
 fn check(policy: &str, limits: Vec<WireLimit>) -> Check {
-    Check { policy: policy.into(), key: "k".into(), limits, margin_ms: None, upstream: false }
+    Check {
+        policy: policy.into(),
+        key: "k".into(),
+        limits,
+        margin_ms: None,
+        upstream: false,
+        levels: Vec::new(),
+    }
 }
 
 /// Policy `wide` (every algorithm, 5 each) and policy `narrow` (1 per hour)

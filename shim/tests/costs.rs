@@ -30,6 +30,7 @@ async fn check(limiter: &Limiter, cost: u32, now_us: u64) -> Result<CheckRespons
         limits: vec![points(cost)],
         margin_ms: None,
         upstream: false,
+        levels: Vec::new(),
     }];
     limiter
         .check(&CheckRequest {
@@ -50,6 +51,7 @@ async fn adjust(limiter: &Limiter, cost: u32, actual: u32, now_us: u64) -> Resul
         actual,
         held_until_us: None,
         refunded_us: Micros(0),
+        level: None,
     };
     limiter.adjust(&AdjustRequest { adjustments: vec![adjustment], now_us: Some(Micros(now_us)) }).await
 }

@@ -54,7 +54,14 @@ async fn serve(redis: &Redis, document: Option<&str>) -> u16 {
 
 /// Posts one check; its answer.
 async fn check(port: u16, id: &str, policy: &str, key: &str, limits: Vec<WireLimit>) -> CheckResponse {
-    let check = Check { policy: policy.into(), key: key.into(), limits, margin_ms: None, upstream: false };
+    let check = Check {
+        policy: policy.into(),
+        key: key.into(),
+        limits,
+        margin_ms: None,
+        upstream: false,
+        levels: Vec::new(),
+    };
     let req = CheckRequest {
         checks: vec![check].into(),
         id: Some(id.to_string().into()),
@@ -140,6 +147,7 @@ async fn busy_keys_show_their_state_from_redis() {
             limits: erp(),
             margin_ms: None,
             upstream: false,
+            levels: Vec::new(),
         }],
     };
     let (status, body) =

@@ -20,6 +20,7 @@ use proptest::test_runner::TestRunner;
 use redis::Commands;
 use sluice_harness::Redis;
 use sluice_policies::algorithm::{self, Algorithm, RedisTwin};
+use sluice_policies::calendar::{Calendar, Period, Weekday, Zone};
 use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{
     AdjustRequest, Adjustment, Check, CheckRequest, GiveBack, LeaseCall, LeaseRequest, LeaseResponse,
@@ -74,6 +75,36 @@ fn limit() -> impl Strategy<Value = WireLimit> {
             .prop_map(|(limit, lease_ms)| WireLimit::Concurrency { limit, lease_ms: Millis(lease_ms) }),
         (5u32..50, prop::sample::select(vec![100u64, 1_000])).prop_map(|(capacity, refill_ms)| {
             WireLimit::Points { capacity, refill_ms: Millis(refill_ms), cost: 1 }
+        }),
+        calendar_limit(),
+    ]
+}
+
+/// A `fixed_window` or `points` limit on a calendar window, in zones with
+/// DST, without, and off the hour.
+fn calendar_limit() -> impl Strategy<Value = WireLimit> {
+    let zone = prop::sample::select(vec![
+        "UTC",
+        "Europe/Paris",
+        "America/New_York",
+        "America/Santiago",
+        "Asia/Kathmandu",
+    ]);
+    let period = prop_oneof![
+        Just(Period::Day),
+        prop::sample::select(vec![Weekday::Monday, Weekday::Sunday])
+            .prop_map(|starts| Period::Week { starts }),
+        prop::sample::select(vec![1u8, 15, 29, 31]).prop_map(|anchor| Period::Month { anchor }),
+    ];
+    let calendar = (period, zone)
+        .prop_map(|(period, zone)| Calendar { period, zone: Zone::new(zone).expect("a known zone") });
+    prop_oneof![
+        (1u32..20, calendar.clone())
+            .prop_map(|(limit, calendar)| WireLimit::CalendarWindow { limit, calendar }),
+        (5u32..50, calendar).prop_map(|(capacity, calendar)| WireLimit::CalendarPoints {
+            capacity,
+            cost: 1,
+            calendar
         }),
     ]
 }
@@ -135,7 +166,9 @@ fn lease_keys(checks: &[Check]) -> Vec<(String, u64, u64)> {
 /// `actual` as the filter sends it: at most the points limit's capacity.
 fn clamped(actual: u32, limit: &WireLimit) -> u32 {
     match *limit {
-        WireLimit::Points { capacity, .. } => actual.min(capacity),
+        WireLimit::Points { capacity, .. } | WireLimit::CalendarPoints { capacity, .. } => {
+            actual.min(capacity)
+        }
         _ => actual,
     }
 }
@@ -147,6 +180,9 @@ fn with_cost(limits: &[WireLimit], cost: u32) -> Vec<WireLimit> {
             // The shim refuses a cost above the capacity; the filter clamps to it.
             WireLimit::Points { capacity, refill_ms, .. } => {
                 WireLimit::Points { capacity, refill_ms, cost: cost.min(capacity) }
+            }
+            WireLimit::CalendarPoints { capacity, calendar, .. } => {
+                WireLimit::CalendarPoints { capacity, calendar, cost: cost.min(capacity) }
             }
             other => other,
         })
@@ -173,12 +209,16 @@ fn snapshot(conn: &mut redis::Connection, keys: &[String]) -> Vec<String> {
 }
 
 fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    run_case_from(w, 1_700_000_000_000_000, limits, ops)
+}
+
+fn run_case_from(w: &World, start: u64, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestCaseError> {
     static CASE: AtomicU64 = AtomicU64::new(0);
     let policy = format!("p{}", CASE.fetch_add(1, Ordering::Relaxed));
     let key = "k".to_string();
     let mut conn = w.redis.connection().expect("redis connection");
     let mut model = RedisTwin::default();
-    let mut now = 1_700_000_000_000_000u64;
+    let mut now = start;
     let mut held: Vec<(String, Vec<Check>)> = Vec::new();
     // The last admitted check, with what each of its limits charged until.
     // The last admitted checks, and each limit's (held_until_us, refunded_us).
@@ -196,6 +236,7 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                     limits: with_cost(&limits, cost),
                     margin_ms: None,
                     upstream: false,
+                    levels: Vec::new(),
                 }];
                 let script = script_limits(&checks).expect("valid limits");
                 let model_limits: Vec<(String, Algorithm)> =
@@ -289,7 +330,7 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                     .limits
                     .iter()
                     .zip(held_until)
-                    .filter(|(l, _)| matches!(l, WireLimit::Points { .. }))
+                    .filter(|(l, _)| matches!(l, WireLimit::Points { .. } | WireLimit::CalendarPoints { .. }))
                     .map(|(l, (held_until_us, refunded_us))| Adjustment {
                         policy: policy.clone(),
                         key: key.clone(),
@@ -297,6 +338,7 @@ fn run_case(w: &World, limits: Vec<WireLimit>, ops: Vec<Op>) -> Result<(), TestC
                         actual: clamped(actual, l),
                         held_until_us,
                         refunded_us,
+                        level: None,
                     })
                     .collect();
                 if adjustments.is_empty() {
@@ -325,12 +367,79 @@ fn scripts_decide_as_the_model() {
     }
 }
 
+/// Instants where calendars go wrong, each a microsecond or an hour away
+/// from: DST changes in Paris, New York and Santiago (where midnight itself
+/// is skipped), a month's end before a short February and a leap day, and
+/// an anchor-31 February.
+fn calendar_start() -> impl Strategy<Value = u64> {
+    let edges = vec![
+        "2026-03-29T00:59:59Z", // Paris: 02:00 CET becomes 03:00 CEST
+        "2026-10-24T22:00:00Z", // Paris: midnight before the 25-hour day
+        "2026-03-08T04:59:59Z", // New York: the day of the spring change
+        "2026-11-01T03:59:59Z", // New York: midnight before the fall change
+        "2026-09-06T03:59:59Z", // Santiago: midnight does not exist
+        "2026-01-31T23:59:59Z", // the end of January, before a short February
+        "2026-02-27T23:59:59Z", // anchor 29 to 31 falls on Feb 28
+        "2028-02-28T23:59:59Z", // a leap day
+        "2026-12-31T18:14:59Z", // Kathmandu (+05:45): midnight of the new year
+    ];
+    let at = prop::sample::select(edges).prop_map(|text| {
+        let ts: jiff::Timestamp = text.parse().expect("a timestamp");
+        u64::try_from(ts.as_microsecond()).expect("after 1970")
+    });
+    (at, prop::sample::select(vec![0i64, 1, -3_600_000_000, 3_600_000_000]))
+        .prop_map(|(at, shift)| at.saturating_add_signed(shift))
+}
+
+/// Steps across calendar boundaries: a microsecond, seconds, hours, a day.
+fn calendar_op() -> impl Strategy<Value = Op> {
+    let dt = prop_oneof![
+        2 => Just(0u64),
+        2 => Just(1u64),
+        2 => 0u64..2_000_000,
+        2 => prop::sample::select(vec![3_600_000_000u64, 86_400_000_000, 23 * 3_600_000_000]),
+        1 => 0u64..3 * 86_400_000_000,
+    ];
+    prop_oneof![
+        8 => (dt, 0u32..60, any::<bool>()).prop_map(|(dt, cost, reset)| Op::Check { dt, cost, reset }),
+        2 => (0u32..60).prop_map(|actual| Op::Adjust { actual }),
+    ]
+}
+
+/// Calendar windows decide as the model across their edges: DST changes,
+/// skipped midnights, months of every length and anchor 31 in February,
+/// alone and beside other limits, through checks and points corrections.
+#[test]
+fn calendar_scripts_decide_as_the_model() {
+    let world = World::start();
+    let mut runner = TestRunner::new(ProptestConfig { cases: 300, ..ProptestConfig::default() });
+    let limits = prop::collection::vec(prop_oneof![3 => calendar_limit(), 1 => limit()], 1..=3).prop_filter(
+        "limits sharing state",
+        |ls| {
+            let mut suffixes: Vec<String> = ls.iter().map(|l| Algorithm::of(l).state_suffix()).collect();
+            suffixes.sort();
+            suffixes.windows(2).all(|w| w[0] != w[1])
+        },
+    );
+    let cases = (calendar_start(), limits, prop::collection::vec(calendar_op(), 1..40));
+    if let Err(failure) = runner.run(&cases, |(start, limits, ops)| run_case_from(&world, start, limits, ops))
+    {
+        panic!("{failure}");
+    }
+}
+
 /// The time-based limits a request may wait on (no approximate window, no
-/// concurrency), with the ops of the waiting path.
+/// concurrency, no calendar), with the ops of the waiting path.
 fn waiting_limits() -> impl Strategy<Value = Vec<WireLimit>> {
     limits().prop_filter("cannot wait", |ls| {
         ls.iter().all(|l| {
-            !matches!(l, WireLimit::SlidingWindow { approximate: true, .. } | WireLimit::Concurrency { .. })
+            !matches!(
+                l,
+                WireLimit::SlidingWindow { approximate: true, .. }
+                    | WireLimit::Concurrency { .. }
+                    | WireLimit::CalendarWindow { .. }
+                    | WireLimit::CalendarPoints { .. }
+            )
         })
     })
 }
@@ -380,6 +489,7 @@ fn run_waiting_case(
                     limits: with_cost(&limits, cost),
                     margin_ms: Some(Millis(margin_ms)),
                     upstream: false,
+                    levels: Vec::new(),
                 }];
                 let script = script_limits(&checks).expect("valid limits");
                 let req = CheckRequest {
@@ -514,6 +624,7 @@ fn run_queue_case(w: &World, limit: u32, lease_ms: u64, ops: Vec<QueueOp>) -> Re
         limits: vec![WireLimit::Concurrency { limit, lease_ms: Millis(lease_ms) }],
         margin_ms: None,
         upstream: false,
+        levels: Vec::new(),
     }];
     let script = script_limits(&checks).expect("valid limits");
     let key = script[0].key.clone();
@@ -708,7 +819,14 @@ fn run_mixed_case(
     static CASE: AtomicU64 = AtomicU64::new(0);
     let policy = format!("m{}", CASE.fetch_add(1, Ordering::Relaxed));
     let check = |limits: Vec<WireLimit>| {
-        vec![Check { policy: policy.clone(), key: "k".into(), limits, margin_ms: None, upstream: false }]
+        vec![Check {
+            policy: policy.clone(),
+            key: "k".into(),
+            limits,
+            margin_ms: None,
+            upstream: false,
+            levels: Vec::new(),
+        }]
     };
     let concurrency = WireLimit::Concurrency { limit, lease_ms: Millis(lease_ms) };
     let all = check(if time_first { vec![time_limit, concurrency] } else { vec![concurrency, time_limit] });
@@ -902,6 +1020,7 @@ fn run_lease_case(w: &World, limit: u32, window_ms: u64, ops: Vec<LeaseOp>) -> R
         limits: vec![wire],
         margin_ms: None,
         upstream: false,
+        levels: Vec::new(),
     }];
     let script = script_limits(&checks).expect("valid limit");
     let key = script[0].key.clone();
@@ -1030,6 +1149,7 @@ fn run_id_lease_case(
         limits: vec![wire],
         margin_ms: None,
         upstream: false,
+        levels: Vec::new(),
     }];
     let key = script_limits(&checks).expect("valid limit")[0].key.clone();
     let calls_key = algorithm::lease_calls_key(&key);

@@ -48,6 +48,7 @@ async fn check(port: u16) -> (u16, String) {
         limits: vec![limit],
         margin_ms: None,
         upstream: false,
+        levels: Vec::new(),
     }];
     let req = CheckRequest {
         checks: checks.into(),

@@ -18,6 +18,7 @@ fn request(id: &str) -> CheckRequest<'static> {
             limits: vec![WireLimit::FixedWindow { limit: 2, window_ms: Millis(60_000) }],
             margin_ms: None,
             upstream: false,
+            levels: Vec::new(),
         }]
         .into(),
         now_us: None,

@@ -52,6 +52,7 @@ fn request(id: &str, wait_ms: u64) -> Vec<u8> {
             limits: vec![WireLimit::Interval { every_ms: Millis(2_000) }],
             margin_ms: None,
             upstream: false,
+            levels: Vec::new(),
         }]
         .into(),
         now_us: None,

@@ -25,7 +25,14 @@ async fn serve(redis: &Redis, test_time: bool) -> u16 {
 }
 
 fn check(policy: &str, key: &str, limit: WireLimit) -> Check {
-    Check { policy: policy.into(), key: key.into(), limits: vec![limit], margin_ms: None, upstream: false }
+    Check {
+        policy: policy.into(),
+        key: key.into(),
+        limits: vec![limit],
+        margin_ms: None,
+        upstream: false,
+        levels: Vec::new(),
+    }
 }
 
 /// Posts a check; its status and, on 200, its answer.

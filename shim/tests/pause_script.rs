@@ -54,6 +54,7 @@ fn request(policy: &str, now_us: u64, id: &str, wait_ms: Option<u64>) -> CheckRe
             limits: vec![LIMIT],
             margin_ms: None,
             upstream: true,
+            levels: Vec::new(),
         }]
         .into(),
         now_us: Some(Micros(now_us)),
@@ -247,6 +248,7 @@ async fn a_held_request_is_moved_past_a_pause_that_lands_while_it_waits() {
             limits: vec![one_per_second],
             margin_ms: None,
             upstream: true,
+            levels: Vec::new(),
         }]
         .into(),
         now_us: None,

@@ -28,6 +28,7 @@ fn checks(limits: &[WireLimit]) -> Vec<Check> {
         limits: limits.to_vec(),
         margin_ms: None,
         upstream: false,
+        levels: Vec::new(),
     }]
 }
 

@@ -19,8 +19,14 @@ const PASSWORD: &str = "pw-Zq8rT1x";
 
 fn request() -> CheckRequest<'static> {
     let limits = vec![WireLimit::SlidingWindow { limit: 1, window_ms: Millis(60_000), approximate: false }];
-    let checks =
-        vec![Check { policy: "p".into(), key: "k".into(), limits, margin_ms: None, upstream: false }];
+    let checks = vec![Check {
+        policy: "p".into(),
+        key: "k".into(),
+        limits,
+        margin_ms: None,
+        upstream: false,
+        levels: Vec::new(),
+    }];
     CheckRequest { checks: checks.into(), now_us: None, id: None, wait_ms: None, views: Default::default() }
 }
 
@@ -118,8 +124,14 @@ async fn a_held_check_is_woken_over_tls() {
     let url = format!("rediss://:{PASSWORD}@127.0.0.1:{}", redis.port);
     let limiter = std::sync::Arc::new(limiter(url, Some(ca)));
     let limits = vec![WireLimit::Concurrency { limit: 1, lease_ms: Millis(30_000) }];
-    let checks =
-        vec![Check { policy: "p".into(), key: "k".into(), limits, margin_ms: None, upstream: false }];
+    let checks = vec![Check {
+        policy: "p".into(),
+        key: "k".into(),
+        limits,
+        margin_ms: None,
+        upstream: false,
+        levels: Vec::new(),
+    }];
     let held = |id: &str, wait_ms: Option<u64>| CheckRequest {
         checks: checks.clone().into(),
         now_us: None,

@@ -24,6 +24,7 @@ fn request(id: &str, limits: &[WireLimit], wait_ms: u64) -> CheckRequest<'static
             limits: limits.to_vec(),
             margin_ms: None,
             upstream: false,
+            levels: Vec::new(),
         }]
         .into(),
         now_us: None,

@@ -54,6 +54,7 @@ async fn a_check_is_answered_in_its_own_encoding_and_decided_once() {
         limits: vec![limit],
         margin_ms: None,
         upstream: false,
+        levels: Vec::new(),
     }];
     let check = CheckRequest {
         checks: checks.into(),

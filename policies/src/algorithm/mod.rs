@@ -8,6 +8,7 @@
 //!
 //! Times are integer microseconds. Results are in milliseconds, rounded up.
 
+pub mod calendar;
 pub mod cancel;
 pub mod concurrency;
 pub mod fixed_window;
@@ -52,6 +53,14 @@ pub enum Algorithm {
         limit: u64,
         lease_us: Micros,
     },
+    /// A counter per calendar window (`calendar`): `fixed_window` (cost 1)
+    /// and `points` on a calendar; `points` tells them apart in the state key.
+    Calendar {
+        limit: u64,
+        cost: u64,
+        calendar: crate::calendar::Calendar,
+        points: bool,
+    },
     /// The partner's pause (upstream feedback): one more limit on the checks
     /// of a policy that reads it. Never from the policy's own limits.
     Pause,
@@ -93,6 +102,12 @@ impl Algorithm {
                 burst: capacity.into(),
                 cost: cost.into(),
             },
+            WireLimit::CalendarWindow { limit, calendar } => {
+                Algorithm::Calendar { limit: limit.into(), cost: 1, calendar, points: false }
+            }
+            WireLimit::CalendarPoints { capacity, cost, calendar } => {
+                Algorithm::Calendar { limit: capacity.into(), cost: cost.into(), calendar, points: true }
+            }
         }
     }
 
@@ -105,21 +120,33 @@ impl Algorithm {
             Algorithm::SlidingApprox { window_us, .. } => format!("sa:{}", window_us.get() / 1000),
             Algorithm::Gcra { interval_us, .. } => format!("gcra:{}", interval_us.get()),
             Algorithm::Concurrency { lease_us, .. } => format!("cc:{}", lease_us.get() / 1000),
+            Algorithm::Calendar { calendar, points: false, .. } => format!("cw:{}", calendar.state_name()),
+            Algorithm::Calendar { calendar, points: true, .. } => format!("cp:{}", calendar.state_name()),
             Algorithm::Pause => "pause".to_string(),
             Algorithm::Rate => "rate".to_string(),
         }
     }
 
-    /// The script's name for it and its three numbers, as `lua/scripts/check.lua` reads them.
-    pub fn script_args(&self) -> (&'static str, [u64; 3]) {
+    /// The script's name for it and its four numbers, as `lua/scripts/check.lua`
+    /// reads them, for a call made at `now_us` on the caller's clock (a
+    /// calendar's two window ends are placed around it).
+    pub fn script_args(&self, now_us: u64) -> (&'static str, [u64; 4]) {
         match *self {
-            Algorithm::FixedWindow { limit, window_us } => ("fixed_window", [limit, window_us.get(), 0]),
-            Algorithm::SlidingWindow { limit, window_us } => ("sliding_window", [limit, window_us.get(), 0]),
-            Algorithm::SlidingApprox { limit, window_us } => ("sliding_approx", [limit, window_us.get(), 0]),
-            Algorithm::Gcra { interval_us, burst, cost } => ("gcra", [interval_us.get(), burst, cost]),
-            Algorithm::Concurrency { limit, lease_us } => ("concurrency", [limit, lease_us.get(), 0]),
-            Algorithm::Pause => ("pause", [0, 0, 0]),
-            Algorithm::Rate => ("rate", [0, 0, 0]),
+            Algorithm::FixedWindow { limit, window_us } => ("fixed_window", [limit, window_us.get(), 0, 0]),
+            Algorithm::SlidingWindow { limit, window_us } => {
+                ("sliding_window", [limit, window_us.get(), 0, 0])
+            }
+            Algorithm::SlidingApprox { limit, window_us } => {
+                ("sliding_approx", [limit, window_us.get(), 0, 0])
+            }
+            Algorithm::Gcra { interval_us, burst, cost } => ("gcra", [interval_us.get(), burst, cost, 0]),
+            Algorithm::Concurrency { limit, lease_us } => ("concurrency", [limit, lease_us.get(), 0, 0]),
+            Algorithm::Calendar { limit, cost, calendar, .. } => {
+                let (e1, e2) = calendar.ends_near(now_us).unwrap_or((0, 0));
+                ("calendar", [limit, cost, e1, e2])
+            }
+            Algorithm::Pause => ("pause", [0, 0, 0, 0]),
+            Algorithm::Rate => ("rate", [0, 0, 0, 0]),
         }
     }
 }
@@ -169,6 +196,8 @@ pub fn refunded(store: &RedisTwin, key: &str) -> u64 {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Correction {
     pub key: String,
+    /// A bucket's time per unit; 0 for a calendar window's counter, which
+    /// takes the correction into the window `held_until_us` names.
     pub interval_us: u64,
     /// Units to charge (positive) or refund (negative).
     pub delta: i64,
@@ -328,6 +357,9 @@ pub fn check_viewing(
                 Algorithm::Concurrency { limit, lease_us } => {
                     concurrency::check(state, now, id, limit, lease_us.get(), reclaimed, tombstoned)
                 }
+                Algorithm::Calendar { limit, cost, calendar, .. } => {
+                    calendar::check(state, now, limit, cost, calendar.ends_near(now).unwrap_or((0, 0)))
+                }
                 Algorithm::Pause => pause::check(state, now),
                 Algorithm::Rate => rate::check(state, now),
             }
@@ -416,9 +448,14 @@ pub fn upstream(
     (moved, slowed)
 }
 
-/// `lua/scripts/adjust.lua`: charges or refunds each correction's bucket.
+/// `lua/scripts/adjust.lua`: charges or refunds each correction's bucket,
+/// or calendar window (`interval_us` 0).
 pub fn adjust(store: &mut RedisTwin, now: u64, corrections: &[Correction]) {
     for c in corrections {
+        if c.interval_us == 0 {
+            calendar::adjust(store.keys.get_mut(&c.key), now, c);
+            continue;
+        }
         let (tat, refund) = gcra::adjust(store.keys.get(&c.key), refunded(store, &c.key), now, c);
         store.keys.insert(c.key.clone(), State::Tat(tat));
         if refund > 0 {

@@ -50,7 +50,7 @@ pub struct Reservation {
 /// A limit as the waiting path takes it: its key, its algorithm, its margin in µs.
 pub type Waiting = (String, Algorithm, u64);
 
-/// `lua/lib/reserve.lua`. Concurrency and approximate windows cannot wait: the
+/// `lua/lib/reserve.lua`. Concurrency, approximate and calendar windows cannot wait: the
 /// shim refuses them before they get here, and so does this (`None`).
 pub fn reserve(
     store: &mut RedisTwin,
@@ -77,7 +77,9 @@ pub fn reserve(
             }
             Algorithm::Pause => pause::reserve(state, now),
             Algorithm::Rate => rate::reserve(state, now),
-            Algorithm::SlidingApprox { .. } | Algorithm::Concurrency { .. } => return None,
+            Algorithm::SlidingApprox { .. } | Algorithm::Concurrency { .. } | Algorithm::Calendar { .. } => {
+                return None
+            }
         };
         slots.push(slot);
     }

@@ -52,6 +52,7 @@ pub async fn read(
         limits: limits.to_vec(),
         margin_ms: None,
         upstream: false,
+        levels: Vec::new(),
     };
     let mut states = Vec::with_capacity(limits.len());
     for limit in script_limits(&[check])? {
@@ -73,6 +74,12 @@ async fn read_one(
             let [w, n] = hmget(store, key, ["w", "n"]).await?;
             let state = w.map(|window| State::Counter { window, count: n.unwrap_or(0) });
             timed(fixed_window::check(state.as_ref(), now, limit, window_us.get()).now)
+        }
+        Algorithm::Calendar { limit, cost, calendar, .. } => {
+            let [w, n] = hmget(store, key, ["w", "n"]).await?;
+            let state = w.map(|window| State::Counter { window, count: n.unwrap_or(0) });
+            let ends = calendar.ends_near(now).unwrap_or((0, 0));
+            timed(sluice_policies::algorithm::calendar::check(state.as_ref(), now, limit, cost, ends).now)
         }
         Algorithm::SlidingApprox { limit, window_us } => {
             let [w, c, p] = hmget(store, key, ["w", "c", "p"]).await?;

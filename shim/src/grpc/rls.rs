@@ -224,7 +224,9 @@ pub fn plan<'d>(doc: &'d Document, descriptors: &[Descriptor]) -> Result<Plan<'d
 fn charged(mut check: Check, policy: &Policy, hits: u32) -> Result<Check, String> {
     for limit in &mut check.limits {
         match limit {
-            WireLimit::Points { cost, capacity, .. } => *cost = hits.min(*capacity),
+            WireLimit::Points { cost, capacity, .. } | WireLimit::CalendarPoints { cost, capacity, .. } => {
+                *cost = hits.min(*capacity)
+            }
             other if hits > 1 => {
                 return Err(format!(
                     "hits_addend {hits} reaches policy {}, whose {} limit counts requests one by one: only a points limit charges a cost",
@@ -301,10 +303,14 @@ fn header(key: &str, value: String) -> HeaderValue {
 }
 
 /// A limit as RLS states it: its quota per window, in the window's unit
-/// when the window is exactly one (else `UNKNOWN`, the quota per window).
+/// when the window is exactly one (else `UNKNOWN`, the quota per window);
+/// a calendar month's is `MONTH`.
 fn rate_limit(name: &str, limit: &Limit) -> RateLimit {
     let (quota, window) = WireLimit::with_cost(limit, 1).quota();
+    let month =
+        matches!(limit.calendar().map(|c| c.period), Some(sluice_policies::calendar::Period::Month { .. }));
     let unit = match window.map(|w| w.get()) {
+        _ if month => Unit::Month,
         Some(1_000) => Unit::Second,
         Some(60_000) => Unit::Minute,
         Some(3_600_000) => Unit::Hour,

@@ -315,6 +315,7 @@ mod tests {
                 limits: vec![WireLimit::Concurrency { limit: 5, lease_ms: Millis(1000) }],
                 margin_ms: None,
                 upstream: false,
+                levels: Vec::new(),
             })
             .collect();
         CheckRequest {

@@ -73,6 +73,11 @@ pub(crate) fn refuse_unsupported(limits: &[ScriptLimit], wait_us: u64) -> Result
                     state to reserve a slot in); use an exact sliding_window"
             .into());
     }
+    if limits.iter().any(|l| matches!(l.algorithm, Algorithm::Calendar { .. })) {
+        return Err("wait_ms: a calendar window cannot wait (a full one opens again at its end, \
+                    hours or days away)"
+            .into());
+    }
     let leases = limits.iter().filter(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })).count();
     if leases > 1 {
         return Err("wait_ms: a request can wait on one concurrency limit, not several".into());

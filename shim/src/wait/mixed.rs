@@ -30,7 +30,8 @@ use crate::keys::ScriptLimit;
 fn specs(time: &[ScriptLimit], margins: &[u64]) -> String {
     let mut out = Vec::new();
     for (limit, margin) in time.iter().zip(margins) {
-        let (name, [a, b, c]) = limit.algorithm.script_args();
+        // A calendar window never waits: the three numbers of the others.
+        let (name, [a, b, c, _]) = limit.algorithm.script_args(0);
         out.push(format!("{} {name} {a} {b} {c} {margin}", limit.key));
     }
     out.join(" ")

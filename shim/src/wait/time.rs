@@ -222,8 +222,8 @@ pub(crate) async fn reserve(
     let mut call = waiting.scripts.check.prepare_invoke();
     call.arg(now).arg(id);
     for limit in limits {
-        let (name, [a, b, c]) = limit.algorithm.script_args();
-        call.key(&limit.key).arg(name).arg(a).arg(b).arg(c);
+        let (name, [a, b, c, d]) = limit.script_args(now);
+        call.key(&limit.key).arg(name).arg(a).arg(b).arg(c).arg(d);
     }
     call.arg(wait_us);
     for margin in margins {
@@ -294,8 +294,8 @@ impl GiveBack {
         let mut call = self.scripts.cancel.prepare_invoke();
         call.arg(&self.now).arg(&self.id).arg(self.at);
         for (limit, held) in self.limits.iter().zip(&self.held_until) {
-            let (name, [a, b, c]) = limit.algorithm.script_args();
-            call.key(&limit.key).arg(name).arg(a).arg(b).arg(c).arg(*held);
+            let (name, [a, b, c, d]) = limit.script_args(&self.now);
+            call.key(&limit.key).arg(name).arg(a).arg(b).arg(c).arg(d).arg(*held);
         }
         self.store.invoke::<i64>(&call).await
     }
@@ -368,10 +368,10 @@ pub async fn cancel(
 ) -> Result<(), CheckError> {
     let now = waiting.time_arg(now)?;
     let mut call = waiting.scripts.cancel.prepare_invoke();
-    call.arg(now).arg(id).arg(at);
+    call.arg(&now).arg(id).arg(at);
     for (limit, held) in limits.iter().zip(held_until) {
-        let (name, [a, b, c]) = limit.algorithm.script_args();
-        call.key(&limit.key).arg(name).arg(a).arg(b).arg(c).arg(*held);
+        let (name, [a, b, c, d]) = limit.script_args(&now);
+        call.key(&limit.key).arg(name).arg(a).arg(b).arg(c).arg(d).arg(*held);
     }
     let _: i64 = waiting.store.invoke(&call).await.map_err(store_error)?;
     Ok(())
