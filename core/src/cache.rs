@@ -64,6 +64,9 @@ pub struct Hit {
 #[derive(Debug, Default)]
 pub struct Mirror {
     entries: HashMap<u32, Vec<u8>>,
+    /// The identity of the check being looked up, its buffer kept between
+    /// lookups: a denial served from the copy allocates nothing for it.
+    identity: Vec<u8>,
 }
 
 impl Mirror {
@@ -95,19 +98,26 @@ impl<'m, S: SharedData> OverLimitCache<'m, S> {
         if !caches(policy) {
             return None;
         }
-        let identity = identity(check);
-        let slot = self.slot(&identity)?;
-        if let Some(mirror) = self.mirror {
-            if let Some(hit) = mirror.borrow().entries.get(&slot).and_then(|v| hit(v, &identity, now_ms)) {
-                return Some(hit);
-            }
+        let Some(mirror) = self.mirror else {
+            let identity = identity(check);
+            return self.read(self.slot(&identity)?, &identity, now_ms).map(|(found, _)| found);
+        };
+        let mut mirror = mirror.borrow_mut();
+        let Mirror { entries, identity } = &mut *mirror;
+        write_identity(identity, check);
+        let slot = self.slot(identity)?;
+        if let Some(hit) = entries.get(&slot).and_then(|v| hit(v, identity, now_ms)) {
+            return Some(hit);
         }
-        let value = self.store.get(&slot_key(slot)).0?;
-        let found = hit(&value, &identity, now_ms)?;
-        if let Some(mirror) = self.mirror {
-            mirror.borrow_mut().entries.insert(slot, value);
-        }
+        let (found, value) = self.read(slot, identity, now_ms)?;
+        entries.insert(slot, value);
         Some(found)
+    }
+
+    /// The hit `identity` finds in shared data at `slot`, and the entry there.
+    fn read(&self, slot: u32, identity: &[u8], now_ms: u64) -> Option<(Hit, Vec<u8>)> {
+        let value = self.store.get(&slot_key(slot)).0?;
+        Some((hit(&value, identity, now_ms)?, value))
     }
 
     /// Records the shim's denial of `check`, sent at `sent_ms`, if it is exact to.
@@ -187,8 +197,16 @@ pub fn caches(policy: &Policy) -> bool {
 /// (neither can hold one), then the limits as sent. Built on every request
 /// a cached policy applies to, so without JSON: see [`limit_identity`].
 fn identity(check: &Check) -> Vec<u8> {
+    let mut out = Vec::new();
+    write_identity(&mut out, check);
+    out
+}
+
+/// [`identity`], into `out` (cleared first).
+fn write_identity(out: &mut Vec<u8>, check: &Check) {
     let (policy, key) = (check.policy.as_bytes(), check.key.as_bytes());
-    let mut out = Vec::with_capacity(policy.len() + key.len() + 2 + LIMIT_IDENTITY_MAX * check.limits.len());
+    out.clear();
+    out.reserve(policy.len() + key.len() + 2 + LIMIT_IDENTITY_MAX * check.limits.len());
     out.extend_from_slice(policy);
     out.push(0);
     out.extend_from_slice(key);
@@ -207,9 +225,8 @@ fn identity(check: &Check) -> Vec<u8> {
         out.push(0);
     }
     for limit in &check.limits {
-        limit_identity(&mut out, limit);
+        limit_identity(out, limit);
     }
-    out
 }
 
 /// The most bytes [`limit_identity`] writes for one limit.

@@ -739,7 +739,7 @@ impl Flow {
         } else {
             LocalReply::denial(policy, retry_after, headers)
         };
-        reply.headers.extend(shadow_notes.iter().map(|note| (SHADOW_HEADER.into(), note.clone())));
+        reply.headers.extend(shadow_notes.iter().map(|note| (SHADOW_HEADER.into(), note.clone().into())));
         let verdict = if held_out_by_reserve(policy, outcome) { Verdict::Shed } else { Verdict::Denied };
         self.refuse(reply, verdict, fx);
     }
@@ -951,7 +951,7 @@ impl Flow {
             };
             let mut reply = LocalReply::denial(policy, retry_after_secs(Some(Millis(hit.wait_ms))), headers);
             let notes = std::mem::take(&mut self.shadow_notes);
-            reply.headers.extend(notes.into_iter().map(|note| (SHADOW_HEADER.into(), note)));
+            reply.headers.extend(notes.into_iter().map(|note| (SHADOW_HEADER.into(), note.into())));
             self.settle_tokens(false, host, fx);
             self.refuse(reply, Verdict::CacheDenied, fx);
             return true;

@@ -1,6 +1,8 @@
 //! The local responses the filter sends: a policy's denial, a refusal for
 //! want of capacity, a refusal when the shim failed, and a 400 for a missing key.
 
+use std::borrow::Cow;
+
 use serde::Serialize;
 use sluice_policies::{DenyResponse, Policy};
 
@@ -16,13 +18,21 @@ struct Denied<'a> {
     retry_after: u64,
 }
 
-/// A local response: status, headers, body.
+/// A local response: status, headers, body. A header's name or value is
+/// borrowed when it is a constant (most are), so a denial does not copy it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalReply {
     pub status: u16,
-    pub headers: Vec<(String, String)>,
+    pub headers: Vec<(Header, Header)>,
     pub body: Vec<u8>,
 }
+
+/// A header's name or value in a [`LocalReply`].
+pub type Header = Cow<'static, str>;
+
+/// The most headers a refusal starts with: `retry-after`, the two
+/// `RateLimit` headers, `content-type` and `x-sluice-verdict`.
+const REFUSAL_HEADERS: usize = 5;
 
 const JSON: &str = "application/json";
 const TEXT: &str = "text/plain; charset=utf-8";
@@ -71,7 +81,7 @@ impl LocalReply {
         policy: &Policy,
         status: u16,
         json: impl FnOnce() -> Vec<u8>,
-        json_type: &str,
+        json_type: &'static str,
         retry_after_secs: u64,
         ratelimit: Option<RateLimitHeaders>,
     ) -> LocalReply {
@@ -80,10 +90,11 @@ impl LocalReply {
             Some(body) => (body.clone().into_bytes(), TEXT),
             None => (json(), json_type),
         };
-        let mut headers = vec![("retry-after".to_string(), retry_after_secs.to_string())];
+        let mut headers = Vec::with_capacity(REFUSAL_HEADERS + response.headers.0.len());
+        headers.push(("retry-after".into(), retry_after_secs.to_string().into()));
         if let Some(h) = ratelimit {
-            headers.push((RateLimitHeaders::POLICY.into(), h.policy));
-            headers.push((RateLimitHeaders::RATELIMIT.into(), h.ratelimit));
+            headers.push((RateLimitHeaders::POLICY.into(), h.policy.into()));
+            headers.push((RateLimitHeaders::RATELIMIT.into(), h.ratelimit.into()));
         }
         let status = response.status.map_or(status, |s| s.get());
         let mut reply = LocalReply { status, headers, body };
@@ -108,13 +119,13 @@ impl LocalReply {
     }
 
     /// Adds the policy's extra headers, and `content_type` unless they set one.
-    fn finish(&mut self, content_type: &str, extra: &[(sluice_policies::HeaderName, String)]) {
+    fn finish(&mut self, content_type: &'static str, extra: &[(sluice_policies::HeaderName, String)]) {
         if !extra.iter().any(|(name, _)| name.as_str() == "content-type") {
             self.headers.push(("content-type".into(), content_type.into()));
         }
         for (name, value) in extra {
             self.headers.retain(|(n, _)| n != name.as_str());
-            self.headers.push((name.as_str().into(), value.clone()));
+            self.headers.push((name.as_str().to_owned().into(), value.clone().into()));
         }
     }
 }
@@ -131,7 +142,7 @@ mod tests {
     }
 
     fn header<'a>(reply: &'a LocalReply, name: &str) -> Option<&'a str> {
-        reply.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+        reply.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_ref())
     }
 
     #[test]

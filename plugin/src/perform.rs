@@ -37,7 +37,7 @@ pub fn perform(effects: Vec<Effect>, cluster: &str, stats: &Stats, calls: &mut i
             }
             Effect::Reply(reply) => {
                 let headers: Vec<(&str, &str)> =
-                    reply.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+                    reply.headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref())).collect();
                 if let Err(status) =
                     hostcalls::send_http_response(u32::from(reply.status), headers, Some(&reply.body))
                 {
