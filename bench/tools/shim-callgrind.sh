@@ -12,7 +12,7 @@ SHIM=$1; RURL=$2; P=$3; N=$4; H2=${5:-}; WIRE=${6:-json}
 [ "$H2" = h1 ] && H2=
 D=$(mktemp -d); BODY=$D/body
 # The same check in the binary wire, as hex (bench/src/shim_alone.rs tests it).
-BINARY=010000000a00000062656e63682d7368696d05000000616c6f6e65010000000100ca9a3be80300000000000000000000000000
+BINARY=010000000a00000062656e63682d7368696d05000000616c6f6e65010000000100ca9a3be8030000000000000000000000000000000000
 if [ "$WIRE" = binary ]; then
   echo "$BINARY" | xxd -r -p > "$BODY"; TYPE=application/x-sluice-binary
 else
