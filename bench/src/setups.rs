@@ -50,14 +50,23 @@ const SLUICE_POLICY: &str = r#"{
 
 /// The policies Sluice's gRPC faces serve (`sluice serve --policy`): the same
 /// windows as the peer's, selected by the RLS descriptor `generic_key` and by
-/// the RLQS bucket id `name`. Written before the faces landed on this
-/// branch: if the face refuses the document, the setups are skipped with the
-/// shim's message.
+/// the RLQS bucket id `name` (`bench/envoy/rlqs.yaml`). The RLQS allow
+/// bucket is leased the most tokens one assignment may carry, so that Envoy,
+/// reporting every 5 s, spends a lease for longer than that at the bench's
+/// rates; the deny bucket's window is spent after its first request. If
+/// the face refuses the document, the setups are skipped with the shim's
+/// message.
 const FACE_POLICY: &str = r#"{
   "policies": [
     {"name": "bench-allow", "match": {"domain": "bench", "entries": {"generic_key": {"equals": "allow"}}}, "key": [],
      "limits": [{"type": "fixed_window", "limit": 1000000000, "window": "1h"}]},
     {"name": "bench-deny", "match": {"domain": "bench", "entries": {"generic_key": {"equals": "deny"}}}, "key": [],
+     "limits": [{"type": "fixed_window", "limit": 1, "window": "1h"}]},
+    {"name": "bench-allow-rlqs", "match": {"domain": "bench", "bucket": {"name": {"equals": "allow"}}},
+     "leased": {"tokens": 100000, "ttl": "60s"},
+     "limits": [{"type": "fixed_window", "limit": 1000000000, "window": "1h"}]},
+    {"name": "bench-deny-rlqs", "match": {"domain": "bench", "bucket": {"name": {"equals": "deny"}}},
+     "leased": {"tokens": 1, "ttl": "60s"},
      "limits": [{"type": "fixed_window", "limit": 1, "window": "1h"}]}
   ]
 }"#;

@@ -56,11 +56,13 @@ async fn start() -> Face {
     let document = Arc::new(sluice_policies::parse(DOC).expect("the document"));
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let grpc_port = grpc.local_addr().expect("addr").port();
-    let app = router(Faces::new(limiter.clone(), document));
+    let app = router(Faces::new(limiter.clone(), document.clone()));
     tokio::spawn(serve(grpc, app, Options::default(), std::future::pending(), limiter.drain().clone(), None));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let http_port = listener.local_addr().expect("addr").port();
-    tokio::spawn(run_shared(listener, limiter, Options::default(), std::future::pending()));
+    let dashboard = sluice_shim::dashboard::Options { policies: Some(document).into(), playground: None };
+    let options = Options { dashboard, ..Options::default() };
+    tokio::spawn(run_shared(listener, limiter, options, std::future::pending()));
     let client =
         RateLimitQuotaServiceClient::connect(format!("http://127.0.0.1:{grpc_port}")).await.expect("connect");
     Face { client, http_port, redis }
@@ -211,7 +213,7 @@ async fn unmatched_and_unlimited_buckets_are_allowed_all() {
 
 /// Once the window is spent and the bucket's token bucket is empty (all it
 /// had reported admitted): `deny_all`; the usage Envoy reported counts as
-/// `face="rlqs"` decisions.
+/// `face="rlqs"` decisions, and on the dashboard.
 #[tokio::test]
 async fn a_spent_window_denies_all_and_usage_is_counted() {
     let mut face = start().await;
@@ -252,6 +254,17 @@ async fn a_spent_window_denies_all_and_usage_is_counted() {
         sample(&page, r#"sluice_decisions_total{policy="per-client",result="denied",face="rlqs"}"#) >= 3.0
     );
     assert!(sample(&page, r#"sluice_rlqs_tokens_total{direction="granted"}"#) >= 6.0);
+    // The dashboard shows the policy's traffic as the filter's, tagged with its face.
+    let (status, body) = http(face.http_port, "GET", "/dashboard.json", "").await;
+    assert_eq!(status, 200);
+    let snapshot: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let policy = snapshot["policies"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == "per-client"))
+        .expect("per-client on the dashboard");
+    assert_eq!(policy["face"], "rlqs");
+    assert_eq!(policy["totals"]["allowed"], 6);
+    assert!(policy["keys"].as_array().is_some_and(|keys| keys.iter().any(|k| k["key"] == "c2")), "{policy}");
 }
 
 /// Malformed and oversized reports end the stream with `INVALID_ARGUMENT`.

@@ -127,6 +127,10 @@ pub struct PolicyView {
     pub source: &'static str,
     /// Whether the document gives it `wait` (egress waiting).
     pub wait: bool,
+    /// The face its requests come through, as the document says: `filter`
+    /// (the Sluice filter), `rls` or `rlqs` (Envoy's own filters); `None`
+    /// for a policy seen only in traffic.
+    pub face: Option<&'static str>,
     pub limits: Vec<LimitView>,
     pub rates: Rates,
     pub totals: Totals,
@@ -172,6 +176,7 @@ struct Listed {
     name: String,
     source: &'static str,
     wait: bool,
+    face: Option<&'static str>,
     limits: Vec<WireLimit>,
     seen: Seen,
 }
@@ -200,6 +205,7 @@ impl Dashboard {
                 name: policy.name.to_string(),
                 source: "document",
                 wait: policy.wait.is_some(),
+                face: Some(policy.matcher.face().name()),
                 limits: policy.limits.iter().map(|l| WireLimit::with_cost(l, 1)).collect(),
                 seen: seen.remove(policy.name.as_str()).unwrap_or_default(),
             })
@@ -210,6 +216,7 @@ impl Dashboard {
             name,
             source: "traffic",
             wait: false,
+            face: None,
             limits: seen.limits.clone(),
             seen,
         }));
@@ -227,6 +234,7 @@ impl Dashboard {
             name: policy.name,
             source: policy.source,
             wait: policy.wait,
+            face: policy.face,
             keys,
         }
     }

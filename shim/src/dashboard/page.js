@@ -90,13 +90,17 @@ function limitCell(limit, state) {
   return $("td", { className: "state" }, bar, parts.join(" · "));
 }
 
+/** How each face's requests reach Sluice, for the card's tag. */
+const FACES = { filter: "Sluice filter", rls: "Envoy RLS", rlqs: "Envoy RLQS" };
+
 function policyCard(p, seconds) {
   const card = $("section", { className: "policy" });
   card.dataset.policy = p.name;
   card.append(
     $("h2", {}, p.name,
       $("span", { className: "tag", textContent: p.source === "document" ? "from the document" : "seen in traffic" }),
-      ...(p.wait ? [$("span", { className: "tag", textContent: "waits" })] : [])),
+      ...(p.wait ? [$("span", { className: "tag", textContent: "waits" })] : []),
+      ...(p.face ? [$("span", { className: "tag face", textContent: FACES[p.face] || p.face })] : [])),
     $("p", { className: "limits", textContent: p.limits.map((l) => l.text).join(" · ") || "no checks yet" }),
   );
   const rates = $("div", { className: "rates", title: `per second, over the last ${seconds} s` });
