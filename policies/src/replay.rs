@@ -47,6 +47,9 @@ pub struct Recorded {
     pub source_address: bool,
     pub authority: bool,
     pub headers: RecordedHeaders,
+    /// A gRPC face's request: its domain, and its descriptor's entries or
+    /// bucket id (one the record lacks, the request lacked).
+    pub grpc: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,15 +63,14 @@ pub enum RecordedHeaders {
 impl Recorded {
     /// A record that holds the whole request: generated traffic.
     pub const EVERYTHING: Recorded =
-        Recorded { source_address: true, authority: true, headers: RecordedHeaders::All };
+        Recorded { source_address: true, authority: true, headers: RecordedHeaders::All, grpc: true };
 
     pub fn holds(&self, attribute: Attribute<'_>) -> bool {
         match attribute {
             Attribute::Path | Attribute::Method => true,
             Attribute::Authority => self.authority,
             Attribute::SourceAddress => self.source_address,
-            // Access logs record no gRPC face's domain or entries.
-            Attribute::Domain | Attribute::Entry(_) | Attribute::Bucket(_) => false,
+            Attribute::Domain | Attribute::Entry(_) | Attribute::Bucket(_) => self.grpc,
             Attribute::Header(name) => match &self.headers {
                 RecordedHeaders::All => true,
                 RecordedHeaders::Only(names) => names.iter().any(|n| n == name),
@@ -100,6 +102,8 @@ pub struct PolicyEvent {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct PolicyReport {
     pub policy: String,
+    /// The face its requests come through: `filter`, `rls` or `rlqs`.
+    pub face: &'static str,
     pub shadow: bool,
     pub matched: u64,
     pub admitted: u64,
@@ -157,6 +161,7 @@ impl<'d> Replay<'d> {
             .iter()
             .map(|p| PolicyReport {
                 policy: p.name.as_str().to_string(),
+                face: p.matcher.face().name(),
                 shadow: p.shadow,
                 limits: p
                     .limits
@@ -354,6 +359,7 @@ mod tests {
         .expect("valid document");
         let text_log = Recorded {
             source_address: false,
+            grpc: false,
             authority: true,
             headers: RecordedHeaders::Only(vec!["x-forwarded-for".into()]),
         };

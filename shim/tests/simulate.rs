@@ -113,6 +113,66 @@ fn the_text_report_names_each_policy_and_limit() {
     assert!(text.contains("policy jobs: 30 matched, 20 admitted, 10 denied"), "{text}");
 }
 
+/// Requests that came through the gRPC faces, logged as Sluice's JSON lines
+/// with their domain and RLS `entries` or RLQS `bucket` id, are replayed
+/// through the policies of their face only, and each policy is labelled
+/// with its face; an HTTP line never reaches them.
+#[test]
+fn rls_and_rlqs_requests_are_replayed_through_their_faces() {
+    let policy = write(
+        "policy-faces.json",
+        r#"{"policies": [
+          {"name": "descriptors", "match": {"domain": "edge", "entries": {"client": {"present": true}}},
+           "key": ["entry:client"], "limits": [{"type": "fixed_window", "limit": 3, "window": "1m"}]},
+          {"name": "quota", "match": {"domain": "edge", "bucket": {"client": {"present": true}}},
+           "key": ["bucket:client"], "leased": {"tokens": 2, "ttl": "5s"},
+           "limits": [{"type": "fixed_window", "limit": 4, "window": "1m"}]},
+          {"name": "web", "match": {"path_prefix": "/"}, "limits": [{"type": "fixed_window", "limit": 100, "window": "1m"}]}
+        ]}"#,
+    );
+    let mut lines = String::new();
+    for i in 0..10 {
+        let _ = writeln!(
+            lines,
+            r#"{{"time_ms": {}, "path": "/a", "domain": "edge", "entries": {{"client": "c1"}}}}"#,
+            T0 + i * 100
+        );
+        let _ = writeln!(
+            lines,
+            r#"{{"time_ms": {}, "path": "/a", "domain": "edge", "bucket": {{"client": "c1"}}}}"#,
+            T0 + i * 100 + 1
+        );
+        let _ = writeln!(lines, r#"{{"time_ms": {}, "path": "/a"}}"#, T0 + i * 100 + 2);
+    }
+    let log = write("faces.log", &lines);
+    let json = simulate(&[
+        "--policy",
+        policy.to_str().expect("path"),
+        "--format",
+        "json",
+        log.to_str().expect("path"),
+    ]);
+    assert!(json.status.success(), "{}", String::from_utf8_lossy(&json.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    let of = |name: &str| {
+        report.as_array().and_then(|r| r.iter().find(|p| p["policy"] == name)).cloned().expect(name)
+    };
+    let (rls, rlqs, web) = (of("descriptors"), of("quota"), of("web"));
+    assert_eq!(
+        (rls["face"].as_str(), rls["matched"].as_u64(), rls["admitted"].as_u64()),
+        (Some("rls"), Some(10), Some(3))
+    );
+    assert_eq!(
+        (rlqs["face"].as_str(), rlqs["matched"].as_u64(), rlqs["admitted"].as_u64()),
+        (Some("rlqs"), Some(10), Some(4))
+    );
+    assert_eq!((web["face"].as_str(), web["matched"].as_u64()), (Some("filter"), Some(10)));
+    let text = simulate(&["--policy", policy.to_str().expect("path"), log.to_str().expect("path")]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("policy quota (RLQS face): 10 matched, 4 admitted, 6 denied"), "{text}");
+    assert!(text.contains("policy descriptors (RLS face): 10 matched, 3 admitted, 7 denied"), "{text}");
+}
+
 /// A line that is neither format is an error naming the file and the line.
 #[test]
 fn a_bad_line_is_named() {

@@ -17,7 +17,7 @@ use crate::cmd::{self, clean};
 use crate::paths::workspace_root;
 
 /// Every target, in the order they run.
-pub const TARGETS: &[&str] = &["parse", "wire", "evaluate", "key", "answer", "rls"];
+pub const TARGETS: &[&str] = &["parse", "wire", "evaluate", "key", "answer", "rls", "rlqs"];
 
 pub fn run(seconds: u64, only: Option<&str>) -> Result<()> {
     let targets: Vec<&str> = match only {

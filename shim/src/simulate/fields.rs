@@ -148,8 +148,12 @@ impl Mapping {
         let mut path = None;
         let mut duration_ms = 0;
         let mut request = SimpleRequest::default();
-        let mut recorded =
-            Recorded { source_address: false, authority: false, headers: RecordedHeaders::Only(Vec::new()) };
+        let mut recorded = Recorded {
+            source_address: false,
+            authority: false,
+            headers: RecordedHeaders::Only(Vec::new()),
+            grpc: false,
+        };
         for (target, name) in &self.fields {
             let value = match field(line, name)? {
                 Field::Absent => continue,

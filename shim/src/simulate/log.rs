@@ -16,7 +16,10 @@
 //!
 //! `time` may also be `time_ms`, milliseconds since the epoch. A field it
 //! leaves out is not recorded (no `headers`: no header is); a header
-//! missing from `headers` was missing from the request. Istio's, Envoy
+//! missing from `headers` was missing from the request. A request that came
+//! through a gRPC face has a `domain` and its RLS descriptor's `entries` or
+//! its RLQS `bucket` id (each an object of strings): only that face's
+//! policies see it. Istio's, Envoy
 //! Gateway's and mapped JSON lines are read by [`Mapping`].
 
 use std::collections::BTreeMap;
@@ -43,6 +46,11 @@ struct JsonLine {
     source: Option<String>,
     #[serde(default)]
     duration_ms: u64,
+    /// A gRPC face's request: its domain, and an RLS descriptor's `entries`
+    /// or an RLQS `bucket` id.
+    domain: Option<String>,
+    entries: Option<BTreeMap<String, String>>,
+    bucket: Option<BTreeMap<String, String>>,
 }
 
 fn get() -> String {
@@ -104,8 +112,25 @@ fn sluice(object: Map<String, Value>) -> Result<Logged, String> {
             Some(_) => RecordedHeaders::All,
             None => RecordedHeaders::Only(Vec::new()),
         },
+        grpc: l.domain.is_some(),
     };
     let mut request = SimpleRequest::new(&l.method, &l.path).authority(l.authority.as_deref().unwrap_or(""));
+    match (&l.domain, &l.entries, &l.bucket) {
+        (_, Some(_), Some(_)) => return Err("give `entries` (RLS) or `bucket` (RLQS), not both".into()),
+        (None, Some(_), _) | (None, _, Some(_)) => {
+            return Err("`entries` and `bucket` need a `domain`".into())
+        }
+        (Some(domain), entries, bucket) => {
+            request = request.domain(domain);
+            for (key, value) in entries.iter().flatten() {
+                request = request.entry(key, value);
+            }
+            for (key, value) in bucket.iter().flatten() {
+                request = request.bucket(key, value);
+            }
+        }
+        (None, None, None) => {}
+    }
     for (name, value) in l.headers.iter().flatten() {
         request = request.header(name, value);
     }
@@ -153,7 +178,7 @@ fn envoy(text: &str) -> Result<Logged, String> {
 /// What Envoy's default format records: no peer address, three headers.
 fn envoy_text_records() -> Recorded {
     let headers = ["x-forwarded-for", "user-agent", "x-request-id"].map(String::from).to_vec();
-    Recorded { source_address: false, authority: true, headers: RecordedHeaders::Only(headers) }
+    Recorded { source_address: false, authority: true, headers: RecordedHeaders::Only(headers), grpc: false }
 }
 
 /// `"value"rest` → (value, rest).

@@ -42,6 +42,11 @@ pub(crate) fn text(read: &Read, reports: &[PolicyReport]) -> String {
     }
     for r in reports {
         let shadow = if r.shadow { " (shadow)" } else { "" };
+        let shadow = match r.face {
+            "rls" => format!("{shadow} (RLS face)"),
+            "rlqs" => format!("{shadow} (RLQS face)"),
+            _ => shadow.to_string(),
+        };
         let _ = writeln!(
             out,
             "\npolicy {}{shadow}: {} matched, {} admitted, {} denied, {} missing a key",
