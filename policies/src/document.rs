@@ -408,7 +408,19 @@ impl<'de> Deserialize<'de> for Policy {
         }
         match matcher.face() {
             Face::Rls => grpc_face_fits(&raw, RLS_FACE).map_err(de::Error::custom)?,
-            Face::Rlqs => crate::rlqs::fits(&raw, &matcher).map_err(de::Error::custom)?,
+            Face::Rlqs => {
+                grpc_face_fits(&raw, crate::face::RLQS).map_err(de::Error::custom)?;
+                let parts = crate::face::Parts {
+                    matcher: &matcher,
+                    bypass: &raw.bypass,
+                    key: &raw.key,
+                    limits: &raw.limits,
+                    leased: raw.leased,
+                    shadow: raw.shadow,
+                    unlimited: raw.unlimited,
+                };
+                crate::face::rlqs_fits(&parts).map_err(de::Error::custom)?
+            }
             Face::Http => {
                 if let Some(source) = raw.key.iter().find(|s| matches!(s, KeySource::Entry(_))) {
                     return Err(de::Error::custom(format!(

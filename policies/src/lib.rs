@@ -11,7 +11,7 @@
 //! ```text
 //! model      units, calendar, request, cost, response, load, condition, key, class,
 //!            limit (and WireLimit, the form the shim takes), wait, leased,
-//!            shed, feedback (and Slowdown)
+//!            shed, feedback (and Slowdown), face
 //!   ^
 //! algorithm  algorithm/*: the Rust twins of lua/lib/ and lua/scripts/
 //!   ^
@@ -47,6 +47,8 @@
 //! - [`leased`]: leased mode, a policy's `leased`, and the bounds of its lease calls.
 //! - [`shed`]: a policy's `shed` ([`ShedPolicy`](shed::ShedPolicy)), and the
 //!   utilization shedder's controller, over an injected clock.
+//! - [`face`]: what the RLQS face can enforce of a policy, refused at load
+//!   time otherwise.
 //! - [`feedback`]: which upstream answers mean "slow down", for how long
 //!   ([`PartnerPause`](feedback::PartnerPause)), and how a refusal lowers
 //!   the rate ([`Slowdown`](feedback::Slowdown)).
@@ -90,6 +92,7 @@ pub mod condition;
 pub mod cost;
 pub mod document;
 pub mod error;
+pub mod face;
 pub mod feedback;
 pub mod key;
 pub mod leased;

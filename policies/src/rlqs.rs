@@ -15,7 +15,8 @@
 //! (`bucket:NAME`). Envoy enforces each bucket itself, from an assignment
 //! (a token bucket, `deny_all` or `allow_all`) that spends locally: the
 //! same job as leased mode, so such a policy is a leased window. It is
-//! refused at load time unless Envoy can enforce it exactly:
+//! refused at load time (`crate::face::rlqs_fits`) unless Envoy can
+//! enforce it exactly:
 //!
 //! - exactly one `fixed_window` (an assignment's tokens are spent anywhere
 //!   in the window they were charged to; Envoy enforces one token bucket per
@@ -29,75 +30,9 @@
 //! - a `match` and `bypass` reading only `domain`, `bucket` and `keys`, and
 //!   a key only from `bucket:NAME`: a bucket has nothing else.
 
-use crate::condition::Condition;
-use crate::document::{grpc_face_fits, RawPolicy};
-use crate::key::KeySource;
 use crate::leased::Leased;
 use crate::limit::WireLimit;
-use crate::units::MAX_DURATION_MS;
 use crate::{Document, Limit, Policy, Request};
-
-/// How the messages name an RLQS-face policy.
-const RLQS: &str = "an RLQS-face policy (its `match` names `bucket`)";
-
-/// Whether an RLQS-face policy can be enforced by Envoy's filter; or why not.
-pub(crate) fn fits(raw: &RawPolicy, matcher: &Condition) -> Result<(), String> {
-    grpc_face_fits(raw, RLQS)?;
-    if raw.shadow {
-        return Err(format!(
-            "{RLQS} cannot be `shadow`: Envoy enforces its assignments itself and reports no would-deny (preview a bucket with the matcher's `keep_matching` instead)"
-        ));
-    }
-    let conditions = std::iter::once(("match", matcher)).chain(raw.bypass.iter().map(|b| ("bypass", b)));
-    for (place, condition) in conditions {
-        if let Some(field) = condition.http_field() {
-            return Err(format!(
-                "{RLQS} cannot read `{field}` in its `{place}`: an RLQS bucket has only a domain and a bucket id (`bucket`)"
-            ));
-        }
-    }
-    if let Some(source) = raw.key.iter().find(|s| !matches!(s, KeySource::Bucket(_))) {
-        return Err(format!(
-            "{RLQS} takes its key from the bucket id (\"bucket:NAME\"), not from key source \"{source}\""
-        ));
-    }
-    if raw.unlimited {
-        return match raw.leased {
-            Some(_) => Err("an `unlimited` policy has no `leased`: it limits nothing".to_string()),
-            None => Ok(()),
-        };
-    }
-    match raw.limits.as_slice() {
-        [Limit::FixedWindow { window, .. }] if window.as_millis() >= MAX_DURATION_MS => {
-            return Err(format!(
-                "{RLQS} needs a window shorter than 365d (limits[0] is {window}): Envoy refills a token bucket by at least one token a year"
-            ))
-        }
-        [Limit::FixedWindow { .. }] => {}
-        [other] => {
-            return Err(format!(
-                "{RLQS} can enforce only a fixed_window limit (limits[0] is a {}): Envoy spends an assignment's tokens anywhere in the window they were charged to",
-                other.type_name()
-            ))
-        }
-        many => {
-            return Err(format!(
-                "{RLQS} takes exactly one limit, a fixed_window (it has {}): Envoy enforces one token bucket per bucket",
-                many.len()
-            ))
-        }
-    }
-    match raw.leased {
-        None => Err(format!(
-            "{RLQS} needs `leased` (e.g. {{\"tokens\": 100, \"ttl\": \"5s\"}}): the tokens of each assignment Envoy spends locally, and how long it lives"
-        )),
-        Some(lease) if lease.ttl_ms() % 1000 != 0 => Err(format!(
-            "`leased.ttl` {}ms of {RLQS} is not a whole number of seconds: Envoy reads an assignment's time to live in whole seconds",
-            lease.ttl_ms()
-        )),
-        Some(_) => Ok(()),
-    }
-}
 
 /// What governs one RLQS bucket: the first RLQS-face policy, in document
 /// order, that applies to it.

@@ -27,6 +27,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "leased",
             "shed",
             "feedback",
+            "face",
         ],
     ),
     ("algorithm", &["algorithm"]),
