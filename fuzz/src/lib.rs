@@ -14,6 +14,9 @@
 //! - [`rls`]: the RLS face's decoder: a `RateLimitRequest` (Envoy's, or an
 //!   attacker's protobuf) as descriptors, evaluated and planned against a
 //!   document of gRPC-face policies, and answered.
+//! - [`rlqs`]: the RLQS face's decoder: a `RateLimitQuotaUsageReports` as
+//!   bucket reports, governed by a document of RLQS-face policies and
+//!   driven through the stream's machine to its lease calls and assignments.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -81,7 +84,7 @@ pub fn wire(data: &[u8]) {
     if let Ok(req) = Encoding::Binary.decode::<CheckRequest>(data) {
         for limit in req.checks.iter().flat_map(|c| &c.limits) {
             if limit.validate().is_ok() {
-                let _ = Algorithm::of(limit).script_args();
+                let _ = Algorithm::of(limit).script_args(0);
             }
         }
     }
@@ -298,5 +301,76 @@ pub fn rls(data: &[u8]) {
         }
         let resp = answer(doc, &plan, None);
         assert_eq!(resp.statuses.len(), descriptors.len());
+    });
+}
+
+/// RLQS-face policies for [`rlqs`]: leased windows keyed by the bucket id,
+/// a missing key denied, and unlimited.
+const RLQS_DOCUMENT: &str = r#"{"policies": [
+  {"name": "a", "match": {"domain": "edge", "bucket": {"k": {"present": true}}}, "key": ["bucket:k"],
+   "leased": {"tokens": 5, "ttl": "2s"}, "limits": [{"type": "fixed_window", "limit": 20, "window": "1m"}]},
+  {"name": "b", "match": {"bucket": {"p": {"prefix": "x"}}}, "key": ["bucket:p", "bucket:q"], "on_missing_key": "deny",
+   "leased": {"tokens": 3, "ttl": "1s"}, "limits": [{"type": "fixed_window", "limit": 3, "window": "10s"}]},
+  {"name": "d", "unlimited": true, "match": {"domain": "edge", "bucket": {"u": {"equals": "1"}}}}
+]}"#;
+
+/// Any bytes (a first byte, then the message) as an RLQS usage report, on a
+/// stream whose domain is known or not (the first byte's low bit): decoding
+/// refuses or yields bounded reports of sorted bucket ids; each governed
+/// bucket, driven through the stream's machine for a minute with every
+/// lease granted in full, asks only lease calls the shim accepts and gets
+/// assignments of at least a second, encoded as one response.
+pub fn rlqs(data: &[u8]) {
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
+    use prost::Message;
+    use sluice_core::rlqs::{Action, LeaseResult, Stream, TICK_MS};
+    use sluice_policies::rlqs::govern;
+    use sluice_policies::wire::LeaseResponse;
+    use sluice_shim::grpc::rlqs::{bucket_request, decode, response, MAX_ID_ENTRIES, MAX_REPORTED};
+    thread_local! {
+        static DOC: Document = sluice_policies::parse(RLQS_DOCUMENT).expect("the RLQS document");
+    }
+    let Some((&first, rest)) = data.split_first() else { return };
+    let Ok(msg) = RateLimitQuotaUsageReports::decode(rest) else { return };
+    let Ok(decoded) = decode(&msg, (first & 1 == 1).then_some("edge")) else { return };
+    assert!(!decoded.domain.is_empty() && decoded.reports.len() <= MAX_REPORTED);
+    for report in &decoded.reports {
+        assert!((1..=MAX_ID_ENTRIES).contains(&report.id.len()));
+        assert!(report.id.windows(2).all(|pair| pair[0].0 < pair[1].0), "sorted, unique keys");
+    }
+    DOC.with(|doc| {
+        let mut stream = Stream::new(u64::from(first));
+        let mut now = 1;
+        for report in &decoded.reports {
+            let (governed, _) = govern(doc, &bucket_request(&decoded.domain, &report.id));
+            stream.handle_report(now, report, governed);
+        }
+        while now < 60_000 {
+            for call in stream.poll_calls() {
+                assert_eq!(
+                    call.request.validate(),
+                    Ok(()),
+                    "a lease call the shim refuses: {:?}",
+                    call.request
+                );
+                assert!(key::is_encoded(&call.request.key));
+                let granted = LeaseResponse {
+                    granted: call.request.want,
+                    window: 1,
+                    expires_in_ms: Millis(50_000),
+                    remaining: 0,
+                };
+                stream.handle_lease(now, &call.id, call.seq, LeaseResult::Answered(granted));
+            }
+            let actions = stream.poll_actions();
+            for action in &actions {
+                if let Action::Assign { ttl_s, .. } = action {
+                    assert!(*ttl_s >= 1, "Envoy expires a time to live under a second at once");
+                }
+            }
+            assert_eq!(response(&actions).bucket_action.len(), actions.len());
+            now += TICK_MS;
+            stream.tick(now);
+        }
     });
 }
