@@ -5,7 +5,7 @@
 
 use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{Adjustment, Check, CheckOutcome, CheckRequest, CheckResponse, Views, WireLimit};
-use sluice_policies::Document;
+use sluice_policies::{Document, Limit};
 
 use crate::host::Host;
 
@@ -97,29 +97,40 @@ impl CheckCall {
     }
 
     /// Whether a policy of this call has a points limit whose true cost the
-    /// response tells (`actual_cost_header`): only then are its outcomes kept.
+    /// response tells (`actual_cost_header`, or LLM tokens): only then are
+    /// its outcomes kept.
     pub fn corrects_costs(&self, doc: &Document) -> bool {
         self.policies
             .iter()
             .filter_map(|&i| doc.policies.get(i))
-            .any(|p| p.limits.iter().any(|l| l.actual_cost_header().is_some()))
+            .any(|p| p.limits.iter().any(|l| l.actual_cost_header().is_some() || l.costs_llm_tokens()))
     }
 
     /// The points corrections that the response's actual-cost headers call for.
     pub fn adjustments(&self, doc: &Document, host: &dyn Host) -> Vec<Adjustment> {
+        self.corrections(doc, |_, limit, capacity| {
+            response_cost(host, limit.actual_cost_header()?.as_str(), capacity)
+        })
+    }
+
+    /// The points corrections to the true costs `actual` tells: given a
+    /// policy (its document index), one of its limits and the limit's
+    /// capacity, the limit's true cost, if known.
+    pub fn corrections(
+        &self,
+        doc: &Document,
+        actual: impl Fn(usize, &Limit, u32) -> Option<u32>,
+    ) -> Vec<Adjustment> {
         let mut out = Vec::new();
         for (i, (index, check)) in self.policies.iter().zip(&self.checks).enumerate() {
             let Some(policy) = doc.policies.get(*index) else { continue };
             let outcomes = self.charged.get(i).map(|c| c.limits.as_slice()).unwrap_or_default();
             for (j, (limit, wire)) in policy.limits.iter().zip(&check.limits).enumerate() {
-                let (
-                    Some(header),
-                    WireLimit::Points { capacity, .. } | WireLimit::CalendarPoints { capacity, .. },
-                ) = (limit.actual_cost_header(), wire)
+                let (WireLimit::Points { capacity, .. } | WireLimit::CalendarPoints { capacity, .. }) = wire
                 else {
                     continue;
                 };
-                if let Some(actual) = response_cost(host, header.as_str(), *capacity) {
+                if let Some(actual) = actual(*index, limit, *capacity) {
                     out.push(Adjustment {
                         policy: check.policy.clone(),
                         key: check.key.clone(),

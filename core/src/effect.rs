@@ -59,6 +59,8 @@ pub enum Effect {
     AddResponseHeader { name: &'static str, value: String },
     /// Set (replace) a header of the upstream's response.
     SetResponseHeader { name: &'static str, value: String },
+    /// Replace the response body chunk being handled with these bytes.
+    ReplaceResponseBody(Vec<u8>),
     /// Add `n` to a policy's counter, or record `n` in its histogram.
     Policy { policy: usize, stat: PolicyStat, n: u64 },
     /// Add 1 to a class's counter, or set its gauge to `n`.

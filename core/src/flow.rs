@@ -38,8 +38,11 @@
 //! timeout) queues its release for the worker, whose calls outlive the
 //! stream. Each lease is released exactly once.
 
+mod bodies;
+
 use std::rc::Rc;
 
+use sluice_policies::llm::Reservation;
 use sluice_policies::load::{pool_occupancy, Signal};
 use sluice_policies::units::Millis;
 use sluice_policies::wire::{
@@ -55,6 +58,7 @@ use crate::effect::{CallId, CallResult, Effect, Effects, Outgoing};
 use crate::feedback;
 use crate::host::Host;
 use crate::leased::{Pool, Token};
+use crate::llm::Metered;
 use crate::local_reply::LocalReply;
 use crate::ratelimit_headers::RateLimitHeaders;
 use crate::shedding::REPORT_MS;
@@ -77,14 +81,17 @@ const FIRST_OTHER: u32 = 2;
 
 /// Where a request's flow stands.
 ///
-/// `Matching → Checking | Waiting → Admitted | Failed | Refused`, then for
-/// a request let through `→ Streaming → Settling → Done`. A request that
+/// `Matching [→ Reading] → Checking | Waiting → Admitted | Failed | Refused`,
+/// then for a request let through `→ Streaming → Settling → Done`. A request that
 /// needs nothing after its admission (no lease, no header to add) is `Done`
 /// at once; a refused one stays `Refused`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
     /// The request's headers have not been seen.
     Matching,
+    /// Its body is being read (a policy that reads bodies may apply); the
+    /// host buffers it.
+    Reading,
     /// Its checks are in flight; the host holds the request.
     Checking,
     /// Its enforced check asked the shim to hold it until its slot comes
@@ -98,7 +105,8 @@ pub enum Phase {
     Refused,
     /// The upstream's response is passing through.
     Streaming,
-    /// The response's end is held while its releases are in flight.
+    /// The response's end is held while its releases (or its token
+    /// settlement) are in flight.
     Settling,
     /// Nothing more to do.
     Done,
@@ -140,6 +148,13 @@ pub struct Flow {
     /// With `headers: always`: the `RateLimit` view of each leased policy
     /// whose token this request took: (policy, remaining, ms to reset).
     leased_views: Vec<(usize, u64, u64)>,
+    /// What each policy with an `llm` reserved (the document's index), from the request's body.
+    reservations: Vec<(usize, Reservation)>,
+    /// The response's metering, for an admitted request with an `llm` policy.
+    metered: Option<Box<Metered>>,
+    /// The token settlement sent at the response's end, whose answer holds
+    /// its last byte.
+    settling: Option<(CallId, AdjustRequest)>,
     next_call: u32,
 }
 
@@ -161,6 +176,9 @@ impl Flow {
             class: 0,
             spent: Vec::new(),
             leased_views: Vec::new(),
+            reservations: Vec::new(),
+            metered: None,
+            settling: None,
             next_call: FIRST_OTHER,
         }
     }
@@ -172,7 +190,7 @@ impl Flow {
     /// Whether the host must hold the request now; asked once the request
     /// headers' effects are performed.
     pub fn hold_request(&mut self) -> bool {
-        let hold = matches!(self.phase, Phase::Checking | Phase::Waiting | Phase::Refused);
+        let hold = matches!(self.phase, Phase::Reading | Phase::Checking | Phase::Waiting | Phase::Refused);
         self.request_held |= matches!(self.phase, Phase::Checking | Phase::Waiting);
         hold
     }
@@ -180,13 +198,27 @@ impl Flow {
     /// Whether the host must hold the response now; asked once a response
     /// event's effects are performed.
     pub fn hold_response(&mut self) -> bool {
-        let hold = !self.releasing.is_empty() || (self.in_response_headers && self.reporting.is_some());
+        let hold = !self.releasing.is_empty()
+            || self.settling.is_some()
+            || (self.in_response_headers && self.reporting.is_some());
         self.response_held |= hold;
         hold
     }
 
-    /// The request's headers: match, decide locally or ask the shim.
+    /// The request's headers: match, decide locally or ask the shim; or,
+    /// when a policy that reads bodies may apply, read the body first
+    /// (`Reading`: the face hands it over with [`Flow::handle_request_body`]).
     pub fn handle_request_headers(&mut self, req: &impl Request, host: &dyn Host) -> Vec<Effect> {
+        if self.worker.doc.reads_body() && self.worker.doc.needs_body(req) {
+            self.phase = Phase::Reading;
+            return Vec::new();
+        }
+        self.decide(req, host)
+    }
+
+    /// The request is known (its headers, and its body if read): match,
+    /// decide locally or ask the shim.
+    fn decide(&mut self, req: &impl Request, host: &dyn Host) -> Vec<Effect> {
         let mut fx = Effects::default();
         let worker = self.worker.clone();
         let evaluation = match worker.doc.evaluate(req) {
@@ -286,6 +318,10 @@ impl Flow {
             self.resume_response(&mut fx);
             return fx.0;
         }
+        if self.settling.as_ref().is_some_and(|(c, _)| *c == id) {
+            self.settled(result, &mut fx);
+            return fx.0;
+        }
         if self.reporting.as_ref().is_some_and(|(c, _)| *c == id) {
             let Some((_, feedback)) = self.reporting.take() else { return fx.0 };
             match result {
@@ -364,7 +400,11 @@ impl Flow {
         if !adjustments.is_empty() {
             worker.send_later(ADJUST_PATH, &AdjustRequest { adjustments, now_us: None }, Vec::new());
         }
+        self.start_metering(host, &mut fx);
         self.upstream_feedback(&worker, host, &mut fx);
+        if end_of_stream {
+            self.settle_metering(true, &mut fx);
+        }
         if end_of_stream {
             self.release_at_end(host, &mut fx);
             return fx.0;
@@ -381,6 +421,7 @@ impl Flow {
     pub fn handle_response_body(&mut self, size: usize, end_of_stream: bool, host: &dyn Host) -> Vec<Effect> {
         let mut fx = Effects::default();
         self.in_response_headers = false;
+        self.meter_body(size, end_of_stream, host, &mut fx);
         if self.phase != Phase::Streaming {
             return fx.0;
         }
@@ -402,6 +443,7 @@ impl Flow {
     pub fn handle_response_trailers(&mut self, host: &dyn Host) -> Vec<Effect> {
         let mut fx = Effects::default();
         self.in_response_headers = false;
+        self.settle_metering(true, &mut fx);
         if self.phase == Phase::Streaming {
             self.release_at_end(host, &mut fx);
         }
@@ -414,6 +456,8 @@ impl Flow {
     pub fn handle_stream_end(&mut self, host: &dyn Host) -> Vec<Effect> {
         let mut fx = Effects::default();
         self.release_leases(host, &mut fx);
+        // Ended before its response did: what it used is not known.
+        self.settle_metering(false, &mut fx);
         // Reset before its decision: the tokens go back.
         self.settle_tokens(false, host, &mut fx);
         self.phase = match self.phase {
@@ -873,7 +917,8 @@ impl Flow {
                 Err(err) => log::warn!("cannot encode {RELEASE_PATH}: {err}"),
             }
         }
-        self.phase = if self.releasing.is_empty() { Phase::Done } else { Phase::Settling };
+        let held = !self.releasing.is_empty() || self.settling.is_some();
+        self.phase = if held { Phase::Settling } else { Phase::Done };
     }
 
     /// Exactly once per admitted request that holds leases, when the stream
@@ -912,7 +957,7 @@ impl Flow {
 
     /// Lets the response go on once no release or feedback holds it.
     fn resume_response(&mut self, fx: &mut Effects) {
-        if self.releasing.is_empty() && self.reporting.is_none() {
+        if self.releasing.is_empty() && self.reporting.is_none() && self.settling.is_none() {
             if self.phase == Phase::Settling {
                 self.phase = Phase::Done;
             }

@@ -35,6 +35,16 @@ pub trait Host: SharedData {
     /// A header of the upstream's response, by lower-case name; `None` before
     /// the response's headers or when absent.
     fn response_header(&self, name: &str) -> Option<Vec<u8>>;
+    /// The request's body as the host has buffered it, `len` bytes from
+    /// `start`; read only for a document that reads bodies.
+    fn request_body(&self, _start: usize, _len: usize) -> Option<Vec<u8>> {
+        None
+    }
+    /// The response body chunk being handled, `len` bytes from `start`;
+    /// read only for a policy with an `llm`.
+    fn response_body(&self, _start: usize, _len: usize) -> Option<Vec<u8>> {
+        None
+    }
 }
 
 impl<T: SharedData + ?Sized> SharedData for &T {

@@ -29,6 +29,8 @@
 //! - [`passes`]: failure-mode passes, counted and reported to the shim.
 //! - [`shedding`]: load shedding in one worker: its reports, the fleet's level.
 //! - [`feedback`]: which policies a response's upstream answer pauses.
+//! - [`llm`]: token budgets: a response read for its token count, streamed
+//!   or not ([`llm::json`], [`llm::sse`], [`llm::meter`]), and settled once.
 //! - [`wait`]: egress waiting: the request's wait, the call's timeout, `server-timing`.
 //! - [`local_reply`]: the local responses: a denial, a failure, a missing key.
 //! - [`ratelimit_headers`]: the IETF `RateLimit` and `RateLimit-Policy` headers.
@@ -51,6 +53,7 @@ pub mod host;
 pub mod hot_keys;
 pub mod leased;
 pub mod leases;
+pub mod llm;
 pub mod local_reply;
 pub mod log_throttle;
 pub mod passes;

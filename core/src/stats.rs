@@ -87,6 +87,20 @@ stats! {
         LeaseGivenBack = "lease_given_back" Counter,
         /// A leased policy: lease calls that failed.
         LeaseFailed = "lease_failed" Counter,
+        /// A policy with `llm`: tokens reserved at admission.
+        LlmTokensReserved = "llm_tokens_reserved" Counter,
+        /// A policy with `llm`: tokens charged in the end, true counts and fallbacks.
+        LlmTokensCharged = "llm_tokens_charged" Counter,
+        /// A policy with `llm`: tokens reserved and given back.
+        LlmTokensRefunded = "llm_tokens_refunded" Counter,
+        /// A policy with `llm`: of those charged, the tokens charged by the fallback.
+        LlmTokensFallback = "llm_tokens_fallback" Counter,
+        /// A policy with `llm`: responses charged by the fallback (no usage seen).
+        LlmFallbacks = "llm_fallbacks" Counter,
+        /// A policy with `llm`: responses whose body could not be read (compressed).
+        LlmUnreadable = "llm_unreadable" Counter,
+        /// A policy with `llm` and `end_stream`: streams ended past the budget.
+        LlmStreamsEnded = "llm_streams_ended" Counter,
     }
 }
 
@@ -111,6 +125,8 @@ stats! {
         BreakerClosed = "breaker.closed" Counter,
         /// Workers whose breaker is open right now.
         BreakerOpenWorkers = "breaker.open_workers" Gauge,
+        /// Requests refused (413) for a body larger than `max_request_body_bytes`.
+        RequestBodyTooLarge = "request_body_too_large" Counter,
     }
 }
 
@@ -128,6 +144,9 @@ impl PolicyStat {
             PausedWaited => feedback && waits,
             Shed => policy.shed.is_some(),
             Leased | LeaseEmpty | LeaseGranted | LeaseGivenBack | LeaseFailed => policy.leased.is_some(),
+            LlmTokensReserved | LlmTokensCharged | LlmTokensRefunded | LlmTokensFallback | LlmFallbacks
+            | LlmUnreadable => policy.llm.is_some(),
+            LlmStreamsEnded => policy.llm.as_ref().is_some_and(|l| l.end_stream),
             _ => true,
         }
     }

@@ -17,6 +17,10 @@ pub struct FakeHost {
     pub response: RefCell<Vec<(String, Vec<u8>)>>,
     /// Shared-data writes that fail, for the next this many writes.
     pub failing_writes: Cell<u32>,
+    /// The request's body as buffered so far.
+    pub request_body: RefCell<Vec<u8>>,
+    /// The response body chunk being handled.
+    pub response_chunk: RefCell<Vec<u8>>,
 }
 
 impl FakeHost {
@@ -26,6 +30,19 @@ impl FakeHost {
 
     pub fn advance(&self, ms: u64) {
         self.now.set(self.now.get() + ms);
+    }
+
+    /// Buffers more of the request's body; its size so far.
+    pub fn request_bytes(&self, bytes: &[u8]) -> usize {
+        let mut body = self.request_body.borrow_mut();
+        body.extend_from_slice(bytes);
+        body.len()
+    }
+
+    /// Makes `bytes` the response body chunk being handled; its size.
+    pub fn response_chunk(&self, bytes: &[u8]) -> usize {
+        *self.response_chunk.borrow_mut() = bytes.to_vec();
+        bytes.len()
     }
 
     /// Sets the response's headers (`:status` among them).
@@ -66,4 +83,18 @@ impl Host for FakeHost {
     fn response_header(&self, name: &str) -> Option<Vec<u8>> {
         self.response.borrow().iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
     }
+
+    fn request_body(&self, start: usize, len: usize) -> Option<Vec<u8>> {
+        slice(&self.request_body.borrow(), start, len)
+    }
+
+    fn response_body(&self, start: usize, len: usize) -> Option<Vec<u8>> {
+        slice(&self.response_chunk.borrow(), start, len)
+    }
+}
+
+/// `len` bytes of `bytes` from `start`, clipped to its end, as a host reads a buffer.
+fn slice(bytes: &[u8], start: usize, len: usize) -> Option<Vec<u8>> {
+    let end = start.saturating_add(len).min(bytes.len());
+    bytes.get(start..end).map(<[u8]>::to_vec)
 }

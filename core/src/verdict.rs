@@ -27,6 +27,8 @@ pub enum Verdict {
     FailureDenied,
     /// Refused: the request lacks a key source its policy requires.
     MissingKey,
+    /// Refused (413): its body is larger than the document reads.
+    BodyTooLarge,
 }
 
 impl Verdict {
@@ -39,6 +41,7 @@ impl Verdict {
             Verdict::FailureAllowed => "failure_allowed",
             Verdict::FailureDenied => "failure_denied",
             Verdict::MissingKey => "missing_key",
+            Verdict::BodyTooLarge => "body_too_large",
         }
     }
 }

@@ -23,6 +23,9 @@
 //!   Cluster; it can crash and come back on the same port.
 //! - [`upstream`]: [`Upstream`], an in-process HTTP server answering `ok`.
 //! - [`loaded`]: [`loaded::LoadedUpstream`], an upstream reporting the load the test sets (ORCA).
+//! - [`llm`]: [`llm::LlmUpstream`], a mock LLM provider in three API shapes,
+//!   streamed in chunks of random sizes, with known true token counts; and a
+//!   client that reads a stream to its end or its cut.
 //! - [`envoy`]: [`Envoy`], `envoy/demo.yaml` rendered and run with a policy;
 //!   it can crash (SIGKILL), for fault tests.
 //! - [`partner`]: [`Partner`], a mock third-party API enforcing its own
@@ -62,6 +65,7 @@ pub mod egress;
 pub mod envoy;
 pub mod faults;
 pub mod gateway;
+pub mod llm;
 pub mod loaded;
 pub mod partner;
 pub mod paths;

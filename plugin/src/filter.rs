@@ -5,7 +5,7 @@ use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
-use sluice_core::{CallId, Effect, Flow};
+use sluice_core::{CallId, Effect, Flow, Phase};
 
 use crate::host::{HostRequest, ProxyHost};
 use crate::perform::{answer, perform, Calls};
@@ -16,18 +16,42 @@ pub struct Filter {
     flow: Flow,
     /// The host's token of each call in flight.
     tokens: Vec<(u32, CallId)>,
+    /// The request body's size buffered so far, while the flow reads it.
+    body_size: usize,
 }
 
 impl Filter {
     pub fn new(vm: Rc<Vm>) -> Filter {
         let flow = Flow::new(vm.worker.clone());
-        Filter { vm, flow, tokens: Vec::new() }
+        Filter { vm, flow, tokens: Vec::new(), body_size: 0 }
     }
 
     fn perform(&mut self, effects: Vec<Effect>, host: &ProxyHost) {
         let vm = self.vm.clone();
         let mut calls = StreamCalls { flow: &mut self.flow, tokens: &mut self.tokens, host };
         perform(effects, &vm.worker.doc.shim.cluster, &vm.stats, &mut calls);
+    }
+
+    fn request_action(&mut self) -> Action {
+        if self.flow.hold_request() {
+            Action::Pause
+        } else {
+            Action::Continue
+        }
+    }
+
+    /// The request's body: to a flow that reads it (`Reading`); for any
+    /// other, the request is held as its headers were (a body callback that
+    /// answered Continue would let a request held for its check go on).
+    fn request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        if self.flow.phase() != Phase::Reading {
+            return self.request_action();
+        }
+        self.body_size = size;
+        let host = ProxyHost::new();
+        let effects = self.flow.handle_request_body(&HostRequest::read(), size, end_of_stream, &host);
+        self.perform(effects, &host);
+        self.request_action()
     }
 
     fn response_action(&mut self) -> Action {
@@ -73,15 +97,24 @@ impl Context for Filter {
 }
 
 impl HttpContext for Filter {
-    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let host = ProxyHost::new();
         let effects = self.flow.handle_request_headers(&HostRequest::read(), &host);
         self.perform(effects, &host);
-        if self.flow.hold_request() {
-            Action::Pause
-        } else {
-            Action::Continue
+        if end_of_stream && self.flow.phase() == Phase::Reading {
+            // No body will come: the flow reads an empty one.
+            return self.request_body(0, true);
         }
+        self.request_action()
+    }
+
+    /// Paused (and buffered by the host) while the flow reads the body.
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        self.request_body(body_size, end_of_stream)
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        self.request_body(self.body_size, true)
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {

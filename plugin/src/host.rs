@@ -8,9 +8,9 @@ use std::cell::OnceCell;
 use std::time::UNIX_EPOCH;
 
 use proxy_wasm::hostcalls::{
-    get_current_time, get_map_value_bytes, get_property, get_shared_data, set_shared_data,
+    get_buffer, get_current_time, get_map_value_bytes, get_property, get_shared_data, set_shared_data,
 };
-use proxy_wasm::types::{MapType, Status};
+use proxy_wasm::types::{BufferType, MapType, Status};
 use sluice_core::{Host, SetError, SharedData};
 use sluice_policies::Request;
 
@@ -118,5 +118,13 @@ impl Host for ProxyHost {
 
     fn response_header(&self, name: &str) -> Option<Vec<u8>> {
         get_map_value_bytes(MapType::HttpResponseHeaders, name).ok().flatten()
+    }
+
+    fn request_body(&self, start: usize, len: usize) -> Option<Vec<u8>> {
+        get_buffer(BufferType::HttpRequestBody, start, len).ok().flatten()
+    }
+
+    fn response_body(&self, start: usize, len: usize) -> Option<Vec<u8>> {
+        get_buffer(BufferType::HttpResponseBody, start, len).ok().flatten()
     }
 }

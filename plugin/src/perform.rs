@@ -66,6 +66,12 @@ pub fn perform(effects: Vec<Effect>, cluster: &str, stats: &Stats, calls: &mut i
                     log::debug!("cannot set {name}: {status:?}");
                 }
             }
+            Effect::ReplaceResponseBody(body) => {
+                if let Err(status) = hostcalls::set_buffer(BufferType::HttpResponseBody, 0, usize::MAX, &body)
+                {
+                    log::warn!("cannot replace the response body: {status:?}");
+                }
+            }
             Effect::Policy { policy, stat, n } => stats.policy(policy, stat, n),
             Effect::Class { class, stat, n } => stats.class(class, stat, n),
             Effect::Filter { stat, n } => stats.filter(stat, n),

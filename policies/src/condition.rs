@@ -14,12 +14,17 @@
 //! id. A policy's `match` says its face ([`Condition::face`]): `bucket`
 //! makes it an RLQS-face policy, `domain` or `entries` without it an
 //! RLS-face one, neither an HTTP one.
+//!
+//! `body` conditions (like headers, keyed by JSON pointer: `{"/model":
+//! {"prefix": "gpt-4"}}`) read fields of an HTTP request's JSON body; a
+//! document with one reads request bodies.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::de::{self, Deserialize, Deserializer};
 
+use crate::body::Pointer;
 use crate::key::MAX_SOURCE_NAME_LEN;
 use crate::request::{host_only, path_only, query_param, Face};
 use crate::{HeaderName, Request};
@@ -38,6 +43,8 @@ pub struct Condition {
     pub entries: BTreeMap<String, ValueCondition>,
     /// An RLQS bucket id's values, by key.
     pub bucket: BTreeMap<String, ValueCondition>,
+    /// Fields of the JSON body, by pointer.
+    pub body: BTreeMap<Pointer, ValueCondition>,
 }
 
 #[derive(Debug, Clone)]
@@ -124,9 +131,24 @@ impl Condition {
         })
     }
 
+    /// Whether it has `body` conditions.
+    pub fn reads_body(&self) -> bool {
+        !self.body.is_empty()
+    }
+
     /// Whether every condition holds. `raw_key` is the policy's raw key value,
     /// asked for only when [`Condition::needs_key`].
     pub fn holds(&self, req: &impl Request, raw_key: Option<&[u8]>) -> bool {
+        self.holds_but_body(req, raw_key)
+            && self
+                .body
+                .iter()
+                .all(|(pointer, cond)| cond.holds(req.body().and_then(|b| b.field(pointer)).as_deref()))
+    }
+
+    /// Whether every condition but the `body` ones holds: whether it may
+    /// hold once the body is read.
+    pub fn holds_but_body(&self, req: &impl Request, raw_key: Option<&[u8]>) -> bool {
         self.path_holds(req.path())
             && self.methods.as_ref().is_none_or(|ms| ms.iter().any(|m| m.as_bytes() == req.method()))
             && self
@@ -186,6 +208,9 @@ pub(crate) struct RawCondition {
     /// `bucket_id_builder` builds).
     #[serde(default)]
     bucket: BTreeMap<String, ValueCondition>,
+    /// Fields of the request's JSON body by JSON pointer, e.g. `{"/model": {"prefix": "gpt-4"}}`.
+    #[serde(default)]
+    body: BTreeMap<Pointer, ValueCondition>,
 }
 
 /// The most entries of one list or map in a condition (`methods`, `keys`,
@@ -205,6 +230,7 @@ impl<'de> Deserialize<'de> for Condition {
             ("keys", raw.keys.as_ref().map_or(0, Vec::len)),
             ("entries", raw.entries.len()),
             ("bucket", raw.bucket.len()),
+            ("body", raw.body.len()),
         ];
         if let Some((name, len)) = lists.iter().find(|(_, len)| *len > MAX_CONDITION_ENTRIES) {
             return Err(de::Error::custom(format!(
@@ -249,6 +275,7 @@ impl<'de> Deserialize<'de> for Condition {
             domain: raw.domain,
             entries: raw.entries,
             bucket: raw.bucket,
+            body: raw.body,
         })
     }
 }

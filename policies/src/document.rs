@@ -39,6 +39,7 @@ use crate::condition::RawCondition;
 use crate::condition::{raw_key, Condition};
 use crate::feedback::Upstream;
 use crate::key::{self, ClientIp, KeySource, OnMissingKey};
+use crate::llm::Llm;
 use crate::request::{Attribute, Face};
 pub use crate::response::FailureMode;
 use crate::response::{CacheSlots, CooldownMs, DenyResponse, DenyStatus, FailureThreshold, HeadersMode};
@@ -89,7 +90,42 @@ pub struct Document {
     /// A request header that names the request's class.
     #[serde(default)]
     pub class_header: Option<HeaderName>,
+    /// The largest request body read for a policy that needs it (`llm`,
+    /// `body:` keys, `body` conditions), 1 to 16777216; a larger one is
+    /// refused with 413. 1048576 if not given.
+    #[serde(default)]
+    pub max_request_body_bytes: BodyLimit,
     pub policies: Policies,
+}
+
+/// The largest request body read, 1 byte to 16 MiB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyLimit(u32);
+
+impl BodyLimit {
+    pub const MAX: u32 = 16 * 1024 * 1024;
+
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl Default for BodyLimit {
+    fn default() -> Self {
+        BodyLimit(1024 * 1024)
+    }
+}
+
+impl<'de> Deserialize<'de> for BodyLimit {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let n = u64::deserialize(d)?;
+        u32::try_from(n).ok().filter(|n| (1..=BodyLimit::MAX).contains(n)).map(BodyLimit).ok_or_else(|| {
+            de::Error::custom(format!(
+                "invalid max_request_body_bytes {n} (expected 1 to {})",
+                BodyLimit::MAX
+            ))
+        })
+    }
 }
 
 /// How the filter reaches the shim.
@@ -260,6 +296,8 @@ pub struct Policy {
     pub shed: Option<ShedPolicy>,
     /// Leased mode: spend leases of the window's tokens locally.
     pub leased: Option<crate::leased::Leased>,
+    /// LLM token budgets: how the `llm_tokens` cost is reserved and read.
+    pub llm: Option<Llm>,
     /// A gRPC-face policy that limits nothing: its requests are answered
     /// OK and counted as `unlimited` (`limits` is then empty).
     pub unlimited: bool,
@@ -322,6 +360,10 @@ pub(crate) struct RawPolicy {
     /// with no shim call per request (`{"tokens": 200, "ttl": "2s"}`).
     #[serde(default)]
     pub(crate) leased: Option<crate::leased::Leased>,
+    /// LLM token budgets: where a request's true cost in tokens is read
+    /// (`{"api": "openai_chat"}`), for its points limits with `"cost": "llm_tokens"`.
+    #[serde(default)]
+    llm: Option<Llm>,
 }
 
 /// One level of a hierarchy below a policy's top one: its name, its key,
@@ -436,6 +478,24 @@ impl<'de> Deserialize<'de> for Policy {
                 )));
             }
         }
+        if matcher.face() != Face::Http {
+            let body = raw
+                .key
+                .iter()
+                .chain(raw.levels.iter().flat_map(|l| &l.key))
+                .find(|s| matches!(s, KeySource::Body(_)))
+                .map(|s| format!("key source \"{s}\""))
+                .or_else(|| {
+                    let conditions = matcher.reads_body() || raw.bypass.iter().any(Condition::reads_body);
+                    conditions.then(|| "a `body` condition".to_string())
+                })
+                .or_else(|| raw.llm.is_some().then(|| "`llm`".to_string()));
+            if let Some(what) = body {
+                return Err(de::Error::custom(format!(
+                    "{what} reads an HTTP request's body: a gRPC-face policy (its `match` names `domain`, `entries` or `bucket`) never sees one"
+                )));
+            }
+        }
         if all_limits.len() > MAX_LIMITS {
             return Err(de::Error::custom(format!(
                 "{} limits, more than the {MAX_LIMITS} a policy may have",
@@ -542,6 +602,20 @@ impl<'de> Deserialize<'de> for Policy {
                 return Err(de::Error::custom(format!("`leased` cannot be used with {why}")));
             }
         }
+        let in_tokens = all_limits.iter().position(Limit::costs_llm_tokens);
+        match (&raw.llm, in_tokens) {
+            (None, Some(i)) => {
+                return Err(de::Error::custom(format!(
+                    "limits[{i}] costs llm_tokens: give the policy an `llm` that says where they are read"
+                )))
+            }
+            (Some(_), None) => {
+                return Err(de::Error::custom(
+                    "`llm` needs a points limit with \"cost\": \"llm_tokens\" to charge",
+                ))
+            }
+            _ => {}
+        }
         if raw.bypass.len() > MAX_CONDITION_ENTRIES {
             return Err(de::Error::custom(format!(
                 "`bypass` has {} entries, more than the {MAX_CONDITION_ENTRIES} a policy may hold",
@@ -568,6 +642,7 @@ impl<'de> Deserialize<'de> for Policy {
             upstream: raw.upstream,
             shed: raw.shed,
             leased: raw.leased,
+            llm: raw.llm,
             unlimited: raw.unlimited,
         })
     }
@@ -638,6 +713,32 @@ impl Policy {
             .collect()
     }
 
+    /// Whether deciding it reads the request's body: an `llm`, a `body:` key
+    /// source, a `body` condition.
+    pub fn reads_body(&self) -> bool {
+        self.llm.is_some()
+            || self.key_sources().iter().any(|s| matches!(s, KeySource::Body(_)))
+            || self.matcher.reads_body()
+            || self.bypass.iter().any(Condition::reads_body)
+    }
+
+    /// Whether it may apply to `req` once its body is read: its `match`
+    /// holds but for what reads the body (`bypass` is not consulted: it
+    /// can only exclude).
+    pub fn may_apply_before_body(&self, req: &impl Request, ip: ClientIp) -> bool {
+        if self.matcher.face() != req.face() {
+            return false;
+        }
+        if self.matcher.needs_key() && self.key_sources().iter().any(|s| matches!(s, KeySource::Body(_))) {
+            // The `keys` condition reads a key not known yet.
+            let mut matcher = self.matcher.clone();
+            matcher.keys = None;
+            return matcher.holds_but_body(req, None);
+        }
+        let raw = if self.matcher.needs_key() { raw_key(&self.key, req, ip) } else { None };
+        self.matcher.holds_but_body(req, raw.as_deref())
+    }
+
     pub fn evaluate(&self, req: &impl Request, ip: ClientIp) -> Verdict {
         if !self.matches(req, ip) {
             return Verdict::NotApplied;
@@ -677,6 +778,18 @@ pub struct Applied<'d> {
 }
 
 impl Document {
+    /// Whether any policy reads request bodies.
+    pub fn reads_body(&self) -> bool {
+        self.policies.iter().any(Policy::reads_body)
+    }
+
+    /// Whether `req`'s body must be read before it is decided: a policy that
+    /// reads bodies may apply to it.
+    pub fn needs_body(&self, req: &impl Request) -> bool {
+        let ip = self.trusted_hops.client_ip();
+        self.policies.iter().any(|p| p.reads_body() && p.may_apply_before_body(req, ip))
+    }
+
     /// What a shim failure means for `policy`: its own failure mode and
     /// status, or the document's.
     pub fn failure_of(&self, policy: &Policy) -> (FailureMode, DenyStatus) {
@@ -762,10 +875,22 @@ impl<'d> std::ops::Deref for Evaluation<'d> {
 
 impl Applied<'_> {
     pub fn check(&self, req: &impl Request) -> Check {
+        let reserved = self.policy.llm.as_ref().map(|llm| {
+            let r = llm.reserve(req.body());
+            llm.cost(r.input, r.output)
+        });
+        let limit = |l: &Limit| match (l, reserved) {
+            (Limit::Points { capacity, .. } | Limit::CalendarPoints { capacity, .. }, Some(cost))
+                if l.costs_llm_tokens() =>
+            {
+                WireLimit::with_cost(l, cost.min(capacity.get()))
+            }
+            _ => WireLimit::of(l, req, self.class),
+        };
         Check {
             policy: self.policy.name.as_str().to_string(),
             key: self.key.clone(),
-            limits: self.policy.limits.iter().map(|l| WireLimit::of(l, req, self.class)).collect(),
+            limits: self.policy.limits.iter().map(limit).collect(),
             margin_ms: self.policy.wait.map(|w| Millis(w.margin_ms())),
             upstream: self.policy.upstream.is_some(),
             levels: (self.policy.levels.iter().zip(&self.levels))

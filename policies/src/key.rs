@@ -17,6 +17,7 @@ use std::net::{IpAddr, SocketAddr};
 use serde::de::{self, Deserialize, Deserializer};
 use sha2::{Digest, Sha256};
 
+use crate::body::Pointer;
 use crate::request::{host_only, path_only, query_param, Attribute};
 use crate::{HeaderName, Request};
 
@@ -50,6 +51,9 @@ pub enum KeySource {
     /// `bucket:NAME`: an RLQS bucket id's value, by key; only in an
     /// RLQS-face policy.
     Bucket(String),
+    /// `body:POINTER`: a field of the request's JSON body (`body:/model`);
+    /// the document then reads request bodies.
+    Body(Pointer),
 }
 
 /// The longest name of a `query:`, `entry:` or `bucket:` key source.
@@ -74,6 +78,9 @@ impl KeySource {
         if let Some(name) = text.strip_prefix("bucket:") {
             return named(name).then(|| KeySource::Bucket(name.to_string()));
         }
+        if let Some(pointer) = text.strip_prefix("body:") {
+            return Pointer::new(pointer).filter(|p| !p.as_str().is_empty()).map(KeySource::Body);
+        }
         let name = text.strip_prefix("query:")?;
         named(name).then(|| KeySource::Query(name.to_string()))
     }
@@ -88,6 +95,7 @@ impl KeySource {
             KeySource::Host => Attribute::Authority,
             KeySource::Entry(name) => Attribute::Entry(name),
             KeySource::Bucket(name) => Attribute::Bucket(name),
+            KeySource::Body(pointer) => Attribute::Body(pointer.as_str()),
         }
     }
 
@@ -108,6 +116,7 @@ impl KeySource {
             }),
             KeySource::Entry(name) => req.entry(name),
             KeySource::Bucket(name) => req.bucket(name),
+            KeySource::Body(pointer) => req.body()?.field(pointer),
         }
     }
 }
@@ -124,6 +133,7 @@ impl std::fmt::Display for KeySource {
             KeySource::Query(name) => write!(f, "query:{name}"),
             KeySource::Entry(name) => write!(f, "entry:{name}"),
             KeySource::Bucket(name) => write!(f, "bucket:{name}"),
+            KeySource::Body(pointer) => write!(f, "body:{pointer}"),
         }
     }
 }
@@ -133,7 +143,7 @@ impl<'de> Deserialize<'de> for KeySource {
         let text = String::deserialize(d)?;
         KeySource::parse(&text).ok_or_else(|| {
             de::Error::custom(format!(
-                "invalid key source {text:?} (expected \"header:NAME\", \"ip\", \"path\", \"method\", \"host\", \"query:NAME\", \"entry:NAME\" or \"bucket:NAME\")"
+                "invalid key source {text:?} (expected \"header:NAME\", \"ip\", \"path\", \"method\", \"host\", \"query:NAME\", \"entry:NAME\", \"bucket:NAME\" or \"body:/POINTER\")"
             ))
         })
     }
@@ -340,6 +350,12 @@ mod tests {
         assert_eq!(key("query:user").as_deref(), Some("bob%20s"));
         assert_eq!(key("query:none"), None);
         assert_eq!(key("ip").as_deref(), Some("10.1.2.3"));
+        assert_eq!(key("body:/model"), None, "no body read");
+        let req = req.body(r#"{"model": "gpt-4o mini", "n": 2}"#);
+        let key = |src: &str| build(&[KeySource::parse(src).expect("valid source")], &req, DIRECT);
+        assert_eq!(key("body:/model").as_deref(), Some("gpt-4o%20mini"));
+        assert_eq!(key("body:/n").as_deref(), Some("2"));
+        assert_eq!(key("body:/none"), None);
     }
 
     #[test]
@@ -376,7 +392,7 @@ mod tests {
         assert_eq!(ip(2), Attribute::Header("x-forwarded-for"));
         assert_eq!(header("X-Api-Key").reads(DIRECT), Attribute::Header("x-api-key"));
         assert_eq!(KeySource::Query("p".into()).reads(DIRECT), Attribute::Path);
-        for text in ["ip", "header:x-api-key", "path", "method", "host", "query:page"] {
+        for text in ["ip", "header:x-api-key", "path", "method", "host", "query:page", "body:/model"] {
             assert_eq!(KeySource::parse(text).map(|s| s.to_string()).as_deref(), Some(text));
         }
     }
@@ -386,7 +402,7 @@ mod tests {
         assert_eq!(KeySource::parse("header:X-Api-Key"), Some(header("x-api-key")));
         assert_eq!(KeySource::parse("query:page"), Some(KeySource::Query("page".into())));
         assert_eq!(KeySource::parse("ip"), Some(KeySource::Ip));
-        for bad in ["header:", "header:a b", "cookie:x", "x-api-key", "query:", "IP"] {
+        for bad in ["header:", "header:a b", "cookie:x", "x-api-key", "query:", "IP", "body:", "body:model"] {
             assert_eq!(KeySource::parse(bad), None, "{bad:?} should be refused");
         }
     }

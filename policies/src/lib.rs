@@ -9,9 +9,9 @@
 //! wire's bounds and the algorithms' state keys, so it sits under both):
 //!
 //! ```text
-//! model      units, calendar, request, cost, response, load, condition, key, class,
-//!            limit (and WireLimit, the form the shim takes), wait, leased,
-//!            shed, feedback (and Slowdown), face
+//! model      units, calendar, body, request, cost, response, load,
+//!            condition, key, class, limit (and WireLimit, the form the shim
+//!            takes), llm, wait, leased, shed, feedback (and Slowdown), face
 //!   ^
 //! algorithm  algorithm/*: the Rust twins of lua/lib/ and lua/scripts/
 //!   ^
@@ -31,6 +31,7 @@
 //!   ([`Millis`](units::Millis)) and microseconds ([`Micros`](units::Micros)).
 //! - [`calendar`]: calendar windows (a day, week or month in an IANA time
 //!   zone), their bounds, and the two ends a check passes to Redis.
+//! - [`body`]: a request's body as policies read it: JSON fields by pointer.
 //! - [`request`]: what matching and keying read from a request.
 //! - [`cost`]: a points cost read from a header, clamped to the capacity.
 //! - [`response`]: what the gateway answers and when: headers, denial
@@ -43,6 +44,8 @@
 //! - [`limit`]: the limit types and what each means; a concurrency pool's
 //!   reserve ([`PoolReserve`]); [`WireLimit`](limit::WireLimit), a limit as
 //!   the shim takes it, and the bounds both ends hold it to.
+//! - [`llm`]: LLM token budgets, a policy's `llm`: the presets of each API's
+//!   shape, where the usage is, what a request reserves.
 //! - [`wait`]: egress waiting, a policy's `wait`, and the bounds of its wire fields.
 //! - [`leased`]: leased mode, a policy's `leased`, and the bounds of its lease calls.
 //! - [`shed`]: a policy's `shed` ([`ShedPolicy`](shed::ShedPolicy)), and the
@@ -85,6 +88,7 @@
 //! - `schema` (feature `schema`): the JSON Schema of the document.
 
 pub mod algorithm;
+pub mod body;
 pub mod bounds;
 pub mod calendar;
 pub mod class;
@@ -97,6 +101,7 @@ pub mod feedback;
 pub mod key;
 pub mod leased;
 pub mod limit;
+pub mod llm;
 pub mod load;
 pub mod replay;
 pub mod request;

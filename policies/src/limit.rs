@@ -11,7 +11,7 @@
 //! | `leaky_bucket` | `capacity`, `drain` | a full bucket of `capacity` drains in `drain`: burst, then one every `drain / capacity` |
 //! | `interval` | `every` | at most one request per `every` |
 //! | `concurrency` | `limit`, `lease`, `reserve` | at most `limit` in flight; a slot returns at stream end, or after `lease` if its holder died; `reserve` holds a share back for the more important classes |
-//! | `points` | `capacity`, `refill`, `cost`, `actual_cost_header` | a bucket of `capacity` points refilled completely in `refill`; each request costs `cost` |
+//! | `points` | `capacity`, `refill`, `cost`, `actual_cost_header` | a bucket of `capacity` points refilled completely in `refill`; each request costs `cost` (or LLM tokens: `"llm_tokens"`) |
 //!
 //! A `fixed_window`'s `window` or a `points` limit's `refill` may be a
 //! calendar window instead of a duration (see [`crate::calendar`]): at most
@@ -122,6 +122,14 @@ impl Limit {
         }
     }
 
+    /// Whether it is a `points` limit charged in LLM tokens.
+    pub fn costs_llm_tokens(&self) -> bool {
+        matches!(
+            self,
+            Limit::Points { cost: Cost::LlmTokens, .. } | Limit::CalendarPoints { cost: Cost::LlmTokens, .. }
+        )
+    }
+
     /// The response header a `points` limit reads its true cost from, if any.
     pub fn actual_cost_header(&self) -> Option<&HeaderName> {
         match self {
@@ -179,6 +187,10 @@ pub enum Cost {
     /// Read from a request header, an integer from 0 to the capacity;
     /// `default` when the header is missing or not such a number.
     Header { header: HeaderName, default: u32 },
+    /// `"llm_tokens"`: LLM tokens, as the policy's `llm` reads them: the
+    /// reservation at the check, the true count once the response tells it
+    /// (see [`crate::llm`]).
+    LlmTokens,
 }
 
 /// Every field any limit type may have. A limit is read into this first, so
@@ -242,12 +254,22 @@ impl LimitType {
     }
 }
 
-/// A number, or `{"header": NAME, "default": N}`.
+/// A number, `{"header": NAME, "default": N}`, or `"llm_tokens"`.
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[cfg_attr(feature = "schema", schemars(untagged))]
 pub(crate) enum RawCost {
     Fixed(u32),
     Header(HeaderCost),
+    Named(CostName),
+}
+
+/// A cost by name.
+#[derive(serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum CostName {
+    /// LLM tokens, as the policy's `llm` reads them.
+    LlmTokens,
 }
 
 impl<'de> Deserialize<'de> for RawCost {
@@ -256,7 +278,13 @@ impl<'de> Deserialize<'de> for RawCost {
         impl<'de> de::Visitor<'de> for CostVisitor {
             type Value = RawCost;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a cost: a number, or {\"header\": NAME, \"default\": N}")
+                f.write_str("a cost: a number, {\"header\": NAME, \"default\": N}, or \"llm_tokens\"")
+            }
+            fn visit_str<E: de::Error>(self, name: &str) -> Result<RawCost, E> {
+                match name {
+                    "llm_tokens" => Ok(RawCost::Named(CostName::LlmTokens)),
+                    _ => Err(E::invalid_value(de::Unexpected::Str(name), &self)),
+                }
             }
             fn visit_u64<E: de::Error>(self, n: u64) -> Result<RawCost, E> {
                 u32::try_from(n).map(RawCost::Fixed).map_err(|_| E::custom(format!("cost {n} is too large")))
@@ -390,13 +418,20 @@ impl RawLimit {
                 let cost = match need(self.cost, "cost")? {
                     RawCost::Fixed(n) => Cost::Fixed(n),
                     RawCost::Header(h) => Cost::Header { header: h.header, default: h.default },
+                    RawCost::Named(CostName::LlmTokens) => Cost::LlmTokens,
                 };
-                let (Cost::Fixed(n) | Cost::Header { default: n, .. }) = cost;
-                if n > capacity.get() {
-                    return Err(format!(
-                        "cost {n} exceeds the capacity {}: it could never pass",
-                        capacity.get()
-                    ));
+                if cost == Cost::LlmTokens && self.actual_cost_header.is_some() {
+                    return Err(
+                        "a limit that costs llm_tokens reads its true cost from the response's body: drop `actual_cost_header`".into(),
+                    );
+                }
+                if let Cost::Fixed(n) | Cost::Header { default: n, .. } = cost {
+                    if n > capacity.get() {
+                        return Err(format!(
+                            "cost {n} exceeds the capacity {}: it could never pass",
+                            capacity.get()
+                        ));
+                    }
                 }
                 let actual_cost_header = self.actual_cost_header;
                 match need(self.refill, "refill")? {
@@ -736,6 +771,8 @@ fn request_cost(cost: &Cost, capacity: u32, req: &impl Request) -> u32 {
         Cost::Header { header, default } => {
             req.header(header.as_str()).and_then(|v| read_cost(&v, capacity)).unwrap_or(*default)
         }
+        // Reserved from the policy's `llm` (`Applied::check`), not here.
+        Cost::LlmTokens => 0,
     }
 }
 

@@ -71,6 +71,8 @@ impl Recorded {
             Attribute::Authority => self.authority,
             Attribute::SourceAddress => self.source_address,
             Attribute::Domain | Attribute::Entry(_) | Attribute::Bucket(_) => self.grpc,
+            // Logs record no request body.
+            Attribute::Body(_) => false,
             Attribute::Header(name) => match &self.headers {
                 RecordedHeaders::All => true,
                 RecordedHeaders::Only(names) => names.iter().any(|n| n == name),

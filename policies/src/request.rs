@@ -3,6 +3,8 @@
 
 use std::borrow::Cow;
 
+use crate::body::Body;
+
 pub trait Request {
     /// The `:path` pseudo-header, query included; empty if absent.
     fn path(&self) -> &[u8];
@@ -38,6 +40,12 @@ pub trait Request {
             Face::Http
         }
     }
+    /// The request's body, read whole ([`WithBody`]); `None` while it is
+    /// not read (only documents that read bodies read them) or for a face
+    /// that has none.
+    fn body(&self) -> Option<&Body> {
+        None
+    }
 }
 
 /// Where a request came from, and so which policies can match it: a policy
@@ -63,6 +71,46 @@ impl Face {
     }
 }
 
+/// A request with its body, read whole: what a document that reads bodies
+/// evaluates once the body has arrived.
+pub struct WithBody<'a, R: ?Sized> {
+    pub req: &'a R,
+    pub body: &'a Body,
+}
+
+impl<R: Request + ?Sized> Request for WithBody<'_, R> {
+    fn path(&self) -> &[u8] {
+        self.req.path()
+    }
+    fn method(&self) -> &[u8] {
+        self.req.method()
+    }
+    fn authority(&self) -> &[u8] {
+        self.req.authority()
+    }
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        self.req.header(name)
+    }
+    fn source_address(&self) -> Option<Cow<'_, [u8]>> {
+        self.req.source_address()
+    }
+    fn domain(&self) -> Option<&[u8]> {
+        self.req.domain()
+    }
+    fn entry(&self, key: &str) -> Option<Cow<'_, [u8]>> {
+        self.req.entry(key)
+    }
+    fn bucket(&self, key: &str) -> Option<Cow<'_, [u8]>> {
+        self.req.bucket(key)
+    }
+    fn face(&self) -> Face {
+        self.req.face()
+    }
+    fn body(&self) -> Option<&Body> {
+        Some(self.body)
+    }
+}
+
 /// One thing a [`Request`] is read for, by name: what a key source or a
 /// record of the request (a log line) may or may not hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -81,6 +129,8 @@ pub enum Attribute<'a> {
     Entry(&'a str),
     /// An RLQS bucket id's value, by key.
     Bucket(&'a str),
+    /// A field of the JSON body, by pointer.
+    Body(&'a str),
 }
 
 /// A request held in plain values, for tests, benches and tools.
@@ -98,6 +148,8 @@ pub struct SimpleRequest {
     pub entries: Vec<(String, Vec<u8>)>,
     /// An RLQS bucket id; non-empty makes this an RLQS request.
     pub bucket: Vec<(String, Vec<u8>)>,
+    /// The body, read whole.
+    pub body: Option<Body>,
 }
 
 impl SimpleRequest {
@@ -136,6 +188,12 @@ impl SimpleRequest {
         self.bucket.push((key.to_string(), value.as_ref().to_vec()));
         self
     }
+
+    /// Gives it this body, read whole.
+    pub fn body(mut self, bytes: impl AsRef<[u8]>) -> SimpleRequest {
+        self.body = Some(Body::parse(bytes.as_ref()));
+        self
+    }
 }
 
 impl Request for SimpleRequest {
@@ -169,6 +227,9 @@ impl Request for SimpleRequest {
             (Some(_), true) => Face::Rls,
             (Some(_), false) => Face::Rlqs,
         }
+    }
+    fn body(&self) -> Option<&Body> {
+        self.body.as_ref()
     }
 }
 

@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 
 use crate::condition::{Condition, PathRegex, RawCondition, RawValueCondition, ValueCondition};
-use crate::document::{Policies, RawPolicy, TimeoutMs, TrustedHops};
+use crate::document::{BodyLimit, Policies, RawPolicy, TimeoutMs, TrustedHops};
 use crate::limit::RawCost;
 use crate::response::{CacheSlots, CooldownMs, DenyStatus, ExtraHeaders, FailureThreshold};
 use crate::wait::{Margin, RawWait, Wait};
@@ -78,9 +78,17 @@ fixed_schema!(PathRegex, "PathRegex", {"type": "string", "maxLength": 1024, "for
 fixed_schema!(crate::condition::Method, "Method", {"type": "string", "pattern": "^[A-Z]{1,32}$"});
 fixed_schema!(KeySource, "KeySource", {
     "type": "string",
-    "pattern": "^(ip|path|method|host|header::?[A-Za-z0-9._-]{1,128}|(query|entry|bucket):.{1,128})$",
-    "examples": ["header:x-api-key", "ip", "path", "method", "host", "query:tenant"]
+    "pattern": "^(ip|path|method|host|header::?[A-Za-z0-9._-]{1,128}|(query|entry|bucket):.{1,128}|body:/.{0,255})$",
+    "examples": ["header:x-api-key", "ip", "path", "method", "host", "query:tenant", "body:/model"]
 });
+fixed_schema!(crate::body::Pointer, "Pointer", {
+    "type": "string",
+    "pattern": "^(/([^~]|~[01])*)?$",
+    "maxLength": 256,
+    "description": "A JSON pointer (RFC 6901) into a JSON body.",
+    "examples": ["/model", "/usage/total_tokens"]
+});
+fixed_schema!(BodyLimit, "BodyLimit", {"type": "integer", "minimum": 1, "maximum": 16777216});
 
 fixed_schema!(Margin, "Margin", {
     "type": "string",
@@ -96,6 +104,7 @@ schema_of!(ValueCondition, "ValueCondition", RawValueCondition);
 schema_of!(Policy, "Policy", RawPolicy);
 schema_of!(crate::limit::PoolReserve, "PoolReserve", crate::limit::RawReserve);
 schema_of!(crate::limit::Cost, "Cost", RawCost);
+schema_of!(crate::llm::Llm, "Llm", crate::llm::RawLlm);
 
 impl JsonSchema for Policies {
     fn schema_name() -> Cow<'static, str> {

@@ -15,6 +15,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "units",
             "calendar",
+            "body",
             "request",
             "cost",
             "response",
@@ -23,6 +24,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "key",
             "class",
             "limit",
+            "llm",
             "wait",
             "leased",
             "shed",

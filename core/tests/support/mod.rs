@@ -114,6 +114,18 @@ impl Stream<'_> {
         self.flow.handle_response_body(size, end_of_stream, self.host)
     }
 
+    /// More of the request's body arrives (the host buffers it whole).
+    pub fn request_body(&mut self, req: &SimpleRequest, bytes: &[u8], end_of_stream: bool) -> Vec<Effect> {
+        let size = self.host.request_bytes(bytes);
+        self.flow.handle_request_body(req, size, end_of_stream, self.host)
+    }
+
+    /// A chunk of the response's body arrives.
+    pub fn chunk(&mut self, bytes: &[u8], end_of_stream: bool) -> Vec<Effect> {
+        let size = self.host.response_chunk(bytes);
+        self.flow.handle_response_body(size, end_of_stream, self.host)
+    }
+
     pub fn end(&mut self) -> Vec<Effect> {
         self.flow.handle_stream_end(self.host)
     }
@@ -175,6 +187,16 @@ impl Shim {
     pub fn allow_points(held_until_us: u64) -> CallResult {
         let mut limit = Shim::outcome(true, 0);
         limit["held_until_us"] = json!(held_until_us);
+        let answer = json!({"allowed": true, "retry_after_ms": 0, "checks": [{"limits": [limit]}]});
+        checked(answer)
+    }
+
+    /// Admits a one-limit points check with `remaining` points left after
+    /// its charge, held until `held_until_us`.
+    pub fn allow_points_left(held_until_us: u64, remaining: u64) -> CallResult {
+        let mut limit = Shim::outcome(true, 0);
+        limit["held_until_us"] = json!(held_until_us);
+        limit["remaining"] = json!(remaining);
         let answer = json!({"allowed": true, "retry_after_ms": 0, "checks": [{"limits": [limit]}]});
         checked(answer)
     }

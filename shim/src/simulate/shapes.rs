@@ -61,6 +61,9 @@ impl Shape {
             (_, Attribute::Domain | Attribute::Entry(_) | Attribute::Bucket(_)) => {
                 "access logs hold no gRPC face's domain or entries: a gRPC-face policy is not replayed".to_string()
             }
+            (_, Attribute::Body(pointer)) => {
+                format!("access logs hold no request body: a policy keyed by body:{pointer} is not replayed")
+            }
             (Shape::EnvoyText, Attribute::SourceAddress) => format!(
                 "Envoy's text format logs no client address; {ip}, or log %DOWNSTREAM_REMOTE_ADDRESS% in a JSON access log"
             ),
