@@ -248,12 +248,30 @@ pub(crate) struct RawUsage {
 }
 
 /// A pointer, or a list of pointers.
-#[derive(serde::Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(untagged)]
+#[cfg_attr(feature = "schema", schemars(untagged))]
 pub(crate) enum Pointers {
     One(Pointer),
     Many(Vec<Pointer>),
+}
+
+impl<'de> Deserialize<'de> for Pointers {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct PointersVisitor;
+        impl<'de> de::Visitor<'de> for PointersVisitor {
+            type Value = Pointers;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON pointer, or a list of JSON pointers")
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Pointers, E> {
+                Pointer::deserialize(de::value::StrDeserializer::new(text)).map(Pointers::One)
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, seq: A) -> Result<Pointers, A::Error> {
+                Vec::<Pointer>::deserialize(de::value::SeqAccessDeserializer::new(seq)).map(Pointers::Many)
+            }
+        }
+        d.deserialize_any(PointersVisitor)
+    }
 }
 
 impl Pointers {

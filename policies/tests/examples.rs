@@ -25,6 +25,7 @@ const TESTED: &[&str] = &[
     "rlqs-quota",
     "calendar-budgets",
     "llm-hierarchy",
+    "llm-budget",
 ];
 
 fn example(name: &str) -> Document {
@@ -90,6 +91,29 @@ fn query_cost_points() {
     let want =
         ("s1".to_string(), vec![WireLimit::Points { capacity: 1000, refill_ms: Millis(20_000), cost: 120 }]);
     assert_eq!(applied(&example("query-cost-points"), &req), Some(want));
+}
+
+/// A team's daily token budget per model: a chat request reserves its
+/// body's bytes and its cap in tokens, keyed by team and model; the
+/// request-rate limit beside it counts one.
+#[test]
+fn llm_budget() {
+    let body = r#"{"model": "gpt-4o", "max_completion_tokens": 100, "messages": []}"#;
+    let req = SimpleRequest::new("POST", "/v1/chat/completions").header("x-team", "blue").body(body);
+    let want = (
+        "blue:gpt-4o".to_string(),
+        vec![
+            WireLimit::Points {
+                capacity: 1_000_000,
+                refill_ms: Millis(86_400_000),
+                cost: body.len() as u32 + 100,
+            },
+            WireLimit::FixedWindow { limit: 600, window_ms: Millis(60_000) },
+        ],
+    );
+    let doc = example("llm-budget");
+    assert!(doc.needs_body(&req));
+    assert_eq!(applied(&doc, &req), Some(want));
 }
 
 /// Hostile cost headers are clamped to the capacity (1000) or fall back to

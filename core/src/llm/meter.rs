@@ -166,7 +166,12 @@ impl Meter {
         let (input, output) = self.sums(false);
         let content = self.found.content.div_ceil(u64::from(llm.bytes_per_token));
         let input = input.unwrap_or(self.reservation.input);
-        let output = output.unwrap_or(0).max(content);
+        let mut output = output.unwrap_or(0).max(content);
+        if self.reservation.capped {
+            // The provider stops at the request's cap, whatever the content
+            // seen suggests (a token is often several bytes).
+            output = output.min(self.reservation.output);
+        }
         u64::from(llm.cost(input, output))
     }
 
