@@ -89,8 +89,8 @@ const FIRST_OTHER: u32 = 2;
 pub enum Phase {
     /// The request's headers have not been seen.
     Matching,
-    /// Its body is being read (a policy that reads bodies may apply); the
-    /// host buffers it.
+    /// Its body is being read (a policy that reads bodies may apply): its
+    /// headers have gone on, the host buffers its body.
     Reading,
     /// Its checks are in flight; the host holds the request.
     Checking,
@@ -188,11 +188,19 @@ impl Flow {
     }
 
     /// Whether the host must hold the request now; asked once the request
-    /// headers' effects are performed.
+    /// headers' effects are performed. While the body is being read the
+    /// headers go on (a proxy-wasm host calls no body callback while they
+    /// are held) and the body is held ([`Flow::hold_request_body`]).
     pub fn hold_request(&mut self) -> bool {
-        let hold = matches!(self.phase, Phase::Reading | Phase::Checking | Phase::Waiting | Phase::Refused);
+        let hold = matches!(self.phase, Phase::Checking | Phase::Waiting | Phase::Refused);
         self.request_held |= matches!(self.phase, Phase::Checking | Phase::Waiting);
         hold
+    }
+
+    /// Whether the host must hold the request's body now (buffered, not
+    /// sent on); asked once a body chunk's effects are performed.
+    pub fn hold_request_body(&mut self) -> bool {
+        self.phase == Phase::Reading || self.hold_request()
     }
 
     /// Whether the host must hold the response now; asked once a response

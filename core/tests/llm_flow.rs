@@ -42,11 +42,13 @@ fn admitted(s: &mut Stream<'_>, body: &[u8], remaining: u64) -> u64 {
     let req = post("/v1/chat/completions");
     assert!(s.request(&req).is_empty(), "the body is read first");
     assert_eq!(s.phase(), Phase::Reading);
-    assert!(s.hold_request());
+    assert!(!s.hold_request(), "the headers go on");
+    assert!(s.flow.hold_request_body(), "the body is held");
     let (first, rest) = body.split_at(body.len() / 2);
     assert!(s.request_body(&req, first, false).is_empty());
+    assert!(s.flow.hold_request_body());
     let check = sent(&s.request_body(&req, rest, true), CHECK_PATH);
-    assert!(s.hold_request(), "held while the check is in flight");
+    assert!(s.flow.hold_request_body(), "held while the check is in flight");
     let cost = check.checks()[0]["limits"][0]["cost"].as_u64().expect("a points cost");
     let fx = s.answer(&check, &Shim::allow_points_left(9_000_000, remaining));
     assert!(fx.contains(&Effect::ResumeRequest));

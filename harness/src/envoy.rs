@@ -344,6 +344,6 @@ fn command(bin: &Path, config: &Path, base_id: u16, concurrency: u16) -> Command
     let mut cmd = Command::new(bin);
     cmd.arg("-c").arg(config);
     cmd.args(["--base-id", &base_id.to_string(), "--concurrency", &concurrency.to_string()]);
-    cmd.args(["--log-level", "info"]);
+    cmd.args(["--log-level", &std::env::var("SLUICE_ENVOY_LOG_LEVEL").unwrap_or_else(|_| "info".into())]);
     cmd
 }

@@ -6,6 +6,7 @@ use std::rc::Rc;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use sluice_core::{CallId, Effect, Flow, Phase};
+use sluice_policies::request::SimpleRequest;
 
 use crate::host::{HostRequest, ProxyHost};
 use crate::perform::{answer, perform, Calls};
@@ -18,12 +19,14 @@ pub struct Filter {
     tokens: Vec<(u32, CallId)>,
     /// The request body's size buffered so far, while the flow reads it.
     body_size: usize,
+    /// The request's headers, copied while the flow reads its body.
+    request: Option<SimpleRequest>,
 }
 
 impl Filter {
     pub fn new(vm: Rc<Vm>) -> Filter {
         let flow = Flow::new(vm.worker.clone());
-        Filter { vm, flow, tokens: Vec::new(), body_size: 0 }
+        Filter { vm, flow, tokens: Vec::new(), body_size: 0, request: None }
     }
 
     fn perform(&mut self, effects: Vec<Effect>, host: &ProxyHost) {
@@ -40,18 +43,26 @@ impl Filter {
         }
     }
 
-    /// The request's body: to a flow that reads it (`Reading`); for any
-    /// other, the request is held as its headers were (a body callback that
-    /// answered Continue would let a request held for its check go on).
+    /// The request's body: to a flow that reads it (`Reading`); held while
+    /// it is read and while the request is held (a body callback that
+    /// answered Continue would let a request held for its check go on,
+    /// where the host calls body callbacks while the headers are held).
     fn request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
-        if self.flow.phase() != Phase::Reading {
-            return self.request_action();
+        if self.flow.phase() == Phase::Reading {
+            self.body_size = size;
+            let host = ProxyHost::new();
+            let request = self.request.take().unwrap_or_default();
+            let effects = self.flow.handle_request_body(&request, size, end_of_stream, &host);
+            if self.flow.phase() == Phase::Reading {
+                self.request = Some(request);
+            }
+            self.perform(effects, &host);
         }
-        self.body_size = size;
-        let host = ProxyHost::new();
-        let effects = self.flow.handle_request_body(&HostRequest::read(), size, end_of_stream, &host);
-        self.perform(effects, &host);
-        self.request_action()
+        if self.flow.hold_request_body() {
+            Action::Pause
+        } else {
+            Action::Continue
+        }
     }
 
     fn response_action(&mut self) -> Action {
@@ -101,6 +112,9 @@ impl HttpContext for Filter {
         let host = ProxyHost::new();
         let effects = self.flow.handle_request_headers(&HostRequest::read(), &host);
         self.perform(effects, &host);
+        if self.flow.phase() == Phase::Reading {
+            self.request = Some(HostRequest::capture());
+        }
         if end_of_stream && self.flow.phase() == Phase::Reading {
             // No body will come: the flow reads an empty one.
             return self.request_body(0, true);
@@ -108,7 +122,8 @@ impl HttpContext for Filter {
         self.request_action()
     }
 
-    /// Paused (and buffered by the host) while the flow reads the body.
+    /// Paused (and buffered by the host) while the flow reads the body or
+    /// holds the request.
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         self.request_body(body_size, end_of_stream)
     }

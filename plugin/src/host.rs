@@ -8,10 +8,12 @@ use std::cell::OnceCell;
 use std::time::UNIX_EPOCH;
 
 use proxy_wasm::hostcalls::{
-    get_buffer, get_current_time, get_map_value_bytes, get_property, get_shared_data, set_shared_data,
+    get_buffer, get_current_time, get_map_bytes, get_map_value_bytes, get_property, get_shared_data,
+    set_shared_data,
 };
 use proxy_wasm::types::{BufferType, MapType, Status};
 use sluice_core::{Host, SetError, SharedData};
+use sluice_policies::request::SimpleRequest;
 use sluice_policies::Request;
 
 /// Distinct headers one request remembers; a document that reads more asks
@@ -71,6 +73,25 @@ impl Request for HostRequest {
         let address =
             self.source_address.get_or_init(|| get_property(vec!["source", "address"]).ok().flatten());
         address.as_deref().map(Cow::Borrowed)
+    }
+}
+
+impl HostRequest {
+    /// The request as a whole, copied from the host: what a flow that reads
+    /// the body evaluates once the body is whole, when the host no longer
+    /// lends the headers (they went on when the body began).
+    pub fn capture() -> SimpleRequest {
+        let headers = get_map_bytes(MapType::HttpRequestHeaders).unwrap_or_default();
+        let pseudo =
+            |name: &str| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone()).unwrap_or_default();
+        SimpleRequest {
+            path: pseudo(":path"),
+            method: pseudo(":method"),
+            authority: pseudo(":authority"),
+            headers: headers.iter().map(|(n, v)| (n.to_ascii_lowercase(), v.clone())).collect(),
+            source_address: get_property(vec!["source", "address"]).ok().flatten(),
+            ..SimpleRequest::default()
+        }
     }
 }
 

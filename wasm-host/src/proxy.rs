@@ -7,8 +7,8 @@
 //!
 //! Each step returns an [`Outcome`]: what the callback returned and the
 //! [`Effect`]s it had. A step fails (an error, never a hang) if the VM crashed,
-//! or if it leaves a request paused with nothing that could resume it: no
-//! call pending and no local response sent.
+//! or if it leaves a whole request (no body to follow) paused with nothing
+//! that could resume it: no call pending and no local response sent.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -191,7 +191,10 @@ impl Proxy {
             _ => {}
         }
         let outcome = self.outcome(returned);
-        self.check_not_stuck(id, "proxy_on_request_headers")?;
+        if end_of_stream {
+            // With a body to follow, a paused request waits for it.
+            self.check_not_stuck(id, "proxy_on_request_headers")?;
+        }
         Ok(outcome)
     }
 
@@ -249,6 +252,59 @@ impl Proxy {
             f.on_response_headers.call(s, (id as i32, count, i32::from(end_of_stream)))
         })?;
         Ok(self.outcome(action_of(action)))
+    }
+
+    /// `proxy_on_request_body`: `bytes` more of the request's body. As in
+    /// Envoy, a body callback that paused keeps its bytes buffered, and the
+    /// next one sees them all; one that continued lets them go on.
+    pub fn request_body(&mut self, id: u32, bytes: &[u8], end_of_stream: bool) -> anyhow::Result<Outcome> {
+        let stream = self.stream(id)?;
+        stream.request_body.extend_from_slice(bytes);
+        let size = stream.request_body.len() as i32;
+        let action = self.vm.run("proxy_on_request_body", id, |f, s| {
+            f.on_request_body.call(s, (id as i32, size, i32::from(end_of_stream)))
+        })?;
+        let returned = action_of(action);
+        let stream = self.stream(id)?;
+        match returned {
+            Returned::Pause if stream.answered.is_none() => stream.paused = true,
+            Returned::Continue => {
+                stream.request_body.clear();
+                stream.request_open = false;
+                stream.paused = false;
+            }
+            _ => {}
+        }
+        let outcome = self.outcome(returned);
+        if end_of_stream {
+            self.check_not_stuck(id, "proxy_on_request_body")?;
+        }
+        Ok(outcome)
+    }
+
+    /// `proxy_on_response_body`: a chunk of the upstream's response. What
+    /// the filter leaves in the buffer goes on to the client when it
+    /// continues ([`Proxy::forwarded`]); when it pauses, it stays buffered
+    /// until a resume.
+    pub fn response_body(&mut self, id: u32, bytes: &[u8], end_of_stream: bool) -> anyhow::Result<Outcome> {
+        let stream = self.stream(id)?;
+        stream.response_body.extend_from_slice(bytes);
+        let size = stream.response_body.len() as i32;
+        let action = self.vm.run("proxy_on_response_body", id, |f, s| {
+            f.on_response_body.call(s, (id as i32, size, i32::from(end_of_stream)))
+        })?;
+        let returned = action_of(action);
+        if returned == Returned::Continue {
+            let stream = self.stream(id)?;
+            let body = std::mem::take(&mut stream.response_body);
+            stream.forwarded.extend_from_slice(&body);
+        }
+        Ok(self.outcome(returned))
+    }
+
+    /// The response body that went on to the client of stream `id` so far.
+    pub fn forwarded(&mut self, id: u32) -> Vec<u8> {
+        self.state().streams.get(&id).map(|s| s.forwarded.clone()).unwrap_or_default()
     }
 
     /// Ends stream `id`: `on_log`, `on_done`, `on_delete` (after cancelling its

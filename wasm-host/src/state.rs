@@ -91,6 +91,14 @@ pub(crate) struct StreamData {
     pub paused: bool,
     /// The status of the local response, once one was sent.
     pub answered: Option<u32>,
+    /// The request body the host holds: the chunk being handled, with what
+    /// earlier body callbacks held back by pausing (Envoy's
+    /// StopIterationAndBuffer).
+    pub request_body: Vec<u8>,
+    /// The response body the host holds, the same way.
+    pub response_body: Vec<u8>,
+    /// The response body that went on to the client so far.
+    pub forwarded: Vec<u8>,
     pub properties: HashMap<String, Vec<u8>>,
 }
 

@@ -106,7 +106,33 @@ impl Stream {
     }
 
     pub fn request(&self, headers: HeaderMap) -> Step {
-        self.step(Event::RequestHeaders(headers), "request headers")
+        self.step(Event::RequestHeaders(headers, true), "request headers")
+    }
+
+    /// The request headers arrive, a body to follow.
+    pub fn request_headers_with_body(&self, headers: &[(&str, &[u8])]) -> Step {
+        self.step(
+            Event::RequestHeaders(headers.iter().copied().collect(), false),
+            "request headers, a body to follow",
+        )
+    }
+
+    /// A chunk of the request's body arrives (`end`: its last).
+    pub fn request_body(&self, bytes: &[u8], end: bool) -> Step {
+        self.step(Event::RequestBody(bytes.to_vec(), end), &format!("{} bytes of request body", bytes.len()))
+    }
+
+    /// A chunk of the response's body arrives (`end`: its last).
+    pub fn response_body(&self, bytes: &[u8], end: bool) -> Step {
+        self.step(
+            Event::ResponseBody(bytes.to_vec(), end),
+            &format!("{} bytes of response body", bytes.len()),
+        )
+    }
+
+    /// The response body that went on to the client so far.
+    pub fn forwarded(&self) -> Vec<u8> {
+        self.proxy.borrow_mut().forwarded(self.id)
     }
 
     /// The real shim's answer to the stream's oldest pending call arrives.
@@ -152,7 +178,10 @@ impl Stream {
 
 enum Event {
     Configure,
-    RequestHeaders(HeaderMap),
+    /// The headers, and whether they end the request.
+    RequestHeaders(HeaderMap, bool),
+    RequestBody(Vec<u8>, bool),
+    ResponseBody(Vec<u8>, bool),
     Answer(Answer),
     RootAnswer(Answer),
     Tick,
@@ -166,6 +195,7 @@ enum Expect {
     /// An `http_call` to the shim's cluster: `POST` to this path.
     Calls(&'static str),
     Resumes,
+    ResumesResponse,
     Sends {
         status: u32,
         headers: Vec<(String, String)>,
@@ -261,6 +291,11 @@ impl Step {
         self.expect(Expect::Resumes)
     }
 
+    /// The paused response is resumed (`continue_stream(HttpResponse)`).
+    pub fn resumes_the_response(self) -> Step {
+        self.expect(Expect::ResumesResponse)
+    }
+
     /// A local response with this status.
     pub fn sends(self, status: u32) -> Step {
         self.expect(Expect::Sends { status, headers: Vec::new(), body: None })
@@ -324,7 +359,9 @@ impl Step {
         let stream = || self.stream.ok_or_else(|| anyhow::anyhow!("not a stream step"));
         match event {
             Event::Configure => proxy.configure(),
-            Event::RequestHeaders(headers) => proxy.request_headers(stream()?, headers, true),
+            Event::RequestHeaders(headers, end) => proxy.request_headers(stream()?, headers, end),
+            Event::RequestBody(bytes, end) => proxy.request_body(stream()?, &bytes, end),
+            Event::ResponseBody(bytes, end) => proxy.response_body(stream()?, &bytes, end),
             Event::Answer(answer) => {
                 let token = proxy.pending_calls(stream()?).into_iter().next();
                 let token =
@@ -387,6 +424,7 @@ impl Step {
                     && call.headers.get(PROTOCOL_HEADER) == Some(PROTOCOL_VERSION.as_bytes())
             }
             (Expect::Resumes, Effect::Continue(0)) => true,
+            (Expect::ResumesResponse, Effect::Continue(1)) => true,
             (Expect::Sends { status, headers, body }, Effect::LocalResponse(response)) => {
                 response.status == *status
                     && headers.iter().all(|(k, v)| response.headers.get(k) == Some(v.as_bytes()))

@@ -48,6 +48,8 @@ pub(crate) struct Exports {
     pub on_configure: TypedFunc<(i32, i32), i32>,
     pub on_request_headers: TypedFunc<(i32, i32, i32), i32>,
     pub on_response_headers: TypedFunc<(i32, i32, i32), i32>,
+    pub on_request_body: TypedFunc<(i32, i32, i32), i32>,
+    pub on_response_body: TypedFunc<(i32, i32, i32), i32>,
     pub on_http_call_response: TypedFunc<(i32, i32, i32, i32, i32), ()>,
     pub on_tick: TypedFunc<i32, ()>,
     pub on_log: TypedFunc<i32, ()>,
@@ -87,12 +89,15 @@ impl Vm {
             get("proxy_on_done")?,
             get("proxy_on_delete")?,
         );
+        let (k, l) = (get("proxy_on_request_body")?, get("proxy_on_response_body")?);
         let exports = Exports {
             on_context_create: a.typed(&store)?,
             on_vm_start: b.typed(&store)?,
             on_configure: c.typed(&store)?,
             on_request_headers: d.typed(&store)?,
             on_response_headers: e.typed(&store)?,
+            on_request_body: k.typed(&store)?,
+            on_response_body: l.typed(&store)?,
             on_http_call_response: f.typed(&store)?,
             on_tick: g.typed(&store)?,
             on_log: h.typed(&store)?,

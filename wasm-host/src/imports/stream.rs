@@ -17,6 +17,7 @@ use crate::pairs::HeaderMap;
 use crate::state::{Effect, HostState, LocalResponse};
 
 const REQUEST: i32 = 0;
+const RESPONSE: i32 = 1;
 
 fn headers(caller: &mut Caller<'_, HostState>, ptr: i32, len: i32) -> Result<Option<HeaderMap>> {
     Ok(HeaderMap::decode(&read(caller, ptr, len)?))
@@ -103,6 +104,11 @@ pub(super) fn link(linker: &mut Linker<HostState>) -> Result<()> {
             if let (REQUEST, Some(stream)) = (kind, state.stream()) {
                 stream.paused = false;
                 stream.request_open = false;
+            }
+            if let (RESPONSE, Some(stream)) = (kind, state.stream()) {
+                // What the paused response held goes on.
+                let held = std::mem::take(&mut stream.response_body);
+                stream.forwarded.extend_from_slice(&held);
             }
             state.effect(Effect::Continue(kind));
             Ok(OK)

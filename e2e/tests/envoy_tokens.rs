@@ -1,0 +1,307 @@
+//! Token budgets through the real parts: Envoy running `sluice.wasm`, the
+//! shim, redis-server, and a mock LLM provider (`harness::llm`) that
+//! streams each API's events in chunks of random sizes and knows the true
+//! count of every request it served. The budget is judged from that far
+//! side: what the provider served against what the budget allowed.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sluice_harness::gateway::{eventually, prometheus, sample, Blackhole};
+use sluice_harness::llm::{self, post, request_body, LlmUpstream, Reply, Script};
+use sluice_harness::{Envoy, Redis, Shim, Upstream};
+use sluice_policies::llm::Api;
+
+const APIS: [Api; 3] = [Api::OpenaiChat, Api::OpenaiResponses, Api::AnthropicMessages];
+
+/// Redis, the shim, the mock provider and Envoy; dropped Envoy first.
+struct Stack {
+    envoy: Envoy,
+    _shim: Shim,
+    llm: LlmUpstream,
+    _redis: Redis,
+}
+
+fn start(policies: &str) -> Stack {
+    start_with("", policies)
+}
+
+/// As [`start`], with more top-level fields (`top` ends with a comma).
+fn start_with(top: &str, policies: &str) -> Stack {
+    let doc = format!(
+        r#"{{{top} "shim": {{"timeout_ms": 2000}}, "failure_mode": "deny", "policies": [{policies}]}}"#
+    );
+    let redis = Redis::start().expect("redis");
+    let shim = Shim::start(&redis.url()).expect("shim");
+    let llm = LlmUpstream::start().expect("the mock provider");
+    let envoy = Envoy::start(&doc, shim.port, llm.port).expect("envoy");
+    Stack { envoy, _shim: shim, llm, _redis: redis }
+}
+
+/// A budget policy for `api`'s path, keyed by `x-team`.
+fn budget(name: &str, api: Api, capacity: u64, extra: &str) -> String {
+    format!(
+        r#"{{"name": "{name}", "match": {{"path_exact": "{}"}}, "key": ["header:x-team"],
+            "llm": {{"api": "{}", "default_max_tokens": 100{extra}}},
+            "limits": [{{"type": "points", "capacity": {capacity}, "refill": "365d", "cost": "llm_tokens"}}]}}"#,
+        llm::path(api),
+        api.name()
+    )
+}
+
+fn stat(envoy: &Envoy, name: &str, policy: &str) -> u64 {
+    let page = prometheus(envoy).expect("Envoy's stats");
+    sample(&page, &format!(r#"sluice_{name}{{policy="{policy}"}}"#)) as u64
+}
+
+fn call(envoy: &Envoy, api: Api, body: &[u8], headers: &[(&str, &str)]) -> Reply {
+    post(envoy.port, llm::path(api), headers, body).expect("a request through Envoy")
+}
+
+/// Every API shape, streamed and not: each response passes unchanged, and
+/// each policy is charged exactly the provider's true counts (its stats:
+/// reserved = body bytes + cap, charged = input + output, the rest refunded).
+#[test]
+fn each_api_shape_is_charged_its_true_count_streamed_or_not() {
+    let policies: Vec<String> = APIS.iter().map(|api| budget(api.name(), *api, 10_000_000, "")).collect();
+    let stack = start(&policies.join(","));
+    let mut reserved: HashMap<&str, u64> = HashMap::new();
+    for api in APIS {
+        for (i, stream) in [false, true, true, false, true].into_iter().enumerate() {
+            let body = request_body(api, &"lorem ipsum ".repeat(10 + 7 * i), Some(200), stream);
+            let output = (40 + 13 * i).to_string();
+            let headers = [("x-team", "t1"), ("x-mock-output", output.as_str())];
+            let reply = call(&stack.envoy, api, &body, &headers);
+            assert_eq!(reply.status, 200, "{api:?}: {}", reply.text());
+            assert!(reply.complete, "{api:?} stream {stream}: the response came whole");
+            let header_map = headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
+            let script = Script::of(llm::path(api), &header_map, &body).expect("a script");
+            assert_eq!(reply.text(), String::from_utf8_lossy(&script.body().0), "{api:?}: passed unchanged");
+            *reserved.entry(api.name()).or_default() += body.len() as u64 + 200;
+        }
+    }
+    let served = stack.llm.served();
+    for api in APIS {
+        let billed: u64 = served.iter().filter(|s| s.api == api).map(|s| s.billed()).sum();
+        let name = api.name();
+        println!("{name}: reserved {}, billed {billed}", reserved[name]);
+        assert!(billed > 0);
+        assert_eq!(stat(&stack.envoy, "llm_tokens_charged", name), billed, "{name}");
+        assert_eq!(stat(&stack.envoy, "llm_tokens_reserved", name), reserved[name], "{name}");
+        assert_eq!(stat(&stack.envoy, "llm_tokens_refunded", name), reserved[name] - billed, "{name}");
+        assert_eq!(stat(&stack.envoy, "llm_fallbacks", name), 0, "{name}");
+    }
+}
+
+/// One request as a client saw it.
+#[derive(Clone, Debug)]
+struct Sent {
+    id: String,
+    reserved: u64,
+    sent: Instant,
+    done: Instant,
+    status: u16,
+}
+
+/// `clients` clients send streamed OpenAI chat requests on one team's
+/// budget of `capacity`, each until its first 429; `cap` is the
+/// request's `max_completion_tokens` (none: the policy's default of 100),
+/// and the provider generates up to `most` tokens each.
+fn drive(stack: &Stack, team: &str, clients: usize, cap: Option<u64>, most: u64) -> Vec<Sent> {
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let next = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicBool::new(false));
+    std::thread::scope(|scope| {
+        for client in 0..clients {
+            let (sent, next, failed, port) = (sent.clone(), next.clone(), failed.clone(), stack.envoy.port);
+            scope.spawn(move || loop {
+                let n = next.fetch_add(1, Ordering::SeqCst);
+                let id = format!("{team}-{n}");
+                let output = (n * 7919 % most + 1).to_string();
+                let prompt = "x".repeat(200 + (n as usize * 31 + client) % 200);
+                let body = request_body(Api::OpenaiChat, &prompt, cap, true);
+                let headers =
+                    [("x-team", team), ("x-mock-output", output.as_str()), ("x-mock-id", id.as_str())];
+                let started = Instant::now();
+                let Ok(reply) = post(port, llm::path(Api::OpenaiChat), &headers, &body) else {
+                    failed.store(true, Ordering::SeqCst);
+                    return;
+                };
+                let done = Instant::now();
+                let reserved = body.len() as u64 + cap.unwrap_or(100);
+                if reply.status == 200 && !reply.complete {
+                    failed.store(true, Ordering::SeqCst);
+                }
+                if let Ok(mut s) = sent.lock() {
+                    s.push(Sent { id: id.clone(), reserved, sent: started, done, status: reply.status });
+                }
+                if reply.status != 200 {
+                    return;
+                }
+            });
+        }
+    });
+    assert!(!failed.load(Ordering::SeqCst), "a request failed or came incomplete");
+    let sent = sent.lock().map(|s| s.clone()).unwrap_or_default();
+    assert!(sent.iter().all(|s| s.status == 200 || s.status == 429), "only admissions and 429s");
+    sent
+}
+
+/// The bound under concurrency, judged by the provider's own record. With
+/// a cap in every request the budget is never overspent.
+/// Without one it is overspent by at most what the requests in flight at
+/// the last admission used beyond their reservations: each request is
+/// settled before its client sees its end, so a request that ended for its
+/// client before the last one was sent had settled.
+#[test]
+fn the_bound_holds_under_concurrency() {
+    const CAPACITY: u64 = 40_000;
+    const CLIENTS: usize = 24;
+    let stack = start(&budget("team", Api::OpenaiChat, CAPACITY, ""));
+
+    let capped = drive(&stack, "capped", CLIENTS, Some(300), 300);
+    let served = stack.llm.served();
+    let billed: u64 = served.iter().filter(|s| s.id.starts_with("capped-")).map(|s| s.billed()).sum();
+    let largest = capped.iter().map(|s| s.reserved).max().unwrap_or(0);
+    let admitted = capped.iter().filter(|s| s.status == 200).count();
+    println!(
+        "capped: {admitted} admitted of {}, {billed} of {CAPACITY} tokens spent; charged {}, reserved {}, refunded {}",
+        capped.len(),
+        stat(&stack.envoy, "llm_tokens_charged", "team"),
+        stat(&stack.envoy, "llm_tokens_reserved", "team"),
+        stat(&stack.envoy, "llm_tokens_refunded", "team"),
+    );
+    assert!(billed <= CAPACITY, "capped: {billed} tokens spent of a budget of {CAPACITY}");
+    // Under-admission is not judged: refunds are conservative under
+    // concurrency (docs/token-budgets.md#the-bound), by an amount that
+    // depends on the interleaving. What a request could never fit is.
+    assert!(largest < CAPACITY);
+
+    let uncapped = drive(&stack, "uncapped", CLIENTS, None, 400);
+    let served: HashMap<String, u64> = stack
+        .llm
+        .served()
+        .iter()
+        .filter(|s| s.id.starts_with("uncapped-"))
+        .map(|s| (s.id.clone(), s.billed()))
+        .collect();
+    let billed: u64 = served.values().sum();
+    let admitted: Vec<&Sent> = uncapped.iter().filter(|s| s.status == 200).collect();
+    let last = admitted.iter().max_by_key(|s| s.sent).expect("admissions");
+    let excess = |s: &Sent| served.get(&s.id).copied().unwrap_or(0).saturating_sub(s.reserved);
+    let in_flight: Vec<&&Sent> =
+        admitted.iter().filter(|s| s.sent <= last.done && s.done >= last.sent).collect();
+    let bound: u64 = in_flight.iter().map(|s| excess(s)).sum();
+    let overshoot = billed.saturating_sub(CAPACITY);
+    println!(
+        "uncapped: {} admitted, {billed} of {CAPACITY} tokens spent: over by {overshoot}, bound {bound} ({} in flight at the last admission)",
+        admitted.len(),
+        in_flight.len()
+    );
+    assert!(billed <= CAPACITY + bound, "uncapped: over by {overshoot}, beyond the bound {bound}");
+}
+
+/// Responses that never tell their usage are charged by the fallback and
+/// counted: a stream the provider cuts short, a compressed body; a refusal
+/// upstream refunds the reservation; a body past the bound gets 413 and
+/// never goes upstream.
+#[test]
+fn fallbacks_refusals_and_bounds() {
+    let stack = start_with(
+        r#""max_request_body_bytes": 65536,"#,
+        &budget("fb", Api::AnthropicMessages, 1_000_000, r#", "fallback": "content""#),
+    );
+    let api = Api::AnthropicMessages;
+    let body = request_body(api, "hello", Some(500), true);
+    let reserved = body.len() as u64 + 500;
+    let stat_is = |name: &str, want: u64| {
+        // A reset reaches the client as its stream ends in Envoy: the
+        // stream's last callbacks may run a moment after.
+        let ok = eventually(Duration::from_secs(10), || stat(&stack.envoy, name, "fb") == want);
+        assert!(ok, "{name}: {} (wanted {want})", stat(&stack.envoy, name, "fb"));
+    };
+
+    // Cut after message_start, its block's start and 10 deltas: the input
+    // the stream reported, and 10 tokens' content, a token per byte.
+    let reply =
+        call(&stack.envoy, api, &body, &[("x-team", "a"), ("x-mock-output", "100"), ("x-mock-cut", "12")]);
+    assert!(!reply.complete, "the provider's cut reaches the client");
+    let cut = llm::input_tokens(&body) + 10 * llm::TOKEN.len() as u64;
+    stat_is("llm_fallbacks", 1);
+    stat_is("llm_tokens_fallback", cut);
+
+    // Compressed: unreadable; the content fallback charges the input part.
+    let reply = call(&stack.envoy, api, &body, &[("x-team", "a"), ("x-mock-gzip", "1")]);
+    assert_eq!(reply.status, 200);
+    stat_is("llm_unreadable", 1);
+    stat_is("llm_fallbacks", 2);
+    let gzip = body.len() as u64;
+
+    // Refused upstream: nothing generated, everything refunded.
+    let reply = call(&stack.envoy, api, &body, &[("x-team", "a"), ("x-mock-status", "529")]);
+    assert_eq!(reply.status, 529);
+    stat_is("llm_tokens_refunded", (reserved - cut) + (reserved - gzip) + reserved);
+    stat_is("llm_tokens_charged", cut + gzip);
+
+    let huge = request_body(api, &"x".repeat(100_000), Some(10), false);
+    let reply = call(&stack.envoy, api, &huge, &[("x-team", "a")]);
+    assert_eq!(reply.status, 413, "{}", reply.text());
+    let page = prometheus(&stack.envoy).expect("stats");
+    assert_eq!(sample(&page, "sluice_request_body_too_large"), 1.0);
+    assert_eq!(stack.llm.served().len(), 3, "the large body never went upstream");
+}
+
+/// `end_stream`: a stream without a cap that runs past what its key has
+/// left ends to the client after a whole event, with the API's error event
+/// and a clean end; the provider's whole output is still charged.
+#[test]
+fn a_stream_past_its_budget_ends_cleanly_and_is_charged_in_full() {
+    let stack = start(&budget("cut", Api::OpenaiChat, 3_000, r#", "end_stream": true"#));
+    let body = request_body(Api::OpenaiChat, &"y".repeat(300), None, true);
+    let reply = call(&stack.envoy, Api::OpenaiChat, &body, &[("x-team", "a"), ("x-mock-output", "2000")]);
+    assert_eq!(reply.status, 200);
+    assert!(reply.complete, "a clean end, not a reset");
+    let text = reply.text();
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.last(), Some(&"data: [DONE]"));
+    let error: Value =
+        serde_json::from_str(events[events.len() - 2].trim_start_matches("data: ")).expect("JSON");
+    assert_eq!(error["error"]["code"], "rate_limit_exceeded", "{error}");
+    for event in &events[..events.len() - 2] {
+        let data = event.strip_prefix("data: ").expect("a data event");
+        serde_json::from_str::<Value>(data).unwrap_or_else(|e| panic!("a whole event: {data}: {e}"));
+    }
+    // 3,000 tokens: the body's bytes, then 4 bytes of content per token.
+    let delivered = events.iter().filter(|e| e.contains(llm::TOKEN)).count() as u64;
+    let passed = (3_000 - body.len() as u64) / llm::TOKEN.len() as u64 + 1;
+    assert_eq!(delivered, passed, "the event that passed the budget is the last delivered");
+    assert_eq!(stat(&stack.envoy, "llm_streams_ended", "cut"), 1);
+    let billed = stack.llm.served()[0].billed();
+    assert_eq!(stat(&stack.envoy, "llm_tokens_charged", "cut"), billed, "the whole output is charged");
+}
+
+/// A request held for its check stays held while its body arrives: a
+/// body callback that let it go on would have sent it upstream before the
+/// shim answered (here it never answers, and `failure_mode: deny` refuses).
+#[test]
+fn a_request_body_never_carries_its_request_past_its_check() {
+    let blackhole = Blackhole::start().expect("blackhole");
+    let reached = Arc::new(AtomicU64::new(0));
+    let counter = reached.clone();
+    let app = axum::Router::new().fallback(move || {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async { "ok\n" }
+    });
+    let upstream = Upstream::serving(app).expect("upstream");
+    let doc = r#"{"shim": {"timeout_ms": 500, "failure_threshold": 0}, "failure_mode": "deny",
+        "policies": [{"name": "api", "limits": [{"type": "fixed_window", "limit": 100, "window": "1m"}]}]}"#;
+    let envoy = Envoy::start(doc, blackhole.port, upstream.port).expect("envoy");
+    for size in [10, 100_000] {
+        let reply = post(envoy.port, "/upload", &[], &vec![b'x'; size]).expect("a request");
+        assert_eq!(reply.status, 503, "refused by failure_mode deny");
+    }
+    assert_eq!(reached.load(Ordering::SeqCst), 0, "no request reached the upstream");
+}
