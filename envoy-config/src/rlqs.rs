@@ -146,7 +146,7 @@ mod tests {
         assert_eq!(settings["no_assignment_behavior"]["fallback_rate_limit"]["blanket_rule"], "DENY_ALL");
         assert_eq!(
             one["predicate"]["single_predicate"]["value_match"],
-            json!({"safe_regex": {"regex": ".*"}})
+            json!({"safe_regex": {"google_re2": {}, "regex": ".*"}})
         );
         assert_eq!(matchers.as_array().map(Vec::len), Some(1), "the HTTP policy has no bucket");
     }
