@@ -95,20 +95,19 @@ impl Envoy {
         let doc = sluice_policies::parse(policy_json).map_err(|e| anyhow::anyhow!("the policy: {e}"))?;
         let mut values: Vec<(&str, String)> = Vec::new();
         for (name, value) in sluice_envoy_config::rlqs::rlqs_values(&doc)? {
-            let value = if name == "BUCKET_MATCHERS" {
-                let mut matchers: serde_json::Value = serde_json::from_str(&value)?;
-                for matcher in matchers.as_array_mut().into_iter().flatten() {
-                    let target = &mut matcher["on_match"]["action"]["typed_config"];
-                    for (field, v) in settings.as_object().into_iter().flatten() {
-                        target[field] = v.clone();
+            match name.as_str() {
+                "BUCKET_MATCHERS" => {
+                    let mut matchers: serde_json::Value = serde_json::from_str(&value)?;
+                    for matcher in matchers.as_array_mut().into_iter().flatten() {
+                        let target = &mut matcher["on_match"]["action"]["typed_config"];
+                        for (field, v) in settings.as_object().into_iter().flatten() {
+                            target[field] = v.clone();
+                        }
                     }
+                    values.push(("BUCKET_MATCHERS", serde_json::to_string(&matchers)?));
                 }
-                serde_json::to_string(&matchers)?
-            } else {
-                value
-            };
-            let name = if name == "BUCKET_MATCHERS" { "BUCKET_MATCHERS" } else { "DOMAIN" };
-            values.push((name, value));
+                _ => values.push(("DOMAIN", value)),
+            }
         }
         values.push(("UPSTREAM_PORT", upstream_port.to_string()));
         values.push(("SHIM_PORT", grpc_port.to_string()));

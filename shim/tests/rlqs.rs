@@ -41,6 +41,7 @@ struct Face {
     client: RateLimitQuotaServiceClient<Channel>,
     http_port: u16,
     redis: Redis,
+    limiter: Arc<Limiter>,
 }
 
 /// One open stream: what the test sends, and what Sluice answers.
@@ -62,10 +63,10 @@ async fn start() -> Face {
     let http_port = listener.local_addr().expect("addr").port();
     let dashboard = sluice_shim::dashboard::Options { policies: Some(document).into(), playground: None };
     let options = Options { dashboard, ..Options::default() };
-    tokio::spawn(run_shared(listener, limiter, options, std::future::pending()));
+    tokio::spawn(run_shared(listener, limiter.clone(), options, std::future::pending()));
     let client =
         RateLimitQuotaServiceClient::connect(format!("http://127.0.0.1:{grpc_port}")).await.expect("connect");
-    Face { client, http_port, redis }
+    Face { client, http_port, redis, limiter }
 }
 
 fn id(pairs: &[(&str, &str)]) -> BucketId {
@@ -293,4 +294,17 @@ async fn bad_reports_get_a_status() {
     open.report(reports("other", vec![usage(&[("name", "web")], 1, 0)])).await;
     let status = open.next().await.expect_err("a domain cannot change");
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
+}
+
+/// A shim that closes (the drain of SIGTERM) ends its streams, so that
+/// Envoy opens its next one to another shim.
+#[tokio::test]
+async fn a_closing_shim_ends_its_streams() {
+    let mut face = start().await;
+    let mut open = face.open().await;
+    open.report(reports("edge", vec![usage(&[("name", "web")], 1, 0)])).await;
+    open.next().await.expect("an answer");
+    face.limiter.drain().close(std::time::Instant::now());
+    let end = tokio::time::timeout(Duration::from_secs(10), open.answers.message()).await.expect("in time");
+    assert!(matches!(end, Ok(None)), "the stream ends cleanly: {end:?}");
 }

@@ -188,6 +188,8 @@ pub struct Bucket {
     ledger: Option<Ledger>,
     /// The last report with a request in it (0: none yet).
     demand_ms: u64,
+    /// When a lease call found the window spent (0: not since the last grant).
+    spent_at: u64,
     created_ms: u64,
 }
 
@@ -202,6 +204,7 @@ impl Bucket {
             held: Held::Nothing,
             ledger: None,
             demand_ms: 0,
+            spent_at: 0,
             created_ms: 0,
         }
     }
@@ -241,6 +244,12 @@ impl Bucket {
         }
         if allowed + denied > 0 {
             self.demand_ms = now.max(1);
+            if self.spent_at != 0 && now >= self.spent_at + RETRY_MS {
+                // A spent window, and requests since: other gateways may
+                // have given tokens back.
+                self.quiet_until = self.quiet_until.min(now);
+                self.spent_at = 0;
+            }
         }
         if let Some(ledger) = &mut self.ledger {
             ledger.allowed += allowed;
@@ -483,7 +492,10 @@ impl Bucket {
                     let until_end = ledger.ends_ms.saturating_sub(now).div_ceil(1000);
                     self.blanket(now, false, until_end.clamp(1, call.window.ttl_s()), out);
                 }
-                self.quiet_until = (now + RETRY_MS).min(self.ledger.as_ref().map_or(u64::MAX, |l| l.ends_ms));
+                // Asked again once a report shows requests a second from
+                // now or later (see `handle_report`), else at the window's end.
+                self.quiet_until = self.ledger.as_ref().map_or(now + RETRY_MS, |l| l.ends_ms.max(now));
+                self.spent_at = now;
             }
             return;
         }
@@ -494,6 +506,7 @@ impl Bucket {
         }
         ledger.sent += granted;
         ledger.live = granted;
+        self.spent_at = 0;
         let tokens = answer.granted;
         out.assign(Strategy::DenyAll, 1);
         out.assign(Strategy::TokenBucket { tokens }, k);

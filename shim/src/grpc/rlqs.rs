@@ -197,7 +197,7 @@ fn seconds(s: u64) -> ProtoDuration {
 
 /// One stream's driver: reads Envoy's reports, runs the machine's calls,
 /// sends its actions, until Envoy closes the stream, a report is refused
-/// (the stream ends with its status), or the shim stops.
+/// (the stream ends with its status), or the shim's drain closes it.
 async fn drive(
     faces: Faces,
     mut inbound: Streaming<RateLimitQuotaUsageReports>,
@@ -212,8 +212,12 @@ async fn drive(
     let (answers, mut answered) = mpsc::unbounded_channel::<(BucketId, u64, LeaseResult)>();
     let mut tick = tokio::time::interval(Duration::from_millis(TICK_MS));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let drain = faces.limiter.drain().clone();
     loop {
         tokio::select! {
+            // The shim is closing (SIGTERM): the stream ends, and Envoy opens
+            // its next one to another shim; its assignments stand meanwhile.
+            _ = drain.closed() => break,
             message = inbound.message() => match message {
                 Ok(Some(msg)) => {
                     let decoded = decode(&msg, domain.as_deref()).map_err(Status::invalid_argument).and_then(|d| {
