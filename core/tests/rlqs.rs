@@ -159,6 +159,35 @@ fn a_spent_window_denies_all_once_the_bucket_is_empty() {
     assert_eq!(one_call(&mut stream).request.want, 10);
 }
 
+/// A spent window's `deny_all` is kept until the window ends, with no
+/// request and no lease call: expired, the bucket would fall back to
+/// `no_assignment_behavior`, which may admit.
+#[test]
+fn a_spent_window_stays_denied_without_requests() {
+    let mut stream = Stream::new(1);
+    report(&mut stream, T0, 0, 1, leased());
+    let call = one_call(&mut stream);
+    stream.handle_lease(T0 + 5, &id(), call.seq, grant(10, 20_000));
+    stream.poll_actions();
+    report(&mut stream, T0 + 5_000, 10, 4, leased());
+    let top_up = one_call(&mut stream);
+    stream.handle_lease(T0 + 5_005, &id(), top_up.seq, grant(0, 15_000));
+    assert_eq!(stream.poll_actions(), [assign(Strategy::DenyAll, 5)]);
+    let (mut renewals, mut now) = (0, T0 + 5_005);
+    while now < T0 + 19_950 {
+        now += 50;
+        stream.tick(now);
+        assert_eq!(stream.poll_calls(), [], "no request, no ask");
+        for action in stream.poll_actions() {
+            assert!(matches!(action, Action::Assign { strategy: Strategy::DenyAll, .. }), "{action:?}");
+            renewals += 1;
+        }
+    }
+    assert!(renewals >= 5, "renewed at half its life until the window's end: {renewals}");
+    stream.tick(T0 + 20_050);
+    assert_eq!(one_call(&mut stream).request.want, 10, "the next window's lease");
+}
+
 /// A call whose answer was lost goes again, unchanged, a second later, and
 /// an answer to it that still arrives after it was given up is dropped.
 #[test]

@@ -406,6 +406,15 @@ impl Bucket {
             Held::Nothing | Held::Blanket { .. } if may_ask => {
                 self.ask(now, window, window.lease.tokens(), out)
             }
+            // A spent window's `deny_all` lives on until the window ends,
+            // requests or not: expired, the bucket would fall back to
+            // `no_assignment_behavior`, which may admit.
+            Held::Blanket { allow: false, sent_ms, ttl_s } if self.spent_at != 0 => {
+                let left_s = ending.map_or(0, |ends| ends.saturating_sub(now).div_ceil(1000));
+                if left_s > 0 && now >= sent_ms + ttl_s * 500 {
+                    self.blanket(now, false, left_s.min(window.ttl_s()), out);
+                }
+            }
             _ => {}
         }
     }
