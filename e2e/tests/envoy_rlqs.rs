@@ -14,8 +14,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sluice_harness::client::http;
-use sluice_harness::gateway::send;
+use sluice_harness::gateway::{sample, send};
 use sluice_harness::shim::GrpcShim;
 use sluice_harness::{Envoy, Redis, Upstream};
 
@@ -52,21 +51,6 @@ fn counted(redis: &Redis, key: &str) -> u64 {
         .query(&mut conn)
         .expect("HGET");
     n.unwrap_or(0)
-}
-
-fn shim_metrics(shim: &GrpcShim) -> String {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    let (status, page) = runtime.block_on(http(shim.shim.port, "GET", "/metrics", ""));
-    assert_eq!(status, 200);
-    page
-}
-
-fn sample(page: &str, name: &str) -> f64 {
-    page.lines()
-        .filter_map(|l| l.rsplit_once(' '))
-        .find(|(n, _)| *n == name)
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or(0.0)
 }
 
 /// Sends requests (`one` returns a status) until `done` says so, at most
@@ -137,7 +121,7 @@ fn one_envoy_spends_a_window_exactly_then_denies_all() {
 fn until_metric(shim: &GrpcShim, name: &str) -> String {
     let start = Instant::now();
     loop {
-        let page = shim_metrics(shim);
+        let page = shim.metrics().expect("metrics");
         if sample(&page, name) > 0.0 || start.elapsed() > DEADLINE {
             return page;
         }

@@ -6,8 +6,7 @@
 //! sharing one limit exactly, shadow mode, `unlimited`, and a descriptor no
 //! policy matches.
 
-use sluice_harness::client::http;
-use sluice_harness::gateway::{send, Response};
+use sluice_harness::gateway::{sample, send, Response};
 use sluice_harness::shim::GrpcShim;
 use sluice_harness::{Envoy, Redis, Upstream};
 
@@ -27,21 +26,6 @@ fn document(top: &str) -> String {
 
 fn get(envoy: &Envoy, headers: &[(&str, &str)]) -> Response {
     send(envoy.port, "GET", "/api", headers).expect("request")
-}
-
-fn shim_metrics(shim: &GrpcShim) -> String {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    let (status, page) = runtime.block_on(http(shim.shim.port, "GET", "/metrics", ""));
-    assert_eq!(status, 200);
-    page
-}
-
-fn sample(page: &str, name: &str) -> f64 {
-    page.lines()
-        .filter_map(|l| l.rsplit_once(' '))
-        .find(|(n, _)| *n == name)
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or(0.0)
 }
 
 #[test]
@@ -74,7 +58,7 @@ fn envoy_asks_the_rls_face_allows_then_denies_with_headers() {
     // Another client has its own bucket; a request without the header sends no descriptor.
     assert_eq!(get(&envoy, &[("x-client", "bob")]).status, 200);
     assert_eq!(get(&envoy, &[]).status, 200);
-    let page = shim_metrics(&shim);
+    let page = shim.metrics().expect("metrics");
     assert_eq!(
         sample(&page, r#"sluice_decisions_total{policy="per-client",result="denied",face="rls"}"#),
         1.0,
@@ -99,7 +83,7 @@ fn shadow_unlimited_and_unmatched_descriptors_pass() {
         assert_eq!(get(&envoy, &[("x-tier", "internal")]).status, 200, "unlimited");
         assert_eq!(get(&envoy, &[("x-tier", "free")]).status, 200, "a descriptor no policy matches");
     }
-    let page = shim_metrics(&shim);
+    let page = shim.metrics().expect("metrics");
     assert_eq!(
         sample(&page, r#"sluice_decisions_total{policy="trial",result="allowed",face="rls"}"#),
         1.0,

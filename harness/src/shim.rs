@@ -175,6 +175,14 @@ impl GrpcShim {
         })
     }
 
+    /// The shim's `GET /metrics` page.
+    pub fn metrics(&self) -> anyhow::Result<String> {
+        match http_get(self.shim.port, "/metrics") {
+            Some((200, page)) => Ok(page),
+            other => anyhow::bail!("GET /metrics: {other:?}"),
+        }
+    }
+
     /// Writes `policy_json` over its document and sends SIGHUP: the shim
     /// reads it again.
     pub fn reload(&self, policy_json: &str) -> anyhow::Result<()> {

@@ -16,6 +16,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use sluice_harness::client::http;
+use sluice_harness::gateway::sample;
 use sluice_harness::Redis;
 use sluice_shim::grpc::{router, Faces};
 use sluice_shim::limiter::Limiter;
@@ -149,14 +150,6 @@ fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
     let mut v: Vec<(String, String)> = p.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     v.sort();
     v
-}
-
-fn sample(page: &str, name: &str) -> f64 {
-    page.lines()
-        .filter_map(|l| l.rsplit_once(' '))
-        .find(|(n, _)| *n == name)
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or(0.0)
 }
 
 /// A reported bucket gets a fresh token bucket (`deny_all`, then the token

@@ -14,6 +14,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use sluice_harness::client::http;
+use sluice_harness::gateway::sample;
 use sluice_harness::Redis;
 use sluice_shim::grpc::{router, Faces};
 use sluice_shim::limiter::Limiter;
@@ -93,14 +94,6 @@ impl Face {
 
 fn header<'a>(resp: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
     resp.response_headers_to_add.iter().find(|h| h.key == name).map(|h| h.value.as_str())
-}
-
-fn sample(page: &str, name: &str) -> f64 {
-    page.lines()
-        .filter_map(|l| l.rsplit_once(' '))
-        .find(|(n, _)| *n == name)
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or(0.0)
 }
 
 const OK: i32 = Code::Ok as i32;
