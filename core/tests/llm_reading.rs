@@ -201,7 +201,7 @@ proptest! {
             let mut ends = Vec::new();
             parsed.feed(&chunk, &paths, |d| {
                 ends.push(d.end);
-                got.push(d.found);
+                got.push(d.found.clone());
             });
             for end in ends {
                 prop_assert!(end <= chunk.len());

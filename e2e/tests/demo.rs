@@ -63,3 +63,35 @@ fn a_stalled_redis_never_shows_failure_passes_as_allowed() {
         assert_eq!(row.other, 0, "{key}: answers without a verdict: {row:?}");
     }
 }
+
+/// The token-budget demo (`cargo xtask demo --llm`) through the real
+/// parts, its document given a generous shim timeout so that the machine's
+/// load decides nothing: every request lands in one column, the teams that
+/// cap their requests never use more than their budget by the provider's
+/// own count, and the one that does not stays within the bound (its six
+/// clients' excess beyond their reservations).
+#[test]
+fn the_token_demo_keeps_each_budget_by_the_providers_count() {
+    use sluice_harness::llm::LlmUpstream;
+    use sluice_harness::llm_demo::{self, BUDGET, DEFAULT_MAX_TOKENS, TEAMS};
+    use sluice_harness::{Envoy, Redis, Shim};
+
+    let policy = std::fs::read_to_string(workspace_root().join("policies/examples/llm-demo.json"))
+        .expect("llm-demo.json")
+        .replace(r#""timeout_ms": 200"#, r#""timeout_ms": 5000"#);
+    let redis = Redis::start().expect("redis");
+    let shim = Shim::start(&redis.url()).expect("shim");
+    let provider = LlmUpstream::start().expect("provider");
+    let envoy = Envoy::start(&policy, shim.port, provider.port).expect("envoy");
+    for team in &TEAMS {
+        let row = llm_demo::send(envoy.port, &provider, team, 200).expect("the team's requests");
+        println!("{}", row.line(team));
+        assert_eq!(row.admitted + row.refused + row.failure_mode + row.other, row.sent, "{row:?}");
+        assert_eq!((row.failure_mode, row.other), (0, 0), "{row:?}");
+        let bound = match team.cap {
+            Some(_) => 0,
+            None => team.clients as u64 * team.most.saturating_sub(DEFAULT_MAX_TOKENS),
+        };
+        assert!(row.used <= BUDGET + bound, "{}: {} tokens of a budget of {BUDGET}", team.name, row.used);
+    }
+}

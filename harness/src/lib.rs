@@ -39,6 +39,8 @@
 //! - [`client`]: [`burst`], N concurrent requests, collecting status,
 //!   `retry-after` and `x-sluice-verdict`.
 //! - [`demo`]: the demo's warm-up, traffic and table, by the gateway's verdicts.
+//! - [`llm_demo`]: the token-budget demo's teams and table, judged by the
+//!   mock provider's own count.
 //! - [`faults`]: steady traffic under an injected fault, and its judges
 //!   (admitted, refused, failed, longest wait, the busiest window).
 //! - [`recorder`]: [`recorder::RecordingUpstream`], an upstream that records
@@ -66,6 +68,7 @@ pub mod envoy;
 pub mod faults;
 pub mod gateway;
 pub mod llm;
+pub mod llm_demo;
 pub mod loaded;
 pub mod partner;
 pub mod paths;

@@ -96,6 +96,26 @@ mod tests {
         assert_eq!(error, "policies[0]: a policy needs at least one limit at 1:42");
     }
 
+    /// A token budget: each request charged the tokens its stream says it
+    /// uses, until the budget has no room for the next.
+    #[test]
+    fn run_charges_a_token_budget() {
+        let doc = r#"{"policies": [{"name": "team", "key": ["header:x-team"], "llm": {"api": "openai_chat"},
+                       "limits": [{"type": "points", "capacity": 1000, "refill": "1d", "cost": "llm_tokens"}]}]}"#;
+        let pattern =
+            r#"{"streams": [{"headers": {"x-team": "blue"}, "burst": 5, "at": "1s", "tokens": 300}]}"#;
+        let reply: serde_json::Value = serde_json::from_str(&run(doc, pattern)).expect("JSON");
+        let decisions: Vec<&str> = reply["events"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .filter_map(|e| e["decision"].as_str())
+            .collect();
+        assert_eq!(decisions, ["admitted", "admitted", "admitted", "denied", "denied"]);
+        assert_eq!(reply["reports"][0]["tokens"]["charged"], 900);
+        assert_eq!(reply["reports"][0]["tokens"]["unlogged"], 0);
+    }
+
     #[test]
     fn run_decides_a_burst() {
         let doc = r#"{"policies": [{"name": "api", "key": ["header:x-user"],

@@ -1,7 +1,8 @@
 //! A traffic pattern: streams of requests, each either steady (one request
 //! `every` interval from `from` until `until`) or a `burst` of requests at
 //! one instant (`at`), with the request's path, method and headers (keys,
-//! costs) and how long each stays in flight (`duration`, for concurrency).
+//! costs), how long each stays in flight (`duration`, for concurrency) and
+//! the LLM tokens each uses (`tokens`, for a policy with an `llm`).
 //!
 //! ```json
 //! {"streams": [
@@ -44,6 +45,8 @@ struct Stream {
     at: Option<Duration>,
     /// How long each request is in flight.
     duration: Option<Duration>,
+    /// The LLM tokens each request uses (its usage, as its policy's `llm` charges it).
+    tokens: Option<u64>,
 }
 
 fn root() -> String {
@@ -100,6 +103,7 @@ impl Pattern {
                         at_us: t * 1000,
                         request,
                         duration_ms: ms(s.duration),
+                        tokens: s.tokens,
                         recorded: Recorded::EVERYTHING,
                     },
                 ));

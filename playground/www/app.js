@@ -73,7 +73,12 @@ function runPattern() {
       const div = document.createElement("div");
       div.className = "report";
       const limits = r.limits.map((l) => `${l.limit}: peak ${l.peak} of ${l.capacity}`).join("; ");
-      div.textContent = `${r.policy}: ${r.matched} matched, ${r.admitted} admitted, ${r.denied} denied. ${limits}`;
+      let text = `${r.policy}: ${r.matched} matched, ${r.admitted} admitted, ${r.denied} denied. ${limits}`;
+      if (r.tokens) {
+        text += `. ${r.tokens.charged} LLM tokens charged`;
+        if (r.tokens.unlogged) text += ` (${r.tokens.unlogged} requests without "tokens" charged the default reservation)`;
+      }
+      div.textContent = text;
       return div;
     }),
   );

@@ -624,6 +624,14 @@ impl WireLimit {
         (self.capacity(), window_ms)
     }
 
+    /// A `points` limit's cost as the check charges it; none for the other kinds.
+    pub fn points_cost(&self) -> Option<u32> {
+        match *self {
+            WireLimit::Points { cost, .. } | WireLimit::CalendarPoints { cost, .. } => Some(cost),
+            _ => None,
+        }
+    }
+
     /// A `concurrency` limit's lease; none for the other kinds.
     pub fn lease_ms(&self) -> Option<Millis> {
         match *self {

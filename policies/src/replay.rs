@@ -34,6 +34,9 @@ pub struct Replayed {
     pub request: SimpleRequest,
     /// How long it is in flight: when a concurrency lease ends.
     pub duration_ms: u64,
+    /// Its LLM token count as logged, as a policy's `llm` would charge it:
+    /// what its `llm_tokens` limits are charged (see [`Replay`]).
+    pub tokens: Option<u64>,
     /// What the record of it holds.
     pub recorded: Recorded,
 }
@@ -120,6 +123,20 @@ pub struct PolicyReport {
     pub limits: Vec<LimitReport>,
     /// The keys with the most requests, most first.
     pub busiest_keys: Vec<(String, u64)>,
+    /// A policy with an `llm`: the tokens its admitted requests were charged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<TokensReport>,
+}
+
+/// What a policy with an `llm` charged in a replay.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct TokensReport {
+    /// Tokens charged to admitted requests: their logged counts (or
+    /// reservations, for those without one).
+    pub charged: u64,
+    /// Requests whose line had no token count: charged the reservation a
+    /// request without a body makes (`default_max_tokens`).
+    pub unlogged: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -165,6 +182,7 @@ impl<'d> Replay<'d> {
                 policy: p.name.as_str().to_string(),
                 face: p.matcher.face().name(),
                 shadow: p.shadow,
+                tokens: p.llm.as_ref().map(|_| TokensReport::default()),
                 limits: p
                     .limits
                     .iter()
@@ -233,7 +251,7 @@ impl<'d> Replay<'d> {
             let chosen: Vec<(usize, Check)> = applied
                 .iter()
                 .filter(|a| a.policy.shadow == shadow)
-                .map(|a| (a.index, a.check(&logged.request)))
+                .map(|a| (a.index, self.charged(a, logged)))
                 .collect();
             if chosen.is_empty() {
                 continue;
@@ -254,6 +272,30 @@ impl<'d> Replay<'d> {
             }
         }
         event
+    }
+
+    /// `applied`'s check of `logged`. A log holds no body, so a policy with
+    /// an `llm` is charged the logged token count at once, as if its
+    /// reservation had been exact (the gateway reserves at least that much
+    /// while the request is in flight: its denials are at least these);
+    /// without a count, the reservation of a request without a body.
+    fn charged(&mut self, applied: &crate::Applied<'_>, logged: &Replayed) -> Check {
+        let mut check = applied.check(&logged.request);
+        if applied.policy.llm.is_none() {
+            return check;
+        }
+        let report = self.reports[applied.index].tokens.get_or_insert_with(TokensReport::default);
+        let Some(tokens) = logged.tokens else {
+            report.unlogged += 1;
+            return check;
+        };
+        for (limit, wire) in applied.policy.limits.iter().zip(&mut check.limits) {
+            if limit.costs_llm_tokens() {
+                let capacity = wire.capacity();
+                *wire = WireLimit::with_cost(limit, u32::try_from(tokens).unwrap_or(u32::MAX).min(capacity));
+            }
+        }
+        check
     }
 
     /// One all-or-nothing check; whether it passed, and each limit's outcome.
@@ -277,6 +319,12 @@ impl<'d> Replay<'d> {
             let mine: Vec<_> = outcomes.by_ref().take(check.limits.len()).collect();
             if reply.allowed {
                 report.admitted += 1;
+                if let Some(tokens) = &mut report.tokens {
+                    let limits = self.doc.policies[*index].limits.iter().zip(&check.limits);
+                    let cost =
+                        limits.filter(|(l, _)| l.costs_llm_tokens()).find_map(|(_, w)| w.points_cost());
+                    tokens.charged += u64::from(cost.unwrap_or(0));
+                }
                 for (limit, outcome) in report.limits.iter_mut().zip(&mine) {
                     limit.peak = limit.peak.max(limit.capacity.saturating_sub(outcome.remaining));
                 }
@@ -340,6 +388,7 @@ mod tests {
             at_us: 1_000_000,
             request: SimpleRequest::new("GET", "/"),
             duration_ms: 1,
+            tokens: None,
             recorded: Recorded::EVERYTHING,
         };
         assert_eq!(replay.request(&logged).decision, "admitted");
@@ -373,6 +422,7 @@ mod tests {
                 at_us,
                 request: SimpleRequest::new("GET", "/"),
                 duration_ms: 1,
+                tokens: None,
                 recorded,
             });
         }
@@ -404,7 +454,13 @@ mod tests {
         let mut decide = |at_us: u64, team: &str| {
             let request = SimpleRequest::new("GET", "/").header("x-org", "acme").header("x-team", team);
             replay
-                .request(&Replayed { at_us, request, duration_ms: 1, recorded: Recorded::EVERYTHING })
+                .request(&Replayed {
+                    at_us,
+                    request,
+                    duration_ms: 1,
+                    tokens: None,
+                    recorded: Recorded::EVERYTHING,
+                })
                 .decision
         };
         // 2026-03-10 20:00 UTC is 21:00 in Paris; Paris's next day starts at 23:00 UTC.

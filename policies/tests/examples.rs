@@ -26,6 +26,7 @@ const TESTED: &[&str] = &[
     "calendar-budgets",
     "llm-hierarchy",
     "llm-budget",
+    "llm-demo",
 ];
 
 fn example(name: &str) -> Document {
@@ -114,6 +115,26 @@ fn llm_budget() {
     let doc = example("llm-budget");
     assert!(doc.needs_body(&req));
     assert_eq!(applied(&doc, &req), Some(want));
+}
+
+/// The token-budget demo's document: a team's chat request reserves its
+/// body's bytes and the default output part, as `harness::llm_demo` says.
+#[test]
+fn llm_demo() {
+    let body = r#"{"model": "m", "messages": []}"#;
+    let req = SimpleRequest::new("POST", "/v1/chat/completions").header("x-team", "alpha").body(body);
+    let doc = example("llm-demo");
+    let (key, limits) = applied(&doc, &req).expect("the policy applies");
+    assert_eq!(key, "alpha");
+    assert_eq!(
+        limits,
+        [WireLimit::Points {
+            capacity: 10_000,
+            refill_ms: Millis(86_400_000),
+            cost: body.len() as u32 + 200
+        }]
+    );
+    assert!(doc.verdict_header, "the demo counts by the gateway's verdict");
 }
 
 /// Hostile cost headers are clamped to the capacity (1000) or fall back to

@@ -271,3 +271,31 @@ async fn bad_reports_are_refused_with_a_reason() {
     assert_eq!(history(quiet, "failure_passes").0, 0, "nothing counted: {quiet:#}");
     assert_eq!(quiet["totals"]["failure_passes"], 0);
 }
+
+/// A token budget (a policy's `llm`) shows in tokens: its limit says
+/// "LLM tokens" and carries the unit, and a key's state counts what its
+/// reservations left.
+#[tokio::test]
+async fn a_token_budget_shows_in_tokens() {
+    let redis = Redis::start().expect("redis");
+    let document = r#"{"policies": [{"name": "team", "key": ["header:x-team"],
+        "llm": {"api": "openai_chat"},
+        "limits": [{"type": "points", "capacity": 10000, "refill": "1d", "cost": "llm_tokens"},
+                   {"type": "fixed_window", "limit": 600, "window": "1m"}]}]}"#;
+    let port = serve(&redis, Some(document)).await;
+    let limits = vec![
+        WireLimit::Points { capacity: 10_000, refill_ms: Millis(86_400_000), cost: 300 },
+        WireLimit::FixedWindow { limit: 600, window_ms: Millis(60_000) },
+    ];
+    assert!(check(port, "r1", "team", "blue", limits).await.allowed);
+    let board = dashboard(port).await;
+    let team = policy(&board, "team");
+    assert_eq!(team["limits"][0]["unit"], "tokens");
+    assert!(
+        team["limits"][0]["text"].as_str().is_some_and(|t| t.starts_with("10000 LLM tokens")),
+        "{team:#}"
+    );
+    assert!(team["limits"][1].get("unit").is_none(), "a request limit counts requests");
+    let blue = key(team, "blue");
+    assert_eq!(blue["state"][0]["remaining"], 9_700, "{blue:#}");
+}

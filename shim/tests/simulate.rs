@@ -368,3 +368,77 @@ fn bad_lines_are_counted_skipped_and_named() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no line could be read (2 bad lines)"));
 }
+
+/// Token usage replayed from a log field: each request of a token budget is
+/// charged its logged count (Sluice's `tokens`, or any JSON field through
+/// `--field tokens=FIELD`) until the budget has no room for the next; a
+/// line without one is charged the reservation of a request without a body,
+/// and said so.
+#[test]
+fn token_usage_is_replayed_from_a_log_field() {
+    let policy = write(
+        "llm-policy.json",
+        r#"{"policies": [{"name": "team", "key": ["header:x-team"],
+            "llm": {"api": "openai_chat", "default_max_tokens": 500},
+            "limits": [{"type": "points", "capacity": 10000, "refill": "365d", "cost": "llm_tokens"}]}]}"#,
+    );
+    // 12 requests of 1,000 tokens a second apart: 10 fit the budget.
+    let mut sluice_lines = String::new();
+    let mut mapped = String::new();
+    for i in 0..12 {
+        let at = T0 + i * 1000;
+        let _ = writeln!(
+            sluice_lines,
+            r#"{{"time_ms": {at}, "method": "POST", "path": "/v1/chat/completions", "headers": {{"x-team": "blue"}}, "tokens": 1000}}"#
+        );
+        let _ = writeln!(
+            mapped,
+            r#"{{"ts": {at}, "uri": "/v1/chat/completions", "team": "blue", "usage": {}}}"#,
+            if i == 11 { "null".to_string() } else { "1000".to_string() }
+        );
+    }
+    for (log, flags) in [
+        (write("tokens.jsonl", &sluice_lines), vec![]),
+        (
+            write("tokens-mapped.jsonl", &mapped),
+            vec![
+                "--field",
+                "time_ms=ts",
+                "--field",
+                "path=uri",
+                "--field",
+                "header:x-team=team",
+                "--field",
+                "tokens=usage",
+            ],
+        ),
+    ] {
+        let mut args = vec!["--policy", policy.to_str().expect("path"), "--format", "json"];
+        args.extend(flags.iter().copied());
+        args.push(log.to_str().expect("path"));
+        let out = simulate(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        let team = &report[0];
+        assert_eq!((team["admitted"].as_u64(), team["denied"].as_u64()), (Some(10), Some(2)), "{team:#}");
+        assert_eq!(team["tokens"]["charged"], 10_000);
+    }
+    // The mapped log's last line logs no count: charged 500, said in the text.
+    let log = write("tokens-mapped-text.jsonl", &mapped);
+    let out = simulate(&[
+        "--policy",
+        policy.to_str().expect("path"),
+        "--field",
+        "time_ms=ts",
+        "--field",
+        "path=uri",
+        "--field",
+        "header:x-team=team",
+        "--field",
+        "tokens=usage",
+        log.to_str().expect("path"),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("LLM tokens charged to admitted requests: 10000"), "{text}");
+    assert!(text.contains("1 requests without a logged token count"), "{text}");
+}

@@ -302,6 +302,14 @@ impl Proxy {
         Ok(self.outcome(returned))
     }
 
+    /// The size of the guest's linear memory, in bytes: it only grows, so
+    /// it is the most the filter's heap has ever held (with its stack and
+    /// data).
+    pub fn memory_bytes(&mut self) -> usize {
+        let Some(memory) = self.vm.memory else { return 0 };
+        memory.data_size(&self.vm.store)
+    }
+
     /// The response body that went on to the client of stream `id` so far.
     pub fn forwarded(&mut self, id: u32) -> Vec<u8> {
         self.state().streams.get(&id).map(|s| s.forwarded.clone()).unwrap_or_default()

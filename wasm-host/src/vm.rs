@@ -60,6 +60,8 @@ pub(crate) struct Exports {
 pub(crate) struct Vm {
     pub store: Store<HostState>,
     pub exports: Exports,
+    /// The guest's linear memory, for its size.
+    pub memory: Option<wasmtime::Memory>,
     crashed: Option<Crash>,
 }
 
@@ -104,7 +106,8 @@ impl Vm {
             on_done: i.typed(&store)?,
             on_delete: j.typed(&store)?,
         };
-        Ok(Vm { store, exports, crashed: None })
+        let memory = instance.get_memory(&mut store, "memory");
+        Ok(Vm { store, exports, memory, crashed: None })
     }
 
     /// Runs one callback in `context`: a fresh fuel budget, the effective

@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use sluice_harness::demo::{send, warm_up, Row, LEGEND, PATH, TRAFFIC};
-use sluice_harness::{workspace_root, Stack};
+use sluice_harness::llm::LlmUpstream;
+use sluice_harness::{llm_demo, workspace_root, Envoy, Redis, Shim, Stack};
 
 /// How long the warm-up may take before the demo goes on regardless.
 const WARM_UP: Duration = Duration::from_secs(30);
@@ -78,6 +79,61 @@ pub fn run(keep_running: bool) -> Result<()> {
     }
     println!("stopping envoy, the shim, the upstream and redis-server");
     drop(stack);
+    Ok(())
+}
+
+/// `cargo xtask demo --llm`: token budgets through the real path, against
+/// the mock LLM provider of the harness (`policies/examples/llm-demo.json`:
+/// 10,000 tokens per team a day). Each team's clients stream chat
+/// completions until refused; the table counts requests by the gateway's
+/// verdict and tokens by the provider's own count.
+pub fn run_llm(keep_running: bool) -> Result<()> {
+    let interrupted = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&interrupted);
+    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
+        .context("installing the Ctrl-C handler")?;
+    let policy_path = workspace_root().join("policies/examples/llm-demo.json");
+    let policy = std::fs::read_to_string(&policy_path)
+        .with_context(|| format!("reading {}", policy_path.display()))?;
+    println!(
+        "starting redis-server, the sluice shim, a mock LLM provider and envoy (policy: {})",
+        policy_path.display()
+    );
+    let redis = Redis::start()?;
+    let shim = Shim::start(&redis.url())?;
+    let provider = LlmUpstream::start()?;
+    let envoy = Envoy::start(&policy, shim.port, provider.port)?;
+    println!(
+        "each team streams POST /v1/chat/completions through envoy at {} (OpenAI's shape, usage in the last chunk);",
+        envoy.url()
+    );
+    println!("each client sends until its first 429\n");
+    println!("{}", llm_demo::Row::head());
+    for team in &llm_demo::TEAMS {
+        if interrupted.load(Ordering::SeqCst) {
+            break;
+        }
+        println!("{}", llm_demo::send(envoy.port, &provider, team, 200)?.line(team));
+    }
+    println!("\n{}", llm_demo::LEGEND);
+    if keep_running && !interrupted.load(Ordering::SeqCst) {
+        println!("\nstill running; Ctrl-C stops everything.");
+        println!("  envoy listener  {}", envoy.url());
+        println!(
+            "  envoy admin     http://127.0.0.1:{}  (sluice.team-tokens.llm_tokens_* stats)",
+            envoy.admin_port
+        );
+        println!("  sluice shim     http://127.0.0.1:{}/  (the Limits dashboard)", shim.port);
+        println!(
+            "  try: curl -N -H 'x-team: delta' -d '{{\"model\":\"m\",\"stream\":true,\"stream_options\":{{\"include_usage\":true}}}}' {}/v1/chat/completions",
+            envoy.url()
+        );
+        while !interrupted.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    println!("stopping envoy, the mock provider, the shim and redis-server");
+    drop((envoy, provider, shim, redis));
     Ok(())
 }
 

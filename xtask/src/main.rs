@@ -70,6 +70,9 @@ enum Task {
         /// Leave Envoy, Redis and the shim running after the demo's requests.
         #[arg(long)]
         keep_running: bool,
+        /// The token-budget demo instead: teams streaming chat completions to a mock LLM provider.
+        #[arg(long)]
+        llm: bool,
     },
     /// Run every benchmark on loopback (the crate sluice-bench); writes bench/results/LATEST.md and a
     /// plot. Its flags (--quick, --egress, --shed, --feedback, --redis-cost, --callgrind, --leased)
@@ -108,7 +111,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Task::Build => build::build().map(drop),
         Task::Test { test_args } => test::run(&test_args),
-        Task::Demo { keep_running } => run_demo(keep_running),
+        Task::Demo { keep_running, llm } => run_demo(keep_running, llm),
         Task::Bench { args } => bench::run(&args),
         Task::Soak { minutes } => bench::run(&["--soak-seconds".to_string(), (minutes * 60).to_string()]),
         Task::Playground => playground::build().map(drop),
@@ -127,12 +130,15 @@ fn main() -> ExitCode {
 
 /// The demo uses the `sluice-harness` helpers, which read the `SLUICE_*`
 /// variables; set them here, before the demo starts any thread.
-fn run_demo(keep_running: bool) -> Result<()> {
+fn run_demo(keep_running: bool, llm: bool) -> Result<()> {
     let redis = deps::ensure_redis()?;
     let envoy = deps::ensure_envoy()?;
     build::build()?;
     std::env::set_var("SLUICE_REDIS_SERVER", redis);
     std::env::set_var("SLUICE_ENVOY", envoy);
     std::env::set_var("SLUICE_DIST", paths::dist_dir());
+    if llm {
+        return demo::run_llm(keep_running);
+    }
     demo::run(keep_running)
 }

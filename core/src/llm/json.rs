@@ -34,10 +34,10 @@ impl Seg {
         Seg::Key(name.as_bytes().to_vec(), index)
     }
 
-    fn matches(&self, step: &Step) -> bool {
+    fn matches(&self, step: &Step<'_>) -> bool {
         match (self, step) {
             (Seg::Any, _) => true,
-            (Seg::Key(name, _), Step::Key(key)) => name == key,
+            (Seg::Key(name, _), Step::Key(key)) => name.as_slice() == *key,
             (Seg::Key(_, Some(i)), Step::Index(j)) => i == j,
             _ => false,
         }
@@ -95,7 +95,7 @@ impl Paths {
     }
 
     /// The paths of `mask` that go on through `step` at `depth`.
-    fn through(&self, mask: u64, depth: usize, step: &Step) -> u64 {
+    fn through(&self, mask: u64, depth: usize, step: &Step<'_>) -> u64 {
         let mut out = 0;
         for (i, (segs, _)) in self.paths.iter().enumerate() {
             if mask & (1 << i) != 0 && segs.get(depth).is_some_and(|s| s.matches(step)) {
@@ -129,12 +129,18 @@ impl Found {
     pub fn new(paths: &Paths) -> Found {
         Found { numbers: vec![None; paths.slots()], content: 0 }
     }
+
+    /// Nothing found, ready for the next document.
+    pub fn clear(&mut self) {
+        self.numbers.fill(None);
+        self.content = 0;
+    }
 }
 
 /// One step of the path to a value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Step {
-    Key(Vec<u8>),
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step<'k> {
+    Key(&'k [u8]),
     Index(u32),
 }
 
@@ -252,11 +258,26 @@ impl Reader {
 
     /// Reads the next bytes of the document.
     pub fn feed(&mut self, bytes: &[u8], paths: &Paths, found: &mut Found) {
-        for &b in bytes {
-            if self.failed {
-                return;
+        let mut i = 0;
+        while i < bytes.len() && !self.failed {
+            if let Token::Str { key, escape: false } = self.token {
+                // A string's plain run at once, up to its quote or escape.
+                let rest = &bytes[i..];
+                let run = rest.iter().position(|&b| b == b'"' || b == b'\\').unwrap_or(rest.len());
+                if run > 0 {
+                    if key {
+                        let room = MAX_KEY - self.key.len().min(MAX_KEY);
+                        self.key.extend_from_slice(&rest[..run.min(room)]);
+                        self.key_lost |= run > room;
+                    } else {
+                        self.len += run as u64;
+                    }
+                    i += run;
+                    continue;
+                }
             }
-            self.byte(b, paths, found);
+            self.byte(bytes[i], paths, found);
+            i += 1;
         }
     }
 
@@ -404,10 +425,10 @@ impl Reader {
     /// A member's key is read: the paths that go on through it.
     fn key_read(&mut self, paths: &Paths) {
         let depth = self.frames.len() - 1;
-        let key = std::mem::take(&mut self.key);
         if let Some(f) = self.frames.last_mut() {
-            f.child = if self.key_lost { 0 } else { paths.through(f.mask, depth, &Step::Key(key)) };
+            f.child = if self.key_lost { 0 } else { paths.through(f.mask, depth, &Step::Key(&self.key)) };
         }
+        self.key.clear();
         self.expect = Expect::Colon;
     }
 

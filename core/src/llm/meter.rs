@@ -142,37 +142,21 @@ impl Meter {
     /// Reads a chunk of the body. For a stream, `on_event` gets the offset
     /// just past each event that ends in it, and the running count then.
     pub fn feed(&mut self, chunk: &[u8], llm: &Llm, mut on_event: impl FnMut(usize, u64)) {
-        let (paths, found) = (&self.paths, &mut self.found);
+        let (paths, found, slots, reservation) =
+            (&self.paths, &mut self.found, &self.input_slots, self.reservation);
         match &mut self.body {
             Body::Json(reader) => reader.feed(chunk, paths, found),
-            Body::Events(events) => {
-                let mut ends = Vec::new();
-                events.feed(chunk, paths, |Dispatched { end, found: event }| {
-                    merge(found, event);
-                    ends.push(end);
-                });
-                for end in ends {
-                    on_event(end, self.running(llm));
-                }
-            }
+            Body::Events(events) => events.feed(chunk, paths, |Dispatched { end, found: event }| {
+                merge(found, event);
+                on_event(end, running(found, slots, reservation, llm));
+            }),
             Body::Waiting | Body::Unreadable => {}
         }
     }
 
-    /// The tokens the response has used so far, as well as can be told
-    /// mid-stream: the usage reported so far, or the reservation's input
-    /// part and the content seen.
+    /// The tokens the response has used so far (see [`running`]).
     pub fn running(&self, llm: &Llm) -> u64 {
-        let (input, output) = self.sums(false);
-        let content = self.found.content.div_ceil(u64::from(llm.bytes_per_token));
-        let input = input.unwrap_or(self.reservation.input);
-        let mut output = output.unwrap_or(0).max(content);
-        if self.reservation.capped {
-            // The provider stops at the request's cap, whatever the content
-            // seen suggests (a token is often several bytes).
-            output = output.min(self.reservation.output);
-        }
-        u64::from(llm.cost(input, output))
+        running(&self.found, &self.input_slots, self.reservation, llm)
     }
 
     /// The response has ended: what its request is charged.
@@ -217,25 +201,46 @@ impl Meter {
     /// the input); `None` for a part none of whose fields was seen (`last`:
     /// at a place that reports the final count).
     fn sums(&self, last: bool) -> (Option<u64>, Option<u64>) {
-        let mut sums = (None, None);
-        for (n, &input) in self.found.numbers.iter().zip(&self.input_slots) {
-            let Some((n, at_last)) = n else { continue };
-            if last && !at_last {
-                continue;
-            }
-            let sum = if input { &mut sums.0 } else { &mut sums.1 };
-            *sum = Some(sum.unwrap_or(0u64).saturating_add(*n));
-        }
-        sums
+        sums(&self.found, &self.input_slots, last)
     }
+}
+
+/// The input and output counts `found` so far (see [`Meter::sums`]).
+fn sums(found: &Found, input_slots: &[bool], last: bool) -> (Option<u64>, Option<u64>) {
+    let mut sums = (None, None);
+    for (n, &input) in found.numbers.iter().zip(input_slots) {
+        let Some((n, at_last)) = n else { continue };
+        if last && !at_last {
+            continue;
+        }
+        let sum = if input { &mut sums.0 } else { &mut sums.1 };
+        *sum = Some(sum.unwrap_or(0u64).saturating_add(*n));
+    }
+    sums
+}
+
+/// The tokens a response has used so far, as well as can be told
+/// mid-stream: the usage reported so far, or the reservation's input part
+/// and the content seen (never past the request's cap).
+fn running(found: &Found, input_slots: &[bool], reservation: Reservation, llm: &Llm) -> u64 {
+    let (input, output) = sums(found, input_slots, false);
+    let content = found.content.div_ceil(u64::from(llm.bytes_per_token));
+    let input = input.unwrap_or(reservation.input);
+    let mut output = output.unwrap_or(0).max(content);
+    if reservation.capped {
+        // The provider stops at the request's cap, whatever the content
+        // seen suggests (a token is often several bytes).
+        output = output.min(reservation.output);
+    }
+    u64::from(llm.cost(input, output))
 }
 
 /// An event's findings over the stream's: each count it reports replaces
 /// the last (the APIs report the count so far), content adds up.
-fn merge(into: &mut Found, event: Found) {
-    for (slot, n) in into.numbers.iter_mut().zip(event.numbers) {
+fn merge(into: &mut Found, event: &Found) {
+    for (slot, n) in into.numbers.iter_mut().zip(&event.numbers) {
         if n.is_some() {
-            *slot = n;
+            *slot = *n;
         }
     }
     into.content = into.content.saturating_add(event.content);

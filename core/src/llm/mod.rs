@@ -167,7 +167,7 @@ impl Metered {
                     fx.count(index, PolicyStat::LlmFallbacks);
                 }
             }
-            out.extend(adjustments.into_iter().filter(|a| Some(a.actual) != points_cost(&a.limit)));
+            out.extend(adjustments.into_iter().filter(|a| Some(a.actual) != a.limit.points_cost()));
         }
         out
     }
@@ -180,14 +180,6 @@ impl Metered {
 
 fn llm_of(doc: &Document, index: usize) -> Option<&Llm> {
     doc.policies.get(index)?.llm.as_ref()
-}
-
-/// A points limit's cost as the check sent it.
-fn points_cost(limit: &WireLimit) -> Option<u32> {
-    match *limit {
-        WireLimit::Points { cost, .. } | WireLimit::CalendarPoints { cost, .. } => Some(cost),
-        _ => None,
-    }
 }
 
 /// Each policy of `call` with an `llm`: its index, the reservation its
@@ -217,7 +209,7 @@ fn left_for(call: &CheckCall, i: usize) -> u64 {
         .limits
         .iter()
         .zip(&outcome.limits)
-        .filter_map(|(wire, o)| Some(o.remaining.saturating_add(u64::from(points_cost(wire)?))))
+        .filter_map(|(wire, o)| Some(o.remaining.saturating_add(u64::from(wire.points_cost()?))))
         .min()
         .unwrap_or(u64::MAX)
 }

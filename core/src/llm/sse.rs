@@ -50,11 +50,11 @@ pub struct Events {
 
 /// One event's end, as [`Events::feed`] reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Dispatched {
+pub struct Dispatched<'f> {
     /// The offset in the chunk just past the blank line that ended it.
     pub end: usize,
     /// What its data held at the watched paths.
-    pub found: Found,
+    pub found: &'f Found,
 }
 
 impl Events {
@@ -72,10 +72,20 @@ impl Events {
     }
 
     /// Reads a chunk; `on_event` gets each event that ends in it.
-    pub fn feed(&mut self, chunk: &[u8], paths: &Paths, mut on_event: impl FnMut(Dispatched)) {
+    pub fn feed(&mut self, chunk: &[u8], paths: &Paths, mut on_event: impl FnMut(Dispatched<'_>)) {
         // Data bytes go to the reader a run at a time, not byte by byte.
         let mut run: Option<usize> = None;
-        for (i, &b) in chunk.iter().enumerate() {
+        let mut next = 0;
+        while next < chunk.len() {
+            let (i, b) = (next, chunk[next]);
+            next += 1;
+            if self.line == Line::Data && !self.after_cr && b != b'\n' && b != b'\r' {
+                // The rest of the data line at once.
+                let rest = &chunk[next..];
+                next += rest.iter().position(|&b| b == b'\n' || b == b'\r').unwrap_or(rest.len());
+                run.get_or_insert(i);
+                continue;
+            }
             if self.after_cr {
                 self.after_cr = false;
                 if b == b'\n' {
@@ -103,11 +113,10 @@ impl Events {
                     self.line = Line::Start;
                 }
                 Line::Start if eol => {
-                    if let Some(found) = self.dispatch(paths) {
-                        on_event(Dispatched {
-                            end: i + 1 + usize::from(self.after_cr && chunk.get(i + 1) == Some(&b'\n')),
-                            found,
-                        });
+                    if self.dispatch(paths) {
+                        let end = i + 1 + usize::from(self.after_cr && chunk.get(i + 1) == Some(&b'\n'));
+                        on_event(Dispatched { end, found: &self.found });
+                        self.found.clear();
                     }
                 }
                 Line::Start if b == b':' => self.line = Line::Other,
@@ -166,14 +175,15 @@ impl Events {
         self.has_data = true;
     }
 
-    /// A blank line: the event is whole. `None` if it had no data.
-    fn dispatch(&mut self, paths: &Paths) -> Option<Found> {
+    /// A blank line: the event is whole (`self.found` holds what it
+    /// found). False if it had no data.
+    fn dispatch(&mut self, paths: &Paths) -> bool {
         if !std::mem::take(&mut self.has_data) {
-            return None;
+            return false;
         }
         self.events += 1;
         self.reader.finish(paths, &mut self.found);
         self.reader.reset(paths);
-        Some(std::mem::replace(&mut self.found, Found::new(paths)))
+        true
     }
 }

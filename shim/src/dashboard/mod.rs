@@ -147,6 +147,9 @@ pub struct LimitView {
     pub text: String,
     /// What `remaining` counts down from.
     pub capacity: u64,
+    /// `tokens` for a budget in LLM tokens (a policy's `llm`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unit: Option<&'static str>,
 }
 
 #[derive(Debug, Serialize)]
@@ -178,6 +181,8 @@ struct Listed {
     wait: bool,
     face: Option<&'static str>,
     limits: Vec<WireLimit>,
+    /// Parallel to `limits`: the limits the document charges in LLM tokens.
+    in_tokens: Vec<bool>,
     seen: Seen,
 }
 
@@ -207,6 +212,7 @@ impl Dashboard {
                 wait: policy.wait.is_some(),
                 face: Some(policy.matcher.face().name()),
                 limits: policy.limits.iter().map(|l| WireLimit::with_cost(l, 1)).collect(),
+                in_tokens: policy.limits.iter().map(|l| l.costs_llm_tokens()).collect(),
                 seen: seen.remove(policy.name.as_str()).unwrap_or_default(),
             })
             .collect();
@@ -218,6 +224,7 @@ impl Dashboard {
             wait: false,
             face: None,
             limits: seen.limits.clone(),
+            in_tokens: Vec::new(),
             seen,
         }));
         listed
@@ -227,7 +234,9 @@ impl Dashboard {
         let keys = policy.seen.keys.iter().map(|(key, estimate)| self.key(&policy, key, *estimate, now));
         let keys = join_all(keys).await;
         PolicyView {
-            limits: policy.limits.iter().map(describe).collect(),
+            limits: (policy.limits.iter().enumerate())
+                .map(|(i, l)| describe(l, policy.in_tokens.get(i).copied().unwrap_or(false)))
+                .collect(),
             rates: policy.seen.rates,
             totals: policy.seen.totals,
             history: policy.seen.history,
@@ -259,8 +268,11 @@ impl Dashboard {
     }
 }
 
-/// A limit in words, and its capacity.
-fn describe(limit: &WireLimit) -> LimitView {
+/// A limit in words, and its capacity; a budget in LLM tokens says so.
+fn describe(limit: &WireLimit, in_tokens: bool) -> LimitView {
     let t = |ms: Millis| humantime::format_duration(std::time::Duration::from_millis(ms.get())).to_string();
-    LimitView { kind: limit.type_name(), text: limit.summary(t), capacity: limit.capacity().into() }
+    let text = limit.summary(t);
+    let (text, unit) =
+        if in_tokens { (text.replacen("points", "LLM tokens", 1), Some("tokens")) } else { (text, None) };
+    LimitView { kind: limit.type_name(), text, capacity: limit.capacity().into(), unit }
 }

@@ -84,7 +84,8 @@ function limitCell(limit, state) {
   if (!state) return $("td", { className: "muted", textContent: "—" });
   const share = limit.capacity ? Math.min(state.remaining / limit.capacity, 1) : 0;
   const bar = $("span", { className: "bar" }, $("i", { style: `width:${(share * 100).toFixed(0)}%` }));
-  const parts = [`${state.remaining}/${limit.capacity} left`];
+  const unit = limit.unit ? ` ${limit.unit}` : "";
+  const parts = [`${state.remaining}/${limit.capacity}${unit} left`];
   if (state.held != null) parts.push(`${state.held} held`, `${state.waiters} waiting`);
   else parts.push(`reset ${ms(state.reset_ms)}`);
   return $("td", { className: "state" }, bar, parts.join(" · "));

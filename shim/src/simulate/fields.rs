@@ -11,6 +11,7 @@
 //! | `source` | the downstream peer address (`%DOWNSTREAM_REMOTE_ADDRESS%`) |
 //! | `duration_ms` | how long the request took, in milliseconds |
 //! | `header:NAME` | a request header |
+//! | `tokens` | the request's LLM token count, as its policy's `llm` charges it (its usage) |
 //!
 //! Fields not mapped are ignored. A mapped field absent from a line is not
 //! recorded there (a key that reads it is counted apart); one present as
@@ -36,6 +37,7 @@ enum Target {
     Authority,
     Source,
     DurationMs,
+    Tokens,
     Header(String),
 }
 
@@ -49,11 +51,12 @@ impl Target {
             "authority" => Target::Authority,
             "source" => Target::Source,
             "duration_ms" => Target::DurationMs,
+            "tokens" => Target::Tokens,
             _ => match text.strip_prefix("header:").map(HeaderName::new) {
                 Some(Some(name)) => Target::Header(name.as_str().to_string()),
                 _ => {
                     return Err(format!(
-                        "unknown target {text:?} (expected time, time_ms, method, path, authority, source, duration_ms or header:NAME)"
+                        "unknown target {text:?} (expected time, time_ms, method, path, authority, source, duration_ms, tokens or header:NAME)"
                     ))
                 }
             },
@@ -147,6 +150,7 @@ impl Mapping {
         let mut method = Cow::Borrowed("GET");
         let mut path = None;
         let mut duration_ms = 0;
+        let mut tokens = None;
         let mut request = SimpleRequest::default();
         let mut recorded = Recorded {
             source_address: false,
@@ -171,6 +175,7 @@ impl Mapping {
                 Target::Method => method = Cow::Owned(text.unwrap_or("GET").to_string()),
                 Target::Path => path = text.map(str::to_string),
                 Target::DurationMs => duration_ms = text.map(|t| number(name, t)).transpose()?.unwrap_or(0),
+                Target::Tokens => tokens = text.map(|t| count(name, t)).transpose()?,
                 Target::Authority => {
                     recorded.authority = true;
                     request.authority = text.unwrap_or_default().into();
@@ -193,7 +198,7 @@ impl Mapping {
         let at_us = at_us.ok_or_else(|| self.no("time", "time=FIELD (RFC 3339) or time_ms=FIELD"))?;
         request.path = path.ok_or_else(|| self.no("path", "path=FIELD"))?.into_bytes();
         request.method = method.into_owned().into_bytes();
-        Ok(Replayed { at_us, request, duration_ms, recorded })
+        Ok(Replayed { at_us, request, duration_ms, tokens, recorded })
     }
 
     /// The error for a line without a required part.
@@ -223,6 +228,11 @@ fn field<'a>(line: &'a Map<String, Value>, name: &str) -> Result<Field<'a>, Stri
         Some(Value::Bool(b)) => Field::Text(Cow::Owned(b.to_string())),
         Some(_) => return Err(format!("field {name:?} is not a string or a number")),
     })
+}
+
+/// A whole number of tokens.
+fn count(name: &str, text: &str) -> Result<u64, String> {
+    text.trim().parse().map_err(|_| format!("field {name:?}: {text:?} is not a whole number of tokens"))
 }
 
 /// A whole number of milliseconds; a fraction is cut.

@@ -11,8 +11,11 @@
 //! ```json
 //! {"time": "2026-11-23T10:00:00.250Z", "method": "GET", "path": "/v42/x",
 //!  "authority": "api", "headers": {"x-account": "acme"}, "source": "10.0.0.7:5521",
-//!  "duration_ms": 120}
+//!  "duration_ms": 120, "tokens": 1250}
 //! ```
+//!
+//! `tokens`, if given, is the request's LLM token count (its usage, weighed
+//! as its policy's `llm` charges it): what a token budget charges it.
 //!
 //! `time` may also be `time_ms`, milliseconds since the epoch. A field it
 //! leaves out is not recorded (no `headers`: no header is); a header
@@ -51,6 +54,8 @@ struct JsonLine {
     domain: Option<String>,
     entries: Option<BTreeMap<String, String>>,
     bucket: Option<BTreeMap<String, String>>,
+    /// The request's LLM token count, as its policy's `llm` charges it.
+    tokens: Option<u64>,
 }
 
 fn get() -> String {
@@ -137,7 +142,7 @@ fn sluice(object: Map<String, Value>) -> Result<Logged, String> {
     if let Some(source) = &l.source {
         request = request.source(source);
     }
-    Ok(Logged { at_us, request, duration_ms: l.duration_ms, recorded })
+    Ok(Logged { at_us, request, duration_ms: l.duration_ms, tokens: l.tokens, recorded })
 }
 
 /// Envoy's default format, read field by field: `[time] "METHOD PATH PROTO"
@@ -172,7 +177,7 @@ fn envoy(text: &str) -> Result<Logged, String> {
             request = request.header(name, value);
         }
     }
-    Ok(Logged { at_us, request, duration_ms, recorded: envoy_text_records() })
+    Ok(Logged { at_us, request, duration_ms, tokens: None, recorded: envoy_text_records() })
 }
 
 /// What Envoy's default format records: no peer address, three headers.

@@ -61,7 +61,8 @@ pub struct Args {
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = humantime::parse_duration)]
     reorder: std::time::Duration,
     /// Read JSON lines through a mapping, TARGET=FIELD: TARGET is time,
-    /// time_ms, method, path, authority, source, duration_ms or header:NAME.
+    /// time_ms, method, path, authority, source, duration_ms, tokens (a
+    /// request's LLM token count) or header:NAME.
     /// Repeat it for each field; unmapped fields are ignored.
     #[arg(long = "field", value_name = "TARGET=FIELD")]
     fields: Vec<String>,

@@ -65,6 +65,16 @@ pub(crate) fn text(read: &Read, reports: &[PolicyReport]) -> String {
         for l in &r.limits {
             let _ = writeln!(out, "  {}: peak {} of {}, denied {}", l.limit, l.peak, l.capacity, l.denied);
         }
+        if let Some(tokens) = &r.tokens {
+            let _ = writeln!(out, "  LLM tokens charged to admitted requests: {}", tokens.charged);
+            if tokens.unlogged > 0 {
+                let _ = writeln!(
+                    out,
+                    "  {} requests without a logged token count were charged a bodiless reservation (default_max_tokens): log their usage as \"tokens\", or map it with --field tokens=FIELD",
+                    tokens.unlogged
+                );
+            }
+        }
         if !r.busiest_keys.is_empty() {
             let keys: Vec<String> =
                 r.busiest_keys.iter().map(|(k, n)| format!("{} ({n})", key::display(k))).collect();
