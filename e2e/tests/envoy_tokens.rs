@@ -305,3 +305,57 @@ fn a_request_body_never_carries_its_request_past_its_check() {
     }
     assert_eq!(reached.load(Ordering::SeqCst), 0, "no request reached the upstream");
 }
+
+/// The decompressor placement `docs/token-budgets.md` gives, through real
+/// Envoy: with Envoy's gzip decompressor after Sluice (next to the router),
+/// a gzip'd answer reaches the filter decompressed and is charged its true
+/// count; without it, the same answer is unreadable and charged by the
+/// fallback.
+#[test]
+fn a_decompressor_after_sluice_makes_a_gzip_answer_readable() {
+    let policy = budget("gz", Api::AnthropicMessages, 1_000_000, "");
+    let doc =
+        format!(r#"{{"shim": {{"timeout_ms": 2000}}, "failure_mode": "deny", "policies": [{policy}]}}"#);
+    let demo =
+        std::fs::read_to_string(sluice_harness::workspace_root().join("envoy/demo.yaml")).expect("demo.yaml");
+    let router = "          - name: envoy.filters.http.router";
+    assert!(demo.contains(router), "the template's router");
+    let decompressor = r#"          - name: envoy.filters.http.decompressor
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.decompressor.v3.Decompressor
+              decompressor_library:
+                name: gzip
+                typed_config:
+                  "@type": type.googleapis.com/envoy.extensions.compression.gzip.decompressor.v3.Gzip
+"#;
+    let template = sluice_harness::scratch_dir("decompressor").expect("scratch").join("envoy.yaml");
+    std::fs::write(&template, demo.replacen(router, &format!("{decompressor}{router}"), 1))
+        .expect("template");
+    let redis = Redis::start().expect("redis");
+    let shim = Shim::start(&redis.url()).expect("shim");
+    let provider = LlmUpstream::start().expect("the mock provider");
+    let values = [
+        ("UPSTREAM_PORT", provider.port.to_string()),
+        ("SHIM_PORT", shim.port.to_string()),
+        ("WASM_PATH", sluice_harness::dist("sluice.wasm").expect("sluice.wasm").display().to_string()),
+        ("POLICY_JSON", serde_json::to_string(&doc).expect("json")),
+    ];
+    let envoy = Envoy::start_template(&template, &values, 2).expect("envoy with a decompressor");
+    let body = request_body(Api::AnthropicMessages, "hello", Some(100), false);
+    let reply = call(&envoy, Api::AnthropicMessages, &body, &[("x-team", "a"), ("x-mock-gzip", "2")]);
+    assert_eq!(reply.status, 200);
+    assert!(
+        serde_json::from_slice::<Value>(&reply.body).is_ok(),
+        "the client gets it decompressed: {}",
+        reply.text()
+    );
+    assert_eq!(stat(&envoy, "llm_unreadable", "gz"), 0);
+    assert_eq!(stat(&envoy, "llm_fallbacks", "gz"), 0);
+    assert_eq!(stat(&envoy, "llm_tokens_charged", "gz"), provider.served()[0].billed());
+
+    // Without the decompressor, the same answer cannot be read.
+    let plain = Envoy::start(&doc, shim.port, provider.port).expect("envoy");
+    let reply = call(&plain, Api::AnthropicMessages, &body, &[("x-team", "a"), ("x-mock-gzip", "2")]);
+    assert_eq!(reply.status, 200);
+    assert_eq!(stat(&plain, "llm_unreadable", "gz"), 1);
+}

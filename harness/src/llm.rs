@@ -17,7 +17,8 @@
 //! Other headers: `x-mock-id` names the request in [`Served`];
 //! `x-mock-cut: N` closes the connection after N events (a stream cut
 //! short); `x-mock-status: S` refuses with S and an error body;
-//! `x-mock-gzip: 1` labels the body gzip (an unreadable one);
+//! `x-mock-gzip: 1` labels the body gzip (an unreadable one), `x-mock-gzip: 2`
+//! compresses it with gzip for real;
 //! `x-mock-seed: N` picks the chunk sizes.
 
 use std::collections::HashMap;
@@ -77,7 +78,8 @@ pub struct Script {
     pub output: u64,
     pub cut_after: Option<usize>,
     pub status: u16,
-    pub gzip: bool,
+    /// 0: plain; 1: labelled gzip, not compressed; 2: gzip'd.
+    pub gzip: u64,
     pub seed: u64,
 }
 
@@ -106,7 +108,7 @@ impl Script {
             output: cap.map_or(wanted, |cap| wanted.min(cap)),
             cut_after: header("x-mock-cut").map(|n| n as usize),
             status: header("x-mock-status").map_or(200, |s| s as u16),
-            gzip: header("x-mock-gzip") == Some(1),
+            gzip: header("x-mock-gzip").unwrap_or(0),
             seed: header("x-mock-seed").unwrap_or(0),
         })
     }
@@ -351,6 +353,7 @@ fn serve(stream: TcpStream, record: &Mutex<Vec<Served>>, counter: &AtomicU64) {
 /// and whether it was written whole.
 fn answer(stream: &mut TcpStream, script: &Script) -> (u64, bool) {
     let (body, ends) = script.body();
+    let body = if script.gzip == 2 { gzip(&body) } else { body };
     let (body, cut) = match script.cut_after.filter(|_| script.stream) {
         Some(k) => {
             let at = ends.get(k.saturating_sub(1)).copied().unwrap_or(0).min(body.len());
@@ -364,7 +367,7 @@ fn answer(stream: &mut TcpStream, script: &Script) -> (u64, bool) {
         script.status,
         script.content_type()
     );
-    if script.gzip {
+    if script.gzip > 0 {
         head.push_str("content-encoding: gzip\r\n");
     }
     head.push_str("\r\n");
@@ -398,6 +401,13 @@ fn answer(stream: &mut TcpStream, script: &Script) -> (u64, bool) {
     let whole = stream.write_all(b"0\r\n\r\n").is_ok();
     let written = if script.stream { script.written_by(ends.len()) } else { script.output };
     (written, whole)
+}
+
+/// `body` compressed with gzip.
+fn gzip(body: &[u8]) -> Vec<u8> {
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    let _ = encoder.write_all(body);
+    encoder.finish().unwrap_or_default()
 }
 
 /// One request: its path, its headers (lower-case names) and its body
