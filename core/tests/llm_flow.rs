@@ -142,6 +142,22 @@ fn a_json_response_settles_the_reservation_to_its_usage() {
     assert!(adjusted(&t, &fx).is_empty(), "settled once: the stream's end adds nothing");
 }
 
+/// A monthly budget (a `points` limit on a calendar window) reserves and
+/// settles the same way.
+#[test]
+fn a_monthly_budget_reserves_and_settles() {
+    let t = Test::new(
+        &doc("openai_chat", "")
+            .replace(r#""refill": "1d""#, r#""refill": {"calendar": "month", "anchor": 1, "zone": "UTC"}"#),
+    );
+    let mut s = t.stream();
+    assert_eq!(admitted(&mut s, &chat(Some(300)), 99_000), 200 + 300);
+    s.response(&[(":status", "200"), ("content-type", "application/json")], false);
+    let usage = json!({"usage": {"prompt_tokens": 40, "completion_tokens": 60, "total_tokens": 100}});
+    let fx = s.chunk(usage.to_string().as_bytes(), true);
+    assert_eq!(adjusted(&t, &fx), [(100, 500)]);
+}
+
 /// Without `max_tokens`, the output part is the policy's default.
 #[test]
 fn a_request_without_a_cap_reserves_the_default() {

@@ -359,3 +359,46 @@ fn a_decompressor_after_sluice_makes_a_gzip_answer_readable() {
     assert_eq!(reply.status, 200);
     assert_eq!(stat(&plain, "llm_unreadable", "gz"), 1);
 }
+
+/// Today's day of the month, UTC (Howard Hinnant's civil-from-days).
+fn day_of_month() -> u64 {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let z = secs / 86_400 + 719_468;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    doy - (153 * mp + 2) / 5 + 1
+}
+
+/// A monthly budget (a `points` limit on a calendar window) through real
+/// Envoy and the real scripts: each request settles to its true count, so
+/// the budget admits exactly as many requests as fit once each earlier one
+/// has settled (without the refunds, only the first would fit). The
+/// billing month starts two weeks from today, so no window ends mid-test.
+#[test]
+fn a_monthly_budget_settles_each_request_in_its_window() {
+    const CAPACITY: u64 = 1_000;
+    let anchor = (day_of_month() + 14) % 28 + 1;
+    let policy = budget("month", Api::OpenaiChat, CAPACITY, "").replace(
+        r#""refill": "365d""#,
+        &format!(r#""refill": {{"calendar": "month", "anchor": {anchor}, "zone": "UTC"}}"#),
+    );
+    let stack = start(&policy);
+    let body = request_body(Api::OpenaiChat, "hello there", Some(500), true);
+    let reserved = body.len() as u64 + 500;
+    let used = llm::input_tokens(&body) + 50;
+    let fits = (CAPACITY - reserved) / used + 1;
+    let mut admitted = 0;
+    loop {
+        let reply = call(&stack.envoy, Api::OpenaiChat, &body, &[("x-team", "a"), ("x-mock-output", "50")]);
+        if reply.status != 200 {
+            assert_eq!(reply.status, 429);
+            break;
+        }
+        admitted += 1;
+        assert!(admitted <= fits, "more admitted than fit");
+    }
+    println!("monthly: {admitted} admitted, each reserving {reserved} and using {used}, of {CAPACITY}");
+    assert_eq!(admitted, fits);
+}
