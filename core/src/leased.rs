@@ -33,12 +33,19 @@
 //! the same write that hands them to the call, so none is both spent and
 //! given back. Tokens of an ended window are dropped, never carried on.
 //!
+//! **A bucket's leases** ([`Source::Bucket`]) belong to a lease period
+//! (`ttl` long, aligned to the epoch) and the shim charges them as if spent
+//! at its end, so no token is spent from then on either; the tokens still
+//! held then are given back on the next tick ([`Pool::ended`]), with what
+//! the pool was charged for that period ([`Pool::charged`]), which tells
+//! the shim how much of a late give-back it can take back exactly.
+//!
 //! **Under-admission, bounded.** The pool asks only at [`Leased::low_water`]
 //! or below and one call is in flight at a time, so it holds at most
 //! [`Leased::held_at_most`]. A call unanswered for [`ASK_TIMEOUT_MS`] is
 //! taken as lost and sent again.
 
-use sluice_policies::leased::Leased;
+use sluice_policies::leased::{Leased, Source};
 use sluice_policies::wire::{GiveBack, LeaseCall, LeaseResponse};
 
 /// A lease call unanswered this long is given up and may be asked again:
@@ -75,6 +82,13 @@ pub struct Pool {
     pub unanswered: Option<Ask>,
     /// What the window had left, beyond every lease, at the last grant.
     pub left: u64,
+    /// Tokens of `window` that died unspent at its end and are not yet
+    /// given back: a bucket's go back on the next tick; a window's are
+    /// dropped (its count ends with it).
+    pub ended: u64,
+    /// Tokens of `window` granted to this pool and not given back, spent
+    /// or not (a bucket's give-back carries it).
+    pub charged: u64,
 }
 
 /// A token a request took: it can go back only into its own window.
@@ -129,9 +143,26 @@ impl Pool {
             return Some(again);
         }
         self.drop_ended(now);
-        let give_back = (self.tokens > 0 && now >= self.expires_ms).then(|| {
-            let tokens = u32::try_from(std::mem::take(&mut self.tokens)).unwrap_or(u32::MAX);
-            GiveBack { window: self.window, tokens }
+        let back = match lease.source() {
+            // A window's count ends with it: its dead tokens need no call.
+            Source::Window => {
+                self.ended = 0;
+                if now >= self.expires_ms {
+                    std::mem::take(&mut self.tokens)
+                } else {
+                    0
+                }
+            }
+            // A bucket's refill counts from its charge: its tokens go back
+            // at their period's end (the expiry, for a bucket).
+            Source::Bucket => std::mem::take(&mut self.ended),
+        };
+        let give_back = (back > 0).then(|| {
+            let tokens = u32::try_from(back).unwrap_or(u32::MAX);
+            let charged = (lease.source() == Source::Bucket)
+                .then(|| u32::try_from(self.charged.max(back)).unwrap_or(u32::MAX));
+            self.charged = self.charged.saturating_sub(back);
+            GiveBack { window: self.window, tokens, charged }
         });
         let wanted = self.demand_ms != 0 && now < self.demand_ms.saturating_add(lease.ttl_ms());
         let want = if wanted && self.tokens <= lease.low_water() { lease.tokens() } else { 0 };
@@ -200,18 +231,33 @@ impl Pool {
             self.quiet_until_ms = ends.min(now.saturating_add(RETRY_MS));
             return;
         }
+        let granted = u64::from(answer.granted);
         if now >= ends {
-            // Its window is over already: the tokens are dead.
+            // Its window is over already: the tokens are dead (a bucket's
+            // go back on the next tick).
+            if lease.source() == Source::Bucket {
+                if answer.window != self.window {
+                    *self = Pool { window: answer.window, tokens: 0, ended: 0, charged: 0, ..*self };
+                }
+                self.ended = self.ended.saturating_add(granted);
+                self.charged = self.charged.saturating_add(granted);
+            }
             return;
         }
         if answer.window != self.window || now >= self.ends_ms {
+            // Tokens of another window, or dead ones, are replaced.
             self.tokens = 0;
+            if answer.window != self.window {
+                self.ended = 0;
+                self.charged = 0;
+            }
             self.window = answer.window;
             self.ends_ms = ends;
         } else {
             self.ends_ms = self.ends_ms.min(ends);
         }
-        self.tokens = self.tokens.saturating_add(u64::from(answer.granted));
+        self.tokens = self.tokens.saturating_add(granted);
+        self.charged = self.charged.saturating_add(granted);
         self.left = answer.remaining;
         self.expires_ms = now.saturating_add(lease.ttl_ms()).min(self.ends_ms);
     }
@@ -234,24 +280,24 @@ impl Pool {
         self.quiet_until_ms = now.saturating_add(RETRY_MS);
     }
 
-    /// Tokens of a window that has ended are dead.
+    /// Tokens of a window that has ended are dead: none is spent any more.
     fn drop_ended(&mut self, now: u64) {
         if now >= self.ends_ms {
-            self.tokens = 0;
+            self.ended = self.ended.saturating_add(std::mem::take(&mut self.tokens));
         }
     }
 
-    /// The form stored in shared data: `L2` and the fields in order, the
-    /// unanswered call as a flag (0 or 1), its `want`, and its give-back's
-    /// window and tokens (0 tokens: none).
+    /// The form stored in shared data: `L3` and the fields in order, the
+    /// unanswered call as a flag (0 or 1), its `want`, its give-back's
+    /// window, tokens (0 tokens: none) and charged (0: none).
     pub fn encode(&self) -> Vec<u8> {
         let (flag, ask) = match self.unanswered {
             Some(ask) => (1, ask),
             None => (0, Ask { want: 0, give_back: None }),
         };
-        let back = ask.give_back.unwrap_or(GiveBack { window: 0, tokens: 0 });
+        let back = ask.give_back.unwrap_or(GiveBack { window: 0, tokens: 0, charged: None });
         format!(
-            "L2 {} {} {} {} {} {} {} {} {} {flag} {} {} {} {}",
+            "L3 {} {} {} {} {} {} {} {} {} {flag} {} {} {} {} {} {} {}",
             self.window,
             self.tokens,
             self.ends_ms,
@@ -265,17 +311,21 @@ impl Pool {
             back.window,
             back.tokens,
             self.left,
+            back.charged.unwrap_or(0),
+            self.ended,
+            self.charged,
         )
         .into_bytes()
     }
 
-    /// Reads [`Pool::encode`]'s form, or the `L1` form before lost answers
-    /// were sent again (the first seven fields); `None` for anything else.
+    /// Reads [`Pool::encode`]'s form, the `L2` form before a bucket's
+    /// fields, or the `L1` form before lost answers were sent again (the
+    /// first seven fields); `None` for anything else.
     pub fn decode(bytes: &[u8]) -> Option<Pool> {
         let text = std::str::from_utf8(bytes).ok()?;
         let mut parts = text.split(' ');
         let version = parts.next()?;
-        if version != "L1" && version != "L2" {
+        if !["L1", "L2", "L3"].contains(&version) {
             return None;
         }
         let mut field = || parts.next()?.parse::<u64>().ok();
@@ -289,21 +339,29 @@ impl Pool {
             demand_ms: field()?,
             ..Pool::default()
         };
-        if version == "L2" {
+        if version != "L1" {
             pool.gateway = field()?;
             pool.seq = field()?;
             let flag = field()?;
             let want = u32::try_from(field()?).ok()?;
             let back_window = field()?;
             let back_tokens = u32::try_from(field()?).ok()?;
+            pool.left = field()?;
+            let charged = if version == "L3" {
+                let back_charged = u32::try_from(field()?).ok()?;
+                pool.ended = field()?;
+                pool.charged = field()?;
+                (back_charged > 0).then_some(back_charged)
+            } else {
+                None
+            };
             let give_back =
-                (back_tokens > 0).then_some(GiveBack { window: back_window, tokens: back_tokens });
+                (back_tokens > 0).then_some(GiveBack { window: back_window, tokens: back_tokens, charged });
             pool.unanswered = match flag {
                 0 => None,
                 1 => Some(Ask { want, give_back }),
                 _ => return None,
             };
-            pool.left = field()?;
         }
         parts.next().is_none().then_some(pool)
     }
@@ -409,7 +467,7 @@ mod tests {
         pool.granted(lease(), 0, 1, answer(10, 5, 60_000));
         pool.spend(2);
         assert_eq!(pool.tick(lease(), 2_000), None, "not yet");
-        let back = Some(GiveBack { window: 5, tokens: 9 });
+        let back = Some(GiveBack { window: 5, tokens: 9, charged: None });
         assert_eq!(pool.tick(lease(), 2_001), Some(Ask { want: 10, give_back: back }), "demand 2 ms ago");
         assert_eq!(pool.tokens, 0);
         pool.failed(2_005);
@@ -471,6 +529,58 @@ mod tests {
         let stored = Pool { unanswered: Some(ask), ..pool };
         assert_eq!(Pool::decode(&stored.encode()), Some(stored));
         assert_eq!(Pool::decode(b"L1 1 2 3 4 5 6 7").map(|p| (p.tokens, p.unanswered)), Some((2, None)));
+    }
+
+    fn bucket_lease() -> Leased {
+        lease().taken_from(Source::Bucket)
+    }
+
+    /// A bucket's tokens, dead at their period's end, go back on the next
+    /// tick with what the pool was charged for the period; a window's are
+    /// dropped. A bucket's grant that arrives after its period ended goes
+    /// back too.
+    #[test]
+    fn a_buckets_tokens_go_back_at_their_periods_end() {
+        let mut pool = Pool::default();
+        pool.spend(0);
+        pool.tick(bucket_lease(), 0);
+        pool.granted(bucket_lease(), 0, 1, answer(10, 7, 500));
+        assert_eq!((pool.tokens, pool.ends_ms, pool.charged), (10, 500, 10));
+        for t in 0..6 {
+            assert!(pool.spend(10 + t).is_some());
+        }
+        assert_eq!(
+            pool.tick(bucket_lease(), 20),
+            Some(Ask { want: 10, give_back: None }),
+            "4 left: half a lease"
+        );
+        pool.granted(bucket_lease(), 20, 21, answer(10, 7, 470));
+        assert_eq!((pool.tokens, pool.ends_ms, pool.charged), (14, 490, 20));
+        assert_eq!(pool.spend(490), None, "dead at the end");
+        assert_eq!((pool.tokens, pool.ended), (0, 14));
+        let back = Some(GiveBack { window: 7, tokens: 14, charged: Some(20) });
+        assert_eq!(pool.tick(bucket_lease(), 495), Some(Ask { want: 10, give_back: back }));
+        assert_eq!((pool.ended, pool.charged), (0, 6));
+        // The next period's grant, arriving after it ended: its tokens go back.
+        pool.granted(bucket_lease(), 495, 900, answer(3, 8, 100));
+        assert_eq!((pool.window, pool.tokens, pool.ended, pool.charged), (8, 0, 3, 3));
+        let back = Some(GiveBack { window: 8, tokens: 3, charged: Some(3) });
+        assert_eq!(pool.tick(bucket_lease(), 901).and_then(|a| a.give_back), back);
+        // A window's dead tokens need no call.
+        let mut pool = Pool::default();
+        pool.spend(0);
+        pool.tick(lease(), 0);
+        pool.granted(lease(), 0, 1, answer(10, 7, 500));
+        assert_eq!(pool.spend(500), None);
+        assert_eq!(
+            pool.tick(lease(), 501).map(|a| a.give_back),
+            Some(None),
+            "asks again, gives nothing back"
+        );
+        assert_eq!(pool.ended, 0);
+        let stored =
+            Pool { ended: 3, charged: 9, unanswered: Some(Ask { want: 1, give_back: back }), ..pool };
+        assert_eq!(Pool::decode(&stored.encode()), Some(stored));
     }
 
     #[test]

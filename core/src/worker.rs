@@ -13,6 +13,8 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
+use sluice_policies::leased::Source;
+use sluice_policies::units::Millis;
 use sluice_policies::wire::{
     Encoding, LeaseRequest, LeaseResponse, ReleaseResponse, ShedRequest, ShedResponse, WireLimit, LEASE_PATH,
     RENEW_PATH, REPORT_PATH, SHED_PATH,
@@ -419,6 +421,7 @@ impl Worker {
             limit: WireLimit::with_cost(limit, 1),
             want: ask.want,
             give_back: ask.give_back,
+            ttl_ms: (lease.source() == Source::Bucket).then_some(Millis(lease.ttl_ms())),
             now_us: None,
             call: Some(call),
         };

@@ -10,6 +10,9 @@
 
 use std::collections::HashMap;
 
+mod lease_ops;
+
+use lease_ops::{at_gateways, op, Op};
 use proptest::prelude::*;
 use sluice_core::hot_keys::HotKeys;
 use sluice_core::leased::{Ask, Pool};
@@ -19,33 +22,6 @@ use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::LeaseResponse;
 
 const KEY: &str = "sluice:{p:}:fw";
-
-#[derive(Debug, Clone)]
-enum Op {
-    /// The true clock moves on by `dt` ms.
-    Advance { dt: u64 },
-    /// A request at gateway `g`; `refused`: another policy refuses it after its token was taken.
-    Request { g: usize, refused: bool },
-    /// Gateway `g`'s root context ticks.
-    Tick { g: usize },
-    /// The shim runs the `n`th call in flight now.
-    Run { n: usize },
-    /// The `n`th call the shim answered reaches its gateway now.
-    Arrive { n: usize },
-    /// The `n`th call in flight fails (before or after the shim ran it, `ran`).
-    Fail { n: usize },
-}
-
-fn op(gateways: usize) -> impl Strategy<Value = Op> {
-    prop_oneof![
-        2 => (0u64..200).prop_map(|dt| Op::Advance { dt }),
-        6 => (0..gateways, prop::bool::weighted(0.2)).prop_map(|(g, refused)| Op::Request { g, refused }),
-        2 => (0..gateways).prop_map(|g| Op::Tick { g }),
-        2 => any::<usize>().prop_map(|n| Op::Run { n }),
-        2 => any::<usize>().prop_map(|n| Op::Arrive { n }),
-        1 => any::<usize>().prop_map(|n| Op::Fail { n }),
-    ]
-}
 
 struct Call {
     gateway: usize,
@@ -157,15 +133,7 @@ proptest! {
         ops in prop::collection::vec(op(4), 1..200),
     ) {
         let lease = Leased::new(tokens.min(u32::try_from(limit).expect("small")), ttl_ms).expect("valid");
-        let gateways = offsets.len();
-        let ops = ops
-            .into_iter()
-            .map(|op| match op {
-                Op::Request { g, refused } => Op::Request { g: g % gateways, refused },
-                Op::Tick { g } => Op::Tick { g: g % gateways },
-                other => other,
-            })
-            .collect();
+        let ops = at_gateways(ops, offsets.len());
         run(limit, window_ms, lease, offsets, ops)?;
     }
 }
@@ -318,15 +286,7 @@ proptest! {
         ops in prop::collection::vec(op(4), 1..200),
     ) {
         let lease = Leased::new(tokens.min(u32::try_from(limit).expect("small")), ttl_ms).expect("valid");
-        let gateways = offsets.len();
-        let ops = ops
-            .into_iter()
-            .map(|op| match op {
-                Op::Request { g, refused } => Op::Request { g: g % gateways, refused },
-                Op::Tick { g } => Op::Tick { g: g % gateways },
-                other => other,
-            })
-            .collect();
+        let ops = at_gateways(ops, offsets.len());
         run_with_ids(limit, lease, offsets, ops)?;
     }
 }
@@ -443,15 +403,7 @@ proptest! {
         ops in prop::collection::vec(op(3), 1..200),
     ) {
         let lease = Leased::new(tokens.min(u32::try_from(limit).expect("small")), ttl_ms).expect("valid");
-        let gateways = offsets.len();
-        let ops = ops
-            .into_iter()
-            .map(|op| match op {
-                Op::Request { g, refused } => Op::Request { g: g % gateways, refused },
-                Op::Tick { g } => Op::Tick { g: g % gateways },
-                other => other,
-            })
-            .collect();
+        let ops = at_gateways(ops, offsets.len());
         run_per_key(limit, window_ms, lease, offsets, ops)?;
     }
 }

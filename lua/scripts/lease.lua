@@ -1,4 +1,4 @@
--- requires: common
+-- requires: common, lease
 -- lease: leased mode on one fixed_window. Twin of policies/src/algorithm/mod.rs,
 -- lease_call(), and fixed_window.rs, give_back() and grant().
 --
@@ -36,21 +36,11 @@ local index = window_index(now, window)
 local stop = (index + 1) * window
 
 if calls then
-  local record = redis.call('HGET', calls, gateway)
-  if record then
-    local s, w, g = string.match(record, '^(%d+) (%d+) (%d+)$')
-    s, w, g = tonumber(s), tonumber(w), tonumber(g)
-    if s and s > seq then
-      -- An older call, run late: it was answered (or resent) already.
-      return {0, index, stop - now, 0}
-    end
-    if s == seq then
-      -- Sent again: the answer it had, charged once.
-      local left = 0
-      if stored == index then left = math.max(limit - count, 0) elseif not stored or stored < index then left = limit end
-      return {g, w, math.max((w + 1) * window - now, 0), left}
-    end
-  end
+  -- A call run late, or sent again: answered from the record.
+  local left = 0
+  if stored == index then left = math.max(limit - count, 0) elseif not stored or stored < index then left = limit end
+  local answer = answered_call(calls, gateway, seq, index, window, now, left)
+  if answer then return answer end
 end
 
 if back_window and back > 0 and stored == back_window then
@@ -70,8 +60,5 @@ if not (stored and stored > index) then
   end
   left = math.max(limit - count - granted, 0)
 end
-if calls then
-  redis.call('HSET', calls, gateway, string.format('%d %d %d', seq, index, granted))
-  redis.call('PEXPIRE', calls, ceil_ms(stop - now) + 1000)
-end
+if calls then record_call(calls, gateway, seq, index, granted, ceil_ms(stop - now) + 1000) end
 return {granted, index, stop - now, left}

@@ -294,7 +294,7 @@ pub struct Policy {
     pub upstream: Option<Upstream>,
     /// Load shedding by class when the service is busy (S4d).
     pub shed: Option<ShedPolicy>,
-    /// Leased mode: spend leases of the window's tokens locally.
+    /// Leased mode: spend leases of its limit's tokens locally.
     pub leased: Option<crate::leased::Leased>,
     /// LLM token budgets: how the `llm_tokens` cost is reserved and read.
     pub llm: Option<Llm>,
@@ -356,8 +356,9 @@ pub(crate) struct RawPolicy {
     /// Load shedding: drop this policy's less important classes while the
     /// service is busy.
     pub(crate) shed: Option<ShedPolicy>,
-    /// Ingress, high rates: spend leases of a fixed_window's tokens locally,
-    /// with no shim call per request (`{"tokens": 200, "ttl": "2s"}`).
+    /// Ingress, high rates: spend leases of a fixed_window's, token_bucket's or
+    /// leaky_bucket's tokens locally, with no shim call per request
+    /// (`{"tokens": 200, "ttl": "2s"}`).
     #[serde(default)]
     pub(crate) leased: Option<crate::leased::Leased>,
     /// LLM token budgets: where a request's true cost in tokens is read
@@ -590,8 +591,8 @@ impl<'de> Deserialize<'de> for Policy {
                 "`leased` cannot be used with `levels`: a lease is taken from one window, and a hierarchy charges every level at once",
             ));
         }
-        if let Some(leased) = raw.leased {
-            leased.fits(&raw.limits).map_err(de::Error::custom)?;
+        let leased = raw.leased.map(|l| l.fits(&raw.limits)).transpose().map_err(de::Error::custom)?;
+        if leased.is_some() {
             let other = [
                 (raw.shadow, "`shadow`: a shadow policy never refuses, there is nothing to spend locally"),
                 (raw.wait.is_some(), "`wait`: a lease admits or refuses at once"),
@@ -641,7 +642,7 @@ impl<'de> Deserialize<'de> for Policy {
             wait: raw.wait,
             upstream: raw.upstream,
             shed: raw.shed,
-            leased: raw.leased,
+            leased,
             llm: raw.llm,
             unlimited: raw.unlimited,
         })

@@ -463,12 +463,18 @@ pub struct LeaseRequest {
     pub policy: String,
     /// The encoded key (for `key: []`, the empty string).
     pub key: String,
-    /// The policy's `fixed_window`.
+    /// The policy's `fixed_window`, `token_bucket` or `leaky_bucket`.
     pub limit: WireLimit,
     /// Tokens wanted, 0 to the policy's `leased.tokens` (0: only give back).
     pub want: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub give_back: Option<GiveBack>,
+    /// A bucket's lease period, the policy's `leased.ttl`: a lease belongs
+    /// to the period (aligned to the epoch) it is granted in and is charged
+    /// as if spent at its end ([`crate::algorithm::gcra::lease_grant`]).
+    /// Needed for a bucket, absent for a window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<Millis>,
     /// As in [`CheckRequest::now_us`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub now_us: Option<Micros>,
@@ -497,6 +503,13 @@ pub struct GiveBack {
     /// The window index of their grant ([`LeaseResponse::window`]).
     pub window: u64,
     pub tokens: u32,
+    /// A bucket's: the tokens of that period's leases this gateway still
+    /// holds charged, spent or not (at least `tokens`; absent: `tokens`).
+    /// The more it was charged, the later the bucket's charges reach, and
+    /// the more of a late give-back the bucket can take back exactly
+    /// ([`crate::algorithm::gcra::lease_give_back`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub charged: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -513,13 +526,31 @@ pub struct LeaseResponse {
     pub remaining: u64,
 }
 
+impl From<crate::algorithm::Grant> for LeaseResponse {
+    /// The answer to a grant, as the shim sends it: the time to the end
+    /// rounded down to milliseconds, so a gateway stops spending no later.
+    fn from(grant: crate::algorithm::Grant) -> LeaseResponse {
+        LeaseResponse {
+            granted: u32::try_from(grant.granted).unwrap_or(u32::MAX),
+            window: grant.window,
+            expires_in_ms: Millis(grant.expires_in_us / 1000),
+            remaining: grant.remaining,
+        }
+    }
+}
+
 impl LeaseRequest {
-    /// The bounds a shim holds a caller to: a `fixed_window` limit that
-    /// validates; `want` at most [`crate::leased::MAX_TOKENS`] and the
-    /// limit; a give-back of at most the limit.
+    /// The bounds a shim holds a caller to: a `fixed_window`, `token_bucket`
+    /// or `leaky_bucket` limit that validates; `want` at most
+    /// [`crate::leased::MAX_TOKENS`] and the limit (a bucket's burst); a
+    /// give-back of at most the limit; and for a bucket, its lease period
+    /// within `leased.ttl`'s bounds.
     pub fn validate(&self) -> Result<(), String> {
-        let WireLimit::FixedWindow { limit, .. } = self.limit else {
-            return Err("limit: only a fixed_window is leased".into());
+        let limit = match self.limit {
+            WireLimit::FixedWindow { limit, .. } => limit,
+            WireLimit::TokenBucket { burst, .. } => burst,
+            WireLimit::LeakyBucket { capacity, .. } => capacity,
+            _ => return Err("limit: only a fixed_window, token_bucket or leaky_bucket is leased".into()),
         };
         self.limit.validate().map_err(|e| format!("limit: {e}"))?;
         if self.want > crate::leased::MAX_TOKENS || self.want > limit {
@@ -533,7 +564,17 @@ impl LeaseRequest {
         if let Some(back) = self.give_back.filter(|b| b.tokens > limit) {
             return Err(format!("give_back.tokens: {} is more than the limit {limit}", back.tokens));
         }
-        Ok(())
+        let bucket = !matches!(self.limit, WireLimit::FixedWindow { .. });
+        match self.ttl_ms {
+            None if bucket => {
+                Err("ttl_ms: a bucket's lease needs its period, the policy's `leased.ttl`".into())
+            }
+            Some(_) if !bucket => Err("ttl_ms: only a bucket's lease has a period".into()),
+            Some(ttl) if ttl.get() == 0 || ttl.get() > crate::leased::MAX_TTL_MS => {
+                Err(format!("ttl_ms: {} out of range (1 to {})", ttl.get(), crate::leased::MAX_TTL_MS))
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -729,22 +770,49 @@ mod tests {
             limit,
             want,
             give_back: back,
+            ttl_ms: None,
             now_us: None,
             call: None,
         };
+        let back = |tokens| Some(GiveBack { window: 7, tokens, charged: None });
         let window = WireLimit::FixedWindow { limit: 100, window_ms: Millis(1_000) };
-        assert_eq!(req(window, 100, Some(GiveBack { window: 7, tokens: 100 })).validate(), Ok(()));
+        assert_eq!(req(window, 100, back(100)).validate(), Ok(()));
         assert_eq!(
             req(window, 101, None).validate(),
             Err("want: 101 is more than 100 (at most the limit and 100000)".into())
         );
         assert_eq!(
-            req(window, 1, Some(GiveBack { window: 7, tokens: 101 })).validate(),
+            req(window, 1, back(101)).validate(),
             Err("give_back.tokens: 101 is more than the limit 100".into())
         );
-        let bucket = WireLimit::TokenBucket { rate: 1, per_ms: Millis(1_000), burst: 10 };
-        assert_eq!(req(bucket, 1, None).validate(), Err("limit: only a fixed_window is leased".into()));
         let zero = WireLimit::FixedWindow { limit: 100, window_ms: Millis(0) };
         assert!(req(zero, 1, None).validate().is_err());
+        assert_eq!(
+            LeaseRequest { ttl_ms: Some(Millis(1_000)), ..req(window, 1, None) }.validate(),
+            Err("ttl_ms: only a bucket's lease has a period".into())
+        );
+        // A bucket: at most its burst, with its lease period.
+        let bucket = WireLimit::TokenBucket { rate: 1, per_ms: Millis(1_000), burst: 10 };
+        let period = |r: LeaseRequest, ms| LeaseRequest { ttl_ms: Some(Millis(ms)), ..r };
+        assert_eq!(period(req(bucket, 10, back(10)), 2_000).validate(), Ok(()));
+        assert_eq!(
+            period(req(bucket, 11, None), 2_000).validate(),
+            Err("want: 11 is more than 10 (at most the limit and 100000)".into())
+        );
+        assert_eq!(
+            req(bucket, 1, None).validate(),
+            Err("ttl_ms: a bucket's lease needs its period, the policy's `leased.ttl`".into())
+        );
+        assert_eq!(
+            period(req(bucket, 1, None), 3_600_001).validate(),
+            Err("ttl_ms: 3600001 out of range (1 to 3600000)".into())
+        );
+        let leaky = WireLimit::LeakyBucket { capacity: 5, drain_ms: Millis(1_000) };
+        assert_eq!(period(req(leaky, 5, None), 1).validate(), Ok(()));
+        let sliding = WireLimit::SlidingWindow { limit: 100, window_ms: Millis(1_000), approximate: false };
+        assert_eq!(
+            req(sliding, 1, None).validate(),
+            Err("limit: only a fixed_window, token_bucket or leaky_bucket is leased".into())
+        );
     }
 }

@@ -22,6 +22,7 @@ const TESTED: &[&str] = &[
     "utilization-shedder",
     "leased-ingress",
     "leased-per-key",
+    "leased-bucket",
     "rlqs-quota",
     "calendar-budgets",
     "llm-hierarchy",
@@ -287,6 +288,21 @@ fn leased_per_key() {
     let (key, limits) = applied(&doc, &req).expect("applies");
     assert!(!key.is_empty(), "one window per key");
     assert_eq!(limits, vec![WireLimit::FixedWindow { limit: 6_000, window_ms: Millis(60_000) }]);
+}
+
+/// Leased per key on a token bucket of 100 a second with a burst of 200:
+/// leases of 20, in periods of a tenth of the 1.8 s the bucket takes to
+/// refill beyond a lease.
+#[test]
+fn leased_bucket() {
+    use sluice_policies::leased::Source;
+    let doc = example("leased-bucket");
+    let leased = doc.policies[0].leased.expect("the policy is leased");
+    assert_eq!((leased.source(), leased.tokens(), leased.ttl_ms()), (Source::Bucket, 20, 180));
+    let req = SimpleRequest::new("GET", "/api/items").header("x-api-key", "k1");
+    let (key, limits) = applied(&doc, &req).expect("applies");
+    assert!(!key.is_empty(), "one bucket per key");
+    assert_eq!(limits, vec![WireLimit::TokenBucket { rate: 100, per_ms: Millis(1_000), burst: 200 }]);
 }
 
 /// RLQS: each client's bucket (`name: api`) spends a window of 6,000 a

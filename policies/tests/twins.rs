@@ -38,6 +38,12 @@ const TWINS: &[Twin] = &[
         why_none: "",
     },
     Twin {
+        script: "lease_bucket",
+        twins: &["src/algorithm/mod.rs", "src/algorithm/gcra.rs"],
+        test: "differential.rs",
+        why_none: "",
+    },
+    Twin {
         script: "upstream",
         twins: &["src/algorithm/pause.rs", "src/algorithm/rate.rs"],
         test: "pause_script.rs",

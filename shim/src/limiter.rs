@@ -370,21 +370,38 @@ impl Limiter {
     }
 
     /// Leased mode: takes back a gateway's unused tokens, then grants it up
-    /// to `want` more of the window (`lua/scripts/lease.lua`), in one atomic call.
+    /// to `want` more of the window (`lua/scripts/lease.lua`) or the bucket
+    /// (`lua/scripts/lease_bucket.lua`), in one atomic call.
     pub async fn lease(&self, req: &LeaseRequest) -> Result<LeaseResponse, CheckError> {
         let limit = lease_key(req).map_err(CheckError::BadRequest)?;
         let now = self.time_arg(req.now_us)?;
-        let Algorithm::FixedWindow { limit: most, window_us } = limit.algorithm else {
-            return Err(CheckError::BadRequest("limit: only a fixed_window is leased".into()));
-        };
-        let mut call = self.scripts.lease.prepare_invoke();
-        call.key(&limit.key).arg(now).arg(most).arg(window_us.get()).arg(req.want);
-        match req.give_back {
-            Some(back) => call.arg(back.window).arg(back.tokens),
-            None => call.arg("").arg(0),
+        let mut call = match (limit.algorithm, req.ttl_ms) {
+            (Algorithm::FixedWindow { limit: most, window_us }, None) => {
+                let mut call = self.scripts.lease.prepare_invoke();
+                call.key(&limit.key).arg(now).arg(most).arg(window_us.get()).arg(req.want);
+                match req.give_back {
+                    Some(back) => call.arg(back.window).arg(back.tokens),
+                    None => call.arg("").arg(0),
+                };
+                call
+            }
+            (Algorithm::Gcra { interval_us, burst, cost: 1 }, Some(period)) => {
+                let mut call = self.scripts.lease_bucket.prepare_invoke();
+                call.key(&limit.key).arg(now).arg(interval_us.get()).arg(burst);
+                call.arg(period.as_micros().get()).arg(req.want);
+                match req.give_back {
+                    Some(back) => {
+                        call.arg(back.window).arg(back.tokens).arg(back.charged.unwrap_or(back.tokens))
+                    }
+                    None => call.arg("").arg(0).arg(0),
+                };
+                call
+            }
+            // `validate` refused anything else.
+            _ => return Err(CheckError::BadRequest("limit: not a leased kind".into())),
         };
         if let Some(id) = req.call {
-            // Same slot: the calls' record shares the window's hash tag.
+            // Same slot: the calls' record shares the limit's hash tag.
             call.key(algorithm::lease_calls_key(&limit.key)).arg(id.gateway.to_string()).arg(id.seq);
         }
         let reply: Vec<i64> = self.store.invoke(&call).await.map_err(store_error)?;

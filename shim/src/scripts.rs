@@ -30,6 +30,7 @@ pub struct Scripts {
     pub upstream: Script,
     pub paused: Script,
     pub lease: Script,
+    pub lease_bucket: Script,
 }
 
 /// The shared helpers of `lua/lib/`, each after every helper it requires:
@@ -48,6 +49,7 @@ const LIB: &[(&str, &str)] = &[
     ("queue", include_str!("../../lua/lib/queue.lua")),
     ("concurrency", include_str!("../../lua/lib/concurrency.lua")),
     ("reserve", include_str!("../../lua/lib/reserve.lua")),
+    ("lease", include_str!("../../lua/lib/lease.lua")),
 ];
 
 /// The helpers a Lua file names on its `-- requires:` line, if any.
@@ -106,6 +108,7 @@ impl Scripts {
             upstream: script(include_str!("../../lua/scripts/upstream.lua")),
             paused: script(include_str!("../../lua/scripts/paused.lua")),
             lease: script(include_str!("../../lua/scripts/lease.lua")),
+            lease_bucket: script(include_str!("../../lua/scripts/lease_bucket.lua")),
             cancel: script(include_str!("../../lua/scripts/cancel.lua")),
         }
     }

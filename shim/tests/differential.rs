@@ -1049,14 +1049,18 @@ fn run_lease_case(w: &World, limit: u32, window_ms: u64, ops: Vec<LeaseOp>) -> R
             LeaseOp::Lease { dt, want, back, offset } => {
                 now += dt;
                 let back_window = (now / window_us).saturating_sub(offset);
-                let give_back =
-                    (back > 0).then_some(GiveBack { window: back_window, tokens: back.min(limit) });
+                let give_back = (back > 0).then_some(GiveBack {
+                    window: back_window,
+                    tokens: back.min(limit),
+                    charged: None,
+                });
                 let req = LeaseRequest {
                     policy: policy.clone(),
                     key: String::new(),
                     limit: wire,
                     want: want.min(limit),
                     give_back,
+                    ttl_ms: None,
                     now_us: Some(Micros(now)),
                     call: None,
                 };
@@ -1163,7 +1167,11 @@ fn run_id_lease_case(
         let seq = &mut seqs[op.gateway as usize];
         *seq = seq.saturating_add_signed(op.step);
         let back_window = (now / window_us).saturating_sub(op.offset);
-        let give_back = (op.back > 0).then_some(GiveBack { window: back_window, tokens: op.back.min(limit) });
+        let give_back = (op.back > 0).then_some(GiveBack {
+            window: back_window,
+            tokens: op.back.min(limit),
+            charged: None,
+        });
         let want = op.want.min(limit);
         let call = LeaseCall { gateway: op.gateway, seq: *seq };
         let req = LeaseRequest {
@@ -1172,6 +1180,7 @@ fn run_id_lease_case(
             limit: wire,
             want,
             give_back,
+            ttl_ms: None,
             now_us: Some(Micros(now)),
             call: Some(call),
         };
@@ -1195,17 +1204,31 @@ fn run_id_lease_case(
         };
         prop_assert_eq!(got, modelled, "lease {:?} at {}", call, now);
         prop_assert_eq!(time_state(&mut conn, &key), model_time_state(&model, &key), "state after op {}", i);
-        let mut records: Vec<(String, String)> = conn.hgetall(&calls_key).unwrap_or_default();
-        records.sort();
-        let modelled: Vec<(String, String)> = match model.keys.get(&calls_key) {
-            Some(algorithm::State::Calls(calls)) => {
-                calls.iter().map(|(g, (s, w, n))| (g.clone(), format!("{s} {w} {n}"))).collect()
-            }
-            _ => Vec::new(),
-        };
-        prop_assert_eq!(records, modelled, "calls' record after op {}", i);
+        prop_assert_eq!(
+            records(&mut conn, &calls_key),
+            model_records(&model, &calls_key),
+            "record after op {}",
+            i
+        );
     }
     Ok(())
+}
+
+/// A leased limit's calls' record as Redis holds it, sorted.
+fn records(conn: &mut redis::Connection, calls_key: &str) -> Vec<(String, String)> {
+    let mut records: Vec<(String, String)> = conn.hgetall(calls_key).unwrap_or_default();
+    records.sort();
+    records
+}
+
+/// The model's calls' record, as Redis would hold it.
+fn model_records(model: &RedisTwin, calls_key: &str) -> Vec<(String, String)> {
+    match model.keys.get(calls_key) {
+        Some(algorithm::State::Calls(calls)) => {
+            calls.iter().map(|(g, (s, w, n))| (g.clone(), format!("{s} {w} {n}"))).collect()
+        }
+        _ => Vec::new(),
+    }
 }
 
 /// Lost answers: `lua/scripts/lease.lua` with call ids answers a call sent
@@ -1224,6 +1247,182 @@ fn lease_script_with_call_ids_decides_as_the_model() {
     );
     if let Err(failure) =
         runner.run(&cases, |(limit, window_ms, ops)| run_id_lease_case(&world, limit, window_ms, ops))
+    {
+        panic!("{failure}");
+    }
+}
+
+/// A bucket lease call, or an exact check: after `dt` µs.
+#[derive(Debug, Clone)]
+enum BucketLeaseOp {
+    /// An exact check of the bucket (a request that found its lease empty).
+    Check { dt: u64 },
+    /// Gateway `gateway`'s call (a new one, the last sent again, or an
+    /// older one run late, as [`IdLeaseOp`]; none when `gateway` is 0):
+    /// up to `want` tokens, after giving back `back` of the period
+    /// `periods_ago` before now's, of which it held `charged` more.
+    Lease { dt: u64, gateway: u64, step: i64, want: u32, back: u32, charged: u32, periods_ago: u64 },
+}
+
+fn bucket_lease_op() -> impl Strategy<Value = BucketLeaseOp> {
+    let round = prop::sample::select(vec![1u64, 1_000, 5_000, 50_000, 1_000_000]);
+    let near = (round, -1i64..=1).prop_map(|(r, d)| r.saturating_add_signed(d));
+    let dt = prop_oneof![3 => Just(0u64), 3 => near, 2 => 0u64..5_000, 1 => 0u64..2_000_000];
+    prop_oneof![
+        2 => dt.clone().prop_map(|dt| BucketLeaseOp::Check { dt }),
+        4 => (
+            dt,
+            0u64..3,
+            prop_oneof![3 => Just(1i64), 2 => Just(0i64), 1 => Just(-1i64)],
+            0u32..12,
+            prop_oneof![2 => Just(0u32), 1 => 0u32..12],
+            0u32..20,
+            0u64..3,
+        )
+            .prop_map(|(dt, gateway, step, want, back, charged, periods_ago)| BucketLeaseOp::Lease {
+                dt,
+                gateway,
+                step,
+                want,
+                back,
+                charged,
+                periods_ago,
+            }),
+    ]
+}
+
+fn bucket_limit() -> impl Strategy<Value = WireLimit> {
+    let per = prop::sample::select(vec![1u64, 7, 50, 1_000]);
+    prop_oneof![
+        (1u32..4, per.clone(), 1u32..20).prop_map(|(rate, per_ms, burst)| WireLimit::TokenBucket {
+            rate,
+            per_ms: Millis(per_ms),
+            burst
+        }),
+        (1u32..20, per)
+            .prop_map(|(capacity, drain_ms)| WireLimit::LeakyBucket { capacity, drain_ms: Millis(drain_ms) }),
+    ]
+}
+
+fn run_bucket_lease_case(
+    w: &World,
+    wire: WireLimit,
+    ttl_ms: u64,
+    ops: Vec<BucketLeaseOp>,
+) -> Result<(), TestCaseError> {
+    static CASE: AtomicU64 = AtomicU64::new(0);
+    let policy = format!("b{}", CASE.fetch_add(1, Ordering::Relaxed));
+    let checks = vec![Check {
+        policy: policy.clone(),
+        key: "k".into(),
+        limits: vec![wire],
+        margin_ms: None,
+        upstream: false,
+        levels: Vec::new(),
+    }];
+    let script = script_limits(&checks).expect("valid limit");
+    let key = script[0].key.clone();
+    let model_limits: Vec<(String, Algorithm)> =
+        script.iter().map(|l| (l.key.clone(), l.algorithm)).collect();
+    let Algorithm::Gcra { interval_us, burst, .. } = script[0].algorithm else {
+        return Err(TestCaseError::fail("not a bucket"));
+    };
+    let most = burst.min(u64::from(u32::MAX)) as u32;
+    let (calls_key, horizon_key) = (algorithm::lease_calls_key(&key), algorithm::lease_horizon_key(&key));
+    let period_us = ttl_ms * 1000;
+    let mut conn = w.redis.connection().expect("redis connection");
+    let mut model = RedisTwin::default();
+    let mut now = 1_700_000_000_000_000u64;
+    let mut seqs = [0u64; 3];
+    for (i, op) in ops.into_iter().enumerate() {
+        match op {
+            BucketLeaseOp::Check { dt } => {
+                now += dt;
+                let req = CheckRequest {
+                    checks: checks.as_slice().into(),
+                    now_us: Some(Micros(now)),
+                    id: None,
+                    wait_ms: None,
+                    views: Default::default(),
+                };
+                let got = w.runtime.block_on(w.limiter.check(&req)).expect("check");
+                let want = algorithm::check(&mut model, now, &format!("m{i}"), &model_limits);
+                prop_assert_eq!(got.allowed, want.allowed, "check at {}", now);
+                prop_assert_eq!(&got.checks[0].limits, &want.limits, "check at {}", now);
+            }
+            BucketLeaseOp::Lease { dt, gateway, step, want, back, charged, periods_ago } => {
+                now += dt;
+                let call = (gateway > 0).then(|| {
+                    let seq = &mut seqs[gateway as usize];
+                    *seq = seq.saturating_add_signed(step);
+                    LeaseCall { gateway, seq: *seq }
+                });
+                let window = (now / period_us).saturating_sub(periods_ago);
+                let tokens = back.min(most);
+                let give_back =
+                    (back > 0).then_some(GiveBack { window, tokens, charged: Some(tokens + charged) });
+                let req = LeaseRequest {
+                    policy: policy.clone(),
+                    key: "k".into(),
+                    limit: wire,
+                    want: want.min(most),
+                    give_back,
+                    ttl_ms: Some(Millis(ttl_ms)),
+                    now_us: Some(Micros(now)),
+                    call,
+                };
+                let got = w.runtime.block_on(w.limiter.lease(&req)).expect("lease");
+                let gateway_id = gateway.to_string();
+                let grant = algorithm::lease_bucket_call(
+                    &mut model,
+                    now,
+                    &key,
+                    (interval_us.get(), burst),
+                    period_us,
+                    want.min(most).into(),
+                    give_back.map(|b| algorithm::BucketGiveBack {
+                        window: b.window,
+                        tokens: b.tokens.into(),
+                        charged: b.charged.unwrap_or(b.tokens).into(),
+                    }),
+                    call.map(|c| (gateway_id.as_str(), c.seq)),
+                );
+                prop_assert_eq!(got, LeaseResponse::from(grant), "lease {:?} at {}", call, now);
+            }
+        }
+        prop_assert_eq!(time_state(&mut conn, &key), model_time_state(&model, &key), "state after op {}", i);
+        let horizon: Option<u64> = conn.get(&horizon_key).unwrap_or_default();
+        let modelled = match model.keys.get(&horizon_key) {
+            Some(&algorithm::State::Horizon(h)) => Some(h),
+            _ => None,
+        };
+        prop_assert_eq!(horizon, modelled, "horizon after op {}", i);
+        prop_assert_eq!(
+            records(&mut conn, &calls_key),
+            model_records(&model, &calls_key),
+            "record after op {}",
+            i
+        );
+    }
+    Ok(())
+}
+
+/// Leased buckets: `lua/scripts/lease_bucket.lua` grants, charges at the
+/// period's end, takes back (late, early, too old, with or without what
+/// the gateway was charged) and answers calls sent again or run late
+/// exactly as the model, interleaved with the bucket's exact checks,
+/// around period boundaries, for token and leaky buckets.
+#[test]
+fn lease_bucket_script_decides_as_the_model() {
+    let world = World::start();
+    let mut runner = TestRunner::new(ProptestConfig { cases: 300, ..ProptestConfig::default() });
+    let cases = (
+        bucket_limit(),
+        prop::sample::select(vec![1u64, 5, 50, 1_000]),
+        prop::collection::vec(bucket_lease_op(), 1..40),
+    );
+    if let Err(failure) =
+        runner.run(&cases, |(wire, ttl_ms, ops)| run_bucket_lease_case(&world, wire, ttl_ms, ops))
     {
         panic!("{failure}");
     }

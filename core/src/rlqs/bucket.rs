@@ -435,7 +435,7 @@ impl Bucket {
         let give_back = match &mut self.ledger {
             Some(ledger) if ledger.window == *window && ledger.back > 0 && now < ledger.ends_ms => {
                 let tokens = u32::try_from(std::mem::take(&mut ledger.back)).unwrap_or(u32::MAX);
-                Some(GiveBack { window: ledger.index, tokens })
+                Some(GiveBack { window: ledger.index, tokens, charged: None })
             }
             _ => None,
         };
@@ -455,6 +455,7 @@ impl Bucket {
             limit: call.window.limit,
             want: call.want,
             give_back: call.give_back,
+            ttl_ms: None,
             now_us: None,
             call: Some(CallId { gateway: self.gateway, seq: self.seq }),
         };

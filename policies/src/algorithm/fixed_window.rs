@@ -11,6 +11,7 @@
 //! its count.
 
 use super::reserve::{Committed, Slot};
+pub use super::Grant;
 use super::{Found, State, View};
 
 pub fn check(state: Option<&State>, now: u64, limit: u64, window: u64) -> Found {
@@ -105,18 +106,6 @@ pub fn cancel(state: Option<&mut State>, now: u64, at: u64, window: u64) {
             *count = count.saturating_sub(1);
         }
     }
-}
-
-/// Leased mode (`lease`): what a grant gave.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Grant {
-    pub granted: u64,
-    /// The window index the tokens belong to.
-    pub window: u64,
-    /// Microseconds from now to the window's end.
-    pub expires_in_us: u64,
-    /// What the window has left after the grant.
-    pub remaining: u64,
 }
 
 /// Leased mode: takes back `tokens` a gateway never spent, only into the

@@ -9,7 +9,7 @@
 //! units pass.
 
 use super::reserve::{Committed, Slot};
-use super::{Correction, Found, State, View};
+use super::{Correction, Found, Grant, State, View};
 
 pub fn check(state: Option<&State>, now: u64, interval: u64, burst: u64, cost: u64) -> Found {
     let tau = interval * burst;
@@ -110,4 +110,82 @@ pub fn cancel(state: Option<&mut State>, held_until: u64, interval: u64, cost: u
             *tat = held_until - cost * interval;
         }
     }
+}
+
+/// Leased mode (`lease_bucket`): the lease period of `period` µs (the
+/// policy's `leased.ttl`, aligned to the epoch) that holds `now`: its index
+/// and its end. A lease belongs to the period it is granted in.
+pub fn lease_period(now: u64, period: u64) -> (u64, u64) {
+    let index = now / period;
+    (index, (index + 1).saturating_mul(period))
+}
+
+/// Leased mode: up to `want` of the tokens the bucket holds at `now`, all
+/// charged as if spent at the end of now's lease period: `tat` moves to
+/// `max(tat, end) + granted × interval`, and the gateway spends none of
+/// them from the end on. Exact: a token spent earlier than charged can only
+/// lower the bucket's true arrival time below the charged one, and every
+/// token was in the bucket at the grant (`core/tests/leased_exact.rs`).
+/// Charged at the grant instead, a token spent later would bunch with the
+/// requests admitted once the bucket refilled. What it costs: the bucket
+/// refills from the period's end, not from the grant (at most `ttl` of
+/// refill per period, none while the bucket's charges already reach
+/// beyond the end). The grant, and the `tat` and horizon (the latest end a
+/// lease was charged at) to store if it granted any.
+pub fn lease_grant(
+    state: Option<&State>,
+    horizon: u64,
+    now: u64,
+    (interval, burst): (u64, u64),
+    period: u64,
+    want: u64,
+) -> (Grant, Option<(State, State)>) {
+    let tau = interval.saturating_mul(burst);
+    let (index, end) = lease_period(now, period);
+    let tat = match state {
+        Some(&State::Tat(tat)) => tat.max(now),
+        _ => now,
+    };
+    let granted = want.min((now + tau).saturating_sub(tat) / interval);
+    let new_tat = if granted > 0 { tat.max(end) + granted * interval } else { tat };
+    let grant = Grant {
+        granted,
+        window: index,
+        expires_in_us: end - now,
+        remaining: (now + tau).saturating_sub(new_tat) / interval,
+    };
+    (grant, (granted > 0).then_some((State::Tat(new_tat), State::Horizon(horizon.max(end)))))
+}
+
+/// Leased mode: takes back `tokens` a gateway never spent of its leases of
+/// period `window`, of which it held `charged` (spent or not, at least
+/// `tokens`). At most `tokens × interval`, and at most `end + charged ×
+/// interval − max(horizon, now)`: those leases were charged at the period's
+/// `end`, so they moved the bucket's true arrival time to at least `end +
+/// charged × interval`, and every charge since was made at a time no later
+/// than `max(horizon, now)` (exact checks at their time, leases at their
+/// period's end, the horizon the latest): a give-back of that much reaches
+/// through all of them exactly, where more could take back refill the
+/// bucket had already given. Only for a period that has begun and ended
+/// less than a period ago (the calls' record, which keeps a call sent again
+/// from being taken twice, lives that long); never below `now`. The `tat`
+/// to store, if it moves.
+pub fn lease_give_back(
+    state: Option<&State>,
+    horizon: u64,
+    now: u64,
+    (interval, period): (u64, u64),
+    window: u64,
+    (tokens, charged): (u64, u64),
+) -> Option<State> {
+    let (current, _) = lease_period(now, period);
+    let end = window.saturating_add(1).saturating_mul(period);
+    if window > current || now >= end.saturating_add(period) {
+        return None;
+    }
+    let Some(&State::Tat(tat)) = state else { return None };
+    let reach =
+        end.saturating_add(charged.max(tokens).saturating_mul(interval)).saturating_sub(horizon.max(now));
+    let back = tokens.saturating_mul(interval).min(reach);
+    (tat > now && back > 0).then(|| State::Tat(tat.saturating_sub(back).max(now)))
 }

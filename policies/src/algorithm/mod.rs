@@ -177,6 +177,9 @@ pub enum State {
     /// number, the window index it ran in, the tokens it granted) (a hash
     /// of "seq window granted" strings, `lease_calls_key`).
     Calls(BTreeMap<String, (u64, u64, u64)>),
+    /// lease_bucket: the latest end of a lease period a lease was charged
+    /// at (Redis: `:h`, beside the bucket's `tat`; `gcra::lease_give_back`).
+    Horizon(u64),
 }
 
 /// The key of a bucket's refund counter ([`State::Refunded`]).
@@ -295,6 +298,19 @@ pub struct LimitOutcome {
 /// `ceil_ms` in `lua/lib/common.lua` rounds them.
 pub fn ceil_ms(us: u64) -> Millis {
     Micros(us).ceil_millis()
+}
+
+/// Leased mode (`lease`, `lease_bucket`): what a grant gave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    pub granted: u64,
+    /// The index of the window (a bucket's: the lease period) the tokens
+    /// belong to.
+    pub window: u64,
+    /// Microseconds from now to its end.
+    pub expires_in_us: u64,
+    /// What the window (the bucket) has left after the grant.
+    pub remaining: u64,
 }
 
 /// The decision on one request: the reply of `lua/scripts/check.lua`.
@@ -476,13 +492,64 @@ pub fn lease(
     window_us: u64,
     want: u64,
     give_back: Option<(u64, u64)>,
-) -> fixed_window::Grant {
+) -> Grant {
     lease_call(store, now, key, limit, window_us, want, give_back, None)
 }
 
-/// The key of a leased window's calls' record ([`State::Calls`]).
+/// The key of a leased limit's calls' record ([`State::Calls`]).
 pub fn lease_calls_key(key: &str) -> String {
     format!("{key}:l")
+}
+
+/// The key of a leased bucket's horizon ([`State::Horizon`]).
+pub fn lease_horizon_key(key: &str) -> String {
+    format!("{key}:h")
+}
+
+/// The answer to a gateway's call if the calls' record already has it
+/// (`lua/lib/lease.lua`, `answered_call`): nothing when a later call of the
+/// gateway was recorded (this one ran late); the answer it had, charged
+/// once, when it is the recorded call (sent again after its answer was
+/// lost), with the time to its window's end (windows `long` µs) and what
+/// is `left` now; else `None` (the call runs).
+fn answered_call(
+    store: &RedisTwin,
+    calls_key: &str,
+    (gateway, seq): (&str, u64),
+    (index, long, now): (u64, u64, u64),
+    left: u64,
+) -> Option<Grant> {
+    let record = match store.keys.get(calls_key) {
+        Some(State::Calls(calls)) => calls.get(gateway).copied(),
+        _ => None,
+    };
+    match record? {
+        (s, _, _) if s > seq => {
+            Some(Grant { granted: 0, window: index, expires_in_us: (index + 1) * long - now, remaining: 0 })
+        }
+        (s, window, granted) if s == seq => {
+            let expires_in_us = window.saturating_add(1).saturating_mul(long).saturating_sub(now);
+            Some(Grant { granted, window, expires_in_us, remaining: left })
+        }
+        _ => None,
+    }
+}
+
+/// Records a gateway's call: it ran in window `index` and granted `granted`.
+fn record_call(
+    store: &mut RedisTwin,
+    calls_key: String,
+    (gateway, seq): (&str, u64),
+    index: u64,
+    granted: u64,
+) {
+    let entry = store.keys.entry(calls_key).or_insert_with(|| State::Calls(BTreeMap::new()));
+    if !matches!(entry, State::Calls(_)) {
+        *entry = State::Calls(BTreeMap::new());
+    }
+    if let State::Calls(calls) = entry {
+        calls.insert(gateway.to_string(), (seq, index, granted));
+    }
 }
 
 /// `lua/scripts/lease.lua` with a call id (`call`: the gateway's id and the
@@ -500,31 +567,18 @@ pub fn lease_call(
     want: u64,
     give_back: Option<(u64, u64)>,
     call: Option<(&str, u64)>,
-) -> fixed_window::Grant {
+) -> Grant {
     let calls_key = lease_calls_key(key);
     let index = now / window_us;
-    let expires_in_us = (index + 1) * window_us - now;
-    if let Some((gateway, seq)) = call {
-        let record = match store.keys.get(&calls_key) {
-            Some(State::Calls(calls)) => calls.get(gateway).copied(),
-            _ => None,
+    if let Some(call) = call {
+        // A call run late, or sent again: answered from the record.
+        let left = match store.keys.get(key) {
+            Some(&State::Counter { window: stored, count }) if stored == index => limit.saturating_sub(count),
+            Some(&State::Counter { window: stored, .. }) if stored > index => 0,
+            _ => limit,
         };
-        match record {
-            Some((s, _, _)) if s > seq => {
-                return fixed_window::Grant { granted: 0, window: index, expires_in_us, remaining: 0 };
-            }
-            Some((s, w, granted)) if s == seq => {
-                let remaining = match store.keys.get(key) {
-                    Some(&State::Counter { window: stored, count }) if stored == index => {
-                        limit.saturating_sub(count)
-                    }
-                    Some(&State::Counter { window: stored, .. }) if stored > index => 0,
-                    _ => limit,
-                };
-                let expires_in_us = ((w + 1) * window_us).saturating_sub(now);
-                return fixed_window::Grant { granted, window: w, expires_in_us, remaining };
-            }
-            _ => {}
+        if let Some(answer) = answered_call(store, &calls_key, call, (index, window_us, now), left) {
+            return answer;
         }
     }
     if let Some((window, tokens)) = give_back {
@@ -538,14 +592,75 @@ pub fn lease_call(
             store.keys.remove(&calls_key);
         }
     }
-    if let Some((gateway, seq)) = call {
-        let entry = store.keys.entry(calls_key).or_insert_with(|| State::Calls(BTreeMap::new()));
-        if !matches!(entry, State::Calls(_)) {
-            *entry = State::Calls(BTreeMap::new());
+    if let Some(call) = call {
+        record_call(store, calls_key, call, index, grant.granted);
+    }
+    grant
+}
+
+/// A leased bucket's give-back: the lease period of the leases, the tokens
+/// never spent, and the tokens of that period this gateway held charged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketGiveBack {
+    pub window: u64,
+    pub tokens: u64,
+    pub charged: u64,
+}
+
+/// `lua/scripts/lease_bucket.lua`: leased mode on the bucket (GCRA, one
+/// token per request) at `key`, one unit every `interval_us`, `burst` at
+/// most, in lease periods of `period_us` (`gcra::lease_grant`). Takes back
+/// `give_back` first (`gcra::lease_give_back`), then grants up to `want`.
+/// With a call id, as [`lease_call`]: a call sent again gets the answer it
+/// had (its give-back taken once), and a late run of an older call does
+/// nothing. The record is not cleared by a new period: it lives a period
+/// beyond the one its last call ran in, as long as a give-back is taken.
+#[allow(clippy::too_many_arguments)]
+pub fn lease_bucket_call(
+    store: &mut RedisTwin,
+    now: u64,
+    key: &str,
+    (interval_us, burst): (u64, u64),
+    period_us: u64,
+    want: u64,
+    give_back: Option<BucketGiveBack>,
+    call: Option<(&str, u64)>,
+) -> Grant {
+    let calls_key = lease_calls_key(key);
+    let horizon_key = lease_horizon_key(key);
+    let (index, _) = gcra::lease_period(now, period_us);
+    if let Some(call) = call {
+        // A call run late, or sent again: answered from the record.
+        let tat = match store.keys.get(key) {
+            Some(&State::Tat(tat)) => tat.max(now),
+            _ => now,
+        };
+        let left = (now + interval_us * burst).saturating_sub(tat) / interval_us;
+        if let Some(answer) = answered_call(store, &calls_key, call, (index, period_us, now), left) {
+            return answer;
         }
-        if let State::Calls(calls) = entry {
-            calls.insert(gateway.to_string(), (seq, index, grant.granted));
+    }
+    let horizon = match store.keys.get(&horizon_key) {
+        Some(&State::Horizon(h)) => h,
+        _ => 0,
+    };
+    if let Some(back) = give_back {
+        let state = store.keys.get(key);
+        let taken = (back.tokens, back.charged);
+        if let Some(tat) =
+            gcra::lease_give_back(state, horizon, now, (interval_us, period_us), back.window, taken)
+        {
+            store.keys.insert(key.to_string(), tat);
         }
+    }
+    let (grant, commit) =
+        gcra::lease_grant(store.keys.get(key), horizon, now, (interval_us, burst), period_us, want);
+    if let Some((tat, horizon)) = commit {
+        store.keys.insert(key.to_string(), tat);
+        store.keys.insert(horizon_key, horizon);
+    }
+    if let Some(call) = call {
+        record_call(store, calls_key, call, index, grant.granted);
     }
     grant
 }
