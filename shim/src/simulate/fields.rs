@@ -293,7 +293,7 @@ mod tests {
     fn bad_mappings_and_lines_say_what_is_wrong() {
         assert_eq!(
             Mapping::parse(&["when=ts".into()]).unwrap_err(),
-            "--field \"when=ts\": unknown target \"when\" (expected time, time_ms, method, path, authority, source, duration_ms or header:NAME)"
+            "--field \"when=ts\": unknown target \"when\" (expected time, time_ms, method, path, authority, source, duration_ms, tokens or header:NAME)"
         );
         assert_eq!(Mapping::parse(&["path".into()]).unwrap_err(), "--field \"path\": expected TARGET=FIELD");
         let mapping = Mapping::parse(&["path=uri".into()]).expect("valid");
