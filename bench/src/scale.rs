@@ -109,11 +109,7 @@ fn capture(rig: &Rig, tools: &Tools, kind: &Kind) -> Result<Result<Vec<String>, 
     if statuses != [200, 200] {
         return Ok(Err(format!("the shim answered {statuses:?} to a check with {}", kind.limit)));
     }
-    // Only this scenario's calls: the rig's other clients (an RLQS face
-    // asking a lease again for its spent window) may share the Redis.
-    let commands: Vec<Vec<String>> =
-        commands.into_iter().filter(|c| c.iter().any(|a| KEYS.iter().any(|key| a.contains(key)))).collect();
-    let template = redis_bench::template(&commands, |a, _| {
+    let template = redis_bench::template(&commands, "bench-scale", |a, _| {
         if a.contains(KEYS[0]) {
             a.replace(KEYS[0], RAND)
         } else {

@@ -40,7 +40,7 @@ pub(crate) fn run(rig: &Rig, plan: &Plan, tools: &Tools) -> Result<ShimAlone> {
     let commands = monitor::client_commands(&tools.redis_cli, rig.redis.port, || {
         load::run(&tools.oha, &target, &Shape::Count(2), 1).map(drop)
     })?;
-    let command = redis_bench::template(&commands, |_, _| RAND.to_string())?;
+    let command = redis_bench::template(&commands, "bench-shim", |_, _| RAND.to_string())?;
 
     let shim = || load::run(&tools.oha, &target, &Shape::Max { for_: plan.max }, plan.connections);
     let raw = || {
