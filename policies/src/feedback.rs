@@ -262,8 +262,6 @@ pub struct PartnerPause {
     pub clamped: bool,
 }
 
-/// The old name of [`PartnerPause`], for callers not yet renamed.
-
 /// One header's reading: a pause, or present but unusable.
 enum Hint {
     Pause(u64),

@@ -155,8 +155,6 @@ pub struct PoolReserve {
     pub slots: u32,
 }
 
-/// The old name of [`PoolReserve`], for callers not yet renamed.
-
 impl PoolReserve {
     /// The pool a request of `class` may fill.
     pub fn pool_for(&self, limit: u32, class: usize) -> u32 {

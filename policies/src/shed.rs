@@ -46,8 +46,6 @@ pub struct ShedPolicy {
     pub controller: ShedSettings,
 }
 
-/// The old name of [`ShedPolicy`], for callers not yet renamed.
-
 impl ShedSettings {
     /// `low <= high`, both from 0 to 1.
     pub fn validate(&self) -> Result<(), String> {

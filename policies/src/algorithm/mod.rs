@@ -220,8 +220,6 @@ pub struct RedisTwin {
     pub keys: HashMap<String, State>,
 }
 
-/// The old name of [`RedisTwin`], for callers not yet renamed.
-
 /// What phase 1 found for one limit.
 pub struct Found {
     pub allowed: bool,
@@ -321,8 +319,6 @@ pub struct CheckReply {
     pub retry_after_ms: Option<Millis>,
     pub limits: Vec<LimitOutcome>,
 }
-
-/// The old name of [`CheckReply`], for callers not yet renamed.
 
 /// `lua/scripts/check.lua`: decides every limit at once, all or nothing.
 pub fn check(store: &mut RedisTwin, now: u64, id: &str, limits: &[(String, Algorithm)]) -> CheckReply {

@@ -150,8 +150,6 @@ pub enum AcquireReply {
     Refused,
 }
 
-/// The old name of [`AcquireReply`], for callers not yet renamed.
-
 /// `lua/scripts/acquire.lua`: a free slot with nobody waiting is taken at once;
 /// otherwise the request joins the queue behind everyone already in it.
 #[allow(clippy::too_many_arguments)]
