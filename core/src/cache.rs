@@ -46,7 +46,7 @@ use std::collections::HashMap;
 
 use sluice_policies::units::Millis;
 use sluice_policies::wire::{Check, CheckOutcome, WireLimit};
-use sluice_policies::Policy;
+use sluice_policies::{Applied, Policy, Request};
 
 use crate::host::SharedData;
 
@@ -95,16 +95,35 @@ impl<'m, S: SharedData> OverLimitCache<'m, S> {
 
     /// The live entry for `check` of `policy` at `now_ms`, if any.
     pub fn lookup(&self, policy: &Policy, check: &Check, now_ms: u64) -> Option<Hit> {
+        self.find(policy, |out| write_identity(out, Parts::of(check)), now_ms)
+    }
+
+    /// The live entry for the check `applied` would send for `req`, at
+    /// `now_ms`, if any; read before the check is built, so a denial from
+    /// the cache builds none.
+    pub fn lookup_applied(&self, applied: &Applied<'_>, req: &impl Request, now_ms: u64) -> Option<Hit> {
+        let parts = Parts {
+            policy: applied.policy.name.as_str(),
+            key: &applied.key,
+            levels: applied.level_keys(),
+            limits: applied.wire_limits(req),
+        };
+        self.find(applied.policy, |out| write_identity(out, parts), now_ms)
+    }
+
+    /// The live entry for the identity `write` writes, if any.
+    fn find(&self, policy: &Policy, write: impl FnOnce(&mut Vec<u8>), now_ms: u64) -> Option<Hit> {
         if !caches(policy) {
             return None;
         }
         let Some(mirror) = self.mirror else {
-            let identity = identity(check);
+            let mut identity = Vec::new();
+            write(&mut identity);
             return self.read(self.slot(&identity)?, &identity, now_ms).map(|(found, _)| found);
         };
         let mut mirror = mirror.borrow_mut();
         let Mirror { entries, identity } = &mut *mirror;
-        write_identity(identity, check);
+        write(identity);
         let slot = self.slot(identity)?;
         if let Some(hit) = entries.get(&slot).and_then(|v| hit(v, identity, now_ms)) {
             return Some(hit);
@@ -193,20 +212,50 @@ pub fn caches(policy: &Policy) -> bool {
     policy.wait.is_none()
 }
 
+/// What makes two checks the same, borrowed: from a built [`Check`], or
+/// from a policy that applies to a request before its check is built
+/// ([`OverLimitCache::lookup_applied`]).
+struct Parts<'a, L, W> {
+    policy: &'a str,
+    key: &'a str,
+    /// Each level's name, key and the index of its first limit.
+    levels: L,
+    /// The limits as sent.
+    limits: W,
+}
+
+impl<'a> Parts<'a, (), ()> {
+    #[allow(clippy::type_complexity)]
+    fn of(
+        check: &'a Check,
+    ) -> Parts<'a, impl Iterator<Item = (&'a str, &'a str, usize)> + 'a, impl Iterator<Item = WireLimit> + 'a> {
+        Parts {
+            policy: &check.policy,
+            key: &check.key,
+            levels: check.levels.iter().map(|l| (l.level.name.as_str(), l.level.key.as_str(), l.from)),
+            limits: check.limits.iter().copied(),
+        }
+    }
+}
+
 /// What makes two checks the same: policy and key, each ended by a NUL
 /// (neither can hold one), then the limits as sent. Built on every request
 /// a cached policy applies to, so without JSON: see [`limit_identity`].
 fn identity(check: &Check) -> Vec<u8> {
     let mut out = Vec::new();
-    write_identity(&mut out, check);
+    write_identity(&mut out, Parts::of(check));
     out
 }
 
-/// [`identity`], into `out` (cleared first).
-fn write_identity(out: &mut Vec<u8>, check: &Check) {
-    let (policy, key) = (check.policy.as_bytes(), check.key.as_bytes());
+/// [`identity`] of `parts`, into `out` (cleared first).
+fn write_identity<'a, L, W>(out: &mut Vec<u8>, parts: Parts<'a, L, W>)
+where
+    L: Iterator<Item = (&'a str, &'a str, usize)>,
+    W: Iterator<Item = WireLimit>,
+{
+    let (policy, key) = (parts.policy.as_bytes(), parts.key.as_bytes());
     out.clear();
-    out.reserve(policy.len() + key.len() + 2 + LIMIT_IDENTITY_MAX * check.limits.len());
+    out.reserve(policy.len() + key.len() + 2 + LIMIT_IDENTITY_MAX * parts.limits.size_hint().0);
     out.extend_from_slice(policy);
     out.push(0);
     out.extend_from_slice(key);
@@ -214,18 +263,20 @@ fn write_identity(out: &mut Vec<u8>, check: &Check) {
     // A hierarchy's levels: each name (never empty, where a limit starts
     // with its kind, 1 to 9) and key ended by a NUL, its start at a fixed
     // width, and a NUL after the last. A check without levels adds nothing.
-    for level in &check.levels {
-        out.extend_from_slice(level.level.name.as_bytes());
+    let mut levels = false;
+    for (name, key, from) in parts.levels {
+        out.extend_from_slice(name.as_bytes());
         out.push(0);
-        out.extend_from_slice(level.level.key.as_bytes());
+        out.extend_from_slice(key.as_bytes());
         out.push(0);
-        out.extend_from_slice(&(level.from as u64).to_le_bytes());
+        out.extend_from_slice(&(from as u64).to_le_bytes());
+        levels = true;
     }
-    if !check.levels.is_empty() {
+    if levels {
         out.push(0);
     }
-    for limit in &check.limits {
-        limit_identity(out, limit);
+    for limit in parts.limits {
+        limit_identity(out, &limit);
     }
 }
 

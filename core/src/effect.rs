@@ -2,6 +2,8 @@
 //! a local reply, resume the request or the response, add or set a
 //! response header, count a stat. The adapter performs them in order.
 
+use std::rc::Rc;
+
 use sluice_policies::wire::Encoding;
 
 use crate::local_reply::LocalReply;
@@ -49,8 +51,9 @@ pub enum Effect {
     /// Send this call; its result comes back with its id. If the host cannot
     /// send it, the adapter hands back [`CallResult::NotSent`] at once.
     Send(Outgoing),
-    /// Answer the request locally; it stays paused.
-    Reply(LocalReply),
+    /// Answer the request locally; it stays paused. Shared: a worker hands
+    /// out the same denial again while nothing in it changes.
+    Reply(Rc<LocalReply>),
     /// Let the paused request go upstream.
     ResumeRequest,
     /// Let the paused response go on to the client.

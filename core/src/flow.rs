@@ -49,9 +49,9 @@ use sluice_policies::wire::{
     AdjustRequest, Check, CheckOutcome, CheckResponse, Encoding, FeedbackRequest, ReleaseRequest,
     RenewRequest, Views, WireLimit, ADJUST_PATH, CHECK_PATH, FEEDBACK_PATH, RELEASE_PATH,
 };
-use sluice_policies::{Evaluation, FailureMode, HeadersMode, Limit, Policy, Request};
+use sluice_policies::{Applied, Evaluation, FailureMode, HeadersMode, Limit, Policy, Request};
 
-use crate::cache::OverLimitCache;
+use crate::cache::{Hit, OverLimitCache};
 use crate::check_call::CheckCall;
 use crate::decision::{read_answer, retry_after_secs};
 use crate::effect::{CallId, CallResult, Effect, Effects, Outgoing};
@@ -227,7 +227,7 @@ impl Flow {
     /// The request is known (its headers, and its body if read): match,
     /// decide locally or ask the shim.
     fn decide(&mut self, req: &impl Request, host: &dyn Host) -> Vec<Effect> {
-        let mut fx = Effects::default();
+        let mut fx = self.worker.effects();
         let worker = self.worker.clone();
         let evaluation = match worker.doc.evaluate(req) {
             Ok(evaluation) => evaluation,
@@ -244,7 +244,10 @@ impl Flow {
         for &index in &evaluation.shadow_missing_key {
             self.shadow_missing_key(&worker, index, &mut fx);
         }
-        self.spend_tokens(&worker, &evaluation, req, host, &mut fx);
+        if let Some((index, hit)) = self.spend_tokens(&worker, &evaluation, req, host, &mut fx) {
+            self.deny_from_cache(&worker, index, hit, host, &mut fx);
+            return fx.0;
+        }
         let enforced = evaluation.iter().filter(|a| !a.policy.shadow).map(|a| a.policy);
         self.calls[0].wait_ms = request_wait_ms(enforced);
         if self.calls.iter().all(|c| c.checks.is_empty()) {
@@ -306,7 +309,7 @@ impl Flow {
 
     /// What became of one of this stream's calls.
     pub fn handle_answer(&mut self, id: CallId, result: CallResult, host: &dyn Host) -> Vec<Effect> {
-        let mut fx = Effects::default();
+        let mut fx = self.worker.effects();
         let worker = self.worker.clone();
         if let Some(at) = self.releasing.iter().position(|(c, ..)| *c == id) {
             let (_, request, policies) = self.releasing.swap_remove(at);
@@ -384,7 +387,7 @@ impl Flow {
 
     /// The upstream's response headers.
     pub fn handle_response_headers(&mut self, end_of_stream: bool, host: &dyn Host) -> Vec<Effect> {
-        let mut fx = Effects::default();
+        let mut fx = self.worker.effects();
         self.in_response_headers = true;
         if !matches!(self.phase, Phase::Admitted | Phase::Failed) {
             return fx.0;
@@ -427,7 +430,7 @@ impl Flow {
 
     /// A chunk of the response's body, `size` bytes.
     pub fn handle_response_body(&mut self, size: usize, end_of_stream: bool, host: &dyn Host) -> Vec<Effect> {
-        let mut fx = Effects::default();
+        let mut fx = self.worker.effects();
         self.in_response_headers = false;
         self.meter_body(size, end_of_stream, host, &mut fx);
         if self.phase != Phase::Streaming {
@@ -449,7 +452,7 @@ impl Flow {
 
     /// The response's trailers: its end.
     pub fn handle_response_trailers(&mut self, host: &dyn Host) -> Vec<Effect> {
-        let mut fx = Effects::default();
+        let mut fx = self.worker.effects();
         self.in_response_headers = false;
         self.settle_metering(true, &mut fx);
         if self.phase == Phase::Streaming {
@@ -462,7 +465,7 @@ impl Flow {
     /// whatever it still holds is queued for the worker, exactly once, and
     /// the tokens of a request reset before its decision go back.
     pub fn handle_stream_end(&mut self, host: &dyn Host) -> Vec<Effect> {
-        let mut fx = Effects::default();
+        let mut fx = self.worker.effects();
         self.release_leases(host, &mut fx);
         // Ended before its response did: what it used is not known.
         self.settle_metering(false, &mut fx);
@@ -475,12 +478,23 @@ impl Flow {
         fx.0
     }
 
-    fn refuse(&mut self, mut reply: LocalReply, verdict: Verdict, fx: &mut Effects) {
+    fn refuse(&mut self, reply: LocalReply, verdict: Verdict, fx: &mut Effects) {
+        let reply = self.with_verdict(reply, verdict);
+        self.refuse_with(Rc::new(reply), fx);
+    }
+
+    /// Refuses the request with `reply`, complete.
+    fn refuse_with(&mut self, reply: Rc<LocalReply>, fx: &mut Effects) {
         self.phase = Phase::Refused;
+        fx.push(Effect::Reply(reply));
+    }
+
+    /// `reply` with `x-sluice-verdict`, if the document asks for it.
+    fn with_verdict(&self, mut reply: LocalReply, verdict: Verdict) -> LocalReply {
         if self.worker.doc.verdict_header {
             reply.headers.push((VERDICT_HEADER.into(), verdict.as_str().into()));
         }
-        fx.push(Effect::Reply(reply));
+        reply
     }
 
     /// Adds `x-sluice-verdict` to the response of a request let through,
@@ -531,8 +545,12 @@ impl Flow {
         self.settle_tokens(through, host, fx);
     }
 
-    /// Leased mode: takes a token from each leased policy's pool. A policy
-    /// whose pool has none is checked by the shim exactly, as without a lease.
+    /// Builds the checks of the policies that apply, after two local
+    /// steps. Leased mode: takes a token from each leased policy's pool; a
+    /// policy whose pool has none is checked by the shim exactly, as
+    /// without a lease. The over-limit cache: an enforced check it holds a
+    /// live denial for ends the request's checks there, before the check is
+    /// built: the policy and that denial, returned.
     fn spend_tokens(
         &mut self,
         worker: &Worker,
@@ -540,20 +558,41 @@ impl Flow {
         req: &impl Request,
         host: &dyn Host,
         fx: &mut Effects,
-    ) {
+    ) -> Option<(usize, Hit)> {
+        if evaluation.iter().next().is_none() {
+            return None; // nothing applies: not even the clock is read
+        }
+        let cache =
+            OverLimitCache::new(host, worker.doc.over_limit_cache_slots.get()).with_mirror(&worker.over_limit);
+        let now = host.now_ms();
+        let enforce = |calls: &mut CheckCall, a: &Applied<'_>| {
+            let Some(hit) = cache.lookup_applied(a, req, now) else {
+                calls.push(a.index, a.check(req));
+                return None;
+            };
+            log::debug!("policy {} denies key {} from the over-limit cache", a.policy.name, a.key);
+            Some((a.index, hit))
+        };
         for a in evaluation.iter() {
-            if a.policy.leased.is_none() || a.policy.shadow {
-                self.calls[usize::from(a.policy.shadow)].push(a.index, a.check(req));
+            if a.policy.shadow {
+                self.calls[1].push(a.index, a.check(req));
                 continue;
             }
-            let now = host.now_ms();
+            if a.policy.leased.is_none() {
+                match enforce(&mut self.calls[0], a) {
+                    Some(hit) => return Some(hit),
+                    None => continue,
+                }
+            }
             let spend = |pool: &mut Pool| pool.spend(now).map(|token| (token, pool.view(now)));
             let per_key = worker.leased_per_key(a.index);
             let hot = if per_key { worker.hot_pool(a.index, &a.key, now) } else { None };
             if per_key && hot.is_none() {
                 // Not a hot key: the long tail is checked exactly.
-                self.calls[0].push(a.index, a.check(req));
-                continue;
+                match enforce(&mut self.calls[0], a) {
+                    Some(hit) => return Some(hit),
+                    None => continue,
+                }
             }
             let spent =
                 hot.as_deref().or(worker.pool_key(a.index)).and_then(|key| update_pool(host, key, spend));
@@ -566,10 +605,45 @@ impl Flow {
                 }
                 _ => {
                     fx.count(a.index, PolicyStat::LeaseEmpty);
-                    self.calls[0].push(a.index, a.check(req));
+                    if let Some(hit) = enforce(&mut self.calls[0], a) {
+                        return Some(hit);
+                    }
                 }
             }
         }
+        None
+    }
+
+    /// Policy `index` denies the request from the over-limit cache (`hit`):
+    /// its denial, with no call; the tokens the request took go back. The
+    /// denial is the worker's last one for the policy while its limit and
+    /// its wait in whole seconds (all it shows of the hit) are the same.
+    fn deny_from_cache(&mut self, worker: &Worker, index: usize, hit: Hit, host: &dyn Host, fx: &mut Effects) {
+        let Some(policy) = worker.doc.policies.get(index) else { return };
+        fx.count(index, PolicyStat::CacheDenied);
+        self.settle_tokens(false, host, fx);
+        let secs = retry_after_secs(Some(Millis(hit.wait_ms)));
+        // All the reply shows of the hit: the limit, and the wait in whole
+        // seconds (RateLimit's t; Retry-After is the same, at least 1).
+        let shown = (hit.limit, hit.wait_ms.div_ceil(1000));
+        if self.shadow_notes.is_empty() {
+            if let Some(reply) = worker.cached_denial(index, shown) {
+                return self.refuse_with(reply, fx);
+            }
+        }
+        let headers = match (worker.doc.headers, policy.limits.get(hit.limit)) {
+            (HeadersMode::Off, _) | (_, None) => None,
+            (_, Some(limit)) => Some(RateLimitHeaders::of(policy.name.as_str(), limit, 0, hit.wait_ms)),
+        };
+        let mut reply = LocalReply::denial(policy, secs, headers);
+        let notes = std::mem::take(&mut self.shadow_notes);
+        let kept = notes.is_empty();
+        reply.headers.extend(notes.into_iter().map(|note| (SHADOW_HEADER.into(), note.into())));
+        let reply = Rc::new(self.with_verdict(reply, Verdict::CacheDenied));
+        if kept {
+            worker.keep_denial(index, shown, &reply);
+        }
+        self.refuse_with(reply, fx);
     }
 
     /// The request's decision is made: its spent tokens count as admitted
@@ -987,28 +1061,9 @@ impl Flow {
         }
     }
 
-    /// Local decisions before any call: the over-limit cache, then the
-    /// breaker. True when they decided.
+    /// The local decision before any call (the over-limit cache was read
+    /// as the checks were built): the breaker. True when it decided.
     fn decide_locally(&mut self, worker: &Worker, now: u64, host: &dyn Host, fx: &mut Effects) -> bool {
-        let cache = OverLimitCache::new(host, worker.doc.over_limit_cache_slots.get())
-            .with_mirror(&worker.over_limit);
-        let call = &self.calls[0];
-        for (&index, check) in call.policies.iter().zip(&call.checks) {
-            let Some(policy) = worker.doc.policies.get(index) else { continue };
-            let Some(hit) = cache.lookup(policy, check, now) else { continue };
-            fx.count(index, PolicyStat::CacheDenied);
-            log::debug!("policy {} denies key {} from the over-limit cache", policy.name, check.key);
-            let headers = match (worker.doc.headers, policy.limits.get(hit.limit)) {
-                (HeadersMode::Off, _) | (_, None) => None,
-                (_, Some(limit)) => Some(RateLimitHeaders::of(policy.name.as_str(), limit, 0, hit.wait_ms)),
-            };
-            let mut reply = LocalReply::denial(policy, retry_after_secs(Some(Millis(hit.wait_ms))), headers);
-            let notes = std::mem::take(&mut self.shadow_notes);
-            reply.headers.extend(notes.into_iter().map(|note| (SHADOW_HEADER.into(), note.into())));
-            self.settle_tokens(false, host, fx);
-            self.refuse(reply, Verdict::CacheDenied, fx);
-            return true;
-        }
         if worker.call_allowed(now, fx) {
             return false;
         }

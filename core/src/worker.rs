@@ -12,6 +12,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::rc::Rc;
 
 use sluice_policies::leased::Source;
 use sluice_policies::units::Millis;
@@ -28,6 +29,7 @@ use crate::host::{Host, SetError, SharedData};
 use crate::hot_keys::{HotKeys, CAPACITY};
 use crate::leased::{key_pool_key, pool_key, Pool};
 use crate::leases::Live;
+use crate::local_reply::LocalReply;
 use crate::log_throttle::LogThrottle;
 use crate::passes::FailurePasses;
 use crate::shedding::Shedding;
@@ -108,6 +110,11 @@ pub struct Worker {
     sequence: Cell<u64>,
     /// This worker's copy of the over-limit cache's hits, cleared each tick.
     pub(crate) over_limit: RefCell<Mirror>,
+    /// Per policy, the last denial served from the over-limit cache, with
+    /// what it shows of its hit (the limit, the wait in whole seconds).
+    denials: RefCell<Vec<Option<((usize, u64), Rc<LocalReply>)>>>,
+    /// An effect list the adapter gave back once performed, for the next event.
+    spare: RefCell<Vec<Effect>>,
 }
 
 impl Worker {
@@ -128,6 +135,7 @@ impl Worker {
             })
             .collect();
         let tracked = RefCell::new(vec![Vec::new(); doc.policies.len()]);
+        let policies = doc.policies.len();
         let passes = FailurePasses::new(&doc);
         Worker {
             doc,
@@ -146,6 +154,40 @@ impl Worker {
             nonce: seed,
             sequence: Cell::new(0),
             over_limit: RefCell::new(Mirror::default()),
+            denials: RefCell::new(vec![None; policies]),
+            spare: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// An empty effect list for an event: the last one the adapter gave
+    /// back ([`Worker::recycle`]), so an event allocates no list of its own.
+    pub fn effects(&self) -> Effects {
+        Effects(std::mem::take(&mut *self.spare.borrow_mut()))
+    }
+
+    /// An effect list the adapter has performed, kept (emptied) for the
+    /// next event's effects.
+    pub fn recycle(&self, mut effects: Vec<Effect>) {
+        effects.clear();
+        let mut spare = self.spare.borrow_mut();
+        if effects.capacity() > spare.capacity() {
+            *spare = effects;
+        }
+    }
+
+    /// Policy `index`'s last denial from the over-limit cache, if it showed
+    /// the same limit and wait (`shown`): every byte of it is the same.
+    pub(crate) fn cached_denial(&self, index: usize, shown: (usize, u64)) -> Option<Rc<LocalReply>> {
+        match self.denials.borrow().get(index) {
+            Some(Some((kept, reply))) if *kept == shown => Some(reply.clone()),
+            _ => None,
+        }
+    }
+
+    /// Keeps `reply` as policy `index`'s last denial from the over-limit cache.
+    pub(crate) fn keep_denial(&self, index: usize, shown: (usize, u64), reply: &Rc<LocalReply>) {
+        if let Some(slot) = self.denials.borrow_mut().get_mut(index) {
+            *slot = Some((shown, reply.clone()));
         }
     }
 
@@ -229,7 +271,7 @@ impl Worker {
     /// report shedding's utilization, ask for leases, report failure-mode
     /// passes, and send what streams queued.
     pub fn tick(&self, host: &dyn Host) -> Vec<Effect> {
-        let mut fx = Effects::default();
+        let mut fx = self.effects();
         let now = host.now_ms();
         self.over_limit.borrow_mut().clear();
         let renewals = self.live.borrow_mut().due(now);
@@ -280,7 +322,7 @@ impl Worker {
 
     /// What became of a background call the tick asked for.
     pub fn handle_answer(&self, id: CallId, result: CallResult, host: &dyn Host) -> Vec<Effect> {
-        let mut fx = Effects::default();
+        let mut fx = self.effects();
         let Some(pending) = self.pending.borrow_mut().remove(&id) else { return fx.0 };
         let (status, body) = result.parts();
         match (pending, &result) {

@@ -1,9 +1,10 @@
 //! What one request refused from the over-limit cache allocates, counted by
 //! a counting global allocator around the flow's callbacks (this test
-//! binary's allocator; the filter's is the same code in wasm). The deny
-//! path's goal is none per request; the count is printed (`--nocapture`),
-//! quoted in `docs/performance.md` ("The deny path"), and held here so it
-//! cannot grow unnoticed.
+//! binary's allocator; the filter's is the same code in wasm), with the
+//! effects given back to the worker once performed, as the filter does.
+//! The deny path's goal is none per request; the count is printed
+//! (`--nocapture`), quoted in `docs/performance.md` ("The deny path"), and
+//! held here so it cannot grow unnoticed.
 
 mod support;
 
@@ -46,9 +47,11 @@ fn counted<T>(f: impl FnOnce() -> T) -> (T, u64, u64) {
     (out, ALLOCATIONS.load(Ordering::Relaxed) - a, BYTES.load(Ordering::Relaxed) - b)
 }
 
-/// The most allocations one cached denial may make today, stream to end
-/// (the goal is 0; see docs/performance.md, "The deny path").
-const AT_MOST: u64 = 13;
+/// The most allocations one cached denial may make, stream to end: the
+/// request's key and the list of the policies that apply, which the
+/// policies crate's evaluation returns owned (docs/performance.md, "The
+/// deny path").
+const AT_MOST: u64 = 2;
 
 /// A request refused from the over-limit cache, stream created to its end:
 /// the allocations of each callback, printed, and their sum held to
@@ -65,10 +68,11 @@ fn a_cached_denial_allocates_at_most_its_count() {
     let check = sent(&first.request(&req), CHECK_PATH);
     first.answer(&check, &Shim::deny_check(0, 1, 3_600_000));
     drop(first);
-    // Warm: one refused request first, so lazily built state is not counted.
+    // Warm: one refused request first, so lazily built state is not
+    // counted; its effects performed and given back, as the filter does.
     let mut warm = t.stream();
-    warm.request(&req);
-    warm.end();
+    t.worker.recycle(warm.request(&req));
+    t.worker.recycle(warm.end());
     drop(warm);
 
     let (mut s, created, created_bytes) = counted(|| t.stream());
@@ -76,10 +80,10 @@ fn a_cached_denial_allocates_at_most_its_count() {
     assert_eq!(replied(&fx).map(|r| r.status), Some(429), "refused from the cache");
     assert!(sends(&fx).is_empty(), "no call");
     assert_eq!(count(&fx, 0, PolicyStat::CacheDenied), 1);
-    let ((), effects, effects_bytes) = counted(|| drop(fx));
+    let ((), effects, effects_bytes) = counted(|| t.worker.recycle(fx));
     let (end_fx, end, end_bytes) = counted(|| s.end());
     let ((), dropped, dropped_bytes) = counted(|| {
-        drop(end_fx);
+        t.worker.recycle(end_fx);
         drop(s);
     });
     let total = created + request + effects + end + dropped;
@@ -87,7 +91,7 @@ fn a_cached_denial_allocates_at_most_its_count() {
     println!("|---|---:|---:|");
     println!("| stream created | {created} | {created_bytes} |");
     println!("| request headers: match, key, cache, the denial | {request} | {request_bytes} |");
-    println!("| the effects performed and dropped | {effects} | {effects_bytes} |");
+    println!("| the effects performed and given back | {effects} | {effects_bytes} |");
     println!("| stream end | {end} | {end_bytes} |");
     println!("| stream dropped | {dropped} | {dropped_bytes} |");
     println!("| **total** | **{total}** | |");

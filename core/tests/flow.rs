@@ -196,6 +196,34 @@ fn the_over_limit_cache_refuses_locally_until_the_wait_ends() {
     assert_eq!(sends(&s.request(&get("/"))).len(), 1, "asked again once the wait is over");
 }
 
+/// A denial from the over-limit cache is the worker's last one while what
+/// it shows is the same, and a new one when the wait shown changes: the
+/// headers never show a stale wait.
+#[test]
+fn a_cached_denial_shows_the_wait_left() {
+    let t = Test::new(
+        r#"{"policies": [{"name": "a", "limits": [{"type": "fixed_window", "limit": 1, "window": "10s"}]}]}"#,
+    );
+    let mut s = t.stream();
+    let check = sent(&s.request(&get("/")), CHECK_PATH);
+    s.answer(&check, &Shim::deny_check(0, 1, 2500));
+    let denial = |t: &Test| {
+        let fx = t.stream().request(&get("/"));
+        assert!(sends(&fx).is_empty(), "refused from the cache: {fx:?}");
+        let reply = replied(&fx).expect("a denial");
+        let header = |name: &str| reply.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
+        (header("retry-after"), header("ratelimit"))
+    };
+    let first = denial(&t);
+    assert_eq!(first.0.as_deref(), Some("3"));
+    t.host.advance(400);
+    assert_eq!(denial(&t), first, "2.1 s left shows as 3 s, as before");
+    t.host.advance(200);
+    let later = denial(&t);
+    assert_eq!(later.0.as_deref(), Some("2"), "1.9 s left");
+    assert_ne!(later.1, first.1, "RateLimit's t follows");
+}
+
 /// Egress waiting: the check asks the shim to hold the request, its timeout
 /// grows by the wait, and an admission after a hold says so in
 /// `server-timing`.

@@ -32,7 +32,8 @@ impl Filter {
     fn perform(&mut self, effects: Vec<Effect>, host: &ProxyHost) {
         let vm = self.vm.clone();
         let mut calls = StreamCalls { flow: &mut self.flow, tokens: &mut self.tokens, host };
-        perform(effects, &vm.worker.doc.shim.cluster, &vm.stats, &mut calls);
+        let performed = perform(effects, &vm.worker.doc.shim.cluster, &vm.stats, &mut calls);
+        vm.worker.recycle(performed);
     }
 
     fn request_action(&mut self) -> Action {

@@ -20,7 +20,9 @@ pub trait Calls {
     fn not_sent(&mut self, id: CallId, reason: String) -> Vec<Effect>;
 }
 
-pub fn perform(effects: Vec<Effect>, cluster: &str, stats: &Stats, calls: &mut impl Calls) {
+/// Performs `effects` in order; the list, emptied, comes back for the
+/// worker to reuse (`Worker::recycle`).
+pub fn perform(effects: Vec<Effect>, cluster: &str, stats: &Stats, calls: &mut impl Calls) -> Vec<Effect> {
     let mut queue = VecDeque::from(effects);
     while let Some(effect) = queue.pop_front() {
         match effect {
@@ -77,6 +79,7 @@ pub fn perform(effects: Vec<Effect>, cluster: &str, stats: &Stats, calls: &mut i
             Effect::Filter { stat, n } => stats.filter(stat, n),
         }
     }
+    Vec::from(queue)
 }
 
 /// POSTs the call's body to the shim, with its encoding and the wire's

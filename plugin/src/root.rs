@@ -36,7 +36,8 @@ impl SluiceRoot {
 
     fn perform(&mut self, vm: &Vm, effects: Vec<Effect>, host: &ProxyHost) {
         let mut calls = WorkerCalls { worker: &vm.worker, tokens: &mut self.tokens, host };
-        perform(effects, &vm.worker.doc.shim.cluster, &vm.stats, &mut calls);
+        let performed = perform(effects, &vm.worker.doc.shim.cluster, &vm.stats, &mut calls);
+        vm.worker.recycle(performed);
     }
 }
 

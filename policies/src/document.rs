@@ -876,22 +876,10 @@ impl<'d> std::ops::Deref for Evaluation<'d> {
 
 impl Applied<'_> {
     pub fn check(&self, req: &impl Request) -> Check {
-        let reserved = self.policy.llm.as_ref().map(|llm| {
-            let r = llm.reserve(req.body());
-            llm.cost(r.input, r.output)
-        });
-        let limit = |l: &Limit| match (l, reserved) {
-            (Limit::Points { capacity, .. } | Limit::CalendarPoints { capacity, .. }, Some(cost))
-                if l.costs_llm_tokens() =>
-            {
-                WireLimit::with_cost(l, cost.min(capacity.get()))
-            }
-            _ => WireLimit::of(l, req, self.class),
-        };
         Check {
             policy: self.policy.name.as_str().to_string(),
             key: self.key.clone(),
-            limits: self.policy.limits.iter().map(limit).collect(),
+            limits: self.wire_limits(req).collect(),
             margin_ms: self.policy.wait.map(|w| Millis(w.margin_ms())),
             upstream: self.policy.upstream.is_some(),
             levels: (self.policy.levels.iter().zip(&self.levels))
@@ -901,6 +889,30 @@ impl Applied<'_> {
                 })
                 .collect(),
         }
+    }
+
+    /// The limits of [`Applied::check`], as sent (each with its cost for
+    /// `req`), without building the check: the over-limit cache reads them
+    /// on every request.
+    pub fn wire_limits<'r>(&'r self, req: &'r impl Request) -> impl Iterator<Item = WireLimit> + 'r {
+        let reserved = self.policy.llm.as_ref().map(|llm| {
+            let r = llm.reserve(req.body());
+            llm.cost(r.input, r.output)
+        });
+        self.policy.limits.iter().map(move |l| match (l, reserved) {
+            (Limit::Points { capacity, .. } | Limit::CalendarPoints { capacity, .. }, Some(cost))
+                if l.costs_llm_tokens() =>
+            {
+                WireLimit::with_cost(l, cost.min(capacity.get()))
+            }
+            _ => WireLimit::of(l, req, self.class),
+        })
+    }
+
+    /// The levels of [`Applied::check`]: each level's name, key and the
+    /// index of its first limit, without building the check.
+    pub fn level_keys(&self) -> impl Iterator<Item = (&str, &str, usize)> + '_ {
+        self.policy.levels.iter().zip(&self.levels).map(|(l, key)| (l.name.as_str(), key.as_str(), l.from))
     }
 }
 

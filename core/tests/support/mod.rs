@@ -275,7 +275,7 @@ pub fn sent(fx: &[Effect], path: &str) -> Outgoing {
 
 pub fn replied(fx: &[Effect]) -> Option<LocalReply> {
     fx.iter().find_map(|e| match e {
-        Effect::Reply(reply) => Some(reply.clone()),
+        Effect::Reply(reply) => Some(LocalReply::clone(reply)),
         _ => None,
     })
 }
