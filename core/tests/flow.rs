@@ -176,16 +176,23 @@ fn an_open_breaker_decides_without_a_call() {
     assert_eq!(sends(&s.request(&get("/"))).len(), 1, "a probe after the cooldown");
 }
 
+/// A fixed window of 1 per `window`, its first request denied by the shim
+/// with `wait_ms` to wait: the over-limit cache holds the denial.
+fn denied_once(window: &str, wait_ms: u64) -> Test {
+    let t = Test::new(&format!(
+        r#"{{"policies": [{{"name": "a", "limits": [{{"type": "fixed_window", "limit": 1, "window": "{window}"}}]}}]}}"#
+    ));
+    let mut s = t.stream();
+    let check = sent(&s.request(&get("/")), CHECK_PATH);
+    s.answer(&check, &Shim::deny_check(0, 1, wait_ms));
+    t
+}
+
 /// The over-limit cache: a denial with a known wait is remembered in shared
 /// data, and the same check is refused locally, with no call, until then.
 #[test]
 fn the_over_limit_cache_refuses_locally_until_the_wait_ends() {
-    let t = Test::new(
-        r#"{"policies": [{"name": "a", "limits": [{"type": "fixed_window", "limit": 1, "window": "1s"}]}]}"#,
-    );
-    let mut s = t.stream();
-    let check = sent(&s.request(&get("/")), CHECK_PATH);
-    s.answer(&check, &Shim::deny_check(0, 1, 800));
+    let t = denied_once("1s", 800);
     let mut s = t.stream();
     let fx = s.request(&get("/"));
     assert!(sends(&fx).is_empty());
@@ -201,12 +208,7 @@ fn the_over_limit_cache_refuses_locally_until_the_wait_ends() {
 /// headers never show a stale wait.
 #[test]
 fn a_cached_denial_shows_the_wait_left() {
-    let t = Test::new(
-        r#"{"policies": [{"name": "a", "limits": [{"type": "fixed_window", "limit": 1, "window": "10s"}]}]}"#,
-    );
-    let mut s = t.stream();
-    let check = sent(&s.request(&get("/")), CHECK_PATH);
-    s.answer(&check, &Shim::deny_check(0, 1, 2500));
+    let t = denied_once("10s", 2500);
     let denial = |t: &Test| {
         let fx = t.stream().request(&get("/"));
         assert!(sends(&fx).is_empty(), "refused from the cache: {fx:?}");
