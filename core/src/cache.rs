@@ -228,7 +228,8 @@ impl<'a> Parts<'a, (), ()> {
     #[allow(clippy::type_complexity)]
     fn of(
         check: &'a Check,
-    ) -> Parts<'a, impl Iterator<Item = (&'a str, &'a str, usize)> + 'a, impl Iterator<Item = WireLimit> + 'a> {
+    ) -> Parts<'a, impl Iterator<Item = (&'a str, &'a str, usize)> + 'a, impl Iterator<Item = WireLimit> + 'a>
+    {
         Parts {
             policy: &check.policy,
             key: &check.key,

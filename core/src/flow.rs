@@ -562,8 +562,8 @@ impl Flow {
         if evaluation.iter().next().is_none() {
             return None; // nothing applies: not even the clock is read
         }
-        let cache =
-            OverLimitCache::new(host, worker.doc.over_limit_cache_slots.get()).with_mirror(&worker.over_limit);
+        let cache = OverLimitCache::new(host, worker.doc.over_limit_cache_slots.get())
+            .with_mirror(&worker.over_limit);
         let now = host.now_ms();
         let enforce = |calls: &mut CheckCall, a: &Applied<'_>| {
             let Some(hit) = cache.lookup_applied(a, req, now) else {
@@ -618,7 +618,14 @@ impl Flow {
     /// its denial, with no call; the tokens the request took go back. The
     /// denial is the worker's last one for the policy while its limit and
     /// its wait in whole seconds (all it shows of the hit) are the same.
-    fn deny_from_cache(&mut self, worker: &Worker, index: usize, hit: Hit, host: &dyn Host, fx: &mut Effects) {
+    fn deny_from_cache(
+        &mut self,
+        worker: &Worker,
+        index: usize,
+        hit: Hit,
+        host: &dyn Host,
+        fx: &mut Effects,
+    ) {
         let Some(policy) = worker.doc.policies.get(index) else { return };
         fx.count(index, PolicyStat::CacheDenied);
         self.settle_tokens(false, host, fx);
