@@ -98,15 +98,22 @@ impl<'m, S: SharedData> OverLimitCache<'m, S> {
         self.find(policy, |out| write_identity(out, Parts::of(check)), now_ms)
     }
 
-    /// The live entry for the check `applied` would send for `req`, at
-    /// `now_ms`, if any; read before the check is built, so a denial from
-    /// the cache builds none.
-    pub fn lookup_applied(&self, applied: &Applied<'_>, req: &impl Request, now_ms: u64) -> Option<Hit> {
+    /// The live entry for the check `applied` would send for `req` (its
+    /// token reservation `reserved`, [`Applied::reserved`]), at `now_ms`, if
+    /// any; read before the check is built, so a denial from the cache
+    /// builds none.
+    pub fn lookup_applied(
+        &self,
+        applied: &Applied<'_>,
+        req: &impl Request,
+        reserved: Option<u32>,
+        now_ms: u64,
+    ) -> Option<Hit> {
         let parts = Parts {
             policy: applied.policy.name.as_str(),
             key: &applied.key,
             levels: applied.level_keys(),
-            limits: applied.wire_limits(req),
+            limits: applied.wire_limits(req, reserved),
         };
         self.find(applied.policy, |out| write_identity(out, parts), now_ms)
     }

@@ -566,8 +566,9 @@ impl Flow {
             .with_mirror(&worker.over_limit);
         let now = host.now_ms();
         let enforce = |calls: &mut CheckCall, a: &Applied<'_>| {
-            let Some(hit) = cache.lookup_applied(a, req, now) else {
-                calls.push(a.index, a.check(req));
+            let reserved = a.reserved(req);
+            let Some(hit) = cache.lookup_applied(a, req, reserved, now) else {
+                calls.push(a.index, a.check_reserving(req, reserved));
                 return None;
             };
             log::debug!("policy {} denies key {} from the over-limit cache", a.policy.name, a.key);

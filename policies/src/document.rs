@@ -876,10 +876,17 @@ impl<'d> std::ops::Deref for Evaluation<'d> {
 
 impl Applied<'_> {
     pub fn check(&self, req: &impl Request) -> Check {
+        self.check_reserving(req, self.reserved(req))
+    }
+
+    /// [`Applied::check`] with the request's token reservation already
+    /// weighed ([`Applied::reserved`]), so a caller that read the limits
+    /// first does not read the body twice.
+    pub fn check_reserving(&self, req: &impl Request, reserved: Option<u32>) -> Check {
         Check {
             policy: self.policy.name.as_str().to_string(),
             key: self.key.clone(),
-            limits: self.wire_limits(req).collect(),
+            limits: self.wire_limits(req, reserved).collect(),
             margin_ms: self.policy.wait.map(|w| Millis(w.margin_ms())),
             upstream: self.policy.upstream.is_some(),
             levels: (self.policy.levels.iter().zip(&self.levels))
@@ -891,14 +898,23 @@ impl Applied<'_> {
         }
     }
 
-    /// The limits of [`Applied::check`], as sent (each with its cost for
-    /// `req`), without building the check: the over-limit cache reads them
-    /// on every request.
-    pub fn wire_limits<'r>(&'r self, req: &'r impl Request) -> impl Iterator<Item = WireLimit> + 'r {
-        let reserved = self.policy.llm.as_ref().map(|llm| {
+    /// A token budget's reservation for `req`, weighed: the cost of its
+    /// `llm_tokens` limits. `None` for a policy without `llm`.
+    pub fn reserved(&self, req: &impl Request) -> Option<u32> {
+        self.policy.llm.as_ref().map(|llm| {
             let r = llm.reserve(req.body());
             llm.cost(r.input, r.output)
-        });
+        })
+    }
+
+    /// The limits of [`Applied::check`], as sent (each with its cost for
+    /// `req`, `reserved` from [`Applied::reserved`]), without building the
+    /// check: the over-limit cache reads them on every request.
+    pub fn wire_limits<'r>(
+        &'r self,
+        req: &'r impl Request,
+        reserved: Option<u32>,
+    ) -> impl Iterator<Item = WireLimit> + 'r {
         self.policy.limits.iter().map(move |l| match (l, reserved) {
             (Limit::Points { capacity, .. } | Limit::CalendarPoints { capacity, .. }, Some(cost))
                 if l.costs_llm_tokens() =>
