@@ -93,8 +93,10 @@ impl<'m, S: SharedData> OverLimitCache<'m, S> {
         OverLimitCache { mirror: Some(mirror), ..self }
     }
 
-    /// The live entry for `check` of `policy` at `now_ms`, if any.
-    pub fn lookup(&self, policy: &Policy, check: &Check, now_ms: u64) -> Option<Hit> {
+    /// The live entry for `check` of `policy` at `now_ms`, if any: the
+    /// tests' view of [`OverLimitCache::lookup_applied`], from a built check.
+    #[cfg(test)]
+    fn lookup(&self, policy: &Policy, check: &Check, now_ms: u64) -> Option<Hit> {
         self.find(policy, |out| write_identity(out, Parts::of(check)), now_ms)
     }
 
