@@ -60,7 +60,7 @@ pub(crate) fn run(rig: &Rig, plan: &Plan, tools: &Tools) -> Result<Gateway> {
     let pairs: Vec<(u16, Setup)> =
         WORKERS.iter().flat_map(|&w| setups.iter().map(move |&s| (w, s))).collect();
     let load = |(workers, setup): (u16, Setup), shape: &Shape| -> Result<Run> {
-        let target = Target { url: rig.url(workers, setup)?, body: None };
+        let target = Target::get(rig.url(workers, setup)?);
         load::run(&tools.oha, &target, shape, plan.connections)
             .with_context(|| format!("{}, {workers} worker(s)", setup.label()))
     };
@@ -121,7 +121,7 @@ fn rotated(round: usize, n: usize) -> impl Iterator<Item = usize> {
 /// Client commands per request that Redis received while [`SAMPLE`]
 /// requests went through `setup` (one worker), and their names.
 fn redis_per_request(rig: &Rig, tools: &Tools, setup: Setup) -> Result<(f64, Vec<String>)> {
-    let target = Target { url: rig.url(WORKERS[0], setup)?, body: None };
+    let target = Target::get(rig.url(WORKERS[0], setup)?);
     let commands = monitor::client_commands(&tools.redis_cli, rig.redis.port, || {
         load::run(&tools.oha, &target, &Shape::Count(SAMPLE), 1).map(drop)
     })?;

@@ -25,6 +25,7 @@ use sluice_harness::envoy::demo_template;
 use sluice_harness::gateway::{prometheus, sample};
 use sluice_harness::{dist, workspace_root, Envoy, Redis, Service, Shim};
 
+use super::leased_zipf::{self, ZipfRun};
 use super::load::{self, Run, Shape, Target};
 use super::plan::Plan;
 use super::setups::ENVOY_WORKERS;
@@ -87,6 +88,8 @@ pub(crate) struct Leased {
     pub(crate) share: (u64, u64, u64),
     /// Tokens left unspent in each leased gateway at the end of that run.
     pub(crate) share_stranded: Vec<f64>,
+    /// Per key on a Zipf key population.
+    pub(crate) zipf: ZipfRun,
 }
 
 fn policy(name: &str, limit: u32, window: &str, leased: Option<(u32, &str)>) -> String {
@@ -134,7 +137,7 @@ pub(crate) fn run(plan: &Plan, tools: &Tools, built: &BenchArtifacts) -> Result<
         Mode::Leased | Mode::Unmatched => &leased,
     };
     let load = |mode: Mode, shape: &Shape| {
-        let target = Target { url: format!("{}{}", envoy(mode).url(), mode.path()), body: None };
+        let target = Target::get(format!("{}{}", envoy(mode).url(), mode.path()));
         load::run(&tools.oha, &target, shape, plan.connections).with_context(|| mode.label())
     };
     for mode in Mode::ALL {
@@ -162,7 +165,9 @@ pub(crate) fn run(plan: &Plan, tools: &Tools, built: &BenchArtifacts) -> Result<
     let page = prometheus(&leased)?;
     let stat = |name: &str| sample(&page, &format!(r#"sluice_{name}{{policy="allow"}}"#));
     let leased_calls = (stat("lease_empty"), stat("allowed"));
-    drop((native, exact, leased));
+    drop((exact, leased));
+    let zipf = leased_zipf::run(plan, tools, &native, shim.port, upstream.port)?;
+    drop(native);
 
     eprintln!("bench: leased mode, under-admission against exact");
     let share_doc =
@@ -181,6 +186,7 @@ pub(crate) fn run(plan: &Plan, tools: &Tools, built: &BenchArtifacts) -> Result<
         leased_calls,
         share: (exact_admitted, leased_admitted, offered),
         share_stranded: stranded,
+        zipf,
     })
 }
 
@@ -193,7 +199,7 @@ fn share(tools: &Tools, gateways: &[Envoy; 2]) -> Result<(u64, u64, Vec<f64>)> {
             .zip([QUIET_RATE, SHARE_RATE - QUIET_RATE])
             .map(|(envoy, rps)| {
                 scope.spawn(move || {
-                    let target = Target { url: format!("{}/allow", envoy.url()), body: None };
+                    let target = Target::get(format!("{}/allow", envoy.url()));
                     load::run(&tools.oha, &target, &Shape::Rate { rps, for_: SHARE_FOR }, 8)
                 })
             })
@@ -294,5 +300,7 @@ pub(crate) fn markdown(leased: &Leased, plan: &Plan) -> String {
         "\nTokens left unspent in the leased gateways when the window ran out: {:?} ({held:.0} in all); the bound is 2 gateways × 1.5 × {SHARE_TOKENS} = {bound}. They go back to the window `ttl` after their last grant.\n",
         leased.share_stranded
     ));
+    out.push('\n');
+    out.push_str(&leased_zipf::markdown(&leased.zipf, plan, &table_head(plan)));
     out
 }

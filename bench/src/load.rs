@@ -98,6 +98,24 @@ pub(crate) struct Target<'a> {
     pub(crate) url: String,
     /// `Some(body)`: POST it; `None`: GET.
     pub(crate) body: Option<Body<'a>>,
+    /// `Some(file)`: each request's URL is picked at random from this file's
+    /// lines (oha's `--urls-from-file`), not `url`.
+    pub(crate) urls_from: Option<&'a Path>,
+}
+
+impl<'a> Target<'a> {
+    pub(crate) fn get(url: String) -> Target<'a> {
+        Target { url, body: None, urls_from: None }
+    }
+
+    pub(crate) fn post(url: String, body: Body<'a>) -> Target<'a> {
+        Target { url, body: Some(body), urls_from: None }
+    }
+
+    /// GETs of URLs picked at random from the lines of `file`.
+    pub(crate) fn urls_from(file: &'a Path) -> Target<'a> {
+        Target { url: file.display().to_string(), body: None, urls_from: Some(file) }
+    }
 }
 
 /// A POST's body and its `content-type`.
@@ -153,7 +171,10 @@ pub(crate) fn run(oha: &Path, target: &Target<'_>, shape: &Shape, connections: u
         }
         None => None,
     };
-    cmd.arg(&target.url);
+    match target.urls_from {
+        Some(file) => cmd.arg("--urls-from-file").arg(file),
+        None => cmd.arg(&target.url),
+    };
     let cpu_before = children_cpu();
     let started = std::time::Instant::now();
     let out = output_within(&mut cmd, limit);

@@ -53,6 +53,7 @@ mod egress_jitter;
 mod footprint;
 mod gateway;
 mod leased;
+mod leased_zipf;
 mod load;
 mod monitor;
 mod noise;

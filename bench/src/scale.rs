@@ -96,12 +96,8 @@ fn capture(rig: &Rig, tools: &Tools, kind: &Kind) -> Result<Result<Vec<String>, 
     let mut statuses = Vec::new();
     let commands = monitor::client_commands(&tools.redis_cli, rig.redis.port, || {
         for body in &bodies {
-            let run = load::run(
-                &tools.oha,
-                &Target { url: url.clone(), body: Some(Body::json(body)) },
-                &Shape::Count(1),
-                1,
-            )?;
+            let run =
+                load::run(&tools.oha, &Target::post(url.clone(), Body::json(body)), &Shape::Count(1), 1)?;
             statuses.extend(run.statuses.into_keys());
         }
         Ok(())
