@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use sluice_core::hot_keys::CAPACITY;
+use sluice_core::testing::Zipf;
 use sluice_harness::envoy::demo_template;
 use sluice_harness::gateway::{prometheus, sample};
 use sluice_harness::{dist, Envoy};
@@ -45,33 +46,19 @@ const GATEWAY_WORKERS: u16 = 2;
 /// How long a request of the under-admission run may take.
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Key ranks from the Zipf distribution, by inverting its cumulative weights.
-pub(crate) struct Zipf {
-    cumulative: Vec<f64>,
+/// Key ranks drawn from the population, 0 the hottest.
+pub(crate) struct Draws {
+    pub(crate) zipf: Zipf,
     rng: fastrand::Rng,
 }
 
-impl Zipf {
-    pub(crate) fn new(seed: u64) -> Zipf {
-        let mut total = 0.0;
-        let cumulative = (1..=KEYS)
-            .map(|i| {
-                total += 1.0 / (i as f64).powf(EXPONENT);
-                total
-            })
-            .collect();
-        Zipf { cumulative, rng: fastrand::Rng::with_seed(seed) }
+impl Draws {
+    pub(crate) fn new(seed: u64) -> Draws {
+        Draws { zipf: Zipf::new(KEYS, EXPONENT), rng: fastrand::Rng::with_seed(seed) }
     }
 
-    /// The share of all requests the top 1% of keys carry.
-    pub(crate) fn top_share(&self) -> f64 {
-        self.cumulative[KEYS / 100 - 1] / self.cumulative[KEYS - 1]
-    }
-
-    /// A key's rank, 0 the hottest.
     pub(crate) fn draw(&mut self) -> usize {
-        let x = self.rng.f64() * self.cumulative[KEYS - 1];
-        self.cumulative.partition_point(|&c| c < x).min(KEYS - 1)
+        self.zipf.rank(self.rng.f64())
     }
 }
 
@@ -124,7 +111,7 @@ fn sluice(doc: &str, shim_port: u16, upstream_port: u16, workers: u16) -> Result
 
 /// A file of `URLS` Zipf draws against `envoy`, for oha.
 fn url_file(envoy: &Envoy, dir: &Path, name: &str) -> Result<PathBuf> {
-    let mut zipf = Zipf::new(11);
+    let mut zipf = Draws::new(11);
     let base = envoy.url();
     let mut text = String::with_capacity(URLS * (base.len() + 20));
     for _ in 0..URLS {
@@ -183,13 +170,13 @@ pub(crate) fn run(
     drop((exact, leased));
 
     let share = share(plan, shim_port, upstream_port)?;
-    Ok(ZipfRun { fixed, max, local, top_share: Zipf::new(0).top_share(), share })
+    Ok(ZipfRun { fixed, max, local, top_share: Zipf::new(KEYS, EXPONENT).top_share(KEYS / 100), share })
 }
 
 /// The same Zipf sequence through two exact gateways, then two leased ones.
 fn share(plan: &Plan, shim_port: u16, upstream_port: u16) -> Result<Share> {
     let (rate, seconds) = if plan.quick { (1_000, 3) } else { (2_000, 6) };
-    let mut zipf = Zipf::new(23);
+    let mut zipf = Draws::new(23);
     let ranks: Vec<usize> = (0..rate as usize * seconds).map(|_| zipf.draw()).collect();
     eprintln!("bench: leased per key, under-admission against exact ({} requests)", ranks.len());
     let mut answers = Vec::new();
@@ -351,14 +338,15 @@ pub(crate) fn markdown(zipf: &ZipfRun, plan: &Plan, table_head: &str) -> String 
 mod tests {
     use super::*;
 
-    /// The population the issue asks for: the top 1% of 100,000 keys carry half the requests.
+    /// The population the issue asks for: the top 1% of 100,000 keys carry half the draws.
     #[test]
     fn the_top_percent_carries_half() {
-        let mut zipf = Zipf::new(1);
-        assert!((zipf.top_share() - 0.5).abs() < 0.02, "{}", zipf.top_share());
-        let draws = 100_000;
-        let top = (0..draws).filter(|_| zipf.draw() < KEYS / 100).count();
-        assert!((top as f64 / draws as f64 - zipf.top_share()).abs() < 0.01);
+        let mut draws = Draws::new(1);
+        let share = draws.zipf.top_share(KEYS / 100);
+        assert!((share - 0.5).abs() < 0.02, "{share}");
+        let n = 100_000;
+        let top = (0..n).filter(|_| draws.draw() < KEYS / 100).count();
+        assert!((top as f64 / n as f64 - share).abs() < 0.01);
     }
 
     /// Under-admission and the limit are judged key by key.

@@ -36,7 +36,8 @@
 //! - [`ratelimit_headers`]: the IETF `RateLimit` and `RateLimit-Policy` headers.
 //! - [`verdict`]: what the filter did with a request, for `x-sluice-verdict`.
 //! - [`log_throttle`]: a log line an outage cannot turn into a flood.
-//! - [`testing`]: a fake host for tests of this crate and its faces.
+//! - [`testing`]: a fake host for tests of this crate and its faces, and a
+//!   Zipf key population for the leased mode's model test and the bench.
 //!
 //! Another face's machine:
 //! - [`rlqs`]: one RLQS stream (Envoy's `rate_limit_quota` filter): its

@@ -15,6 +15,7 @@ use std::collections::HashMap;
 
 use sluice_core::hot_keys::{HotKeys, CAPACITY};
 use sluice_core::leased::{Ask, Pool};
+use sluice_core::testing::Zipf;
 use sluice_policies::algorithm::{self, Algorithm, RedisTwin};
 use sluice_policies::leased::Leased;
 use sluice_policies::units::{Micros, Millis};
@@ -35,31 +36,19 @@ fn store_key(k: usize) -> String {
     format!("sluice:{{p:k{k}}}:fw")
 }
 
-/// Draws key ranks from the Zipf distribution, by inverting its cumulative weights.
-struct Zipf {
-    cumulative: Vec<f64>,
+/// Draws key ranks from the Zipf distribution.
+struct Draws {
+    zipf: Zipf,
     rng: fastrand::Rng,
 }
 
-impl Zipf {
-    fn new(seed: u64) -> Zipf {
-        let mut total = 0.0;
-        let cumulative = (1..=KEYS)
-            .map(|i| {
-                total += 1.0 / (i as f64).powf(EXPONENT);
-                total
-            })
-            .collect();
-        Zipf { cumulative, rng: fastrand::Rng::with_seed(seed) }
-    }
-
-    fn top_share(&self) -> f64 {
-        self.cumulative[KEYS / 100 - 1] / self.cumulative[KEYS - 1]
+impl Draws {
+    fn new(seed: u64) -> Draws {
+        Draws { zipf: Zipf::new(KEYS, EXPONENT), rng: fastrand::Rng::with_seed(seed) }
     }
 
     fn draw(&mut self) -> usize {
-        let x = self.rng.f64() * self.cumulative[KEYS - 1];
-        self.cumulative.partition_point(|&c| c < x).min(KEYS - 1)
+        self.zipf.rank(self.rng.f64())
     }
 }
 
@@ -74,7 +63,7 @@ fn zipf_keys_served_locally_within_the_bounds() {
 
 /// `capacity`: the keys each worker counts (the filter's is [`CAPACITY`]).
 fn simulate(lease: Leased, capacity: usize) {
-    let mut zipf = Zipf::new(7);
+    let mut zipf = Draws::new(7);
     let requests: Vec<(usize, usize, u64)> = (0..RATE * SECONDS)
         .map(|i| {
             (zipf.draw(), (i % (GATEWAYS * WORKERS as u64 as usize) as u64) as usize, i * 1_000_000 / RATE)
@@ -179,7 +168,7 @@ fn simulate(lease: Leased, capacity: usize) {
          admitted exact {admitted_exact}, leased {admitted_leased} (under-admitted {}, {:.3}%); worst key-window {worst} (bound {bound})",
         lease.tokens(),
         lease.ttl_ms(),
-        zipf.top_share() * 100.0,
+        zipf.zipf.top_share(KEYS / 100) * 100.0,
         local as f64 * 100.0 / all as f64,
         local as f64 * 100.0 / admitted_leased.max(1) as f64,
         calls as f64 * 100.0 / all as f64,

@@ -7,6 +7,9 @@ use std::collections::HashMap;
 
 use crate::host::{Host, SetError, SharedData};
 
+mod zipf;
+pub use zipf::Zipf;
+
 #[derive(Default)]
 pub struct FakeHost {
     /// The clock, in milliseconds since the epoch.
