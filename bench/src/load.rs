@@ -139,6 +139,8 @@ pub(crate) enum Shape {
     Max { for_: Duration },
     /// Exactly this many requests, one connection.
     Count(u64),
+    /// Exactly this many requests, as fast as `connections` connections allow.
+    Closed(u64),
 }
 
 pub(crate) fn run(oha: &Path, target: &Target<'_>, shape: &Shape, connections: u32) -> Result<Run> {
@@ -157,6 +159,10 @@ pub(crate) fn run(oha: &Path, target: &Target<'_>, shape: &Shape, connections: u
         Shape::Count(n) => {
             cmd.args(["-n", &n.to_string(), "-c", "1"]);
             SLACK
+        }
+        Shape::Closed(n) => {
+            cmd.args(["-n", &n.to_string(), "-c", &connections.to_string()]);
+            SLACK * 3
         }
     };
     // oha reads a body that may not be text from a file.

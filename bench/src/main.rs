@@ -47,6 +47,7 @@
 //! - `report`: LATEST.md. `plot`: the PNG.
 //!
 
+mod budget;
 mod egress;
 mod egress_clients;
 mod egress_jitter;
@@ -136,6 +137,11 @@ struct Cli {
     /// With --footprint: 1M client keys.
     #[arg(long, requires = "footprint")]
     million: bool,
+    /// Only one decision's CPU, part by part: each process's CPU per request in scenario 1's
+    /// setups (Envoy alone, the callout floor, the allow path, the deny floor, the deny path);
+    /// writes BUDGET.md.
+    #[arg(long, conflicts_with_all = ["egress", "shed", "feedback", "redis_cost", "leased", "simulate", "soak_seconds", "jitter", "footprint"])]
+    budget: bool,
 }
 
 fn main() -> std::process::ExitCode {
@@ -153,13 +159,17 @@ fn main() -> std::process::ExitCode {
         margin_ms,
         footprint,
         million,
+        budget,
     } = Cli::parse();
     let result = if footprint {
         run_footprint(if million { 1_000_000 } else { 100_000 })
     } else if jitter {
         run_jitter(quick, margin_ms)
     } else {
-        run(quick, Only { egress, shed, feedback, redis_cost, callgrind, leased, simulate, soak_seconds })
+        run(
+            quick,
+            Only { egress, shed, feedback, redis_cost, callgrind, leased, simulate, soak_seconds, budget },
+        )
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -189,6 +199,8 @@ struct Only {
     simulate: bool,
     /// The soak, for this many seconds, to SOAK.md and soak.png.
     soak_seconds: Option<u64>,
+    /// One decision's CPU, part by part, to BUDGET.md.
+    budget: bool,
 }
 
 /// The whole bench, or one part of it alone.
@@ -229,6 +241,9 @@ fn run(quick: bool, only: Only) -> Result<()> {
     if only.leased {
         return run_leased(&plan, &tools, &built, started);
     }
+    if only.budget {
+        return run_budget(&plan, &tools, &built, started);
+    }
 
     let sampler = noise::Sampler::start();
     let measured = Instant::now();
@@ -237,6 +252,8 @@ fn run(quick: bool, only: Only) -> Result<()> {
     done("starting the processes");
     let gateway = gateway::run(&rig, &plan, &tools)?;
     done("scenario 1, gateway overhead,");
+    let budget = budget::run(&rig, &plan, &tools)?;
+    done("scenario 1, one decision's CPU part by part,");
     let shim = shim_alone::run(&rig, &plan, &tools)?;
     done("scenario 2, the shim alone,");
     let scale = scale::run(&rig, &plan, &tools)?;
@@ -267,6 +284,7 @@ fn run(quick: bool, only: Only) -> Result<()> {
         cost,
         egress,
         shed,
+        budget,
     };
     let dir = out_dir(quick);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -397,6 +415,30 @@ fn run_shed(plan: &plan::Plan, tools: &tools::Tools, started: Instant) -> Result
     let noise = sampler.finish();
     let about = about(tools, plan, measured.elapsed().as_secs_f64());
     write_shed(plan, &about, &noise, started.elapsed().as_secs_f64(), &shed, &tools.font)
+}
+
+/// One decision's CPU, part by part (`--budget`), written to `BUDGET.md`.
+fn run_budget(
+    plan: &plan::Plan,
+    tools: &tools::Tools,
+    built: &tools::BenchArtifacts,
+    started: Instant,
+) -> Result<()> {
+    let sampler = noise::Sampler::start();
+    let measured = Instant::now();
+    let rig = setups::Rig::start(built)?;
+    let budget = budget::run(&rig, plan, tools)?;
+    drop(rig);
+    let noise = sampler.finish();
+    let about = about(tools, plan, measured.elapsed().as_secs_f64());
+    let dir = out_dir(plan.quick);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let md = dir.join("BUDGET.md");
+    let seconds = started.elapsed().as_secs_f64();
+    std::fs::write(&md, report::budget_markdown(plan, &about, &noise, seconds, &budget))
+        .with_context(|| format!("writing {}", md.display()))?;
+    eprintln!("bench: wrote {} in {seconds:.0} s", md.display());
+    Ok(())
 }
 
 /// Scenario 7 alone (`--leased`), written to `LEASED.md`.

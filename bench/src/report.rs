@@ -25,6 +25,7 @@ pub(crate) struct Results {
     pub(crate) cost: Vec<super::redis_cost::Cost>,
     pub(crate) egress: Vec<super::egress::Scenario>,
     pub(crate) shed: super::shed::Shedding,
+    pub(crate) budget: super::budget::Budget,
 }
 
 /// Flat means: the largest key count's mean latency within this factor of the
@@ -43,6 +44,8 @@ fn write_all(md: &mut String, r: &Results, plot_file: &str) -> std::fmt::Result 
     header(md, "latest run", &r.plan, &r.about, &r.noise, r.seconds)?;
     gateway(md, r, plot_file)?;
     targets(md, r)?;
+    writeln!(md, "\n### One decision's CPU, part by part\n")?;
+    write!(md, "{}", super::budget::markdown(&r.budget))?;
     shim(md, &r.shim)?;
     writeln!(md, "\n## 3. Redis cost per limit type\n")?;
     writeln!(md, "The script call's `usec_per_call` (INFO commandstats: FCALL as the shim runs it, EVALSHA for the rows that say so) and MEMORY USAGE per client key, each case on its allow path in one Redis:\n")?;
@@ -205,6 +208,20 @@ pub(crate) fn leased_markdown(
     let _ = header(&mut md, "leased mode (`--leased`)", plan, about, noise, seconds);
     md.push('\n');
     md.push_str(&super::leased::markdown(leased, plan));
+    md
+}
+
+pub(crate) fn budget_markdown(
+    plan: &Plan,
+    about: &[(&'static str, String)],
+    noise: &Noise,
+    seconds: f64,
+    budget: &super::budget::Budget,
+) -> String {
+    let mut md = String::new();
+    let _ = header(&mut md, "one decision's CPU, part by part (`--budget`)", plan, about, noise, seconds);
+    md.push('\n');
+    md.push_str(&super::budget::markdown(budget));
     md
 }
 

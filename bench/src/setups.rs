@@ -210,8 +210,8 @@ pub(crate) struct Rig {
     pub(crate) shim: Shim,
     _face: Option<Service>,
     _peer: Service,
-    _upstream: Service,
-    _floor_responder: Service,
+    pub(crate) upstream: Service,
+    pub(crate) floor_responder: Service,
     pub(crate) redis: Redis,
 }
 
@@ -262,8 +262,8 @@ impl Rig {
             shim,
             _face: face.map(|f| f.0),
             _peer: peer,
-            _upstream: upstream,
-            _floor_responder: floor_responder,
+            upstream,
+            floor_responder,
             redis,
         })
     }
@@ -280,6 +280,11 @@ impl Rig {
 
     /// The URL that loads `setup` with `workers` Envoy workers.
     pub(crate) fn url(&self, workers: u16, setup: Setup) -> Result<String> {
+        Ok(format!("{}{}", self.envoy(workers, setup)?.url(), setup.path()))
+    }
+
+    /// The Envoy that runs `setup` with `workers` workers.
+    pub(crate) fn envoy(&self, workers: u16, setup: Setup) -> Result<&Envoy> {
         let envoys = self.envoys.iter().find(|e| e.workers == workers).context("no such worker count")?;
         let envoy = match setup {
             Setup::Plain => &envoys.plain,
@@ -296,7 +301,7 @@ impl Rig {
                 envoys.rlqs.as_ref().context("Sluice's RLQS face is not running")?
             }
         };
-        Ok(format!("{}{}", envoy.url(), setup.path()))
+        Ok(envoy)
     }
 }
 

@@ -235,6 +235,11 @@ impl Envoy {
     }
 
     /// `http://127.0.0.1:PORT`, the listener.
+    /// Envoy's process id, e.g. to read its CPU time in `/proc`.
+    pub fn pid(&self) -> u32 {
+        self.proc.id()
+    }
+
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }

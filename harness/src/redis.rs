@@ -79,6 +79,11 @@ impl Redis {
     }
 
     /// `redis://127.0.0.1:PORT`
+    /// redis-server's process id, e.g. to read its CPU time in `/proc`.
+    pub fn pid(&self) -> u32 {
+        self.proc.id()
+    }
+
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }

@@ -35,6 +35,11 @@ impl Service {
         })
     }
 
+    /// The process id, e.g. to read its CPU time in `/proc`.
+    pub fn pid(&self) -> u32 {
+        self.proc.id()
+    }
+
     /// The process's output so far.
     pub fn log(&self) -> String {
         self.proc.log()
