@@ -1,7 +1,7 @@
 //! `sluice serve` as a process: it warns when it listens without
 //! authentication beyond loopback, and SIGTERM still stops it promptly with
 //! connections open (its accept loop is its own since the connection cap,
-//! no longer `axum::serve`'s).
+//! no longer `axum::serve`'s); `--threads` sizes its runtime.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -139,4 +139,27 @@ fn sighup_reloads_the_policy_document() {
     assert!(log.contains("policy document reloaded"), "{log}");
     assert!(log.contains("policy document not reloaded"), "{log}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--threads N` sizes the runtime that serves requests: with 6 there are at
+/// least 6 of its worker threads (the default on a 2-core machine is 2); 0 is
+/// refused at start, naming the flag.
+#[test]
+fn threads_sizes_the_runtime_and_zero_is_refused() {
+    let (child, _port) = serve("127.0.0.1", &["--threads", "6"]);
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", child.id())).expect("/proc");
+    let runtime = tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim() == "tokio-rt-worker")
+        .count();
+    stop(child, Duration::from_secs(10));
+    assert!(runtime >= 6, "{runtime} runtime threads with --threads 6");
+
+    let refused = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--redis", "redis://127.0.0.1:1", "--threads", "0"])
+        .output()
+        .expect("sluice serve");
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("--threads"), "{said}");
 }
