@@ -409,11 +409,7 @@ fn run_egress(plan: &plan::Plan, tools: &tools::Tools, started: Instant, file: &
 
 /// Scenario 6 alone (`--shed`), written to `SHED.md` and `shed.png`.
 fn run_shed(plan: &plan::Plan, tools: &tools::Tools, started: Instant) -> Result<()> {
-    let sampler = noise::Sampler::start();
-    let measured = Instant::now();
-    let shed = shed::run(&plan.shed)?;
-    let noise = sampler.finish();
-    let about = about(tools, plan, measured.elapsed().as_secs_f64());
+    let (shed, about, noise) = measure(plan, tools, || shed::run(&plan.shed))?;
     write_shed(plan, &about, &noise, started.elapsed().as_secs_f64(), &shed, &tools.font)
 }
 
@@ -424,19 +420,32 @@ fn run_budget(
     built: &tools::BenchArtifacts,
     started: Instant,
 ) -> Result<()> {
+    let (budget, about, noise) =
+        measure(plan, tools, || budget::run(&setups::Rig::start(built)?, plan, tools))?;
+    let seconds = started.elapsed().as_secs_f64();
+    write_page(plan, "BUDGET.md", &report::budget_markdown(plan, &about, &noise, seconds, &budget), seconds)
+}
+
+/// Runs one part of the bench alone, with the machine's noise sampled
+/// around it: what it measured, the run's description and the noise.
+fn measure<T>(
+    plan: &plan::Plan,
+    tools: &tools::Tools,
+    part: impl FnOnce() -> Result<T>,
+) -> Result<(T, Vec<(&'static str, String)>, noise::Noise)> {
     let sampler = noise::Sampler::start();
     let measured = Instant::now();
-    let rig = setups::Rig::start(built)?;
-    let budget = budget::run(&rig, plan, tools)?;
-    drop(rig);
+    let out = part()?;
     let noise = sampler.finish();
-    let about = about(tools, plan, measured.elapsed().as_secs_f64());
+    Ok((out, about(tools, plan, measured.elapsed().as_secs_f64()), noise))
+}
+
+/// Writes one page of results into the run's directory.
+fn write_page(plan: &plan::Plan, name: &str, text: &str, seconds: f64) -> Result<()> {
     let dir = out_dir(plan.quick);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let md = dir.join("BUDGET.md");
-    let seconds = started.elapsed().as_secs_f64();
-    std::fs::write(&md, report::budget_markdown(plan, &about, &noise, seconds, &budget))
-        .with_context(|| format!("writing {}", md.display()))?;
+    let md = dir.join(name);
+    std::fs::write(&md, text).with_context(|| format!("writing {}", md.display()))?;
     eprintln!("bench: wrote {} in {seconds:.0} s", md.display());
     Ok(())
 }
@@ -448,11 +457,7 @@ fn run_leased(
     built: &tools::BenchArtifacts,
     started: Instant,
 ) -> Result<()> {
-    let sampler = noise::Sampler::start();
-    let measured = Instant::now();
-    let leased = leased::run(plan, tools, built)?;
-    let noise = sampler.finish();
-    let about = about(tools, plan, measured.elapsed().as_secs_f64());
+    let (leased, about, noise) = measure(plan, tools, || leased::run(plan, tools, built))?;
     write_leased(plan, &about, &noise, started.elapsed().as_secs_f64(), &leased)
 }
 
@@ -463,13 +468,7 @@ fn write_leased(
     seconds: f64,
     leased: &leased::Leased,
 ) -> Result<()> {
-    let dir = out_dir(plan.quick);
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let md = dir.join("LEASED.md");
-    std::fs::write(&md, report::leased_markdown(plan, about, noise, seconds, leased))
-        .with_context(|| format!("writing {}", md.display()))?;
-    eprintln!("bench: wrote {} in {seconds:.0} s", md.display());
-    Ok(())
+    write_page(plan, "LEASED.md", &report::leased_markdown(plan, about, noise, seconds, leased), seconds)
 }
 
 fn write_shed(
