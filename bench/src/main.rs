@@ -54,7 +54,6 @@ mod egress_jitter;
 mod footprint;
 mod gateway;
 mod leased;
-mod leased_zipf;
 mod load;
 mod monitor;
 mod noise;

@@ -26,10 +26,10 @@ use sluice_harness::gateway::{prometheus, sample};
 use sluice_harness::{dist, Envoy};
 use sluice_policies::leased::Leased;
 
-use super::leased::Mode;
-use super::load::{self, Run, Shape, Target};
-use super::plan::Plan;
-use super::tools::Tools;
+use super::Mode;
+use crate::load::{self, Run, Shape, Target};
+use crate::plan::Plan;
+use crate::tools::Tools;
 
 pub(crate) const KEYS: usize = 100_000;
 /// With 100,000 keys, the top 1% carry half the requests.

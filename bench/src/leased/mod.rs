@@ -25,12 +25,14 @@ use sluice_harness::envoy::demo_template;
 use sluice_harness::gateway::{prometheus, sample};
 use sluice_harness::{dist, workspace_root, Envoy, Redis, Service, Shim};
 
-use super::leased_zipf::{self, ZipfRun};
 use super::load::{self, Run, Shape, Target};
 use super::plan::Plan;
 use super::setups::ENVOY_WORKERS;
 use super::tools::Tools;
 use crate::tools::BenchArtifacts;
+use zipf::ZipfRun;
+
+mod zipf;
 
 /// Tokens per lease on the allow path: two 25 ms refills' worth at 20,000
 /// requests a second, beyond what one worker serves here.
@@ -166,7 +168,7 @@ pub(crate) fn run(plan: &Plan, tools: &Tools, built: &BenchArtifacts) -> Result<
     let stat = |name: &str| sample(&page, &format!(r#"sluice_{name}{{policy="allow"}}"#));
     let leased_calls = (stat("lease_empty"), stat("allowed"));
     drop((exact, leased));
-    let zipf = leased_zipf::run(plan, tools, &native, shim.port, upstream.port)?;
+    let zipf = zipf::run(plan, tools, &native, shim.port, upstream.port)?;
     drop(native);
 
     eprintln!("bench: leased mode, under-admission against exact");
@@ -301,6 +303,6 @@ pub(crate) fn markdown(leased: &Leased, plan: &Plan) -> String {
         leased.share_stranded
     ));
     out.push('\n');
-    out.push_str(&leased_zipf::markdown(&leased.zipf, plan, &table_head(plan)));
+    out.push_str(&zipf::markdown(&leased.zipf, plan, &table_head(plan)));
     out
 }
