@@ -123,7 +123,7 @@ fn rotated(round: usize, n: usize) -> impl Iterator<Item = usize> {
 fn redis_per_request(rig: &Rig, tools: &Tools, setup: Setup) -> Result<(f64, Vec<String>)> {
     let target = Target::get(rig.url(WORKERS[0], setup)?);
     let commands = monitor::client_commands(&tools.redis_cli, rig.redis.port, || {
-        load::run(&tools.oha, &target, &Shape::Count(SAMPLE), 1).map(drop)
+        load::run(&tools.oha, &target, &Shape::Closed(SAMPLE), 1).map(drop)
     })?;
     let names = commands.iter().filter_map(|c| c.first()).map(|n| n.to_uppercase()).collect();
     Ok((commands.len() as f64 / SAMPLE as f64, names))

@@ -137,8 +137,6 @@ pub(crate) enum Shape {
     Rate { rps: u32, for_: Duration },
     /// As fast as `connections` connections allow, for this long.
     Max { for_: Duration },
-    /// Exactly this many requests, one connection.
-    Count(u64),
     /// Exactly this many requests, as fast as `connections` connections allow.
     Closed(u64),
 }
@@ -155,10 +153,6 @@ pub(crate) fn run(oha: &Path, target: &Target<'_>, shape: &Shape, connections: u
         Shape::Max { for_ } => {
             cmd.args(["-z", &secs(for_), "-w", "-c", &connections.to_string()]);
             for_ + SLACK
-        }
-        Shape::Count(n) => {
-            cmd.args(["-n", &n.to_string(), "-c", "1"]);
-            SLACK
         }
         Shape::Closed(n) => {
             cmd.args(["-n", &n.to_string(), "-c", &connections.to_string()]);

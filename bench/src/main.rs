@@ -422,7 +422,9 @@ fn run_budget(
     let (budget, about, noise) =
         measure(plan, tools, || budget::run(&setups::Rig::start(built)?, plan, tools))?;
     let seconds = started.elapsed().as_secs_f64();
-    write_page(plan, "BUDGET.md", &report::budget_markdown(plan, &about, &noise, seconds, &budget), seconds)
+    let title = "one decision's CPU, part by part (`--budget`)";
+    let text = report::page(title, plan, &about, &noise, seconds, &budget::markdown(&budget));
+    write_page(plan, "BUDGET.md", &text, seconds)
 }
 
 /// Runs one part of the bench alone, with the machine's noise sampled
@@ -465,9 +467,17 @@ fn write_leased(
     about: &[(&'static str, String)],
     noise: &noise::Noise,
     seconds: f64,
-    leased: &leased::Leased,
+    leased: &leased::LeasedRun,
 ) -> Result<()> {
-    write_page(plan, "LEASED.md", &report::leased_markdown(plan, about, noise, seconds, leased), seconds)
+    let text = report::page(
+        "leased mode (`--leased`)",
+        plan,
+        about,
+        noise,
+        seconds,
+        &leased::markdown(leased, plan),
+    );
+    write_page(plan, "LEASED.md", &text, seconds)
 }
 
 fn write_shed(

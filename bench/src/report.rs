@@ -197,31 +197,19 @@ pub(crate) fn shed_markdown(
     md
 }
 
-pub(crate) fn leased_markdown(
+/// A page of one part run alone (`--leased`, `--budget`): the run's header, then `body`.
+pub(crate) fn page(
+    title: &str,
     plan: &Plan,
     about: &[(&'static str, String)],
     noise: &Noise,
     seconds: f64,
-    leased: &super::leased::Leased,
+    body: &str,
 ) -> String {
     let mut md = String::new();
-    let _ = header(&mut md, "leased mode (`--leased`)", plan, about, noise, seconds);
+    let _ = header(&mut md, title, plan, about, noise, seconds);
     md.push('\n');
-    md.push_str(&super::leased::markdown(leased, plan));
-    md
-}
-
-pub(crate) fn budget_markdown(
-    plan: &Plan,
-    about: &[(&'static str, String)],
-    noise: &Noise,
-    seconds: f64,
-    budget: &super::budget::Budget,
-) -> String {
-    let mut md = String::new();
-    let _ = header(&mut md, "one decision's CPU, part by part (`--budget`)", plan, about, noise, seconds);
-    md.push('\n');
-    md.push_str(&super::budget::markdown(budget));
+    md.push_str(body);
     md
 }
 

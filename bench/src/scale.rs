@@ -97,7 +97,7 @@ fn capture(rig: &Rig, tools: &Tools, kind: &Kind) -> Result<Result<Vec<String>, 
     let commands = monitor::client_commands(&tools.redis_cli, rig.redis.port, || {
         for body in &bodies {
             let run =
-                load::run(&tools.oha, &Target::post(url.clone(), Body::json(body)), &Shape::Count(1), 1)?;
+                load::run(&tools.oha, &Target::post(url.clone(), Body::json(body)), &Shape::Closed(1), 1)?;
             statuses.extend(run.statuses.into_keys());
         }
         Ok(())

@@ -38,7 +38,7 @@ pub(crate) fn run(rig: &Rig, plan: &Plan, tools: &Tools) -> Result<ShimAlone> {
     let body = Body { content_type: Encoding::Binary.content_type(), bytes: &bytes };
     let target = Target::post(format!("http://127.0.0.1:{}/v1/check", rig.shim.port), body);
     let commands = monitor::client_commands(&tools.redis_cli, rig.redis.port, || {
-        load::run(&tools.oha, &target, &Shape::Count(2), 1).map(drop)
+        load::run(&tools.oha, &target, &Shape::Closed(2), 1).map(drop)
     })?;
     let command = redis_bench::template(&commands, "bench-shim", |_, _| RAND.to_string())?;
 

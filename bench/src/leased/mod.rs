@@ -24,6 +24,7 @@ use anyhow::{Context, Result};
 use sluice_harness::envoy::demo_template;
 use sluice_harness::gateway::{prometheus, sample};
 use sluice_harness::{dist, workspace_root, Envoy, Redis, Service, Shim};
+use sluice_policies::leased::Leased;
 
 use super::load::{self, Run, Shape, Target};
 use super::plan::Plan;
@@ -79,7 +80,7 @@ impl Mode {
 }
 
 /// What scenario 7 measured.
-pub(crate) struct Leased {
+pub(crate) struct LeasedRun {
     /// For each fixed rate: each mode's median run.
     pub(crate) fixed: Vec<(u32, Vec<(Mode, Run)>)>,
     /// Each mode's median maximum-throughput run.
@@ -105,7 +106,50 @@ fn policy(name: &str, limit: u32, window: &str, leased: Option<(u32, &str)>) -> 
     )
 }
 
-pub(crate) fn run(plan: &Plan, tools: &Tools, built: &BenchArtifacts) -> Result<Leased> {
+/// Starts an Envoy of `workers` workers with the Sluice filter and `doc`, in
+/// front of the upstream at `upstream_port`, calling the shim at `shim_port`.
+fn sluice_envoy(doc: &str, shim_port: u16, upstream_port: u16, workers: u16) -> Result<Envoy> {
+    let values = [
+        ("UPSTREAM_PORT", upstream_port.to_string()),
+        ("SHIM_PORT", shim_port.to_string()),
+        ("WASM_PATH", dist("sluice.wasm")?.display().to_string()),
+        ("POLICY_JSON", serde_json::to_string(doc)?),
+    ];
+    Envoy::start_template(&demo_template(), &values, workers).context("starting envoy with the Sluice filter")
+}
+
+/// Each mode's runs, interleaved: every round loads each of `modes` in
+/// turn (in a different order each round) at the plan's fixed rates, then
+/// at its maximum throughput; each mode's median per rate and at max.
+type PerMode = Vec<(Mode, Run)>;
+fn interleaved(
+    plan: &Plan,
+    what: &str,
+    modes: &[Mode],
+    load: impl Fn(Mode, &Shape) -> Result<Run>,
+) -> Result<(Vec<(u32, PerMode)>, PerMode)> {
+    let n = modes.len();
+    let mut fixed: Vec<Vec<Vec<Run>>> = vec![vec![Vec::new(); n]; plan.rates.len()];
+    let mut max: Vec<Vec<Run>> = vec![Vec::new(); n];
+    for round in 0..plan.rounds {
+        eprintln!("bench: {what} round {}/{}", round + 1, plan.rounds);
+        let order: Vec<usize> = (0..n).map(|i| (i + round) % n).collect();
+        for (r, &rps) in plan.rates.iter().enumerate() {
+            for &i in &order {
+                fixed[r][i].push(load(modes[i], &Shape::Rate { rps, for_: plan.fixed })?);
+            }
+        }
+        for &i in &order {
+            max[i].push(load(modes[i], &Shape::Max { for_: plan.max })?);
+        }
+    }
+    let per_mode =
+        |runs: &[Vec<Run>]| modes.iter().copied().zip(runs.iter().map(|r| Run::median(r))).collect();
+    let fixed = plan.rates.iter().copied().zip(fixed.iter().map(|runs| per_mode(runs))).collect();
+    Ok((fixed, per_mode(&max)))
+}
+
+pub(crate) fn run(plan: &Plan, tools: &Tools, built: &BenchArtifacts) -> Result<LeasedRun> {
     let redis = Redis::start()?;
     let shim = Shim::start(&redis.url())?;
     let serve = |port: u16| vec![format!("127.0.0.1:{port}")];
@@ -115,15 +159,7 @@ pub(crate) fn run(plan: &Plan, tools: &Tools, built: &BenchArtifacts) -> Result<
         Envoy::start_template(&template, values, ENVOY_WORKERS)
             .with_context(|| format!("starting envoy with {}", template.display()))
     };
-    let sluice = |doc: &str| -> Result<Envoy> {
-        let values = [
-            up.clone(),
-            ("SHIM_PORT", shim.port.to_string()),
-            ("WASM_PATH", dist("sluice.wasm")?.display().to_string()),
-            ("POLICY_JSON", serde_json::to_string(doc)?),
-        ];
-        start(demo_template(), &values)
-    };
+    let sluice = |doc: &str| sluice_envoy(doc, shim.port, upstream.port, ENVOY_WORKERS);
     eprintln!("bench: leased mode, starting seven envoys");
     // Exact and leased Envoys match `/allow`; `/other` runs the filter with no policy.
     let native = start(
@@ -145,25 +181,7 @@ pub(crate) fn run(plan: &Plan, tools: &Tools, built: &BenchArtifacts) -> Result<
     for mode in Mode::ALL {
         load(mode, &Shape::Rate { rps: 500, for_: WARMUP })?;
     }
-    let n = Mode::ALL.len();
-    let mut fixed: Vec<Vec<Vec<Run>>> = vec![vec![Vec::new(); n]; plan.rates.len()];
-    let mut max: Vec<Vec<Run>> = vec![Vec::new(); n];
-    for round in 0..plan.rounds {
-        eprintln!("bench: leased round {}/{}", round + 1, plan.rounds);
-        let order: Vec<usize> = (0..n).map(|i| (i + round) % n).collect();
-        for (r, &rps) in plan.rates.iter().enumerate() {
-            for &i in &order {
-                fixed[r][i].push(load(Mode::ALL[i], &Shape::Rate { rps, for_: plan.fixed })?);
-            }
-        }
-        for &i in &order {
-            max[i].push(load(Mode::ALL[i], &Shape::Max { for_: plan.max })?);
-        }
-    }
-    let per_mode =
-        |runs: &[Vec<Run>]| Mode::ALL.iter().copied().zip(runs.iter().map(|r| Run::median(r))).collect();
-    let fixed = plan.rates.iter().copied().zip(fixed.iter().map(|runs| per_mode(runs))).collect();
-    let max = per_mode(&max);
+    let (fixed, max) = interleaved(plan, "leased", &Mode::ALL, load)?;
     let page = prometheus(&leased)?;
     let stat = |name: &str| sample(&page, &format!(r#"sluice_{name}{{policy="allow"}}"#));
     let leased_calls = (stat("lease_empty"), stat("allowed"));
@@ -182,7 +200,7 @@ pub(crate) fn run(plan: &Plan, tools: &Tools, built: &BenchArtifacts) -> Result<
         tools,
         &[sluice(&share_doc("share-leased", true))?, sluice(&share_doc("share-leased", true))?],
     )?;
-    Ok(Leased {
+    Ok(LeasedRun {
         fixed,
         max,
         leased_calls,
@@ -239,7 +257,7 @@ fn table_head(plan: &Plan) -> String {
     head
 }
 
-pub(crate) fn markdown(leased: &Leased, plan: &Plan) -> String {
+pub(crate) fn markdown(leased: &LeasedRun, plan: &Plan) -> String {
     let mut out = String::new();
     let get =
         |runs: &[(Mode, Run)], mode: Mode| runs.iter().find(|(m, _)| *m == mode).map(|(_, r)| r.clone());
@@ -284,7 +302,7 @@ pub(crate) fn markdown(leased: &Leased, plan: &Plan) -> String {
     ));
     let (exact, leased_admitted, offered) = leased.share;
     let held: f64 = leased.share_stranded.iter().sum();
-    let bound = 2 * (SHARE_TOKENS + SHARE_TOKENS / 2);
+    let bound = 2 * Leased::new(SHARE_TOKENS, 10_000).map_or(0, Leased::held_at_most);
     out.push_str("## Under-admission against exact, same traffic\n\n");
     out.push_str(&format!(
         "Two gateways share one `fixed_window` of {SHARE_LIMIT}; {SHARE_RATE} requests a second for {} s, {QUIET_RATE} a second of them at a quiet gateway and the rest at a busy one, at once; leases of {SHARE_TOKENS} tokens (`ttl` 10 s, longer than the run, so nothing goes back during it). Offered {offered} requests per mode.\n\n",

@@ -21,12 +21,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use sluice_core::hot_keys::CAPACITY;
 use sluice_core::testing::Zipf;
-use sluice_harness::envoy::demo_template;
 use sluice_harness::gateway::{prometheus, sample};
-use sluice_harness::{dist, Envoy};
+use sluice_harness::Envoy;
 use sluice_policies::leased::Leased;
 
-use super::Mode;
+use super::{interleaved, sluice_envoy, Mode};
 use crate::load::{self, Run, Shape, Target};
 use crate::plan::Plan;
 use crate::tools::Tools;
@@ -98,17 +97,6 @@ fn policy(name: &str, limit: u64, window: &str, leased: bool) -> String {
     )
 }
 
-/// Starts Envoys with the Sluice filter and `doc`, `workers` each, in front of `upstream_port`.
-fn sluice(doc: &str, shim_port: u16, upstream_port: u16, workers: u16) -> Result<Envoy> {
-    let values = [
-        ("UPSTREAM_PORT", upstream_port.to_string()),
-        ("SHIM_PORT", shim_port.to_string()),
-        ("WASM_PATH", dist("sluice.wasm")?.display().to_string()),
-        ("POLICY_JSON", serde_json::to_string(doc)?),
-    ];
-    Envoy::start_template(&demo_template(), &values, workers).context("starting envoy for the Zipf keys")
-}
-
 /// A file of `URLS` Zipf draws against `envoy`, for oha.
 fn url_file(envoy: &Envoy, dir: &Path, name: &str) -> Result<PathBuf> {
     let mut zipf = Draws::new(11);
@@ -131,8 +119,8 @@ pub(crate) fn run(
 ) -> Result<ZipfRun> {
     const MODES: [Mode; 3] = [Mode::Native, Mode::Exact, Mode::Leased];
     eprintln!("bench: leased mode per key, {KEYS} Zipf keys");
-    let exact = sluice(&policy("zipf", 1_000_000_000, "1h", false), shim_port, upstream_port, 1)?;
-    let leased = sluice(&policy("zipf", 1_000_000_000, "1h", true), shim_port, upstream_port, 1)?;
+    let exact = sluice_envoy(&policy("zipf", 1_000_000_000, "1h", false), shim_port, upstream_port, 1)?;
+    let leased = sluice_envoy(&policy("zipf", 1_000_000_000, "1h", true), shim_port, upstream_port, 1)?;
     let dir = std::env::temp_dir().join(format!("sluice-bench-zipf-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let files = [
@@ -140,30 +128,14 @@ pub(crate) fn run(
         url_file(&exact, &dir, "exact")?,
         url_file(&leased, &dir, "leased")?,
     ];
-    let load = |i: usize, shape: &Shape| {
-        let target = Target::urls_from(&files[i]);
-        load::run(&tools.oha, &target, shape, plan.connections).with_context(|| MODES[i].label())
+    let load = |mode: Mode, shape: &Shape| {
+        let i = MODES.iter().position(|&m| m == mode).context("a mode of this part")?;
+        load::run(&tools.oha, &Target::urls_from(&files[i]), shape, plan.connections)
+            .with_context(|| mode.label())
     };
-    let n = MODES.len();
-    let mut fixed: Vec<Vec<Vec<Run>>> = vec![vec![Vec::new(); n]; plan.rates.len()];
-    let mut max: Vec<Vec<Run>> = vec![Vec::new(); n];
-    for round in 0..plan.rounds {
-        eprintln!("bench: leased per key, round {}/{}", round + 1, plan.rounds);
-        let order: Vec<usize> = (0..n).map(|i| (i + round) % n).collect();
-        for (r, &rps) in plan.rates.iter().enumerate() {
-            for &i in &order {
-                fixed[r][i].push(load(i, &Shape::Rate { rps, for_: plan.fixed })?);
-            }
-        }
-        for &i in &order {
-            max[i].push(load(i, &Shape::Max { for_: plan.max })?);
-        }
-    }
+    let measured = interleaved(plan, "leased per key,", &MODES, load);
     let _ = std::fs::remove_dir_all(&dir);
-    let per_mode =
-        |runs: &[Vec<Run>]| MODES.iter().copied().zip(runs.iter().map(|r| Run::median(r))).collect();
-    let fixed = plan.rates.iter().copied().zip(fixed.iter().map(|runs| per_mode(runs))).collect();
-    let max = per_mode(&max);
+    let (fixed, max) = measured?;
     let page = prometheus(&leased)?;
     let stat = |name: &str| sample(&page, &format!(r#"sluice_{name}{{policy="zipf"}}"#));
     let local = (stat("leased"), stat("allowed"), stat("lease_granted"));
@@ -184,7 +156,7 @@ fn share(plan: &Plan, shim_port: u16, upstream_port: u16) -> Result<Share> {
     for (name, lease) in [("zipf-share-exact", false), ("zipf-share-leased", true)] {
         let doc = policy(name, SHARE_LIMIT.into(), "365d", lease);
         let gateways: Vec<Envoy> = (0..GATEWAYS)
-            .map(|_| sluice(&doc, shim_port, upstream_port, GATEWAY_WORKERS))
+            .map(|_| sluice_envoy(&doc, shim_port, upstream_port, GATEWAY_WORKERS))
             .collect::<Result<_>>()?;
         let ports: Vec<u16> = gateways.iter().map(|g| g.port).collect();
         answers.push(drive(&ports, &ranks, rate)?);

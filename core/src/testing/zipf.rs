@@ -19,10 +19,6 @@ impl Zipf {
         Zipf { cumulative }
     }
 
-    pub fn keys(&self) -> usize {
-        self.cumulative.len()
-    }
-
     /// The share of all draws the top `n` keys take.
     pub fn top_share(&self, n: usize) -> f64 {
         let last = self.cumulative.len() - 1;
