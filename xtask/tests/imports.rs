@@ -62,33 +62,85 @@ fn modules(src: &Path) -> BTreeMap<Module, String> {
     out
 }
 
-/// The module paths `code` in `module` names: `crate::a::b…` and `super::…`.
-fn paths_named(module: &Module, code: &str) -> Vec<Module> {
+/// The paths one `use`-like text names, from its start: `a::b::C` is one,
+/// and a group `a::{b::C, d::{e, f}}` is expanded to each path in it, so a
+/// grouped import of a sibling counts like a plain one.
+fn paths_from(rest: &str) -> Vec<Module> {
     let ident = |s: &str| -> String { s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect() };
-    let segments = |rest: &str| -> Module {
-        let mut out = Vec::new();
-        let mut rest = rest;
-        loop {
-            let name = ident(rest);
-            if name.is_empty() {
-                break;
-            }
-            rest = &rest[name.len()..];
-            out.push(name);
-            match rest.strip_prefix("::") {
-                Some(r) => rest = r,
-                None => break,
-            }
+    let mut prefix = Vec::new();
+    let mut rest = rest.trim_start();
+    loop {
+        if let Some(group) = rest.strip_prefix('{') {
+            let Some(inner) = group_body(group) else { return vec![prefix] };
+            return split_top_level(inner)
+                .into_iter()
+                .flat_map(|item| {
+                    paths_from(item).into_iter().map(|tail| {
+                        let tail: Module = tail.into_iter().filter(|s| s != "self").collect();
+                        prefix.iter().cloned().chain(tail).collect()
+                    })
+                })
+                .collect();
         }
-        out
-    };
+        let name = ident(rest);
+        if name.is_empty() {
+            return vec![prefix];
+        }
+        rest = &rest[name.len()..];
+        prefix.push(name);
+        match rest.strip_prefix("::") {
+            Some(r) => rest = r.trim_start(),
+            None => return vec![prefix],
+        }
+    }
+}
+
+/// The text of a group up to its matching `}` (the opening `{` already taken).
+fn group_body(text: &str) -> Option<&str> {
+    let mut depth = 1;
+    for (at, c) in text.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(&text[..at]);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// A group's items, split at its own commas (not at those of nested groups).
+fn split_top_level(text: &str) -> Vec<&str> {
+    let (mut items, mut depth, mut from) = (Vec::new(), 0, 0);
+    for (at, c) in text.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&text[from..at]);
+                from = at + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&text[from..]);
+    items.into_iter().filter(|i| !i.trim().is_empty()).collect()
+}
+
+/// The module paths `code` in `module` names: `crate::a::b…` and `super::…`,
+/// groups expanded.
+fn paths_named(module: &Module, code: &str) -> Vec<Module> {
     let mut found = Vec::new();
     for (at, _) in code.match_indices("crate::") {
         let before = code[..at].chars().last();
         if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
             continue; // `sluice_crate::`, not `crate::`
         }
-        found.push(segments(&code[at + "crate::".len()..]));
+        found.extend(paths_from(&code[at + "crate::".len()..]));
     }
     for (at, _) in code.match_indices("super::") {
         if code[..at].ends_with("super::") {
@@ -100,8 +152,7 @@ fn paths_named(module: &Module, code: &str) -> Vec<Module> {
             base.pop();
             rest = r;
         }
-        base.extend(segments(rest));
-        found.push(base);
+        found.extend(paths_from(rest).into_iter().map(|tail| base.iter().cloned().chain(tail).collect()));
     }
     found
 }
@@ -204,6 +255,14 @@ fn finds_a_loop_between_siblings_only() {
     ]
     .into();
     assert_eq!(a_loop(&sibling_edges(&nested)).map(|(p, _)| p), Some(vec!["w".to_string()]));
+    // A loop hidden in groups: each side names the other inside `super::{…}`.
+    let grouped: BTreeMap<Module, String> = [
+        module("alg", "mod reserve; mod gcra;"),
+        module("alg::reserve", "use super::{\n    gcra, Algorithm,\n};"),
+        module("alg::gcra", "use super::{reserve::{Committed, Slot}, State};"),
+    ]
+    .into();
+    assert_eq!(a_loop(&sibling_edges(&grouped)).map(|(p, _)| p), Some(vec!["alg".to_string()]));
     let family: BTreeMap<Module, String> =
         [module("w", "fn f() { q::go() }"), module("w::q", "use super::Waiting;")].into();
     assert!(a_loop(&sibling_edges(&family)).is_none());

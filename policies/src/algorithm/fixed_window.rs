@@ -10,7 +10,7 @@
 //! back; either way nothing is admitted before the stored window, which keeps
 //! its count.
 
-use super::reserve::{Committed, Slot};
+use super::slot::{Committed, Slot};
 pub use super::Grant;
 use super::{Found, State, View};
 

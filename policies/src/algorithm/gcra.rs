@@ -8,7 +8,7 @@
 //! `tat - now <= tau`. Over any interval `t`, at most `burst + t / interval`
 //! units pass.
 
-use super::reserve::{Committed, Slot};
+use super::slot::{Committed, Slot};
 use super::{Correction, Found, Grant, State, View};
 
 pub fn check(state: Option<&State>, now: u64, interval: u64, burst: u64, cost: u64) -> Found {

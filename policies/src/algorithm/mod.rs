@@ -19,6 +19,7 @@ pub mod rate;
 pub mod reserve;
 pub mod sliding_approx;
 pub mod sliding_window;
+pub mod slot;
 
 use std::collections::{BTreeMap, HashMap};
 

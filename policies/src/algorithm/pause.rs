@@ -9,7 +9,7 @@
 //! A pause only ever moves later: [`record`] keeps the later of the stored
 //! end and the new one, so a stale or shorter answer never shortens it.
 
-use super::reserve::{Committed, Slot};
+use super::slot::{Committed, Slot};
 use super::{Found, State, View};
 
 fn until(state: Option<&State>) -> u64 {

@@ -15,7 +15,7 @@
 //! check ([`scaled`]) before they decide, and charges nothing. Concurrency
 //! limits keep their size.
 
-use super::reserve::{Committed, Slot};
+use super::slot::{Committed, Slot};
 use super::{Algorithm, Found, State, View};
 use crate::feedback::Slowdown;
 use crate::units::Micros;

@@ -16,28 +16,8 @@
 
 use super::{
     ceil_ms, fixed_window, gcra, pause, rate, sliding_window, Algorithm, CheckReply, LimitOutcome, RedisTwin,
-    State, View,
 };
 use crate::units::{Micros, Millis};
-
-/// One limit's earliest slot.
-pub struct Slot {
-    /// `None`: the limit never admits the request.
-    pub at: Option<u64>,
-    /// What the limit admits at `now`, without the request.
-    pub remaining_now: u64,
-    /// The state with its expired entries removed, stored whatever the decision.
-    pub pruned: Option<State>,
-    /// Charges the request at `t >= at`.
-    pub commit: Box<dyn Fn(u64) -> Committed>,
-}
-
-pub struct Committed {
-    pub state: State,
-    /// The limit seen from `t`, the request charged.
-    pub view: View,
-    pub held_until: Option<u64>,
-}
 
 /// The answer to a waiting request.
 #[derive(Debug, Clone, PartialEq, Eq)]

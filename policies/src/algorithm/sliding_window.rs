@@ -4,7 +4,7 @@
 //! `s` counts while `now < s + window`, so over any interval one window long
 //! at most `limit` requests are admitted.
 
-use super::reserve::{Committed, Slot};
+use super::slot::{Committed, Slot};
 use super::{Found, State, View};
 
 pub fn check(state: Option<&State>, now: u64, id: &str, limit: u64, window: u64) -> Found {
