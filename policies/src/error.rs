@@ -39,10 +39,10 @@ pub fn parse(text: &str) -> Result<Document, ParseError> {
     let mut de = serde_json::Deserializer::from_str(text);
     let doc: Document = serde_path_to_error::deserialize(&mut de).map_err(|err| {
         let path = err.path().to_string();
-        from_json(&path, err.into_inner())
+        from_json(&path, err.into_inner(), text)
     })?;
     // Trailing text after the document is an error too.
-    de.end().map_err(|err| from_json(".", err))?;
+    de.end().map_err(|err| from_json(".", err, text))?;
     resolve_classes(doc, text)
 }
 
@@ -91,7 +91,7 @@ fn resolve_classes(mut doc: Document, text: &str) -> Result<Document, ParseError
     Ok(doc)
 }
 
-fn from_json(path: &str, inner: serde_json::Error) -> ParseError {
+fn from_json(path: &str, inner: serde_json::Error, text: &str) -> ParseError {
     // The path library marks a map key it has not read yet as `?`.
     let path = path.strip_suffix(".?").unwrap_or(path);
     let path = if path == "." || path == "?" { "(document)" } else { path }.to_string();
@@ -99,6 +99,48 @@ fn from_json(path: &str, inner: serde_json::Error) -> ParseError {
     // position in our own format instead.
     let message = inner.to_string();
     let suffix = format!(" at line {} column {}", inner.line(), inner.column());
-    let reason = message.strip_suffix(&suffix).unwrap_or(&message).to_string();
-    ParseError { path, reason, line: inner.line(), column: inner.column() }
+    let reason = message.strip_suffix(&suffix).unwrap_or(&message);
+    let reason = did_you_mean(reason).unwrap_or_else(|| reason.to_string());
+    let (line, column) = if reason == "trailing comma" {
+        comma_before(text, inner.line(), inner.column())
+    } else {
+        (inner.line(), inner.column())
+    };
+    ParseError { path, reason, line, column }
+}
+
+/// serde's "unknown field `limt`, expected one of `type`, `limit`, …" as
+/// "unknown field `limt`: did you mean `limit`?" when one expected name is
+/// close to it (at most a third of its letters differ); `None` otherwise.
+fn did_you_mean(reason: &str) -> Option<String> {
+    let rest = reason.strip_prefix("unknown field `")?;
+    let (unknown, expected) = rest.split_once('`')?;
+    let best = expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|name| (strsim::damerau_levenshtein(unknown, name), name))
+        .min_by_key(|(distance, _)| *distance)?;
+    (best.0 <= unknown.chars().count().div_ceil(3))
+        .then(|| format!("unknown field `{unknown}`: did you mean `{}`?", best.1))
+}
+
+/// Where a trailing comma stands: serde_json stops at the bracket after it,
+/// which may be lines further on. Steps back from (line, column), 1-based,
+/// over white space to the comma.
+fn comma_before(text: &str, line: usize, column: usize) -> (usize, usize) {
+    let lines: Vec<&str> = text.split('\n').collect();
+    let (mut l, mut c) = (line, column);
+    loop {
+        let Some(row) = lines.get(l.wrapping_sub(1)) else { return (line, column) };
+        let before: Vec<char> = row.chars().take(c.saturating_sub(1)).collect();
+        if let Some(at) = before.iter().rposition(|ch| !ch.is_whitespace()) {
+            return if before[at] == ',' { (l, at + 1) } else { (line, column) };
+        }
+        if l <= 1 {
+            return (line, column);
+        }
+        l -= 1;
+        c = lines[l - 1].chars().count() + 1;
+    }
 }
