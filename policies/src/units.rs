@@ -115,6 +115,12 @@ impl Duration {
         self.0.get()
     }
 
+    /// A span of `ms` in the document's notation (`1d`, `5m`, `250ms`), as
+    /// the dashboard and messages show it; `0ms` for none.
+    pub fn show(ms: u64) -> String {
+        Duration::from_millis(ms).map_or(format!("{ms}ms"), |d| d.to_string())
+    }
+
     /// The span as the wire carries it.
     pub fn to_millis(self) -> Millis {
         Millis(self.as_millis())

@@ -77,10 +77,10 @@ impl Wait {
 /// [`MAX_MARGIN_MS`].
 pub fn check_wire(wait_ms: Option<u64>, margin_ms: Option<u64>) -> Result<(), String> {
     if let Some(ms) = wait_ms.filter(|ms| *ms > MAX_TIMEOUT_MS) {
-        return Err(format!("wait timeout {} is longer than 5m, the longest hold", show(ms)));
+        return Err(format!("wait timeout {} is longer than 5m, the longest hold", Duration::show(ms)));
     }
     if let Some(ms) = margin_ms.filter(|ms| *ms > MAX_MARGIN_MS) {
-        return Err(format!("wait margin {} is larger than 10s", show(ms)));
+        return Err(format!("wait margin {} is larger than 10s", Duration::show(ms)));
     }
     Ok(())
 }
@@ -91,10 +91,6 @@ pub fn check_wire(wait_ms: Option<u64>, margin_ms: Option<u64>) -> Result<(), St
 /// not for several.
 pub fn can_wait<'l>(limits: impl IntoIterator<Item = &'l Limit>) -> bool {
     limits.into_iter().filter(|limit| limit.lease().is_some()).count() <= 1
-}
-
-fn show(ms: u64) -> String {
-    Duration::from_millis(ms).map_or(format!("{ms}ms"), |d| d.to_string())
 }
 
 /// Egress waiting: hold a request until its slot opens, up to `timeout`, instead of refusing it.

@@ -53,21 +53,6 @@ use crate::logs::Throttled;
 /// The largest body accepted: the bound every valid document stays within.
 pub use sluice_policies::bounds::MAX_BODY;
 
-pub fn router(limiter: Limiter) -> Router {
-    router_with(limiter, crate::dashboard::Options::default())
-}
-
-/// [`router`], with the dashboard given a policy document and the playground.
-pub fn router_with(limiter: Limiter, dashboard: crate::dashboard::Options) -> Router {
-    router_shared(Arc::new(limiter), dashboard)
-}
-
-/// [`router_with`], for a limiter the gRPC faces share.
-pub fn router_shared(limiter: Arc<Limiter>, dashboard: crate::dashboard::Options) -> Router {
-    let (decisions, admin) = routers(limiter, dashboard);
-    decisions.merge(admin)
-}
-
 /// The decision routes (with `/healthz`) and the operator's routes (the
 /// dashboard and `/metrics`, see [`crate::admin`]), apart.
 pub fn routers(limiter: Arc<Limiter>, dashboard: crate::dashboard::Options) -> (Router, Router) {

@@ -179,7 +179,7 @@ async fn busy_keys_show_their_state_from_redis() {
 
     let unlisted = policy(&board, "unlisted");
     assert_eq!(unlisted["source"], "traffic");
-    assert_eq!(unlisted["limits"][0]["text"], "100 per 1day");
+    assert_eq!(unlisted["limits"][0]["text"], "100 per 1d");
     assert_eq!(key(unlisted, "k")["state"][0]["remaining"], 99);
     // The other shim's own dashboard saw only its own checks.
     let theirs = dashboard(other).await;

@@ -270,8 +270,8 @@ impl Dashboard {
 
 /// A limit in words, and its capacity; a budget in LLM tokens says so.
 fn describe(limit: &WireLimit, in_tokens: bool) -> LimitView {
-    let t = |ms: Millis| humantime::format_duration(std::time::Duration::from_millis(ms.get())).to_string();
-    let text = limit.summary(t);
+    // In the document's notation: "per 1d", as the policy says it.
+    let text = limit.summary(|ms: Millis| sluice_policies::Duration::show(ms.get()));
     let (text, unit) =
         if in_tokens { (text.replacen("points", "LLM tokens", 1), Some("tokens")) } else { (text, None) };
     LimitView { kind: limit.type_name(), text, capacity: limit.capacity().into(), unit }

@@ -10,7 +10,17 @@ const $ = (tag, props = {}, ...children) => {
   return el;
 };
 const rate = (n) => (n >= 10 ? n.toFixed(0) : n.toFixed(1));
-const ms = (n) => (n == null ? "—" : n < 1000 ? `${n} ms` : `${(n / 1000).toFixed(1)} s`);
+// A span for people: "250 ms", "4.2 s", "3 min 20 s", "21 h 48 min", "2 d 3 h".
+const ms = (n) => {
+  if (n == null) return "—";
+  if (n < 1000) return `${Math.round(n)} ms`;
+  if (n < 60000) return `${(n / 1000).toFixed(1)} s`;
+  const s = Math.round(n / 1000);
+  const [d, h, m] = [Math.floor(s / 86400), Math.floor(s / 3600) % 24, Math.floor(s / 60) % 60];
+  if (d) return `${d} d ${h} h`;
+  if (h) return `${h} h ${m} min`;
+  return `${m} min ${s % 60} s`;
+};
 
 const SVG = "http://www.w3.org/2000/svg";
 const svg = (tag, attrs = {}, ...children) => {

@@ -59,12 +59,14 @@ impl SpaceSaving {
             .insert(key.to_string(), Estimate { count: inherited.saturating_add(n), error: inherited });
     }
 
-    /// Halves every count and error: older traffic weighs half as much.
+    /// Halves every count and error: older traffic weighs half as much. A
+    /// key halved to nothing is forgotten (a busy key has been checked).
     pub fn halve(&mut self) {
-        for estimate in self.counters.values_mut() {
+        self.counters.retain(|_, estimate| {
             estimate.count /= 2;
             estimate.error /= 2;
-        }
+            estimate.count > 0
+        });
     }
 
     /// The `n` keys with the highest counts, highest first (ties by key).
@@ -138,5 +140,18 @@ mod tests {
             sketch.add("new");
         }
         assert_eq!(counts(&sketch), [("new".into(), 4, 0), ("old".into(), 2, 0)]);
+    }
+
+    #[test]
+    fn a_key_halved_to_nothing_is_forgotten() {
+        let mut sketch = SpaceSaving::new(4);
+        sketch.add("once");
+        for _ in 0..3 {
+            sketch.add("thrice");
+        }
+        sketch.halve();
+        assert_eq!(counts(&sketch), [("thrice".into(), 1, 0)], "no key shown with 0 checks");
+        sketch.halve();
+        assert!(sketch.is_empty());
     }
 }
