@@ -158,21 +158,29 @@ pub fn timeout_values(policy_json: &str) -> Vec<(String, String)> {
 }
 
 /// Replaces each `${NAME}` of `template`, and each `${NAME:-DEFAULT}` with
-/// its value or else `DEFAULT`; fails if one is left over outside a comment.
+/// its value or else `DEFAULT`; fails if one is left over. Comment lines are
+/// the template's own notes (they name the placeholders) and stay as written.
 /// The test harness renders its templates with it too.
 pub fn render<K: AsRef<str>>(template: &str, values: &[(K, String)]) -> anyhow::Result<String> {
-    let mut out = template.to_string();
-    for (name, value) in values {
-        out = out.replace(&format!("${{{}}}", name.as_ref()), value);
-        while let Some(start) = out.find(&format!("${{{}:-", name.as_ref())) {
-            let Some(len) = out[start..].find('}') else { break };
-            out.replace_range(start..=start + len, value);
+    let mut out = String::with_capacity(template.len());
+    for line in template.split_inclusive('\n') {
+        if line.trim_start().starts_with('#') {
+            out.push_str(line);
+            continue;
         }
-    }
-    out = fill_defaults(&out);
-    let mut body = out.lines().filter(|line| !line.trim_start().starts_with('#'));
-    if let Some(line) = body.find(|line| line.contains("${")) {
-        bail!("unknown placeholder left in the template: {line}");
+        let mut line = line.to_string();
+        for (name, value) in values {
+            line = line.replace(&format!("${{{}}}", name.as_ref()), value);
+            while let Some(start) = line.find(&format!("${{{}:-", name.as_ref())) {
+                let Some(len) = line[start..].find('}') else { break };
+                line.replace_range(start..=start + len, value);
+            }
+        }
+        let line = fill_defaults(&line);
+        if line.contains("${") {
+            bail!("unknown placeholder left in the template: {}", line.trim_end());
+        }
+        out.push_str(&line);
     }
     Ok(out)
 }
@@ -241,6 +249,8 @@ mod tests {
         let template = "a: ${A}\nb: ${B:-300s}\nc: ${C:-1}\n# ${D}\n";
         let out = render(template, &[("A", "1".to_string()), ("B", "9s".to_string())]).expect("renders");
         assert_eq!(out, "a: 1\nb: 9s\nc: 1\n# ${D}\n");
+        let noted = render("# ${A} is the listener\na: ${A}\n", &[("A", "1".to_string())]).expect("render");
+        assert_eq!(noted, "# ${A} is the listener\na: 1\n", "a comment keeps its placeholder as written");
         assert!(render("x: ${X}\n", &[("A", String::new())]).is_err());
     }
 

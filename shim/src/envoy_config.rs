@@ -4,7 +4,7 @@
 //! the crate `sluice-envoy-config`; this is the command line around it.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use sluice_envoy_config::{render, timeout_values, ShimAddress, ShimTls, DEMO_TEMPLATE};
@@ -32,7 +32,9 @@ pub struct Args {
     /// The policy document to embed; it must validate.
     #[arg(long)]
     policy: PathBuf,
-    /// The filter; made absolute. Default: dist/sluice.wasm under the current directory.
+    /// The filter, sluice.wasm; made absolute, and it must exist. Default:
+    /// the sluice.wasm beside this `sluice` binary (as `cargo xtask build`
+    /// writes both to dist/).
     #[arg(long)]
     wasm: Option<PathBuf>,
     /// The shim: `sluice serve --listen` (wasm), or its `--grpc-listen`
@@ -96,31 +98,53 @@ pub fn run(args: &Args) -> anyhow::Result<String> {
         Ok(doc) => doc,
         Err(err) => bail!("{}: {err}", args.policy.display()),
     };
+    let transport_socket = shim_transport_socket(args)?;
     if args.face == Face::Rls {
         let mut values = sluice_envoy_config::rls::rls_values(&doc)
             .with_context(|| format!("{}", args.policy.display()))?;
-        values.push(("SHIM_TRANSPORT_SOCKET".to_string(), shim_transport_socket(args)?));
+        values.push(("SHIM_TRANSPORT_SOCKET".to_string(), transport_socket));
         values.extend(addresses(args));
         return render(sluice_envoy_config::rls::RLS_TEMPLATE, &values);
     }
     if args.face == Face::Rlqs {
         let mut values = sluice_envoy_config::rlqs::rlqs_values(&doc)
             .with_context(|| format!("{}", args.policy.display()))?;
-        values.push(("SHIM_TRANSPORT_SOCKET".to_string(), shim_transport_socket(args)?));
+        values.push(("SHIM_TRANSPORT_SOCKET".to_string(), transport_socket));
         values.extend(addresses(args));
         return render(sluice_envoy_config::rlqs::RLQS_TEMPLATE, &values);
     }
-    let wasm = args.wasm.clone().unwrap_or_else(|| PathBuf::from("dist/sluice.wasm"));
-    let wasm = std::path::absolute(&wasm).with_context(|| format!("bad --wasm {}", wasm.display()))?;
+    let wasm = wasm_path(args.wasm.as_deref())?;
     let mut values = vec![
         ("WASM_PATH".to_string(), wasm.display().to_string()),
         // A JSON string literal is also a valid YAML double-quoted scalar.
         ("POLICY_JSON".to_string(), serde_json::to_string(&policy)?),
-        ("SHIM_TRANSPORT_SOCKET".to_string(), shim_transport_socket(args)?),
+        ("SHIM_TRANSPORT_SOCKET".to_string(), transport_socket),
     ];
     values.extend(addresses(args));
     values.extend(timeout_values(&policy));
     render(DEMO_TEMPLATE, &values)
+}
+
+/// The filter Envoy is to load: `--wasm` or else the sluice.wasm beside
+/// this binary, absolute (Envoy resolves a relative path from its own
+/// directory) and checked, so a wrong path fails here and not in Envoy.
+fn wasm_path(given: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let path = match given {
+        Some(path) => path.to_path_buf(),
+        None => std::env::current_exe()
+            .context("cannot find this binary's directory for the default --wasm")?
+            .with_file_name("sluice.wasm"),
+    };
+    let path = std::path::absolute(&path).with_context(|| format!("bad --wasm {}", path.display()))?;
+    if !path.is_file() {
+        let hint = if given.is_some() { "" } else { " (the default: beside this binary)" };
+        bail!(
+            "--wasm {}: no such file{hint}; build it with `cargo xtask build` (dist/sluice.wasm) \
+             or give --wasm PATH",
+            path.display()
+        );
+    }
+    Ok(path)
 }
 
 /// The templates' `*_HOST` and `*_PORT` values, and `SHIM_ADDRESS`.

@@ -160,6 +160,44 @@ fn envoy_validates(yaml: &str) {
     );
 }
 
+/// `--wasm` is made absolute and must exist: a wrong path fails here, not in
+/// Envoy. Without it, the sluice.wasm beside the binary is used, wherever the
+/// command runs. The rendered file's comments are the template's notes: no
+/// placeholder there is filled with the policy or the TLS setting.
+#[test]
+fn envoy_config_checks_the_wasm_and_defaults_to_the_one_beside_it() {
+    let policy = root().join("policies/examples/partner-api.json");
+    let policy = policy.to_str().expect("utf-8");
+    let out = sluice(&["envoy-config", "--policy", policy, "--wasm", "/no/such/sluice.wasm"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--wasm /no/such/sluice.wasm: no such file"), "{stderr}");
+
+    let dir = sluice_harness::scratch_dir("envoy-config-wasm").expect("scratch dir");
+    let binary = dir.join("sluice");
+    std::fs::copy(env!("CARGO_BIN_EXE_sluice"), &binary).expect("copy the binary");
+    let out = Command::new(&binary).args(["envoy-config", "--policy", policy]).current_dir("/").output();
+    let out = out.expect("running the copy");
+    assert_eq!(out.status.code(), Some(1), "no sluice.wasm beside it yet");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("(the default: beside this binary)"));
+
+    std::fs::write(dir.join("sluice.wasm"), b"\0asm").expect("a file to point at");
+    let out = Command::new(&binary).args(["envoy-config", "--policy", policy]).current_dir("/").output();
+    let out = out.expect("running the copy");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let yaml = String::from_utf8(out.stdout).expect("utf-8 yaml");
+    let wasm = dir.join("sluice.wasm");
+    assert!(yaml.contains(&wasm.display().to_string()), "{yaml}");
+    let comments: Vec<&str> = yaml.lines().filter(|l| l.trim_start().starts_with('#')).collect();
+    assert!(comments.iter().any(|l| l.contains("${POLICY_JSON}")), "the notes name the placeholder");
+    assert!(
+        !comments.iter().any(|l| l.contains("sliding_window")),
+        "no policy in a comment:\n{}",
+        comments.join("\n")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A bad policy gets no config, and the error names the file and field.
 #[test]
 fn envoy_config_refuses_a_bad_policy() {
