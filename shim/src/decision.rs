@@ -8,11 +8,13 @@ use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{CheckOutcome, CheckRequest, LimitOutcome};
 
 /// Why a request could not be decided.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum CheckError {
     /// The request is malformed; answered with 400.
+    #[error("bad request: {0}")]
     BadRequest(String),
     /// Redis failed or answered nonsense; answered with 503.
+    #[error("store: {0}")]
     Store(String),
 }
 
@@ -76,4 +78,16 @@ pub(crate) fn decode(limits: usize, reply: &[i64]) -> Option<SlotReply> {
         })
         .collect();
     Some(SlotReply { allowed: head[0] == 1, retry_after_ms: retry(head[1]), now: head[2], limits, at })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_check_error_is_a_std_error_that_names_its_cause() {
+        let err: Box<dyn std::error::Error> = Box::new(CheckError::Store("redis: connection refused".into()));
+        assert_eq!(err.to_string(), "store: redis: connection refused");
+        assert_eq!(CheckError::BadRequest("no checks".into()).to_string(), "bad request: no checks");
+    }
 }
