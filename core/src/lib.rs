@@ -36,8 +36,9 @@
 //! - [`ratelimit_headers`]: the IETF `RateLimit` and `RateLimit-Policy` headers.
 //! - [`verdict`]: what the filter did with a request, for `x-sluice-verdict`.
 //! - [`log_throttle`]: a log line an outage cannot turn into a flood.
-//! - [`testing`]: a fake host for tests of this crate and its faces, and a
-//!   Zipf key population for the leased mode's model test and the bench.
+//! - `testing` (behind the `testing` feature): a fake host for tests of this
+//!   crate and its faces, and a Zipf key population for the leased mode's
+//!   model test and the bench.
 //!
 //! Another face's machine:
 //! - [`rlqs`]: one RLQS stream (Envoy's `rate_limit_quota` filter): its
@@ -62,6 +63,7 @@ pub mod ratelimit_headers;
 pub mod rlqs;
 pub mod shedding;
 pub mod stats;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod verdict;
 pub mod wait;
