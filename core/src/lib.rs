@@ -25,7 +25,7 @@
 //! - [`cache`]: the over-limit cache in shared data.
 //! - [`leased`]: leased mode's pool of tokens in shared data; [`hot_keys`]:
 //!   which keys of a keyed leased policy are hot enough for a lease.
-//! - [`leases`]: the leases of live streams, and when each is due for renewal.
+//! - [`renewals`]: the concurrency leases of live streams, and when each is due for renewal.
 //! - [`passes`]: failure-mode passes, counted and reported to the shim.
 //! - [`shedding`]: load shedding in one worker: its reports, the fleet's level.
 //! - [`feedback`]: which policies a response's upstream answer pauses.
@@ -54,12 +54,12 @@ pub mod flow;
 pub mod host;
 pub mod hot_keys;
 pub mod leased;
-pub mod leases;
 pub mod llm;
 pub mod local_reply;
 pub mod log_throttle;
 pub mod passes;
 pub mod ratelimit_headers;
+pub mod renewals;
 pub mod rlqs;
 pub mod shedding;
 pub mod stats;

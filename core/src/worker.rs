@@ -28,10 +28,10 @@ use crate::effect::{CallId, CallResult, Effect, Effects, Outgoing};
 use crate::host::{Host, SetError, SharedData};
 use crate::hot_keys::{HotKeys, CAPACITY};
 use crate::leased::{key_pool_key, pool_key, Pool};
-use crate::leases::Live;
 use crate::local_reply::LocalReply;
 use crate::log_throttle::LogThrottle;
 use crate::passes::FailurePasses;
+use crate::renewals::Live;
 use crate::shedding::Shedding;
 use crate::stats::{ClassStat, FilterStat, PolicyStat};
 
