@@ -58,6 +58,7 @@ pub mod llm;
 pub mod local_reply;
 pub mod log_throttle;
 pub mod passes;
+pub mod plan;
 pub mod ratelimit_headers;
 pub mod renewals;
 pub mod rlqs;

@@ -104,14 +104,22 @@ fn worst_set(policies: &[Policy], weight: impl Fn(&Policy) -> usize) -> Worst {
     let mut always = 0;
     let mut prefixes = PrefixTrie::default();
     let mut exact: HashMap<&str, usize> = HashMap::new();
+    // A descriptor reaches one node of one domain's tree: only the
+    // heaviest node's policies can apply together.
+    let mut nodes: HashMap<(Option<&str>, &[crate::tree::Step]), usize> = HashMap::new();
     for policy in policies {
         let w = weight(policy);
+        if let Some(path) = &policy.matcher.descriptor_tree {
+            *nodes.entry((policy.matcher.domain.as_deref(), path)).or_default() += w;
+            continue;
+        }
         match &policy.matcher.path {
             Some(PathCondition::Prefix(p)) => prefixes.add(p, w),
             Some(PathCondition::Exact(e)) => *exact.entry(e.as_str()).or_default() += w,
             _ => always += w,
         }
     }
+    always += nodes.values().max().copied().unwrap_or(0);
     let anchors = policies.iter().filter_map(|policy| match &policy.matcher.path {
         Some(PathCondition::Prefix(p)) => Some((prefixes.sum_along(p), p.as_str())),
         Some(PathCondition::Exact(e)) => {

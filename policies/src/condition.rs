@@ -43,6 +43,12 @@ pub struct Condition {
     pub entries: BTreeMap<String, ValueCondition>,
     /// An RLQS bucket id's values, by key.
     pub bucket: BTreeMap<String, ValueCondition>,
+    /// The policy's node in its domain's RLS descriptor tree (see
+    /// [`crate::tree`]): holds only for the descriptors that reach it, which
+    /// the document decides, not this condition alone.
+    pub descriptor_tree: Option<Vec<crate::tree::Step>>,
+    /// An RLS descriptor's position in its call (0 the first).
+    pub descriptor_index: Option<usize>,
     /// Fields of the JSON body, by pointer.
     pub body: BTreeMap<Pointer, ValueCondition>,
 }
@@ -102,7 +108,11 @@ impl Condition {
     pub fn face(&self) -> Face {
         if !self.bucket.is_empty() {
             Face::Rlqs
-        } else if self.domain.is_some() || !self.entries.is_empty() {
+        } else if self.domain.is_some()
+            || !self.entries.is_empty()
+            || self.descriptor_tree.is_some()
+            || self.descriptor_index.is_some()
+        {
             Face::Rls
         } else {
             Face::Http
@@ -125,6 +135,8 @@ impl Condition {
                 (!self.headers.is_empty(), "headers"),
                 (!self.query.is_empty(), "query"),
                 (!self.entries.is_empty(), "entries"),
+                (self.descriptor_tree.is_some(), "descriptor_tree"),
+                (self.descriptor_index.is_some(), "descriptor_index"),
             ]
             .into_iter()
             .find_map(|(named, field)| named.then_some(field))
@@ -166,6 +178,7 @@ impl Condition {
                 .is_none_or(|keys| raw_key.is_some_and(|k| keys.iter().any(|v| v.as_bytes() == k)))
             && self.domain.as_ref().is_none_or(|d| req.domain() == Some(d.as_bytes()))
             && self.entries.iter().all(|(key, cond)| cond.holds(req.entry(key).as_deref()))
+            && self.descriptor_index.is_none_or(|i| req.descriptor_index() == Some(i))
             && self.bucket.iter().all(|(key, cond)| cond.holds(req.bucket(key).as_deref()))
     }
 
@@ -208,6 +221,16 @@ pub(crate) struct RawCondition {
     /// `bucket_id_builder` builds).
     #[serde(default)]
     bucket: BTreeMap<String, ValueCondition>,
+    /// RLS face: the policy's node in its domain's descriptor tree, as the
+    /// path of entries from the root (`[{"key": "plan", "value": "pro"},
+    /// {"key": "user"}]`; a value with `*` is a wildcard, none any value). A
+    /// descriptor reaches one node, the most specific at every level, as
+    /// envoyproxy/ratelimit finds its limit; only that node's policies apply.
+    #[cfg_attr(feature = "schema", schemars(with = "Option<Vec<crate::tree::RawStep>>"))]
+    descriptor_tree: Option<Vec<crate::tree::Step>>,
+    /// RLS face: only the descriptor at this position of the call (0 the
+    /// first), as Limitador's `descriptors[0]`.
+    descriptor_index: Option<usize>,
     /// Fields of the request's JSON body by JSON pointer, e.g. `{"/model": {"prefix": "gpt-4"}}`.
     #[serde(default)]
     body: BTreeMap<Pointer, ValueCondition>,
@@ -251,6 +274,33 @@ impl<'de> Deserialize<'de> for Condition {
                 "invalid bucket key {key:?} (expected 1 to {MAX_SOURCE_NAME_LEN} bytes)"
             )));
         }
+        if let Some(path) = &raw.descriptor_tree {
+            if path.is_empty() || path.len() > crate::tree::MAX_DEPTH {
+                return Err(de::Error::custom(format!(
+                    "`descriptor_tree` has {} steps: expected 1 to {}",
+                    path.len(),
+                    crate::tree::MAX_DEPTH
+                )));
+            }
+            if raw.domain.is_none() {
+                return Err(de::Error::custom(
+                    "`descriptor_tree` needs a `domain`: each domain has its own tree",
+                ));
+            }
+        }
+        if let Some(i) = raw.descriptor_index {
+            if i >= crate::bounds::MAX_CHECKS {
+                return Err(de::Error::custom(format!(
+                    "`descriptor_index` {i}: a call has at most {} descriptors",
+                    crate::bounds::MAX_CHECKS
+                )));
+            }
+        }
+        if !raw.bucket.is_empty() && (raw.descriptor_tree.is_some() || raw.descriptor_index.is_some()) {
+            return Err(de::Error::custom(
+                "`descriptor_tree` and `descriptor_index` read an RLS descriptor, not an RLQS bucket",
+            ));
+        }
         if !raw.entries.is_empty() && !raw.bucket.is_empty() {
             return Err(de::Error::custom(
                 "give `entries` (an RLS descriptor's) or `bucket` (an RLQS bucket id's), not both: a request comes through one face",
@@ -275,6 +325,8 @@ impl<'de> Deserialize<'de> for Condition {
             domain: raw.domain,
             entries: raw.entries,
             bucket: raw.bucket,
+            descriptor_tree: raw.descriptor_tree,
+            descriptor_index: raw.descriptor_index,
             body: raw.body,
         })
     }

@@ -95,7 +95,27 @@ pub struct Document {
     /// refused with 413. 1048576 if not given.
     #[serde(default)]
     pub max_request_body_bytes: BodyLimit,
+    /// RLS face: how the descriptors of one call are charged: `all_or_none`
+    /// (the call is admitted, and charged, only if every limit of every
+    /// descriptor allows it) or `each_descriptor` (each descriptor is decided
+    /// and charged on its own, in order, as envoyproxy/ratelimit does).
+    #[serde(default)]
+    pub charge: Charge,
     pub policies: Policies,
+}
+
+/// How an RLS call's descriptors are charged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum Charge {
+    /// One decision for the whole call: admitted and charged only if every
+    /// limit of every descriptor allows it.
+    #[default]
+    AllOrNone,
+    /// Each descriptor decided and charged on its own, in the call's order,
+    /// whatever the others' answers.
+    EachDescriptor,
 }
 
 /// The largest request body read, 1 byte to 16 MiB.
@@ -301,6 +321,14 @@ pub struct Policy {
     /// A gRPC-face policy that limits nothing: its requests are answered
     /// OK and counted as `unlimited` (`limits` is then empty).
     pub unlimited: bool,
+    /// RLS face: every request refused, with no counter; answered as a
+    /// limit of 0 per this window.
+    pub blocked: Option<crate::units::Duration>,
+    /// RLS face: the name of its limit in an answer's `current_limit`;
+    /// `None`: the policy's name.
+    pub limit_name: Option<String>,
+    /// RLS face: the limit names it replaces in the calls it applies to.
+    pub replaces: Vec<String>,
 }
 
 #[derive(serde::Deserialize)]
@@ -322,9 +350,11 @@ pub(crate) struct RawPolicy {
     /// A request without one of the key sources: `shared` bucket, `deny` (400) or `skip` the policy.
     #[serde(default)]
     pub(crate) on_missing_key: OnMissingKey,
-    /// At least one limit, unless `unlimited`; the request must pass all of them.
+    /// At least one limit, unless `unlimited` or `blocked`; the request must
+    /// pass all of them. `[]` only for a `descriptor_tree` node that limits
+    /// nothing.
     #[serde(default)]
-    pub(crate) limits: Vec<Limit>,
+    pub(crate) limits: Option<Vec<Limit>>,
     /// Quotas in a hierarchy: levels below this one, each with its own
     /// `key` (beginning with the key of the level above it) and `limits`. A
     /// request is checked against every level and charged to all or none.
@@ -335,6 +365,21 @@ pub(crate) struct RawPolicy {
     /// counted as unlimited. Give no `limits`.
     #[serde(default)]
     pub(crate) unlimited: bool,
+    /// RLS face: refuse every request, with no counter; answered as a limit
+    /// of 0 per this window (envoyproxy/ratelimit's `requests_per_unit: 0`).
+    /// Give no `limits`.
+    #[serde(default)]
+    pub(crate) blocked: Option<crate::units::Duration>,
+    /// RLS face: the name of its limit in an answer's `current_limit`; the
+    /// policy's name if not given, `""` for none.
+    #[serde(default)]
+    pub(crate) limit_name: Option<String>,
+    /// RLS face: limit names (each policy's `limit_name`, else its name)
+    /// this policy replaces: when it applies to a descriptor of a call, the
+    /// policies so named apply to none of that call's descriptors
+    /// (envoyproxy/ratelimit's `replaces`).
+    #[serde(default)]
+    pub(crate) replaces: Vec<String>,
     /// Count and report every decision, but never refuse a request.
     #[serde(default)]
     pub(crate) shadow: bool,
@@ -367,6 +412,12 @@ pub(crate) struct RawPolicy {
     llm: Option<Llm>,
 }
 
+impl RawPolicy {
+    pub(crate) fn limits(&self) -> &[Limit] {
+        self.limits.as_deref().unwrap_or_default()
+    }
+}
+
 /// One level of a hierarchy below a policy's top one: its name, its key,
 /// and where its limits start in the policy's `limits`.
 #[derive(Debug, Clone, PartialEq)]
@@ -396,7 +447,7 @@ pub(crate) struct RawLevel {
 /// level's hash tag and one script call charges them all or none. Their
 /// limits follow `limits` in one list, each level's from its `from`.
 fn levels(raw: &RawPolicy) -> Result<(Vec<Limit>, Vec<Level>), String> {
-    let mut limits = raw.limits.clone();
+    let mut limits = raw.limits().to_vec();
     let mut out: Vec<Level> = Vec::with_capacity(raw.levels.len());
     let mut above: (&str, &[KeySource]) = ("the policy's `key`", &raw.key);
     for (i, level) in raw.levels.iter().enumerate() {
@@ -435,8 +486,40 @@ impl<'de> Deserialize<'de> for Policy {
         let raw = RawPolicy::deserialize(d)?;
         let (all_limits, levels) = levels(&raw).map_err(de::Error::custom)?;
         let matcher = raw.matcher.clone().unwrap_or_default();
+        let tree = matcher.descriptor_tree.is_some();
+        if raw.bypass.iter().any(|b| b.descriptor_tree.is_some()) {
+            return Err(de::Error::custom(
+                "`descriptor_tree` belongs in `match`: a descriptor reaches one node of its domain's tree",
+            ));
+        }
+        let rls_only = [
+            (raw.blocked.is_some(), "`blocked`"),
+            (raw.limit_name.is_some(), "`limit_name`"),
+            (!raw.replaces.is_empty(), "`replaces`"),
+        ];
+        if let Some((_, field)) = rls_only.iter().find(|(on, _)| *on && matcher.face() != Face::Rls) {
+            return Err(de::Error::custom(format!(
+                "{field} is for RLS-face policies (a `match` naming `domain` or `entries`)"
+            )));
+        }
+        if let Some(name) = &raw.limit_name {
+            if name.len() > 256 {
+                return Err(de::Error::custom("`limit_name` is longer than 256 bytes"));
+            }
+        }
+        let own = raw.limit_name.as_deref().unwrap_or(raw.name.as_str());
+        if let Some(r) = raw.replaces.iter().find(|r| r.is_empty() || r.len() > 256 || r.as_str() == own) {
+            return Err(de::Error::custom(format!(
+                "`replaces` entry {r:?}: give other limits' names (1 to 256 bytes), not the policy's own"
+            )));
+        }
+        if raw.blocked.is_some() && (raw.unlimited || !raw.limits().is_empty()) {
+            return Err(de::Error::custom(
+                "a `blocked` policy refuses every request: give it no `limits` and no `unlimited`",
+            ));
+        }
         if raw.unlimited {
-            if !raw.limits.is_empty() {
+            if !raw.limits().is_empty() {
                 return Err(de::Error::custom(
                     "an `unlimited` policy has no `limits`: remove one or the other",
                 ));
@@ -446,8 +529,12 @@ impl<'de> Deserialize<'de> for Policy {
                     "`unlimited` is for gRPC-face policies (a `match` naming `domain` or `entries`): an HTTP policy that limits nothing is no policy",
                 ));
             }
-        } else if raw.limits.is_empty() {
-            return Err(de::Error::custom("a policy needs at least one limit"));
+        } else if raw.blocked.is_none() && (raw.limits.is_none() || (raw.limits().is_empty() && !tree)) {
+            return Err(de::Error::custom(if tree {
+                "a policy needs at least one limit (a `descriptor_tree` node that limits nothing says `\"limits\": []`)"
+            } else {
+                "a policy needs at least one limit"
+            }));
         }
         match matcher.face() {
             Face::Rls => grpc_face_fits(&raw, RLS_FACE).map_err(de::Error::custom)?,
@@ -457,7 +544,7 @@ impl<'de> Deserialize<'de> for Policy {
                     matcher: &matcher,
                     bypass: &raw.bypass,
                     key: &raw.key,
-                    limits: &raw.limits,
+                    limits: raw.limits(),
                     leased: raw.leased,
                     shadow: raw.shadow,
                     unlimited: raw.unlimited,
@@ -512,7 +599,7 @@ impl<'de> Deserialize<'de> for Policy {
         // Two limits whose state would live under one key would charge it
         // twice (each level's state lives under its own name).
         let suffixes: Vec<String> =
-            raw.limits.iter().map(|l| Algorithm::of(&WireLimit::with_cost(l, 0)).state_suffix()).collect();
+            raw.limits().iter().map(|l| Algorithm::of(&WireLimit::with_cost(l, 0)).state_suffix()).collect();
         for (i, suffix) in suffixes.iter().enumerate() {
             if let Some(j) = suffixes[..i].iter().position(|s| s == suffix) {
                 return Err(de::Error::custom(format!(
@@ -591,7 +678,7 @@ impl<'de> Deserialize<'de> for Policy {
                 "`leased` cannot be used with `levels`: a lease is taken from one window, and a hierarchy charges every level at once",
             ));
         }
-        let leased = raw.leased.map(|l| l.fits(&raw.limits)).transpose().map_err(de::Error::custom)?;
+        let leased = raw.leased.map(|l| l.fits(raw.limits())).transpose().map_err(de::Error::custom)?;
         if leased.is_some() {
             let other = [
                 (raw.shadow, "`shadow`: a shadow policy never refuses, there is nothing to spend locally"),
@@ -645,6 +732,9 @@ impl<'de> Deserialize<'de> for Policy {
             leased,
             llm: raw.llm,
             unlimited: raw.unlimited,
+            blocked: raw.blocked,
+            limit_name: raw.limit_name,
+            replaces: raw.replaces,
         })
     }
 }
@@ -658,7 +748,7 @@ const RLS_FACE: &str = "a gRPC-face policy (its `match` names `domain` or `entri
 /// an RLQS-face one is, by nature (see [`crate::rlqs`]).
 pub(crate) fn grpc_face_fits(raw: &RawPolicy, face: &str) -> Result<(), String> {
     // Every level's limits too, numbered as the policy's flat list.
-    let limits: Vec<&Limit> = raw.limits.iter().chain(raw.levels.iter().flat_map(|l| &l.limits)).collect();
+    let limits: Vec<&Limit> = raw.limits().iter().chain(raw.levels.iter().flat_map(|l| &l.limits)).collect();
     if let Some(i) = limits.iter().position(|l| l.lease().is_some()) {
         return Err(format!(
             "{face} cannot have a concurrency limit (limits[{i}]): its face answers once and never hears the request end, so a slot would never be released"
@@ -693,6 +783,17 @@ pub enum Verdict {
 }
 
 impl Policy {
+    /// The name of its limit in an RLS answer: `limit_name`, else its name.
+    pub fn answer_name(&self) -> &str {
+        self.limit_name.as_deref().unwrap_or(self.name.as_str())
+    }
+
+    /// Whether it is a descriptor tree's node that limits nothing
+    /// (`"limits": []`): a descriptor that reaches it has no limit.
+    pub fn limits_nothing(&self) -> bool {
+        self.limits.is_empty() && !self.unlimited && self.blocked.is_none()
+    }
+
     /// Every key source the policy reads: its deepest level's key, which
     /// begins with every key above it; the policy's `key` without levels.
     pub fn key_sources(&self) -> &[KeySource] {
@@ -823,7 +924,13 @@ impl Document {
         let ip = self.trusted_hops.client_ip();
         let class = self.classes.classify(req, self.class_header.as_ref());
         let mut out = Evaluation { class, ..Evaluation::default() };
+        let reached = self.reached(req);
         for (index, policy) in self.policies.iter().enumerate() {
+            if let Some(path) = &policy.matcher.descriptor_tree {
+                if !reached.as_deref().is_some_and(|r| crate::tree::is_reached(path, r)) {
+                    continue;
+                }
+            }
             if let Some(source) = policy.key_sources().iter().position(|s| !holds(s.reads(ip))) {
                 if policy.matches(req, ip) {
                     out.unrecorded.push((index, source));
@@ -843,6 +950,27 @@ impl Document {
             }
         }
         Ok(out)
+    }
+}
+
+impl Document {
+    /// The node of its domain's descriptor tree an RLS request reaches, as
+    /// its path; `None` for other requests or when it reaches none.
+    fn reached(&self, req: &impl Request) -> Option<Vec<&crate::tree::Step>> {
+        if req.face() != Face::Rls {
+            return None;
+        }
+        let domain = req.domain()?;
+        let paths: Vec<&[crate::tree::Step]> = self
+            .policies
+            .iter()
+            .filter(|p| p.matcher.domain.as_deref().is_some_and(|d| d.as_bytes() == domain))
+            .filter_map(|p| p.matcher.descriptor_tree.as_deref())
+            .collect();
+        if paths.is_empty() {
+            return None;
+        }
+        crate::tree::reach(&paths, req.entries())
     }
 }
 

@@ -110,6 +110,7 @@ pub mod rlqs;
 #[cfg(feature = "schema")]
 pub mod schema;
 pub mod shed;
+pub mod tree;
 pub mod units;
 pub mod wait;
 pub mod wire;

@@ -27,6 +27,15 @@ pub trait Request {
     fn entry(&self, _key: &str) -> Option<Cow<'_, [u8]>> {
         None
     }
+    /// An RLS descriptor's entries in order (the descriptor tree walks
+    /// them). Other requests have none.
+    fn entries(&self) -> &[(String, Vec<u8>)] {
+        &[]
+    }
+    /// An RLS descriptor's position in its call (0 the first).
+    fn descriptor_index(&self) -> Option<usize> {
+        None
+    }
     /// An RLQS bucket id's value by key. Other requests have none.
     fn bucket(&self, _key: &str) -> Option<Cow<'_, [u8]>> {
         None
@@ -100,6 +109,12 @@ impl<R: Request + ?Sized> Request for WithBody<'_, R> {
     fn entry(&self, key: &str) -> Option<Cow<'_, [u8]>> {
         self.req.entry(key)
     }
+    fn entries(&self) -> &[(String, Vec<u8>)] {
+        self.req.entries()
+    }
+    fn descriptor_index(&self) -> Option<usize> {
+        self.req.descriptor_index()
+    }
     fn bucket(&self, key: &str) -> Option<Cow<'_, [u8]>> {
         self.req.bucket(key)
     }
@@ -146,6 +161,8 @@ pub struct SimpleRequest {
     pub domain: Option<Vec<u8>>,
     /// An RLS descriptor's entries; the first of a repeated key wins.
     pub entries: Vec<(String, Vec<u8>)>,
+    /// An RLS descriptor's position in its call.
+    pub index: Option<usize>,
     /// An RLQS bucket id; non-empty makes this an RLQS request.
     pub bucket: Vec<(String, Vec<u8>)>,
     /// The body, read whole.
@@ -183,6 +200,12 @@ impl SimpleRequest {
         self
     }
 
+    /// Its position among the descriptors of an RLS call.
+    pub fn index(mut self, index: usize) -> SimpleRequest {
+        self.index = Some(index);
+        self
+    }
+
     /// One value of an RLQS bucket id (with [`SimpleRequest::domain`]).
     pub fn bucket(mut self, key: &str, value: impl AsRef<[u8]>) -> SimpleRequest {
         self.bucket.push((key.to_string(), value.as_ref().to_vec()));
@@ -217,6 +240,12 @@ impl Request for SimpleRequest {
     }
     fn entry(&self, key: &str) -> Option<Cow<'_, [u8]>> {
         self.entries.iter().find(|(k, _)| k == key).map(|(_, v)| Cow::Borrowed(v.as_slice()))
+    }
+    fn entries(&self) -> &[(String, Vec<u8>)] {
+        &self.entries
+    }
+    fn descriptor_index(&self) -> Option<usize> {
+        self.index
     }
     fn bucket(&self, key: &str) -> Option<Cow<'_, [u8]>> {
         self.bucket.iter().find(|(k, _)| k == key).map(|(_, v)| Cow::Borrowed(v.as_slice()))

@@ -27,10 +27,21 @@ enum Command {
     Schema,
     /// Print a complete envoy.yaml that loads the filter with this policy.
     EnvoyConfig(sluice_shim::envoy_config::Args),
-    /// Convert an envoyproxy/ratelimit configuration (YAML) into a policy
-    /// document for the RLS face, on stdout; what it could not carry over,
-    /// and why, on stderr.
-    Import { file: PathBuf },
+    /// Convert an envoyproxy/ratelimit configuration or a Limitador limits
+    /// file (YAML) into a policy document for the RLS face, on stdout. What
+    /// it cannot carry exactly is listed on stderr, line by line, and no
+    /// document is printed (exit 1) unless `--accept-losses`.
+    Import {
+        file: PathBuf,
+        /// The file's format; detected if not given (a map is
+        /// envoyproxy/ratelimit's, a list Limitador's).
+        #[arg(long, value_enum)]
+        from: Option<sluice_shim::import::Format>,
+        /// Print the document even though it does not carry the listed
+        /// constructs exactly.
+        #[arg(long)]
+        accept_losses: bool,
+    },
     /// Replay an access log through a policy: what would it have done?
     Simulate(sluice_shim::simulate::Args),
 }
@@ -148,7 +159,7 @@ fn main() -> ExitCode {
         }
         Command::EnvoyConfig(args) => print_or_fail(sluice_shim::envoy_config::run(&args)),
         Command::Simulate(args) => simulate(&args),
-        Command::Import { file } => import(&file),
+        Command::Import { file, from, accept_losses } => import(&file, from, accept_losses),
     }
 }
 
@@ -310,12 +321,25 @@ fn print_or_fail(result: anyhow::Result<String>) -> ExitCode {
     }
 }
 
-/// Prints the document, and each note on stderr.
-fn import(file: &std::path::Path) -> ExitCode {
-    match sluice_shim::import::run(file) {
+/// Prints the document, and each loss on stderr; with losses, exits 1
+/// without the document unless they are accepted.
+fn import(
+    file: &std::path::Path,
+    from: Option<sluice_shim::import::Format>,
+    accept_losses: bool,
+) -> ExitCode {
+    match sluice_shim::import::run(file, from) {
         Ok(imported) => {
-            for note in &imported.notes {
-                eprintln!("sluice import: {}: {note}", file.display());
+            for loss in &imported.losses {
+                eprintln!("sluice import: {}: {loss}", file.display());
+            }
+            if !imported.losses.is_empty() && !accept_losses {
+                eprintln!(
+                    "sluice import: {}: {} construct(s) not carried exactly: no document printed; pass --accept-losses to print it anyway",
+                    file.display(),
+                    imported.losses.len()
+                );
+                return ExitCode::FAILURE;
             }
             match serde_json::to_string_pretty(&imported.document) {
                 Ok(text) => {

@@ -1,124 +1,349 @@
-//! `sluice import`: envoyproxy/ratelimit configurations shaped like that
-//! project's documented examples (`fixtures/import/`) become policy
-//! documents that parse, with the expected limits, matches and keys; what
-//! cannot be carried over is printed on stderr with why.
+//! `sluice import`: envoyproxy/ratelimit configurations (the examples of its
+//! README, `fixtures/import/readme/`) and Limitador limits files
+//! (`fixtures/import/limitador/`) become policy documents that pick, for
+//! every descriptor, the limit the peer picks, with its window and key; what
+//! cannot be carried exactly is named line by line and stops the command
+//! unless `--accept-losses`; a configuration the peer would refuse is
+//! refused. (The decisions themselves, through the face and through Envoy:
+//! `rls.rs`, `e2e/tests/envoy_rls.rs`.)
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
-use sluice_policies::condition::ValueCondition;
+use sluice_policies::document::Charge;
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::wire::WireLimit;
-use sluice_policies::{Document, Limit};
+use sluice_policies::{Document, HeadersMode};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/import").join(name)
 }
 
-/// The document printed (parsed) and the stderr lines.
-fn import(name: &str) -> (Document, String) {
-    let out =
-        Command::new(env!("CARGO_BIN_EXE_sluice")).arg("import").arg(fixture(name)).output().expect("sluice");
+fn run(args: &[&str], file: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice")).arg("import").args(args).arg(file).output().expect("sluice")
+}
+
+/// The document printed (parsed) and the stderr lines; `accept` passes
+/// `--accept-losses`.
+fn import_with(name: &str, accept: bool) -> (Document, String) {
+    let out = run(if accept { &["--accept-losses"] } else { &[] }, &fixture(name));
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "{stderr}");
+    assert!(out.status.success(), "{name}: {stderr}");
     let text = String::from_utf8(out.stdout).expect("utf-8");
     let doc = sluice_policies::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     (doc, stderr)
 }
 
-/// `(limit, window_ms)` of a policy's one fixed window.
-fn window(doc: &Document, name: &str) -> (u32, u64) {
-    let policy =
-        doc.policies.iter().find(|p| p.name.as_str() == name).unwrap_or_else(|| panic!("no policy {name}"));
-    match WireLimit::with_cost(&policy.limits[0], 1) {
-        WireLimit::FixedWindow { limit, window_ms } => (limit, window_ms.get()),
-        other => panic!("{name}: {other:?}"),
-    }
+/// A conversion that carries everything exactly: no loss printed.
+fn import(name: &str) -> Document {
+    let (doc, stderr) = import_with(name, false);
+    assert_eq!(stderr, "", "{name}");
+    doc
 }
 
 fn descriptor(domain: &str, entries: &[(&str, &str)]) -> SimpleRequest {
-    entries.iter().fold(SimpleRequest::default().domain(domain), |r, (k, v)| r.entry(k, v))
+    entries.iter().fold(SimpleRequest::default().domain(domain).index(0), |r, (k, v)| r.entry(k, v))
 }
 
-/// The policies that apply to a descriptor, with their keys.
-fn applied(doc: &Document, req: &SimpleRequest) -> Vec<(String, String)> {
+/// What the document makes of one descriptor, as the peer states a limit:
+/// `"N/WINDOW_MS name key"`, `"blocked/WINDOW_MS name"`, `"unlimited"`, or
+/// nothing; one entry per policy that applies.
+fn limits(doc: &Document, req: &SimpleRequest) -> Vec<String> {
     let eval = doc.evaluate(req).expect("no missing key");
-    eval.iter().map(|a| (a.policy.name.as_str().to_string(), a.key.clone())).collect()
+    eval.iter()
+        .map(|a| {
+            let p = a.policy;
+            let name = p.answer_name();
+            if p.unlimited {
+                return "unlimited".to_string();
+            }
+            if let Some(w) = p.blocked {
+                return format!("blocked/{} {name:?}", w.as_millis());
+            }
+            if p.limits.is_empty() {
+                return "nothing".to_string();
+            }
+            let shadow = if p.shadow { " shadow" } else { "" };
+            match WireLimit::with_cost(&p.limits[0], 1) {
+                WireLimit::FixedWindow { limit, window_ms } => {
+                    format!("{limit}/{} {name:?} key={:?}{shadow}", window_ms.get(), a.key)
+                }
+                other => panic!("{other:?}"),
+            }
+        })
+        .collect()
+}
+
+fn one(doc: &Document, domain: &str, entries: &[(&str, &str)]) -> Vec<String> {
+    limits(doc, &descriptor(domain, entries))
+}
+
+const S: u64 = 1_000;
+const MIN: u64 = 60_000;
+const H: u64 = 3_600_000;
+const DAY: u64 = 86_400_000;
+
+#[test]
+fn imported_documents_take_the_peers_charging_and_headers() {
+    let doc = import("readme/example1.yaml");
+    assert_eq!(doc.charge, Charge::EachDescriptor);
+    assert_eq!(doc.headers, HeadersMode::Off);
 }
 
 #[test]
-fn per_value_limits_become_one_policy_each() {
-    let (doc, stderr) = import("mongo_cps.yaml");
-    assert_eq!(stderr, "");
-    assert_eq!(doc.policies.len(), 2);
-    assert_eq!(window(&doc, "mongo_cps_database_users"), (500, 1_000));
-    assert_eq!(window(&doc, "mongo_cps_database_default"), (500, 1_000));
-    let users = descriptor("mongo_cps", &[("database", "users")]);
-    assert_eq!(applied(&doc, &users), [("mongo_cps_database_users".to_string(), String::new())]);
-    assert!(applied(&doc, &descriptor("other", &[("database", "users")])).is_empty());
+fn readme_example_1_values_each_their_limit() {
+    let doc = import("readme/example1.yaml");
+    assert_eq!(one(&doc, "mongo_cps", &[("database", "users")]), [format!("500/{S} \"\" key=\"\"")]);
+    assert_eq!(one(&doc, "mongo_cps", &[("database", "default")]), [format!("500/{S} \"\" key=\"\"")]);
+    assert!(one(&doc, "mongo_cps", &[("database", "other")]).is_empty());
+    assert!(one(&doc, "other", &[("database", "users")]).is_empty());
 }
 
 #[test]
-fn nested_descriptors_wildcards_shadow_and_prefixes() {
-    let (doc, stderr) = import("messaging.yaml");
-    assert_eq!(stderr, "");
-    assert_eq!(window(&doc, "messaging_message_type_marketing_to_number"), (5, 86_400_000));
-    assert_eq!(window(&doc, "messaging_to_number"), (100, 86_400_000));
-    assert_eq!(window(&doc, "messaging_user"), (10, 60_000));
-    assert_eq!(window(&doc, "messaging_client_team-_"), (1000, 3_600_000));
-    let user = doc.policies.iter().find(|p| p.name.as_str() == "messaging_user").expect("user");
-    assert!(user.shadow);
-    let client = doc.policies.iter().find(|p| p.name.as_str() == "messaging_client_team-_").expect("client");
-    assert_eq!(client.matcher.entries.get("client"), Some(&ValueCondition::Prefix("team-".into())));
-    // The nested leaf, keyed by the number.
-    let marketing = descriptor("messaging", &[("message_type", "marketing"), ("to_number", "+1 555")]);
+fn readme_example_2_nested_and_bare_per_number() {
+    let doc = import("readme/example2.yaml");
+    let marketing = [("message_type", "marketing"), ("to_number", "2061111111")];
+    assert_eq!(one(&doc, "messaging", &marketing), [format!("5/{DAY} \"\" key=\"2061111111\"")]);
     assert_eq!(
-        applied(&doc, &marketing),
-        [("messaging_message_type_marketing_to_number".to_string(), "%2B1%20555".to_string())]
+        one(&doc, "messaging", &[("to_number", "2061111111")]),
+        [format!("100/{DAY} \"\" key=\"2061111111\"")]
     );
-    let any = descriptor("messaging", &[("to_number", "+1 555")]);
-    assert_eq!(applied(&doc, &any), [("messaging_to_number".to_string(), "%2B1%20555".to_string())]);
+    // The placeholder level has no limit of its own.
+    assert!(one(&doc, "messaging", &[("message_type", "marketing")]).is_empty());
 }
 
 #[test]
-fn what_cannot_be_carried_over_is_named_with_why() {
-    let (doc, stderr) = import("edge_proxy.yaml");
-    let per_ip = doc.policies.iter().find(|p| p.name.as_str() == "per-ip").expect("per-ip");
-    assert_eq!(per_ip.key.iter().map(ToString::to_string).collect::<Vec<_>>(), ["entry:remote_address"]);
-    assert_eq!(window(&doc, "per-ip"), (10, 1_000));
-    let internal = doc
-        .policies
-        .iter()
-        .find(|p| p.name.as_str() == "edge_proxy_per_ip_remote_address_50_0_0_5")
-        .expect("unlimited");
-    assert!(internal.unlimited && internal.limits.is_empty());
-    // The parent level's limit does not reach its child's longer descriptors.
-    assert_eq!(window(&doc, "edge_proxy_per_ip_key1_value1"), (20, 60_000));
-    assert_eq!(window(&doc, "specific"), (2, 1_000));
-    let child = descriptor("edge_proxy_per_ip", &[("key1", "value1"), ("subkey1", "x")]);
-    assert_eq!(applied(&doc, &child), [("specific".to_string(), "x".to_string())]);
-    let parent = descriptor("edge_proxy_per_ip", &[("key1", "value1")]);
-    assert_eq!(applied(&doc, &parent), [("edge_proxy_per_ip_key1_value1".to_string(), String::new())]);
-    assert!(!doc.policies.iter().any(|p| p.name.as_str().contains("bay")), "a month is not an exact window");
-    for why in [
-        r#"replaces ["per-ip"] not carried over: every Sluice policy that matches a descriptor applies"#,
-        "detailed_metric not carried over",
-        r#"unit "month" not carried over"#,
-        "descriptors[3].value_to_metric: not carried over: Sluice does not know this field",
-    ] {
-        assert!(stderr.contains(why), "{why:?} missing from:\n{stderr}");
-    }
-    assert!(doc.policies.iter().all(|p| p.limits.iter().all(|l| matches!(l, Limit::FixedWindow { .. }))));
+fn readme_example_3_the_specific_value_wins_and_a_blocked_value_stays_blocked() {
+    let doc = import("readme/example3.yaml");
+    assert_eq!(
+        one(&doc, "edge_proxy_per_ip", &[("remote_address", "50.0.0.1")]),
+        [format!("10/{S} \"\" key=\"50.0.0.1\"")]
+    );
+    assert_eq!(
+        one(&doc, "edge_proxy_per_ip", &[("remote_address", "50.0.0.5")]),
+        [format!("blocked/{S} \"\"")]
+    );
 }
 
 #[test]
-fn a_file_that_is_not_a_configuration_is_refused() {
-    let dir = sluice_harness::scratch_dir("import").expect("scratch dir");
-    let bad = dir.join("bad.yaml");
-    std::fs::write(&bad, "descriptors: [1, 2]\n").expect("write");
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice")).arg("import").arg(&bad).output().expect("sluice");
-    let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(out.status.code(), Some(1));
+fn readme_example_4_depth_must_match() {
+    let shallow = import("readme/example4a.yaml");
+    let two = [("key", "value"), ("subkey", "subvalue")];
+    assert!(one(&shallow, "example4", &two).is_empty());
+    assert_eq!(one(&shallow, "example4", &[("key", "value")]), [format!("300/{S} \"\" key=\"\"")]);
+    let deep = import("readme/example4b.yaml");
+    assert_eq!(one(&deep, "example4", &two), [format!("300/{S} \"\" key=\"subvalue\"")]);
+}
+
+#[test]
+fn readme_example_5_unlimited() {
+    let doc = import("readme/example5.yaml");
+    assert_eq!(one(&doc, "internal", &[("ldap", "x")]), ["unlimited"]);
+    assert_eq!(one(&doc, "internal", &[("azure", "x")]), [format!("100/{MIN} \"\" key=\"x\"")]);
+}
+
+#[test]
+fn readme_example_6_shadow_for_one_value() {
+    let doc = import("readme/example6.yaml");
+    let a = [("service", "auth-service"), ("user", "user-a")];
+    let b = [("service", "auth-service"), ("user", "user-b")];
+    assert_eq!(one(&doc, "example6", &a), [format!("10/{S} \"\" key=\"auth-service\" shadow")]);
+    assert_eq!(one(&doc, "example6", &b), [format!("20/{S} \"\" key=\"auth-service\"")]);
+}
+
+#[test]
+fn readme_example_7_replaces_is_carried_by_name() {
+    let doc = import("readme/example7.yaml");
+    let first = [("key_1", "value_1"), ("user", "bkthomps")];
+    let second = [("key_2", "value_2"), ("user", "bkthomps")];
+    assert_eq!(one(&doc, "example7", &first), [format!("5/{S} \"specific_limit\" key=\"\"")]);
+    assert_eq!(one(&doc, "example7", &second), [format!("10/{S} \"\" key=\"\"")]);
+    let replacing = doc.policies.iter().find(|p| !p.replaces.is_empty()).expect("replaces");
+    assert_eq!(replacing.replaces, ["specific_limit"]);
+}
+
+#[test]
+fn readme_example_8_detailed_metric_is_a_named_loss() {
+    let out = run(&[], &fixture("readme/example8.yaml"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(out.stdout.is_empty());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not an envoyproxy/ratelimit configuration"));
+    assert!(stderr.contains("line 4: descriptors[0].detailed_metric:"), "{stderr}");
+    assert!(stderr.contains("--accept-losses"), "{stderr}");
+    let (doc, _) = import_with("readme/example8.yaml", true);
+    assert_eq!(one(&doc, "example8", &[("key1", "other")]), [format!("10/{MIN} \"\" key=\"other\"")]);
+    assert_eq!(one(&doc, "example8", &[("key1", "value1")]), [format!("20/{MIN} \"\" key=\"\"")]);
+}
+
+#[test]
+fn readme_example_9_wildcards_anywhere() {
+    let doc = import("readme/example9.yaml");
+    assert_eq!(one(&doc, "example9", &[("key1", "valueXYZ")]), [format!("20/{MIN} \"\" key=\"valueXYZ\"")]);
+    assert!(one(&doc, "example9", &[("key1", "valu")]).is_empty());
+    assert_eq!(
+        one(&doc, "example9", &[("path", "/api/user-id/action")]),
+        [format!("20/{MIN} \"\" key=\"%2Fapi%2Fuser-id%2Faction\"")]
+    );
+    assert!(one(&doc, "example9", &[("path", "/api/123/other")]).is_empty());
+    assert_eq!(one(&doc, "example9", &[("route", "/api/v1/resource/123/action")]).len(), 1);
+    assert!(one(&doc, "example9", &[("route", "/api/v1/resource/123/other")]).is_empty());
+}
+
+#[test]
+fn readme_example_10_value_to_metric_is_a_named_loss_the_limits_are_carried() {
+    for (name, domain, entries, want) in [
+        (
+            "readme/example10.yaml",
+            "example10",
+            [("route", "api"), ("http_method", "GET"), ("subject_id", "123")],
+            60,
+        ),
+        (
+            "readme/example10_wildcard.yaml",
+            "example10_wildcard",
+            [("user", "alice"), ("action", "readfile"), ("resource", "documents")],
+            100,
+        ),
+    ] {
+        let (doc, stderr) = import_with(name, true);
+        assert_eq!(stderr.matches("value_to_metric:").count(), 2, "{stderr}");
+        let got = one(&doc, domain, &entries);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(got[0].starts_with(&format!("{want}/{MIN} ")), "{got:?}");
+    }
+}
+
+#[test]
+fn readme_example_11_share_threshold_shares_one_counter() {
+    let doc = import("readme/example11.yaml");
+    // Shared: one key for every matching value.
+    assert_eq!(one(&doc, "example11", &[("files", "files/a.pdf")]), [format!("10/{H} \"\" key=\"\"")]);
+    assert_eq!(one(&doc, "example11", &[("files", "files/b.csv")]), [format!("10/{H} \"\" key=\"\"")]);
+    // Isolated: a key per value.
+    assert_eq!(
+        one(&doc, "example11", &[("files_no_share", "files_no_share/a.pdf")]),
+        [format!("10/{H} \"\" key=\"files_no_share%2Fa.pdf\"")]
+    );
+    let (doc, _) = import_with("readme/example11_metrics.yaml", true);
+    assert_eq!(
+        one(&doc, "example11_metrics", &[("route", "api/v1"), ("method", "GET")]),
+        [format!("60/{MIN} \"\" key=\"GET\"")]
+    );
+}
+
+#[test]
+fn a_mixed_configuration_is_carried_exactly() {
+    let doc = import("mixed.yaml");
+    assert_eq!(one(&doc, "edge", &[("plan", "free")]), [format!("7/{MIN} \"plan\" key=\"free\"")]);
+    assert_eq!(one(&doc, "edge", &[("plan", "pro")]), [format!("12/{MIN} \"pro\" key=\"\"")]);
+    assert_eq!(one(&doc, "edge", &[("plan", "internal")]), ["unlimited"]);
+    assert_eq!(one(&doc, "edge", &[("client_ip", "10.0.0.66")]), [format!("blocked/{MIN} \"blocked\"")]);
+    assert_eq!(one(&doc, "edge", &[("tenant", "t")]), [format!("4/{} \"\" key=\"t\"", 30 * DAY)]);
+    assert_eq!(one(&doc, "edge", &[("org", "o")]), [format!("3/{} \"\" key=\"o\"", 365 * DAY)]);
+    assert_eq!(one(&doc, "edge", &[("path", "/api/7/action")]).len(), 1);
+    assert_eq!(one(&doc, "edge", &[("trial", "x")]), [format!("1/{MIN} \"trial\" key=\"x\" shadow")]);
+}
+
+#[test]
+fn a_leaf_without_rate_limit_stops_the_walk() {
+    let dir = sluice_harness::scratch_dir("import-leaf").expect("scratch dir");
+    let file = dir.join("leaf.yaml");
+    std::fs::write(
+        &file,
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: a\n    value: free\n",
+    )
+    .expect("write");
+    let out = run(&[], &file);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc = sluice_policies::parse(&String::from_utf8_lossy(&out.stdout)).expect("a document");
+    assert_eq!(one(&doc, "d", &[("a", "free")]), ["nothing"]);
+    assert_eq!(one(&doc, "d", &[("a", "x")]).len(), 1);
+}
+
+/// What envoyproxy/ratelimit refuses to load, `sluice import` refuses.
+#[test]
+fn configurations_the_peer_refuses_are_refused() {
+    let dir = sluice_harness::scratch_dir("import-bad").expect("scratch dir");
+    for (yaml, why) in [
+        ("descriptors: [1, 2]\n", "not an envoyproxy/ratelimit configuration"),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+            "is not a unit",
+        ),
+        ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, unlimited: true}\n", "no unit"),
+        ("domain: d\ndescriptors:\n  - key: a\n  - key: a\n", "duplicate descriptor"),
+        ("domain: d\ndescriptors:\n  - key: a\n    share_threshold: true\n", "share_threshold"),
+        ("domain: d\ndescriptors:\n  - key: a\n    limt: 1\n", "unknown field"),
+    ] {
+        let file = dir.join("bad.yaml");
+        std::fs::write(&file, yaml).expect("write");
+        let out = run(&[], &file);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{yaml}: {stderr}");
+        assert!(out.stdout.is_empty());
+        assert!(stderr.contains(why), "{why:?} missing from: {stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn limitador_files_are_detected_and_every_matching_limit_applies() {
+    for name in ["limitador/examples.yaml", "limitador/sandbox.yaml", "limitador/configuration.yaml"] {
+        let out = run(&[], &fixture(name));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}: the window anchoring is a loss: {stderr}");
+        assert!(stderr.contains("starts at its counter's first hit"), "{stderr}");
+    }
+    let (doc, stderr) = import_with("limitador/examples.yaml", true);
+    assert_eq!(stderr.matches("line ").count(), 2 + 1, "one loss per limit, and the summary: {stderr}");
+    assert_eq!(doc.charge, Charge::AllOrNone);
+    let post = descriptor("test_namespace", &[("req.method", "POST"), ("user_id", "u1")]);
+    assert_eq!(
+        limits(&doc, &post),
+        [format!("1000000/{MIN} \"\" key=\"\""), format!("5/{MIN} \"\" key=\"u1\"")]
+    );
+    // A variable that does not resolve: that limit does not apply.
+    let anonymous = descriptor("test_namespace", &[("req.method", "POST")]);
+    assert_eq!(limits(&doc, &anonymous), [format!("1000000/{MIN} \"\" key=\"\"")]);
+    // Only descriptors[0] is read.
+    let second = SimpleRequest::default()
+        .domain("test_namespace")
+        .index(1)
+        .entry("req.method", "POST")
+        .entry("user_id", "u1");
+    assert!(limits(&doc, &second).is_empty());
+
+    let (doc, _) = import_with("limitador/sandbox.yaml", true);
+    let get = |path: &str| descriptor("test_namespace", &[("req.method", "GET"), ("req.path", path)]);
+    assert_eq!(limits(&doc, &get("/")), [format!("10/{MIN} \"\" key=\"\"")]);
+    assert_eq!(limits(&doc, &get("/json")), [format!("50000/{} \"\" key=\"\"", 10 * S)]);
+    // `!=` on a missing entry is false, as in Limitador.
+    assert!(limits(&doc, &descriptor("test_namespace", &[("req.method", "GET")])).is_empty());
+
+    let (doc, _) = import_with("limitador/configuration.yaml", true);
+    let req = descriptor("example.org", &[("req_method", "GET"), ("user_id", "7"), ("KEY_A", "VALUE_A")]);
+    assert_eq!(
+        limits(&doc, &req),
+        [format!("10/{MIN} \"\" key=\"7\""), format!("1/{MIN} \"key-a\" key=\"\"")]
+    );
+}
+
+#[test]
+fn limitador_conditions_beyond_the_documented_forms_are_refused() {
+    let dir = sluice_harness::scratch_dir("import-limitador").expect("scratch dir");
+    for condition in [
+        "descriptors[0]['a'].startsWith('x')",
+        "descriptors[0]['a'] == 'x' || descriptors[0]['b'] == 'y'",
+        "size(descriptors) > 1",
+    ] {
+        let file = dir.join("limits.yaml");
+        let yaml = format!("- namespace: n\n  max_value: 1\n  seconds: 1\n  conditions: [\"{condition}\"]\n  variables: []\n");
+        std::fs::write(&file, yaml).expect("write");
+        let out = run(&["--from", "limitador", "--accept-losses"], &file);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{condition}: {stderr}");
+        assert!(stderr.contains("line 1") && stderr.contains("conditions[0]"), "{stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

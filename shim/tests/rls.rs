@@ -2,7 +2,11 @@
 //! shim with a real Redis: descriptors select policies and key them, the
 //! whole answer (per descriptor and overall, current limit, remaining,
 //! reset, the IETF headers), costs, shadow, unlimited, descriptors nobody
-//! matches, bad requests, and the metrics labelled `face="rls"`.
+//! matches, bad requests, and the metrics labelled `face="rls"`; and the
+//! peers' semantics on imported documents (`peer_*` tests): the most
+//! specific rule of a descriptor tree, blocked values, month and year
+//! windows, shadow answered with its limit, unnamed limits, `replaces`,
+//! each descriptor charged on its own, Limitador's `descriptors[0]`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,10 +53,14 @@ struct Face {
 }
 
 async fn start() -> Face {
+    start_with(DOC).await
+}
+
+async fn start_with(doc: &str) -> Face {
     let redis = Redis::start().expect("redis");
     let limiter =
         Arc::new(Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), false).expect("limiter"));
-    let document = Arc::new(sluice_policies::parse(DOC).expect("the document"));
+    let document = Arc::new(sluice_policies::parse(doc).expect("the document"));
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let grpc_port = grpc.local_addr().expect("addr").port();
     let app = router(Faces::new(limiter.clone(), document));
@@ -245,4 +253,184 @@ async fn malformed_and_oversized_requests_get_invalid_argument() {
     }
     // The face still answers.
     assert_eq!(face.one(&[("generic_key", "api"), ("client", "z")]).await.overall_code, OK);
+}
+
+/// An imported configuration's document (`sluice import`, losses accepted).
+fn imported(file: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/import").join(file);
+    let text = std::fs::read_to_string(&path).expect("fixture");
+    let imported = sluice_shim::import::convert(&text, None).expect("converts");
+    imported.document.to_string()
+}
+
+fn codes(resp: &RateLimitResponse) -> Vec<i32> {
+    resp.statuses.iter().map(|s| s.code).collect()
+}
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs()
+}
+
+/// envoyproxy/ratelimit's README, example 3, and the issue's case: beside a
+/// bare `plan` rule of 7 a minute, `plan=pro` (12) and `plan=internal`
+/// (unlimited) answer alone.
+#[tokio::test]
+async fn peer_the_most_specific_rule_answers() {
+    let mut face = start_with(&imported("mixed.yaml")).await;
+    let mut admitted = 0;
+    for _ in 0..14 {
+        let resp = face.one(&[("plan", "pro")]).await;
+        admitted += usize::from(resp.overall_code == OK);
+        let limit = resp.statuses[0].current_limit.as_ref().expect("current_limit");
+        assert_eq!(
+            (limit.name.as_str(), limit.requests_per_unit, limit.unit),
+            ("pro", 12, Unit::Minute as i32)
+        );
+    }
+    assert_eq!(admitted, 12);
+    for _ in 0..10 {
+        let resp = face.one(&[("plan", "internal")]).await;
+        assert_eq!(resp.overall_code, OK);
+        assert_eq!(resp.statuses[0].current_limit, None);
+        assert_eq!(resp.statuses[0].limit_remaining, u32::MAX, "unlimited: all it wants");
+    }
+    let free: Vec<i32> = futures_codes(&mut face, &[("plan", "free")], 8).await;
+    assert_eq!(free, [OK, OK, OK, OK, OK, OK, OK, OVER]);
+}
+
+async fn futures_codes(face: &mut Face, entries: &[(&str, &str)], n: usize) -> Vec<i32> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(face.one(entries).await.overall_code);
+    }
+    out
+}
+
+/// `requests_per_unit: 0`: always refused, answered as a limit of 0.
+#[tokio::test]
+async fn peer_a_blocked_value_is_refused_with_a_limit_of_zero() {
+    let mut face = start_with(&imported("mixed.yaml")).await;
+    for _ in 0..3 {
+        let resp = face.one(&[("client_ip", "10.0.0.66")]).await;
+        assert_eq!(resp.overall_code, OVER);
+        let status = &resp.statuses[0];
+        let limit = status.current_limit.as_ref().expect("current_limit");
+        assert_eq!(
+            (limit.name.as_str(), limit.requests_per_unit, limit.unit),
+            ("blocked", 0, Unit::Minute as i32)
+        );
+        assert_eq!(status.limit_remaining, 0);
+        let reset = status.duration_until_reset.as_ref().expect("reset").seconds;
+        assert!((1..=60).contains(&reset), "{reset}");
+    }
+    assert_eq!(futures_codes(&mut face, &[("client_ip", "10.0.0.1")], 6).await, [OK, OK, OK, OK, OK, OVER]);
+    let page = face.metrics().await;
+    assert_eq!(sample(&page, r#"sluice_decisions_total{policy="blocked",result="denied",face="rls"}"#), 3.0);
+}
+
+/// `month` is 30 days and `year` 365, windows aligned to the epoch: the
+/// reset is what is left of the window, in whole seconds rounded up.
+#[tokio::test]
+async fn peer_month_and_year_are_epoch_aligned_windows() {
+    let mut face = start_with(&imported("mixed.yaml")).await;
+    for (key, quota, unit, divider) in
+        [("tenant", 4, Unit::Month, 30 * 86_400), ("org", 3, Unit::Year, 365 * 86_400)]
+    {
+        let before = now_s();
+        let resp = face.one(&[(key, "acme")]).await;
+        let after = now_s();
+        let status = &resp.statuses[0];
+        let limit = status.current_limit.as_ref().expect("current_limit");
+        assert_eq!(
+            (limit.name.as_str(), limit.requests_per_unit, limit.unit),
+            ("", quota, unit as i32),
+            "{key}"
+        );
+        assert_eq!(status.limit_remaining, quota - 1);
+        let reset = status.duration_until_reset.as_ref().expect("reset").seconds as u64;
+        let (low, high) = (divider - after % divider, divider - before % divider);
+        assert!((low..=high).contains(&reset) || reset == divider, "{key}: {reset} not in {low}..={high}");
+        let rest = futures_codes(&mut face, &[(key, "acme")], quota as usize).await;
+        assert_eq!(rest.last(), Some(&OVER), "{key}: {rest:?}");
+    }
+}
+
+/// A shadow limit over its quota: OK, with its `current_limit` and 0 left.
+#[tokio::test]
+async fn peer_shadow_answers_ok_with_its_current_limit() {
+    let mut face = start_with(&imported("mixed.yaml")).await;
+    for remaining in [0, 0, 0] {
+        let resp = face.one(&[("trial", "t1")]).await;
+        assert_eq!((resp.overall_code, codes(&resp)), (OK, vec![OK]));
+        let limit = resp.statuses[0].current_limit.as_ref().expect("a shadow limit answers its limit");
+        assert_eq!((limit.name.as_str(), limit.requests_per_unit), ("trial", 1));
+        assert_eq!(resp.statuses[0].limit_remaining, remaining);
+    }
+}
+
+/// Each descriptor is decided and charged on its own, in order: a call
+/// over on one descriptor still charges the others (and a descriptor twice
+/// in a call is charged twice).
+#[tokio::test]
+async fn peer_each_descriptor_is_charged_on_its_own() {
+    let mut face = start_with(&imported("mixed.yaml")).await;
+    let both = || request("edge", vec![descriptor(&[("plan", "x")]), descriptor(&[("org", "o")])], 0);
+    for want in [[OK, OK], [OK, OK], [OK, OK], [OK, OVER]] {
+        let resp = face.ask(both()).await.expect("answer");
+        assert_eq!(codes(&resp), want);
+    }
+    // `plan=x` was charged 4 times of 7: 3 left.
+    assert_eq!(futures_codes(&mut face, &[("plan", "x")], 4).await, [OK, OK, OK, OVER]);
+    let twice = request("edge", vec![descriptor(&[("tenant", "t")]), descriptor(&[("tenant", "t")])], 0);
+    let resp = face.ask(twice).await.expect("answer");
+    assert_eq!(resp.statuses.iter().map(|s| s.limit_remaining).collect::<Vec<_>>(), [3, 2]);
+}
+
+/// Sluice's own rule, `charge: all_or_none`: a denied call charges nothing.
+#[tokio::test]
+async fn all_or_none_stays_a_setting() {
+    let doc = imported("mixed.yaml").replace("\"each_descriptor\"", "\"all_or_none\"");
+    let mut face = start_with(&doc).await;
+    let both = || request("edge", vec![descriptor(&[("plan", "x")]), descriptor(&[("org", "o")])], 0);
+    for want in [OK, OK, OK, OVER] {
+        assert_eq!(face.ask(both()).await.expect("answer").overall_code, want);
+    }
+    assert_eq!(futures_codes(&mut face, &[("plan", "x")], 5).await, [OK, OK, OK, OK, OVER]);
+}
+
+/// README example 7: the replacing limit drops the replaced one for the
+/// call, which is not charged.
+#[tokio::test]
+async fn peer_replaces_drops_the_named_limit_for_the_call() {
+    let mut face = start_with(&imported("readme/example7.yaml")).await;
+    let first = || descriptor(&[("key_1", "value_1"), ("user", "bkthomps")]);
+    let second = || descriptor(&[("key_2", "value_2"), ("user", "bkthomps")]);
+    for _ in 0..6 {
+        let resp = face.ask(request("example7", vec![first(), second()], 0)).await.expect("answer");
+        assert_eq!(resp.statuses[0].current_limit, None, "replaced");
+        let limit = resp.statuses[1].current_limit.as_ref().expect("the replacing limit");
+        assert_eq!((limit.name.as_str(), limit.requests_per_unit), ("", 10));
+    }
+    // specific_limit (5 a second) was never charged: 5 in a row pass, if
+    // within one second.
+    let start = now_s();
+    let alone = futures_codes(&mut face, &[("key_1", "value_1"), ("user", "bkthomps")], 5).await;
+    if now_s() == start {
+        assert_eq!(alone, [OK; 5]);
+    }
+}
+
+/// Limitador reads `descriptors[0]` once per call: a second descriptor
+/// with the same entries is not limited again.
+#[tokio::test]
+async fn peer_limitador_reads_the_first_descriptor_only() {
+    let mut face = start_with(&imported("limitador/configuration.yaml")).await;
+    let d = || descriptor(&[("KEY_A", "VALUE_A")]);
+    let resp = face.ask(request("example.org", vec![d(), d()], 0)).await.expect("answer");
+    assert_eq!(codes(&resp), [OK, OK]);
+    assert!(resp.statuses[1].current_limit.is_none());
+    let resp =
+        face.ask(request("example.org", vec![descriptor(&[("other", "x")]), d()], 0)).await.expect("answer");
+    assert_eq!(resp.overall_code, OK, "descriptors[1] is not read");
+    assert_eq!(face.ask(request("example.org", vec![d()], 0)).await.expect("answer").overall_code, OVER);
 }

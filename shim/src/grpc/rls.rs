@@ -3,25 +3,22 @@
 //!
 //! Three steps, two of them plain functions:
 //!
-//! 1. [`decode`]: the request's `domain` and each descriptor's entries become
-//!    one [`SimpleRequest`] per descriptor, with its cost (`hits_addend`,
-//!    0 meaning 1). Bounded: a malformed or oversized request is refused
-//!    with `INVALID_ARGUMENT`, never a panic.
-//! 2. [`plan`]: the policy document evaluates each descriptor, as the filter
-//!    evaluates an HTTP request. The checks of every descriptor's enforced
-//!    policies go into one check request, the shadow policies' into
-//!    another: the request is admitted, and charged, only if every limit of
-//!    every descriptor allows it (the limiter's one decision flow).
-//!    `unlimited` policies are counted, not checked. A descriptor that no
-//!    policy matches is answered OK (no limit) and counted
-//!    (`sluice_unmatched_descriptors_total`).
-//! 3. [`answer`]: OK or OVER_LIMIT per descriptor and overall; each
-//!    descriptor's most restrictive limit as `current_limit`,
-//!    `limit_remaining` and `duration_until_reset`; and the IETF `RateLimit`
-//!    and `RateLimit-Policy` headers (core's rendering) in
+//! 1. [`decode`]: the request's `domain` and each descriptor's entries (in
+//!    order, with its position) become one request per descriptor, with its
+//!    cost (`hits_addend`, 0 meaning 1). Bounded: a malformed or oversized
+//!    request is refused with `INVALID_ARGUMENT`, never a panic.
+//! 2. [`plan`] (core's one planning function, `sluice_core::plan`): the
+//!    policy document evaluates each descriptor; the checks of the enforced
+//!    policies and of the shadow ones, grouped as the document's `charge`
+//!    says; `unlimited`, `blocked`, `replaces` and tree nodes that limit
+//!    nothing decided without a check. Each group is one decision of the
+//!    limiter, in order.
+//! 3. [`answer`]: a view of the plan and the outcomes: OK or OVER_LIMIT per
+//!    descriptor and overall; each descriptor's most restrictive limit
+//!    (shadow ones too, as envoyproxy/ratelimit answers a shadow limit) as
+//!    `current_limit`, `limit_remaining` and `duration_until_reset`; and the
+//!    IETF `RateLimit` and `RateLimit-Policy` headers (core's rendering) in
 //!    `response_headers_to_add`, as the document's `headers` says.
-
-use std::borrow::Cow;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
@@ -37,8 +34,8 @@ use sluice_core::ratelimit_headers::{most_restrictive, wait_ms, RateLimitHeaders
 use sluice_policies::bounds::MAX_CHECKS;
 use sluice_policies::key::MAX_SOURCE_NAME_LEN;
 use sluice_policies::request::SimpleRequest;
-use sluice_policies::wire::{Check, CheckRequest, CheckResponse, LimitOutcome, WireLimit};
-use sluice_policies::{Document, HeadersMode, Limit, Policy};
+use sluice_policies::wire::{CheckOutcome, LimitOutcome, WireLimit};
+use sluice_policies::{Document, Limit, Policy};
 use tonic::{Request, Response, Status};
 
 use super::Faces;
@@ -57,14 +54,7 @@ pub const MAX_VALUE_LEN: usize = 1024;
 /// The largest request message read: every bound above at its largest fits.
 pub const MAX_MESSAGE: usize = 4 * 1024 * 1024;
 
-/// One descriptor, as the policy document reads it.
-#[derive(Debug, Clone)]
-pub struct Descriptor {
-    /// The domain and the descriptor's entries.
-    pub request: SimpleRequest,
-    /// Its cost: the descriptor's `hits_addend`, else the request's; 0 is 1.
-    pub hits: u32,
-}
+pub use sluice_core::plan::{plan, Checks, Descriptor, Plan, Planned};
 
 /// The request's descriptors, or why it is refused (`INVALID_ARGUMENT`).
 pub fn decode(req: &RateLimitRequest) -> Result<Vec<Descriptor>, String> {
@@ -94,7 +84,7 @@ pub fn decode(req: &RateLimitRequest) -> Result<Vec<Descriptor>, String> {
         let hits = u32::try_from(hits)
             .map_err(|_| format!("descriptors[{i}].hits_addend: {hits} is more than {}", u32::MAX))?
             .max(1);
-        let mut request = SimpleRequest::default().domain(&req.domain);
+        let mut request = SimpleRequest::default().domain(&req.domain).index(i);
         for (j, entry) in d.entries.iter().enumerate() {
             if entry.key.is_empty() || entry.key.len() > MAX_SOURCE_NAME_LEN {
                 return Err(format!(
@@ -115,165 +105,48 @@ pub fn decode(req: &RateLimitRequest) -> Result<Vec<Descriptor>, String> {
     Ok(out)
 }
 
-/// What the document makes of one descriptor.
-#[derive(Debug, Clone, Default)]
-pub struct Planned {
-    /// Indexes into [`Plan::enforced`].
-    pub enforced: Vec<usize>,
-    /// Indexes into [`Plan::shadow`].
-    pub shadow: Vec<usize>,
-    /// The `unlimited` policies that matched.
-    pub unlimited: Vec<String>,
-    /// The policy that refuses the descriptor for a missing key
-    /// (`on_missing_key: deny`): answered OVER_LIMIT.
-    pub missing_key: Option<String>,
+/// The outcomes of a plan's checks, one per check in order (`None`: the
+/// plan had none).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Outcomes<'a> {
+    pub enforced: Option<&'a [CheckOutcome]>,
+    pub shadow: Option<&'a [CheckOutcome]>,
 }
 
-impl Planned {
-    /// Whether any policy matched.
-    pub fn matched(&self) -> bool {
-        !self.enforced.is_empty()
-            || !self.shadow.is_empty()
-            || !self.unlimited.is_empty()
-            || self.missing_key.is_some()
-    }
-}
-
-/// The checks of one request, each with its policy.
-#[derive(Debug, Clone, Default)]
-pub struct Checks<'d> {
-    pub checks: Vec<Check>,
-    pub policies: Vec<&'d Policy>,
-}
-
-impl<'d> Checks<'d> {
-    /// The index of `check`; a policy and key that two descriptors reach is
-    /// one check, charged once.
-    fn add(&mut self, policy: &'d Policy, check: Check) -> usize {
-        match self.checks.iter().position(|c| c.policy == check.policy && c.key == check.key) {
-            Some(i) => i,
-            None => {
-                self.checks.push(check);
-                self.policies.push(policy);
-                self.checks.len() - 1
-            }
-        }
-    }
-
-    pub fn request(&self) -> Option<CheckRequest<'_>> {
-        (!self.checks.is_empty()).then(|| CheckRequest {
-            checks: Cow::Borrowed(&self.checks),
-            id: None,
-            now_us: None,
-            wait_ms: None,
-            // Every descriptor's answer carries its `duration_until_reset`.
-            views: sluice_policies::wire::Views::All,
-        })
-    }
-}
-
-/// A request's checks: one entry per descriptor, and the checks of all.
-#[derive(Debug, Clone, Default)]
-pub struct Plan<'d> {
-    pub descriptors: Vec<Planned>,
-    pub enforced: Checks<'d>,
-    pub shadow: Checks<'d>,
-}
-
-/// Evaluates each descriptor; `Err` (`INVALID_ARGUMENT`) when a cost cannot
-/// be charged as asked or the checks are more than the shim takes at once.
-pub fn plan<'d>(doc: &'d Document, descriptors: &[Descriptor]) -> Result<Plan<'d>, String> {
-    let mut plan = Plan::default();
-    for (i, d) in descriptors.iter().enumerate() {
-        let mut planned = Planned::default();
-        match doc.evaluate(&d.request) {
-            Err(policy) => planned.missing_key = Some(policy.name.as_str().to_string()),
-            Ok(evaluation) => {
-                for applied in evaluation.iter() {
-                    let policy = applied.policy;
-                    if policy.unlimited {
-                        planned.unlimited.push(policy.name.as_str().to_string());
-                        continue;
-                    }
-                    let check = charged(applied.check(&d.request), policy, d.hits)
-                        .map_err(|e| format!("descriptors[{i}]: {e}"))?;
-                    if policy.shadow {
-                        planned.shadow.push(plan.shadow.add(policy, check));
-                    } else {
-                        planned.enforced.push(plan.enforced.add(policy, check));
-                    }
-                }
-            }
-        }
-        plan.descriptors.push(planned);
-    }
-    for checks in [&plan.enforced, &plan.shadow] {
-        if checks.checks.len() > MAX_CHECKS {
-            return Err(format!(
-                "the descriptors reach {} checks, more than the {MAX_CHECKS} the shim decides at once",
-                checks.checks.len()
-            ));
-        }
-    }
-    Ok(plan)
-}
-
-/// `check` with a cost of `hits`: a `points` limit's cost (at most its
-/// capacity, as every cost). The other limits count requests: a cost above
-/// 1 on them is refused rather than under-counted.
-fn charged(mut check: Check, policy: &Policy, hits: u32) -> Result<Check, String> {
-    for limit in &mut check.limits {
-        match limit {
-            WireLimit::Points { cost, capacity, .. } | WireLimit::CalendarPoints { cost, capacity, .. } => {
-                *cost = hits.min(*capacity)
-            }
-            other if hits > 1 => {
-                return Err(format!(
-                    "hits_addend {hits} reaches policy {}, whose {} limit counts requests one by one: only a points limit charges a cost",
-                    policy.name,
-                    other.kind().name()
-                ))
-            }
-            _ => {}
-        }
-    }
-    Ok(check)
-}
-
-/// The whole answer, from the enforced checks' outcome (`None`: there were
-/// none).
-pub fn answer(doc: &Document, plan: &Plan<'_>, enforced: Option<&CheckResponse>) -> RateLimitResponse {
-    let limits_of = |planned: &Planned| -> Vec<(&str, &Limit, &LimitOutcome)> {
-        let Some(resp) = enforced else { return Vec::new() };
-        planned
-            .enforced
-            .iter()
-            .filter_map(|&c| Some((plan.enforced.policies.get(c)?, resp.checks.get(c)?)))
-            .flat_map(|(policy, outcome)| {
-                policy.limits.iter().zip(&outcome.limits).map(move |(l, o)| (policy.name.as_str(), l, o))
-            })
-            .collect()
-    };
+/// The whole answer, a view of the plan and its checks' outcomes at
+/// `now_ms` (a `blocked` policy's reset is read from it).
+pub fn answer(doc: &Document, plan: &Plan<'_>, outcomes: Outcomes<'_>, now_ms: u64) -> RateLimitResponse {
     let mut statuses = Vec::with_capacity(plan.descriptors.len());
     let mut all = Vec::new();
     for planned in &plan.descriptors {
-        let limits = limits_of(planned);
-        let over = planned.missing_key.is_some() || limits.iter().any(|(_, _, o)| !o.allowed);
+        let enforced = limits_of(&plan.enforced, &planned.enforced, outcomes.enforced);
+        let shadow = limits_of(&plan.shadow, &planned.shadow, outcomes.shadow);
+        let over = planned.refused() || enforced.iter().any(|(_, _, o)| !o.allowed);
         let mut status = DescriptorStatus { code: code(over), ..DescriptorStatus::default() };
-        if let Some((name, limit, outcome)) = most_restrictive(limits.iter().copied()) {
+        let named = enforced.iter().chain(&shadow).map(|&(p, l, o)| (p.answer_name(), l, o));
+        if let Some(policy) = planned.blocked.iter().find(|p| !p.shadow).or(planned.blocked.first()) {
+            // A limit of 0: refused whatever any other limit says.
+            let reset = sluice_core::plan::blocked_reset_ms(policy, now_ms).unwrap_or(0);
+            let window = policy.blocked.map(|w| w.as_millis());
+            status.current_limit = Some(RateLimit {
+                name: policy.answer_name().to_string(),
+                requests_per_unit: 0,
+                unit: unit(window, false) as i32,
+            });
+            status.duration_until_reset = Some(duration(reset));
+        } else if let Some((name, limit, outcome)) = most_restrictive(named) {
             status.current_limit = Some(rate_limit(name, limit));
             status.limit_remaining = u32::try_from(outcome.remaining).unwrap_or(u32::MAX);
             status.duration_until_reset = Some(duration(wait_ms(outcome)));
+        } else if !planned.unlimited.is_empty() {
+            // envoyproxy/ratelimit: an unlimited descriptor has all it wants.
+            status.limit_remaining = u32::MAX;
         }
         statuses.push(status);
-        all.extend(limits);
+        all.extend(enforced.into_iter().map(|(p, l, o)| (p.answer_name(), l, o)));
     }
     let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
-    let send_headers = match doc.headers {
-        HeadersMode::Off => false,
-        HeadersMode::OnDeny => over,
-        HeadersMode::Always => true,
-    };
+    let send_headers = sluice_core::plan::sends_headers(doc.headers, over);
     let headers = send_headers.then(|| RateLimitHeaders::most_restrictive(all)).flatten();
     RateLimitResponse {
         overall_code: code(over),
@@ -290,6 +163,22 @@ pub fn answer(doc: &Document, plan: &Plan<'_>, enforced: Option<&CheckResponse>)
     }
 }
 
+/// Each limit of the checks at `indexes`, with its policy and outcome.
+fn limits_of<'d, 'o>(
+    checks: &Checks<'d>,
+    indexes: &[usize],
+    outcomes: Option<&'o [CheckOutcome]>,
+) -> Vec<(&'d Policy, &'d Limit, &'o LimitOutcome)> {
+    let outcomes = outcomes.unwrap_or_default();
+    indexes
+        .iter()
+        .filter_map(|&c| Some((*checks.policies.get(c)?, outcomes.get(c)?)))
+        .flat_map(|(policy, outcome)| {
+            policy.limits.iter().zip(&outcome.limits).map(move |(l, o)| (policy, l, o))
+        })
+        .collect()
+}
+
 fn code(over: bool) -> i32 {
     if over {
         Code::OverLimit as i32
@@ -303,32 +192,42 @@ fn header(key: &str, value: String) -> HeaderValue {
 }
 
 /// A limit as RLS states it: its quota per window, in the window's unit
-/// when the window is exactly one (else `UNKNOWN`, the quota per window);
-/// a calendar month's is `MONTH`.
+/// when the window is exactly one (envoyproxy/ratelimit's month is 30
+/// days, its year 365; else `UNKNOWN`, the quota per window); a calendar
+/// month's is `MONTH`.
 fn rate_limit(name: &str, limit: &Limit) -> RateLimit {
     let (quota, window) = WireLimit::with_cost(limit, 1).quota();
     let month =
         matches!(limit.calendar().map(|c| c.period), Some(sluice_policies::calendar::Period::Month { .. }));
-    let unit = match window.map(|w| w.get()) {
-        _ if month => Unit::Month,
-        Some(1_000) => Unit::Second,
-        Some(60_000) => Unit::Minute,
-        Some(3_600_000) => Unit::Hour,
-        Some(86_400_000) => Unit::Day,
-        Some(604_800_000) => Unit::Week,
-        _ => Unit::Unknown,
-    };
+    let unit = unit(window.map(|w| w.get()), month);
     RateLimit { name: name.to_string(), requests_per_unit: quota, unit: unit as i32 }
 }
 
-fn duration(ms: u64) -> ProtoDuration {
-    let seconds = i64::try_from(ms / 1000).unwrap_or(i64::MAX);
-    // Below 1e9: fits.
-    let nanos = ((ms % 1000) * 1_000_000) as i32;
-    ProtoDuration { seconds, nanos }
+/// The RLS unit of a window of `window_ms`.
+fn unit(window_ms: Option<u64>, calendar_month: bool) -> Unit {
+    const DAY: u64 = 86_400_000;
+    match window_ms {
+        _ if calendar_month => Unit::Month,
+        Some(1_000) => Unit::Second,
+        Some(60_000) => Unit::Minute,
+        Some(3_600_000) => Unit::Hour,
+        Some(DAY) => Unit::Day,
+        Some(w) if w == 7 * DAY => Unit::Week,
+        Some(w) if w == 30 * DAY => Unit::Month,
+        Some(w) if w == 365 * DAY => Unit::Year,
+        _ => Unit::Unknown,
+    }
 }
 
-/// Decides one request: decode, plan, the limiter's decision, the answer.
+/// A wait in whole seconds, rounded up: Envoy's `x-ratelimit-reset` reads
+/// the seconds alone, and envoyproxy/ratelimit answers the seconds to the
+/// window's end from a clock in whole seconds, which is this rounding.
+fn duration(ms: u64) -> ProtoDuration {
+    let seconds = i64::try_from(ms.div_ceil(1000)).unwrap_or(i64::MAX);
+    ProtoDuration { seconds, nanos: 0 }
+}
+
+/// Decides one request: decode, plan, the limiter's decisions, the answer.
 pub async fn decide(faces: &Faces, req: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
     let descriptors = decode(req).map_err(Status::invalid_argument)?;
     let document = faces.document();
@@ -338,15 +237,19 @@ pub async fn decide(faces: &Faces, req: &RateLimitRequest) -> Result<RateLimitRe
         if !planned.matched() {
             metrics.unmatched(FACE);
         }
-        for name in &planned.unlimited {
-            metrics.unlimited(FACE, name);
+        for policy in &planned.unlimited {
+            metrics.unlimited(FACE, policy.name.as_str());
+        }
+        for policy in &planned.blocked {
+            metrics.blocked(FACE, policy.name.as_str());
         }
     }
     let (enforced, shadow) = tokio::join!(run(faces, &plan.enforced), run(faces, &plan.shadow));
-    if let Err(err) = shadow {
+    let shadow = shadow.unwrap_or_else(|err| {
         // A shadow policy never refuses; its failure is only logged.
         tracing::debug!(?err, "a shadow check failed");
-    }
+        None
+    });
     let enforced = enforced.map_err(|err| match err {
         CheckError::BadRequest(reason) => Status::invalid_argument(reason),
         CheckError::Store(reason) => {
@@ -354,14 +257,26 @@ pub async fn decide(faces: &Faces, req: &RateLimitRequest) -> Result<RateLimitRe
             Status::unavailable(reason)
         }
     })?;
-    Ok(answer(&document, &plan, enforced.as_ref()))
+    let outcomes = Outcomes { enforced: enforced.as_deref(), shadow: shadow.as_deref() };
+    Ok(answer(&document, &plan, outcomes, now_ms()))
 }
 
-/// The limiter's decision on `checks`, counted as the RLS face's.
-async fn run(faces: &Faces, checks: &Checks<'_>) -> Result<Option<CheckResponse>, CheckError> {
-    let Some(req) = checks.request() else { return Ok(None) };
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The limiter's decisions on `checks`, group after group, counted as the
+/// RLS face's: every check's outcome in order (`None`: no checks).
+async fn run(faces: &Faces, checks: &Checks<'_>) -> Result<Option<Vec<CheckOutcome>>, CheckError> {
     let limiter = &faces.limiter;
-    limiter.metrics.decided_via(FACE, &req, limiter.check(&req).await).map(Some)
+    let mut out: Option<Vec<CheckOutcome>> = None;
+    for req in checks.requests() {
+        let resp = limiter.metrics.decided_via(FACE, &req, limiter.check(&req).await)?;
+        out.get_or_insert_with(Vec::new).extend(resp.checks);
+    }
+    Ok(out)
 }
 
 /// The tonic service.

@@ -253,6 +253,12 @@ impl Metrics {
         result
     }
 
+    /// A gRPC face's request that a `blocked` policy refused, with no check.
+    pub(crate) fn blocked(&self, face: &'static str, policy: &str) {
+        let policy = self.policy_label(policy);
+        self.decisions.get_or_create(&Decision { policy, result: "denied", face }).inc();
+    }
+
     /// A gRPC face's request that an `unlimited` policy answered.
     pub(crate) fn unlimited(&self, face: &'static str, policy: &str) {
         let policy = self.policy_label(policy);
