@@ -135,3 +135,229 @@ fn failure_mode_deny_both_ways_when_the_shim_is_down() {
         assert_eq!(get(&open, &[("x-client", "carol")]).status, 200, "failure_mode_deny: false");
     }
 }
+
+// ---- The peers' configurations, imported and served behind unchanged Envoys.
+
+/// A peer's configuration (`shim/tests/fixtures/import/FILE`) through the
+/// real `sluice import` (`--accept-losses` when `accept`).
+fn import(file: &str, accept: bool) -> String {
+    let path = sluice_harness::workspace_root().join("shim/tests/fixtures/import").join(file);
+    let sluice = sluice_harness::dist("sluice").expect("dist/sluice");
+    let mut cmd = std::process::Command::new(sluice);
+    cmd.arg("import");
+    if accept {
+        cmd.arg("--accept-losses");
+    }
+    let out = cmd.arg(&path).output().expect("sluice import");
+    assert!(out.status.success(), "{file}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+/// The request header that carries descriptor entry `key`.
+fn carrier(key: &str) -> String {
+    format!("x-{}", key.replace(['_', '.'], "-"))
+}
+
+/// An Envoy as its team configured it for the peer: the native filter with
+/// `domain`, and one `rate_limits` entry per descriptor, each entry from
+/// its request header (a descriptor is not sent when one is missing).
+fn peer_envoy(domain: &str, descriptors: &[&[&str]], shim: u16, upstream: u16) -> Envoy {
+    let rate_limits: Vec<serde_json::Value> = descriptors
+        .iter()
+        .map(|keys| {
+            let actions: Vec<serde_json::Value> = keys
+                .iter()
+                .map(|k| serde_json::json!({"request_headers": {"header_name": carrier(k), "descriptor_key": k}}))
+                .collect();
+            serde_json::json!({ "actions": actions })
+        })
+        .collect();
+    let values = [
+        ("DOMAIN", serde_json::to_string(domain).expect("json")),
+        ("RATE_LIMITS", serde_json::to_string(&rate_limits).expect("json")),
+        ("FAILURE_MODE_DENY", "false".to_string()),
+        ("TIMEOUT", "5s".to_string()),
+        ("UPSTREAM_PORT", upstream.to_string()),
+        ("SHIM_PORT", shim.to_string()),
+    ];
+    let template = sluice_harness::workspace_root().join("envoy/rls.yaml");
+    Envoy::start_template(&template, &values, 2).expect("envoy")
+}
+
+/// A request whose headers carry `entries`.
+fn ask(envoy: &Envoy, entries: &[(&str, &str)]) -> Response {
+    let headers: Vec<(String, &str)> = entries.iter().map(|(k, v)| (carrier(k), *v)).collect();
+    let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    send(envoy.port, "GET", "/api", &headers).expect("request")
+}
+
+fn statuses(envoy: &Envoy, entries: &[(&str, &str)], n: usize) -> Vec<u16> {
+    (0..n).map(|_| ask(envoy, entries).status).collect()
+}
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs()
+}
+
+/// Waits, if need be, so that the next `seconds` stay inside one window of
+/// `window` seconds (aligned to the epoch): counts then do not depend on
+/// when the test runs.
+fn inside_one_window(window: u64, seconds: u64) {
+    let left = window - now_s() % window;
+    if left <= seconds {
+        std::thread::sleep(std::time::Duration::from_secs(left + 1));
+    }
+}
+
+/// The case, through two Envoys sharing the counters: value-specific
+/// and bare rules, an unlimited tier, a blocklist, month and year units, a
+/// middle wildcard and a shadow rule, decided as envoyproxy/ratelimit's
+/// documented rules say, with its `x-ratelimit-*` headers.
+#[test]
+fn peer_a_mixed_configuration_through_two_envoys() {
+    let redis = Redis::start().expect("redis");
+    let upstream = Upstream::start().expect("upstream");
+    let doc = import("mixed.yaml", false);
+    let shim = GrpcShim::start(&redis.url(), &doc).expect("shim");
+    let keys: &[&[&str]] = &[&["plan"], &["client_ip"], &["tenant"], &["org"], &["path"], &["trial"]];
+    let a = peer_envoy("edge", keys, shim.grpc_port, upstream.port);
+    let b = peer_envoy("edge", keys, shim.grpc_port, upstream.port);
+    let both = |entries: &[(&str, &str)], n: usize| -> Vec<u16> {
+        (0..n).map(|i| ask(if i % 2 == 0 { &a } else { &b }, entries).status).collect()
+    };
+    inside_one_window(60, 20);
+    let pro = both(&[("plan", "pro")], 14);
+    assert_eq!(pro.iter().filter(|s| **s == 200).count(), 12, "{pro:?}");
+    let first = ask(&a, &[("plan", "enterprise")]);
+    assert_eq!(first.header("x-ratelimit-limit"), Some("7, 7;w=60;name=\"plan\""), "{:?}", first.headers);
+    assert_eq!(first.header("ratelimit"), None, "headers: off, as the peer");
+    let internal = ask(&a, &[("plan", "internal")]);
+    assert_eq!(internal.status, 200);
+    assert_eq!(internal.header("x-ratelimit-limit"), None, "unlimited has no current_limit");
+    assert_eq!(both(&[("plan", "internal")], 10), [200; 10]);
+    assert_eq!(both(&[("plan", "free")], 8), [200, 200, 200, 200, 200, 200, 200, 429]);
+    let blocked = ask(&b, &[("client_ip", "10.0.0.66")]);
+    assert_eq!(blocked.status, 429);
+    assert_eq!(
+        blocked.header("x-ratelimit-limit"),
+        Some("0, 0;w=60;name=\"blocked\""),
+        "{:?}",
+        blocked.headers
+    );
+    assert_eq!(both(&[("client_ip", "10.0.0.66")], 3), [429; 3]);
+    assert_eq!(both(&[("client_ip", "10.0.0.1")], 6), [200, 200, 200, 200, 200, 429]);
+    let tenant = ask(&a, &[("tenant", "acme")]);
+    assert_eq!(tenant.header("x-ratelimit-remaining"), Some("3"), "{:?}", tenant.headers);
+    let limit = tenant.header("x-ratelimit-limit").unwrap_or_default();
+    assert!(limit.starts_with("4, 4;w=") && !limit.contains("name"), "a month, no invented name: {limit}");
+    let reset: u64 = tenant.header("x-ratelimit-reset").and_then(|r| r.parse().ok()).expect("reset");
+    let month = 30 * 86_400;
+    assert!(reset.abs_diff(month - now_s() % month) <= 2, "{reset}");
+    assert_eq!(both(&[("tenant", "acme")], 4), [200, 200, 200, 429]);
+    assert_eq!(both(&[("org", "o")], 4), [200, 200, 200, 429]);
+    assert_eq!(both(&[("path", "/api/7/action")], 3), [200, 200, 429]);
+    assert_eq!(both(&[("path", "/api/7/other")], 3), [200; 3], "no rule");
+    let trial: Vec<Response> = (0..3).map(|_| ask(&b, &[("trial", "t")])).collect();
+    assert!(trial.iter().all(|r| r.status == 200), "shadow never refuses");
+    assert_eq!(trial[2].header("x-ratelimit-remaining"), Some("0"), "{:?}", trial[2].headers);
+    assert_eq!(
+        trial[2].header("x-ratelimit-limit"),
+        Some("1, 1;w=60;name=\"trial\""),
+        "{:?}",
+        trial[2].headers
+    );
+}
+
+/// The examples of envoyproxy/ratelimit's README, converted by `sluice
+/// import`, served, and driven through Envoy, with the decisions the README
+/// states.
+#[test]
+fn peer_the_ratelimit_readme_examples_through_envoy() {
+    let redis = Redis::start().expect("redis");
+    let upstream = Upstream::start().expect("upstream");
+    let serve = |file: &str, accept: bool, domain: &str, keys: &[&[&str]]| {
+        let shim = GrpcShim::start(&redis.url(), &import(file, accept)).expect("shim");
+        let envoy = peer_envoy(domain, keys, shim.grpc_port, upstream.port);
+        (shim, envoy)
+    };
+    let limit = |r: &Response| r.header("x-ratelimit-limit").map(str::to_string);
+
+    // 1: each value its limit; another value none.
+    let (_s, e) = serve("readme/example1.yaml", false, "mongo_cps", &[&["database"]]);
+    assert_eq!(limit(&ask(&e, &[("database", "users")])).as_deref(), Some("500, 500;w=1"));
+    assert_eq!(limit(&ask(&e, &[("database", "other")])), None);
+
+    // 2: 5 marketing messages a day to a number, and 100 to any number;
+    // both descriptors of a call charged.
+    inside_one_window(86_400, 30);
+    let (_s, e) =
+        serve("readme/example2.yaml", false, "messaging", &[&["message_type", "to_number"], &["to_number"]]);
+    let marketing = [("message_type", "marketing"), ("to_number", "2061111111")];
+    assert_eq!(statuses(&e, &marketing, 6), [200, 200, 200, 200, 200, 429]);
+    let alone = ask(&e, &[("to_number", "2061111111")]);
+    assert_eq!(
+        (alone.status, alone.header("x-ratelimit-remaining")),
+        (200, Some("93")),
+        "{:?}",
+        alone.headers
+    );
+
+    // 3: the specific value first: the blocklisted address is refused.
+    let (_s, e) = serve("readme/example3.yaml", false, "edge_proxy_per_ip", &[&["remote_address"]]);
+    assert_eq!(statuses(&e, &[("remote_address", "50.0.0.5")], 3), [429; 3]);
+    assert_eq!(limit(&ask(&e, &[("remote_address", "50.0.0.1")])).as_deref(), Some("10, 10;w=1"));
+
+    // 4: the depth must match.
+    let two = [("key", "value"), ("subkey", "subvalue")];
+    let (_s, e) = serve("readme/example4a.yaml", false, "example4", &[&["key", "subkey"]]);
+    assert_eq!(limit(&ask(&e, &two)), None);
+    let (_s, e) = serve("readme/example4b.yaml", false, "example4", &[&["key", "subkey"]]);
+    assert_eq!(limit(&ask(&e, &two)).as_deref(), Some("300, 300;w=1"));
+
+    // 5: unlimited.
+    let (_s, e) = serve("readme/example5.yaml", false, "internal", &[&["ldap"], &["azure"]]);
+    assert_eq!(statuses(&e, &[("ldap", "x")], 3), [200; 3]);
+    assert_eq!(limit(&ask(&e, &[("ldap", "x")])), None);
+    assert_eq!(limit(&ask(&e, &[("azure", "x")])).as_deref(), Some("100, 100;w=60"));
+
+    // 6: user-a in shadow mode is never limited; user-b has 20 a second.
+    let (_s, e) = serve("readme/example6.yaml", false, "example6", &[&["service", "user"]]);
+    assert_eq!(statuses(&e, &[("service", "auth-service"), ("user", "user-a")], 15), [200; 15]);
+    assert_eq!(
+        limit(&ask(&e, &[("service", "auth-service"), ("user", "user-b")])).as_deref(),
+        Some("20, 20;w=1")
+    );
+
+    // 7: with both descriptors the replacing limit (10/s) answers alone.
+    let keys: &[&[&str]] = &[&["key_1", "user"], &["key_2", "user"]];
+    let (_s, e) = serve("readme/example7.yaml", false, "example7", keys);
+    let both = ask(&e, &[("key_1", "value_1"), ("key_2", "value_2"), ("user", "bkthomps")]);
+    assert_eq!(limit(&both).as_deref(), Some("10, 10;w=1"), "{:?}", both.headers);
+    let first = ask(&e, &[("key_1", "value_1"), ("user", "bkthomps")]);
+    assert_eq!(limit(&first).as_deref(), Some("5, 5;w=1;name=\"specific_limit\""));
+
+    // 8: an unlisted value gets the bare key's limit, a listed one its own.
+    let (_s, e) = serve("readme/example8.yaml", true, "example8", &[&["key1"]]);
+    assert_eq!(limit(&ask(&e, &[("key1", "unspecified")])).as_deref(), Some("10, 10;w=60"));
+    assert_eq!(limit(&ask(&e, &[("key1", "value1")])).as_deref(), Some("20, 20;w=60"));
+
+    // 9: wildcards at the end, in the middle, several.
+    let (_s, e) = serve("readme/example9.yaml", false, "example9", &[&["key1"], &["path"], &["route"]]);
+    for (key, value, limited) in [
+        ("key1", "valueXYZ", true),
+        ("path", "/api/user-id/action", true),
+        ("path", "/api/123/other", false),
+        ("route", "/api/v2/resource/456/action", true),
+    ] {
+        assert_eq!(limit(&ask(&e, &[(key, value)])).is_some(), limited, "{key}={value}");
+    }
+
+    // 11: files/* share one threshold of 10 an hour; files_no_share/* do not.
+    inside_one_window(3_600, 30);
+    let (_s, e) = serve("readme/example11.yaml", false, "example11", &[&["files"], &["files_no_share"]]);
+    assert_eq!(statuses(&e, &[("files", "files/a.pdf")], 5), [200; 5]);
+    assert_eq!(statuses(&e, &[("files", "files/b.csv")], 5), [200; 5]);
+    assert_eq!(ask(&e, &[("files", "files/c.txt")]).status, 429);
+    assert_eq!(statuses(&e, &[("files_no_share", "files_no_share/a.pdf")], 11).last(), Some(&429));
+    assert_eq!(ask(&e, &[("files_no_share", "files_no_share/b.csv")]).status, 200);
+}

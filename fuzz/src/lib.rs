@@ -273,7 +273,10 @@ const RLS_DOCUMENT: &str = r#"{"headers": "always", "policies": [
   {"name": "b", "match": {"entries": {"p": {"prefix": "x"}}}, "key": ["entry:p", "entry:q"], "on_missing_key": "deny",
    "limits": [{"type": "points", "capacity": 10, "refill": "1m", "cost": 1}]},
   {"name": "c", "shadow": true, "match": {"domain": "edge"}, "limits": [{"type": "token_bucket", "rate": 1, "per": "1s", "burst": 2}]},
-  {"name": "d", "unlimited": true, "match": {"domain": "edge", "entries": {"u": {"equals": "1"}}}}
+  {"name": "d", "unlimited": true, "match": {"domain": "edge", "entries": {"u": {"equals": "1"}}}},
+  {"name": "t", "match": {"domain": "edge", "descriptor_tree": [{"key": "t"}, {"key": "v", "value": "a*b"}]},
+   "key": ["entry:v"], "limits": [{"type": "fixed_window", "limit": 2, "window": "1m"}]},
+  {"name": "z", "blocked": "1m", "match": {"domain": "edge", "descriptor_tree": [{"key": "t", "value": "z"}]}}
 ]}"#;
 
 /// Any bytes as a `RateLimitRequest`: decoding refuses or yields at most
@@ -282,7 +285,7 @@ const RLS_DOCUMENT: &str = r#"{"headers": "always", "policies": [
 /// descriptor and every key is a safe Redis key.
 pub fn rls(data: &[u8]) {
     use prost::Message;
-    use sluice_shim::grpc::rls::{answer, decode, plan, MAX_DESCRIPTORS, MAX_ENTRIES};
+    use sluice_shim::grpc::rls::{answer, decode, plan, Outcomes, MAX_DESCRIPTORS, MAX_ENTRIES};
     thread_local! {
         static DOC: Document = sluice_policies::parse(RLS_DOCUMENT).expect("the RLS document");
     }
@@ -299,7 +302,7 @@ pub fn rls(data: &[u8]) {
             assert!(checks.len() <= sluice_policies::bounds::MAX_CHECKS);
             assert!(checks.iter().all(|c| key::is_encoded(&c.key)));
         }
-        let resp = answer(doc, &plan, None);
+        let resp = answer(doc, &plan, Outcomes::default(), 0);
         assert_eq!(resp.statuses.len(), descriptors.len());
     });
 }
