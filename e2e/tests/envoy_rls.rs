@@ -361,3 +361,71 @@ fn peer_the_ratelimit_readme_examples_through_envoy() {
     assert_eq!(statuses(&e, &[("files_no_share", "files_no_share/a.pdf")], 11).last(), Some(&429));
     assert_eq!(ask(&e, &[("files_no_share", "files_no_share/b.csv")]).status, 200);
 }
+
+#[path = "../../shim/tests/peers/ratelimit.rs"]
+#[allow(dead_code)]
+mod ratelimit_model;
+
+/// The differential test's wiring through Envoy: random requests whose
+/// headers Envoy turns into descriptors, through the model of
+/// envoyproxy/ratelimit (`shim/tests/peers/ratelimit.rs`) and through
+/// Envoy and the face on the imported configuration: every request gets
+/// the status the model's answer means.
+#[test]
+fn peer_random_requests_through_envoy_decide_as_the_ratelimit_model() {
+    inside_one_window(86_400, 120);
+    let dir = sluice_harness::scratch_dir("rls-model").expect("scratch dir");
+    let file = dir.join("ratelimit.yaml");
+    std::fs::write(&file, ratelimit_model::RATELIMIT).expect("write");
+    let out = std::process::Command::new(sluice_harness::dist("sluice").expect("dist/sluice"))
+        .arg("import")
+        .arg(&file)
+        .output()
+        .expect("sluice import");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc = String::from_utf8(out.stdout).expect("utf-8");
+    let redis = Redis::start().expect("redis");
+    let upstream = Upstream::start().expect("upstream");
+    let shim = GrpcShim::start(&redis.url(), &doc).expect("shim");
+    let keys: &[&[&str]] = &[&["plan"], &["ip"], &["path"], &["org", "user"], &["team"]];
+    let envoy = peer_envoy("edge", keys, shim.grpc_port, upstream.port);
+    let mut model = ratelimit_model::Ratelimit::new(ratelimit_model::RATELIMIT);
+    let values: &[(&str, &[&str])] = &[
+        ("plan", &["pro", "basic", "internal", "free"]),
+        ("ip", &["10.0.0.66", "10.0.0.1"]),
+        ("path", &["/api/7/action", "/api/9", "/web"]),
+        ("org", &["x", "acme"]),
+        ("user", &["u1", "vip", "alice"]),
+        ("team", &["t1"]),
+    ];
+    let mut state = 0x5eed_u64;
+    let mut below = |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    };
+    let mut denied = 0;
+    for i in 0..120 {
+        let entries: Vec<(&str, &str)> =
+            values.iter().filter_map(|(k, vs)| (below(3) != 0).then(|| (*k, vs[below(vs.len())]))).collect();
+        // The descriptors Envoy sends: each rate_limits entry whose headers are all there.
+        let call: ratelimit_model::Call = keys
+            .iter()
+            .filter_map(|ks| {
+                ks.iter()
+                    .map(|k| {
+                        entries.iter().find(|(e, _)| e == k).map(|(k, v)| (k.to_string(), v.to_string()))
+                    })
+                    .collect::<Option<Vec<_>>>()
+            })
+            .collect();
+        let status = ask(&envoy, &entries).status;
+        let want = if call.is_empty() { ratelimit_model::OK } else { model.decide(&call, now_s()).overall };
+        let want = if want == ratelimit_model::OVER { 429 } else { 200 };
+        assert_eq!(status, want, "request {i}: {entries:?} -> {call:?}");
+        denied += usize::from(status == 429);
+    }
+    assert!((10..110).contains(&denied), "the stream reaches both answers: {denied} denied");
+}
