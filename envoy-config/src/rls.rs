@@ -14,6 +14,7 @@
 use anyhow::bail;
 use serde_json::{json, Value};
 use sluice_policies::condition::ValueCondition;
+use sluice_policies::tree::StepValue;
 use sluice_policies::{Document, Face, FailureMode};
 
 /// `envoy/rls.yaml`, built in.
@@ -37,20 +38,41 @@ pub fn rls_values(doc: &Document) -> anyhow::Result<Vec<(String, String)>> {
             bail!("policies name the domains {first:?} and {second:?}: Envoy's rate-limit filter sends one domain")
         }
     };
-    let rate_limits: Vec<Value> = grpc
+    let mut rate_limits: Vec<Value> = grpc
         .iter()
         .map(|p| {
-            let actions: Vec<Value> = p
-                .matcher
-                .entries
-                .iter()
-                .filter(|(_, cond)| **cond != ValueCondition::Present(false))
-                .map(|(key, cond)| action(key, cond))
-                .collect();
+            let actions: Vec<Value> = match &p.matcher.descriptor_tree {
+                // A tree node: its path's entries, in order.
+                Some(path) => path
+                    .iter()
+                    .map(|step| match &step.value {
+                        StepValue::Exact(v) => action(&step.key, &ValueCondition::Equals(v.clone())),
+                        _ => action(&step.key, &ValueCondition::Present(true)),
+                    })
+                    .collect(),
+                None => p
+                    .matcher
+                    .entries
+                    .iter()
+                    .filter(|(_, cond)| **cond != ValueCondition::Present(false))
+                    .map(|(key, cond)| action(key, cond))
+                    .collect(),
+            };
             json!({"actions": actions})
         })
         .filter(|r| r["actions"].as_array().is_some_and(|a| !a.is_empty()))
         .collect();
+    // One descriptor per distinct action list: a tree's nodes share paths,
+    // and a descriptor sent twice is charged twice under `each_descriptor`.
+    let mut seen = Vec::new();
+    rate_limits.retain(|r| {
+        if seen.contains(r) {
+            false
+        } else {
+            seen.push(r.clone());
+            true
+        }
+    });
     if rate_limits.is_empty() {
         bail!("no gRPC-face policy reads an entry: Envoy sends no descriptor without an action");
     }
@@ -109,5 +131,31 @@ mod tests {
         assert!(values(two).unwrap_err().to_string().contains("one domain"));
         let http = r#"{"policies": [{"name": "h", "limits": [{"type": "interval", "every": "1s"}]}]}"#;
         assert!(values(http).is_err());
+    }
+
+    #[test]
+    fn a_descriptor_tree_sends_each_path_once() {
+        let values = values(
+            r#"{"charge": "each_descriptor", "policies": [
+            {"name": "plan", "match": {"domain": "edge", "descriptor_tree": [{"key": "plan"}]},
+             "key": ["entry:plan"], "limits": [{"type": "fixed_window", "limit": 7, "window": "1m"}]},
+            {"name": "pro", "match": {"domain": "edge", "descriptor_tree": [{"key": "plan", "value": "pro"}]},
+             "limits": [{"type": "fixed_window", "limit": 12, "window": "1m"}]},
+            {"name": "deep", "match": {"domain": "edge", "descriptor_tree": [{"key": "org"}, {"key": "user", "value": "u*"}]},
+             "key": ["entry:org", "entry:user"], "limits": [{"type": "fixed_window", "limit": 1, "window": "1m"}]}
+        ]}"#,
+        )
+        .expect("renders");
+        let rate_limits: Value = serde_json::from_str(&values[1].1).expect("json");
+        assert_eq!(
+            rate_limits,
+            json!([
+                {"actions": [{"request_headers": {"header_name": "plan", "descriptor_key": "plan"}}]},
+                {"actions": [
+                    {"request_headers": {"header_name": "org", "descriptor_key": "org"}},
+                    {"request_headers": {"header_name": "user", "descriptor_key": "user"}}
+                ]}
+            ])
+        );
     }
 }
