@@ -289,10 +289,10 @@ impl<'de> Deserialize<'de> for Condition {
             }
         }
         if let Some(i) = raw.descriptor_index {
-            if i >= crate::bounds::MAX_CHECKS {
+            if i >= crate::tree::MAX_CALL_DESCRIPTORS {
                 return Err(de::Error::custom(format!(
                     "`descriptor_index` {i}: a call has at most {} descriptors",
-                    crate::bounds::MAX_CHECKS
+                    crate::tree::MAX_CALL_DESCRIPTORS
                 )));
             }
         }

@@ -10,7 +10,7 @@
 //!
 //! ```text
 //! model      units, calendar, body, request, cost, response, load,
-//!            condition, key, class, limit (and WireLimit, the form the shim
+//!            condition, tree, key, class, limit (and WireLimit, the form the shim
 //!            takes), llm, wait, leased, shed, feedback (and Slowdown), face
 //!   ^
 //! algorithm  algorithm/*: the Rust twins of lua/lib/ and lua/scripts/
@@ -38,6 +38,8 @@
 //!   responses, failure modes, the breaker and over-limit cache settings.
 //! - [`load`]: the utilization signal a shedding policy reads.
 //! - [`condition`]: `match` and `bypass` conditions on a request.
+//! - [`tree`]: the RLS face's descriptor trees: which node a descriptor
+//!   reaches, most specific first at every level.
 //! - [`key`]: key sources, the missing-key rule, the encoding that keeps
 //!   user input out of Redis key syntax, and the longest key.
 //! - [`class`]: priority classes, most important first.

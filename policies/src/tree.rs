@@ -23,6 +23,9 @@ use crate::key::MAX_SOURCE_NAME_LEN;
 
 /// The deepest path: the RLS face's most entries in one descriptor.
 pub const MAX_DEPTH: usize = 32;
+/// The most descriptors one RLS call may carry (the face refuses more):
+/// a `descriptor_index` is below it.
+pub const MAX_CALL_DESCRIPTORS: usize = 64;
 /// The longest value of a step.
 const MAX_VALUE_LEN: usize = 1024;
 

@@ -21,6 +21,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "response",
             "load",
             "condition",
+            "tree",
             "key",
             "class",
             "limit",

@@ -31,7 +31,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice_core::ratelimit_headers::{most_restrictive, wait_ms, RateLimitHeaders};
-use sluice_policies::bounds::MAX_CHECKS;
 use sluice_policies::key::MAX_SOURCE_NAME_LEN;
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::wire::{CheckOutcome, LimitOutcome, WireLimit};
@@ -44,7 +43,7 @@ use crate::decision::CheckError;
 /// The face's name in metrics (`face="rls"`).
 pub const FACE: &str = "rls";
 /// The most descriptors one request may carry: each may bring a check.
-pub const MAX_DESCRIPTORS: usize = MAX_CHECKS;
+pub const MAX_DESCRIPTORS: usize = sluice_policies::tree::MAX_CALL_DESCRIPTORS;
 /// The most entries one descriptor may carry.
 pub const MAX_ENTRIES: usize = 32;
 /// The longest domain.
