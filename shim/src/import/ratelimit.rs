@@ -93,9 +93,15 @@ pub fn convert(yaml: &str) -> anyhow::Result<(Value, Vec<Loss>)> {
     if config.domain.is_empty() {
         bail!("domain: must not be empty (envoyproxy/ratelimit refuses it too)");
     }
+    // Each descriptor's line, when the file's `key:` lines are exactly the
+    // descriptors (a `metadata` map could hold others).
+    let mut lines = lines_of(yaml, "key");
+    if lines.len() != count(&config.descriptors) {
+        lines.clear();
+    }
     let mut walk = Walk {
         domain: &config.domain,
-        lines: lines_of(yaml, "key"),
+        lines,
         seen: 0,
         policies: Vec::new(),
         names: BTreeSet::new(),
@@ -104,6 +110,10 @@ pub fn convert(yaml: &str) -> anyhow::Result<(Value, Vec<Loss>)> {
     walk.level(&config.descriptors, "descriptors", &mut Vec::new())?;
     let document = json!({"charge": "each_descriptor", "headers": "off", "policies": walk.policies});
     Ok((document, walk.losses))
+}
+
+fn count(descriptors: &[Descriptor]) -> usize {
+    descriptors.iter().map(|d| 1 + count(&d.descriptors)).sum()
 }
 
 /// One step of a path, as the document writes it.
