@@ -248,7 +248,7 @@ impl Flow {
             self.deny_from_cache(&worker, index, hit, host, &mut fx);
             return fx.0;
         }
-        let enforced = evaluation.iter().filter(|a| !a.policy.shadow).map(|a| a.policy);
+        let enforced = crate::plan::enforced(&evaluation).map(|a| a.policy);
         self.calls[0].wait_ms = request_wait_ms(enforced);
         if self.calls.iter().all(|c| c.checks.is_empty()) {
             let notes = std::mem::take(&mut self.shadow_notes);
@@ -574,11 +574,10 @@ impl Flow {
             log::debug!("policy {} denies key {} from the over-limit cache", a.policy.name, a.key);
             Some((a.index, hit))
         };
-        for a in evaluation.iter() {
-            if a.policy.shadow {
-                self.calls[1].push(a.index, a.check(req));
-                continue;
-            }
+        for a in crate::plan::shadow(evaluation) {
+            self.calls[1].push(a.index, a.check(req));
+        }
+        for a in crate::plan::enforced(evaluation) {
             if a.policy.leased.is_none() {
                 match enforce(&mut self.calls[0], a) {
                     Some(hit) => return Some(hit),
@@ -713,9 +712,8 @@ impl Flow {
         if !shedding.any() {
             return None;
         }
-        let shed = evaluation
-            .iter()
-            .filter(|a| !a.policy.shadow && a.policy.shed.is_some())
+        let shed = crate::plan::enforced(evaluation)
+            .filter(|a| a.policy.shed.is_some())
             .find(|a| shedding.sheds(a.index, self.class, worker.draw()))?;
         fx.count(shed.index, PolicyStat::Shed);
         fx.count_class(self.class, ClassStat::Shed);

@@ -16,7 +16,7 @@ use sluice_policies::bounds::MAX_CHECKS;
 use sluice_policies::document::Charge;
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::wire::{Check, CheckRequest, Views, WireLimit};
-use sluice_policies::{Document, HeadersMode, Policy};
+use sluice_policies::{Applied, Document, HeadersMode, Policy};
 
 /// One request of a call and its cost (an RLS descriptor and its
 /// `hits_addend`, 0 read as 1).
@@ -45,7 +45,7 @@ pub struct Planned<'d> {
     pub missing_key: Option<&'d Policy>,
 }
 
-impl Planned<'_> {
+impl<'d> Planned<'d> {
     /// Whether any policy applied.
     pub fn matched(&self) -> bool {
         !self.enforced.is_empty()
@@ -61,6 +61,11 @@ impl Planned<'_> {
     /// `blocked` policy.
     pub fn refused(&self) -> bool {
         self.missing_key.is_some() || self.blocked.iter().any(|p| !p.shadow)
+    }
+
+    /// The `blocked` policy an answer shows: an enforced one first.
+    pub fn blocked_shown(&self) -> Option<&'d Policy> {
+        self.blocked.iter().find(|p| !p.shadow).or(self.blocked.first()).copied()
     }
 }
 
@@ -140,7 +145,9 @@ pub fn plan<'d>(doc: &'d Document, descriptors: &[Descriptor]) -> Result<Plan<'d
         match evaluation {
             Err(policy) => planned.missing_key = Some(policy),
             Ok(evaluation) => {
-                for applied in evaluation.iter() {
+                let roles =
+                    enforced(evaluation).map(|a| (a, false)).chain(shadow(evaluation).map(|a| (a, true)));
+                for (applied, in_shadow) in roles {
                     let policy = applied.policy;
                     if replaced(policy) {
                         planned.replaced.push(policy);
@@ -153,7 +160,7 @@ pub fn plan<'d>(doc: &'d Document, descriptors: &[Descriptor]) -> Result<Plan<'d
                     } else {
                         let check = charged(applied.check(&d.request), policy, d.hits)
                             .map_err(|e| format!("descriptors[{i}]: {e}"))?;
-                        if policy.shadow {
+                        if in_shadow {
                             planned.shadow.push(plan.shadow.add(policy, check));
                         } else {
                             planned.enforced.push(plan.enforced.add(policy, check));
@@ -200,6 +207,17 @@ fn charged(mut check: Check, policy: &Policy, hits: u32) -> Result<Check, String
         }
     }
     Ok(check)
+}
+
+/// The enforced policies of an evaluation: with [`shadow`], the one place
+/// a decision splits them (this plan, and the filter's `Flow`).
+pub fn enforced<'e, 'd>(applied: &'e [Applied<'d>]) -> impl Iterator<Item = &'e Applied<'d>> + Clone {
+    applied.iter().filter(|a| !a.policy.shadow)
+}
+
+/// The shadow policies of an evaluation: decided and counted, never refusing.
+pub fn shadow<'e, 'd>(applied: &'e [Applied<'d>]) -> impl Iterator<Item = &'e Applied<'d>> + Clone {
+    applied.iter().filter(|a| a.policy.shadow)
 }
 
 /// The headers rule: whether the `RateLimit` headers go with an answer

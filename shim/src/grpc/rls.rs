@@ -123,7 +123,7 @@ pub fn answer(doc: &Document, plan: &Plan<'_>, outcomes: Outcomes<'_>, now_ms: u
         let over = planned.refused() || enforced.iter().any(|(_, _, o)| !o.allowed);
         let mut status = DescriptorStatus { code: code(over), ..DescriptorStatus::default() };
         let named = enforced.iter().chain(&shadow).map(|&(p, l, o)| (p.answer_name(), l, o));
-        if let Some(policy) = planned.blocked.iter().find(|p| !p.shadow).or(planned.blocked.first()) {
+        if let Some(policy) = planned.blocked_shown() {
             // A limit of 0: refused whatever any other limit says.
             let reset = sluice_core::plan::blocked_reset_ms(policy, now_ms).unwrap_or(0);
             let window = policy.blocked.map(|w| w.as_millis());
