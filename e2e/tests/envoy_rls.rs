@@ -408,8 +408,12 @@ fn peer_random_requests_through_envoy_decide_as_the_ratelimit_model() {
     };
     let mut denied = 0;
     for i in 0..120 {
-        let entries: Vec<(&str, &str)> =
-            values.iter().filter_map(|(k, vs)| (below(3) != 0).then(|| (*k, vs[below(vs.len())]))).collect();
+        let mut entries: Vec<(&str, &str)> = Vec::new();
+        for (k, vs) in values {
+            if below(3) != 0 {
+                entries.push((k, vs[below(vs.len())]));
+            }
+        }
         // The descriptors Envoy sends: each rate_limits entry whose headers are all there.
         let call: ratelimit_model::Call = keys
             .iter()

@@ -18,9 +18,15 @@ pub const OVER: i32 = 2;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answer {
     pub overall: i32,
-    pub statuses: Vec<(i32, Option<(String, u32, i32, u32, i64)>)>,
+    pub statuses: Vec<(i32, Option<Shown>)>,
     pub bare_remaining: Vec<u32>,
 }
+
+/// A status's limit: `(name, requests_per_unit, unit, remaining, reset seconds)`.
+pub type Shown = (String, u32, i32, u32, i64);
+
+/// The node a descriptor reaches, and each level's shared pattern.
+type Found<'c> = Option<(&'c Node, Vec<Option<String>>)>;
 
 /// A call: its descriptors, each a list of entries.
 pub type Call = Vec<Vec<(String, String)>>;
@@ -98,7 +104,7 @@ impl Ratelimit {
 
 impl Ratelimit {
     /// The node a descriptor reaches, and each level's shared pattern.
-    fn find<'c>(config: &'c Config, entries: &[(String, String)]) -> Option<(&'c Node, Vec<Option<String>>)> {
+    fn find<'c>(config: &'c Config, entries: &[(String, String)]) -> Found<'c> {
         let mut level = &config.descriptors;
         let mut shared = Vec::new();
         for (i, (k, v)) in entries.iter().enumerate() {
@@ -128,8 +134,7 @@ impl Ratelimit {
 
     pub fn decide(&mut self, call: &Call, now_s: u64) -> Answer {
         let (config, counters) = (&self.config, &mut self.counters);
-        let found: Vec<Option<(&Node, Vec<Option<String>>)>> =
-            call.iter().map(|d| Ratelimit::find(config, d)).collect();
+        let found: Vec<Found<'_>> = call.iter().map(|d| Ratelimit::find(config, d)).collect();
         let replacing: Vec<String> = found
             .iter()
             .flatten()
