@@ -215,4 +215,83 @@ mod tests {
         assert_eq!(reach(&paths, &entries(&[("p", "/a/bd")])), Some(vec![&a[0]]));
         assert_eq!(reach(&paths, &entries(&[("p", "/a/bc")])), Some(vec![&exact[0]]));
     }
+
+    /// A tree as envoyproxy/ratelimit holds it: nodes, each with its children.
+    #[derive(Debug, Clone)]
+    struct Node {
+        step: Step,
+        children: Vec<Node>,
+    }
+
+    fn arb_tree(depth: u32) -> proptest::strategy::BoxedStrategy<Vec<Node>> {
+        use proptest::prelude::*;
+        let key = prop_oneof![Just("a"), Just("b")];
+        let value =
+            prop_oneof![Just(None), Just(Some("x")), Just(Some("y")), Just(Some("x*")), Just(Some("*y"))];
+        let children = if depth == 0 { Just(Vec::new()).boxed() } else { arb_tree(depth - 1) };
+        proptest::collection::vec((key, value, children), 0..4)
+            .prop_map(|nodes| {
+                let mut out: Vec<Node> = Vec::new();
+                for (k, v, children) in nodes {
+                    let step = step(k, v);
+                    // One node per key and value at a level.
+                    if !out.iter().any(|n| n.step == step) {
+                        out.push(Node { step, children });
+                    }
+                }
+                out
+            })
+            .boxed()
+    }
+
+    /// Every node's path, depth first, parents before children.
+    fn paths(nodes: &[Node], above: &mut Vec<Step>, out: &mut Vec<Vec<Step>>) {
+        for n in nodes {
+            above.push(n.step.clone());
+            out.push(above.clone());
+            paths(&n.children, above, out);
+            above.pop();
+        }
+    }
+
+    /// The reference walk, level by level on the nested tree.
+    fn walk(mut level: &[Node], entries: &[(String, Vec<u8>)]) -> Option<Vec<Step>> {
+        let mut chosen = Vec::new();
+        for (i, (k, v)) in entries.iter().enumerate() {
+            let exact = level.iter().find(|n| {
+                n.step.key == *k && n.step.value == StepValue::Exact(String::from_utf8_lossy(v).into())
+            });
+            let node = exact
+                .or_else(|| level.iter().find(|n| n.step.wildcard_matches(k, v)))
+                .or_else(|| level.iter().find(|n| n.step.key == *k && n.step.value == StepValue::Any))?;
+            chosen.push(node.step.clone());
+            if i + 1 == entries.len() {
+                return Some(chosen);
+            }
+            if node.children.is_empty() {
+                return None;
+            }
+            level = &node.children;
+        }
+        None
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn reach_walks_as_the_nested_tree(
+            tree in arb_tree(2),
+            entries in proptest::collection::vec(
+                (proptest::sample::select(vec!["a", "b"]), proptest::sample::select(vec!["x", "y", "xy", "z"])),
+                1..4,
+            ),
+        ) {
+            let entries: Vec<(String, Vec<u8>)> =
+                entries.into_iter().map(|(k, v)| (k.to_string(), v.as_bytes().to_vec())).collect();
+            let mut all = Vec::new();
+            paths(&tree, &mut Vec::new(), &mut all);
+            let refs: Vec<&[Step]> = all.iter().map(Vec::as_slice).collect();
+            let got = reach(&refs, &entries).map(|p| p.into_iter().cloned().collect::<Vec<_>>());
+            proptest::prop_assert_eq!(got, walk(&tree, &entries));
+        }
+    }
 }
