@@ -347,3 +347,24 @@ fn limitador_conditions_beyond_the_documented_forms_are_refused() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `quota_mode` and `metadata` change what envoyproxy/ratelimit answers
+/// (a quota descriptor refuses only with every other one over; dynamic
+/// metadata): named losses, no document without `--accept-losses`.
+#[test]
+fn quota_mode_and_metadata_are_named_losses() {
+    let dir = sluice_harness::scratch_dir("import-quota").expect("scratch dir");
+    let file = dir.join("quota.yaml");
+    std::fs::write(
+        &file,
+        "domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n    rate_limit: {unit: day, requests_per_unit: 5}\n  - key: b\n    metadata: {team: x}\n    rate_limit: {unit: day, requests_per_unit: 5}\n",
+    )
+    .expect("write");
+    let out = run(&[], &file);
+    let _ = std::fs::remove_dir_all(&dir);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(out.stdout.is_empty());
+    assert!(stderr.contains("line 3: descriptors[0].quota_mode:"), "{stderr}");
+    assert!(stderr.contains("line 6: descriptors[1].metadata:"), "{stderr}");
+}
