@@ -61,6 +61,10 @@ enum Task {
     Build,
     /// Install what is missing, build, and run every test (what CI runs).
     Test {
+        /// Only the fast lane: every native test that needs no Envoy, Redis,
+        /// built dist/ or browser (the edit-compile loop; installs nothing).
+        #[arg(long)]
+        fast: bool,
         /// Arguments for the test binaries, after `--` (e.g. `-- --nocapture`).
         #[arg(last = true)]
         test_args: Vec<String>,
@@ -110,7 +114,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Task::Build => build::build().map(drop),
-        Task::Test { test_args } => test::run(&test_args),
+        Task::Test { fast: true, test_args } => test::fast(&test_args),
+        Task::Test { fast: false, test_args } => test::run(&test_args),
         Task::Demo { keep_running, llm } => run_demo(keep_running, llm),
         Task::Bench { args } => bench::run(&args),
         Task::Soak { minutes } => bench::run(&["--soak-seconds".to_string(), (minutes * 60).to_string()]),

@@ -13,13 +13,57 @@
 //! key without a TTL, or a waiter or lease left behind fails it; its
 //! latency is reported, not judged (its SOAK.md and soak.png go to
 //! `target/bench-quick/`).
+//!
+//! `cargo xtask test --fast` is the fast lane ([`FAST_LANE`]): the tests
+//! that need no Envoy, Redis, built `dist/` or browser. The full run starts
+//! with it, so a mistake there fails in seconds and the lane stays true.
 
 use anyhow::{Context, Result};
 
 use crate::{bench, browser, build, cmd, deps, paths, playground};
 
+/// The fast lane: every crate's unit tests (the end-to-end crate has none)
+/// and these integration tests, `(package, test targets)`, `None` for all
+/// of a package's. A test that needs Redis, Envoy or `dist/` fails here (the
+/// lane points their variables at nothing), so a test that comes to need one
+/// moves out of this list.
+pub(crate) const FAST_LANE: &[(&str, Option<&[&str]>)] = &[
+    ("sluice-policies", None),
+    ("sluice-core", None),
+    ("sluice-shim", Some(&["import", "serve", "server", "simulate"])),
+    ("xtask", Some(&["imports"])),
+];
+
+/// Where the lane points `SLUICE_REDIS_SERVER`, `SLUICE_ENVOY` and
+/// `SLUICE_DIST`: nowhere, so that nothing in it finds the machine's.
+const NOWHERE: &str = "/nonexistent/not-in-the-fast-lane";
+
+/// `cargo xtask test --fast`.
+pub(crate) fn fast(test_args: &[String]) -> Result<()> {
+    let lane = |test: &mut std::process::Command| {
+        test.env("SLUICE_ENVOY", NOWHERE).env("SLUICE_REDIS_SERVER", NOWHERE).env("SLUICE_DIST", NOWHERE);
+        if !test_args.is_empty() {
+            test.arg("--").args(test_args);
+        }
+        cmd::run(test)
+    };
+    lane(cmd::cargo().args(["test", "--workspace", "--exclude", "sluice-e2e", "--lib"]))?;
+    for (package, targets) in FAST_LANE {
+        let mut test = cmd::cargo();
+        test.args(["test", "-p", package]);
+        match targets {
+            None => test.arg("--tests"),
+            Some(targets) => targets.iter().fold(&mut test, |t, target| t.args(["--test", target])),
+        };
+        lane(&mut test)?;
+    }
+    Ok(())
+}
+
 /// `test_args` go to the test binaries (after `--`), e.g. `--nocapture`.
 pub(crate) fn run(test_args: &[String]) -> Result<()> {
+    eprintln!("xtask: the fast lane first (cargo xtask test --fast)");
+    fast(test_args)?;
     let redis = deps::ensure_redis()?;
     let envoy = deps::ensure_envoy()?;
     // For the package test, which reads the images back with it.
