@@ -173,17 +173,25 @@ impl Meter {
         if let Body::Json(reader) = &mut self.body {
             reader.finish(&self.paths, &mut self.found);
         }
-        // A stream cut short may have reported only its first counts.
-        match (self.sums(!whole), &self.body) {
-            ((Some(input), Some(output)), _) => {
-                return Charge { tokens: llm.cost(input, output), source: Source::Usage };
-            }
-            ((Some(total), None), _) if matches!(llm.usage, Usage::Total(_)) => {
-                return Charge { tokens: llm.cost(total, 0), source: Source::Usage };
-            }
-            _ if whole && !self.ok => return Charge { tokens: 0, source: Source::Refused },
-            (_, Body::Unreadable) => return self.fallback(llm, Missing::Unreadable),
-            _ => {}
+        // The usage: the input wherever it was reported (a stream's first
+        // event reports it whole), the output only where its final count
+        // is. A stream whose output was reported only in its first event
+        // (Anthropic's `message_start`, without its `message_delta`) has not
+        // told its count: it is charged what it delivered.
+        let (input, _) = self.sums(false);
+        let (total, output) = self.sums(true);
+        let usage = match llm.usage {
+            Usage::Total(_) => total.map(|total| (total, 0)),
+            Usage::Parts { .. } => input.zip(output),
+        };
+        if let Some((input, output)) = usage {
+            return Charge { tokens: llm.cost(input, output), source: Source::Usage };
+        }
+        if whole && !self.ok {
+            return Charge { tokens: 0, source: Source::Refused };
+        }
+        if let Body::Unreadable = self.body {
+            return self.fallback(llm, Missing::Unreadable);
         }
         self.fallback(llm, if whole { Missing::NoUsage } else { Missing::CutShort })
     }
