@@ -83,20 +83,24 @@ fn serve(stream: TcpStream, requests: &AtomicU64) {
     }
 }
 
-/// A budget of 1,000 tokens: the first request spends it all; a burst of
-/// 200 more (8 clients at once) is refused, and not one of them reaches
-/// the upstream: one connection, one request, in all.
+/// A budget that the first request's reservation spends whole (its body's
+/// bytes and its cap of 100); a burst of 200 more (8 clients at once) is
+/// refused, and not one of them reaches the upstream: one connection, one
+/// request, in all.
 #[test]
 fn a_burst_of_refusals_reaches_no_upstream() {
-    let doc = r#"{"shim": {"timeout_ms": 2000}, "failure_mode": "deny", "policies": [
-        {"name": "budget", "match": {"path_prefix": "/v1/"}, "key": ["header:x-team"],
-         "llm": {"api": "openai_chat", "default_max_tokens": 100},
-         "limits": [{"type": "points", "capacity": 1000, "refill": "1d", "cost": "llm_tokens"}]}]}"#;
+    let body = request_body(Api::OpenaiChat, "hello", Some(100), false);
+    let capacity = body.len() + 100;
+    let doc = format!(
+        r#"{{"shim": {{"timeout_ms": 2000}}, "failure_mode": "deny", "policies": [
+        {{"name": "budget", "match": {{"path_prefix": "/v1/"}}, "key": ["header:x-team"],
+         "llm": {{"api": "openai_chat", "default_max_tokens": 100}},
+         "limits": [{{"type": "points", "capacity": {capacity}, "refill": "1d", "cost": "llm_tokens"}}]}}]}}"#
+    );
     let redis = Redis::start().expect("redis");
     let shim = Shim::start(&redis.url()).expect("shim");
     let upstream = Counting::start();
-    let envoy = Envoy::start(doc, shim.port, upstream.port).expect("envoy");
-    let body = request_body(Api::OpenaiChat, "hello", Some(100), false);
+    let envoy = Envoy::start(&doc, shim.port, upstream.port).expect("envoy");
     let path = llm::path(Api::OpenaiChat);
     let first = post(envoy.port, path, &[("x-team", "a")], &body).expect("the first request");
     assert_eq!(first.status, 200, "{}", first.text());

@@ -5,7 +5,7 @@ use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
-use sluice_core::{CallId, Effect, Flow, Phase};
+use sluice_core::{CallId, Effect, Flow, Host, Phase};
 use sluice_policies::request::SimpleRequest;
 
 use crate::host::{HostRequest, ProxyHost};
