@@ -62,7 +62,8 @@ def shapes():
     run("chat_stream", chat_stream)
 
     def chat_helper():
-        with oai.chat.completions.stream(model="mock", messages=MESSAGES, max_tokens=50) as stream:
+        with oai.chat.completions.stream(model="mock", messages=MESSAGES, max_tokens=50,
+                                         stream_options={"include_usage": True}) as stream:
             for _ in stream:
                 pass
             return stream.get_final_completion().choices[0].message.content

@@ -164,7 +164,8 @@ impl Script {
                 "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output}}),
             Api::OpenaiResponses => json!({
                 "id": "resp_mock", "object": "response", "status": "completed", "model": "mock",
-                "output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": self.text()}]}],
+                "output": [{"id": "msg_mock", "type": "message", "role": "assistant", "status": "completed",
+                            "content": [{"type": "output_text", "text": self.text(), "annotations": []}]}],
                 "usage": {"input_tokens": input, "output_tokens": output, "total_tokens": input + output}}),
             Api::AnthropicMessages => json!({
                 "id": "msg_mock", "type": "message", "role": "assistant", "model": "mock",
@@ -228,6 +229,23 @@ impl Script {
                         "item_id": "msg_mock", "output_index": 0, "content_index": 0, "delta": TOKEN}),
                     )
                 }));
+                let text = self.text();
+                events.push(named(
+                    "response.output_text.done",
+                    json!({"type": "response.output_text.done", "item_id": "msg_mock", "output_index": 0,
+                    "content_index": 0, "text": text}),
+                ));
+                let part = json!({"type": "output_text", "text": text, "annotations": []});
+                events.push(named(
+                    "response.content_part.done",
+                    json!({"type": "response.content_part.done", "item_id": "msg_mock", "output_index": 0,
+                    "content_index": 0, "part": part}),
+                ));
+                events.push(named(
+                    "response.output_item.done",
+                    json!({"type": "response.output_item.done", "output_index": 0, "item": {"id": "msg_mock",
+                    "type": "message", "role": "assistant", "status": "completed", "content": [part]}}),
+                ));
                 let mut done = json!({"type": "response.completed", "response": self.document()});
                 done["response"]["id"] = json!("resp_mock");
                 events.push(named("response.completed", done));
