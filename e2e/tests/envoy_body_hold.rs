@@ -72,7 +72,8 @@ fn serve(stream: TcpStream, requests: &AtomicU64) {
         if reader.read_exact(&mut body).is_err() {
             return;
         }
-        let answer = r#"{"choices":[],"usage":{"prompt_tokens":500,"completion_tokens":500,"total_tokens":1000}}"#;
+        let answer =
+            r#"{"choices":[],"usage":{"prompt_tokens":500,"completion_tokens":500,"total_tokens":1000}}"#;
         let response = format!(
             "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{answer}",
             answer.len()

@@ -86,7 +86,9 @@ fn every_call_shape_of_both_sdks_passes_and_is_charged_its_true_count() {
     let served = stack.llm.served();
     for api in APIS {
         let billed: u64 = served.iter().filter(|s| s.api == api).map(|s| s.billed()).sum();
-        let ok = eventually(Duration::from_secs(10), || stat(&stack.envoy, "llm_tokens_charged", api.name()) == billed);
+        let ok = eventually(Duration::from_secs(10), || {
+            stat(&stack.envoy, "llm_tokens_charged", api.name()) == billed
+        });
         assert!(ok, "{api:?}: charged {} for {billed}", stat(&stack.envoy, "llm_tokens_charged", api.name()));
         assert_eq!(stat(&stack.envoy, "llm_fallbacks", api.name()), 0);
     }
@@ -101,8 +103,9 @@ fn a_spent_budget_raises_rate_limit_error_at_once() {
     for api in APIS {
         // No cap: 100 reserved, 5,000 used: the budget is spent for hours.
         let body = request_body(api, "spend", None, false);
-        let reply = post(stack.envoy.port, llm::path(api), &[("x-team", "a"), ("x-mock-output", "5000")], &body)
-            .expect("a request");
+        let reply =
+            post(stack.envoy.port, llm::path(api), &[("x-team", "a"), ("x-mock-output", "5000")], &body)
+                .expect("a request");
         assert_eq!(reply.status, 200);
     }
     let calls = sdks(&stack, "refused", "a");

@@ -314,7 +314,11 @@ fn a_stream_past_its_budget_ends_right_after_the_error_event() {
         // What it delivered, with the input as the stream told it (else its
         // estimate, never below the true count).
         assert_eq!(charged, (input + passing).min(CAPACITY), "{api:?}: at most the capacity");
-        assert!(charged >= served.billed().min(CAPACITY), "{api:?}: charged {charged} for {}", served.billed());
+        assert!(
+            charged >= served.billed().min(CAPACITY),
+            "{api:?}: charged {charged} for {}",
+            served.billed()
+        );
     }
 }
 

@@ -118,7 +118,8 @@ impl RootContext for SluiceRoot {
                      whose body a policy reads reaches the upstream's headers before its decision"
                 );
             }
-            let resumed = hostcalls::set_effective_context(id).and_then(|()| hostcalls::resume_http_request());
+            let resumed =
+                hostcalls::set_effective_context(id).and_then(|()| hostcalls::resume_http_request());
             if let Err(status) = resumed {
                 log::debug!("cannot let stream {id}'s headers go: {status:?}");
             }

@@ -46,8 +46,11 @@ impl Vm {
     /// held until it).
     pub fn unheld(&self, now: u64) -> Vec<u32> {
         let mut reading = self.reading.borrow_mut();
-        let stuck: Vec<u32> =
-            reading.iter().filter(|(_, since)| now.saturating_sub(*since) >= BODY_WAIT_MS).map(|(id, _)| *id).collect();
+        let stuck: Vec<u32> = reading
+            .iter()
+            .filter(|(_, since)| now.saturating_sub(*since) >= BODY_WAIT_MS)
+            .map(|(id, _)| *id)
+            .collect();
         reading.retain(|(id, _)| !stuck.contains(id));
         stuck
     }

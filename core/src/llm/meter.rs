@@ -254,7 +254,13 @@ fn delivered(found: &Found, content_events: u64, reservation: Reservation, llm: 
 /// mid-stream: the input reported (or the reservation's), and the larger of
 /// the output reported so far and the content delivered (never past the
 /// request's cap).
-fn running(found: &Found, content_events: u64, input_slots: &[bool], reservation: Reservation, llm: &Llm) -> u64 {
+fn running(
+    found: &Found,
+    content_events: u64,
+    input_slots: &[bool],
+    reservation: Reservation,
+    llm: &Llm,
+) -> u64 {
     let (input, output) = sums(found, input_slots, false);
     let input = input.unwrap_or(reservation.input);
     let mut output = output.unwrap_or(0).max(delivered(found, content_events, reservation, llm));
