@@ -64,6 +64,10 @@ pub enum Effect {
     SetResponseHeader { name: &'static str, value: String },
     /// Replace the response body chunk being handled with these bytes.
     ReplaceResponseBody(Vec<u8>),
+    /// End the response to the client once the bytes this callback hands
+    /// on have gone, whatever the upstream still sends (a proxy-wasm host
+    /// can only reset it: the client has had its last event).
+    EndResponse,
     /// Add `n` to a policy's counter, or record `n` in its histogram.
     Policy { policy: usize, stat: PolicyStat, n: u64 },
     /// Add 1 to a class's counter, or set its gauge to `n`.

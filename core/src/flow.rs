@@ -89,8 +89,8 @@ const FIRST_OTHER: u32 = 2;
 pub enum Phase {
     /// The request's headers have not been seen.
     Matching,
-    /// Its body is being read (a policy that reads bodies may apply): its
-    /// headers have gone on, the host buffers its body.
+    /// Its body is being read (a policy that reads bodies may apply): the
+    /// host holds its headers and buffers its body.
     Reading,
     /// Its checks are in flight; the host holds the request.
     Checking,
@@ -189,10 +189,11 @@ impl Flow {
 
     /// Whether the host must hold the request now; asked once the request
     /// headers' effects are performed. While the body is being read the
-    /// headers go on (a proxy-wasm host calls no body callback while they
-    /// are held) and the body is held ([`Flow::hold_request_body`]).
+    /// headers are held too (the host must still hand over the body, as
+    /// Envoy does with `allow_on_headers_stop_iteration`): only an admitted
+    /// request goes upstream, headers and body together.
     pub fn hold_request(&mut self) -> bool {
-        let hold = matches!(self.phase, Phase::Checking | Phase::Waiting | Phase::Refused);
+        let hold = matches!(self.phase, Phase::Reading | Phase::Checking | Phase::Waiting | Phase::Refused);
         self.request_held |= matches!(self.phase, Phase::Checking | Phase::Waiting);
         hold
     }

@@ -1,9 +1,16 @@
 //! The local responses the filter sends: a policy's denial, a refusal for
 //! want of capacity, a refusal when the shim failed, and a 400 for a missing key.
+//!
+//! A policy whose `llm` names an API denies in that API's own error shape
+//! (the one its SDKs read their message from), and tells the SDKs not to
+//! retry a wait longer than [`SHOULD_RETRY_MAX_SECS`] (`x-should-retry:
+//! false`, which the OpenAI and Anthropic SDKs obey; both retry a 429 twice
+//! by default, and Anthropic's waits for any `retry-after`, however long).
 
 use std::borrow::Cow;
 
 use serde::Serialize;
+use sluice_policies::llm::Api;
 use sluice_policies::{DenyResponse, Policy};
 
 use crate::ratelimit_headers::RateLimitHeaders;
@@ -31,8 +38,18 @@ pub struct LocalReply {
 pub type Header = Cow<'static, str>;
 
 /// The most headers a refusal starts with: `retry-after`, the two
-/// `RateLimit` headers, `content-type` and `x-sluice-verdict`.
-const REFUSAL_HEADERS: usize = 5;
+/// `RateLimit` headers, `x-should-retry`, `content-type` and `x-sluice-verdict`.
+const REFUSAL_HEADERS: usize = 6;
+
+/// The longest wait (`retry-after`, in seconds) a policy with an LLM API
+/// lets an SDK retry after: past it, `x-should-retry: false`. An SDK's
+/// caller blocks for each retry's wait, twice by default: 20 s each is
+/// about what a caller of a chat answer waits anyway; a budget spent for
+/// minutes or hours is better told at once.
+pub const SHOULD_RETRY_MAX_SECS: u64 = 20;
+
+/// The header the OpenAI and Anthropic SDKs obey over their own retry rules.
+pub const SHOULD_RETRY: &str = "x-should-retry";
 
 const JSON: &str = "application/json";
 const TEXT: &str = "text/plain; charset=utf-8";
@@ -44,13 +61,25 @@ pub const REDUCED_CAPACITY: &str =
 impl LocalReply {
     /// `policy` denies: its response (429 and the small JSON body unless it
     /// says otherwise), always with `retry-after`, and the RateLimit headers if given.
+    /// A policy with an `llm` API answers in that API's error shape instead
+    /// (see [`llm_denial`]), with `x-should-retry: false` past
+    /// [`SHOULD_RETRY_MAX_SECS`]; its `response` still overrides both.
     pub fn denial(policy: &Policy, retry_after_secs: u64, ratelimit: Option<RateLimitHeaders>) -> LocalReply {
-        let json = || {
-            let body =
-                Denied { error: "rate_limited", policy: policy.name.as_str(), retry_after: retry_after_secs };
-            serde_json::to_vec(&body).unwrap_or_default()
+        let api = policy.llm.as_ref().and_then(|llm| llm.api);
+        let json = || match api {
+            Some(api) => llm_denial(api, policy.name.as_str(), retry_after_secs),
+            None => {
+                let body = Denied {
+                    error: "rate_limited",
+                    policy: policy.name.as_str(),
+                    retry_after: retry_after_secs,
+                };
+                serde_json::to_vec(&body).unwrap_or_default()
+            }
         };
-        LocalReply::refusal(policy, 429, json, JSON, retry_after_secs, ratelimit)
+        let should_retry = api.is_some() && retry_after_secs > SHOULD_RETRY_MAX_SECS;
+        let extra = should_retry.then_some((SHOULD_RETRY.into(), "false".into()));
+        LocalReply::refusal(policy, 429, json, JSON, retry_after_secs, ratelimit, extra)
     }
 
     /// `policy` refuses for want of capacity, not for a client's quota: a
@@ -74,6 +103,7 @@ impl LocalReply {
             PROBLEM_JSON,
             retry_after_secs,
             None,
+            None,
         )
     }
 
@@ -84,6 +114,7 @@ impl LocalReply {
         json_type: &'static str,
         retry_after_secs: u64,
         ratelimit: Option<RateLimitHeaders>,
+        extra: Option<(Header, Header)>,
     ) -> LocalReply {
         let response: &DenyResponse = &policy.response;
         let (body, content_type) = match &response.body {
@@ -96,6 +127,7 @@ impl LocalReply {
             headers.push((RateLimitHeaders::POLICY.into(), h.policy.into()));
             headers.push((RateLimitHeaders::RATELIMIT.into(), h.ratelimit.into()));
         }
+        headers.extend(extra);
         let status = response.status.map_or(status, |s| s.get());
         let mut reply = LocalReply { status, headers, body };
         reply.finish(content_type, &response.headers.0);
@@ -130,6 +162,25 @@ impl LocalReply {
     }
 }
 
+/// The body of a denial in `api`'s own error shape: OpenAI's
+/// `{"error":{"message","type","param","code"}}` (its SDKs raise
+/// `RateLimitError` with `error.message`), Anthropic's
+/// `{"type":"error","error":{"type":"rate_limit_error","message"}}`.
+pub fn llm_denial(api: Api, policy: &str, retry_after_secs: u64) -> Vec<u8> {
+    let message = format!(
+        "Rate limit reached: the gateway's policy {policy} refused this request; \
+         please try again in {retry_after_secs}s."
+    );
+    let body = match api {
+        Api::OpenaiChat | Api::OpenaiResponses => serde_json::json!({"error": {
+            "message": message, "type": "rate_limit_exceeded", "param": null, "code": "rate_limit_exceeded"}}),
+        Api::AnthropicMessages => {
+            serde_json::json!({"type": "error", "error": {"type": "rate_limit_error", "message": message}})
+        }
+    };
+    body.to_string().into_bytes()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,6 +188,14 @@ mod tests {
     fn policy(extra: &str) -> Policy {
         let doc = format!(
             r#"{{"policies":[{{"name":"p",{extra}"limits":[{{"type":"interval","every":"1s"}}]}}]}}"#
+        );
+        sluice_policies::parse(&doc).expect("doc").policies[0].clone()
+    }
+
+    /// A token budget with `llm` and `extra`.
+    fn budget(llm: &str, extra: &str) -> Policy {
+        let doc = format!(
+            r#"{{"policies":[{{"name":"p","llm":{llm},{extra}"limits":[{{"type":"points","capacity":100,"refill":"1h","cost":"llm_tokens"}}]}}]}}"#
         );
         sluice_policies::parse(&doc).expect("doc").policies[0].clone()
     }
@@ -172,6 +231,36 @@ mod tests {
         let reply = LocalReply::denial(&json, 1, None);
         assert_eq!(header(&reply, "content-type"), Some("application/problem+json"));
         assert_eq!(reply.headers.iter().filter(|(n, _)| n == "content-type").count(), 1);
+    }
+
+    #[test]
+    fn an_llm_policy_denies_in_its_apis_shape_and_stops_long_retries() {
+        let openai = budget(r#"{"api":"openai_chat"}"#, "");
+        let reply = LocalReply::denial(&openai, 3, None);
+        assert_eq!(reply.status, 429);
+        let body: serde_json::Value = serde_json::from_slice(&reply.body).expect("json");
+        assert_eq!(body["error"]["code"], "rate_limit_exceeded");
+        assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("policy p")), "{body}");
+        assert_eq!(header(&reply, SHOULD_RETRY), None, "a short wait: the SDK may retry");
+        let reply = LocalReply::denial(&openai, SHOULD_RETRY_MAX_SECS + 1, None);
+        assert_eq!(header(&reply, SHOULD_RETRY), Some("false"));
+
+        let anthropic = budget(r#"{"api":"anthropic_messages"}"#, "");
+        let reply = LocalReply::denial(&anthropic, 600, None);
+        let body: serde_json::Value = serde_json::from_slice(&reply.body).expect("json");
+        assert_eq!(body["type"], "error");
+        assert_eq!(body["error"]["type"], "rate_limit_error");
+        assert_eq!(header(&reply, SHOULD_RETRY), Some("false"));
+        assert_eq!(header(&reply, "retry-after"), Some("600"));
+
+        let own = budget(
+            r#"{"api":"openai_chat"}"#,
+            r#""response":{"body":"no","headers":{"x-should-retry":"true"}},"#,
+        );
+        let reply = LocalReply::denial(&own, 600, None);
+        assert_eq!(reply.body, b"no", "the policy's response wins");
+        assert_eq!(header(&reply, SHOULD_RETRY), Some("true"));
+        assert_eq!(reply.headers.iter().filter(|(n, _)| n == SHOULD_RETRY).count(), 1);
     }
 
     #[test]

@@ -42,7 +42,7 @@ fn admitted(s: &mut Stream<'_>, body: &[u8], remaining: u64) -> u64 {
     let req = post("/v1/chat/completions");
     assert!(s.request(&req).is_empty(), "the body is read first");
     assert_eq!(s.phase(), Phase::Reading);
-    assert!(!s.hold_request(), "the headers go on");
+    assert!(s.hold_request(), "the headers are held too: nothing goes upstream before the decision");
     assert!(s.flow.hold_request_body(), "the body is held");
     let (first, rest) = body.split_at(body.len() / 2);
     assert!(s.request_body(&req, first, false).is_empty());
@@ -215,7 +215,8 @@ fn a_stream_without_usage_keeps_its_reservation() {
 }
 
 /// With `fallback: content`, a stream reset midway is charged its input
-/// estimate and the content seen (a token per byte).
+/// (as `message_start` reported it) and the content delivered: its bytes
+/// over `content_bytes_per_token` (4), at least one per content event.
 #[test]
 fn a_reset_stream_is_charged_its_content_with_that_fallback() {
     let t = Test::new(&doc("anthropic_messages", r#", "fallback": "content""#));
@@ -227,7 +228,7 @@ fn a_reset_stream_is_charged_its_content_with_that_fallback() {
     let cut = String::from_utf8_lossy(&stream).find("event: message_delta").unwrap();
     s.chunk(&stream[..cut], false);
     let fx = s.end();
-    assert_eq!(adjusted(&t, &fx), [(12 + 10 * "word ".len() as u64, 500)]);
+    assert_eq!(adjusted(&t, &fx), [(12 + (10 * "word ".len() as u64).div_ceil(4), 500)]);
     assert_eq!(count(&fx, 0, PolicyStat::LlmFallbacks), 1);
 }
 
@@ -327,7 +328,9 @@ fn keys_and_conditions_read_the_body() {
 
 /// `end_stream`: once the running count passes what the key had left, the
 /// chunk ends after the event that passed it, the API's error event
-/// follows, and nothing after; the true usage is still charged.
+/// follows, the response ends (`EndResponse`, once), and nothing after; the
+/// true usage is still charged. The count is in tokens: content over
+/// `content_bytes_per_token`, not its bytes.
 #[test]
 fn a_stream_past_its_budget_is_ended_after_a_whole_event() {
     let t = Test::new(&doc("openai_chat", r#", "end_stream": true"#));
@@ -335,11 +338,13 @@ fn a_stream_past_its_budget_is_ended_after_a_whole_event() {
     // 100 left after the 700 reserved (200 of input, 500 of output): 800 in all.
     admitted(&mut s, &chat(None), 100);
     s.response(&streaming(), false);
-    let stream = openai_stream(200, 30, 700);
+    let stream = openai_stream(600, 30, 700);
     let mut delivered = Vec::new();
     let mut ended = false;
+    let mut ends = 0;
     for piece in stream.chunks(50) {
         let fx = s.chunk(piece, false);
+        ends += fx.iter().filter(|e| **e == Effect::EndResponse).count();
         match fx.iter().find_map(|e| match e {
             Effect::ReplaceResponseBody(b) => Some(b.clone()),
             _ => None,
@@ -353,6 +358,7 @@ fn a_stream_past_its_budget_is_ended_after_a_whole_event() {
     }
     let fx = s.chunk(b"", true);
     assert!(ended);
+    assert_eq!(ends, 1, "the response is ended once, right after the error event");
     assert_eq!(adjusted(&t, &fx), [(730, 700)]);
     let text = String::from_utf8(delivered).unwrap();
     let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
@@ -360,10 +366,88 @@ fn a_stream_past_its_budget_is_ended_after_a_whole_event() {
     let error: Value = serde_json::from_str(events[events.len() - 2].trim_start_matches("data: ")).unwrap();
     assert_eq!(error["error"]["code"], "rate_limit_exceeded");
     // Every event before the error is whole, and the content stops where the
-    // count passed 800: 200 of input and 600 bytes of content, 120 words.
+    // count passed 800: 200 of input and 600 tokens of content, 5 bytes a
+    // word over 4 bytes a token: 481 words (2,405 bytes, 602 tokens).
     let words = events.iter().filter(|e| e.contains("word ")).count();
-    assert_eq!(words, 121, "the event that passed the budget is the last one delivered");
+    assert_eq!(words, 481, "the event that passed the budget is the last one delivered");
     assert_eq!(count(&fx, 0, PolicyStat::LlmStreamsEnded), 0, "counted once, when ended");
+}
+
+/// The issue's scenario in one flow: no cap, `default_max_tokens` 500, a
+/// client that reads 900 tokens of a longer answer and goes. The default
+/// fallback charges what it received (not the smaller reservation); the
+/// `content` fallback charges the same, not the whole budget.
+#[test]
+fn a_client_that_goes_early_is_charged_what_it_received() {
+    for fallback in ["", r#", "fallback": "content""#] {
+        let t = Test::new(&doc("openai_chat", fallback));
+        let mut s = t.stream();
+        assert_eq!(admitted(&mut s, &chat(None), 99_000), 700);
+        s.response(&streaming(), false);
+        let stream = openai_stream(1000, 30, 1000);
+        let text = String::from_utf8_lossy(&stream).into_owned();
+        // The end of the 900th content event.
+        let cut = text.match_indices("\n\n").nth(899).map(|(i, _)| i + 2).unwrap();
+        for piece in stream[..cut].chunks(37) {
+            s.chunk(piece, false);
+        }
+        let fx = s.end();
+        let received = (900 * "word ".len() as u64).div_ceil(4);
+        assert_eq!(count(&fx, 0, PolicyStat::LlmTokensCharged), 200 + received, "{fallback}");
+        assert_eq!(count(&fx, 0, PolicyStat::LlmFallbacks), 1);
+    }
+}
+
+/// One provider stream as the property below models it: `tokens` output
+/// tokens of `bytes` bytes each, `per_event` to a content event, in `api`'s
+/// shape, reporting `input` and its output at the end if `usage`. Its
+/// bytes, and each event's end with the output tokens delivered by then.
+fn provider_stream(
+    anthropic: bool,
+    input: u64,
+    tokens: u64,
+    bytes: usize,
+    per_event: u64,
+    usage: bool,
+) -> (Vec<u8>, Vec<(usize, u64)>) {
+    let mut out = Vec::new();
+    let mut ends = Vec::new();
+    let mut delivered = 0;
+    let mut event = |name: Option<&str>, data: Value, delivered: u64| {
+        if let Some(name) = name {
+            out.extend_from_slice(format!("event: {name}\n").as_bytes());
+        }
+        out.extend_from_slice(format!("data: {data}\n\n").as_bytes());
+        ends.push((out.len(), delivered));
+    };
+    if anthropic {
+        event(
+            Some("message_start"),
+            json!({"type": "message_start", "message": {"usage": {"input_tokens": input, "output_tokens": 1}}}),
+            0,
+        );
+    }
+    while delivered < tokens {
+        let n = per_event.min(tokens - delivered);
+        delivered += n;
+        let text = "a".repeat(bytes * n as usize);
+        if anthropic {
+            let data = json!({"type": "content_block_delta", "delta": {"type": "text_delta", "text": text}});
+            event(Some("content_block_delta"), data, delivered);
+        } else {
+            event(None, json!({"choices": [{"index": 0, "delta": {"content": text}}]}), delivered);
+        }
+    }
+    if usage {
+        if anthropic {
+            let data = json!({"type": "message_delta", "usage": {"output_tokens": tokens}});
+            event(Some("message_delta"), data, delivered);
+        } else {
+            let data = json!({"choices": [], "usage": {"prompt_tokens": input, "completion_tokens": tokens}});
+            event(None, data, delivered);
+        }
+    }
+    (out, ends)
 }
 
 proptest! {
@@ -392,4 +476,80 @@ proptest! {
             prop_assert_eq!(adjustments, vec![(52, 500)]);
         }
     }
+
+    /// However a stream ends (whole, or cut after any byte: the client gone,
+    /// a reset, the provider cut), it is charged against the provider's true
+    /// counts: its usage once the event with its final count came; else at least what it
+    /// delivered (the true input and the output tokens of its whole events,
+    /// wherever the policy's conversion does not undercount them: a token of
+    /// at least `content_bytes_per_token` bytes, or one token per event),
+    /// never more than the reservation unless its content says more was
+    /// delivered, and with the `content` fallback only what was delivered.
+    #[test]
+    fn a_stream_is_charged_at_least_what_it_delivered(
+        anthropic in any::<bool>(),
+        tokens in 0u64..300,
+        bytes in 1usize..9,
+        per_event in 1u64..4,
+        usage in any::<bool>(),
+        cut in any::<prop::sample::Index>(),
+        whole in any::<bool>(),
+        chunk in 1usize..300,
+        capped in any::<bool>(),
+        content_fallback in any::<bool>(),
+        per_token in prop::sample::select(vec![1u32, 4]),
+    ) {
+        let extra = format!(
+            r#", "content_bytes_per_token": {per_token}{}"#,
+            if content_fallback { r#", "fallback": "content""# } else { "" }
+        );
+        let api = if anthropic { "anthropic_messages" } else { "openai_chat" };
+        let t = Test::new(&doc(api, &extra));
+        let mut s = t.stream();
+        let cap = capped.then_some(tokens + 7);
+        let body = chat(cap);
+        let reserved = admitted(&mut s, &body, 99_000);
+        let input = llm_input(&body);
+        let (stream, ends) = provider_stream(anthropic, input, tokens, bytes, per_event, usage);
+        s.response(&streaming(), false);
+        let at = if whole { stream.len() } else { cut.index(stream.len() + 1) };
+        let mut fx = Vec::new();
+        let pieces: Vec<&[u8]> = stream[..at].chunks(chunk).collect();
+        for (i, piece) in pieces.iter().enumerate() {
+            fx.extend(s.chunk(piece, whole && i + 1 == pieces.len()));
+        }
+        if whole && pieces.is_empty() {
+            fx.extend(s.chunk(b"", true));
+        }
+        fx.extend(s.end());
+        let charged = count(&fx, 0, PolicyStat::LlmTokensCharged);
+        // Whole events reached the client; a partial one did not.
+        let seen: Vec<&(usize, u64)> = ends.iter().filter(|(end, _)| *end <= at).collect();
+        let delivered = seen.last().map_or(0, |(_, d)| *d);
+        let content_events = seen.iter().zip(std::iter::once(&&(0, 0)).chain(seen.iter()))
+            .filter(|(now, before)| now.1 > before.1).count() as u64;
+        let reported_input = anthropic && !seen.is_empty();
+        if usage && seen.len() == ends.len() {
+            prop_assert_eq!(charged, input + tokens, "its usage, exactly");
+            return Ok(());
+        }
+        prop_assert_eq!(count(&fx, 0, PolicyStat::LlmFallbacks), 1);
+        if u64::from(per_token) <= bytes as u64 || per_event == 1 {
+            prop_assert!(charged >= input + delivered, "charged {} for {} delivered", charged, input + delivered);
+        }
+        // What the content tells, as the policy converts it.
+        let content = (bytes as u64 * delivered).div_ceil(u64::from(per_token)).max(content_events);
+        let content = cap.map_or(content, |c| content.min(c));
+        let told = if reported_input { input } else { body.len() as u64 } + content;
+        if content_fallback {
+            prop_assert_eq!(charged, told, "only what was delivered");
+        } else {
+            prop_assert_eq!(charged, reserved.max(told), "the reservation, unless more was delivered");
+        }
+    }
+}
+
+/// The provider's true input count of a request body: its bytes over 4.
+fn llm_input(body: &[u8]) -> u64 {
+    (body.len() as u64).div_ceil(4)
 }

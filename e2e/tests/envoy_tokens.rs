@@ -225,11 +225,11 @@ fn fallbacks_refusals_and_bounds() {
     };
 
     // Cut after message_start, its block's start and 10 deltas: the input
-    // the stream reported, and 10 tokens' content, a token per byte.
+    // the stream reported, and 10 tokens' content (4 bytes a token).
     let reply =
         call(&stack.envoy, api, &body, &[("x-team", "a"), ("x-mock-output", "100"), ("x-mock-cut", "12")]);
     assert!(!reply.complete, "the provider's cut reaches the client");
-    let cut = llm::input_tokens(&body) + 10 * llm::TOKEN.len() as u64;
+    let cut = llm::input_tokens(&body) + 10;
     stat_is("llm_fallbacks", 1);
     stat_is("llm_tokens_fallback", cut);
 
@@ -254,33 +254,190 @@ fn fallbacks_refusals_and_bounds() {
     assert_eq!(stack.llm.served().len(), 3, "the large body never went upstream");
 }
 
-/// `end_stream`: a stream without a cap that runs past what its key has
-/// left ends to the client after a whole event, with the API's error event
-/// and a clean end; the provider's whole output is still charged.
+/// `end_stream`, in every API shape: a stream without a cap that runs past
+/// what its key has left ends to the client right after a whole event and
+/// the API's error event, though the provider still holds the stream open
+/// (it stops there and waits: without the end, the client would wait with
+/// it). The running count is in tokens (4 bytes of content each, the
+/// mock's), and the provider's true count is charged: what it wrote.
 #[test]
-fn a_stream_past_its_budget_ends_cleanly_and_is_charged_in_full() {
-    let stack = start(&budget("cut", Api::OpenaiChat, 3_000, r#", "end_stream": true"#));
-    let body = request_body(Api::OpenaiChat, &"y".repeat(300), None, true);
-    let reply = call(&stack.envoy, Api::OpenaiChat, &body, &[("x-team", "a"), ("x-mock-output", "2000")]);
-    assert_eq!(reply.status, 200);
-    assert!(reply.complete, "a clean end, not a reset");
-    let text = reply.text();
-    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
-    assert_eq!(events.last(), Some(&"data: [DONE]"));
-    let error: Value =
-        serde_json::from_str(events[events.len() - 2].trim_start_matches("data: ")).expect("JSON");
-    assert_eq!(error["error"]["code"], "rate_limit_exceeded", "{error}");
-    for event in &events[..events.len() - 2] {
-        let data = event.strip_prefix("data: ").expect("a data event");
-        serde_json::from_str::<Value>(data).unwrap_or_else(|e| panic!("a whole event: {data}: {e}"));
+fn a_stream_past_its_budget_ends_right_after_the_error_event() {
+    const CAPACITY: u64 = 3_000;
+    for api in APIS {
+        let stack = start(&budget("cut", api, CAPACITY, r#", "end_stream": true"#));
+        let body = request_body(api, &"y".repeat(300), None, true);
+        // The content event that passes the budget: the input (its estimate,
+        // the body's bytes, or the true count Anthropic's `message_start`
+        // reports), then a token per event.
+        let input = match api {
+            Api::AnthropicMessages => llm::input_tokens(&body),
+            _ => body.len() as u64,
+        };
+        let passing = CAPACITY - input + 1;
+        let hold = (passing + llm::events_before_content(api) as u64).to_string();
+        let headers = [("x-team", "a"), ("x-mock-output", "5000"), ("x-mock-hold", hold.as_str())];
+        let reply = call(&stack.envoy, api, &body, &headers);
+        assert_eq!(reply.status, 200);
+        let text = reply.text();
+        let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+        let error_at = events.iter().rposition(|e| e.contains("rate_limit")).expect("the error event");
+        let error: Value = serde_json::from_str(events[error_at].split("data: ").nth(1).expect("data"))
+            .unwrap_or_else(|e| panic!("{api:?}: {e}"));
+        match api {
+            Api::OpenaiChat => {
+                assert_eq!(error["error"]["code"], "rate_limit_exceeded");
+                assert_eq!(events.last(), Some(&"data: [DONE]"), "then [DONE], and the end");
+                assert_eq!(error_at, events.len() - 2);
+            }
+            Api::OpenaiResponses => {
+                assert_eq!(error["type"], "error");
+                assert_eq!(error["code"], "rate_limit_exceeded");
+                assert_eq!(error["error"]["message"], error["message"], "the SDK raises on `error`");
+                assert_eq!(error_at, events.len() - 1);
+            }
+            Api::AnthropicMessages => {
+                assert_eq!(error["error"]["type"], "rate_limit_error");
+                assert_eq!(error_at, events.len() - 1);
+            }
+        }
+        let delivered = events.iter().filter(|e| e.contains(llm::TOKEN)).count() as u64;
+        assert_eq!(delivered, passing, "{api:?}: the event that passed the budget is the last delivered");
+        assert_eq!(stat(&stack.envoy, "llm_streams_ended", "cut"), 1);
+        let ok = eventually(Duration::from_secs(10), || {
+            stack.llm.served().first().is_some_and(|s| s.ended.is_some())
+                && stat(&stack.envoy, "llm_fallbacks", "cut") == 1
+        });
+        assert!(ok, "{api:?}: the provider saw the end and the request settled");
+        let served = &stack.llm.served()[0];
+        assert_eq!(served.written, passing, "{api:?}: the provider wrote up to the passing event");
+        let charged = stat(&stack.envoy, "llm_tokens_charged", "cut");
+        // What it delivered, with the input as the stream told it (else its
+        // estimate, never below the true count).
+        assert_eq!(charged, (input + passing).min(CAPACITY), "{api:?}: at most the capacity");
+        assert!(
+            charged >= served.billed().min(CAPACITY),
+            "{api:?}: charged {charged} for {}",
+            served.billed()
+        );
     }
-    // 3,000 tokens: the body's bytes, then 4 bytes of content per token.
-    let delivered = events.iter().filter(|e| e.contains(llm::TOKEN)).count() as u64;
-    let passed = (3_000 - body.len() as u64) / llm::TOKEN.len() as u64 + 1;
-    assert_eq!(delivered, passed, "the event that passed the budget is the last delivered");
-    assert_eq!(stat(&stack.envoy, "llm_streams_ended", "cut"), 1);
-    let billed = stack.llm.served()[0].billed();
-    assert_eq!(stat(&stack.envoy, "llm_tokens_charged", "cut"), billed, "the whole output is charged");
+}
+
+/// A client that reads part of a streamed answer, then closes: `tokens`
+/// output tokens of it (whole events), through Envoy on `port`. The
+/// answer's status, and the tokens read (none if it is not 200).
+fn read_then_close(
+    port: u16,
+    api: Api,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    tokens: usize,
+) -> (u16, usize) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
+    let mut head = format!(
+        "POST {} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+        llm::path(api),
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).expect("write");
+    stream.write_all(body).expect("write");
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut buf).expect("read");
+        raw.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        if status != 200 && text.contains("\r\n\r\n") {
+            return (status, 0);
+        }
+        assert!(n > 0, "the answer ended before {tokens} tokens");
+        let body = dechunked(&text);
+        let events = body.split("\n\n").filter(|e| e.contains("\"tok \"")).count();
+        if events >= tokens {
+            return (status, events);
+        }
+    }
+}
+
+/// The body of a chunked HTTP/1.1 response read so far (whole chunks, and
+/// the part of the last one that came).
+fn dechunked(response: &str) -> String {
+    let Some((_, mut rest)) = response.split_once("\r\n\r\n") else { return String::new() };
+    let mut body = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(size) = usize::from_str_radix(size.trim(), 16) else { break };
+        let data = &after[..size.min(after.len())];
+        body.push_str(data);
+        if size == 0 || after.len() < size + 2 {
+            break;
+        }
+        rest = &after[size + 2..];
+    }
+    body
+}
+
+/// The issue's scenario: 3,000 tokens a day, `default_max_tokens` 200, no
+/// cap in the request; one client, one request at a time, reads 900 of
+/// 1,000 tokens and closes. Each request is charged at least what it
+/// received (by the default fallback: the larger of its reservation and
+/// its content), so the budget holds its bound: at most what the requests
+/// in flight at the last admission used beyond their reservations (the last
+/// one, and the one before, whose settlement may still be on its way), not
+/// 7,200 tokens as before. With the `content` fallback, one such request
+/// is charged what it received, not the whole day.
+#[test]
+fn a_client_that_closes_early_is_charged_what_it_received() {
+    const CAPACITY: u64 = 3_000;
+    let policy = |name: &str, fallback: &str| {
+        format!(
+            r#"{{"name": "{name}", "match": {{"path_exact": "/v1/chat/completions"}}, "key": ["header:x-team"],
+                "llm": {{"api": "openai_chat", "default_max_tokens": 200{fallback}}},
+                "limits": [{{"type": "points", "capacity": {CAPACITY}, "refill": "1d", "cost": "llm_tokens"}}]}}"#
+        )
+    };
+    let stack = start(&policy("day", ""));
+    let body = request_body(Api::OpenaiChat, &"p".repeat(60), None, true);
+    let reserved = body.len() as u64 + 200;
+    // The role chunk, then 900 tokens: the provider holds there until the
+    // client has gone.
+    let headers = [("x-team", "a"), ("x-mock-output", "1000"), ("x-mock-hold", "901")];
+    let mut admitted = 0;
+    loop {
+        // Each request: read 900 tokens, then close; a refusal ends the run.
+        match read_then_close(stack.envoy.port, Api::OpenaiChat, &headers, &body, 900) {
+            (200, read) => assert_eq!(read, 900),
+            (status, _) => {
+                assert_eq!(status, 429);
+                break;
+            }
+        }
+        admitted += 1;
+        assert!(admitted < 20, "never refused");
+    }
+    let ok = eventually(Duration::from_secs(10), || stat(&stack.envoy, "llm_fallbacks", "day") == admitted);
+    assert!(ok, "every request settled by the fallback");
+    let served = stack.llm.served();
+    let billed: u64 = served.iter().filter(|s| s.status == 200).map(|s| s.billed()).sum();
+    let each = served.iter().map(|s| s.billed()).max().unwrap_or(0);
+    let excess = each.saturating_sub(reserved);
+    let charged = stat(&stack.envoy, "llm_tokens_charged", "day");
+    println!("closing early: {admitted} admitted, {billed} tokens served of {CAPACITY}; charged {charged}");
+    assert!(charged >= billed, "charged {charged} for {billed} served");
+    assert!(billed <= CAPACITY + 2 * excess, "{billed} served: over the bound {}", CAPACITY + 2 * excess);
+
+    // The content fallback: one early close is charged what it received.
+    let stack = start(&policy("content", r#", "fallback": "content""#));
+    assert_eq!(read_then_close(stack.envoy.port, Api::OpenaiChat, &headers, &body, 900), (200, 900));
+    let ok = eventually(Duration::from_secs(10), || stat(&stack.envoy, "llm_fallbacks", "content") == 1);
+    assert!(ok);
+    let charged = stat(&stack.envoy, "llm_tokens_charged", "content");
+    assert_eq!(charged, body.len() as u64 + 900, "its prompt's estimate and the 900 tokens it received");
 }
 
 /// A request held for its check stays held while its body arrives: a
@@ -401,4 +558,23 @@ fn a_monthly_budget_settles_each_request_in_its_window() {
     }
     println!("monthly: {admitted} admitted, each reserving {reserved} and using {used}, of {CAPACITY}");
     assert_eq!(admitted, fits);
+}
+
+/// A streamed answer that lasts longer than Envoy's default route timeout
+/// (15 s) reaches its client whole and is charged its true count: the
+/// rendered route has no timeout, only the stream idle timeout (the
+/// provider waits 400 ms before each of its 44 events: at least 17.6 s).
+#[test]
+fn a_stream_longer_than_the_default_route_timeout_comes_whole() {
+    let stack = start(&budget("long", Api::OpenaiChat, 1_000_000, ""));
+    let body = request_body(Api::OpenaiChat, "hello", Some(100), true);
+    let started = Instant::now();
+    let headers = [("x-team", "a"), ("x-mock-output", "40"), ("x-mock-pace-ms", "400")];
+    let reply = call(&stack.envoy, Api::OpenaiChat, &body, &headers);
+    println!("a stream of {:?}", started.elapsed());
+    assert_eq!(reply.status, 200);
+    assert!(reply.complete, "the stream came whole: {} bytes", reply.body.len());
+    assert!(reply.text().ends_with("data: [DONE]\n\n"));
+    assert_eq!(stat(&stack.envoy, "llm_fallbacks", "long"), 0);
+    assert_eq!(stat(&stack.envoy, "llm_tokens_charged", "long"), stack.llm.served()[0].billed());
 }

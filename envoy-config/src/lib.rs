@@ -34,7 +34,10 @@
 //!   plus the request's wait.
 //!
 //! The route timeout (default 15 s) starts only when the router sees the
-//! request, after the hold, so it needs no change.
+//! request, after the hold; but it also ends any answer still streaming 15 s
+//! after the request (an LLM's answer often is), so the template sets it to
+//! `0s` (none) and gives the route the stream idle timeout instead: a stream
+//! lasts as long as it keeps moving.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -274,6 +277,32 @@ mod tests {
         for stat in defined {
             assert!(named.contains(&stat), "sluice.<policy>.{stat} is not in the policy tag's regex");
         }
+    }
+
+    /// A streamed answer outlives Envoy's default route timeout of 15 s:
+    /// the route has none, and ends only a stream idle for the idle timeout.
+    #[test]
+    fn routes_let_a_long_stream_through_and_end_an_idle_one() {
+        let doc = r#"{"policies": [{"name": "p", "limits": [{"type": "interval", "every": "1s"}]}]}"#;
+        let mut values = timeout_values(doc);
+        values.push(("SHIM_ADDRESS".into(), ShimAddress::Unix(PathBuf::from("/s")).envoy_address()));
+        for name in ["LISTEN_HOST", "ADMIN_HOST", "UPSTREAM_HOST"] {
+            values.push((name.into(), "127.0.0.1".into()));
+        }
+        for name in ["LISTEN_PORT", "ADMIN_PORT", "UPSTREAM_PORT"] {
+            values.push((name.into(), "1".into()));
+        }
+        for name in ["WASM_PATH", "POLICY_JSON", "SHIM_TRANSPORT_SOCKET"] {
+            values.push((name.into(), String::new()));
+        }
+        let rendered = render(DEMO_TEMPLATE, &values).expect("renders");
+        let routes: Vec<&str> = rendered.lines().filter(|l| l.trim_start().starts_with("route:")).collect();
+        assert!(!routes.is_empty());
+        for route in routes {
+            assert!(route.contains("timeout: 0s"), "no route timeout: {route}");
+            assert!(route.contains("idle_timeout: 300s"), "the stream idle timeout: {route}");
+        }
+        assert!(rendered.contains("allow_on_headers_stop_iteration: true"), "headers held for the body");
     }
 
     #[test]

@@ -117,9 +117,9 @@ pub fn envoy_with_route_timeout(
     route_timeout: &str,
 ) -> anyhow::Result<Envoy> {
     let text = std::fs::read_to_string(demo_template())?;
-    let route = "route: {cluster: upstream}";
+    let route = "route: {cluster: upstream, timeout: 0s,";
     anyhow::ensure!(text.contains(route), "envoy/demo.yaml has no `{route}`");
-    let text = text.replace(route, &format!("route: {{cluster: upstream, timeout: {route_timeout}}}"));
+    let text = text.replace(route, &format!("route: {{cluster: upstream, timeout: {route_timeout},"));
     let dir = crate::process::scratch_dir("template")?;
     let template = dir.join(format!("route-timeout-{upstream_port}.yaml"));
     std::fs::write(&template, text)?;

@@ -16,7 +16,10 @@
 //!
 //! Other headers: `x-mock-id` names the request in [`Served`];
 //! `x-mock-cut: N` closes the connection after N events (a stream cut
-//! short); `x-mock-status: S` refuses with S and an error body;
+//! short); `x-mock-hold: N` stops after N events and waits until the far
+//! side closes the connection (a provider still generating when its client
+//! goes: it bills what it wrote); `x-mock-pace-ms: N` waits N ms before each
+//! event (a slow stream); `x-mock-status: S` refuses with S and an error body;
 //! `x-mock-gzip: 1` labels the body gzip (an unreadable one), `x-mock-gzip: 2`
 //! compresses it with gzip for real;
 //! `x-mock-seed: N` picks the chunk sizes.
@@ -77,6 +80,10 @@ pub struct Script {
     pub input: u64,
     pub output: u64,
     pub cut_after: Option<usize>,
+    /// Stop after this many events and wait for the far side to close.
+    pub hold_after: Option<usize>,
+    /// Wait this long before each event.
+    pub pace_ms: u64,
     pub status: u16,
     /// 0: plain; 1: labelled gzip, not compressed; 2: gzip'd.
     pub gzip: u64,
@@ -107,6 +114,8 @@ impl Script {
             input: input_tokens(body),
             output: cap.map_or(wanted, |cap| wanted.min(cap)),
             cut_after: header("x-mock-cut").map(|n| n as usize),
+            hold_after: header("x-mock-hold").map(|n| n as usize),
+            pace_ms: header("x-mock-pace-ms").unwrap_or(0),
             status: header("x-mock-status").map_or(200, |s| s as u16),
             gzip: header("x-mock-gzip").unwrap_or(0),
             seed: header("x-mock-seed").unwrap_or(0),
@@ -150,12 +159,13 @@ impl Script {
         let (input, output) = (self.input, self.output);
         match self.api {
             Api::OpenaiChat => json!({
-                "id": "chatcmpl-mock", "object": "chat.completion", "model": "mock",
+                "id": "chatcmpl-mock", "object": "chat.completion", "created": 0, "model": "mock",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": self.text()}, "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output}}),
             Api::OpenaiResponses => json!({
                 "id": "resp_mock", "object": "response", "status": "completed", "model": "mock",
-                "output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": self.text()}]}],
+                "output": [{"id": "msg_mock", "type": "message", "role": "assistant", "status": "completed",
+                            "content": [{"type": "output_text", "text": self.text(), "annotations": []}]}],
                 "usage": {"input_tokens": input, "output_tokens": output, "total_tokens": input + output}}),
             Api::AnthropicMessages => json!({
                 "id": "msg_mock", "type": "message", "role": "assistant", "model": "mock",
@@ -175,7 +185,7 @@ impl Script {
             Api::OpenaiChat => {
                 let usage = if self.include_usage { Some(Value::Null) } else { None };
                 let chunk = |delta: Value, finish: Value| {
-                    let mut c = json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "model": "mock",
+                    let mut c = json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0, "model": "mock",
                                        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
                     if let Some(u) = &usage {
                         c["usage"] = u.clone();
@@ -186,17 +196,32 @@ impl Script {
                 events.extend(tokens.map(|_| chunk(json!({"content": TOKEN}), Value::Null)));
                 events.push(chunk(json!({}), json!("stop")));
                 if self.include_usage {
-                    events.push(data(json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "choices": [],
+                    events.push(data(json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0, "model": "mock", "choices": [],
                         "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output}})));
                 }
                 events.push("data: [DONE]\n\n".to_string());
                 events
             }
             Api::OpenaiResponses => {
-                let mut events = vec![named(
-                    "response.created",
-                    json!({"type": "response.created", "response": {"id": "resp_mock", "status": "in_progress", "usage": null}}),
-                )];
+                // Whole events, as the SDK's stream helper needs them: the
+                // message and its part are added before any delta.
+                let mut events = vec![
+                    named(
+                        "response.created",
+                        json!({"type": "response.created", "response": {"id": "resp_mock", "object": "response",
+                        "status": "in_progress", "model": "mock", "output": [], "usage": null}}),
+                    ),
+                    named(
+                        "response.output_item.added",
+                        json!({"type": "response.output_item.added", "output_index": 0, "item": {"id": "msg_mock",
+                        "type": "message", "role": "assistant", "status": "in_progress", "content": []}}),
+                    ),
+                    named(
+                        "response.content_part.added",
+                        json!({"type": "response.content_part.added", "item_id": "msg_mock", "output_index": 0,
+                        "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
+                    ),
+                ];
                 events.extend(tokens.map(|_| {
                     named(
                         "response.output_text.delta",
@@ -204,6 +229,23 @@ impl Script {
                         "item_id": "msg_mock", "output_index": 0, "content_index": 0, "delta": TOKEN}),
                     )
                 }));
+                let text = self.text();
+                events.push(named(
+                    "response.output_text.done",
+                    json!({"type": "response.output_text.done", "item_id": "msg_mock", "output_index": 0,
+                    "content_index": 0, "text": text}),
+                ));
+                let part = json!({"type": "output_text", "text": text, "annotations": []});
+                events.push(named(
+                    "response.content_part.done",
+                    json!({"type": "response.content_part.done", "item_id": "msg_mock", "output_index": 0,
+                    "content_index": 0, "part": part}),
+                ));
+                events.push(named(
+                    "response.output_item.done",
+                    json!({"type": "response.output_item.done", "output_index": 0, "item": {"id": "msg_mock",
+                    "type": "message", "role": "assistant", "status": "completed", "content": [part]}}),
+                ));
                 let mut done = json!({"type": "response.completed", "response": self.document()});
                 done["response"]["id"] = json!("resp_mock");
                 events.push(named("response.completed", done));
@@ -244,11 +286,16 @@ impl Script {
 
     /// Output tokens written once the first `events` events are.
     fn written_by(&self, events: usize) -> u64 {
-        let before = match self.api {
-            Api::OpenaiChat | Api::OpenaiResponses => 1,
-            Api::AnthropicMessages => 2,
-        };
-        (events.saturating_sub(before) as u64).min(self.output)
+        (events.saturating_sub(events_before_content(self.api)) as u64).min(self.output)
+    }
+}
+
+/// The events of `api`'s stream before its first content event.
+pub fn events_before_content(api: Api) -> usize {
+    match api {
+        Api::OpenaiChat => 1,
+        Api::OpenaiResponses => 3,
+        Api::AnthropicMessages => 2,
     }
 }
 
@@ -354,7 +401,8 @@ fn serve(stream: TcpStream, record: &Mutex<Vec<Served>>, counter: &AtomicU64) {
 fn answer(stream: &mut TcpStream, script: &Script) -> (u64, bool) {
     let (body, ends) = script.body();
     let body = if script.gzip == 2 { gzip(&body) } else { body };
-    let (body, cut) = match script.cut_after.filter(|_| script.stream) {
+    let stop = script.cut_after.or(script.hold_after).filter(|_| script.stream);
+    let (body, cut) = match stop {
         Some(k) => {
             let at = ends.get(k.saturating_sub(1)).copied().unwrap_or(0).min(body.len());
             (body[..if k == 0 { 0 } else { at }].to_vec(), Some(k))
@@ -377,11 +425,22 @@ fn answer(stream: &mut TcpStream, script: &Script) -> (u64, bool) {
     let mut rng = script.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut at = 0;
     let mut pieces = 0;
+    let paced = script.pace_ms > 0 && script.stream;
     while at < body.len() {
+        if paced && (at == 0 || ends.contains(&at)) {
+            // An event starts here: a slow provider takes its time.
+            std::thread::sleep(Duration::from_millis(script.pace_ms));
+        }
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
-        let size = (1 + (rng as usize) % MAX_CHUNK).min(body.len() - at);
+        let mut size = (1 + (rng as usize) % MAX_CHUNK).min(body.len() - at);
+        if paced {
+            // Paced: no chunk runs into the next event.
+            if let Some(&end) = ends.iter().find(|&&e| e > at) {
+                size = size.min(end - at);
+            }
+        }
         let piece = &body[at..at + size];
         let chunk = [format!("{size:x}\r\n").as_bytes(), piece, b"\r\n"].concat();
         if stream.write_all(&chunk).and_then(|()| stream.flush()).is_err() {
@@ -394,6 +453,13 @@ fn answer(stream: &mut TcpStream, script: &Script) -> (u64, bool) {
             // Let the proxy read what has come, so chunks reach it apart.
             std::thread::sleep(Duration::from_micros(200));
         }
+    }
+    if let (Some(k), Some(_)) = (cut, script.hold_after) {
+        // Held: wait until the far side closes (or the test ends).
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(120)));
+        let mut sink = [0u8; 256];
+        while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+        return (script.written_by(k), false);
     }
     if let Some(k) = cut {
         return (script.written_by(k), false);

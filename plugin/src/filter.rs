@@ -5,7 +5,7 @@ use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
-use sluice_core::{CallId, Effect, Flow, Phase};
+use sluice_core::{CallId, Effect, Flow, Host, Phase};
 use sluice_policies::request::SimpleRequest;
 
 use crate::host::{HostRequest, ProxyHost};
@@ -14,6 +14,8 @@ use crate::vm::Vm;
 
 pub struct Filter {
     vm: Rc<Vm>,
+    /// The host's id of this stream's context.
+    id: u32,
     flow: Flow,
     /// The host's token of each call in flight.
     tokens: Vec<(u32, CallId)>,
@@ -24,14 +26,15 @@ pub struct Filter {
 }
 
 impl Filter {
-    pub fn new(vm: Rc<Vm>) -> Filter {
+    pub fn new(vm: Rc<Vm>, id: u32) -> Filter {
         let flow = Flow::new(vm.worker.clone());
-        Filter { vm, flow, tokens: Vec::new(), body_size: 0, request: None }
+        Filter { vm, id, flow, tokens: Vec::new(), body_size: 0, request: None }
     }
 
     fn perform(&mut self, effects: Vec<Effect>, host: &ProxyHost) {
         let vm = self.vm.clone();
-        let mut calls = StreamCalls { flow: &mut self.flow, tokens: &mut self.tokens, host };
+        let mut calls =
+            StreamCalls { flow: &mut self.flow, tokens: &mut self.tokens, host, vm: &vm, id: self.id };
         let performed = perform(effects, &vm.worker.doc.shim.cluster, &vm.stats, &mut calls);
         vm.worker.recycle(performed);
     }
@@ -49,6 +52,7 @@ impl Filter {
     /// answered Continue would let a request held for its check go on,
     /// where the host calls body callbacks while the headers are held).
     fn request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        self.vm.body_came(self.id);
         if self.flow.phase() == Phase::Reading {
             self.body_size = size;
             let host = ProxyHost::new();
@@ -79,6 +83,8 @@ struct StreamCalls<'a> {
     flow: &'a mut Flow,
     tokens: &'a mut Vec<(u32, CallId)>,
     host: &'a ProxyHost,
+    vm: &'a Vm,
+    id: u32,
 }
 
 impl Calls for StreamCalls<'_> {
@@ -88,6 +94,10 @@ impl Calls for StreamCalls<'_> {
 
     fn not_sent(&mut self, id: CallId, reason: String) -> Vec<Effect> {
         self.flow.handle_answer(id, sluice_core::CallResult::NotSent(reason), self.host)
+    }
+
+    fn end_response(&mut self) {
+        self.vm.ending.borrow_mut().push(self.id);
     }
 }
 
@@ -101,6 +111,8 @@ impl Context for Filter {
     }
 
     fn on_done(&mut self) -> bool {
+        self.vm.body_came(self.id);
+        self.vm.ending.borrow_mut().retain(|&id| id != self.id);
         let host = ProxyHost::new();
         let effects = self.flow.handle_stream_end(&host);
         self.perform(effects, &host);
@@ -120,11 +132,23 @@ impl HttpContext for Filter {
             // No body will come: the flow reads an empty one.
             return self.request_body(0, true);
         }
+        if self.flow.phase() == Phase::Reading {
+            if self.vm.no_body_while_held.get() {
+                // This host hands over no body while the headers are held:
+                // they go on, the body is held until the decision.
+                return Action::Continue;
+            }
+            // Held (StopIteration) while the body is read; the root lets
+            // the headers go if the host never hands the body over.
+            self.vm.reading.borrow_mut().push((self.id, host.now_ms()));
+        }
         self.request_action()
     }
 
     /// Paused (and buffered by the host) while the flow reads the body or
-    /// holds the request.
+    /// holds the request; the headers wait with it (Envoy calls this while
+    /// they are held when the filter's `allow_on_headers_stop_iteration` is
+    /// set).
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         self.request_body(body_size, end_of_stream)
     }

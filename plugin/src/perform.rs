@@ -18,6 +18,8 @@ pub trait Calls {
     fn sent(&mut self, id: CallId, token: u32);
     /// `id` could not be sent: the owner's effects for that.
     fn not_sent(&mut self, id: CallId, reason: String) -> Vec<Effect>;
+    /// The stream's response is to end once this callback's bytes have gone.
+    fn end_response(&mut self) {}
 }
 
 /// Performs `effects` in order; the list, emptied, comes back for the
@@ -74,6 +76,7 @@ pub fn perform(effects: Vec<Effect>, cluster: &str, stats: &Stats, calls: &mut i
                     log::warn!("cannot replace the response body: {status:?}");
                 }
             }
+            Effect::EndResponse => calls.end_response(),
             Effect::Policy { policy, stat, n } => stats.policy(policy, stat, n),
             Effect::Class { class, stat, n } => stats.class(class, stat, n),
             Effect::Filter { stat, n } => stats.filter(stat, n),

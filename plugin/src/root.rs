@@ -86,7 +86,7 @@ impl RootContext for SluiceRoot {
                 // Seeded by the host's random source (WASI random_get).
                 let seed = RandomState::new().build_hasher().finish();
                 let worker = Rc::new(Worker::new(doc, ProxyHost::new().now_ms(), seed));
-                self.vm = Some(Rc::new(Vm { worker, stats }));
+                self.vm = Some(Rc::new(Vm::new(worker, stats)));
                 if let Err(status) = hostcalls::set_tick_period(TICK) {
                     log::warn!("cannot set the tick period: {status:?}; leases will be reclaimed by TTL");
                 }
@@ -101,13 +101,36 @@ impl RootContext for SluiceRoot {
         let host = ProxyHost::new();
         let effects = vm.worker.tick(&host);
         self.perform(&vm, effects, &host);
+        let ending = std::mem::take(&mut *vm.ending.borrow_mut());
+        for id in ending {
+            // Its last event went out in an earlier callback: only a reset
+            // ends a response early in proxy-wasm.
+            let ended = hostcalls::set_effective_context(id).and_then(|()| hostcalls::reset_http_response());
+            if let Err(status) = ended {
+                log::debug!("cannot end stream {id}'s response: {status:?}");
+            }
+        }
+        for id in vm.unheld(host.now_ms()) {
+            if !vm.no_body_while_held.replace(true) {
+                log::warn!(
+                    "the host hands over no request body while the headers are held: set the Wasm \
+                     filter's allow_on_headers_stop_iteration (Envoy 1.35 or later), else a request \
+                     whose body a policy reads reaches the upstream's headers before its decision"
+                );
+            }
+            let resumed =
+                hostcalls::set_effective_context(id).and_then(|()| hostcalls::resume_http_request());
+            if let Err(status) = resumed {
+                log::debug!("cannot let stream {id}'s headers go: {status:?}");
+            }
+        }
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         // Envoy creates no stream unless on_configure succeeded; returning
         // None would abort the VM, so an unconfigured filter passes traffic.
         Some(match &self.vm {
-            Some(vm) => Box::new(Filter::new(vm.clone())),
+            Some(vm) => Box::new(Filter::new(vm.clone(), context_id)),
             None => Box::new(PassThrough),
         })
     }

@@ -1,13 +1,62 @@
 //! What one VM (one Envoy worker) shares between its requests: the
 //! [`Worker`] and the stats. The root context makes it; each stream holds it.
 
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use sluice_core::Worker;
 
 use crate::stats::Stats;
 
+/// How long a stream whose headers are held for its body may wait for the
+/// body's first callback before the root lets its headers go (see
+/// [`Vm::unheld`]).
+pub const BODY_WAIT_MS: u64 = 500;
+
 pub struct Vm {
     pub worker: Rc<Worker>,
     pub stats: Stats,
+    /// Streams whose headers are held while their body is read, which have
+    /// had no body callback yet: (context id, since when, ms).
+    pub reading: RefCell<Vec<(u32, u64)>>,
+    /// The host has been seen not to hand over a body while its headers are
+    /// held (an Envoy without `allow_on_headers_stop_iteration`).
+    pub no_body_while_held: std::cell::Cell<bool>,
+    /// Streams whose response is to end at the next tick, once the bytes
+    /// their last callback handed on have gone (`Effect::EndResponse`).
+    pub ending: RefCell<Vec<u32>>,
+}
+
+impl Vm {
+    pub fn new(worker: Rc<Worker>, stats: Stats) -> Vm {
+        Vm {
+            worker,
+            stats,
+            reading: RefCell::new(Vec::new()),
+            no_body_while_held: std::cell::Cell::new(false),
+            ending: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// The streams held for their body longer than [`BODY_WAIT_MS`] with no
+    /// body callback, taken off the list: a host that converts a filter's
+    /// `StopIteration` on headers into stopping everything never calls the
+    /// body callback until the headers go on, so the root resumes them
+    /// (their headers go upstream before the decision, their body is still
+    /// held until it).
+    pub fn unheld(&self, now: u64) -> Vec<u32> {
+        let mut reading = self.reading.borrow_mut();
+        let stuck: Vec<u32> = reading
+            .iter()
+            .filter(|(_, since)| now.saturating_sub(*since) >= BODY_WAIT_MS)
+            .map(|(id, _)| *id)
+            .collect();
+        reading.retain(|(id, _)| !stuck.contains(id));
+        stuck
+    }
+
+    /// Stream `id` has had its body callback (or ended).
+    pub fn body_came(&self, id: u32) {
+        self.reading.borrow_mut().retain(|(c, _)| *c != id);
+    }
 }

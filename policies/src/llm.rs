@@ -37,6 +37,9 @@ pub const MAX_FIELDS: usize = 8;
 pub const MAX_WEIGHT: f64 = 1000.0;
 /// `default_max_tokens` when a policy gives none.
 pub const DEFAULT_MAX_TOKENS: u32 = 4096;
+/// `content_bytes_per_token` when a policy gives none: about what English
+/// text and code take per token in the common tokenizers.
+pub const CONTENT_BYTES_PER_TOKEN: u32 = 4;
 /// The largest `default_max_tokens` and `bytes_per_token`.
 pub const MAX_SETTING: u32 = 1_000_000_000;
 /// The most choices (`n`) a reservation multiplies its output part by.
@@ -156,9 +159,9 @@ pub enum Fallback {
     /// The reservation stays charged: nothing is refunded.
     #[default]
     Reservation,
-    /// The input part of the reservation, and the content seen over
-    /// `bytes_per_token` as the output (never more than the reservation's output part
-    /// when the request named its cap).
+    /// The input part of the reservation, and the content delivered as the
+    /// output (see [`Llm::delivered`]; never more than the reservation's
+    /// output part when the request named its cap).
     Content,
 }
 
@@ -194,6 +197,9 @@ pub struct Llm {
     pub weights: Weights,
     pub default_max_tokens: u32,
     pub bytes_per_token: u32,
+    /// The generated content's bytes counted as one output token where the
+    /// response has not told its count (see [`Llm::delivered`]).
+    pub content_bytes_per_token: u32,
     pub fallback: Fallback,
     /// End a stream once its running count passes what the key has left.
     pub end_stream: bool,
@@ -218,6 +224,14 @@ impl Llm {
         let choices = body.and_then(|b| b.count("/n")).unwrap_or(1).clamp(1, MAX_CHOICES);
         let output = cap.unwrap_or(u64::from(self.default_max_tokens)).saturating_mul(choices);
         Reservation { input, output, capped: cap.is_some() }
+    }
+
+    /// The output tokens a response delivered, as far as its content tells
+    /// them: `bytes` of generated content over `content_bytes_per_token`,
+    /// and at least one per event that carried content (no API sends a
+    /// content event before it has generated a token).
+    pub fn delivered(&self, bytes: u64, events: u64) -> u64 {
+        bytes.div_ceil(u64::from(self.content_bytes_per_token)).max(events)
     }
 
     /// The cost of `input` and `output` tokens: weighed, rounded up, at most `u32::MAX`.
@@ -316,6 +330,11 @@ pub(crate) struct RawLlm {
     /// The prompt's bytes counted as one input token in a reservation, 1 to 1e9;
     /// 1 (never less than the true count) if not given.
     bytes_per_token: Option<u32>,
+    /// The generated content's bytes counted as one output token where a
+    /// stream has not told its count (it ended without its usage; the
+    /// running count of `end_stream`), 1 to 1e9; 4 if not given. At least
+    /// one token is counted per event that carries content.
+    content_bytes_per_token: Option<u32>,
     /// What a stream that ends without its usage is charged: `reservation` or `content`.
     #[serde(default)]
     fallback: Fallback,
@@ -366,6 +385,11 @@ impl RawLlm {
             weights,
             default_max_tokens: setting(self.default_max_tokens, DEFAULT_MAX_TOKENS, "default_max_tokens")?,
             bytes_per_token: setting(self.bytes_per_token, 1, "bytes_per_token")?,
+            content_bytes_per_token: setting(
+                self.content_bytes_per_token,
+                CONTENT_BYTES_PER_TOKEN,
+                "content_bytes_per_token",
+            )?,
             fallback: self.fallback,
             end_stream: self.end_stream,
         })

@@ -42,7 +42,8 @@ fn opened(plugin: &Plugin, metered: bool) -> Stream {
     let stream = plugin.stream();
     let body = br#"{"model": "m", "stream": true, "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]}"#;
     if metered {
-        stream.request_headers_with_body(&HEADERS).continues().done();
+        // Held with its body until the decision.
+        stream.request_headers_with_body(&HEADERS).pauses().done();
         stream.request_body(body, true).calls_the_shim().pauses().done();
         stream.shim_answers().resumes().done();
     } else {

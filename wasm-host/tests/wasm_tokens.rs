@@ -26,8 +26,8 @@ fn admitted(plugin: &Plugin, team: &str, body: &[u8]) -> Stream {
     let stream = plugin.stream();
     let headers = headers(team);
     let headers: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, v.as_slice())).collect();
-    // The headers go on; the body is held until the request is decided.
-    stream.request_headers_with_body(&headers).continues().done();
+    // The headers and the body are held until the request is decided.
+    stream.request_headers_with_body(&headers).pauses().done();
     let (first, rest) = body.split_at(body.len() / 2);
     stream.request_body(first, false).pauses().done();
     stream.request_body(rest, true).calls_the_shim().pauses().done();
@@ -72,12 +72,13 @@ fn a_stream_is_passed_on_and_its_end_waits_for_the_settlement() {
 fn a_stream_past_its_budget_ends_after_a_whole_event() {
     let backend = Backend::start().expect("starting redis-server and the shim");
     let plugin = Plugin::configured(POLICY, "sluice_shim", Route::Shim { port: backend.shim.port });
-    // 2,000 tokens: the body's bytes and 100 reserved, the rest content.
+    // 2,000 tokens: the body's bytes and 100 reserved, the rest content,
+    // 4 bytes a token.
     let body = json!({"model": "m", "stream": true}).to_string();
     let stream = admitted(&plugin, "b", body.as_bytes());
     stream.upstream_responds_with(200, &[("content-type", "text/event-stream")]).continues().done();
     let word = "x".repeat(97);
-    let allowed = (2_000 - body.len()) / word.len() + 1;
+    let allowed = (1..).find(|k| body.len() + (k * word.len()).div_ceil(4) > 2_000).unwrap_or(0);
     for _ in 0..allowed + 5 {
         stream.response_body(chunk(&word).as_bytes(), false).continues().done();
     }

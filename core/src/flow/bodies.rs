@@ -73,8 +73,13 @@ impl Flow {
         let worker = self.worker.clone();
         let Some(metered) = self.metered.as_mut().filter(|m| !m.settled()) else { return };
         let chunk = if size == 0 { Vec::new() } else { host.response_body(0, size).unwrap_or_default() };
+        let was_ended = metered.ended();
         if let Some(body) = metered.feed(&worker.doc, &chunk, fx) {
             fx.push(Effect::ReplaceResponseBody(body));
+            if !was_ended && metered.ended() && !end_of_stream {
+                // Its last event is out: the upstream's rest is not.
+                fx.push(Effect::EndResponse);
+            }
         }
         if end_of_stream {
             self.settle_metering(true, fx);

@@ -70,8 +70,11 @@ pub struct Meter {
     input_slots: Vec<bool>,
     reservation: Reservation,
     body: Body,
-    /// The latest value seen at each slot, and the content's bytes.
+    /// The latest value seen at each slot, and the content's bytes (of
+    /// whole events, for a stream: what a client has received).
     found: Found,
+    /// A stream's events that carried content.
+    content_events: u64,
     /// The response's status is 2xx.
     ok: bool,
 }
@@ -102,7 +105,7 @@ impl Meter {
             paths.content(pattern);
         }
         let found = Found::new(&paths);
-        Meter { paths, input_slots, reservation, body: Body::Waiting, found, ok: true }
+        Meter { paths, input_slots, reservation, body: Body::Waiting, found, content_events: 0, ok: true }
     }
 
     /// The response's headers: its status, `content-type` and
@@ -142,13 +145,14 @@ impl Meter {
     /// Reads a chunk of the body. For a stream, `on_event` gets the offset
     /// just past each event that ends in it, and the running count then.
     pub fn feed(&mut self, chunk: &[u8], llm: &Llm, mut on_event: impl FnMut(usize, u64)) {
-        let (paths, found, slots, reservation) =
-            (&self.paths, &mut self.found, &self.input_slots, self.reservation);
+        let (paths, found, slots, reservation, content_events) =
+            (&self.paths, &mut self.found, &self.input_slots, self.reservation, &mut self.content_events);
         match &mut self.body {
             Body::Json(reader) => reader.feed(chunk, paths, found),
             Body::Events(events) => events.feed(chunk, paths, |Dispatched { end, found: event }| {
+                *content_events += u64::from(event.content > 0);
                 merge(found, event);
-                on_event(end, running(found, slots, reservation, llm));
+                on_event(end, running(found, *content_events, slots, reservation, llm));
             }),
             Body::Waiting | Body::Unreadable => {}
         }
@@ -156,7 +160,7 @@ impl Meter {
 
     /// The tokens the response has used so far (see [`running`]).
     pub fn running(&self, llm: &Llm) -> u64 {
-        running(&self.found, &self.input_slots, self.reservation, llm)
+        running(&self.found, self.content_events, &self.input_slots, self.reservation, llm)
     }
 
     /// The response has ended: what its request is charged.
@@ -169,32 +173,48 @@ impl Meter {
         if let Body::Json(reader) = &mut self.body {
             reader.finish(&self.paths, &mut self.found);
         }
-        // A stream cut short may have reported only its first counts.
-        match (self.sums(!whole), &self.body) {
-            ((Some(input), Some(output)), _) => {
-                return Charge { tokens: llm.cost(input, output), source: Source::Usage };
-            }
-            ((Some(total), None), _) if matches!(llm.usage, Usage::Total(_)) => {
-                return Charge { tokens: llm.cost(total, 0), source: Source::Usage };
-            }
-            _ if whole && !self.ok => return Charge { tokens: 0, source: Source::Refused },
-            (_, Body::Unreadable) => return self.fallback(llm, Missing::Unreadable),
-            _ => {}
+        // The usage: the input wherever it was reported (a stream's first
+        // event reports it whole), the output only where its final count
+        // is. A stream whose output was reported only in its first event
+        // (Anthropic's `message_start`, without its `message_delta`) has not
+        // told its count: it is charged what it delivered.
+        let (input, _) = self.sums(false);
+        let (total, output) = self.sums(true);
+        let usage = match llm.usage {
+            Usage::Total(_) => total.map(|total| (total, 0)),
+            Usage::Parts { .. } => input.zip(output),
+        };
+        if let Some((input, output)) = usage {
+            return Charge { tokens: llm.cost(input, output), source: Source::Usage };
+        }
+        if whole && !self.ok {
+            return Charge { tokens: 0, source: Source::Refused };
+        }
+        if let Body::Unreadable = self.body {
+            return self.fallback(llm, Missing::Unreadable);
         }
         self.fallback(llm, if whole { Missing::NoUsage } else { Missing::CutShort })
     }
 
+    /// The charge of a response whose usage is missing: at least what it
+    /// delivered (its input, reported or reserved, and its content as
+    /// [`Llm::delivered`] counts it); with the `reservation` fallback, at
+    /// least the reservation too.
     fn fallback(&self, llm: &Llm, missing: Missing) -> Charge {
         let r = self.reservation;
+        let delivered = llm.cost(self.sums(false).0.unwrap_or(r.input), self.delivered(llm));
         let tokens = match llm.fallback {
-            Fallback::Reservation => llm.cost(r.input, r.output),
-            Fallback::Content => {
-                let seen = self.found.content.div_ceil(u64::from(llm.bytes_per_token));
-                let output = if r.capped { seen.min(r.output) } else { seen };
-                llm.cost(self.sums(false).0.unwrap_or(r.input), output)
-            }
+            Fallback::Reservation => llm.cost(r.input, r.output).max(delivered),
+            Fallback::Content => delivered,
         };
         Charge { tokens, source: Source::Fallback(missing) }
+    }
+
+    /// The output tokens the content seen delivered, never past the
+    /// request's cap (the provider stops there, whatever the content's
+    /// bytes suggest).
+    fn delivered(&self, llm: &Llm) -> u64 {
+        delivered(&self.found, self.content_events, self.reservation, llm)
     }
 
     /// The input and output counts reported so far (a `usage.total` is
@@ -219,17 +239,32 @@ fn sums(found: &Found, input_slots: &[bool], last: bool) -> (Option<u64>, Option
     sums
 }
 
-/// The tokens a response has used so far, as well as can be told
-/// mid-stream: the usage reported so far, or the reservation's input part
-/// and the content seen (never past the request's cap).
-fn running(found: &Found, input_slots: &[bool], reservation: Reservation, llm: &Llm) -> u64 {
-    let (input, output) = sums(found, input_slots, false);
-    let content = found.content.div_ceil(u64::from(llm.bytes_per_token));
-    let input = input.unwrap_or(reservation.input);
-    let mut output = output.unwrap_or(0).max(content);
+/// The output tokens `found`'s content delivered (see [`Llm::delivered`]),
+/// never past the request's cap.
+fn delivered(found: &Found, content_events: u64, reservation: Reservation, llm: &Llm) -> u64 {
+    let delivered = llm.delivered(found.content, content_events);
     if reservation.capped {
-        // The provider stops at the request's cap, whatever the content
-        // seen suggests (a token is often several bytes).
+        delivered.min(reservation.output)
+    } else {
+        delivered
+    }
+}
+
+/// The tokens a response has used so far, as well as can be told
+/// mid-stream: the input reported (or the reservation's), and the larger of
+/// the output reported so far and the content delivered (never past the
+/// request's cap).
+fn running(
+    found: &Found,
+    content_events: u64,
+    input_slots: &[bool],
+    reservation: Reservation,
+    llm: &Llm,
+) -> u64 {
+    let (input, output) = sums(found, input_slots, false);
+    let input = input.unwrap_or(reservation.input);
+    let mut output = output.unwrap_or(0).max(delivered(found, content_events, reservation, llm));
+    if reservation.capped {
         output = output.min(reservation.output);
     }
     u64::from(llm.cost(input, output))

@@ -176,6 +176,11 @@ impl Metered {
     pub fn settled(&self) -> bool {
         self.settled
     }
+
+    /// Whether the stream was ended to the client (`end_stream`).
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
 }
 
 fn llm_of(doc: &Document, index: usize) -> Option<&Llm> {
@@ -215,7 +220,8 @@ fn left_for(call: &CheckCall, i: usize) -> u64 {
 }
 
 /// The event that ends a stream whose budget is spent, in the API's own
-/// error shape (the ones its SDKs raise on), after a complete event.
+/// error shape (the ones its SDKs raise on), after a complete event; the
+/// response ends right after it ([`crate::effect::Effect::EndResponse`]).
 pub fn error_event(api: Api, policy: &str) -> Vec<u8> {
     let message = format!("the token budget of policy {policy} is spent: the gateway ended this response");
     let event = match api {
@@ -225,8 +231,12 @@ pub fn error_event(api: Api, policy: &str) -> Vec<u8> {
             format!("data: {error}\n\ndata: [DONE]\n\n")
         }
         Api::OpenaiResponses => {
+            // The API's `error` event, and its error as an `error` member
+            // too: the OpenAI SDK raises an `APIError` on an `error` event
+            // only when it has one (else it yields the event and reads on).
             let error = serde_json::json!({
-                "type": "error", "code": "rate_limit_exceeded", "message": message, "param": null});
+                "type": "error", "code": "rate_limit_exceeded", "message": message, "param": null,
+                "error": {"type": "tokens", "code": "rate_limit_exceeded", "message": message, "param": null}});
             format!("event: error\ndata: {error}\n\n")
         }
         Api::AnthropicMessages => {
