@@ -51,6 +51,12 @@ use super::{
 /// whole seconds allow.
 const EXTEND_LEAD_MS: u64 = 1_500;
 
+/// Whether two windows count in the same Redis counter: the same policy,
+/// key and window length (the state key), whatever their limit or lease.
+fn same_counter(a: &Window, b: &Window) -> bool {
+    a.policy == b.policy && a.key == b.key && a.limit.quota().1 == b.limit.quota().1
+}
+
 /// Where a bucket's effects go.
 pub(crate) struct Out<'a> {
     pub(crate) id: &'a BucketId,
@@ -256,6 +262,14 @@ impl Bucket {
             ledger.settle(now);
         }
         if rule != self.rule {
+            if let (Governed::Leased(new), Some(ledger)) = (&rule, &mut self.ledger) {
+                // A reload that keeps the counter (a lowered limit, say):
+                // the ledger goes on, so what Envoy held goes back at the
+                // first report that settles it, not at the window's end.
+                if same_counter(&ledger.window, new) {
+                    ledger.window = new.clone();
+                }
+            }
             self.rule = rule;
             self.replace(now, out);
         }
@@ -465,7 +479,7 @@ impl Bucket {
     fn answered(&mut self, now: u64, call: Pending, answer: LeaseResponse, out: &mut Out) {
         let ends = call.asked_ms + answer.expires_in_ms.get();
         let ledger = match &mut self.ledger {
-            Some(l) if l.window == call.window && l.index == answer.window => {
+            Some(l) if same_counter(&l.window, &call.window) && l.index == answer.window => {
                 // Each answer's end is no later than the window's: the latest is the closest.
                 l.ends_ms = l.ends_ms.max(ends);
                 l
