@@ -10,7 +10,8 @@
 //! policy reads, the request header of that name; the first RLQS-face
 //! policy that applies to that id governs it (`sluice_policies::rlqs::govern`).
 //! Envoy's reports tell which policy each request was charged to
-//! (`sluice_decisions_total{policy, face="rlqs"}`).
+//! (`sluice_decisions_total{policy, face="rlqs"}`: each request of a
+//! leased window, each new bucket of an `unlimited` policy).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -104,17 +105,37 @@ fn cases(doc: &Document) -> Vec<Vec<(String, String)>> {
     cases
 }
 
-/// The policy the document charges a request with `headers` to: the
-/// bucket id holds each header a policy reads.
-fn governing(doc: &Document, domain: &str, headers: &[(String, String)]) -> Option<String> {
+/// What the document does with a request with `headers` (its bucket id
+/// holds each header a policy reads): the governing policy's name, and
+/// how many the shim counts for it for `n` such requests. A leased
+/// window counts each request Envoy reports; an `unlimited` policy each
+/// new bucket once (`seen`: the buckets counted so far), a missing key
+/// nothing.
+fn governing(
+    doc: &Document,
+    domain: &str,
+    headers: &[(String, String)],
+    n: u64,
+    seen: &mut Vec<(String, Vec<(String, String)>)>,
+) -> Option<(String, u64)> {
     let mut req = SimpleRequest::default().domain(domain);
     for (k, v) in headers {
         req = req.bucket(k, v);
     }
     match govern(doc, &req).0 {
         Governed::Unmatched => None,
-        Governed::Unlimited { policy } | Governed::MissingKey { policy } => Some(policy),
-        Governed::Leased(window) => Some(window.policy),
+        Governed::MissingKey { policy } => Some((policy, 0)),
+        Governed::Leased(window) => Some((window.policy, n)),
+        Governed::Unlimited { policy } => {
+            let reads = doc.policies.iter().find(|p| p.name.as_str() == policy).map(reads).unwrap_or_default();
+            let id: Vec<(String, String)> =
+                headers.iter().filter(|(k, _)| reads.iter().any(|(r, _)| r == k)).cloned().collect();
+            let new = !seen.contains(&(policy.clone(), id.clone()));
+            if new {
+                seen.push((policy.clone(), id));
+            }
+            Some((policy, u64::from(new)))
+        }
     }
 }
 
@@ -175,12 +196,14 @@ fn each_examples_requests_are_charged_to_the_policy_the_document_names() {
             .unwrap_or_else(|| sluice_envoy_config::rls::DEFAULT_DOMAIN.to_string());
         let names: Vec<String> = rlqs_policies(doc).iter().map(|p| p.name.as_str().to_string()).collect();
         let cases = cases(doc);
-        // A request the document charges to a policy, sent after each case
-        // no policy takes: once its charge shows, the case's would have.
-        let (probe, probed) = cases
+        // A request the document charges to a leased window, sent after
+        // each case the shim counts nothing for: once its charge shows,
+        // the case's would have.
+        let probe = cases
             .iter()
-            .find_map(|c| governing(doc, &domain, c).map(|p| (c.clone(), p)))
-            .expect("a case some policy takes");
+            .find(|c| governing(doc, &domain, c, 1, &mut Vec::new()).is_some_and(|(_, n)| n == 1))
+            .cloned()
+            .expect("a case a leased policy takes");
         let send_all = |headers: &[(String, String)], n: u64| {
             let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
             for _ in 0..n {
@@ -188,26 +211,24 @@ fn each_examples_requests_are_charged_to_the_policy_the_document_names() {
                 assert_ne!(status, 500, "{name}: {headers:?}");
             }
         };
+        let mut seen = Vec::new();
         let (mut before, unmatched) = charged(&shim, &names);
         for case in &cases {
-            let expected = governing(doc, &domain, case);
+            let expected = governing(doc, &domain, case, EACH, &mut seen);
             send_all(case, EACH);
-            let (target, n) = match &expected {
-                Some(policy) => (policy.clone(), EACH),
-                None => {
-                    send_all(&probe, 1);
-                    (probed.clone(), 1)
-                }
-            };
-            let want = before.get(&target).copied().unwrap_or(0) + n;
-            let (after, unmatched_now) =
-                until_charged(&shim, &names, |c| c.get(&target).copied().unwrap_or(0) >= want);
             let mut expected_after = before.clone();
-            *expected_after.entry(target.clone()).or_default() += n;
-            assert_eq!(
-                after, expected_after,
-                "{name}: a request with {case:?} is charged to {expected:?} (then the probe's to {target})"
-            );
+            if let Some((policy, n)) = &expected {
+                *expected_after.entry(policy.clone()).or_default() += n;
+            }
+            if expected.as_ref().is_none_or(|(_, n)| *n == 0) {
+                send_all(&probe, 1);
+                let (policy, n) = governing(doc, &domain, &probe, 1, &mut seen).expect("the probe's policy");
+                *expected_after.entry(policy).or_default() += n;
+            }
+            let (after, unmatched_now) = until_charged(&shim, &names, |c| {
+                expected_after.iter().all(|(p, n)| c.get(p).copied().unwrap_or(0) >= *n)
+            });
+            assert_eq!(after, expected_after, "{name}: a request with {case:?} is charged to {expected:?}");
             assert_eq!(unmatched_now, unmatched, "{name}: no bucket Envoy builds is unmatched ({case:?})");
             eprintln!("{name}: {case:?} -> {expected:?}");
             before = after;
