@@ -265,8 +265,9 @@ fn a_changed_policy_replaces_the_live_assignment_at_once() {
 /// Regression: after a lowered limit (a reload that keeps the window's
 /// counter), the tokens Envoy still held were given back only when the
 /// window ended: the new policy's first answer started a new ledger and
-/// forgot the old one's tokens. They go back at the first report that
-/// settles the replaced token bucket.
+/// forgot the old one's tokens, and a give-back beyond the new limit was
+/// refused. They go back at the first report that settles the replaced
+/// token bucket.
 #[test]
 fn a_lowered_limit_gives_back_what_envoy_held_at_the_next_report() {
     let mut stream = Stream::new(1);
@@ -287,4 +288,5 @@ fn a_lowered_limit_gives_back_what_envoy_held_at_the_next_report() {
     assert_eq!(back.request.limit, window(5).limit);
     assert_eq!(back.request.give_back.map(|b| (b.window, b.tokens)), Some((7, 7)), "10 sent, 3 admitted");
     assert_eq!(back.request.want, 0);
+    assert_eq!(back.request.validate(), Ok(()), "the shim takes a give-back beyond the lowered limit");
 }

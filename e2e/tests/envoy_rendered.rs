@@ -127,7 +127,8 @@ fn governing(
         Governed::MissingKey { policy } => Some((policy, 0)),
         Governed::Leased(window) => Some((window.policy, n)),
         Governed::Unlimited { policy } => {
-            let reads = doc.policies.iter().find(|p| p.name.as_str() == policy).map(reads).unwrap_or_default();
+            let reads =
+                doc.policies.iter().find(|p| p.name.as_str() == policy).map(reads).unwrap_or_default();
             let id: Vec<(String, String)> =
                 headers.iter().filter(|(k, _)| reads.iter().any(|(r, _)| r == k)).cloned().collect();
             let new = !seen.contains(&(policy.clone(), id.clone()));

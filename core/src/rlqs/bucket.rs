@@ -448,7 +448,10 @@ impl Bucket {
     fn ask(&mut self, now: u64, window: &Window, want: u32, out: &mut Out) {
         let give_back = match &mut self.ledger {
             Some(ledger) if ledger.window == *window && ledger.back > 0 && now < ledger.ends_ms => {
-                let tokens = u32::try_from(std::mem::take(&mut ledger.back)).unwrap_or(u32::MAX);
+                // At most what one call takes back; the rest in the next.
+                let most = LeaseRequest::most_given_back(window.limit.capacity());
+                let tokens = u32::try_from(ledger.back).unwrap_or(u32::MAX).min(most);
+                ledger.back -= u64::from(tokens);
                 Some(GiveBack { window: ledger.index, tokens, charged: None })
             }
             _ => None,
