@@ -351,6 +351,11 @@ mod tests {
         policy_with("", limits)
     }
 
+    /// A policy `a` with `limits` (a JSON list).
+    pub(super) fn policy_of(limits: &str) -> Policy {
+        policy(limits)
+    }
+
     fn policy_with(fields: &str, limits: &str) -> Policy {
         let doc = format!(r#"{{"policies":[{{"name":"a",{fields}"limits":{limits}}}]}}"#);
         sluice_policies::parse(&doc).expect("doc").policies[0].clone()
@@ -628,5 +633,130 @@ mod pause_tests {
             None,
             "a concurrency denial alone is never cached"
         );
+    }
+}
+
+/// The RateLimit fields of a refusal agree whether the shim or the cache
+/// answers: the cache keeps only the limit that waits longest and its
+/// deadline, and [`Fields::refused`](crate::ratelimit_headers::Fields::refused)
+/// gives, from that wait, what the shim's outcome gives at the same moment.
+#[cfg(test)]
+mod field_tests {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    use proptest::prelude::*;
+    use sluice_policies::algorithm::{self, Algorithm, RedisTwin};
+
+    use super::*;
+    use crate::decision::retry_after_secs;
+    use crate::ratelimit_headers::{Fields, RateLimitHeaders};
+
+    #[derive(Default)]
+    struct Map(RefCell<HashMap<String, Vec<u8>>>);
+
+    impl SharedData for Map {
+        fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+            (self.0.borrow().get(key).cloned(), None)
+        }
+        fn set(&self, key: &str, value: &[u8], _cas: Option<u32>) -> Result<(), crate::host::SetError> {
+            self.0.borrow_mut().insert(key.to_string(), value.to_vec());
+            Ok(())
+        }
+    }
+
+    /// One limit of every kind the cache can hold, and its cost.
+    const KINDS: [(&str, u32); 9] = [
+        (r#"{"type":"fixed_window","limit":5,"window":"10s"}"#, 1),
+        (r#"{"type":"sliding_window","limit":5,"window":"10s"}"#, 1),
+        (r#"{"type":"sliding_window","limit":5,"window":"10s","approximate":true}"#, 1),
+        (r#"{"type":"token_bucket","rate":3,"per":"1s","burst":4}"#, 1),
+        (r#"{"type":"leaky_bucket","capacity":7,"drain":"9s"}"#, 1),
+        (r#"{"type":"interval","every":"1500ms"}"#, 1),
+        (r#"{"type":"points","capacity":1000,"refill":"77s","cost":300}"#, 300),
+        (r#"{"type":"fixed_window","limit":5,"window":{"calendar":"day","zone":"UTC"}}"#, 1),
+        (r#"{"type":"points","capacity":1000,"refill":{"calendar":"day","zone":"UTC"},"cost":300}"#, 300),
+    ];
+
+    /// The shim's answer at `now_us` (no charge when refused): the
+    /// outcome, and the headers and retry-after the filter sends.
+    fn shim(
+        store: &mut RedisTwin,
+        sent: &[WireLimit],
+        now_us: u64,
+    ) -> (algorithm::CheckReply, RateLimitHeaders, u64) {
+        let limits: Vec<(String, Algorithm)> =
+            sent.iter().enumerate().map(|(i, l)| (format!("k{i}"), Algorithm::of(l))).collect();
+        let reply = algorithm::check(store, now_us, "probe", &limits);
+        let headers =
+            RateLimitHeaders::most_restrictive(sent.iter().zip(&reply.limits).map(|(l, o)| ("p", l, o)))
+                .expect("headers");
+        let retry = retry_after_secs(reply.retry_after_ms);
+        (reply, headers, retry)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+
+        /// For one or two limits of any kind after any traffic, a refusal's
+        /// fields and retry-after are the same from the shim and from the
+        /// cache, at the refusal and at every later moment the cache still
+        /// answers; its `t` is its retry-after.
+        #[test]
+        fn the_shim_and_the_cache_give_the_same_fields(
+            kinds in proptest::collection::vec(0..KINDS.len(), 1..=2),
+            traffic in proptest::collection::vec(0u64..20_000_000, 0..40),
+            start_ms in 86_000_000u64..86_400_000,
+            later_ms in 0u64..200_000,
+        ) {
+            let mut kinds = kinds;
+            kinds.dedup();
+            let json: Vec<&str> = kinds.iter().map(|&k| KINDS[k].0).collect();
+            let policy = super::tests::policy_of(&format!("[{}]", json.join(",")));
+            let sent: Vec<WireLimit> =
+                policy.limits.iter().zip(&kinds).map(|(l, &k)| WireLimit::with_cost(l, KINDS[k].1)).collect();
+            let mut store = RedisTwin::default();
+            let mut times: Vec<u64> = traffic.iter().map(|t| start_ms * 1000 + t).collect();
+            times.sort_unstable();
+            let limits: Vec<(String, Algorithm)> =
+                sent.iter().enumerate().map(|(i, l)| (format!("k{i}"), Algorithm::of(l))).collect();
+            for (n, t) in times.iter().enumerate() {
+                algorithm::check(&mut store, *t, &format!("r{n}"), &limits);
+            }
+            let now_ms = times.last().map_or(start_ms, |t| t / 1000 + 1);
+            let (reply, headers, retry) = shim(&mut store, &sent, now_ms * 1000);
+            prop_assume!(!reply.allowed);
+            let check = Check {
+                policy: "a".into(),
+                key: "k".into(),
+                limits: sent.clone(),
+                margin_ms: None,
+                upstream: false,
+                levels: Vec::new(),
+            };
+            let map = Map::default();
+            let cache = OverLimitCache::new(&map, 16);
+            let outcome = CheckOutcome { limits: reply.limits.clone(), paused_ms: None };
+            cache.record(&policy, &check, &outcome, now_ms);
+            let Some(hit) = cache.lookup(&policy, &check, now_ms) else {
+                return Ok(()); // not cacheable: the shim answers every refusal
+            };
+            let from_cache = |hit: Hit| {
+                let fields = Fields::refused(&sent[hit.limit], Millis(hit.wait_ms));
+                (RateLimitHeaders::of("p", &sent[hit.limit], fields), retry_after_secs(Some(Millis(hit.wait_ms))))
+            };
+            prop_assert_eq!(from_cache(hit), (headers.clone(), retry));
+            let t = headers.ratelimit.rsplit("t=").next().and_then(|t| t.parse::<u64>().ok());
+            prop_assert_eq!(t, Some(retry), "t is the retry-after");
+
+            // Later, while the entry lives and the shim still refuses.
+            let at_ms = now_ms + later_ms % hit.wait_ms.max(1);
+            if let Some(later) = cache.lookup(&policy, &check, at_ms) {
+                let (reply, headers, retry) = shim(&mut store, &sent, at_ms * 1000);
+                if !reply.allowed {
+                    prop_assert_eq!(from_cache(later), (headers, retry), "at {} ms", at_ms - now_ms);
+                }
+            }
+        }
     }
 }

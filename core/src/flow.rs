@@ -60,7 +60,7 @@ use crate::host::Host;
 use crate::leased::{Pool, Token};
 use crate::llm::Metered;
 use crate::local_reply::LocalReply;
-use crate::ratelimit_headers::RateLimitHeaders;
+use crate::ratelimit_headers::{Fields, RateLimitHeaders};
 use crate::shedding::REPORT_MS;
 use crate::stats::{ClassStat, FilterStat, PolicyStat};
 use crate::verdict::{Verdict, VERDICT_HEADER};
@@ -245,8 +245,8 @@ impl Flow {
         for &index in &evaluation.shadow_missing_key {
             self.shadow_missing_key(&worker, index, &mut fx);
         }
-        if let Some((index, hit)) = self.spend_tokens(&worker, &evaluation, req, host, &mut fx) {
-            self.deny_from_cache(&worker, index, hit, host, &mut fx);
+        if let Some((index, hit, limit)) = self.spend_tokens(&worker, &evaluation, req, host, &mut fx) {
+            self.deny_from_cache(&worker, index, hit, limit, host, &mut fx);
             return fx.0;
         }
         let enforced = crate::plan::enforced(&evaluation).map(|a| a.policy);
@@ -551,7 +551,8 @@ impl Flow {
     /// policy whose pool has none is checked by the shim exactly, as
     /// without a lease. The over-limit cache: an enforced check it holds a
     /// live denial for ends the request's checks there, before the check is
-    /// built: the policy and that denial, returned.
+    /// built: the policy, that denial and its limit as the check would send
+    /// it, returned.
     fn spend_tokens(
         &mut self,
         worker: &Worker,
@@ -559,7 +560,7 @@ impl Flow {
         req: &impl Request,
         host: &dyn Host,
         fx: &mut Effects,
-    ) -> Option<(usize, Hit)> {
+    ) -> Option<(usize, Hit, Option<WireLimit>)> {
         if evaluation.iter().next().is_none() {
             return None; // nothing applies: not even the clock is read
         }
@@ -573,7 +574,7 @@ impl Flow {
                 return None;
             };
             log::debug!("policy {} denies key {} from the over-limit cache", a.policy.name, a.key);
-            Some((a.index, hit))
+            Some((a.index, hit, a.wire_limits(req, reserved).nth(hit.limit)))
         };
         for a in crate::plan::shadow(evaluation) {
             self.calls[1].push(a.index, a.check(req));
@@ -618,12 +619,13 @@ impl Flow {
     /// Policy `index` denies the request from the over-limit cache (`hit`):
     /// its denial, with no call; the tokens the request took go back. The
     /// denial is the worker's last one for the policy while its limit and
-    /// its wait in whole seconds (all it shows of the hit) are the same.
+    /// its fields (all it shows of the hit) are the same.
     fn deny_from_cache(
         &mut self,
         worker: &Worker,
         index: usize,
         hit: Hit,
+        limit: Option<WireLimit>,
         host: &dyn Host,
         fx: &mut Effects,
     ) {
@@ -631,17 +633,18 @@ impl Flow {
         fx.count(index, PolicyStat::CacheDenied);
         self.settle_tokens(false, host, fx);
         let secs = retry_after_secs(Some(Millis(hit.wait_ms)));
-        // All the reply shows of the hit: the limit, and the wait in whole
-        // seconds (RateLimit's t; Retry-After is the same, at least 1).
-        let shown = (hit.limit, hit.wait_ms.div_ceil(1000));
+        // All the reply shows of the hit: the limit and its fields (the
+        // wait in whole seconds is RateLimit's t and Retry-After alike).
+        let fields = limit.map(|l| Fields::refused(&l, Millis(hit.wait_ms)));
+        let shown = (hit.limit, secs, fields.map_or(0, |f| f.remaining));
         if self.shadow_notes.is_empty() {
             if let Some(reply) = worker.cached_denial(index, shown) {
                 return self.refuse_with(reply, fx);
             }
         }
-        let headers = match (worker.doc.headers, policy.limits.get(hit.limit)) {
+        let headers = match (worker.doc.headers, limit.zip(fields)) {
             (HeadersMode::Off, _) | (_, None) => None,
-            (_, Some(limit)) => Some(RateLimitHeaders::of(policy.name.as_str(), limit, 0, hit.wait_ms)),
+            (_, Some((limit, fields))) => Some(RateLimitHeaders::of(policy.name.as_str(), &limit, fields)),
         };
         let mut reply = LocalReply::denial(policy, secs, headers);
         let notes = std::mem::take(&mut self.shadow_notes);
@@ -923,7 +926,10 @@ impl Flow {
             |&(index, remaining, reset_ms)| {
                 let policy = worker.doc.policies.get(index)?;
                 let limit = policy.limits.first()?;
-                Some((RateLimitHeaders::of(policy.name.as_str(), limit, remaining, reset_ms), remaining))
+                let fields = Fields { remaining, wait_ms: reset_ms };
+                let headers =
+                    RateLimitHeaders::of(policy.name.as_str(), &WireLimit::with_cost(limit, 1), fields);
+                Some((headers, remaining))
             },
         );
         match (shim, leased) {
@@ -934,10 +940,13 @@ impl Flow {
 
     fn ratelimit_headers(&self, worker: &Worker, resp: &CheckResponse) -> Option<(RateLimitHeaders, u64)> {
         let call = &self.calls[0];
-        let limits = call.policies.iter().zip(&resp.checks).filter_map(|(&index, outcome)| {
-            let policy = worker.doc.policies.get(index)?;
-            Some(policy.limits.iter().zip(&outcome.limits).map(move |(l, o)| (policy.name.as_str(), l, o)))
-        });
+        // Each limit as sent (a `points` limit with the request's cost).
+        let limits = call.policies.iter().zip(&call.checks).zip(&resp.checks).filter_map(
+            |((&index, check), outcome)| {
+                let policy = worker.doc.policies.get(index)?;
+                Some(check.limits.iter().zip(&outcome.limits).map(move |(l, o)| (policy.name.as_str(), l, o)))
+            },
+        );
         let remaining = call
             .policies
             .iter()

@@ -111,8 +111,8 @@ pub struct Worker {
     /// This worker's copy of the over-limit cache's hits, cleared each tick.
     pub(crate) over_limit: RefCell<Mirror>,
     /// Per policy, the last denial served from the over-limit cache, with
-    /// what it shows of its hit (the limit, the wait in whole seconds).
-    denials: RefCell<Vec<Option<((usize, u64), Rc<LocalReply>)>>>,
+    /// what it shows of its hit (the limit, the wait in whole seconds, `r`).
+    denials: RefCell<Vec<Option<((usize, u64, u64), Rc<LocalReply>)>>>,
     /// An effect list the adapter gave back once performed, for the next event.
     spare: RefCell<Vec<Effect>>,
 }
@@ -177,7 +177,7 @@ impl Worker {
 
     /// Policy `index`'s last denial from the over-limit cache, if it showed
     /// the same limit and wait (`shown`): every byte of it is the same.
-    pub(crate) fn cached_denial(&self, index: usize, shown: (usize, u64)) -> Option<Rc<LocalReply>> {
+    pub(crate) fn cached_denial(&self, index: usize, shown: (usize, u64, u64)) -> Option<Rc<LocalReply>> {
         match self.denials.borrow().get(index) {
             Some(Some((kept, reply))) if *kept == shown => Some(reply.clone()),
             _ => None,
@@ -185,7 +185,7 @@ impl Worker {
     }
 
     /// Keeps `reply` as policy `index`'s last denial from the over-limit cache.
-    pub(crate) fn keep_denial(&self, index: usize, shown: (usize, u64), reply: &Rc<LocalReply>) {
+    pub(crate) fn keep_denial(&self, index: usize, shown: (usize, u64, u64), reply: &Rc<LocalReply>) {
         if let Some(slot) = self.denials.borrow_mut().get_mut(index) {
             *slot = Some((shown, reply.clone()));
         }

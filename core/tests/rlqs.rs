@@ -261,3 +261,32 @@ fn a_changed_policy_replaces_the_live_assignment_at_once() {
     let call = one_call(&mut stream);
     assert_eq!(call.request.limit, window(5).limit);
 }
+
+/// Regression: after a lowered limit (a reload that keeps the window's
+/// counter), the tokens Envoy still held were given back only when the
+/// window ended: the new policy's first answer started a new ledger and
+/// forgot the old one's tokens, and a give-back beyond the new limit was
+/// refused. They go back at the first report that settles the replaced
+/// token bucket.
+#[test]
+fn a_lowered_limit_gives_back_what_envoy_held_at_the_next_report() {
+    let mut stream = Stream::new(1);
+    report(&mut stream, T0, 0, 1, leased());
+    let call = one_call(&mut stream);
+    stream.handle_lease(T0 + 5, &id(), call.seq, grant(10, 50_000));
+    stream.poll_actions();
+    let lowered = Governed::Leased(window(5));
+    let reload = T0 + 1_000;
+    report(&mut stream, reload, 3, 0, lowered.clone());
+    assert_eq!(stream.poll_actions(), [assign(Strategy::DenyAll, 1)]);
+    let call = one_call(&mut stream);
+    // The window already counts 10, over the new limit of 5: nothing more.
+    stream.handle_lease(reload + 5, &id(), call.seq, grant(0, 49_000));
+    let settled = reload + 2 * DELIVERY_MS;
+    report(&mut stream, settled, 0, 0, lowered);
+    let back = one_call(&mut stream);
+    assert_eq!(back.request.limit, window(5).limit);
+    assert_eq!(back.request.give_back.map(|b| (b.window, b.tokens)), Some((7, 7)), "10 sent, 3 admitted");
+    assert_eq!(back.request.want, 0);
+    assert_eq!(back.request.validate(), Ok(()), "the shim takes a give-back beyond the lowered limit");
+}

@@ -145,3 +145,46 @@ fn a_bad_policy_document_keeps_envoy_from_starting() {
         line.unwrap_or_else(|| panic!("no `sluice: invalid policy document:` line in the log:\n{log}"));
     assert!(line.contains("policies[0].limits[0].window"), "the line does not name the field: {line}");
 }
+
+/// The RateLimit fields of one refusal, and its `retry-after` and verdict.
+fn refusal(stack: &Stack) -> (u64, u64, u64, String) {
+    let reply = sluice_harness::gateway::send(stack.envoy.port, "GET", PATH, &[("x-api-key", "alice")])
+        .expect("a request");
+    assert_eq!(reply.status, 429, "{reply:?}");
+    let field = |name: &str| -> u64 {
+        let value = reply.header("ratelimit").unwrap_or_else(|| panic!("no ratelimit header: {reply:?}"));
+        let found = value.split(';').find_map(|p| p.strip_prefix(&format!("{name}=")));
+        found.and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no {name} in {value:?}"))
+    };
+    let retry = reply.header("retry-after").and_then(|v| v.parse().ok()).expect("a retry-after");
+    (field("r"), field("t"), retry, reply.header("x-sluice-verdict").unwrap_or_default().to_string())
+}
+
+/// Draft -11 through Envoy: a `points` refusal's `t` is the time until the
+/// request's cost fits (its `retry-after`), not the whole bucket's refill,
+/// and the over-limit cache's next refusal shows the same `r` and `t`.
+/// Regression: the shim's refusal said `t` = the full refill
+/// (`retry-after: 1344` beside `t=78787`), the cache's `r=0`.
+#[test]
+fn a_refusal_shows_the_same_fields_from_the_shim_and_the_cache() {
+    // One point every 100 s; 10 at most; each request costs 3.
+    let doc = r#"{"shim": {"cluster": "sluice_shim", "timeout_ms": 2000}, "failure_mode": "deny",
+      "verdict_header": true,
+      "policies": [{"name": "messages-tokens", "match": {"path_prefix": "/v42/"}, "key": ["header:x-api-key"],
+        "limits": [{"type": "points", "capacity": 10, "refill": "1000s", "cost": 3}]}]}"#;
+    let stack = Stack::start(doc).expect("the stack");
+    assert_split(&stack, &get(&stack, "alice", 3), 3);
+    // 1 point left, 2 missing: 200 s until the cost fits (the refill is 1,000 s).
+    let started = std::time::Instant::now();
+    let (r, t, retry, verdict) = refusal(&stack);
+    assert_eq!(verdict, "denied", "the shim answers first");
+    assert_eq!(t, retry, "t is the retry-after");
+    assert!((199..=200).contains(&t), "t={t}: the cost fits in 200 s, not the whole refill");
+    assert_eq!(r, 1, "1 point in the bucket");
+    let (r2, t2, retry2, verdict2) = refusal(&stack);
+    let elapsed = started.elapsed().as_secs() + 1;
+    assert_eq!(verdict2, "cache_denied", "the over-limit cache answers next");
+    assert_eq!((r2, t2), (r, t2), "the same r");
+    assert_eq!(t2, retry2, "t is the retry-after");
+    assert!(t2 <= t && t - t2 <= elapsed, "the same t, less the {elapsed} s gone at most: {t} then {t2}");
+}

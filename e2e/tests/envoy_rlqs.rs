@@ -230,18 +230,32 @@ fn failure_mode_allow_lets_an_expired_bucket_through() {
 
 /// A limit lowered (the document reloaded, SIGHUP) while a bucket holds a
 /// long-lived assignment with tokens left: Sluice replaces it at once with
-/// `deny_all`, and the window, already past its new limit, admits nothing more.
+/// `deny_all`, and the window, already past its new limit, admits nothing
+/// more. The tokens Envoy held and never spent go back to the window at
+/// the next report that settles them (regression: they stayed charged
+/// until the window's end, an hour here), so the window counts exactly
+/// what was admitted.
 #[test]
 fn a_lowered_limit_replaces_live_assignments() {
     let redis = Redis::start().expect("redis");
     let upstream = Upstream::start().expect("upstream");
-    let doc = document("deny", 1_000, 100, "30s");
+    // A lease larger than the requests sent until Envoy gets `deny_all`
+    // (a report comes every 5 s, a request every 25 ms or more).
+    let doc = document("deny", 100_000, 1_000, "30s");
     let shim = GrpcShim::start(&redis.url(), &doc).expect("shim");
     let envoy = Envoy::start_rlqs(&doc, shim.grpc_port, upstream.port, json!({})).expect("envoy");
-    until(|| pool(&envoy, "p"), |s| ends_with(s, 10, 200));
-    assert!(counted(&redis, "p") >= 100, "a lease of 100 is out");
+    let before = until(|| pool(&envoy, "p"), |s| ends_with(s, 10, 200));
+    assert!(counted(&redis, "p") >= 1_000, "a lease of 1,000 is out");
     shim.reload(&document("deny", 5, 5, "30s")).expect("reload");
     let after = until(|| pool(&envoy, "p"), |s| ends_with(s, 20, 429));
     let first_denied = after.iter().position(|s| *s == 429).expect("denied");
     assert!(after[first_denied..].iter().all(|s| *s == 429), "nothing more admitted: {after:?}");
+    let spent = (admitted(&before) + admitted(&after)) as u64;
+    assert!(spent < 1_000, "{spent} admitted: some of the lease is left to give back");
+    let back = until(|| pool(&envoy, "p"), |_| counted(&redis, "p") == spent);
+    assert_eq!(admitted(&back), 0, "{back:?}");
+    eprintln!(
+        "{spent} admitted; the rest of the lease of 1,000 went back after {} more requests",
+        back.len()
+    );
 }

@@ -540,11 +540,16 @@ impl From<crate::algorithm::Grant> for LeaseResponse {
 }
 
 impl LeaseRequest {
+    /// The most tokens one call gives back to a limit of `limit`.
+    pub fn most_given_back(limit: u32) -> u32 {
+        limit.max(crate::leased::MAX_TOKENS)
+    }
+
     /// The bounds a shim holds a caller to: a `fixed_window`, `token_bucket`
     /// or `leaky_bucket` limit that validates; `want` at most
     /// [`crate::leased::MAX_TOKENS`] and the limit (a bucket's burst); a
-    /// give-back of at most the limit; and for a bucket, its lease period
-    /// within `leased.ttl`'s bounds.
+    /// give-back of at most [`LeaseRequest::most_given_back`]; and for a
+    /// bucket, its lease period within `leased.ttl`'s bounds.
     pub fn validate(&self) -> Result<(), String> {
         let limit = match self.limit {
             WireLimit::FixedWindow { limit, .. } => limit,
@@ -561,8 +566,16 @@ impl LeaseRequest {
                 crate::leased::MAX_TOKENS
             ));
         }
-        if let Some(back) = self.give_back.filter(|b| b.tokens > limit) {
-            return Err(format!("give_back.tokens: {} is more than the limit {limit}", back.tokens));
+        // Tokens granted under an earlier, higher limit (before a reload)
+        // may go back under a lowered one: a give-back is bounded by the
+        // largest lease, not by the limit.
+        let most_back = Self::most_given_back(limit);
+        if let Some(back) = self.give_back.filter(|b| b.tokens > most_back) {
+            return Err(format!(
+                "give_back.tokens: {} is more than {most_back} (the limit or {}, the larger)",
+                back.tokens,
+                crate::leased::MAX_TOKENS
+            ));
         }
         let bucket = !matches!(self.limit, WireLimit::FixedWindow { .. });
         match self.ttl_ms {
@@ -781,9 +794,11 @@ mod tests {
             req(window, 101, None).validate(),
             Err("want: 101 is more than 100 (at most the limit and 100000)".into())
         );
+        // Tokens of a higher limit before a reload go back under a lower one.
+        assert_eq!(req(window, 1, back(101)).validate(), Ok(()));
         assert_eq!(
-            req(window, 1, back(101)).validate(),
-            Err("give_back.tokens: 101 is more than the limit 100".into())
+            req(window, 1, back(100_001)).validate(),
+            Err("give_back.tokens: 100001 is more than 100000 (the limit or 100000, the larger)".into())
         );
         let zero = WireLimit::FixedWindow { limit: 100, window_ms: Millis(0) };
         assert!(req(zero, 1, None).validate().is_err());

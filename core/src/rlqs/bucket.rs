@@ -51,6 +51,12 @@ use super::{
 /// whole seconds allow.
 const EXTEND_LEAD_MS: u64 = 1_500;
 
+/// Whether two windows count in the same Redis counter: the same policy,
+/// key and window length (the state key), whatever their limit or lease.
+fn same_counter(a: &Window, b: &Window) -> bool {
+    a.policy == b.policy && a.key == b.key && a.limit.quota().1 == b.limit.quota().1
+}
+
 /// Where a bucket's effects go.
 pub(crate) struct Out<'a> {
     pub(crate) id: &'a BucketId,
@@ -256,6 +262,14 @@ impl Bucket {
             ledger.settle(now);
         }
         if rule != self.rule {
+            if let (Governed::Leased(new), Some(ledger)) = (&rule, &mut self.ledger) {
+                // A reload that keeps the counter (a lowered limit, say):
+                // the ledger goes on, so what Envoy held goes back at the
+                // first report that settles it, not at the window's end.
+                if same_counter(&ledger.window, new) {
+                    ledger.window = new.clone();
+                }
+            }
             self.rule = rule;
             self.replace(now, out);
         }
@@ -434,7 +448,10 @@ impl Bucket {
     fn ask(&mut self, now: u64, window: &Window, want: u32, out: &mut Out) {
         let give_back = match &mut self.ledger {
             Some(ledger) if ledger.window == *window && ledger.back > 0 && now < ledger.ends_ms => {
-                let tokens = u32::try_from(std::mem::take(&mut ledger.back)).unwrap_or(u32::MAX);
+                // At most what one call takes back; the rest in the next.
+                let most = LeaseRequest::most_given_back(window.limit.capacity());
+                let tokens = u32::try_from(ledger.back).unwrap_or(u32::MAX).min(most);
+                ledger.back -= u64::from(tokens);
                 Some(GiveBack { window: ledger.index, tokens, charged: None })
             }
             _ => None,
@@ -465,7 +482,7 @@ impl Bucket {
     fn answered(&mut self, now: u64, call: Pending, answer: LeaseResponse, out: &mut Out) {
         let ends = call.asked_ms + answer.expires_in_ms.get();
         let ledger = match &mut self.ledger {
-            Some(l) if l.window == call.window && l.index == answer.window => {
+            Some(l) if same_counter(&l.window, &call.window) && l.index == answer.window => {
                 // Each answer's end is no later than the window's: the latest is the closest.
                 l.ends_ms = l.ends_ms.max(ends);
                 l

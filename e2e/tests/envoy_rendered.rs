@@ -1,0 +1,238 @@
+//! Rendered configurations are part of the face: every example in
+//! `policies/examples/` that the RLQS face can serve, rendered as `sluice
+//! envoy-config --face rlqs` renders it (the harness renders through the
+//! same crate), run through real Envoy's `rate_limit_quota` filter and the
+//! shim: each request is charged to the policy the document names for it,
+//! in document order, and a request no policy takes (no header, a near
+//! miss) to none.
+//!
+//! The document's rule for a request: its bucket id holds, for each key a
+//! policy reads, the request header of that name; the first RLQS-face
+//! policy that applies to that id governs it (`sluice_policies::rlqs::govern`).
+//! Envoy's reports tell which policy each request was charged to
+//! (`sluice_decisions_total{policy, face="rlqs"}`: each request of a
+//! leased window, each new bucket of an `unlimited` policy).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sluice_harness::gateway::{sample, send};
+use sluice_harness::shim::GrpcShim;
+use sluice_harness::{Envoy, Redis, Upstream};
+use sluice_policies::condition::ValueCondition;
+use sluice_policies::request::SimpleRequest;
+use sluice_policies::rlqs::{govern, Governed};
+use sluice_policies::{Document, Face, KeySource, Policy};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+/// Requests sent per case.
+const EACH: u64 = 3;
+
+/// The examples the RLQS face can serve: those it renders.
+fn rlqs_examples() -> Vec<(String, String, Document)> {
+    let dir = sluice_harness::paths::workspace_root().join("policies/examples");
+    let mut out = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(&dir).expect("examples").flatten().map(|e| e.path()).collect();
+    files.sort();
+    for path in files.into_iter().filter(|p| p.extension().is_some_and(|e| e == "json")) {
+        let json = std::fs::read_to_string(&path).expect("an example");
+        let doc = sluice_policies::parse(&json).expect("a valid example");
+        if sluice_envoy_config::rlqs::rlqs_values(&doc).is_ok() {
+            let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            out.push((name, json, doc));
+        }
+    }
+    out
+}
+
+fn rlqs_policies(doc: &Document) -> Vec<&Policy> {
+    doc.policies.iter().filter(|p| p.matcher.face() == Face::Rlqs).collect()
+}
+
+/// Each bucket key `policy` reads, with its condition (none: a `bucket:NAME` key).
+fn reads(policy: &Policy) -> Vec<(String, Option<ValueCondition>)> {
+    let mut reads: Vec<(String, Option<ValueCondition>)> =
+        policy.matcher.bucket.iter().map(|(k, c)| (k.clone(), Some(c.clone()))).collect();
+    for key in &policy.key {
+        if let KeySource::Bucket(name) = key {
+            if !policy.matcher.bucket.contains_key(name.as_str()) {
+                reads.push((name.as_str().to_string(), None));
+            }
+        }
+    }
+    reads
+}
+
+/// Requests to try, as header sets: one that meets each policy, one that
+/// just misses each (an `equals` or `prefix` key another value), one with
+/// every header of every policy, and one with none.
+fn cases(doc: &Document) -> Vec<Vec<(String, String)>> {
+    let meets = |policy: &Policy, miss: bool| -> Vec<(String, String)> {
+        let mut headers = Vec::new();
+        let mut missed = false;
+        for (key, condition) in reads(policy) {
+            let value = match condition {
+                Some(ValueCondition::Present(false)) => continue,
+                Some(ValueCondition::Equals(v)) if miss && !missed => {
+                    missed = true;
+                    format!("not-{v}")
+                }
+                Some(ValueCondition::Equals(v)) => v,
+                Some(ValueCondition::Prefix(p)) if miss && !missed && !p.is_empty() => {
+                    missed = true;
+                    format!("x{p}")
+                }
+                Some(ValueCondition::Prefix(p)) => format!("{p}-1"),
+                _ => format!("{}-1", policy.name),
+            };
+            headers.push((key, value));
+        }
+        headers
+    };
+    let policies = rlqs_policies(doc);
+    let mut cases: Vec<Vec<(String, String)>> = vec![Vec::new()];
+    for p in &policies {
+        cases.push(meets(p, false));
+        cases.push(meets(p, true));
+    }
+    let mut all: BTreeMap<String, String> = BTreeMap::new();
+    for p in policies.iter().rev() {
+        all.extend(meets(p, false));
+    }
+    cases.push(all.into_iter().collect());
+    cases.dedup();
+    cases
+}
+
+/// What the document does with a request with `headers` (its bucket id
+/// holds each header a policy reads): the governing policy's name, and
+/// how many the shim counts for it for `n` such requests. A leased
+/// window counts each request Envoy reports; an `unlimited` policy each
+/// new bucket once (`seen`: the buckets counted so far), a missing key
+/// nothing.
+fn governing(
+    doc: &Document,
+    domain: &str,
+    headers: &[(String, String)],
+    n: u64,
+    seen: &mut Vec<(String, Vec<(String, String)>)>,
+) -> Option<(String, u64)> {
+    let mut req = SimpleRequest::default().domain(domain);
+    for (k, v) in headers {
+        req = req.bucket(k, v);
+    }
+    match govern(doc, &req).0 {
+        Governed::Unmatched => None,
+        Governed::MissingKey { policy } => Some((policy, 0)),
+        Governed::Leased(window) => Some((window.policy, n)),
+        Governed::Unlimited { policy } => {
+            let reads =
+                doc.policies.iter().find(|p| p.name.as_str() == policy).map(reads).unwrap_or_default();
+            let id: Vec<(String, String)> =
+                headers.iter().filter(|(k, _)| reads.iter().any(|(r, _)| r == k)).cloned().collect();
+            let new = !seen.contains(&(policy.clone(), id.clone()));
+            if new {
+                seen.push((policy.clone(), id));
+            }
+            Some((policy, u64::from(new)))
+        }
+    }
+}
+
+/// What the shim counted for each policy (every result), and the
+/// buckets no policy matched.
+fn charged(shim: &GrpcShim, names: &[String]) -> (BTreeMap<String, u64>, u64) {
+    let page = shim.metrics().expect("metrics");
+    let counts = names
+        .iter()
+        .map(|name| {
+            let n: f64 = ["allowed", "denied", "unlimited"]
+                .iter()
+                .map(|r| {
+                    sample(
+                        &page,
+                        &format!(r#"sluice_decisions_total{{policy="{name}",result="{r}",face="rlqs"}}"#),
+                    )
+                })
+                .sum();
+            (name.clone(), n as u64)
+        })
+        .collect();
+    (counts, sample(&page, r#"sluice_unmatched_descriptors_total{face="rlqs"}"#) as u64)
+}
+
+/// Polls until `want` holds of the counts; the counts then.
+fn until_charged(
+    shim: &GrpcShim,
+    names: &[String],
+    want: impl Fn(&BTreeMap<String, u64>) -> bool,
+) -> (BTreeMap<String, u64>, u64) {
+    let start = Instant::now();
+    loop {
+        let now = charged(shim, names);
+        if want(&now.0) {
+            return now;
+        }
+        assert!(start.elapsed() < DEADLINE, "not charged as expected in {DEADLINE:?}: {now:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Regression: `--face rlqs` rendered a policy whose bucket keys are all
+/// `equals` as a matcher of every request, so a request without the
+/// example's `client` header was charged to its unlimited `internal` tier.
+#[test]
+fn each_examples_requests_are_charged_to_the_policy_the_document_names() {
+    let examples = rlqs_examples();
+    assert!(examples.iter().any(|(name, _, _)| name == "rlqs-quota"), "the RLQS example is served");
+    for (name, json, doc) in &examples {
+        let redis = Redis::start().expect("redis");
+        let upstream = Upstream::start().expect("upstream");
+        let shim = GrpcShim::start(&redis.url(), json).expect("shim");
+        let envoy = Envoy::start_rlqs(json, shim.grpc_port, upstream.port, json!({})).expect("envoy");
+        let domain = rlqs_policies(doc)
+            .iter()
+            .find_map(|p| p.matcher.domain.clone())
+            .unwrap_or_else(|| sluice_envoy_config::rls::DEFAULT_DOMAIN.to_string());
+        let names: Vec<String> = rlqs_policies(doc).iter().map(|p| p.name.as_str().to_string()).collect();
+        let cases = cases(doc);
+        // A request the document charges to a leased window, sent after
+        // each case the shim counts nothing for: once its charge shows,
+        // the case's would have.
+        let probe = cases
+            .iter()
+            .find(|c| governing(doc, &domain, c, 1, &mut Vec::new()).is_some_and(|(_, n)| n == 1))
+            .cloned()
+            .expect("a case a leased policy takes");
+        let send_all = |headers: &[(String, String)], n: u64| {
+            let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            for _ in 0..n {
+                let status = send(envoy.port, "GET", "/api", &headers).expect("request").status;
+                assert_ne!(status, 500, "{name}: {headers:?}");
+            }
+        };
+        let mut seen = Vec::new();
+        let (mut before, unmatched) = charged(&shim, &names);
+        for case in &cases {
+            let expected = governing(doc, &domain, case, EACH, &mut seen);
+            send_all(case, EACH);
+            let mut expected_after = before.clone();
+            if let Some((policy, n)) = &expected {
+                *expected_after.entry(policy.clone()).or_default() += n;
+            }
+            if expected.as_ref().is_none_or(|(_, n)| *n == 0) {
+                send_all(&probe, 1);
+                let (policy, n) = governing(doc, &domain, &probe, 1, &mut seen).expect("the probe's policy");
+                *expected_after.entry(policy).or_default() += n;
+            }
+            let (after, unmatched_now) = until_charged(&shim, &names, |c| {
+                expected_after.iter().all(|(p, n)| c.get(p).copied().unwrap_or(0) >= *n)
+            });
+            assert_eq!(after, expected_after, "{name}: a request with {case:?} is charged to {expected:?}");
+            assert_eq!(unmatched_now, unmatched, "{name}: no bucket Envoy builds is unmatched ({case:?})");
+            eprintln!("{name}: {case:?} -> {expected:?}");
+            before = after;
+        }
+    }
+}
