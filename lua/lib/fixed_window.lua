@@ -83,12 +83,36 @@ local function fixed_window_reserve(key, now, limit, window, margin)
   }
 end
 
--- Cancellation (cancel.lua): gives back a reservation's count only while its
--- window is still ahead of now and still the stored one.
+-- At its slot (confirm.lua): a held request sent in the window its slot
+-- was counted in is counted; one that woke past that window's end is
+-- counted again in now's window if it has room (a past window's count
+-- stays: it can admit nothing more), else it waits for the next window with
+-- room. Nothing marks a fixed window's requests: it is never gone (nil).
+local function fixed_window_confirm(key, now, at, limit, window, margin)
+  local slot, current = window_index(at, window), window_index(now, window)
+  local none = function() end
+  if now < at then return {due = at, commit = none} end
+  if current == slot then return {due = now, commit = none} end
+  local state = redis.call('HMGET', key, 'w', 'n')
+  local stored, count = tonumber(state[1]), tonumber(state[2]) or 0
+  if stored and stored > current then return {due = stored * window + margin, commit = none} end
+  if stored == current and count >= limit then return {due = (current + 1) * window + margin, commit = none} end
+  if stored ~= current then count = 0 end
+  return {
+    due = now,
+    commit = function()
+      redis.call('HSET', key, 'w', current, 'n', count + 1)
+      redis.call('PEXPIRE', key, ceil_ms((current + 1) * window - now) + 1000)
+    end,
+  }
+end
+
+-- Cancellation (cancel.lua): gives back a held reservation's count while its
+-- window is still the stored one; it was never sent.
 local function fixed_window_cancel(key, now, at, window)
   local slot = window_index(at, window)
-  local stored = tonumber(redis.call('HGET', key, 'w'))
-  if stored == slot and slot > window_index(now, window) then
+  local state = redis.call('HMGET', key, 'w', 'n')
+  if tonumber(state[1]) == slot and (tonumber(state[2]) or 0) > 0 then
     redis.call('HINCRBY', key, 'n', -1)
   end
 end

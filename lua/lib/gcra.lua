@@ -53,37 +53,152 @@ local function gcra(key, now, interval, burst, cost)
   }
 end
 
--- Waiting (reserve.lua): the earliest t at or after now at which the bucket
--- takes the request with margin to spare: cost * interval <= tau and
--- tat - t <= tau - cost * interval - margin, on the stored tat (for margin 0,
--- check's rule). The partner's own bucket may see our requests up to margin
--- late; its tolerance is then margin smaller. Committed at t, tat moves on
--- from max(tat, t). A cost beyond the whole bucket never passes (-1).
-local function gcra_reserve(key, now, interval, burst, cost, margin)
-  local tau = interval * burst
+-- Waiting (reserve.lua, confirm.lua, cancel.lua). Beside tat, a bucket that
+-- requests wait on keeps what is held, so that a late send shifts the
+-- waiters behind it instead of reordering them, and give-backs in any order
+-- leave no phantom slot:
+--   key:held   the held reservations (reserved, not yet sent): ids by slot
+--   key:need   id -> "need margin deadline tau" of each held one
+--   key:sent   s: the tat of the real sends alone; e: tat as waiting left it
+-- tat is then the chain: from s, each held reservation in slot order, at no
+-- earlier than its slot nor than the one before allows with its margin
+-- (gcra_walk). A tat other than e was moved by a check decided at once or a
+-- refund (adjust.lua): s takes that move in, bounded by the new tat, and the
+-- chain is walked again. A held reservation past its deadline and
+-- HELD_GRACE was never sent (its request refused, its client or shim gone):
+-- it drops out of the chain.
+local HELD_GRACE = 1000000
+
+local function held_record(key, id)
+  local r = redis.call('HGET', key .. ':need', id)
+  if not r then return nil end
+  local need, margin, deadline, tau = string.match(r, '(%S+) (%S+) (%S+) (%S+)')
+  return {need = tonumber(need), margin = tonumber(margin), deadline = tonumber(deadline), tau = tonumber(tau)}
+end
+
+-- tat, and the real sends' tat s, taking in a move by anyone else.
+local function gcra_load(key, now)
   local stored = tonumber(redis.call('GET', key))
-  local tat = stored or now
+  local sent = redis.call('HMGET', key .. ':sent', 's', 'e')
+  local base, e = tonumber(sent[1]), tonumber(sent[2])
+  local tat = stored or e or now
+  if not base or not e then return {tat = tat, base = tat, moved = false} end
+  if tat == e then return {tat = tat, base = base, moved = false} end
+  if tat > e then
+    base = math.min(math.max(base, now) + tat - e, tat)
+  else
+    base = math.min(base, tat)
+  end
+  return {tat = tat, base = base, moved = true}
+end
+
+-- The chain's end from base, the held ids that dropped out, and the time
+-- held request `who` (if any, and still in the chain) may be sent at: its
+-- place in the chain, shifted by whatever was late before it.
+local function gcra_walk(key, now, base, who)
+  local acc, gone, due = base, {}, nil
+  local held = redis.call('ZRANGE', key .. ':held', 0, -1, 'WITHSCORES')
+  for i = 1, #held, 2 do
+    local id, slot = held[i], tonumber(held[i + 1])
+    local r = held_record(key, id)
+    if not r or r.deadline + HELD_GRACE < now then
+      gone[#gone + 1] = id
+    else
+      if id == who then due = math.max(slot, acc + r.need + r.margin - r.tau) end
+      acc = math.max(acc, slot, acc + r.need + r.margin - r.tau) + r.need
+    end
+  end
+  return acc, gone, due
+end
+
+local function gcra_drop(key, ids)
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', key .. ':held', id)
+    redis.call('HDEL', key .. ':need', id)
+  end
+end
+
+-- Stores tat and s; every key lives until tat, and until the held
+-- reservation's deadline (and grace) if it names one.
+local function gcra_save(key, now, tat, base, deadline)
+  redis.call('SET', key, tat, 'KEEPTTL')
+  redis.call('HSET', key .. ':sent', 's', base, 'e', tat)
+  local ms = ceil_ms(math.max(tat, deadline + HELD_GRACE, now) - now) + 1000
+  for _, k in ipairs({key, key .. ':sent', key .. ':held', key .. ':need'}) do keep_ms(k, ms) end
+end
+
+-- The earliest t at or after now (and at or after every held slot: arrival
+-- order) at which the bucket takes the request with margin to spare:
+-- cost * interval <= tau and tat - t <= tau - cost * interval - margin (for
+-- margin 0, check's rule). The partner's own bucket may see our requests up
+-- to margin late; its tolerance is then margin smaller. Committed at t = now
+-- it is sent at once (unless hold); else it is held until deadline, and tat
+-- moves on from max(tat, t). A cost beyond the whole bucket never passes (-1).
+local function gcra_reserve(key, now, id, interval, burst, cost, margin, deadline, hold)
+  local tau = interval * burst
+  local st = gcra_load(key, now)
+  local tat = st.tat
+  if st.moved then tat = gcra_walk(key, now, st.base) end
+  local last = tonumber(redis.call('ZRANGE', key .. ':held', -1, -1, 'WITHSCORES')[2]) or now
   local need = cost * interval
   local at = -1
-  if need <= tau then at = math.max(now, tat + need + margin - tau) end
+  if need <= tau then at = math.max(now, last, tat + need + margin - tau) end
   return {
     at = at,
     remaining_now = math.floor(math.max(now + tau - math.max(tat, now), 0) / interval),
     commit = function(t)
-      local new_tat = math.max(tat, t) + need
+      local base, new_tat = st.base, 0
+      if t <= now and not hold then
+        base = math.max(base, now) + need
+        new_tat = gcra_walk(key, now, base)
+      else
+        redis.call('ZADD', key .. ':held', t, id)
+        redis.call('HSET', key .. ':need', id,
+          string.format('%.0f %.0f %.0f %.0f', need, margin, deadline, tau))
+        new_tat = math.max(tat, t) + need
+      end
       local refunded = refunded_count(key)
-      redis.call('SET', key, new_tat)
-      redis.call('PEXPIRE', key, ceil_ms(new_tat - now) + 1000)
+      gcra_save(key, now, new_tat, base, deadline)
       keep_refunded(key, refunded, ceil_ms(new_tat - now) + 1000)
       return {math.floor(math.max(t + tau - new_tat, 0) / interval), new_tat - t}, new_tat, refunded
     end,
   }
 end
 
--- Cancellation (cancel.lua): moves tat back by the request's charge only
--- while it is still exactly the tat this reservation set (the newest).
-local function gcra_cancel(key, held_until, interval, cost)
-  if tonumber(redis.call('GET', key)) == held_until then
-    redis.call('SET', key, held_until - cost * interval, 'KEEPTTL')
-  end
+-- At its slot (confirm.lua): the held request may be sent at its place in
+-- the chain walked from the real sends: due = max(slot, end of those before
+-- it + need + margin - tau), so it never goes before those ahead of it nor
+-- closer than its margin allows to the last real send. Sent, s moves on
+-- from max(s, now) and the chain is walked again, so a late send shifts
+-- those behind it. nil when id is not held (given back, or dropped past its
+-- deadline).
+local function gcra_confirm(key, now, id)
+  local r = held_record(key, id)
+  if not r or not redis.call('ZSCORE', key .. ':held', id) then return nil end
+  local st = gcra_load(key, now)
+  local _, _, due = gcra_walk(key, now, st.base, id)
+  if not due then return nil end
+  return {
+    due = due,
+    commit = function()
+      gcra_drop(key, {id})
+      local base = math.max(st.base, now) + r.need
+      local tat, gone = gcra_walk(key, now, base)
+      gcra_drop(key, gone)
+      gcra_save(key, now, tat, base, 0)
+    end,
+  }
+end
+
+-- Cancellation (cancel.lua): a held reservation given back leaves the chain,
+-- which is walked again: any give-backs, in any order, leave the state as if
+-- they had never been made, with the reservations still held where they
+-- are.
+local function gcra_cancel(key, now, id)
+  if not redis.call('ZSCORE', key .. ':held', id) then return end
+  gcra_drop(key, {id})
+  local st = gcra_load(key, now)
+  local tat, gone = gcra_walk(key, now, st.base)
+  gcra_drop(key, gone)
+  gcra_save(key, now, tat, st.base, 0)
 end

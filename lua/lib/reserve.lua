@@ -8,6 +8,9 @@
 -- reply says how far away the slot is (-1: never).
 --
 -- ARGV[5n+3 + i]   limit i's margin in microseconds (n limits)
+-- ARGV[6n+4]       optional: 'hold' holds a slot at now too (a mixed
+--     request, which must still take its concurrency slot), else a slot at
+--     now is sent at once
 --
 -- Returns check.lua's reply, then the slot t in microseconds (0 when denied).
 -- Per limit: allowed_i is whether its own slot lies within the wait; remaining
@@ -29,7 +32,7 @@ local function reserve(now, id, wait)
   for i, key in ipairs(KEYS) do
     specs[i] = spec_of(i, key, tonumber(ARGV[5 * n + 3 + i]) or 0)
   end
-  local r, err = reserve_slots(now, id, wait, specs)
+  local r, err = reserve_slots(now, id, wait, specs, ARGV[6 * n + 4] == 'hold')
   if not r then return redis.error_reply(err) end
   local retry = 0
   if r.at < 0 then retry = -1 elseif not r.allowed then retry = ceil_ms(r.at - now) end

@@ -72,9 +72,34 @@ local function sliding_window_reserve(key, now, id, limit, window, margin)
   }
 end
 
--- Cancellation (cancel.lua): removes the request's entry while it is still
--- in the future.
-local function sliding_window_cancel(key, now, id)
+-- At its slot (confirm.lua): the held request may be sent while fewer than
+-- limit other entries lie in (now - span, now]; a request that woke late
+-- may find entries sent since (or moved there late) in its way, and waits
+-- until enough of them leave. Sent, its entry moves to now, where the
+-- partner sees it. nil when its entry is gone (given back or expired).
+local function sliding_window_confirm(key, now, id, limit, window, margin)
+  local span = window + margin
   local score = tonumber(redis.call('ZSCORE', key, id))
-  if score and score > now then redis.call('ZREM', key, id) end
+  if not score then return nil end
+  if score > now then return {due = score, commit = function() end} end
+  local lo, hi = '(' .. string.format('%.0f', now - span), string.format('%.0f', now)
+  local entries = redis.call('ZRANGEBYSCORE', key, lo, hi, 'WITHSCORES')
+  local others = {}
+  for i = 1, #entries, 2 do
+    if entries[i] ~= id then others[#others + 1] = tonumber(entries[i + 1]) end
+  end
+  local due = now
+  if #others >= limit then due = others[#others - limit + 1] + span end
+  return {
+    due = due,
+    commit = function()
+      redis.call('ZADD', key, now, id)
+      keep_ms(key, ceil_ms(span) + 1000)
+    end,
+  }
+end
+
+-- Cancellation (cancel.lua): removes the request's entry; it was never sent.
+local function sliding_window_cancel(key, now, id)
+  redis.call('ZREM', key, id)
 end

@@ -9,9 +9,11 @@
 -- time at or after now at which it admits the request; past that time it
 -- keeps admitting it (reservations on a key keep arrival order). The slot is
 -- the latest of these. If slot - now <= wait every limit is charged at the
--- slot. Returns {allowed, at (-1: never), found, committed}: committed[i] =
+-- slot: sent at once if the slot is now (unless hold), else held until the request
+-- confirms its send (confirm_slots) or gives it back (cancel_slots).
+-- Returns {allowed, at (-1: never), found, committed}: committed[i] =
 -- {view, held_until, refunded} when allowed.
-local function reserve_slots(now, id, wait, specs)
+local function reserve_slots(now, id, wait, specs, hold)
   apply_rates(specs, now)
   local found = {}
   local at, never = now, false
@@ -22,7 +24,7 @@ local function reserve_slots(now, id, wait, specs)
     elseif s.kind == 'sliding_window' then
       f = sliding_window_reserve(s.key, now, id, s.a, s.b, s.margin)
     elseif s.kind == 'gcra' then
-      f = gcra_reserve(s.key, now, s.a, s.b, s.c, s.margin)
+      f = gcra_reserve(s.key, now, id, s.a, s.b, s.c, s.margin, now + wait, hold)
     elseif s.kind == 'pause' then
       f = pause_reserve(s.key, now)
     elseif s.kind == 'rate' then
@@ -43,6 +45,47 @@ local function reserve_slots(now, id, wait, specs)
   end
   if never then at = -1 end
   return {allowed = allowed, at = at, found = found, committed = committed}
+end
+
+-- A held request at its slot (confirm.lua), reserved at `at`: when every
+-- limit lets it be sent, against what was really sent meanwhile. Returns
+-- {gone, due, found}: gone when a limit no longer holds it; due the time
+-- it may be sent (at or before now: now); found[i].commit records the send.
+local function confirm_slots(now, id, at, specs)
+  apply_rates(specs, now)
+  local found, due, gone = {}, now, false
+  for _, s in ipairs(specs) do
+    local f, held = nil, true
+    if s.kind == 'fixed_window' then
+      f = fixed_window_confirm(s.key, now, at, s.a, s.b, s.margin)
+    elseif s.kind == 'sliding_window' then
+      f = sliding_window_confirm(s.key, now, id, s.a, s.b, s.margin)
+    elseif s.kind == 'gcra' then
+      f = gcra_confirm(s.key, now, id)
+    else
+      held = false
+    end
+    if f then
+      found[#found + 1] = f
+      if f.due > due then due = f.due end
+    elseif held then
+      gone = true
+    end
+  end
+  return {gone = gone, due = due, found = found}
+end
+
+-- Gives back a held reservation of request id at `at`: it was never sent.
+local function cancel_slots(now, id, at, specs)
+  for _, s in ipairs(specs) do
+    if s.kind == 'sliding_window' then
+      sliding_window_cancel(s.key, now, id)
+    elseif s.kind == 'fixed_window' then
+      fixed_window_cancel(s.key, now, at, s.b)
+    elseif s.kind == 'gcra' then
+      gcra_cancel(s.key, now, id)
+    end
+  end
 end
 
 -- The specs a shim stored for a waiter, "key kind a b c margin ..." (keys

@@ -3,10 +3,10 @@
 -- at its time slot. Twin of policies/src/algorithm/queue.rs, take().
 --
 -- Its time limits were reserved at `at` (reserve.lua), without the
--- concurrency slot. Now it takes the slot if one is free and nobody waits.
--- Otherwise it gives back what of its time reservation is provably safe
--- (cancel.lua's rules) and queues for the slot with its time limits, which
--- the hand-over re-checks (queue.lua): a slot is never held idle while its
+-- concurrency slot. Now it takes the slot if one is free and nobody waits,
+-- and its time reservation is recorded as sent. Otherwise it gives its time
+-- reservation back (cancel.lua) and queues for the slot with its time
+-- limits, which the hand-over re-checks (queue.lua): a slot is never held idle while its
 -- request waits for a time slot.
 --
 -- KEYS[1]   the lease set; KEYS[1 + i] the state key of time limit i
@@ -17,7 +17,7 @@
 -- ARGV[6]   the channel its shim listens on
 -- ARGV[7]   the slot its time limits were reserved at
 -- ARGV[8]   its time limits as slots.lua's specs text
--- ARGV[8 + i]   the gcra tat time limit i's reservation set, else 0
+-- ARGV[8 + i]   unused (the gcra tat each time limit's reservation set)
 --
 -- Returns acquire.lua's reply.
 local key = KEYS[1]
@@ -27,16 +27,9 @@ local limit, lease, wait = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5
 local channel, at, text = ARGV[6], tonumber(ARGV[7]), ARGV[8]
 local reclaimed = reclaim(key, now, limit, lease)
 hand_over(key, now, limit, lease)
+local specs = parse_specs(text)
 local function give_back()
-  for i, s in ipairs(parse_specs(text)) do
-    if s.kind == 'sliding_window' then
-      sliding_window_cancel(s.key, now, id)
-    elseif s.kind == 'fixed_window' then
-      fixed_window_cancel(s.key, now, at, s.b)
-    elseif s.kind == 'gcra' then
-      gcra_cancel(s.key, tonumber(ARGV[8 + i]), s.a, s.c)
-    end
-  end
+  cancel_slots(now, id, at, specs)
 end
 if tombstoned(key, now, id) then
   give_back()
@@ -45,6 +38,8 @@ end
 if redis.call('ZCARD', key) < limit and redis.call('ZCARD', key .. ':q') == 0 then
   redis.call('ZADD', key, now + lease, id)
   keep_ms(key, ceil_ms(lease) + 1000)
+  -- Sent now: its time reservation is a send (its gap is the margin's).
+  for _, f in ipairs(confirm_slots(now, id, at, specs).found) do f.commit() end
   return {1, now, reclaimed, -1}
 end
 give_back()

@@ -23,6 +23,7 @@ pub struct Scripts {
     pub adjust: Script,
     pub refund: Script,
     pub cancel: Script,
+    pub confirm: Script,
     pub acquire: Script,
     pub leave: Script,
     pub reclaim: Script,
@@ -110,6 +111,7 @@ impl Scripts {
             lease: script(include_str!("../../lua/scripts/lease.lua")),
             lease_bucket: script(include_str!("../../lua/scripts/lease_bucket.lua")),
             cancel: script(include_str!("../../lua/scripts/cancel.lua")),
+            confirm: script(include_str!("../../lua/scripts/confirm.lua")),
         }
     }
 }

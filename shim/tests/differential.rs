@@ -450,6 +450,9 @@ enum WaitOp {
     Check { dt: u64, cost: u32, wait_ms: u64 },
     /// The client of the `n`th held reservation goes away after `dt` µs.
     Cancel { dt: u64, n: usize },
+    /// The `n`th held reservation wakes `late` µs after its slot (or now,
+    /// if later) and confirms its send.
+    Confirm { late: u64, n: usize },
     /// The clock steps back `dt` µs (a Redis failover to a slower clock).
     Back { dt: u64 },
 }
@@ -461,7 +464,8 @@ fn wait_op() -> impl Strategy<Value = WaitOp> {
     let wait = prop_oneof![1 => Just(0u64), 3 => prop::sample::select(vec![1u64, 7, 50, 1_000, 5_000])];
     prop_oneof![
         8 => (dt.clone(), 0u32..60, wait).prop_map(|(dt, cost, wait_ms)| WaitOp::Check { dt, cost, wait_ms }),
-        2 => (dt, any::<usize>()).prop_map(|(dt, n)| WaitOp::Cancel { dt, n }),
+        2 => (dt.clone(), any::<usize>()).prop_map(|(dt, n)| WaitOp::Cancel { dt, n }),
+        4 => (dt, any::<usize>()).prop_map(|(late, n)| WaitOp::Confirm { late, n }),
         1 => (0u64..20_000).prop_map(|dt| WaitOp::Back { dt }),
     ]
 }
@@ -526,7 +530,10 @@ fn run_waiting_case(
                         .iter()
                         .map(|l| l.held_until_us.map_or(0, Micros::get))
                         .collect();
-                    held.push((id, checks, at, tats));
+                    // A slot at now was sent at once; a later one is held.
+                    if at > now {
+                        held.push((id, checks, at, tats));
+                    }
                 }
             }
             WaitOp::Cancel { dt, n } => {
@@ -537,7 +544,7 @@ fn run_waiting_case(
                 let (id, checks, at, tats) = held.remove(n % held.len());
                 let script = script_limits(&checks).expect("valid limits");
                 w.runtime
-                    .block_on(wait::cancel(w.limiter.waiting(), &script, Some(Micros(now)), &id, at, &tats))
+                    .block_on(wait::cancel(w.limiter.waiting(), &script, Some(Micros(now)), &id, at))
                     .expect("cancel");
                 let reserved: Vec<algorithm::cancel::Reserved> = script
                     .iter()
@@ -546,15 +553,43 @@ fn run_waiting_case(
                     .collect();
                 algorithm::cancel::cancel(&mut model, now, &id, at, &reserved);
             }
+            WaitOp::Confirm { late, n } => {
+                if held.is_empty() {
+                    continue;
+                }
+                let i = n % held.len();
+                let (id, checks, at, _) = held[i].clone();
+                now = now.max(at) + late;
+                let req = CheckRequest {
+                    checks: checks.as_slice().into(),
+                    now_us: Some(Micros(now)),
+                    id: Some(id.clone().into()),
+                    wait_ms: None,
+                    views: Default::default(),
+                };
+                let script = script_limits(&checks).expect("valid limits");
+                let got = w
+                    .runtime
+                    .block_on(wait::confirm_at(w.limiter.waiting(), &req, Some(Micros(now)), at))
+                    .expect("confirm");
+                let waiting: Vec<algorithm::reserve::Waiting> =
+                    script.iter().map(|l| (l.key.clone(), l.algorithm, margin_ms * 1000)).collect();
+                let want = algorithm::confirm::confirm(&mut model, now, &id, at, &waiting);
+                prop_assert_eq!(format!("{got:?}"), format!("{want:?}"), "confirm of {} at {}", id, now);
+                if !matches!(want, algorithm::confirm::Confirmed::Wait(_)) {
+                    held.remove(i);
+                }
+            }
             WaitOp::Back { dt } => now -= dt,
         }
     }
     Ok(())
 }
 
-/// The waiting path (reserve.lua, cancel.lua) decides exactly as the model:
-/// the same slots, waits and views, through waits, cancellations, checks
-/// decided at once, and clock steps back.
+/// The waiting path (reserve.lua, confirm.lua, cancel.lua) decides exactly
+/// as the model: the same slots, waits and views, through waits, late and
+/// early confirmations, cancellations in any order, checks decided at once,
+/// and clock steps back.
 #[test]
 fn waiting_scripts_decide_as_the_model() {
     let world = World::start();

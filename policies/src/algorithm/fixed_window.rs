@@ -92,18 +92,51 @@ pub fn reserve(state: Option<&State>, now: u64, limit: u64, window: u64, margin:
                 state: State::Counter { window: slot, count: held + 1 },
                 view: View { remaining: limit.saturating_sub(held + 1), reset_us: stop - t },
                 held_until: None,
+                extra: Vec::new(),
             }
         }),
     }
 }
 
-/// Cancellation (`cancel`): gives back a reservation's count only while its
-/// window is still ahead of `now` and still the stored one.
-pub fn cancel(state: Option<&mut State>, now: u64, at: u64, window: u64) {
+/// At its slot (`confirm`): a held request sent in the window its slot was
+/// counted in is counted; one that woke past that window's end is counted
+/// again in now's window if it has room (a past window's count stays: it
+/// can admit nothing more), else it waits for the next window with room.
+/// The due time and the state to store once sent.
+pub fn confirm(
+    state: Option<&State>,
+    now: u64,
+    at: u64,
+    limit: u64,
+    window: u64,
+    margin: u64,
+) -> (u64, Option<State>) {
+    let (slot, current) = (at / window, now / window);
+    if now < at {
+        return (at, None);
+    }
+    if current == slot {
+        return (now, None);
+    }
+    let (stored, count) = match state {
+        Some(&State::Counter { window, count }) => (Some(window), count),
+        _ => (None, 0),
+    };
+    match stored {
+        Some(w) if w > current => (w * window + margin, None),
+        Some(w) if w == current && count >= limit => ((current + 1) * window + margin, None),
+        Some(w) if w == current => (now, Some(State::Counter { window: current, count: count + 1 })),
+        _ => (now, Some(State::Counter { window: current, count: 1 })),
+    }
+}
+
+/// Cancellation (`cancel`): gives back a held reservation's count while its
+/// window is still the stored one; it was never sent.
+pub fn cancel(state: Option<&mut State>, at: u64, window: u64) {
     let slot = at / window;
     if let Some(State::Counter { window: stored, count }) = state {
-        if *stored == slot && slot > now / window {
-            *count = count.saturating_sub(1);
+        if *stored == slot && *count > 0 {
+            *count -= 1;
         }
     }
 }

@@ -9,7 +9,7 @@
 //! units pass.
 
 use super::slot::{Committed, Slot};
-use super::{Correction, Found, Grant, State, View};
+use super::{Correction, Found, Grant, RedisTwin, State, View};
 
 pub fn check(state: Option<&State>, now: u64, interval: u64, burst: u64, cost: u64) -> Found {
     let tau = interval * burst;
@@ -72,44 +72,191 @@ pub fn adjust(state: Option<&State>, refunded: u64, now: u64, c: &Correction) ->
     (new_tat, tat - new_tat)
 }
 
-/// Waiting (`reserve`): the earliest `t` at or after `now` at which the
-/// bucket takes the request with `margin` to spare: `cost * interval <= tau`
-/// and `tat - t <= tau - cost * interval - margin`, on the stored `tat` (for
-/// margin 0, `check`'s rule). The partner's own bucket may see our requests
-/// up to `margin` late; its tolerance is then `margin` smaller. Committed at
-/// `t`, `tat` moves on from `max(tat, t)`. A cost beyond the whole bucket
-/// never passes (`at: None`).
-pub fn reserve(state: Option<&State>, now: u64, interval: u64, burst: u64, cost: u64, margin: u64) -> Slot {
-    let tau = interval * burst;
-    let tat = match state {
-        Some(&State::Tat(tat)) => tat,
-        _ => now,
+/// Waiting (`reserve`, `confirm`, `cancel`). Beside `tat`, a bucket that
+/// requests wait on keeps what is held, so that a late send shifts the
+/// waiters behind it instead of reordering them, and give-backs in any
+/// order leave no phantom slot: the held reservations ([`State::Held`],
+/// Redis `key:held` and `key:need`) and the real sends' `tat` with `tat` as
+/// waiting left it ([`State::Sent`], Redis `key:sent`). `tat` is then the
+/// chain ([`walk`]): from the sends' `tat`, each held reservation in slot
+/// order, at no earlier than its slot nor than the one before allows with
+/// its margin. A `tat` moved by anyone else (a check decided at once, a
+/// refund) is taken into the sends' `tat`, bounded by the new `tat`
+/// ([`load`]). A held reservation past its deadline and [`HELD_GRACE`] was
+/// never sent: it drops out of the chain.
+pub const HELD_GRACE: u64 = 1_000_000;
+
+/// One held reservation: its request, slot, charge, margin, deadline and
+/// the bucket's tolerance when it was made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hold {
+    pub id: String,
+    pub slot: u64,
+    pub need: u64,
+    pub margin: u64,
+    pub deadline: u64,
+    pub tau: u64,
+}
+
+pub fn held_key(key: &str) -> String {
+    format!("{key}:held")
+}
+
+pub fn sent_key(key: &str) -> String {
+    format!("{key}:sent")
+}
+
+/// The held reservations of `key`, in slot order (Redis's: by score, then member).
+pub fn held(store: &RedisTwin, key: &str) -> Vec<Hold> {
+    let mut held = match store.keys.get(&held_key(key)) {
+        Some(State::Held(h)) => h.clone(),
+        _ => Vec::new(),
     };
+    held.sort_by(|a, b| (a.slot, &a.id).cmp(&(b.slot, &b.id)));
+    held
+}
+
+/// `tat`, and the real sends' `tat`, taking in a move by anyone else;
+/// whether it moved.
+fn load(store: &RedisTwin, key: &str, now: u64) -> (u64, u64, bool) {
+    let stored = match store.keys.get(key) {
+        Some(&State::Tat(t)) => Some(t),
+        _ => None,
+    };
+    let sent = match store.keys.get(&sent_key(key)) {
+        Some(&State::Sent { base, end }) => Some((base, end)),
+        _ => None,
+    };
+    let tat = stored.or(sent.map(|(_, e)| e)).unwrap_or(now);
+    match sent {
+        None => (tat, tat, false),
+        Some((base, e)) if tat == e => (tat, base, false),
+        Some((base, e)) if tat > e => (tat, (base.max(now) + (tat - e)).min(tat), true),
+        Some((base, _)) => (tat, base.min(tat), true),
+    }
+}
+
+/// The chain's end from `base` over `held`, the ids that dropped out, and
+/// the time held request `who` (if any, and still in the chain) may be sent
+/// at: its place in the chain, shifted by whatever was late before it.
+pub fn walk(held: &[Hold], now: u64, base: u64, who: Option<&str>) -> (u64, Vec<String>, Option<u64>) {
+    let mut acc = base;
+    let mut gone = Vec::new();
+    let mut due = None;
+    for h in held {
+        if h.deadline + HELD_GRACE < now {
+            gone.push(h.id.clone());
+        } else {
+            let earliest = (acc + h.need + h.margin).saturating_sub(h.tau);
+            if who == Some(h.id.as_str()) {
+                due = Some(h.slot.max(earliest));
+            }
+            acc = acc.max(h.slot).max(earliest) + h.need;
+        }
+    }
+    (acc, gone, due)
+}
+
+/// What waiting stores: `tat`, the sends' `tat`, and the held reservations.
+fn save(tat: u64, base: u64, held: Vec<Hold>) -> Vec<(String, State)> {
+    vec![
+        (String::new(), State::Tat(tat)),
+        (sent_key(""), State::Sent { base, end: tat }),
+        (held_key(""), State::Held(held)),
+    ]
+}
+
+/// Writes [`save`]'s states under `key`.
+pub fn store_saved(store: &mut RedisTwin, key: &str, saved: Vec<(String, State)>) {
+    for (suffix, state) in saved {
+        store.keys.insert(format!("{key}{suffix}"), state);
+    }
+}
+
+/// Waiting (`reserve`): the earliest `t` at or after `now` (and at or after
+/// every held slot: arrival order) at which the bucket takes the request
+/// with `margin` to spare: `cost * interval <= tau` and `tat - t <= tau -
+/// cost * interval - margin` (for margin 0, `check`'s rule). The partner's
+/// own bucket may see our requests up to `margin` late; its tolerance is
+/// then `margin` smaller. Committed at `t = now` it is sent at once (unless
+/// `hold`); else it is held until `deadline`, and `tat` moves on from
+/// `max(tat, t)`. A
+/// cost beyond the whole bucket never passes (`at: None`).
+#[allow(clippy::too_many_arguments)]
+pub fn reserve(
+    store: &RedisTwin,
+    key: &str,
+    now: u64,
+    id: &str,
+    (interval, burst, cost): (u64, u64, u64),
+    margin: u64,
+    (deadline, hold): (u64, bool),
+) -> Slot {
+    let tau = interval * burst;
+    let held = held(store, key);
+    let (stored, base, moved) = load(store, key, now);
+    let tat = if moved { walk(&held, now, base, None).0 } else { stored };
+    let last = held.last().map_or(now, |h| h.slot);
     let need = cost.saturating_mul(interval);
-    let at = (need <= tau).then(|| now.max((tat + need + margin).saturating_sub(tau)));
+    let at = (need <= tau).then(|| now.max(last).max((tat + need + margin).saturating_sub(tau)));
+    let id = id.to_string();
     Slot {
         at,
         remaining_now: (now + tau).saturating_sub(tat.max(now)) / interval,
         pruned: None,
         commit: Box::new(move |t| {
-            let new_tat = tat.max(t) + need;
+            let mut held = held.clone();
+            let (new_tat, base) = if t <= now && !hold {
+                let base = base.max(now) + need;
+                (walk(&held, now, base, None).0, base)
+            } else {
+                held.retain(|h| h.id != id);
+                held.push(Hold { id: id.clone(), slot: t, need, margin, deadline, tau });
+                (tat.max(t) + need, base)
+            };
+            let mut saved = save(new_tat, base, held);
+            let (_, state) = saved.remove(0);
             Committed {
-                state: State::Tat(new_tat),
+                state,
                 view: View { remaining: (t + tau).saturating_sub(new_tat) / interval, reset_us: new_tat - t },
                 held_until: Some(new_tat),
+                extra: saved,
             }
         }),
     }
 }
 
-/// Cancellation (`cancel`): moves `tat` back by the request's charge only
-/// while it is still exactly the `tat` this reservation set (the newest).
-pub fn cancel(state: Option<&mut State>, held_until: u64, interval: u64, cost: u64) {
-    if let Some(State::Tat(tat)) = state {
-        if *tat == held_until {
-            *tat = held_until - cost * interval;
-        }
-    }
+/// At its slot (`confirm`): the held request `id` may be sent at its place
+/// in the chain walked from the real sends: `due = max(slot, end of those
+/// before it + need + margin - tau)`, so it never goes before those ahead of
+/// it nor closer than its margin allows to the last real send. Sent, `s`
+/// moves on from `max(s, now)` and the chain is walked again, so a late send
+/// shifts those behind it. `None` when `id` is not held (given back, or
+/// dropped past its deadline). The due time and what to store once sent.
+pub fn confirm(store: &RedisTwin, key: &str, now: u64, id: &str) -> Option<(u64, Vec<(String, State)>)> {
+    let mut held = held(store, key);
+    let (_, base, _) = load(store, key, now);
+    let due = walk(&held, now, base, Some(id)).2?;
+    let me = held.iter().position(|h| h.id == id)?;
+    let r = held.remove(me);
+    let base = base.max(now) + r.need;
+    let (tat, gone, _) = walk(&held, now, base, None);
+    held.retain(|h| !gone.contains(&h.id));
+    Some((due, save(tat, base, held)))
+}
+
+/// Cancellation (`cancel`): a held reservation given back leaves the chain,
+/// which is walked again: any give-backs, in any order, leave the state as
+/// if they had never been made, with the reservations still held where
+/// they are.
+pub fn cancel(store: &mut RedisTwin, key: &str, now: u64, id: &str) {
+    let mut held = held(store, key);
+    let Some(me) = held.iter().position(|h| h.id == id) else { return };
+    held.remove(me);
+    let (_, base, _) = load(store, key, now);
+    let (tat, gone, _) = walk(&held, now, base, None);
+    held.retain(|h| !gone.contains(&h.id));
+    store_saved(store, key, save(tat, base, held));
 }
 
 /// Leased mode (`lease_bucket`): the lease period of `period` µs (the

@@ -11,6 +11,7 @@
 pub mod calendar;
 pub mod cancel;
 pub mod concurrency;
+pub mod confirm;
 pub mod fixed_window;
 pub mod gcra;
 pub mod pause;
@@ -181,6 +182,12 @@ pub enum State {
     /// lease_bucket: the latest end of a lease period a lease was charged
     /// at (Redis: `:h`, beside the bucket's `tat`; `gcra::lease_give_back`).
     Horizon(u64),
+    /// gcra, waiting: the held reservations (Redis: `:held`, ids by slot,
+    /// and `:need`, each one's charge, margin, deadline and tolerance).
+    Held(Vec<gcra::Hold>),
+    /// gcra, waiting: the real sends' `tat`, and `tat` as waiting last
+    /// stored it (Redis: `:sent`, a hash `s`, `e`).
+    Sent { base: u64, end: u64 },
 }
 
 /// The key of a bucket's refund counter ([`State::Refunded`]).

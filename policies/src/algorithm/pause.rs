@@ -38,6 +38,7 @@ pub fn reserve(state: Option<&State>, now: u64) -> Slot {
             state: stored.clone().unwrap_or(State::Pause(0)),
             view: View { remaining: 1, reset_us: 0 },
             held_until: None,
+            extra: Vec::new(),
         }),
     }
 }

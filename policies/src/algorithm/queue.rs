@@ -192,9 +192,9 @@ fn enqueue(
 }
 
 /// `lua/scripts/take.lua`: a mixed waiting request at its time slot `at`, its time
-/// limits reserved there (`held`: the gcra tat each set, else 0). It takes
-/// the concurrency slot if one is free and nobody waits; otherwise it gives
-/// back what of its time reservation is provably safe (`cancel`) and queues
+/// limits reserved there (`held`: unused). It takes the concurrency slot if
+/// one is free and nobody waits, and its time reservation is recorded as
+/// sent; otherwise it gives its time reservation back (`cancel`) and queues
 /// with its time limits, which the hand-over re-checks.
 #[allow(clippy::too_many_arguments)]
 pub fn take(
@@ -218,6 +218,7 @@ pub fn take(
     }
     if (set(store, key).len() as u64) < limit && waiters(store, key).is_empty() {
         set(store, key).push((now + lease, id.to_string()));
+        super::confirm::record(store, now, id, at, time);
         return (AcquireReply::Leased, reclaimed);
     }
     cancel(store, now, id, at, &reserved);

@@ -104,6 +104,7 @@ pub fn reserve(state: Option<&State>, now: u64) -> Slot {
             state: stored.clone().unwrap_or(State::Rate { factor: PPM, at: 0, recover_us: 0 }),
             view: View { remaining: f, reset_us: 0 },
             held_until: None,
+            extra: Vec::new(),
         }),
     }
 }

@@ -1,6 +1,10 @@
 //! `reserve`: the waiting path of `check`, for a request that may be held up
 //! to `wait` microseconds. Twin of `lua/lib/reserve.lua`.
 //!
+//! A reservation at `now` is sent at once; a later one is held until its
+//! request confirms the send at its slot (`confirm`) or gives it back
+//! (`cancel`).
+//!
 //! Each limit names the earliest time at or after `now` at which it admits
 //! the request; past that time it keeps admitting it (reservations on a key
 //! keep arrival order, so nothing recorded lies beyond a later slot). The
@@ -39,12 +43,26 @@ pub fn reserve(
     wait: u64,
     limits: &[Waiting],
 ) -> Option<Reservation> {
+    reserve_slots(store, now, id, wait, limits, false)
+}
+
+/// [`reserve`] with a slot at `now` held too (`hold`): a mixed request,
+/// which must still take its concurrency slot before it is sent.
+pub fn reserve_slots(
+    store: &mut RedisTwin,
+    now: u64,
+    id: &str,
+    wait: u64,
+    limits: &[Waiting],
+    hold: bool,
+) -> Option<Reservation> {
     let mut slots = Vec::with_capacity(limits.len());
     // The partner's refusals scale the limits of their check first.
     let keyed: Vec<(String, Algorithm)> = limits.iter().map(|(key, alg, _)| (key.clone(), *alg)).collect();
     let scaled = rate::apply(|k| store.keys.get(k).cloned(), now, &keyed);
     for ((key, _, margin), alg) in limits.iter().zip(&scaled) {
         let state = store.keys.get(key);
+        let deadline = now + wait;
         let slot = match *alg {
             Algorithm::FixedWindow { limit, window_us } => {
                 fixed_window::reserve(state, now, limit, window_us.get(), *margin)
@@ -52,9 +70,15 @@ pub fn reserve(
             Algorithm::SlidingWindow { limit, window_us } => {
                 sliding_window::reserve(state, now, id, limit, window_us.get(), *margin)
             }
-            Algorithm::Gcra { interval_us, burst, cost } => {
-                gcra::reserve(state, now, interval_us.get(), burst, cost, *margin)
-            }
+            Algorithm::Gcra { interval_us, burst, cost } => gcra::reserve(
+                store,
+                key,
+                now,
+                id,
+                (interval_us.get(), burst, cost),
+                *margin,
+                (deadline, hold),
+            ),
             Algorithm::Pause => pause::reserve(state, now),
             Algorithm::Rate => rate::reserve(state, now),
             Algorithm::SlidingApprox { .. } | Algorithm::Concurrency { .. } | Algorithm::Calendar { .. } => {
@@ -77,6 +101,9 @@ pub fn reserve(
             Some(t) => {
                 let c = (slot.commit)(t);
                 store.keys.insert(key.clone(), c.state);
+                for (suffix, state) in c.extra {
+                    store.keys.insert(format!("{key}{suffix}"), state);
+                }
                 LimitOutcome {
                     allowed: true,
                     remaining: c.view.remaining,

@@ -71,15 +71,47 @@ pub fn reserve(state: Option<&State>, now: u64, id: &str, limit: u64, window: u6
             // slot) moves to t.
             let mut entries: Vec<(u64, String)> = live.iter().filter(|(_, m)| *m != id).cloned().collect();
             entries.push((t, id.clone()));
-            Committed { state: State::Set(entries), view, held_until: None }
+            Committed { state: State::Set(entries), view, held_until: None, extra: Vec::new() }
         }),
     }
 }
 
-/// Cancellation (`cancel`): removes the request's entry while it is still in
-/// the future.
-pub fn cancel(state: Option<&mut State>, now: u64, id: &str) {
+/// At its slot (`confirm`): the held request may be sent while fewer than
+/// `limit` other entries lie in `(now - span, now]`; a request that woke
+/// late may find entries sent since (or moved there late) in its way, and
+/// waits until enough of them leave. Sent, its entry moves to `now`, where
+/// the partner sees it. `None` when its entry is gone. The due time and the
+/// state to store once sent.
+pub fn confirm(
+    state: Option<&State>,
+    now: u64,
+    id: &str,
+    limit: u64,
+    window: u64,
+    margin: u64,
+) -> Option<(u64, Option<State>)> {
+    let span = window + margin;
+    let Some(State::Set(entries)) = state else { return None };
+    let &(score, _) = entries.iter().find(|(_, m)| m == id)?;
+    if score > now {
+        return Some((score, None));
+    }
+    let mut others: Vec<(u64, &String)> = entries
+        .iter()
+        .filter(|(s, m)| m != id && s + span > now && *s <= now)
+        .map(|(s, m)| (*s, m))
+        .collect();
+    others.sort();
+    let count = others.len() as u64;
+    let due = if count >= limit { others[(count - limit) as usize].0 + span } else { now };
+    let mut sent: Vec<(u64, String)> = entries.iter().filter(|(_, m)| m != id).cloned().collect();
+    sent.push((now, id.to_string()));
+    Some((due, Some(State::Set(sent))))
+}
+
+/// Cancellation (`cancel`): removes the request's entry; it was never sent.
+pub fn cancel(state: Option<&mut State>, id: &str) {
     if let Some(State::Set(entries)) = state {
-        entries.retain(|(s, m)| m != id || *s <= now);
+        entries.retain(|(_, m)| m != id);
     }
 }

@@ -21,4 +21,7 @@ pub struct Committed {
     /// The limit seen from `t`, the request charged.
     pub view: View,
     pub held_until: Option<u64>,
+    /// More keys to store, by their suffix to the limit's key (a bucket's
+    /// held reservations and its sends' `tat`).
+    pub extra: Vec<(String, State)>,
 }

@@ -109,7 +109,7 @@ pub struct Metrics {
     wait_late_seconds: Histogram,
     /// Held requests that woke later than their margin allows and were
     /// given a new slot instead of being sent.
-    wait_reslotted: Counter,
+    wait_shifted: Counter,
     /// The policy names with a label of their own.
     policies: Mutex<HashSet<String>>,
     /// Per policy, for the dashboard: rates, totals and the busiest keys.
@@ -142,7 +142,7 @@ impl Metrics {
             handovers: Counter::default(),
             // 50 µs to about 1.6 s.
             wait_late_seconds: Histogram::new(exponential_buckets(0.00005, 2.0, 16)),
-            wait_reslotted: Counter::default(),
+            wait_shifted: Counter::default(),
             policies: Mutex::new(HashSet::new()),
             traffic: Default::default(),
             rlqs_assignments: Family::default(),
@@ -193,9 +193,9 @@ impl Metrics {
             metrics.wait_late_seconds.clone(),
         );
         r.register(
-            "sluice_wait_reslotted",
+            "sluice_wait_shifted",
             "Held requests that woke later than their margin allows (sent, they could crowd the next call at the partner) and were given a new slot instead",
-            metrics.wait_reslotted.clone(),
+            metrics.wait_shifted.clone(),
         );
         r.register(
             "sluice_rlqs_assignments",
@@ -359,9 +359,9 @@ impl Metrics {
         self.wait_late_seconds.observe(late.as_secs_f64());
     }
 
-    /// A held request woke too late and was given a new slot.
-    pub(crate) fn reslotted(&self) {
-        self.wait_reslotted.inc();
+    /// A held request found a late send in its way and waits longer.
+    pub(crate) fn shifted(&self) {
+        self.wait_shifted.inc();
     }
 
     pub(crate) fn hold(&self) -> Held {

@@ -106,7 +106,7 @@ pub(crate) async fn check(
         limits.iter().zip(&all_margins).filter(|(l, _)| !is_lease(l)).map(|(l, m)| (l.clone(), *m)).unzip();
 
     // 1. The time slots, FCFS, without the concurrency slot.
-    let reply = reserve(waiting, &time, now, id, wait_us, &time_margins).await?;
+    let reply = reserve(waiting, &time, now, id, wait_us, &time_margins, true).await?;
     let mut time_outcomes = reply.limits.clone().into_iter();
     let free = LimitOutcome {
         allowed: true,
@@ -148,7 +148,7 @@ pub(crate) async fn check(
     loop {
         let _counted = waiting.metrics.hold();
         // Hold until the time slot; a client gone meanwhile gives it back.
-        let mut cancel = Cancel::new(waiting, id, at, time.clone(), held.clone(), now);
+        let mut cancel = Cancel::new(waiting, id, at, time.clone(), now);
         // Never past the deadline, whatever a wake-up said.
         let until = (Instant::now() + Duration::from_micros(delay.min(wait_us))).min(deadline);
         tokio::select! {
@@ -218,8 +218,8 @@ pub(crate) async fn check(
             [_, slot, wait] => {
                 at = slot.parse().map_err(|_| CheckError::Store(format!("bad wake-up {message:?}")))?;
                 delay = wait.parse().map_err(|_| CheckError::Store(format!("bad wake-up {message:?}")))?;
-                // The hand-over's charge is kept whole if we go away: its
-                // gcra tat is not ours to compare.
+                // The hand-over's reservation is held under our id: a
+                // give-back finds it by id.
                 held = vec![0; time.len()];
             }
             _ => return Ok(answer(false, None, false, false)),

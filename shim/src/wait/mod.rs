@@ -9,8 +9,9 @@
 //! - [`mixed`]: a concurrency slot and time slots together.
 //! - [`queue`]: a concurrency slot: the fleet-wide FCFS queue, hand-over,
 //!   reclaim timers.
-//! - [`time`]: time slots: reserve, hold until the slot (re-slotting a
-//!   request that woke later than its margin covers), give back.
+//! - [`time`]: time slots: reserve, hold until the slot, confirm the send
+//!   against what was really sent (a late send shifts those behind), give
+//!   back.
 //! - [`context`]: what the paths share: the [`Waiting`] context, the held
 //!   requests, what waiting refuses, the margins.
 //! - [`wakeups`]: the shim's one pub/sub subscriber that wakes queued requests.
@@ -29,7 +30,7 @@ pub mod wakeups;
 
 pub(crate) use context::refuse_unsupported;
 pub use context::{Held, Timers, Waiting, MAX_WAIT_MS};
-pub use time::{cancel, reserve_request, Reserved};
+pub use time::{cancel, confirm_at, reserve_request, Confirmed, Reserved};
 
 use sluice_policies::algorithm::Algorithm;
 use sluice_policies::wire::{CheckRequest, CheckResponse};

@@ -4,16 +4,19 @@
 //! slot is further away than the wait, charges nothing and says how far it
 //! is. The shim then sleeps until the slot, which is on Redis's clock (never
 //! its own view of the time), placed on the shim's clock by the calls so far
-//! (`timer::RedisClock`), and answers allowed, with no second Redis
-//! call. One that wakes later than half its margin after the slot is not
-//! sent (it could crowd the call after it at the partner): it gives the
-//! slot back where safe and reserves a new one ([`MAX_RESLOTS`] times at
-//! most).
+//! (`timer::RedisClock`).
+//!
+//! At its slot a held request confirms its send (`lua/scripts/confirm.lua`)
+//! against what was really sent on its keys: a request behind one that woke
+//! late is told how much longer to wait, sleeps that long and confirms
+//! again, so lateness shifts those behind by the lateness, in order, and the
+//! gap between two sends is never under the interval. A shift that would
+//! carry it past its own deadline refuses it then, with the exact wait as
+//! its retry-after, and gives its reservation back.
 //!
 //! If the client goes away while the answer is held (Envoy resets the h2
 //! stream and hyper drops the handler's future), a drop guard ([`Cancel`])
-//! spawns `lua/scripts/cancel.lua`, which gives back only what is provably
-//! safe.
+//! spawns `lua/scripts/cancel.lua`, which gives the reservation back.
 //!
 //! A request of a policy that reads upstream feedback may have reserved its
 //! slot before the partner paused the key. At its slot it checks the pause
@@ -57,15 +60,12 @@ pub(crate) async fn check(
             .unwrap_or_default()
     };
     let mut left_us = wait_us;
-    let late_limit = late_limit(req);
-    let mut reslots = 0;
+    let deadline = started + Duration::from_micros(wait_us);
     loop {
         let now = at_now(started.elapsed());
         let asked = Instant::now();
-        let reply = reserve(waiting, limits, &now, id, left_us, &margins(req)).await?;
+        let reply = reserve(waiting, limits, &now, id, left_us, &margins(req), false).await?;
         let received = Instant::now();
-        let held_until: Vec<u64> =
-            reply.limits.iter().map(|l| l.held_until_us.map_or(0, Micros::get)).collect();
         let mut response = CheckResponse {
             allowed: reply.allowed,
             retry_after_ms: reply.retry_after_ms,
@@ -75,6 +75,12 @@ pub(crate) async fn check(
         };
         let Some(at) = reply.at.filter(|_| reply.allowed) else { return Ok(response) };
         let delay = Duration::from_micros(at.saturating_sub(u64::try_from(reply.now).unwrap_or(0)));
+        if delay.is_zero() {
+            // Sent at once: the reservation recorded the send.
+            response.waited_ms =
+                (started.elapsed() > Duration::ZERO && left_us < wait_us).then(|| ceil_ms(started.elapsed()));
+            return Ok(response);
+        }
         // The slot on our clock, between `earliest` and `wake`: from Redis's
         // clock as the calls so far bound it, or (a request's own time, the
         // test mode) from this call alone: the script ran after `asked` and
@@ -85,12 +91,14 @@ pub(crate) async fn check(
         } else {
             (asked + delay, received + delay)
         };
-        let mut guard = Cancel::new(waiting, id, at, limits.to_vec(), held_until, &now);
+        let mut guard = Cancel::new(waiting, id, at, limits.to_vec(), &now);
         let mut holding = waiting.held.hold(id);
         let _counted = waiting.metrics.hold();
-        if !delay.is_zero() {
+        let mut until = wake;
+        let mut first = true;
+        loop {
             tokio::select! {
-                () = timer::sleep_until(wake) => {}
+                () = timer::sleep_until(until) => {}
                 _ = &mut holding.released => {
                     // Let go by a release for this id: the guard, still armed, gives
                     // the reservation back as it is dropped.
@@ -100,67 +108,103 @@ pub(crate) async fn check(
                     // The shim drains: served if the slot comes before the hold
                     // deadline; else the reservation is given back (awaited: the
                     // process exits soon) and the client told when its slot was.
-                    if wake > hold_until {
+                    if until > hold_until {
                         guard.give_back().await;
-                        let retry = ceil_ms(wake.saturating_duration_since(Instant::now()));
+                        let retry = ceil_ms(until.saturating_duration_since(Instant::now()));
                         return Ok(CheckResponse { allowed: false, retry_after_ms: Some(retry), ..response });
                     }
-                    timer::sleep_until(wake).await;
+                    timer::sleep_until(until).await;
+                }
+            }
+            if first {
+                first = false;
+                waiting.metrics.woke(Instant::now().saturating_duration_since(earliest));
+                // The partner may have paused the key while this request was
+                // held for a slot reserved before the pause: then its slot
+                // falls inside the pause. Give it back and reserve again from
+                // the pause's end, within what is left of the wait.
+                if !pauses.is_empty() && paused_for(waiting, &pauses, &at_now(started.elapsed())).await? > 0 {
+                    break;
+                }
+            }
+            let margins = margins(req);
+            match confirm(waiting, limits, &at_now(started.elapsed()), id, at, &margins).await? {
+                Confirmed::Sent => {
+                    guard.disarm();
+                    response.waited_ms = Some(ceil_ms(started.elapsed()));
+                    return Ok(response);
+                }
+                Confirmed::Gone => {
+                    // No longer held (dropped past its deadline): the script
+                    // gave the rest back.
+                    guard.disarm();
+                    return Ok(CheckResponse { allowed: false, retry_after_ms: None, ..response });
+                }
+                Confirmed::Wait(us) => {
+                    // Behind a send that went late: shifted by its lateness,
+                    // unless that carries it past its own deadline.
+                    waiting.metrics.shifted();
+                    until = Instant::now() + Duration::from_micros(us);
+                    if until > deadline {
+                        guard.give_back().await;
+                        let retry = ceil_ms(Duration::from_micros(us));
+                        return Ok(CheckResponse { allowed: false, retry_after_ms: Some(retry), ..response });
+                    }
                 }
             }
         }
-        let late = Instant::now().saturating_duration_since(earliest);
-        waiting.metrics.woke(late);
-        // Woken later than the margin covers: sent now, it could reach the
-        // partner too close to the call after it. A new slot instead, within
-        // what is left of the wait (a bounded number of times: a Redis that
-        // answers slower than the margin every time would loop).
-        if late_limit.is_some_and(|limit| late > limit) {
-            waiting.metrics.reslotted();
-            guard.give_back().await;
-            reslots += 1;
-            left_us =
-                wait_us.saturating_sub(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
-            if reslots > MAX_RESLOTS || left_us == 0 {
-                // Refused, retry unknown: a slot can still come, but not one
-                // this request could be sent at without crowding the next.
-                return Ok(CheckResponse { allowed: false, retry_after_ms: None, ..response });
-            }
-            continue;
-        }
-        // The partner may have paused the key while this request was held
-        // for a slot reserved before the pause: then its slot falls inside
-        // the pause. Give it back and reserve again from the pause's end,
-        // within what is left of the wait.
-        if !delay.is_zero()
-            && !pauses.is_empty()
-            && paused_for(waiting, &pauses, &at_now(started.elapsed())).await? > 0
-        {
-            guard.give_back().await;
-            left_us =
-                wait_us.saturating_sub(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
-            continue;
-        }
-        guard.disarm();
-        response.waited_ms = if delay.is_zero() {
-            (started.elapsed() > Duration::ZERO && left_us < wait_us).then(|| ceil_ms(started.elapsed()))
-        } else {
-            Some(ceil_ms(started.elapsed()))
-        };
-        return Ok(response);
+        guard.give_back().await;
+        left_us = wait_us.saturating_sub(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
     }
 }
 
-/// How many times one request may be given a new slot for waking too late.
-pub const MAX_RESLOTS: u32 = 3;
+/// What a held request at its slot may do (`lua/scripts/confirm.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Confirmed {
+    /// Sent now, and recorded.
+    Sent,
+    /// Not yet: wait this many µs more and confirm again.
+    Wait(u64),
+    /// No longer held: refused, the rest given back.
+    Gone,
+}
 
-/// How late after its slot a held request may still be sent: half the
-/// smallest margin of its checks (the other half is for the way from the
-/// shim's answer to the partner, which the shim does not see); `None` with
-/// a margin of 0 (the caller asked for no margin, and gets no re-slotting).
-pub(crate) fn late_limit(req: &CheckRequest<'_>) -> Option<Duration> {
-    let smallest = req.checks.iter().filter_map(|c| c.margin_ms).map(|m| m.as_micros().get()).min()?;
-    (smallest > 0).then(|| Duration::from_micros(smallest / 2))
+/// One call of `lua/scripts/confirm.lua` for request `id`, reserved at `at`.
+pub(crate) async fn confirm(
+    waiting: &Waiting,
+    limits: &[ScriptLimit],
+    now: &str,
+    id: &str,
+    at: u64,
+    margins: &[u64],
+) -> Result<Confirmed, CheckError> {
+    let mut call = waiting.scripts.confirm.prepare_invoke();
+    call.arg(now).arg(id).arg(at);
+    for (limit, margin) in limits.iter().zip(margins) {
+        let (name, [a, b, c, _]) = limit.script_args(now);
+        call.key(&limit.key).arg(name).arg(a).arg(b).arg(c).arg(*margin);
+    }
+    let reply: Vec<i64> = waiting.store.invoke(&call).await.map_err(store_error)?;
+    match reply.as_slice() {
+        [1, ..] => Ok(Confirmed::Sent),
+        [0, wait, ..] => Ok(Confirmed::Wait(u64::try_from(*wait).unwrap_or(0).max(1))),
+        [-1, ..] => Ok(Confirmed::Gone),
+        _ => Err(CheckError::Store(format!("unexpected confirm reply {reply:?}"))),
+    }
+}
+
+/// Runs `lua/scripts/confirm.lua` for a held reservation, for tests: what a
+/// held request does at its slot.
+pub async fn confirm_at(
+    waiting: &Waiting,
+    req: &CheckRequest<'_>,
+    now: Option<Micros>,
+    at: u64,
+) -> Result<Confirmed, CheckError> {
+    let limits = crate::keys::script_limits(&req.checks).map_err(CheckError::BadRequest)?;
+    let now = waiting.time_arg(now)?;
+    let id = req.id.as_deref().unwrap_or("reserved");
+    confirm(waiting, &limits, &now, id, at, &margins(req)).await
 }
 
 /// How much longer the partner's pauses hold, in µs (`lua/scripts/paused.lua`).
@@ -196,7 +240,7 @@ pub async fn reserve_request(waiting: &Waiting, req: &CheckRequest<'_>) -> Resul
     refuse_unsupported(&limits, wait_us).map_err(CheckError::BadRequest)?;
     let now = waiting.time_arg(req.now_us)?;
     let id = req.id.as_deref().unwrap_or("reserved");
-    let reply = reserve(waiting, &limits, &now, id, wait_us, &margins(req)).await?;
+    let reply = reserve(waiting, &limits, &now, id, wait_us, &margins(req), false).await?;
     Ok(Reserved {
         at: reply.at.filter(|_| reply.allowed),
         now: u64::try_from(reply.now).unwrap_or(0),
@@ -218,6 +262,7 @@ pub(crate) async fn reserve(
     id: &str,
     wait_us: u64,
     margins: &[u64],
+    hold: bool,
 ) -> Result<SlotReply, CheckError> {
     let mut call = waiting.scripts.check.prepare_invoke();
     call.arg(now).arg(id);
@@ -228,6 +273,9 @@ pub(crate) async fn reserve(
     call.arg(wait_us);
     for margin in margins {
         call.arg(*margin);
+    }
+    if hold {
+        call.arg("hold");
     }
     let reply: Vec<i64> = waiting.store.call(&call).await.map_err(store_error)?;
     decode(limits.len(), &reply)
@@ -241,7 +289,6 @@ pub(crate) struct Cancel {
     id: String,
     at: u64,
     limits: Vec<ScriptLimit>,
-    held_until: Vec<u64>,
     /// The shim's test mode: the request's explicit time, moved on by the hold.
     test_now: Option<u64>,
     started: Instant,
@@ -251,21 +298,13 @@ pub(crate) struct Cancel {
 
 impl Cancel {
     /// Armed, for a reservation at `at` made with the script time `now`.
-    pub(crate) fn new(
-        waiting: &Waiting,
-        id: &str,
-        at: u64,
-        limits: Vec<ScriptLimit>,
-        held_until: Vec<u64>,
-        now: &str,
-    ) -> Cancel {
+    pub(crate) fn new(waiting: &Waiting, id: &str, at: u64, limits: Vec<ScriptLimit>, now: &str) -> Cancel {
         Cancel {
             store: waiting.store.clone(),
             scripts: waiting.scripts.clone(),
             id: id.to_string(),
             at,
             limits,
-            held_until,
             test_now: now.parse().ok(),
             started: Instant::now(),
             armed: true,
@@ -286,16 +325,15 @@ struct GiveBack {
     id: String,
     at: u64,
     limits: Vec<ScriptLimit>,
-    held_until: Vec<u64>,
 }
 
 impl GiveBack {
     async fn run(self) -> redis::RedisResult<i64> {
         let mut call = self.scripts.cancel.prepare_invoke();
         call.arg(&self.now).arg(&self.id).arg(self.at);
-        for (limit, held) in self.limits.iter().zip(&self.held_until) {
+        for limit in &self.limits {
             let (name, [a, b, c, d]) = limit.script_args(&self.now);
-            call.key(&limit.key).arg(name).arg(a).arg(b).arg(c).arg(d).arg(*held);
+            call.key(&limit.key).arg(name).arg(a).arg(b).arg(c).arg(d);
         }
         self.store.invoke::<i64>(&call).await
     }
@@ -314,7 +352,6 @@ impl Cancel {
             id: self.id.clone(),
             at: self.at,
             limits: std::mem::take(&mut self.limits),
-            held_until: std::mem::take(&mut self.held_until),
         }
     }
 
@@ -326,7 +363,7 @@ impl Cancel {
         let id = args.id.clone();
         if let Err(err) = args.run().await {
             if let Some(suppressed) = GIVE_BACK_FAILED_LOG.admit() {
-                tracing::warn!(?id, %err, suppressed, "cannot give back a reservation inside a pause");
+                tracing::warn!(?id, %err, suppressed, "cannot give back a held reservation");
             }
         }
     }
@@ -364,14 +401,13 @@ pub async fn cancel(
     now: Option<Micros>,
     id: &str,
     at: u64,
-    held_until: &[u64],
 ) -> Result<(), CheckError> {
     let now = waiting.time_arg(now)?;
     let mut call = waiting.scripts.cancel.prepare_invoke();
     call.arg(&now).arg(id).arg(at);
-    for (limit, held) in limits.iter().zip(held_until) {
+    for limit in limits {
         let (name, [a, b, c, d]) = limit.script_args(&now);
-        call.key(&limit.key).arg(name).arg(a).arg(b).arg(c).arg(d).arg(*held);
+        call.key(&limit.key).arg(name).arg(a).arg(b).arg(c).arg(d);
     }
     let _: i64 = waiting.store.invoke(&call).await.map_err(store_error)?;
     Ok(())

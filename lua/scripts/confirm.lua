@@ -1,0 +1,39 @@
+-- requires: common, slots
+-- confirm: a held request at its slot, before the shim lets it go. Twin of
+-- policies/src/algorithm/confirm.rs.
+--
+-- Its send is checked against what was really sent on each key meanwhile
+-- (slots.lua's confirm_slots): if every limit lets it go now, the send is
+-- recorded at now; if one that woke late is in its way, nothing changes and
+-- the reply says how long to wait (the shim sleeps that long and confirms
+-- again). A late send thus shifts those behind it by its lateness, in
+-- order, and the gap between two sends is never under the interval. A
+-- request no longer held (given back, or dropped past its deadline) has the
+-- rest of its reservation given back.
+--
+-- KEYS[i]   the state key of limit i
+-- ARGV[1]   the time in microseconds, or "" for Redis TIME
+-- ARGV[2]   the request id
+-- ARGV[3]   the slot it was reserved at
+-- ARGV[5i-1 .. 5i+3]   limit i: its algorithm, three numbers, its margin
+--
+-- Returns {state, wait_us, now}: 1 sent, 0 wait wait_us more, -1 not held.
+local now = clock(ARGV[1])
+local id = ARGV[2]
+local at = tonumber(ARGV[3])
+local specs = {}
+for i, key in ipairs(KEYS) do
+  local base = 5 * i - 1
+  specs[i] = {
+    key = key, kind = ARGV[base], a = tonumber(ARGV[base + 1]), b = tonumber(ARGV[base + 2]),
+    c = tonumber(ARGV[base + 3]), margin = tonumber(ARGV[base + 4]),
+  }
+end
+local c = confirm_slots(now, id, at, specs)
+if c.gone then
+  cancel_slots(now, id, at, specs)
+  return {-1, 0, now}
+end
+if c.due > now then return {0, c.due - now, now} end
+for _, f in ipairs(c.found) do f.commit() end
+return {1, 0, now}
