@@ -157,41 +157,96 @@ fn redis_time(redis: &Redis) -> u64 {
     secs * 1_000_000 + micros
 }
 
-/// A held request that wakes later than its margin covers (here its shim
-/// is blocked for 600 ms, far past a slot 300 ms ahead and its 100 ms
-/// margin) is not sent at its old slot, which would crowd the call after
-/// it: it is given a new slot, at or after the time it woke, and admitted
-/// there. The slot it went at is read back from Redis (the interval's `tat`
-/// is its slot plus the interval).
+fn sent(redis: &Redis) -> Option<u64> {
+    let s: Option<String> = redis
+        .connection()
+        .expect("redis connection")
+        .hget("sluice:{p:k}:gcra:300000:sent", "s")
+        .expect("HGET");
+    s.and_then(|s| s.parse().ok())
+}
+
+/// Regression (issue 37): a held request that woke late used to give its
+/// slot back and reserve again behind everyone, then be refused. Here r2
+/// and r3 are held behind r1 (slots about 310 and 620 ms ahead, interval
+/// 300 ms, margin 10 ms) and the shim is blocked past r2's slot: r2 keeps
+/// its place and is sent when it wakes, and r3, whose slot comes before
+/// r2's late send plus the interval and margin, waits that much longer
+/// instead of crowding it. Both are served, r2 first, and the last send
+/// Redis records lies at least one interval and margin after r2's.
 #[tokio::test]
-async fn a_request_woken_later_than_its_margin_is_given_a_new_slot() {
+async fn a_late_waiter_keeps_its_place_and_shifts_those_behind() {
     let redis = Redis::start().expect("redis");
     let limiter = std::sync::Arc::new(limiter(&redis));
     let with_margin = |id: &str| {
         let mut req = request(id, &[WireLimit::Interval { every_ms: Millis(300) }], 5_000);
-        req.checks.to_mut()[0].margin_ms = Some(Millis(100));
+        req.checks.to_mut()[0].margin_ms = Some(Millis(10));
         req
     };
     assert!(limiter.check(&with_margin("r1")).await.expect("r1").allowed);
-    let after_first = tat(&redis);
-    let l = limiter.clone();
-    let second = with_margin("r2");
-    let held = tokio::spawn(async move { l.check(&second).await });
-    // r2 has reserved its slot (about 400 ms ahead) and is held.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tat(&redis) == after_first && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(1)).await;
+    let mut answers = Vec::new();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for id in ["r2", "r3"] {
+        let before = tat(&redis);
+        let l = limiter.clone();
+        let req = with_margin(id);
+        let tx = tx.clone();
+        answers.push(tokio::spawn(async move {
+            let answer = l.check(&req).await;
+            let _ = tx.send(req.id.as_deref().unwrap_or_default().to_string());
+            answer
+        }));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tat(&redis) == before && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
-    let old_slot: u64 = tat(&redis).expect("r2's reservation").parse::<u64>().expect("a tat") - 300_000;
+    let r2_slot: u64 =
+        tat(&redis).expect("r3's reservation").parse::<u64>().expect("a tat") - 2 * 300_000 - 10_000;
     // This test's runtime has one thread: blocking it keeps r2 from waking.
-    std::thread::sleep(Duration::from_millis(600));
+    std::thread::sleep(Duration::from_millis(500));
     let woke_after = redis_time(&redis);
-    assert!(woke_after > old_slot + 100_000, "the block did not outlast the slot and its margin");
-    let r2 = held.await.expect("r2's task").expect("r2");
+    assert!(woke_after > r2_slot + 10_000, "the block did not outlast r2's slot and its margin");
+    for answer in answers {
+        let answer = answer.await.expect("a task").expect("a check");
+        assert!(answer.allowed, "refused after waiting: {answer:?}");
+    }
+    assert_eq!(rx.recv().await.as_deref(), Some("r2"), "r2 lost its place");
+    let last = sent(&redis).expect("the sends recorded") - 300_000;
+    assert!(last >= woke_after + 310_000, "r3 was sent {last} within an interval of r2's late send");
+}
+
+/// Regression (issue 37): a give-back undid a bucket's reservation only if
+/// it was the newest, so give-backs out of order (a drain, client resets)
+/// left phantom slots. Here r2 to r5 are held; the clients of r3, r5 and r4
+/// go away, in that order: the bucket comes back to exactly what it was
+/// after r2's reservation, with r2 still held where it was.
+#[tokio::test]
+async fn give_backs_in_any_order_leave_no_phantom_slot() {
+    let redis = Redis::start().expect("redis");
+    let limiter = std::sync::Arc::new(limiter(&redis));
+    let every = [WireLimit::Interval { every_ms: Millis(300) }];
+    assert!(check(&limiter, "r1", &every, 5_000).await.allowed);
+    let mut held = Vec::new();
+    let mut after = Vec::new();
+    for id in ["r2", "r3", "r4", "r5"] {
+        let before = tat(&redis);
+        let l = limiter.clone();
+        held.push(tokio::spawn(async move { check(&l, id, &every, 5_000).await }));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tat(&redis) == before && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        after.push(tat(&redis));
+    }
+    for i in [1, 3, 2] {
+        held[i].abort();
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while tat(&redis) != after[0] && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(tat(&redis), after[0], "given back out of order, a phantom slot stayed");
+    let r2 = held.remove(0).await.expect("r2's task");
     assert!(r2.allowed, "{r2:?}");
-    let sent_at: u64 = tat(&redis).expect("r2's new reservation").parse::<u64>().expect("a tat") - 300_000;
-    assert!(
-        sent_at >= woke_after,
-        "r2 was sent at its old slot {old_slot}, or another before it woke at {woke_after}: {sent_at}"
-    );
 }

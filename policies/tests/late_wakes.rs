@@ -1,0 +1,202 @@
+//! Egress waiting with late wake-ups and give-backs, over the reference
+//! model: requests on an `interval` limit reserve their slots (`reserve`),
+//! sleep until them and wake late by a random amount (a busy host), confirm
+//! their send (`confirm`: sent, or wait longer and confirm again), and some
+//! of their clients go away meanwhile, alone or many at the same instant in
+//! random order (`cancel`: a drain, resets). What the shim does with the
+//! answers is played out exactly as `shim/src/wait/time.rs` does it.
+//!
+//! Whatever the arrivals, wake delays (each under one interval plus the
+//! margin) and give-backs:
+//! - every gap between two sends is at least the interval plus the margin;
+//! - sends go in arrival order;
+//! - a held request is refused only when the wait it was told exceeds its
+//!   own deadline, and never because its reservation was lost;
+//! - once nothing is held, the bucket is exactly what the sends alone make
+//!   it: nothing given back is left behind.
+//!
+//! The shim's differential test ties the scripts to this model.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use proptest::prelude::*;
+use sluice_policies::algorithm::cancel::cancel;
+use sluice_policies::algorithm::confirm::{confirm, Confirmed};
+use sluice_policies::algorithm::gcra;
+use sluice_policies::algorithm::reserve::{reserve, Waiting};
+use sluice_policies::algorithm::{Algorithm, RedisTwin, State};
+use sluice_policies::units::Micros;
+
+const KEY: &str = "k";
+
+#[derive(Debug, Clone)]
+struct Caller {
+    /// µs after the previous caller's arrival.
+    gap: u64,
+    /// How long it may wait, in intervals.
+    wait_intervals: u64,
+    /// How late each of its wake-ups is, as a fraction (per mille) of the
+    /// interval plus the margin, under one.
+    late: Vec<u64>,
+    /// Its client goes away this many µs after it arrives, if set.
+    leaves_after: Option<u64>,
+}
+
+fn caller() -> impl Strategy<Value = Caller> {
+    (
+        prop_oneof![Just(0u64), 0u64..2_000, 0u64..400_000],
+        1u64..12,
+        prop::collection::vec(prop_oneof![3 => 0u64..20, 1 => 0u64..999], 1..6),
+        prop_oneof![3 => Just(None), 1 => (0u64..3_000_000).prop_map(Some)],
+    )
+        .prop_map(|(gap, wait_intervals, late, leaves_after)| Caller {
+            gap,
+            wait_intervals,
+            late,
+            leaves_after,
+        })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    /// Its client goes away (before a wake at the same instant: a reset
+    /// races the wake, and both orders are played by the arrivals' gaps).
+    Leave,
+    Wake,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    Held,
+    Sent(u64),
+    /// Refused at once (its slot beyond its wait).
+    Refused,
+    /// Refused after a hold: told to wait `wait` µs at `at`, past its deadline.
+    RefusedAfterHold {
+        at: u64,
+        wait: u64,
+    },
+    /// Refused after a hold: its reservation was gone.
+    Lost,
+    Left,
+}
+
+struct Run {
+    /// Each caller's arrival and fate, in arrival order.
+    fates: Vec<(u64, Fate)>,
+    store: RedisTwin,
+}
+
+fn play(interval: u64, margin: u64, callers: &[Caller]) -> Run {
+    let limits: Vec<Waiting> =
+        vec![(KEY.into(), Algorithm::Gcra { interval_us: Micros(interval), burst: 1, cost: 1 }, margin)];
+    let mut store = RedisTwin::default();
+    let mut fates: Vec<(u64, Fate)> = Vec::new();
+    // (slot reserved at, deadline, wakes so far) per caller.
+    let mut held: Vec<(u64, u64, usize)> = Vec::new();
+    let mut events: BinaryHeap<Reverse<(u64, Kind, usize)>> = BinaryHeap::new();
+    let mut t = 1_000_000_000_000u64;
+    let mut arrivals = callers.iter().enumerate().map(|(i, c)| {
+        t += c.gap;
+        (t, i)
+    });
+    let mut next_arrival = arrivals.next();
+    let late = |c: &Caller, n: usize| c.late[n % c.late.len()] * (interval + margin) / 1000;
+    loop {
+        let next_event = events.peek().map(|Reverse(e)| *e);
+        let arrival_first = match (next_arrival, next_event) {
+            (Some((a, _)), Some((e, _, _))) => a <= e,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => break,
+        };
+        if arrival_first {
+            let Some((now, i)) = next_arrival else { break };
+            next_arrival = arrivals.next();
+            let c = &callers[i];
+            let wait = c.wait_intervals * interval;
+            let r = reserve(&mut store, now, &format!("r{i}"), wait, &limits).expect("waits");
+            held.push((r.at.unwrap_or(0), now + wait, 0));
+            let fate = match r.at {
+                None => Fate::Refused,
+                Some(at) if at == now => Fate::Sent(now),
+                Some(at) => {
+                    events.push(Reverse((at + late(c, 0), Kind::Wake, i)));
+                    if let Some(after) = c.leaves_after {
+                        events.push(Reverse((now + after, Kind::Leave, i)));
+                    }
+                    Fate::Held
+                }
+            };
+            fates.push((now, fate));
+            continue;
+        }
+        let Some(Reverse((now, kind, i))) = events.pop() else { break };
+        if fates[i].1 != Fate::Held {
+            continue;
+        }
+        let (at, deadline, wakes) = held[i];
+        let id = format!("r{i}");
+        match kind {
+            Kind::Leave => {
+                let reserved: Vec<_> = limits.iter().map(|(k, a, _)| (k.clone(), *a, None)).collect();
+                cancel(&mut store, now, &id, at, &reserved);
+                fates[i].1 = Fate::Left;
+            }
+            Kind::Wake => match confirm(&mut store, now, &id, at, &limits) {
+                Confirmed::Sent => fates[i].1 = Fate::Sent(now),
+                Confirmed::Gone => fates[i].1 = Fate::Lost,
+                Confirmed::Wait(wait) if now + wait > deadline => {
+                    let reserved: Vec<_> = limits.iter().map(|(k, a, _)| (k.clone(), *a, None)).collect();
+                    cancel(&mut store, now, &id, at, &reserved);
+                    fates[i].1 = Fate::RefusedAfterHold { at: now, wait };
+                }
+                Confirmed::Wait(wait) => {
+                    held[i].2 = wakes + 1;
+                    events.push(Reverse((now + wait + late(&callers[i], wakes + 1), Kind::Wake, i)));
+                }
+            },
+        }
+    }
+    Run { fates, store }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+
+    #[test]
+    fn late_wakes_shift_in_order_and_give_backs_leave_nothing(
+        interval in prop_oneof![Just(1_000_000u64), Just(100_000u64), 1_000u64..50_000],
+        margin in prop_oneof![Just(0u64), Just(4_000u64), 0u64..20_000],
+        callers in prop::collection::vec(caller(), 1..40),
+    ) {
+        let run = play(interval, margin, &callers);
+        let mut sends: Vec<(u64, usize)> = run.fates.iter().enumerate()
+            .filter_map(|(i, (_, f))| match f { Fate::Sent(x) => Some((*x, i)), _ => None })
+            .collect();
+        sends.sort();
+        for pair in sends.windows(2) {
+            prop_assert!(pair[1].0 - pair[0].0 >= interval + margin,
+                "sends {:?} closer than {} + {}", pair, interval, margin);
+            prop_assert!(pair[0].1 < pair[1].1, "sent out of arrival order: {:?}", pair);
+        }
+        for (i, (arrived, fate)) in run.fates.iter().enumerate() {
+            let deadline = arrived + callers[i].wait_intervals * interval;
+            match *fate {
+                Fate::Lost => prop_assert!(false, "caller {} lost its reservation while held", i),
+                Fate::RefusedAfterHold { at, wait } => prop_assert!(at + wait > deadline,
+                    "caller {} refused after a hold within its deadline", i),
+                Fate::Held => prop_assert!(false, "caller {} never finished", i),
+                _ => {}
+            }
+        }
+        // Nothing held any more: the bucket is what the sends alone make it.
+        let held = gcra::held(&run.store, KEY);
+        prop_assert!(held.is_empty(), "still held: {:?}", held);
+        if let Some(&(first, _)) = sends.first() {
+            let tat = sends.iter().fold(first, |tat, &(x, _)| tat.max(x) + interval);
+            prop_assert_eq!(run.store.keys.get(KEY), Some(&State::Tat(tat)), "sends {:?}", sends);
+        }
+    }
+}
