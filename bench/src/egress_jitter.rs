@@ -18,18 +18,17 @@
 //!
 //! The shim's own part is read from its `/metrics` when it has them:
 //! `sluice_wait_late_seconds` (slot to wake-up, as the shim bounds it) and
-//! `sluice_wait_reslotted` (waiters that woke later than their margin and
-//! were given a new slot instead of being sent).
+//! `sluice_wait_shifted` (confirmations that found a late send in their
+//! way and waited longer).
 //!
 //! "Busy" runs [`BUSY`] spinning processes (`sh -c 'while :; do :; done'`)
 //! for the whole run, at normal priority, on the machine's 2 cores.
 
 use std::io::{Read, Write};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, UNIX_EPOCH};
 
-use anyhow::{Context, Result};
-use sluice_harness::egress::{Caller, Gateway, Workers};
+use anyhow::Result;
+use sluice_harness::egress::{Busy, Caller, Gateway, Workers};
 use sluice_harness::partner::Limits;
 use sluice_harness::{Partner, Redis};
 
@@ -66,8 +65,8 @@ pub(crate) struct Measured {
     pub(crate) shim_late: Option<(f64, f64)>,
     /// The shim's Redis calls, µs, p50 and p99 (bucket upper bounds).
     pub(crate) redis_call: Option<(f64, f64)>,
-    /// Waiters given a new slot for waking too late, if the shim counts them.
-    pub(crate) reslotted: Option<u64>,
+    /// Confirmations that waited behind a late send, if the shim counts them.
+    pub(crate) shifted: Option<u64>,
     /// 1-minute load average at the end of the run.
     pub(crate) load: f64,
 }
@@ -99,35 +98,6 @@ pub(crate) fn run(cases: &[Case]) -> Result<Vec<Measured>> {
         all.push(measured);
     }
     Ok(all)
-}
-
-/// Spinning processes, killed (by their own ids) when dropped.
-struct Busy(Vec<Child>);
-
-impl Busy {
-    fn start(n: usize) -> Result<Busy> {
-        let mut children = Vec::new();
-        for _ in 0..n {
-            children.push(
-                Command::new("sh")
-                    .args(["-c", "while :; do :; done"])
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .spawn()
-                    .context("starting a busy process")?,
-            );
-        }
-        Ok(Busy(children))
-    }
-}
-
-impl Drop for Busy {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 fn document(case: &Case) -> String {
@@ -193,7 +163,7 @@ fn one(case: &Case) -> Result<Measured> {
         short_gaps: gaps.iter().filter(|g| **g < case.interval).count(),
         shim_late: histogram_quantiles(&metrics, "sluice_wait_late_seconds"),
         redis_call: histogram_quantiles(&metrics, "sluice_redis_call_seconds"),
-        reslotted: counter(&metrics, "sluice_wait_reslotted_total"),
+        shifted: counter(&metrics, "sluice_wait_shifted_total"),
         load,
         case: case.clone(),
     })
@@ -307,11 +277,11 @@ pub(crate) fn row(m: &Measured) -> String {
         m.partner_429,
         shim,
         redis,
-        m.reslotted.map_or("not counted".into(), |n| n.to_string()),
+        m.shifted.map_or("not counted".into(), |n| n.to_string()),
     )
 }
 
-pub(crate) const HEADER: &str = "| interval | margin | host | load | served | paired | late min ms | jitter p50 ms | p99 ms | p99.9 ms | max ms | min gap ms | mean gap ms | gaps under | partner 429s | shim wake late p50 / p99 ms | shim's Redis call p50 / p99 ms | re-slotted |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|";
+pub(crate) const HEADER: &str = "| interval | margin | host | load | served | paired | late min ms | jitter p50 ms | p99 ms | p99.9 ms | max ms | min gap ms | mean gap ms | gaps under | partner 429s | shim wake late p50 / p99 ms | shim's Redis call p50 / p99 ms | shifted |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|";
 
 /// The concurrency hand-over: `slots` in flight at a partner that takes
 /// `delay` per call, `workers` callers through one gateway queueing for

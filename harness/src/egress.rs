@@ -9,6 +9,8 @@
 //! answered, its `retry-after`, and how long the gateway held it (the
 //! `server-timing: sluice;dur=<ms>` of a held call).
 //!
+//! [`Busy`] spins processes beside them, for a loaded gateway host.
+//!
 //! The Redis helpers see what the gateways do in Redis without knowing their
 //! key layout: [`activity`] counts the commands Redis has run (to know that
 //! a call has reached Redis and taken its place), [`leftovers`] lists the
@@ -45,6 +47,66 @@ impl Gateway {
         let shim = Shim::start(&redis.url())?;
         let envoy = Envoy::start(policy_json, shim.port, partner_port)?;
         Ok(Gateway { envoy, shim })
+    }
+
+    /// Its shim's `GET /metrics` page.
+    pub fn metrics(&self) -> anyhow::Result<String> {
+        match crate::probe::http_get(self.shim.port, "/metrics") {
+            Some((200, page)) => Ok(page),
+            other => anyhow::bail!("GET /metrics: {other:?}"),
+        }
+    }
+}
+
+/// A histogram of a metrics page: cumulative counts by upper bound (s).
+#[derive(Clone, Debug, Default)]
+pub struct Histogram(pub Vec<(f64, f64)>);
+
+impl Histogram {
+    /// `name`'s buckets on `page` (empty if absent).
+    pub fn of(page: &str, name: &str) -> Histogram {
+        let prefix = format!("{name}_bucket{{le=\"");
+        let mut buckets: Vec<(f64, f64)> = page
+            .lines()
+            .filter_map(|l| {
+                let (le, count) = l.strip_prefix(&prefix)?.split_once("\"} ")?;
+                let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+                Some((le, count.split(' ').next()?.parse().ok()?))
+            })
+            .collect();
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Histogram(buckets)
+    }
+
+    /// What was observed after `before` was read.
+    pub fn since(&self, before: &Histogram) -> Histogram {
+        Histogram(
+            self.0
+                .iter()
+                .map(|&(le, n)| (le, n - before.0.iter().find(|b| b.0 == le).map_or(0.0, |b| b.1)))
+                .collect(),
+        )
+    }
+
+    pub fn count(&self) -> f64 {
+        self.0.last().map_or(0.0, |b| b.1)
+    }
+
+    /// The upper bound (ms) of the bucket quantile `q` falls in.
+    pub fn quantile_ms(&self, q: f64) -> f64 {
+        let total = self.count();
+        self.0.iter().find(|(_, c)| *c >= q * total && *c > 0.0).map_or(f64::NAN, |(le, _)| le * 1e3)
+    }
+
+    /// p50, p99 and max (bucket upper bounds, ms) and the count, for a log line.
+    pub fn line(&self) -> String {
+        format!(
+            "n {}, p50 <= {:.2} ms, p99 <= {:.2} ms, max <= {:.2} ms",
+            self.count(),
+            self.quantile_ms(0.5),
+            self.quantile_ms(0.99),
+            self.quantile_ms(1.0)
+        )
     }
 }
 
@@ -374,5 +436,35 @@ mod tests {
         assert_eq!(server_timing_ms("sluice;dur=12.5"), Some(12.5));
         assert_eq!(server_timing_ms("cdn;dur=1, sluice;desc=\"held\";dur=340"), Some(340.0));
         assert_eq!(server_timing_ms("cdn;dur=1"), None);
+    }
+}
+
+/// Spinning processes (`sh -c 'while :; do :; done'`) at normal priority:
+/// a busy gateway host. Killed (by their own ids) when dropped.
+pub struct Busy(Vec<std::process::Child>);
+
+impl Busy {
+    pub fn start(n: usize) -> anyhow::Result<Busy> {
+        let mut children = Vec::new();
+        for _ in 0..n {
+            children.push(
+                std::process::Command::new("sh")
+                    .args(["-c", "while :; do :; done"])
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .context("starting a busy process")?,
+            );
+        }
+        Ok(Busy(children))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
