@@ -14,14 +14,20 @@
 //! - exactness holds throughout: no window of any key admits more than its
 //!   limit, judged from the upstream's own record of arrivals;
 //! - each shim exits by itself within its drain (delay + timeout) and
-//!   logs that it drained.
+//!   logs that it drained;
+//! - with egress `wait`, the draining shim gives back the reservations of
+//!   the held calls it refuses, whatever their order, and leaves no
+//!   phantom slot: a fresh call afterwards gets the slot right after the
+//!   last real call.
 
 use std::time::{Duration, Instant};
 
+use sluice_harness::egress::{leftovers, waiters, Call, Caller};
 use sluice_harness::faults::{admissions, busiest_window, Tally, Target, Traffic};
 use sluice_harness::gateway::{eventually, send};
+use sluice_harness::partner::Limits;
 use sluice_harness::recorder::RecordingUpstream;
-use sluice_harness::{Envoy, Redis, Shim};
+use sluice_harness::{Envoy, Partner, Redis, Shim};
 
 const LIMIT: usize = 30;
 const WINDOW: Duration = Duration::from_secs(2);
@@ -128,4 +134,84 @@ fn rolling_restart_of_two_shims_fails_no_request_and_stays_exact() {
     assert!(tally.admitted > 0 && tally.refused > 0, "the traffic never reached the limit: {}", tally.line());
     assert_eq!(tally.failed, 0, "failed requests: {}", tally.line());
     assert_eq!(tally.failure_allowed, 0, "requests let through by failure_mode: {}", tally.line());
+}
+
+/// Regression (issue 37): 40 calls held on an `interval` of 250 ms (margin
+/// 80 ms, wait 15 s) across two shims behind one Envoy; 3 s in, the shim holding more
+/// of them gets SIGTERM with `--drain-delay-ms`. It serves the calls whose slots come before its
+/// hold deadline and refuses the rest (429 with a retry-after), giving
+/// their reservations back all at once, in no order, between the slots the
+/// other shim still holds. A give-back used to undo a reservation only if
+/// it was the newest, so the bucket stayed up to 8 slots past the last
+/// real call and a fresh call waited for slots nobody used. Now: every call
+/// is served or refused with a retry-after (none failed), the partner
+/// refuses none, nothing stays held in Redis, and a fresh call sent an
+/// interval after the last real one is served without being held.
+#[test]
+fn a_drain_that_refuses_held_calls_leaves_no_phantom_slot() {
+    const PATH: &str = "/v42/orders";
+    const ACCOUNT: &str = "alice";
+    let redis = Redis::start().expect("redis");
+    let args = [
+        "--redis".to_string(),
+        redis.url(),
+        "--drain-delay-ms".into(),
+        DRAIN_DELAY_MS.into(),
+        "--drain-timeout-ms".into(),
+        "3000".into(),
+    ];
+    let start_shim = || Shim::start_args(&args.iter().map(String::as_str).collect::<Vec<_>>()).expect("shim");
+    let mut shims = [start_shim(), start_shim()];
+    let partner = Partner::start(Limits::default().interval(Duration::from_millis(250))).expect("partner");
+    let document = r#"{"shim": {"timeout_ms": 2000}, "failure_mode": "deny", "failure_status": 503,
+        "policies": [{"name": "drained", "match": {"path_prefix": "/v42/"}, "key": ["header:x-account"],
+          "wait": {"timeout": "15s", "margin": "80ms"},
+          "limits": [{"type": "interval", "every": "250ms"}]}]}"#;
+    let second = format!(
+        "- endpoint: {{address: {{socket_address: {{address: \"127.0.0.1\", port_value: {}}}}}}}",
+        shims[1].port
+    );
+    let envoy = Envoy::start_with(
+        document,
+        shims[0].port,
+        partner.port,
+        &[("SHIM_MORE_ENDPOINTS", second), ("SHIM_HEALTH_INTERVAL", HEALTH_INTERVAL.to_string())],
+    )
+    .expect("envoy");
+    assert!(
+        eventually(WAIT, || shims.iter().all(|s| healthy(&envoy, s.port))),
+        "Envoy never saw both shims healthy\n{}",
+        envoy.log()
+    );
+    let caller = Caller::new(PATH, ACCOUNT, WAIT).expect("a client");
+    let pending: Vec<_> = (0..40).map(|seq| caller.spawn(envoy.port, 0, seq, &[])).collect();
+    std::thread::sleep(Duration::from_secs(3));
+    // The shim holding more of them drains (however Envoy spread them).
+    let held: Vec<u64> = shims.iter().map(|s| waiters(s.port).unwrap_or(0)).collect();
+    let (draining, other) = if held[0] >= held[1] { (0, 1) } else { (1, 0) };
+    let status = shims[draining].terminate(WAIT).expect("the shim exits after its drain");
+    assert!(status.success() && shims[draining].log().contains("drained"), "{}", shims[draining].log());
+    let calls: Vec<Call> = pending.into_iter().map(|c| caller.join(c).expect("a call")).collect();
+    let served = calls.iter().filter(|c| c.served()).count();
+    let refused: Vec<&Call> = calls.iter().filter(|c| c.refused_by_gateway()).collect();
+    let log = partner.log();
+    eprintln!(
+        "DRAIN with held calls ({held:?} held by the two shims at SIGTERM): {served} served, {} refused with a retry-after {:?}; \
+         smallest gap at the partner {:?}",
+        refused.len(),
+        refused.iter().map(|c| c.retry_after.clone().unwrap_or_default()).collect::<Vec<_>>(),
+        log.min_gap()
+    );
+    assert_eq!(served + refused.len(), calls.len(), "failed calls: {calls:?}");
+    assert!(refused.iter().all(|c| c.retry_after.is_some()), "refused without a retry-after: {refused:?}");
+    assert!(!refused.is_empty(), "the drain refused no held call: the case is not exercised");
+    assert_eq!(log.refused(), 0, "the partner answered 429: a call went early");
+    let held = leftovers(&redis, "sluice:{drained:*:held").expect("KEYS");
+    assert!(held.is_empty(), "reservations left held: {held:?}");
+    // An interval (and its margin) after the last real call, a fresh call
+    // takes the next slot at once.
+    std::thread::sleep(Duration::from_millis(500));
+    let fresh = caller.send(envoy.port, 0, 40, &[]).expect("a fresh call");
+    assert!(fresh.served(), "{fresh:?}\n{}", shims[other].log());
+    assert!(fresh.held_ms.is_none_or(|ms| ms == 0.0), "a fresh call waited for a phantom slot: {fresh:?}");
 }

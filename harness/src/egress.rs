@@ -58,6 +58,12 @@ impl Gateway {
     }
 }
 
+/// How many waiting checks the shim on `port` holds now (`sluice_waiters`).
+pub fn waiters(port: u16) -> Option<u64> {
+    let (_, page) = crate::probe::http_get(port, "/metrics").filter(|(status, _)| *status == 200)?;
+    page.lines().find_map(|l| l.strip_prefix("sluice_waiters ")?.trim().parse::<f64>().ok()).map(|n| n as u64)
+}
+
 /// A histogram of a metrics page: cumulative counts by upper bound (s).
 #[derive(Clone, Debug, Default)]
 pub struct Histogram(pub Vec<(f64, f64)>);
