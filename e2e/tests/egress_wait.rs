@@ -333,8 +333,8 @@ fn wake_lateness_quiet_and_busy_before_and_after_idle() {
 /// connections through one gateway: the strict partner, by its own record,
 /// never saw two calls closer than 20 ms (it refused none and its smallest
 /// gap is at least the interval), and every call was served. A call whose
-/// shim woke later than the margin covers is given a new slot instead of
-/// being sent (`sluice_wait_reslotted`). It does not hold on a busy host:
+/// shim woke late is confirmed against the real sends and shifts the calls
+/// behind it (`sluice_wait_shifted`). It does not hold on a busy host:
 /// on the CI machine building beside it, 1 call of 200 reached the partner
 /// early (goal E of the performance page is not met there), and whether it
 /// happens depends on the host's scheduling, a timing. So it runs on demand
