@@ -27,6 +27,7 @@ const TWINS: &[Twin] = &[
     Twin { script: "renew", twins: &["src/algorithm/queue.rs"], test: "differential.rs", why_none: "" },
     Twin { script: "adjust", twins: &["src/algorithm/gcra.rs"], test: "differential.rs", why_none: "" },
     Twin { script: "cancel", twins: &["src/algorithm/cancel.rs"], test: "differential.rs", why_none: "" },
+    Twin { script: "confirm", twins: &["src/algorithm/confirm.rs"], test: "differential.rs", why_none: "" },
     Twin { script: "acquire", twins: &["src/algorithm/queue.rs"], test: "differential.rs", why_none: "" },
     Twin { script: "leave", twins: &["src/algorithm/queue.rs"], test: "differential.rs", why_none: "" },
     Twin { script: "reclaim", twins: &["src/algorithm/queue.rs"], test: "differential.rs", why_none: "" },
