@@ -433,18 +433,6 @@ pub fn leftovers(redis: &Redis, pattern: &str) -> anyhow::Result<Vec<(String, St
     Ok(found)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::server_timing_ms;
-
-    #[test]
-    fn server_timing() {
-        assert_eq!(server_timing_ms("sluice;dur=12.5"), Some(12.5));
-        assert_eq!(server_timing_ms("cdn;dur=1, sluice;desc=\"held\";dur=340"), Some(340.0));
-        assert_eq!(server_timing_ms("cdn;dur=1"), None);
-    }
-}
-
 /// Spinning processes (`sh -c 'while :; do :; done'`) at normal priority:
 /// a busy gateway host. Killed (by their own ids) when dropped.
 pub struct Busy(Vec<std::process::Child>);
@@ -472,5 +460,17 @@ impl Drop for Busy {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::server_timing_ms;
+
+    #[test]
+    fn server_timing() {
+        assert_eq!(server_timing_ms("sluice;dur=12.5"), Some(12.5));
+        assert_eq!(server_timing_ms("cdn;dur=1, sluice;desc=\"held\";dur=340"), Some(340.0));
+        assert_eq!(server_timing_ms("cdn;dur=1"), None);
     }
 }
