@@ -4,8 +4,10 @@
 //!
 //! **Exact.** An entry is written only when every limit that denied is
 //! time-based with a known `retry_after_ms` and cannot be refunded: never for
-//! a `concurrency` limit (a release frees a slot early) nor for `points` with
-//! an `actual_cost_header` (an adjustment can refund). Its deadline is the
+//! a `concurrency` limit (a release frees a slot early) nor for `points` that
+//! settle, with an `actual_cost_header` or in `llm_tokens` (a settlement can
+//! refund, any time before the wait ends: a month's budget refused from the
+//! cache stayed refused after a refund made room). Its deadline is the
 //! time the check was *sent* plus the longest of those waits, so it is never
 //! later than the moment the shim would admit the check: other traffic can
 //! only push that moment further out. The cache never admits anything.
@@ -46,7 +48,7 @@ use std::collections::HashMap;
 
 use sluice_policies::units::Millis;
 use sluice_policies::wire::{Check, CheckOutcome, WireLimit};
-use sluice_policies::{Applied, Policy, Request};
+use sluice_policies::{Applied, Limit, Policy, Request};
 
 use crate::host::SharedData;
 
@@ -112,7 +114,7 @@ impl<'m, S: SharedData> OverLimitCache<'m, S> {
         now_ms: u64,
     ) -> Option<Hit> {
         let parts = Parts {
-            policy: applied.policy.name.as_str(),
+            policy: applied.policy.state_name(),
             key: &applied.key,
             levels: applied.level_keys(),
             limits: applied.wire_limits(req, reserved),
@@ -203,7 +205,7 @@ fn limits_cacheable(policy: &Policy, check: &Check, outcome: &CheckOutcome) -> O
         if out.allowed {
             continue;
         }
-        let refundable = policy.limits.get(i).is_some_and(|l| l.actual_cost_header().is_some());
+        let refundable = policy.limits.get(i).is_some_and(Limit::settles);
         if wire.lease_ms().is_some() || refundable {
             return None;
         }
@@ -431,6 +433,9 @@ mod tests {
         }
         let p = policy(TWO_WINDOWS);
         cache.record(&p, &check(&p, "k"), &denied(&[None, Some(1000)]), 0);
+        let tokens = r#"[{"type":"points","capacity":10000,"calendar":"month","cost":"llm_tokens"}]"#;
+        let p = policy_with(r#""llm":{"api":"openai_chat"},"#, tokens);
+        cache.record(&p, &check(&p, "k"), &denied(&[Some(86_400_000)]), 0);
         assert!(map.0.borrow().is_empty());
     }
 
@@ -633,6 +638,91 @@ mod pause_tests {
             None,
             "a concurrency denial alone is never cached"
         );
+    }
+
+    /// One step of the cache's settlement property: a request reserving
+    /// `reserve` tokens (true cost `actual`), or the settlement of the
+    /// `n`th admitted one so far, `ms` later.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Request { reserve: u32, actual: u32, ms: u64 },
+        Settle { n: usize, ms: u64 },
+    }
+
+    fn steps() -> impl proptest::strategy::Strategy<Value = Vec<Step>> {
+        use proptest::prelude::*;
+        let ms = prop_oneof![Just(0u64), 0u64..2_000, 0u64..120_000];
+        let one = prop_oneof![
+            (0u32..12_000, 0u32..10_000, ms.clone())
+                .prop_map(|(reserve, actual, ms)| Step::Request { reserve, actual, ms }),
+            (any::<usize>(), ms).prop_map(|(n, ms)| Step::Settle { n, ms }),
+        ];
+        prop::collection::vec(one, 1..60)
+    }
+
+    proptest::proptest! {
+        /// Denials that know their cause: after any interleaving of
+        /// reservations, settlements and refusals of a token budget (10,000
+        /// a day, as a bucket or a calendar day), a request whose
+        /// reservation the budget holds room for is never refused from the
+        /// cache. Before, a refusal of an `llm_tokens` limit was cached until
+        /// the wait the shim named (to the day's end on a calendar), and a
+        /// settlement that gave tokens back meanwhile did not end it.
+        #[test]
+        fn a_request_that_fits_is_never_refused_from_the_cache(steps in steps(), calendar in proptest::bool::ANY) {
+            use sluice_policies::algorithm::{self, Algorithm, Correction, RedisTwin};
+            let refill = if calendar { r#""calendar":"day""# } else { r#""refill":"1d""# };
+            let p = policy_with(
+                r#""llm":{"api":"openai_chat"},"#,
+                &format!(r#"[{{"type":"points","capacity":10000,{refill},"cost":"llm_tokens"}}]"#),
+            );
+            let map = Map::default();
+            let cache = OverLimitCache::new(&map, 64);
+            let mut store = RedisTwin::default();
+            let mut now_ms = 1_700_000_000_000u64;
+            let mut admitted: Vec<Correction> = Vec::new();
+            for (i, step) in steps.into_iter().enumerate() {
+                match step {
+                    Step::Request { reserve, actual, ms } => {
+                        now_ms += ms;
+                        let mut c = check(&p, "k");
+                        c.limits = vec![WireLimit::with_cost(&p.limits[0], reserve.min(10_000))];
+                        let limits = [("k".to_string(), Algorithm::of(&c.limits[0]))];
+                        let id = format!("r{i}");
+                        if let Some(hit) = cache.lookup(&p, &c, now_ms) {
+                            let fits = algorithm::check(&mut store.clone(), now_ms * 1000, &id, &limits).allowed;
+                            proptest::prop_assert!(!fits, "refused from the cache ({hit:?}) with room for it");
+                            continue;
+                        }
+                        let reply = algorithm::check(&mut store, now_ms * 1000, &id, &limits);
+                        if reply.allowed {
+                            let o = &reply.limits[0];
+                            admitted.push(Correction {
+                                key: "k".into(),
+                                id: Some(id),
+                                interval_us: match limits[0].1 {
+                                    Algorithm::Gcra { interval_us, .. } => interval_us.get(),
+                                    _ => 0,
+                                },
+                                delta: i64::from(actual) - i64::from(c.limits[0].points_cost().unwrap_or(0)),
+                                held_until_us: o.held_until_us.map_or(0, Micros::get),
+                                refunded_us: o.refunded_us.get(),
+                            });
+                        } else {
+                            let outcome = CheckOutcome { limits: reply.limits, paused_ms: None };
+                            cache.record(&p, &c, &outcome, now_ms);
+                        }
+                    }
+                    Step::Settle { n, ms } => {
+                        now_ms += ms;
+                        if !admitted.is_empty() {
+                            let c = admitted.remove(n % admitted.len());
+                            algorithm::adjust(&mut store, now_ms * 1000, &[c]);
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 

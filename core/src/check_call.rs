@@ -103,7 +103,7 @@ impl CheckCall {
         self.policies
             .iter()
             .filter_map(|&i| doc.policies.get(i))
-            .any(|p| p.limits.iter().any(|l| l.actual_cost_header().is_some() || l.costs_llm_tokens()))
+            .any(|p| p.limits.iter().any(Limit::settles))
     }
 
     /// The points corrections that the response's actual-cost headers call for.
@@ -134,6 +134,7 @@ impl CheckCall {
                     out.push(Adjustment {
                         policy: check.policy.clone(),
                         key: check.key.clone(),
+                        id: (!self.id.is_empty()).then(|| self.id.clone()),
                         limit: *wire,
                         actual,
                         held_until_us: outcomes.get(j).and_then(|o| o.held_until_us),

@@ -101,3 +101,120 @@ fn a_hierarchy_on_calendar_days_charges_every_level_or_none() {
         }
     }
 }
+
+/// Redis, the shim, a mock LLM provider (`harness::llm`) and Envoy for
+/// token budgets; dropped Envoy first.
+struct Tokens {
+    envoy: sluice_harness::Envoy,
+    shim: sluice_harness::Shim,
+    llm: sluice_harness::llm::LlmUpstream,
+    _redis: sluice_harness::Redis,
+}
+
+impl Tokens {
+    fn start(policies: &str) -> Tokens {
+        let doc = format!(r#"{{"shim": {{"timeout_ms": 2000}}, "failure_mode": "deny", "policies": [{policies}]}}"#);
+        let redis = sluice_harness::Redis::start().expect("redis");
+        let shim = sluice_harness::Shim::start(&redis.url()).expect("shim");
+        let llm = sluice_harness::llm::LlmUpstream::start().expect("the mock provider");
+        let envoy = sluice_harness::Envoy::start(&doc, shim.port, llm.port).expect("envoy");
+        Tokens { envoy, shim, llm, _redis: redis }
+    }
+
+    /// A streamed OpenAI chat request of team `team` whose reservation is
+    /// exactly `reserve` tokens (its body's bytes and its cap) and whose
+    /// true count is `uses` (the mock's input, a token per 4 bytes, and the
+    /// output it generates), answered `delay_ms` late.
+    fn chat(&self, team: &str, reserve: u64, uses: u64, delay_ms: u64) -> sluice_harness::llm::Reply {
+        use sluice_harness::llm::{self, request_body};
+        use sluice_policies::llm::Api;
+        // The cap's digits change the body's length: settle on a fixed point.
+        let mut cap = reserve / 2;
+        let mut body = request_body(Api::OpenaiChat, "how many tokens is this?", Some(cap), true);
+        for _ in 0..4 {
+            cap = reserve - body.len() as u64;
+            body = request_body(Api::OpenaiChat, "how many tokens is this?", Some(cap), true);
+        }
+        assert_eq!(body.len() as u64 + cap, reserve, "a reservation of exactly {reserve}");
+        let output = uses.checked_sub(llm::input_tokens(&body)).expect("uses covers the input");
+        let (output, delay) = (output.to_string(), delay_ms.to_string());
+        let headers = [("x-team", team), ("x-mock-output", output.as_str()), ("x-mock-delay-ms", delay.as_str())];
+        llm::post(self.envoy.port, llm::path(Api::OpenaiChat), &headers, &body).expect("a request through Envoy")
+    }
+
+    /// The shim's metric `name` with `labels`, from its `/metrics`.
+    fn shim_metric(&self, name: &str) -> f64 {
+        let page = sluice_harness::gateway::send(self.shim.port, "GET", "/metrics", &[]).expect("/metrics");
+        sluice_harness::gateway::sample(&page.body, name)
+    }
+}
+
+/// A token budget of one team, 2,400 a year (nothing refills during the test).
+fn team_budget(name: &str, capacity: u64) -> String {
+    format!(
+        r#"{{"name": "{name}", "match": {{"path_exact": "/v1/chat/completions"}}, "key": ["header:x-team"],
+            "llm": {{"api": "openai_chat"}},
+            "limits": [{{"type": "points", "capacity": {capacity}, "refill": "365d", "cost": "llm_tokens"}}]}}"#
+    )
+}
+
+/// Exact refunds (issue 33, finding 3): six streams in flight together,
+/// each reserving 392 tokens of a 2,400 budget and using 70, end newest
+/// first, so each settlement lands after the later charges' refunds. Each
+/// gives back exactly its own 322: the budget then holds exactly the true
+/// counts, 6 × 70, and admits a request of 1,980 but not one of 1,981. The
+/// shim's `sluice_points_settled` counts the 6 × 322 that came back. Before,
+/// one refund counter stood for every refund since a charge: the oldest
+/// charges were given back nothing, and the budget held 1,064 where the
+/// true counts hold 420.
+#[test]
+fn concurrent_streams_settled_newest_first_each_give_back_their_own_unused_part() {
+    const CAPACITY: u64 = 2_400;
+    let stack = Tokens::start(&team_budget("team", CAPACITY));
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..6u64)
+            .map(|i| {
+                let stack = &stack;
+                scope.spawn(move || {
+                    // Admitted in order, 150 ms apart; answered in reverse.
+                    std::thread::sleep(std::time::Duration::from_millis(150 * i));
+                    stack.chat("a", 392, 70, 300 * (6 - i))
+                })
+            })
+            .collect();
+        for h in handles {
+            let reply = h.join().expect("a client");
+            assert_eq!(reply.status, 200, "{}", reply.text());
+            assert!(reply.complete);
+        }
+    });
+    assert!(stack.llm.served().iter().all(|s| s.billed() == 70), "each used 70");
+    let room = CAPACITY - 6 * 70;
+    let over = stack.chat("a", room + 1, 50, 0);
+    assert_eq!(over.status, 429, "more than the true counts leave");
+    let fits = stack.chat("a", room, 50, 0);
+    assert_eq!(fits.status, 200, "exactly what the true counts leave: {}", fits.text());
+    let given_back = stack.shim_metric(r#"sluice_points_settled_total{policy="team",direction="given_back"}"#);
+    assert_eq!(given_back as u64, 6 * 322 + (room - 50), "what came back, the probe's included");
+}
+
+/// Denials that know their cause (issue 33, finding 2): a request reserved
+/// 9,784 of 10,000 tokens and settles to 308; a request of 1,000 refused
+/// while it streamed is admitted once the refund has landed. Before, the
+/// over-limit cache kept the refusal until the wait the shim had named (the
+/// hours the year's bucket takes to refill 784 tokens), though the
+/// settlement gave 9,476 back a second later.
+#[test]
+fn a_refusal_ends_when_the_settlement_that_makes_room_lands() {
+    let stack = Tokens::start(&team_budget("month", 10_000));
+    std::thread::scope(|scope| {
+        let big = scope.spawn(|| stack.chat("a", 9_784, 308, 1_500));
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let refused = stack.chat("a", 1_000, 100, 0);
+        assert_eq!(refused.status, 429, "no room while the big one streams");
+        let big = big.join().expect("the big request");
+        assert_eq!(big.status, 200);
+    });
+    let again = stack.chat("a", 1_000, 100, 0);
+    assert_eq!(again.status, 200, "the refund made room: {}", again.text());
+}

@@ -22,7 +22,8 @@
 //! event (a slow stream); `x-mock-status: S` refuses with S and an error body;
 //! `x-mock-gzip: 1` labels the body gzip (an unreadable one), `x-mock-gzip: 2`
 //! compresses it with gzip for real;
-//! `x-mock-seed: N` picks the chunk sizes.
+//! `x-mock-seed: N` picks the chunk sizes; `x-mock-delay-ms: N` waits N ms
+//! before it answers (requests in flight together, ending in a set order).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -88,6 +89,7 @@ pub struct Script {
     /// 0: plain; 1: labelled gzip, not compressed; 2: gzip'd.
     pub gzip: u64,
     pub seed: u64,
+    pub delay_ms: u64,
 }
 
 impl Script {
@@ -119,6 +121,7 @@ impl Script {
             status: header("x-mock-status").map_or(200, |s| s as u16),
             gzip: header("x-mock-gzip").unwrap_or(0),
             seed: header("x-mock-seed").unwrap_or(0),
+            delay_ms: header("x-mock-delay-ms").unwrap_or(0),
         })
     }
 
@@ -399,6 +402,7 @@ fn serve(stream: TcpStream, record: &Mutex<Vec<Served>>, counter: &AtomicU64) {
 /// Writes the answer in chunks of random sizes; the output tokens written
 /// and whether it was written whole.
 fn answer(stream: &mut TcpStream, script: &Script) -> (u64, bool) {
+    std::thread::sleep(Duration::from_millis(script.delay_ms));
     let (body, ends) = script.body();
     let body = if script.gzip == 2 { gzip(&body) } else { body };
     let stop = script.cut_after.or(script.hold_after).filter(|_| script.stream);

@@ -64,10 +64,14 @@ end
 -- window the request was charged in (`window`, its end), while that window
 -- is still the stored one and has not ended. A correction after its window
 -- is dropped: the next window's budget is not the request's. The count
--- never goes below 0.
+-- never goes below 0. Returns the units it moved.
 local function calendar_adjust(key, now, delta, window)
   local state = redis.call('HMGET', key, 'w', 'n')
   if tonumber(state[1]) == window and now < window then
-    redis.call('HSET', key, 'n', math.max((tonumber(state[2]) or 0) + delta, 0))
+    local count = tonumber(state[2]) or 0
+    local new = math.max(count + delta, 0)
+    redis.call('HSET', key, 'n', new)
+    return new - count
   end
+  return 0
 end

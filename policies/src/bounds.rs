@@ -210,7 +210,7 @@ fn worst_case_check(policy: &Policy) -> Check {
         })
         .collect();
     Check {
-        policy: policy.name.as_str().to_string(),
+        policy: policy.state_name().to_string(),
         key,
         limits,
         margin_ms: Some(Millis(u64::MAX)),
@@ -228,6 +228,7 @@ fn worst_case_adjustments(policy: &Policy) -> Vec<Adjustment> {
         .map(|(j, (_, wire))| Adjustment {
             policy: check.policy.clone(),
             key: check.key.clone(),
+            id: Some("-".repeat(64)),
             limit: *wire,
             actual: u32::MAX,
             held_until_us: Some(Micros(u64::MAX)),

@@ -269,6 +269,7 @@ impl<'de> Deserialize<'de> for Policies {
                     }
                     policies.push(policy);
                 }
+                shared_budgets(&policies).map_err(de::Error::custom)?;
                 let checks = worst_case_checks(&policies);
                 if checks.total > MAX_CHECKS {
                     return Err(de::Error::custom(format!(
@@ -318,6 +319,10 @@ pub struct Policy {
     pub leased: Option<crate::leased::Leased>,
     /// LLM token budgets: how the `llm_tokens` cost is reserved and read.
     pub llm: Option<Llm>,
+    /// A budget this policy shares with others (one per API shape): its
+    /// checks name the budget, not the policy, so every policy of it
+    /// charges the same counters ([`Policy::state_name`]).
+    pub budget: Option<PolicyName>,
     /// A gRPC-face policy that limits nothing: its requests are answered
     /// OK and counted as `unlimited` (`limits` is then empty).
     pub unlimited: bool,
@@ -410,6 +415,12 @@ pub(crate) struct RawPolicy {
     /// (`{"api": "openai_chat"}`), for its points limits with `"cost": "llm_tokens"`.
     #[serde(default)]
     llm: Option<Llm>,
+    /// A budget several policies share, one per API shape (chat, responses,
+    /// messages): 1 to 64 of `A-Z a-z 0-9 _ -`, no policy's name. Every
+    /// policy that names it has the same `key` and `limits`, and they all
+    /// charge one counter per key, named by the budget.
+    #[serde(default)]
+    budget: Option<PolicyName>,
 }
 
 impl RawPolicy {
@@ -690,6 +701,17 @@ impl<'de> Deserialize<'de> for Policy {
                 return Err(de::Error::custom(format!("`leased` cannot be used with {why}")));
             }
         }
+        if raw.budget.is_some() {
+            let other = [
+                (!raw.levels.is_empty(), "`levels`: a hierarchy keeps its levels under the policy's own name"),
+                (raw.leased.is_some(), "`leased`: a lease pool belongs to one policy"),
+                (raw.upstream.is_some(), "`upstream`: the partner's pauses are recorded per policy"),
+                (raw.shed.is_some(), "`shed`: a shedder's load is reported per policy"),
+            ];
+            if let Some((_, why)) = other.iter().find(|(on, _)| *on) {
+                return Err(de::Error::custom(format!("`budget` cannot be used with {why}")));
+            }
+        }
         let in_tokens = all_limits.iter().position(Limit::costs_llm_tokens);
         match (&raw.llm, in_tokens) {
             (None, Some(i)) => {
@@ -731,12 +753,42 @@ impl<'de> Deserialize<'de> for Policy {
             shed: raw.shed,
             leased,
             llm: raw.llm,
+            budget: raw.budget,
             unlimited: raw.unlimited,
             blocked: raw.blocked,
             limit_name: raw.limit_name,
             replaces: raw.replaces,
         })
     }
+}
+
+/// The budgets policies share, checked: no budget has a policy's name (its
+/// counters would be that policy's), and every policy that names a budget
+/// has the `key` and `limits` of the first that does, so the same request
+/// is charged the same counters whichever of them it matches.
+fn shared_budgets(policies: &[Policy]) -> Result<(), String> {
+    for (i, policy) in policies.iter().enumerate() {
+        let Some(budget) = &policy.budget else { continue };
+        if policies.iter().any(|p| &p.name == budget) {
+            return Err(format!(
+                "policies[{i}]: budget \"{budget}\" is the name of a policy: give the budget a name of its own"
+            ));
+        }
+        let Some(first) = policies[..i].iter().position(|p| p.budget.as_ref() == Some(budget)) else {
+            continue;
+        };
+        let differs = if policies[first].key != policy.key {
+            "`key` differs"
+        } else if policies[first].limits != policy.limits {
+            "`limits` differ"
+        } else {
+            continue;
+        };
+        return Err(format!(
+            "policies[{i}]: budget \"{budget}\" is shared with policies[{first}], whose {differs}: policies that share a budget charge the same counters, so they need the same `key` and `limits`"
+        ));
+    }
+    Ok(())
 }
 
 /// How the messages about an RLS-face policy name it.
@@ -764,6 +816,7 @@ pub(crate) fn grpc_face_fits(raw: &RawPolicy, face: &str) -> Result<(), String> 
         (raw.upstream.is_some(), "`upstream`: its face never sees the partner's answer"),
         (raw.shed.is_some(), "`shed`: its face reads no utilization"),
         (raw.leased.is_some() && face == RLS_FACE, "`leased`: leases are spent inside the Sluice filter"),
+        (raw.budget.is_some(), "`budget`: a budget is shared by the Sluice filter's policies"),
     ];
     match other.iter().find(|(on, _)| *on) {
         Some((_, why)) => Err(format!("{face} cannot use {why}")),
@@ -792,6 +845,13 @@ impl Policy {
     /// (`"limits": []`): a descriptor that reaches it has no limit.
     pub fn limits_nothing(&self) -> bool {
         self.limits.is_empty() && !self.unlimited && self.blocked.is_none()
+    }
+
+    /// The name its checks carry, which names its counters in Redis, the
+    /// shim's metrics and the dashboard: its budget's if it shares one,
+    /// else its own.
+    pub fn state_name(&self) -> &str {
+        self.budget.as_ref().unwrap_or(&self.name).as_str()
     }
 
     /// Every key source the policy reads: its deepest level's key, which
@@ -1012,7 +1072,7 @@ impl Applied<'_> {
     /// first does not read the body twice.
     pub fn check_reserving(&self, req: &impl Request, reserved: Option<u32>) -> Check {
         Check {
-            policy: self.policy.name.as_str().to_string(),
+            policy: self.policy.state_name().to_string(),
             key: self.key.clone(),
             limits: self.wire_limits(req, reserved).collect(),
             margin_ms: self.policy.wait.map(|w| Millis(w.margin_ms())),

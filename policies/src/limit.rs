@@ -130,6 +130,13 @@ impl Limit {
         )
     }
 
+    /// Whether a settlement once the response is known can charge it more
+    /// or give part of its charge back: a `points` limit with an
+    /// `actual_cost_header` or in LLM tokens.
+    pub fn settles(&self) -> bool {
+        self.actual_cost_header().is_some() || self.costs_llm_tokens()
+    }
+
     /// The response header a `points` limit reads its true cost from, if any.
     pub fn actual_cost_header(&self) -> Option<&HeaderName> {
         match self {

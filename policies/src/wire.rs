@@ -11,7 +11,7 @@
 //! - `POST /v1/release`: a [`ReleaseRequest`] at the end of an admitted
 //!   request that holds a lease, answered by a [`ReleaseResponse`].
 //! - `POST /v1/adjust`: an [`AdjustRequest`] once a response tells the true
-//!   cost of a `points` request, answered by 200 and `{}`.
+//!   cost of a `points` request, answered by an [`AdjustResponse`].
 //! - `POST /v1/lease`: a [`LeaseRequest`] from a gateway's root context for
 //!   a leased policy (see [`crate::leased`]), answered by a [`LeaseResponse`].
 //! - `POST /v1/report`: a [`ReportRequest`] from a gateway's root context:
@@ -342,11 +342,26 @@ pub struct AdjustRequest {
     pub now_us: Option<Micros>,
 }
 
+/// What a settlement moved: per adjustment, in order, the units charged
+/// (positive) or given back (negative). A settlement sent again moves
+/// nothing, and a refund gives back at most what its charge still held.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdjustResponse {
+    #[serde(default)]
+    pub moved: Vec<i64>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Adjustment {
     pub policy: String,
     pub key: String,
+    /// The settlement's id: the admitted check's id. Each key applies a
+    /// settlement of an id once, however often it is sent
+    /// (`lua/lib/settle.lua`); without one, every time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
     /// The `points` limit as it was charged: its `cost` is the estimate.
     pub limit: WireLimit,
     pub actual: u32,

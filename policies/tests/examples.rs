@@ -28,6 +28,7 @@ const TESTED: &[&str] = &[
     "llm-hierarchy",
     "llm-budget",
     "llm-demo",
+    "llm-shared-budget",
 ];
 
 fn example(name: &str) -> Document {
@@ -376,6 +377,23 @@ fn llm_hierarchy() {
     assert_eq!(check.state_prefix(2), "sluice:{llm:acme}:@api-key:red:k%201");
     let no_team = SimpleRequest::new("POST", "/v1/chat").header("x-org", "acme").header("x-api-key", "k1");
     assert!(doc.evaluate(&no_team).is_err(), "a level's missing key refuses the request");
+}
+
+/// One team's token budget shared by three API shapes: each policy's check
+/// names the budget, so chat, responses and messages charge one counter.
+#[test]
+fn llm_shared_budget() {
+    let doc = example("llm-shared-budget");
+    let mut prefixes = Vec::new();
+    for path in ["/v1/chat/completions", "/v1/responses", "/v1/messages"] {
+        let req = SimpleRequest::new("POST", path).header("x-team", "blue").body("{}");
+        let applied = doc.evaluate(&req).expect("applies");
+        assert_eq!(applied.len(), 1, "{path}: one policy");
+        let check = applied[0].check(&req);
+        assert_eq!(check.policy, "team-tokens", "{path}");
+        prefixes.push(check.state_prefix(0));
+    }
+    assert!(prefixes.iter().all(|p| p == "sluice:{team-tokens:blue}"), "{prefixes:?}");
 }
 
 /// Every document in `examples/` is in [`TESTED`], so each has a test here.

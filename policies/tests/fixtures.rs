@@ -36,6 +36,11 @@ macro_rules! fixtures {
 }
 
 fixtures! {
+    budget_limits_differ => r#"policies: policies[1]: budget "team" is shared with policies[0], whose `limits` differ: policies that share a budget charge the same counters, so they need the same `key` and `limits` at 9:3"#,
+    budget_key_differs => r#"policies: policies[1]: budget "team" is shared with policies[0], whose `key` differs: policies that share a budget charge the same counters, so they need the same `key` and `limits` at 9:3"#,
+    budget_named_as_a_policy => r#"policies: policies[0]: budget "messages" is the name of a policy: give the budget a name of its own at 9:3"#,
+    budget_with_levels => r#"policies[0]: `budget` cannot be used with `levels`: a hierarchy keeps its levels under the policy's own name at 7:3"#,
+    budget_bad_name => r#"policies[0].budget: invalid policy name "team tokens" (expected 1 to 64 of A-Z a-z 0-9 _ -) at 3:44"#,
     level_key_not_nested => r#"policies[0]: levels[0].key ["header:x-team"] does not begin with the policy's `key` ["header:x-org"]: a level is keyed within the level above it, so that every level's state shares the top level's Redis Cluster hash tag and one atomic call charges them all; begin it with those sources, or make it a policy of its own at 11:3"#,
     level_duplicate_name => r#"policies[0]: levels[1]: duplicate level name "team" at 12:3"#,
     level_without_limits => r#"policies[0]: levels[0]: a level needs at least one limit at 11:3"#,
@@ -149,7 +154,7 @@ fixtures! {
     unknown_limit_field => r#"policies[0].limits[0].brust: unknown field `brust`: did you mean `burst`? at 6:66"#,
     unknown_field_near_miss => r#"policies[0].limits[0].limt: unknown field `limt`: did you mean `limit`? at 7:48"#,
     unknown_limit_type => r#"policies[0].limits[0].type: unknown variant `sliding`, expected one of `fixed_window`, `sliding_window`, `token_bucket`, `leaky_bucket`, `interval`, `concurrency`, `points` at 6:26"#,
-    unknown_policy_field => r#"policies[0].shadow_mode: unknown field `shadow_mode`, expected one of `name`, `match`, `bypass`, `key`, `on_missing_key`, `limits`, `levels`, `unlimited`, `blocked`, `limit_name`, `replaces`, `shadow`, `failure_mode`, `failure_status`, `response`, `wait`, `upstream`, `shed`, `leased`, `llm` at 5:19"#,
+    unknown_policy_field => r#"policies[0].shadow_mode: unknown field `shadow_mode`, expected one of `name`, `match`, `bypass`, `key`, `on_missing_key`, `limits`, `levels`, `unlimited`, `blocked`, `limit_name`, `replaces`, `shadow`, `failure_mode`, `failure_status`, `response`, `wait`, `upstream`, `shed`, `leased`, `llm`, `budget` at 5:19"#,
     unknown_top_level_field => r#"polices: unknown field `polices`: did you mean `policies`? at 2:11"#,
     bad_headers_mode => r#"headers: unknown variant `sometimes`, expected one of `off`, `on_deny`, `always` at 2:24"#,
     failure_status_not_an_error => r#"failure_status: invalid status 200 (expected 400 to 599) at 3:23"#,

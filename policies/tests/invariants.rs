@@ -4,6 +4,7 @@
 
 use proptest::prelude::*;
 use sluice_policies::algorithm::{self, Algorithm, Correction, RedisTwin, State};
+use sluice_policies::calendar::{Calendar, Period, Zone};
 use sluice_policies::units::Micros;
 
 /// Arrival gaps in µs, same-instant arrivals included.
@@ -195,6 +196,7 @@ fn run_costed(interval: u64, burst: u64, requests: &[Costed]) -> Vec<Admitted> {
                     let outcome = &reply.limits[0];
                     let correction = Correction {
                         key: key.clone(),
+                        id: None,
                         interval_us: interval,
                         delta: r.actual as i64 - r.estimate as i64,
                         held_until_us: outcome
@@ -275,6 +277,7 @@ fn a_late_refund_returns_nothing_the_bucket_already_refilled() {
     assert!(algorithm::check(&mut store, t0 + 10 * second, "r2", &limits(10)).allowed);
     let refund = Correction {
         key: "k".to_string(),
+        id: None,
         interval_us: interval,
         delta: -10,
         held_until_us: r1.limits[0].held_until_us.expect("held until").get(),
@@ -300,6 +303,7 @@ fn a_refund_behind_an_earlier_refund_returns_only_what_its_moved_charge_holds() 
         |cost| [("k".to_string(), Algorithm::Gcra { interval_us: Micros(interval), burst: 3, cost })];
     let refund = |reply: &algorithm::CheckReply, delta| Correction {
         key: "k".to_string(),
+        id: None,
         interval_us: interval,
         delta,
         held_until_us: reply.limits[0].held_until_us.expect("held until").get(),
@@ -395,7 +399,7 @@ proptest! {
             // A refund only: the true cost at most the estimate.
             if let Some(actual) = actual.filter(|a| *a < cost) {
                 let held = reply.limits[0].held_until_us.map_or(0, Micros::get);
-                let c = Correction { key: "k".into(), interval_us: 0, delta: actual as i64 - cost as i64, held_until_us: held, refunded_us: 0 };
+                let c = Correction { key: "k".into(), id: None, interval_us: 0, delta: actual as i64 - cost as i64, held_until_us: held, refunded_us: 0 };
                 algorithm::adjust(&mut store, now, &[c]);
                 charged = actual;
             }
@@ -404,4 +408,103 @@ proptest! {
             used.insert(key, total);
         }
     }
+}
+
+/// One step of the settlement property: a reservation of `reserve` units
+/// (its true cost `actual`), or the settlement of the `n`th reservation so
+/// far, sent `times` times (a settlement sent again).
+#[derive(Debug, Clone)]
+enum Step {
+    Reserve { reserve: u64, actual: u64 },
+    Settle { n: usize, times: usize },
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    let one = prop_oneof![
+        (0u64..400, 0u64..400).prop_map(|(reserve, actual)| Step::Reserve { reserve, actual }),
+        (any::<usize>(), 1usize..4).prop_map(|(n, times)| Step::Settle { n, times }),
+    ];
+    prop::collection::vec(one, 1..80)
+}
+
+/// The units a bucket holds at `now`, rounded up: within less than one
+/// unit's refill of its charges, a bucket holds exactly them.
+fn held(store: &RedisTwin, key: &str, now: u64, interval: u64) -> u64 {
+    match store.keys.get(key) {
+        Some(&State::Tat(tat)) => tat.saturating_sub(now).div_ceil(interval),
+        _ => 0,
+    }
+}
+
+proptest! {
+    /// Exact refunds: after any interleaving of reservations and their
+    /// settlements, in any order and each sent any number of times, a
+    /// bucket that refills nothing meanwhile (a budget of 2,000 a day, all
+    /// within a millisecond) holds exactly the true costs of the settled
+    /// requests and the reservations of the others; a calendar window's
+    /// counter too. Before, one refund counter stood for every charge: a
+    /// charge whose later neighbours were refunded first was given back
+    /// only part of its own unused reservation, or none, and a settlement
+    /// sent twice was applied twice.
+    #[test]
+    fn settlements_leave_exactly_the_true_costs(steps in steps(), calendar in any::<bool>()) {
+        let capacity = 2_000u64;
+        let interval = 86_400_000_000 / capacity;
+        let day = utc_day();
+        let now0 = 1_700_000_000_000_000u64;
+        let alg = |cost| if calendar {
+            Algorithm::Calendar { limit: capacity, cost, calendar: day, points: true }
+        } else {
+            Algorithm::Gcra { interval_us: Micros(interval), burst: capacity, cost }
+        };
+        let key = "k".to_string();
+        let mut store = RedisTwin::default();
+        // Each admitted reservation: its correction, and whether it settled.
+        let mut admitted: Vec<(Correction, u64, u64, bool)> = Vec::new();
+        for (i, step) in steps.into_iter().enumerate() {
+            let now = now0 + i as u64;
+            match step {
+                Step::Reserve { reserve, actual } => {
+                    let reply = algorithm::check(&mut store, now, &format!("r{i}"), &[(key.clone(), alg(reserve))]);
+                    if reply.allowed {
+                        let outcome = &reply.limits[0];
+                        let correction = Correction {
+                            key: key.clone(),
+                            id: Some(format!("r{i}")),
+                            interval_us: if calendar { 0 } else { interval },
+                            delta: actual as i64 - reserve as i64,
+                            held_until_us: outcome.held_until_us.map_or(0, Micros::get),
+                            refunded_us: outcome.refunded_us.get(),
+                        };
+                        admitted.push((correction, reserve, actual, false));
+                    }
+                }
+                Step::Settle { n, times } => {
+                    if admitted.is_empty() {
+                        continue;
+                    }
+                    let n = n % admitted.len();
+                    for _ in 0..times {
+                        algorithm::adjust(&mut store, now, std::slice::from_ref(&admitted[n].0));
+                    }
+                    admitted[n].3 = true;
+                }
+            }
+            let owed: u64 = admitted.iter().map(|&(_, reserve, actual, settled)| if settled { actual } else { reserve }).sum();
+            let holds = if calendar {
+                match store.keys.get(&key) {
+                    Some(&State::Counter { count, .. }) => count,
+                    _ => 0,
+                }
+            } else {
+                held(&store, &key, now, interval)
+            };
+            prop_assert_eq!(holds, owed, "after step {}", i);
+        }
+    }
+}
+
+/// A day in UTC, for the calendar case of the settlement property.
+fn utc_day() -> Calendar {
+    Calendar { period: Period::Day, zone: Zone::new("UTC").expect("UTC") }
 }

@@ -165,8 +165,12 @@ pub fn script_adjustments(adjustments: &[Adjustment]) -> Result<Vec<Correction>,
                 Algorithm::Calendar { .. } => 0,
                 _ => return Err(format!("adjustments[{i}].limit: not a bucket")),
             };
+            if a.id.as_deref().is_some_and(|id| !crate::limiter::valid_id(id)) {
+                return Err(format!("adjustments[{i}].id: expected 1 to 64 of A-Z a-z 0-9 . _ -"));
+            }
             Ok(Correction {
                 key: limit.key,
+                id: a.id.clone(),
                 interval_us,
                 delta: i64::from(a.actual) - i64::from(cost),
                 held_until_us: a.held_until_us.map_or(0, Micros::get),
@@ -263,6 +267,7 @@ mod tests {
             policy: "p".into(),
             key: "k".into(),
             limit,
+            id: None,
             actual,
             held_until_us: None,
             refunded_us: Micros(0),
@@ -273,6 +278,7 @@ mod tests {
             got[0],
             Correction {
                 key: "sluice:{p:k}:gcra:20000".into(),
+                id: None,
                 interval_us: 20_000,
                 delta: 30,
                 held_until_us: 0,

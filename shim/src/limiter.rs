@@ -18,7 +18,7 @@ use redis::Script;
 use sluice_policies::algorithm::{self, Algorithm};
 use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{
-    AdjustRequest, CheckRequest, CheckResponse, FeedbackRequest, FeedbackResponse, LeaseRequest,
+    AdjustRequest, AdjustResponse, CheckRequest, CheckResponse, FeedbackRequest, FeedbackResponse, LeaseRequest,
     LeaseResponse, LimitOutcome, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse, ShedRequest,
     ShedResponse, Views, NO_RESET_WHEN_ADMITTED,
 };
@@ -351,22 +351,27 @@ impl Limiter {
         level.map(|l| ShedResponse { level: l.level }).map_err(CheckError::BadRequest)
     }
 
-    /// Charges or refunds points once the true costs are known.
-    pub async fn adjust(&self, req: &AdjustRequest) -> Result<(), CheckError> {
+    /// Charges or refunds points once the true costs are known, each
+    /// settlement once per key (`lua/lib/settle.lua`): what each moved.
+    pub async fn adjust(&self, req: &AdjustRequest) -> Result<AdjustResponse, CheckError> {
         let adjustments = script_adjustments(&req.adjustments).map_err(CheckError::BadRequest)?;
         let now = self.time_arg(req.now_us)?;
+        let mut moved = vec![0; adjustments.len()];
         // One call per key keeps every call in one slot.
-        for a in adjustments.iter().filter(|a| a.delta != 0) {
+        for (a, moved) in adjustments.iter().zip(&mut moved).filter(|(a, _)| a.delta != 0) {
             let mut call = self.scripts.adjust.prepare_invoke();
             call.arg(&now)
+                .arg(a.id.as_deref().unwrap_or_default())
                 .key(&a.key)
                 .arg(a.interval_us)
                 .arg(a.delta)
                 .arg(a.held_until_us)
                 .arg(a.refunded_us);
-            let _: i64 = self.store.invoke(&call).await.map_err(store_error)?;
+            let reply: Vec<i64> = self.store.invoke(&call).await.map_err(store_error)?;
+            *moved = reply.first().copied().unwrap_or_default();
         }
-        Ok(())
+        self.metrics.settled(&req.adjustments, &moved);
+        Ok(AdjustResponse { moved })
     }
 
     /// Leased mode: takes back a gateway's unused tokens, then grants it up
@@ -482,7 +487,7 @@ fn unasked(algorithm: &Algorithm) -> LimitOutcome {
     }
 }
 
-fn valid_id(id: &str) -> bool {
+pub(crate) fn valid_id(id: &str) -> bool {
     (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 

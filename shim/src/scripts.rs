@@ -44,6 +44,7 @@ const LIB: &[(&str, &str)] = &[
     ("sliding_approx", include_str!("../../lua/lib/sliding_approx.lua")),
     ("gcra", include_str!("../../lua/lib/gcra.lua")),
     ("calendar", include_str!("../../lua/lib/calendar.lua")),
+    ("settle", include_str!("../../lua/lib/settle.lua")),
     ("pause", include_str!("../../lua/lib/pause.lua")),
     ("rate", include_str!("../../lua/lib/rate.lua")),
     ("slots", include_str!("../../lua/lib/slots.lua")),

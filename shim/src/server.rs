@@ -528,7 +528,7 @@ async fn shed(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
 
 async fn adjust(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
     match parse::<AdjustRequest>(&body) {
-        Ok(req) => answer(limiter.adjust(&req).await.map(|()| serde_json::json!({}))),
+        Ok(req) => answer(limiter.adjust(&req).await),
         Err(resp) => resp,
     }
 }

@@ -132,6 +132,7 @@ async fn the_largest_valid_documents_make_calls_the_shim_accepts() {
             .map(|(c, l)| Adjustment {
                 policy: c.policy.clone(),
                 key: c.key.clone(),
+                id: None,
                 limit: *l,
                 actual: 1,
                 held_until_us: Some(Micros(u64::MAX / 2)),

@@ -208,6 +208,7 @@ async fn adjust(limiter: &Limiter, admitted: &CheckResponse, limit: WireLimit, a
     let adjustment = Adjustment {
         policy: "p".into(),
         key: "k".into(),
+        id: None,
         limit,
         actual,
         held_until_us: outcome.held_until_us,

@@ -47,13 +47,14 @@ async fn adjust(limiter: &Limiter, cost: u32, actual: u32, now_us: u64) -> Resul
     let adjustment = Adjustment {
         policy: "p".into(),
         key: "k".into(),
+        id: None,
         limit: points(cost),
         actual,
         held_until_us: None,
         refunded_us: Micros(0),
         level: None,
     };
-    limiter.adjust(&AdjustRequest { adjustments: vec![adjustment], now_us: Some(Micros(now_us)) }).await
+    limiter.adjust(&AdjustRequest { adjustments: vec![adjustment], now_us: Some(Micros(now_us)) }).await.map(|_| ())
 }
 
 fn pttl(redis: &Redis) -> i64 {

@@ -334,6 +334,7 @@ fn run_case_from(w: &World, start: u64, limits: Vec<WireLimit>, ops: Vec<Op>) ->
                     .map(|(l, (held_until_us, refunded_us))| Adjustment {
                         policy: policy.clone(),
                         key: key.clone(),
+                        id: None,
                         limit: *l,
                         actual: clamped(actual, l),
                         held_until_us,
@@ -347,8 +348,11 @@ fn run_case_from(w: &World, start: u64, limits: Vec<WireLimit>, ops: Vec<Op>) ->
                 let script = sluice_shim::keys::script_adjustments(&adjustments).expect("valid adjustments");
                 let model_adjust: Vec<_> = script.into_iter().filter(|a| a.delta != 0).collect();
                 let req = AdjustRequest { adjustments, now_us: Some(Micros(now)) };
-                w.runtime.block_on(w.limiter.adjust(&req)).expect("adjust");
-                algorithm::adjust(&mut model, now, &model_adjust);
+                let got = w.runtime.block_on(w.limiter.adjust(&req)).expect("adjust");
+                let want = algorithm::adjust(&mut model, now, &model_adjust);
+                let got: Vec<i64> = got.moved.into_iter().filter(|&n| n != 0).collect();
+                let want: Vec<i64> = want.into_iter().filter(|&n| n != 0).collect();
+                prop_assert_eq!(got, want, "moved at {}", now);
             }
         }
     }

@@ -79,10 +79,14 @@ pub fn refund(state: Option<&mut State>, charged: u64, cost: u64, ends: (u64, u6
 /// `held_until_us`), while that window is still the stored one and has not
 /// ended. A correction that comes after its window is dropped: the next
 /// window's budget is not the request's. The count never goes below 0.
-pub fn adjust(state: Option<&mut State>, now: u64, c: &Correction) {
+/// Returns the units it moved.
+pub fn adjust(state: Option<&mut State>, now: u64, c: &Correction) -> i64 {
     if let Some(State::Counter { window, count }) = state {
         if *window == c.held_until_us && now < c.held_until_us {
+            let before = *count;
             *count = count.saturating_add_signed(c.delta);
+            return i64::try_from(*count).unwrap_or(i64::MAX) - i64::try_from(before).unwrap_or(i64::MAX);
         }
     }
+    0
 }

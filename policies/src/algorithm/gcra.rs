@@ -42,17 +42,23 @@ pub fn check(state: Option<&State>, now: u64, interval: u64, burst: u64, cost: u
 }
 
 /// `lua/scripts/adjust.lua`: charges `c.delta` more units (or refunds, when
-/// negative) once the true cost is known. Returns the new `tat` and the
-/// microseconds refunded, which the bucket's `refunded` counter adds up.
+/// negative) once the true cost is known. Returns the new `tat`, the
+/// microseconds refunded, which the bucket's `refunded` counter adds up,
+/// and where the refunded charge ended before (for the refund log).
 ///
 /// The request's charge held the bucket until `c.held_until_us` when it was
-/// made. Refunds since then of requests charged before it moved it earlier,
-/// by at most what the bucket has refunded since (`refunded`, against the
-/// counter at its check, `c.refunded_us`). A refund returns at most the part
-/// of the charge still after `now`: what the bucket has refilled since was
-/// never the request's to give back. A refund never fills the bucket beyond
-/// full.
-pub fn adjust(state: Option<&State>, refunded: u64, now: u64, c: &Correction) -> (u64, u64) {
+/// made; the refunds since of charges made before it moved it earlier
+/// (`settle::charge_end`, from the refund `log` and the counter at its
+/// check, `c.refunded_us`). A refund returns at most the part of the charge
+/// still after `now`: what the bucket has refilled since was never the
+/// request's to give back. A refund never fills the bucket beyond full.
+pub fn adjust(
+    state: Option<&State>,
+    refunded: u64,
+    log: &[(u64, u64, u64)],
+    now: u64,
+    c: &Correction,
+) -> (u64, u64, u64) {
     let stored = match state {
         Some(&State::Tat(tat)) => tat,
         _ => now,
@@ -60,16 +66,16 @@ pub fn adjust(state: Option<&State>, refunded: u64, now: u64, c: &Correction) ->
     let tat = stored.max(now);
     let change = c.delta.unsigned_abs().saturating_mul(c.interval_us);
     if c.delta >= 0 {
-        return (tat.saturating_add(change), 0);
+        return (tat.saturating_add(change), 0, 0);
     }
     // A counter below the one the check saw went with an idle bucket (its
     // key expired): nothing of the charge is left.
-    let Some(moved) = refunded.checked_sub(c.refunded_us) else {
-        return (tat, 0);
-    };
-    let held_until = c.held_until_us.saturating_sub(moved);
-    let new_tat = tat.saturating_sub(change.min(held_until.saturating_sub(now))).max(now);
-    (new_tat, tat - new_tat)
+    if refunded < c.refunded_us {
+        return (tat, 0, 0);
+    }
+    let end = super::settle::charge_end(log, c.held_until_us, c.refunded_us, refunded);
+    let new_tat = tat.saturating_sub(change.min(end.saturating_sub(now))).max(now);
+    (new_tat, tat - new_tat, end)
 }
 
 /// Waiting (`reserve`, `confirm`, `cancel`). Beside `tat`, a bucket that

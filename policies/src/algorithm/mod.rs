@@ -18,6 +18,7 @@ pub mod pause;
 pub mod queue;
 pub mod rate;
 pub mod reserve;
+pub mod settle;
 pub mod sliding_approx;
 pub mod sliding_window;
 pub mod slot;
@@ -172,9 +173,16 @@ pub enum State {
     /// over `recover_us` (a hash `f`, `t`, `r`).
     Rate { factor: u64, at: u64, recover_us: u64 },
     /// gcra, beside the `tat` (Redis: `:r`): the microseconds refunds have
-    /// given back so far, which tells a later refund how far the charges
-    /// behind it have moved (`adjust`).
+    /// given back so far, which tells a later refund which refunds came
+    /// after its charge (`adjust`, `settle`).
     Refunded(u64),
+    /// gcra, beside the `tat` (Redis: `:g`): the refund log, (the counter
+    /// before, the end of the charge refunded, the µs given back) per
+    /// refund, oldest first (`settle`).
+    Given(Vec<(u64, u64, u64)>),
+    /// A points limit's key (Redis: `:s`): the ids of the settlements
+    /// applied to it, with when (`settle`).
+    Settled(BTreeMap<String, u64>),
     /// lease: each gateway's last lease call, by its id: (its sequence
     /// number, the window index it ran in, the tokens it granted) (a hash
     /// of "seq window granted" strings, `lease_calls_key`).
@@ -207,6 +215,8 @@ pub fn refunded(store: &RedisTwin, key: &str) -> u64 {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Correction {
     pub key: String,
+    /// The settlement's id: applied once per key (`settle`).
+    pub id: Option<String>,
     /// A bucket's time per unit; 0 for a calendar window's counter, which
     /// takes the correction into the window `held_until_us` names.
     pub interval_us: u64,
@@ -469,20 +479,33 @@ pub fn upstream(
 }
 
 /// `lua/scripts/adjust.lua`: charges or refunds each correction's bucket,
-/// or calendar window (`interval_us` 0).
-pub fn adjust(store: &mut RedisTwin, now: u64, corrections: &[Correction]) {
-    for c in corrections {
-        if c.interval_us == 0 {
-            calendar::adjust(store.keys.get_mut(&c.key), now, c);
-            continue;
-        }
-        let (tat, refund) = gcra::adjust(store.keys.get(&c.key), refunded(store, &c.key), now, c);
-        store.keys.insert(c.key.clone(), State::Tat(tat));
-        if refund > 0 {
-            let total = refunded(store, &c.key) + refund;
-            store.keys.insert(refunded_key(&c.key), State::Refunded(total));
-        }
-    }
+/// or calendar window (`interval_us` 0), once per id. Per correction, the
+/// units charged (positive) or given back (negative).
+pub fn adjust(store: &mut RedisTwin, now: u64, corrections: &[Correction]) -> Vec<i64> {
+    corrections
+        .iter()
+        .map(|c| {
+            if settle::settled_before(store, &c.key, now, c.id.as_deref()) {
+                return 0;
+            }
+            if c.interval_us == 0 {
+                return calendar::adjust(store.keys.get_mut(&c.key), now, c);
+            }
+            let counter = refunded(store, &c.key);
+            let log = settle::log(store, &c.key);
+            let (tat, refund, end) = gcra::adjust(store.keys.get(&c.key), counter, log, now, c);
+            store.keys.insert(c.key.clone(), State::Tat(tat));
+            if refund > 0 {
+                settle::log_refund(store, &c.key, counter, end, refund);
+                store.keys.insert(refunded_key(&c.key), State::Refunded(counter + refund));
+            }
+            if c.delta >= 0 {
+                c.delta
+            } else {
+                -i64::try_from(refund / c.interval_us).unwrap_or(i64::MAX)
+            }
+        })
+        .collect()
 }
 
 /// `lua/scripts/lease.lua`: leased mode on the `fixed_window` at `key`. Gives back

@@ -198,22 +198,26 @@ impl Dashboard {
         }
     }
 
-    /// The document's policies first, in its order; then the others seen, by name.
+    /// The document's policies first, in its order, a budget several
+    /// share once, by its name (the name their checks carry); then the
+    /// others seen, by name.
     fn listed(&self) -> Vec<Listed> {
         let mut seen = self.metrics.traffic.seen(SHOWN_KEYS);
+        let mut names = std::collections::HashSet::new();
         let mut listed: Vec<Listed> = self
             .document
             .get()
             .iter()
             .flat_map(|doc| doc.policies.iter())
+            .filter(|policy| names.insert(policy.state_name().to_string()))
             .map(|policy| Listed {
-                name: policy.name.to_string(),
+                name: policy.state_name().to_string(),
                 source: "document",
                 wait: policy.wait.is_some(),
                 face: Some(policy.matcher.face().name()),
                 limits: policy.limits.iter().map(|l| WireLimit::with_cost(l, 1)).collect(),
                 in_tokens: policy.limits.iter().map(|l| l.costs_llm_tokens()).collect(),
-                seen: seen.remove(policy.name.as_str()).unwrap_or_default(),
+                seen: seen.remove(policy.state_name()).unwrap_or_default(),
             })
             .collect();
         let mut rest: Vec<(String, Seen)> = seen.into_iter().collect();

@@ -89,6 +89,14 @@ struct Feedback {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Settled {
+    policy: String,
+    /// `charged` (a true cost above the estimate) or `given_back` (below it:
+    /// what actually came back, once, at most what the charge still held).
+    direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ScriptError {
     /// `timeout`, `connection`, `server` (Redis answered an error) or `other`.
     kind: &'static str,
@@ -99,6 +107,7 @@ pub struct Metrics {
     decisions: Family<Decision, Counter>,
     unmatched: Family<Unmatched, Counter>,
     feedback: Family<Feedback, Counter>,
+    settled: Family<Settled, Counter>,
     redis_seconds: Histogram,
     script_errors: Family<ScriptError, Counter>,
     script_reloads: Counter,
@@ -133,6 +142,7 @@ impl Metrics {
             decisions: Family::default(),
             unmatched: Family::default(),
             feedback: Family::default(),
+            settled: Family::default(),
             // 100 µs to about 3.3 s.
             redis_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             script_errors: Family::default(),
@@ -164,6 +174,11 @@ impl Metrics {
             "sluice_upstream_feedback",
             "The partner's answers recorded, per policy and effect (paused: a pause moved later; slowed: the key's rate was lowered)",
             metrics.feedback.clone(),
+        );
+        r.register(
+            "sluice_points_settled",
+            "Points limits' settlements (actual_cost_header, llm_tokens), per policy and direction: the units charged beyond the estimates, and those given back (what actually came back: a settlement sent again gives nothing, a refund at most what its charge still held)",
+            metrics.settled.clone(),
         );
         r.register(
             "sluice_redis_call_seconds",
@@ -313,6 +328,16 @@ impl Metrics {
                 let policy = self.policy_label(policy);
                 self.feedback.get_or_create(&Feedback { policy, effect }).inc();
             }
+        }
+    }
+
+    /// Counts what each adjustment of a settlement moved (`moved`, in
+    /// order: units charged, positive, or given back, negative).
+    pub(crate) fn settled(&self, adjustments: &[sluice_policies::wire::Adjustment], moved: &[i64]) {
+        for (a, &n) in adjustments.iter().zip(moved).filter(|(_, n)| **n != 0) {
+            let direction = if n > 0 { "charged" } else { "given_back" };
+            let policy = self.policy_label(&a.policy);
+            self.settled.get_or_create(&Settled { policy, direction }).inc_by(n.unsigned_abs());
         }
     }
 
