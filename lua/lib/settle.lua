@@ -70,7 +70,8 @@ end
 -- TTL of ms and an hour.
 local function log_refund(key, refunded, ends, shift, ms)
   local log = key .. ':g'
-  redis.call('RPUSH', log, refunded .. ' ' .. ends .. ' ' .. shift)
+  -- (Lua writes a number by %.14g: a time in µs needs all its digits.)
+  redis.call('RPUSH', log, string.format('%.0f %.0f %.0f', refunded, ends, shift))
   redis.call('LTRIM', log, -LOG_MAX, -1)
   redis.call('PEXPIRE', log, ms + REFUNDED_GRACE_MS)
 end

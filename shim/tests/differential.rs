@@ -371,6 +371,141 @@ fn scripts_decide_as_the_model() {
     }
 }
 
+/// One step of a settlement case: a reservation after `dt` µs, or the
+/// settlement of the `n`th admitted reservation so far to `actual`, sent
+/// `times` times.
+#[derive(Debug, Clone)]
+enum SettleOp {
+    Reserve { dt: u64, cost: u32 },
+    Settle { dt: u64, n: usize, actual: u32, times: usize },
+}
+
+fn settle_op() -> impl Strategy<Value = SettleOp> {
+    let dt = prop_oneof![3 => Just(0u64), 2 => 0u64..2_000, 1 => 0u64..300_000];
+    prop_oneof![
+        (dt.clone(), 0u32..30).prop_map(|(dt, cost)| SettleOp::Reserve { dt, cost }),
+        (dt, any::<usize>(), 0u32..30, 1usize..3)
+            .prop_map(|(dt, n, actual, times)| SettleOp::Settle { dt, n, actual, times }),
+    ]
+}
+
+/// A points bucket's or a calendar counter's state in Redis, with the
+/// bucket's refund counter and log.
+fn points_state(conn: &mut redis::Connection, key: &str) -> String {
+    let main = snapshot(conn, &[key.to_string()]).join("");
+    let counter: Option<String> = conn.get(format!("{key}:r")).unwrap_or_default();
+    let log: Vec<String> = conn.lrange(format!("{key}:g"), 0, -1).unwrap_or_default();
+    format!("{main} r={counter:?} g={log:?}")
+}
+
+/// The model's view of [`points_state`].
+fn model_points_state(model: &RedisTwin, key: &str) -> String {
+    let main = match model.keys.get(key) {
+        Some(algorithm::State::Tat(tat)) => tat.to_string(),
+        Some(algorithm::State::Counter { window, count }) => format!("[(\"w\", \"{window}\"), (\"n\", \"{count}\")]"),
+        _ => String::new(),
+    };
+    let counter = match model.keys.get(&algorithm::refunded_key(key)) {
+        Some(algorithm::State::Refunded(n)) => Some(n.to_string()),
+        _ => None,
+    };
+    let log: Vec<String> =
+        algorithm::settle::log(model, key).iter().map(|(c, e, s)| format!("{c} {e} {s}")).collect();
+    format!("{main} r={counter:?} g={log:?}")
+}
+
+/// Settlements through the script as the model: reservations and their
+/// settlements in any order, each sent once or twice with its id, on a
+/// points bucket or a calendar window. Every check, what each settlement
+/// moved, and the whole state (the bucket, its refund counter and its
+/// refund log) are equal.
+#[test]
+fn settlements_decide_as_the_model() {
+    let world = World::start();
+    let mut runner = TestRunner::new(ProptestConfig { cases: 300, ..ProptestConfig::default() });
+    let limit = prop_oneof![
+        (5u32..60, prop::sample::select(vec![100u64, 1_000, 60_000])).prop_map(|(capacity, refill_ms)| {
+            WireLimit::Points { capacity, refill_ms: Millis(refill_ms), cost: 1 }
+        }),
+        calendar_limit().prop_filter("points", |l| matches!(l, WireLimit::CalendarPoints { .. })),
+    ];
+    let cases = (limit, prop::collection::vec(settle_op(), 1..50));
+    let result = runner.run(&cases, |(limit, ops)| {
+        static CASE: AtomicU64 = AtomicU64::new(0);
+        let policy = format!("s{}", CASE.fetch_add(1, Ordering::Relaxed));
+        let mut conn = world.redis.connection().expect("redis connection");
+        let mut model = RedisTwin::default();
+        let mut now = 1_700_000_000_000_000u64;
+        let mut admitted: Vec<(String, WireLimit, Option<Micros>, Micros)> = Vec::new();
+        let mut key = String::new();
+        for (i, op) in ops.into_iter().enumerate() {
+            match op {
+                SettleOp::Reserve { dt, cost } => {
+                    now += dt;
+                    let checks = vec![Check {
+                        policy: policy.clone(),
+                        key: "k".into(),
+                        limits: with_cost(&[limit], cost),
+                        margin_ms: None,
+                        upstream: false,
+                        levels: Vec::new(),
+                    }];
+                    let script = script_limits(&checks).expect("valid limits");
+                    key = script[0].key.clone();
+                    let model_limits = [(key.clone(), script[0].algorithm)];
+                    let id = format!("r{i}");
+                    let req = CheckRequest {
+                        checks: checks.as_slice().into(),
+                        now_us: Some(Micros(now)),
+                        id: Some(id.as_str().into()),
+                        wait_ms: None,
+                        views: Views::All,
+                    };
+                    let got = world.runtime.block_on(world.limiter.check(&req)).expect("check");
+                    let want = algorithm::check(&mut model, now, &id, &model_limits);
+                    prop_assert_eq!(&got.checks[0].limits, &want.limits, "check at {}", now);
+                    if got.allowed {
+                        let o = got.checks[0].limits[0];
+                        admitted.push((id, checks[0].limits[0], o.held_until_us, o.refunded_us));
+                    }
+                }
+                SettleOp::Settle { dt, n, actual, times } => {
+                    now += dt;
+                    if admitted.is_empty() {
+                        continue;
+                    }
+                    let (id, wire, held_until_us, refunded_us) = admitted[n % admitted.len()].clone();
+                    let adjustment = Adjustment {
+                        policy: policy.clone(),
+                        key: "k".into(),
+                        id: Some(id),
+                        limit: wire,
+                        actual: clamped(actual, &wire),
+                        held_until_us,
+                        refunded_us,
+                        level: None,
+                    };
+                    for _ in 0..times {
+                        let script =
+                            sluice_shim::keys::script_adjustments(std::slice::from_ref(&adjustment)).expect("valid");
+                        let want = if script[0].delta == 0 { 0 } else { algorithm::adjust(&mut model, now, &script)[0] };
+                        let req = AdjustRequest { adjustments: vec![adjustment.clone()], now_us: Some(Micros(now)) };
+                        let got = world.runtime.block_on(world.limiter.adjust(&req)).expect("adjust");
+                        prop_assert_eq!(got.moved, vec![want], "moved at {}", now);
+                    }
+                }
+            }
+            if !key.is_empty() {
+                prop_assert_eq!(points_state(&mut conn, &key), model_points_state(&model, &key), "state after step {}", i);
+            }
+        }
+        Ok(())
+    });
+    if let Err(failure) = result {
+        panic!("{failure}");
+    }
+}
+
 /// Instants where calendars go wrong, each a microsecond or an hour away
 /// from: DST changes in Paris, New York and Santiago (where midnight itself
 /// is skipped), a month's end before a short February and a leap day, and
