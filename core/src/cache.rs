@@ -433,7 +433,7 @@ mod tests {
         }
         let p = policy(TWO_WINDOWS);
         cache.record(&p, &check(&p, "k"), &denied(&[None, Some(1000)]), 0);
-        let tokens = r#"[{"type":"points","capacity":10000,"calendar":"month","cost":"llm_tokens"}]"#;
+        let tokens = r#"[{"type":"points","capacity":10000,"refill":{"calendar":"month","zone":"UTC"},"cost":"llm_tokens"}]"#;
         let p = policy_with(r#""llm":{"api":"openai_chat"},"#, tokens);
         cache.record(&p, &check(&p, "k"), &denied(&[Some(86_400_000)]), 0);
         assert!(map.0.borrow().is_empty());
@@ -592,53 +592,6 @@ mod tests {
         assert!(me.lookup(&p, &d, 1000).is_some());
         assert_eq!(map.1.get(), reads, "its own denial is in its copy");
     }
-}
-
-#[cfg(test)]
-mod pause_tests {
-    use sluice_policies::units::Micros;
-    use sluice_policies::wire::{CheckOutcome, LimitOutcome};
-
-    use super::*;
-
-    /// A key the partner paused is refused until the pause's end, even when
-    /// its own limits admit, or when only a concurrency limit denied.
-    #[test]
-    fn a_pause_is_cached_until_its_end() {
-        let doc = sluice_policies::parse(
-            r#"{"policies": [{"name": "p", "upstream": {},
-                "limits": [{"type": "concurrency", "limit": 1, "lease": "1m"}]}]}"#,
-        )
-        .expect("valid");
-        let policy = &doc.policies[0];
-        let check = Check {
-            policy: "p".into(),
-            key: "k".into(),
-            limits: vec![WireLimit::Concurrency { limit: 1, lease_ms: Millis(60_000) }],
-            margin_ms: None,
-            upstream: true,
-            levels: Vec::new(),
-        };
-        let outcome = |allowed: bool, paused_ms: Option<u64>| CheckOutcome {
-            limits: vec![LimitOutcome {
-                allowed,
-                remaining: 0,
-                reset_ms: Millis(0),
-                retry_after_ms: None,
-                reclaimed: 0,
-                held_until_us: None,
-                refunded_us: Micros(0),
-            }],
-            paused_ms: paused_ms.map(Millis),
-        };
-        assert_eq!(cacheable(policy, &check, &outcome(true, Some(4_000))), Some((4_000, 0)));
-        assert_eq!(cacheable(policy, &check, &outcome(false, Some(4_000))), Some((4_000, 0)));
-        assert_eq!(
-            cacheable(policy, &check, &outcome(false, None)),
-            None,
-            "a concurrency denial alone is never cached"
-        );
-    }
 
     /// One step of the cache's settlement property: a request reserving
     /// `reserve` tokens (true cost `actual`), or the settlement of the
@@ -653,7 +606,12 @@ mod pause_tests {
         use proptest::prelude::*;
         let ms = prop_oneof![Just(0u64), 0u64..2_000, 0u64..120_000];
         let one = prop_oneof![
-            (0u32..12_000, 0u32..10_000, ms.clone())
+            // A few sizes, so a refused request comes again alike.
+            (
+                prop::sample::select(vec![300u32, 1_000, 4_000, 9_784]),
+                prop::sample::select(vec![0u32, 308, 2_000, 9_000]),
+                ms.clone(),
+            )
                 .prop_map(|(reserve, actual, ms)| Step::Request { reserve, actual, ms }),
             (any::<usize>(), ms).prop_map(|(n, ms)| Step::Settle { n, ms }),
         ];
@@ -671,7 +629,7 @@ mod pause_tests {
         #[test]
         fn a_request_that_fits_is_never_refused_from_the_cache(steps in steps(), calendar in proptest::bool::ANY) {
             use sluice_policies::algorithm::{self, Algorithm, Correction, RedisTwin};
-            let refill = if calendar { r#""calendar":"day""# } else { r#""refill":"1d""# };
+            let refill = if calendar { r#""refill":{"calendar":"day","zone":"UTC"}"# } else { r#""refill":"1d""# };
             let p = policy_with(
                 r#""llm":{"api":"openai_chat"},"#,
                 &format!(r#"[{{"type":"points","capacity":10000,{refill},"cost":"llm_tokens"}}]"#),
@@ -848,5 +806,52 @@ mod field_tests {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod pause_tests {
+    use sluice_policies::units::Micros;
+    use sluice_policies::wire::{CheckOutcome, LimitOutcome};
+
+    use super::*;
+
+    /// A key the partner paused is refused until the pause's end, even when
+    /// its own limits admit, or when only a concurrency limit denied.
+    #[test]
+    fn a_pause_is_cached_until_its_end() {
+        let doc = sluice_policies::parse(
+            r#"{"policies": [{"name": "p", "upstream": {},
+                "limits": [{"type": "concurrency", "limit": 1, "lease": "1m"}]}]}"#,
+        )
+        .expect("valid");
+        let policy = &doc.policies[0];
+        let check = Check {
+            policy: "p".into(),
+            key: "k".into(),
+            limits: vec![WireLimit::Concurrency { limit: 1, lease_ms: Millis(60_000) }],
+            margin_ms: None,
+            upstream: true,
+            levels: Vec::new(),
+        };
+        let outcome = |allowed: bool, paused_ms: Option<u64>| CheckOutcome {
+            limits: vec![LimitOutcome {
+                allowed,
+                remaining: 0,
+                reset_ms: Millis(0),
+                retry_after_ms: None,
+                reclaimed: 0,
+                held_until_us: None,
+                refunded_us: Micros(0),
+            }],
+            paused_ms: paused_ms.map(Millis),
+        };
+        assert_eq!(cacheable(policy, &check, &outcome(true, Some(4_000))), Some((4_000, 0)));
+        assert_eq!(cacheable(policy, &check, &outcome(false, Some(4_000))), Some((4_000, 0)));
+        assert_eq!(
+            cacheable(policy, &check, &outcome(false, None)),
+            None,
+            "a concurrency denial alone is never cached"
+        );
     }
 }
