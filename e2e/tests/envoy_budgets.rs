@@ -126,20 +126,31 @@ impl Tokens {
     /// true count is `uses` (the mock's input, a token per 4 bytes, and the
     /// output it generates), answered `delay_ms` late.
     fn chat(&self, team: &str, reserve: u64, uses: u64, delay_ms: u64) -> sluice_harness::llm::Reply {
+        self.call(sluice_policies::llm::Api::OpenaiChat, team, reserve, uses, delay_ms)
+    }
+
+    /// [`Tokens::chat`], to `api`.
+    fn call(
+        &self,
+        api: sluice_policies::llm::Api,
+        team: &str,
+        reserve: u64,
+        uses: u64,
+        delay_ms: u64,
+    ) -> sluice_harness::llm::Reply {
         use sluice_harness::llm::{self, request_body};
-        use sluice_policies::llm::Api;
         // The cap's digits change the body's length: settle on a fixed point.
         let mut cap = reserve / 2;
-        let mut body = request_body(Api::OpenaiChat, "how many tokens is this?", Some(cap), true);
+        let mut body = request_body(api, "how many tokens is this?", Some(cap), true);
         for _ in 0..4 {
             cap = reserve - body.len() as u64;
-            body = request_body(Api::OpenaiChat, "how many tokens is this?", Some(cap), true);
+            body = request_body(api, "how many tokens is this?", Some(cap), true);
         }
         assert_eq!(body.len() as u64 + cap, reserve, "a reservation of exactly {reserve}");
         let output = uses.checked_sub(llm::input_tokens(&body)).expect("uses covers the input");
         let (output, delay) = (output.to_string(), delay_ms.to_string());
         let headers = [("x-team", team), ("x-mock-output", output.as_str()), ("x-mock-delay-ms", delay.as_str())];
-        llm::post(self.envoy.port, llm::path(Api::OpenaiChat), &headers, &body).expect("a request through Envoy")
+        llm::post(self.envoy.port, llm::path(api), &headers, &body).expect("a request through Envoy")
     }
 
     /// The shim's metric `name` with `labels`, from its `/metrics`.
@@ -217,4 +228,56 @@ fn a_refusal_ends_when_the_settlement_that_makes_room_lands() {
     });
     let again = stack.chat("a", 1_000, 100, 0);
     assert_eq!(again.status, 200, "the refund made room: {}", again.text());
+}
+
+/// A shared budget (issue 33, finding 8): chat, responses and messages, one
+/// policy each, share the budget `team-tokens`. A team's requests to all
+/// three are charged one counter, under the budget's name: what is left
+/// after one of each is what the three true counts leave, and the shim's
+/// metrics and dashboard name the budget, once. Before, each policy had its
+/// own counter: three budgets.
+#[test]
+fn three_apis_charge_one_shared_budget() {
+    use sluice_policies::llm::Api;
+    const CAPACITY: u64 = 3_000;
+    let policies: Vec<String> = [("chat", Api::OpenaiChat), ("responses", Api::OpenaiResponses), ("messages", Api::AnthropicMessages)]
+        .iter()
+        .map(|(name, api)| {
+            format!(
+                r#"{{"name": "{name}", "match": {{"path_exact": "{}"}}, "key": ["header:x-team"],
+                    "budget": "team-tokens", "llm": {{"api": "{}"}},
+                    "limits": [{{"type": "points", "capacity": {CAPACITY}, "refill": "365d", "cost": "llm_tokens"}}]}}"#,
+                sluice_harness::llm::path(*api),
+                api.name()
+            )
+        })
+        .collect();
+    let stack = Tokens::start(&policies.join(","));
+    let uses = [(Api::OpenaiChat, 100), (Api::OpenaiResponses, 200), (Api::AnthropicMessages, 300)];
+    for (api, used) in uses {
+        let reply = stack.call(api, "a", 900, used, 0);
+        assert_eq!(reply.status, 200, "{api:?}: {}", reply.text());
+        assert!(reply.complete, "{api:?}");
+    }
+    let billed: u64 = stack.llm.served().iter().map(|s| s.billed()).sum();
+    assert_eq!(billed, 600, "the provider's true counts");
+    // One budget: 3,000 less the three true counts, from any of the APIs.
+    let room = CAPACITY - 600;
+    let over = stack.call(Api::AnthropicMessages, "a", room + 1, 50, 0);
+    assert_eq!(over.status, 429, "the three APIs spent one budget");
+    let fits = stack.call(Api::OpenaiResponses, "a", room, 50, 0);
+    assert_eq!(fits.status, 200, "{}", fits.text());
+    // Another team has its own.
+    assert_eq!(stack.chat("b", CAPACITY, 50, 0).status, 200);
+
+    let decisions = |policy: &str| {
+        stack.shim_metric(&format!(r#"sluice_decisions_total{{policy="{policy}",result="allowed",face="filter"}}"#))
+    };
+    assert_eq!(decisions("team-tokens"), 5.0, "every admission under the budget's name");
+    assert_eq!(decisions("chat"), 0.0);
+    let dashboard = sluice_harness::gateway::send(stack.shim.port, "GET", "/dashboard.json", &[]).expect("dashboard");
+    let json: serde_json::Value = serde_json::from_str(&dashboard.body).expect("JSON");
+    let names: Vec<&str> =
+        json["policies"].as_array().expect("policies").iter().filter_map(|p| p["name"].as_str()).collect();
+    assert_eq!(names, vec!["team-tokens"], "the dashboard shows the budget once");
 }
