@@ -100,10 +100,7 @@ impl CheckCall {
     /// response tells (`actual_cost_header`, or LLM tokens): only then are
     /// its outcomes kept.
     pub fn corrects_costs(&self, doc: &Document) -> bool {
-        self.policies
-            .iter()
-            .filter_map(|&i| doc.policies.get(i))
-            .any(|p| p.limits.iter().any(Limit::settles))
+        self.policies.iter().filter_map(|&i| doc.policies.get(i)).any(|p| p.limits.iter().any(Limit::settles))
     }
 
     /// The points corrections that the response's actual-cost headers call for.

@@ -113,7 +113,9 @@ struct Tokens {
 
 impl Tokens {
     fn start(policies: &str) -> Tokens {
-        let doc = format!(r#"{{"shim": {{"timeout_ms": 2000}}, "failure_mode": "deny", "policies": [{policies}]}}"#);
+        let doc = format!(
+            r#"{{"shim": {{"timeout_ms": 2000}}, "failure_mode": "deny", "policies": [{policies}]}}"#
+        );
         let redis = sluice_harness::Redis::start().expect("redis");
         let shim = sluice_harness::Shim::start(&redis.url()).expect("shim");
         let llm = sluice_harness::llm::LlmUpstream::start().expect("the mock provider");
@@ -149,7 +151,8 @@ impl Tokens {
         assert_eq!(body.len() as u64 + cap, reserve, "a reservation of exactly {reserve}");
         let output = uses.checked_sub(llm::input_tokens(&body)).expect("uses covers the input");
         let (output, delay) = (output.to_string(), delay_ms.to_string());
-        let headers = [("x-team", team), ("x-mock-output", output.as_str()), ("x-mock-delay-ms", delay.as_str())];
+        let headers =
+            [("x-team", team), ("x-mock-output", output.as_str()), ("x-mock-delay-ms", delay.as_str())];
         llm::post(self.envoy.port, llm::path(api), &headers, &body).expect("a request through Envoy")
     }
 
@@ -205,7 +208,8 @@ fn concurrent_streams_settled_newest_first_each_give_back_their_own_unused_part(
     assert_eq!(over.status, 429, "more than the true counts leave");
     let fits = stack.chat("a", room, 50, 0);
     assert_eq!(fits.status, 200, "exactly what the true counts leave: {}", fits.text());
-    let given_back = stack.shim_metric(r#"sluice_points_settled_total{policy="team",direction="given_back"}"#);
+    let given_back =
+        stack.shim_metric(r#"sluice_points_settled_total{policy="team",direction="given_back"}"#);
     assert_eq!(given_back as u64, 6 * 322 + (room - 50), "what came back, the probe's included");
 }
 
@@ -271,11 +275,14 @@ fn three_apis_charge_one_shared_budget() {
     assert_eq!(stack.chat("b", CAPACITY, 50, 0).status, 200);
 
     let decisions = |policy: &str| {
-        stack.shim_metric(&format!(r#"sluice_decisions_total{{policy="{policy}",result="allowed",face="filter"}}"#))
+        stack.shim_metric(&format!(
+            r#"sluice_decisions_total{{policy="{policy}",result="allowed",face="filter"}}"#
+        ))
     };
     assert_eq!(decisions("team-tokens"), 5.0, "every admission under the budget's name");
     assert_eq!(decisions("chat"), 0.0);
-    let dashboard = sluice_harness::gateway::send(stack.shim.port, "GET", "/dashboard.json", &[]).expect("dashboard");
+    let dashboard =
+        sluice_harness::gateway::send(stack.shim.port, "GET", "/dashboard.json", &[]).expect("dashboard");
     let json: serde_json::Value = serde_json::from_str(&dashboard.body).expect("JSON");
     let names: Vec<&str> =
         json["policies"].as_array().expect("policies").iter().filter_map(|p| p["name"].as_str()).collect();

@@ -703,7 +703,10 @@ impl<'de> Deserialize<'de> for Policy {
         }
         if raw.budget.is_some() {
             let other = [
-                (!raw.levels.is_empty(), "`levels`: a hierarchy keeps its levels under the policy's own name"),
+                (
+                    !raw.levels.is_empty(),
+                    "`levels`: a hierarchy keeps its levels under the policy's own name",
+                ),
                 (raw.leased.is_some(), "`leased`: a lease pool belongs to one policy"),
                 (raw.upstream.is_some(), "`upstream`: the partner's pauses are recorded per policy"),
                 (raw.shed.is_some(), "`shed`: a shedder's load is reported per policy"),

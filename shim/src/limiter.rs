@@ -18,9 +18,9 @@ use redis::Script;
 use sluice_policies::algorithm::{self, Algorithm};
 use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{
-    AdjustRequest, AdjustResponse, CheckRequest, CheckResponse, FeedbackRequest, FeedbackResponse, LeaseRequest,
-    LeaseResponse, LimitOutcome, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse, ShedRequest,
-    ShedResponse, Views, NO_RESET_WHEN_ADMITTED,
+    AdjustRequest, AdjustResponse, CheckRequest, CheckResponse, FeedbackRequest, FeedbackResponse,
+    LeaseRequest, LeaseResponse, LimitOutcome, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse,
+    ShedRequest, ShedResponse, Views, NO_RESET_WHEN_ADMITTED,
 };
 
 pub use crate::decision::CheckError;

@@ -54,7 +54,10 @@ async fn adjust(limiter: &Limiter, cost: u32, actual: u32, now_us: u64) -> Resul
         refunded_us: Micros(0),
         level: None,
     };
-    limiter.adjust(&AdjustRequest { adjustments: vec![adjustment], now_us: Some(Micros(now_us)) }).await.map(|_| ())
+    limiter
+        .adjust(&AdjustRequest { adjustments: vec![adjustment], now_us: Some(Micros(now_us)) })
+        .await
+        .map(|_| ())
 }
 
 fn pttl(redis: &Redis) -> i64 {

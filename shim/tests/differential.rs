@@ -384,8 +384,12 @@ fn settle_op() -> impl Strategy<Value = SettleOp> {
     let dt = prop_oneof![3 => Just(0u64), 2 => 0u64..2_000, 1 => 0u64..300_000];
     prop_oneof![
         (dt.clone(), 0u32..30).prop_map(|(dt, cost)| SettleOp::Reserve { dt, cost }),
-        (dt, any::<usize>(), 0u32..30, 1usize..3)
-            .prop_map(|(dt, n, actual, times)| SettleOp::Settle { dt, n, actual, times }),
+        (dt, any::<usize>(), 0u32..30, 1usize..3).prop_map(|(dt, n, actual, times)| SettleOp::Settle {
+            dt,
+            n,
+            actual,
+            times
+        }),
     ]
 }
 
@@ -402,7 +406,9 @@ fn points_state(conn: &mut redis::Connection, key: &str) -> String {
 fn model_points_state(model: &RedisTwin, key: &str) -> String {
     let main = match model.keys.get(key) {
         Some(algorithm::State::Tat(tat)) => tat.to_string(),
-        Some(algorithm::State::Counter { window, count }) => format!("[(\"w\", \"{window}\"), (\"n\", \"{count}\")]"),
+        Some(algorithm::State::Counter { window, count }) => {
+            format!("[(\"w\", \"{window}\"), (\"n\", \"{count}\")]")
+        }
         _ => String::new(),
     };
     let counter = match model.keys.get(&algorithm::refunded_key(key)) {
@@ -486,17 +492,29 @@ fn settlements_decide_as_the_model() {
                         level: None,
                     };
                     for _ in 0..times {
-                        let script =
-                            sluice_shim::keys::script_adjustments(std::slice::from_ref(&adjustment)).expect("valid");
-                        let want = if script[0].delta == 0 { 0 } else { algorithm::adjust(&mut model, now, &script)[0] };
-                        let req = AdjustRequest { adjustments: vec![adjustment.clone()], now_us: Some(Micros(now)) };
+                        let script = sluice_shim::keys::script_adjustments(std::slice::from_ref(&adjustment))
+                            .expect("valid");
+                        let want = if script[0].delta == 0 {
+                            0
+                        } else {
+                            algorithm::adjust(&mut model, now, &script)[0]
+                        };
+                        let req = AdjustRequest {
+                            adjustments: vec![adjustment.clone()],
+                            now_us: Some(Micros(now)),
+                        };
                         let got = world.runtime.block_on(world.limiter.adjust(&req)).expect("adjust");
                         prop_assert_eq!(got.moved, vec![want], "moved at {}", now);
                     }
                 }
             }
             if !key.is_empty() {
-                prop_assert_eq!(points_state(&mut conn, &key), model_points_state(&model, &key), "state after step {}", i);
+                prop_assert_eq!(
+                    points_state(&mut conn, &key),
+                    model_points_state(&model, &key),
+                    "state after step {}",
+                    i
+                );
             }
         }
         Ok(())
