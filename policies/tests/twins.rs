@@ -25,7 +25,12 @@ const TWINS: &[Twin] = &[
     Twin { script: "check", twins: &["src/algorithm/mod.rs"], test: "differential.rs", why_none: "" },
     Twin { script: "release", twins: &["src/algorithm/queue.rs"], test: "differential.rs", why_none: "" },
     Twin { script: "renew", twins: &["src/algorithm/queue.rs"], test: "differential.rs", why_none: "" },
-    Twin { script: "adjust", twins: &["src/algorithm/gcra.rs"], test: "differential.rs", why_none: "" },
+    Twin {
+        script: "adjust",
+        twins: &["src/algorithm/gcra.rs", "src/algorithm/settle.rs"],
+        test: "differential.rs",
+        why_none: "",
+    },
     Twin { script: "cancel", twins: &["src/algorithm/cancel.rs"], test: "differential.rs", why_none: "" },
     Twin { script: "confirm", twins: &["src/algorithm/confirm.rs"], test: "differential.rs", why_none: "" },
     Twin { script: "acquire", twins: &["src/algorithm/queue.rs"], test: "differential.rs", why_none: "" },
