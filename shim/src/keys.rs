@@ -165,7 +165,7 @@ pub fn script_adjustments(adjustments: &[Adjustment]) -> Result<Vec<Correction>,
                 Algorithm::Calendar { .. } => 0,
                 _ => return Err(format!("adjustments[{i}].limit: not a bucket")),
             };
-            if a.id.as_deref().is_some_and(|id| !crate::limiter::valid_id(id)) {
+            if a.id.as_deref().is_some_and(|id| !valid_id(id)) {
                 return Err(format!("adjustments[{i}].id: expected 1 to 64 of A-Z a-z 0-9 . _ -"));
             }
             Ok(Correction {
@@ -178,6 +178,12 @@ pub fn script_adjustments(adjustments: &[Adjustment]) -> Result<Vec<Correction>,
             })
         })
         .collect()
+}
+
+/// A request or settlement id as the scripts store it: 1 to 64 bytes of
+/// letters, digits, `.`, `_` and `-`.
+pub(crate) fn valid_id(id: &str) -> bool {
+    (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
 #[cfg(test)]

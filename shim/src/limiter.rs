@@ -25,7 +25,9 @@ use sluice_policies::wire::{
 
 pub use crate::decision::CheckError;
 use crate::decision::{by_check, decode, store_error, SlotReply};
-use crate::keys::{feedback_keys, lease_key, script_adjustments, script_limits, ScriptLimit, MAX_CHECKS};
+use crate::keys::{
+    feedback_keys, lease_key, script_adjustments, script_limits, valid_id, ScriptLimit, MAX_CHECKS,
+};
 use crate::scripts::Scripts;
 use crate::store::{Connect, RedisClient, Target};
 use crate::wait::Waiting;
@@ -485,10 +487,6 @@ fn unasked(algorithm: &Algorithm) -> LimitOutcome {
         held_until_us: None,
         refunded_us: Micros(0),
     }
-}
-
-pub(crate) fn valid_id(id: &str) -> bool {
-    (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
 /// Admitted: 0. Denied: the longest wait of any denying slot, unknown if any is.
