@@ -1,6 +1,6 @@
 -- Helpers for every script. A file names the helpers it uses on its first
 -- line (`-- requires: common, gcra`); the shim puts them, and what they
--- require in turn, before the script's main part (shim/src/scripts.rs).
+-- require in turn, before the script's main part (host-shim/src/scripts.rs).
 
 -- Microseconds to milliseconds, rounded up.
 local function ceil_ms(us)

@@ -4,7 +4,7 @@
 //! their send (`confirm`: sent, or wait longer and confirm again), and some
 //! of their clients go away meanwhile, alone or many at the same instant in
 //! random order (`cancel`: a drain, resets). What the shim does with the
-//! answers is played out exactly as `shim/src/wait/time.rs` does it.
+//! answers is played out exactly as `host-shim/src/wait/time.rs` does it.
 //!
 //! Whatever the arrivals, wake delays (each under one interval plus the
 //! margin) and give-backs:

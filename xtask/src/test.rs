@@ -68,7 +68,7 @@ pub(crate) fn run(test_args: &[String]) -> Result<()> {
     let envoy = deps::ensure_envoy()?;
     // For the package test, which reads the images back with it.
     let skopeo = deps::ensure_skopeo()?;
-    // For e2e/tests/envoy_sdks.rs: the official SDKs through Envoy.
+    // For tests/e2e/tests/envoy_sdks.rs: the official SDKs through Envoy.
     deps::ensure_sdks()?;
     eprintln!("xtask: redis-server: {}", redis.display());
     eprintln!("xtask: skopeo: {}", skopeo.display());

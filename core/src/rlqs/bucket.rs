@@ -3,7 +3,7 @@
 //!
 //! **How Envoy enforces an assignment** (its `rate_limit_quota` filter, as
 //! read from its source and checked against Envoy 1.40 in
-//! `e2e/tests/envoy_rlqs.rs`): a token bucket of `max_tokens` starts full
+//! `tests/e2e/tests/envoy_rlqs.rs`): a token bucket of `max_tokens` starts full
 //! when the bucket has none (no assignment yet, or a blanket rule before
 //! it), refills at `tokens_per_fill / fill_interval` (whole seconds, at
 //! least one token a year) up to `max_tokens`, and charges each request one

@@ -138,10 +138,10 @@ fn failure_mode_deny_both_ways_when_the_shim_is_down() {
 
 // ---- The peers' configurations, imported and served behind unchanged Envoys.
 
-/// A peer's configuration (`shim/tests/fixtures/import/FILE`) through the
+/// A peer's configuration (`host-shim/tests/fixtures/import/FILE`) through the
 /// real `sluice import` (`--accept-losses` when `accept`).
 fn import(file: &str, accept: bool) -> String {
-    let path = sluice_harness::workspace_root().join("shim/tests/fixtures/import").join(file);
+    let path = sluice_harness::workspace_root().join("host-shim/tests/fixtures/import").join(file);
     let sluice = sluice_harness::dist("sluice").expect("dist/sluice");
     let mut cmd = std::process::Command::new(sluice);
     cmd.arg("import");
@@ -362,13 +362,13 @@ fn peer_the_ratelimit_readme_examples_through_envoy() {
     assert_eq!(ask(&e, &[("files_no_share", "files_no_share/b.csv")]).status, 200);
 }
 
-#[path = "../../shim/tests/peers/ratelimit.rs"]
+#[path = "../../../host-shim/tests/peers/ratelimit.rs"]
 #[allow(dead_code)]
 mod ratelimit_model;
 
 /// The differential test's wiring through Envoy: random requests whose
 /// headers Envoy turns into descriptors, through the model of
-/// envoyproxy/ratelimit (`shim/tests/peers/ratelimit.rs`) and through
+/// envoyproxy/ratelimit (`host-shim/tests/peers/ratelimit.rs`) and through
 /// Envoy and the face on the imported configuration: every request gets
 /// the status the model's answer means.
 #[test]

@@ -12,10 +12,10 @@ use anyhow::{bail, Context};
 
 const HINT: &str = "run the tests with `cargo xtask test` (it installs and builds everything)";
 
-/// The workspace root (the parent of this crate).
+/// The workspace root: this crate lives in `tests/harness/`.
 pub fn workspace_root() -> PathBuf {
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    here.parent().unwrap_or(here).to_path_buf()
+    here.ancestors().nth(2).unwrap_or(here).to_path_buf()
 }
 
 /// The path of a built artifact in `SLUICE_DIST` (or `<workspace>/dist`),

@@ -1,5 +1,5 @@
 //! A model of Limitador's decision, written from its documentation, for the
-//! differential test (`shim/tests/rls_peers.rs`).
+//! differential test (`host-shim/tests/rls_peers.rs`).
 
 use std::collections::HashMap;
 

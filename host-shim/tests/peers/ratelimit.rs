@@ -1,7 +1,7 @@
 //! A model of envoyproxy/ratelimit's decision, written from its README and
 //! its documented rules (not from Sluice's code), for the differential
-//! tests (`shim/tests/rls_peers.rs`, and through Envoy
-//! `e2e/tests/envoy_rls.rs`).
+//! tests (`host-shim/tests/rls_peers.rs`, and through Envoy
+//! `tests/e2e/tests/envoy_rls.rs`).
 
 use std::collections::HashMap;
 

@@ -5,7 +5,7 @@
 //! cannot be carried exactly is named line by line and stops the command
 //! unless `--accept-losses`; a configuration the peer would refuse is
 //! refused. (The decisions themselves, through the face and through Envoy:
-//! `rls.rs`, `e2e/tests/envoy_rls.rs`.)
+//! `rls.rs`, `tests/e2e/tests/envoy_rls.rs`.)
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

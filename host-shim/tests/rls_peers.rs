@@ -6,7 +6,7 @@
 //! the overall code, each descriptor's code, and for envoyproxy/ratelimit
 //! each status's `current_limit`, `limit_remaining` and
 //! `duration_until_reset`. (The same wiring through Envoy:
-//! `e2e/tests/envoy_rls.rs`.)
+//! `tests/e2e/tests/envoy_rls.rs`.)
 //!
 //! Windows are a day or longer, and a run starts well inside a day, so no
 //! window ends during a run: Limitador's windows (from a counter's first

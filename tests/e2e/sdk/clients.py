@@ -1,5 +1,5 @@
 """The official OpenAI and Anthropic Python SDKs through Sluice (Envoy and
-the mock provider of harness/src/llm.rs), for e2e/tests/envoy_sdks.rs.
+the mock provider of tests/harness/src/llm.rs), for tests/e2e/tests/envoy_sdks.rs.
 
     python3 clients.py SCENARIO BASE_URL TEAM
 

@@ -51,7 +51,7 @@
 //! - [`tls`]: [`tls::Pki`], a throwaway CA with server and client certificates.
 //!
 //! The proxy-wasm host on wasmtime that runs the real `sluice.wasm` in
-//! process, and its tests, are the crate `sluice-wasm-host` (`wasm-host/`):
+//! process, and its tests, are the crate `sluice-wasm-host` (`tests/wasm-host/`):
 //! `cargo xtask` depends on this crate, the process harness, and so compiles
 //! no wasmtime.
 //!

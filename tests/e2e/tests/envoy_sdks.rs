@@ -1,7 +1,7 @@
 //! The official OpenAI and Anthropic Python SDKs through real Envoy, the
 //! real filter and shim, and the mock provider (`harness::llm`): every call
 //! shape streamed and not, a spent budget, `end_stream`, and a caller that
-//! closes a stream early. The SDKs run `e2e/sdk/clients.py`; `cargo xtask
+//! closes a stream early. The SDKs run `tests/e2e/sdk/clients.py`; `cargo xtask
 //! test` installs them (`pip install openai anthropic`).
 
 use std::process::Command;
@@ -52,9 +52,9 @@ fn stat(envoy: &Envoy, name: &str, policy: &str) -> u64 {
     sample(&page, &format!(r#"sluice_{name}{{policy="{policy}"}}"#)) as u64
 }
 
-/// Runs `scenario` of `e2e/sdk/clients.py` against Envoy: one JSON object per call.
+/// Runs `scenario` of `tests/e2e/sdk/clients.py` against Envoy: one JSON object per call.
 fn sdks(stack: &Stack, scenario: &str, team: &str) -> Vec<Value> {
-    let script = sluice_harness::workspace_root().join("e2e/sdk/clients.py");
+    let script = sluice_harness::workspace_root().join("tests/e2e/sdk/clients.py");
     let base = format!("http://127.0.0.1:{}", stack.envoy.port);
     let out = Command::new("python3").arg(&script).args([scenario, &base, team]).output().expect("python3");
     let stderr = String::from_utf8_lossy(&out.stderr);
