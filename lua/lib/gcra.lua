@@ -94,7 +94,9 @@ end
 
 -- The chain's end from base, the held ids that dropped out, and the time
 -- held request `who` (if any, and still in the chain) may be sent at: its
--- place in the chain, shifted by whatever was late before it.
+-- place in the chain, shifted by whatever was late before it. A held
+-- reservation is not sent yet: the chain places it at now at the earliest,
+-- so one behind a late one never goes first.
 local function gcra_walk(key, now, base, who)
   local acc, gone, due = base, {}, nil
   local held = redis.call('ZRANGE', key .. ':held', 0, -1, 'WITHSCORES')
@@ -105,7 +107,8 @@ local function gcra_walk(key, now, base, who)
       gone[#gone + 1] = id
     else
       if id == who then due = math.max(slot, acc + r.need + r.margin - r.tau) end
-      acc = math.max(acc, slot, acc + r.need + r.margin - r.tau) + r.need
+      -- Still held, so not sent yet: at now at the earliest.
+      acc = math.max(acc, slot, acc + r.need + r.margin - r.tau, now) + r.need
     end
   end
   return acc, gone, due

@@ -200,3 +200,38 @@ proptest! {
         }
     }
 }
+
+/// A case the property found: caller 6 woke past its deadline and was
+/// refused; caller 7, told to wait behind it, still slept when caller 8's
+/// slot came, and the chain walked without caller 6 let caller 8 go first.
+/// A held reservation is not sent yet, so the chain places it no earlier
+/// than now: caller 8 waits for caller 7, and is refused once that is
+/// past its own deadline.
+#[test]
+fn one_behind_a_sleeping_waiter_never_goes_first() {
+    let c = |gap, wait_intervals, late: &[u64]| Caller {
+        gap,
+        wait_intervals,
+        late: late.to_vec(),
+        leaves_after: None,
+    };
+    let callers = [
+        c(0, 1, &[0]),
+        c(40_059, 1, &[0]),
+        c(4_695, 2, &[0]),
+        c(71_246, 2, &[0]),
+        c(86_922, 3, &[738]),
+        c(0, 4, &[0, 532]),
+        c(1_830, 5, &[269]),
+        c(159_286, 7, &[0, 3]),
+        c(42, 5, &[0]),
+    ];
+    let run = play(100_000, 4_000, &callers);
+    let Fate::Sent(seven) = run.fates[7].1 else { panic!("caller 7: {:?}", run.fates[7]) };
+    match run.fates[8] {
+        (_, Fate::Sent(eight)) => assert!(eight >= seven + 104_000, "caller 8 went before caller 7"),
+        // Behind caller 7, its slot comes after its deadline.
+        (arrived, Fate::RefusedAfterHold { at, wait }) => assert!(at + wait > arrived + 500_000),
+        other => panic!("caller 8: {other:?}"),
+    }
+}

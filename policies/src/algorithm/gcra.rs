@@ -144,7 +144,9 @@ fn load(store: &RedisTwin, key: &str, now: u64) -> (u64, u64, bool) {
 
 /// The chain's end from `base` over `held`, the ids that dropped out, and
 /// the time held request `who` (if any, and still in the chain) may be sent
-/// at: its place in the chain, shifted by whatever was late before it.
+/// at: its place in the chain, shifted by whatever was late before it. A
+/// held reservation is not sent yet, so the chain places it at `now` at the
+/// earliest: one behind a late one never goes first.
 pub fn walk(held: &[Hold], now: u64, base: u64, who: Option<&str>) -> (u64, Vec<String>, Option<u64>) {
     let mut acc = base;
     let mut gone = Vec::new();
@@ -157,7 +159,9 @@ pub fn walk(held: &[Hold], now: u64, base: u64, who: Option<&str>) -> (u64, Vec<
             if who == Some(h.id.as_str()) {
                 due = Some(h.slot.max(earliest));
             }
-            acc = acc.max(h.slot).max(earliest) + h.need;
+            // Still held, so not sent yet: it goes at `now` at the earliest,
+            // and whatever it is late by shifts those behind it.
+            acc = acc.max(h.slot).max(earliest).max(now) + h.need;
         }
     }
     (acc, gone, due)
