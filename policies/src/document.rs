@@ -943,6 +943,11 @@ pub struct Applied<'d> {
 }
 
 impl Document {
+    /// `policy`'s position in the document, if it is one of its own.
+    pub fn index_of(&self, policy: &Policy) -> Option<usize> {
+        self.policies.iter().position(|p| std::ptr::eq(p, policy))
+    }
+
     /// Whether any policy reads request bodies.
     pub fn reads_body(&self) -> bool {
         self.policies.iter().any(Policy::reads_body)
