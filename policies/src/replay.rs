@@ -328,7 +328,7 @@ impl<'d> Replay<'d> {
         for (_, check) in chosen {
             for (i, limit) in check.limits.iter().enumerate() {
                 let algorithm = Algorithm::of(limit);
-                let key = format!("{}:{}", check.state_prefix(i), algorithm.state_suffix());
+                let key = algorithm.state_key(&check.state_prefix(i));
                 model.push((key, algorithm));
             }
         }
