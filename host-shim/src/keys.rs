@@ -84,6 +84,14 @@ fn script_limit(tag: &str, limit: &WireLimit) -> Result<ScriptLimit, String> {
     Ok(ScriptLimit { key: algorithm.state_key(tag), algorithm })
 }
 
+/// The state keys of `limits` under `prefix` (a check's hash tag, or a
+/// level's key under it), each limit checked.
+pub fn state_keys(prefix: &str, limits: &[WireLimit]) -> Result<Vec<ScriptLimit>, String> {
+    (limits.iter().enumerate())
+        .map(|(j, limit)| script_limit(prefix, limit).map_err(|e| format!("limits[{j}]: {e}")))
+        .collect()
+}
+
 /// Validates `checks` and returns the limits of all of them, in order.
 pub fn script_limits(checks: &[Check]) -> Result<Vec<ScriptLimit>, String> {
     if checks.len() > MAX_CHECKS {

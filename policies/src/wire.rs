@@ -255,6 +255,25 @@ impl Check {
         let tag = hash_tag(&self.policy, &self.key);
         self.level_of(limit).map_or_else(|| tag.clone(), |level| level.under(&tag))
     }
+
+    /// The keys whose state the check charges, as the dashboard lists them:
+    /// its key, then each level's `<key>:@<level>:<level key>` (the level's
+    /// state prefix without the hash tag; see [`split_shown`]).
+    pub fn shown_keys(&self) -> impl Iterator<Item = String> + '_ {
+        std::iter::once(self.key.clone()).chain(self.levels.iter().map(|l| l.level.under(&self.key)))
+    }
+}
+
+/// A key of [`Check::shown_keys`] read back: the check's key, and the
+/// level's name and key for a level's. (`@` is in no encoded key.)
+pub fn split_shown(shown: &str) -> (&str, Option<LevelKey>) {
+    let Some((key, level)) = shown.split_once(":@") else { return (shown, None) };
+    match level.split_once(':') {
+        Some((name, level_key)) => {
+            (key, Some(LevelKey { name: name.to_string(), key: level_key.to_string() }))
+        }
+        None => (shown, None),
+    }
 }
 
 #[derive(

@@ -19,7 +19,7 @@ use std::time::Instant;
 use serde::Serialize;
 use sluice_policies::key::is_encoded;
 use sluice_policies::units::Millis;
-use sluice_policies::wire::{CheckRequest, CheckResponse, WireLimit};
+use sluice_policies::wire::{CheckLevel, CheckRequest, CheckResponse, WireLimit};
 use sluice_policies::PolicyName;
 
 use super::history::{History, Kind, Series};
@@ -78,6 +78,9 @@ struct Second {
 #[derive(Debug)]
 struct Policy {
     limits: Vec<WireLimit>,
+    /// A hierarchy's levels as its checks carried them: each name and the
+    /// index of its first limit.
+    levels: Vec<(String, usize)>,
     totals: Totals,
     /// A ring of the last seconds, by `at % len`.
     seconds: [Second; RATE_SECONDS as usize + 1],
@@ -90,6 +93,8 @@ struct Policy {
 #[derive(Debug, Clone, Default)]
 pub struct Seen {
     pub limits: Vec<WireLimit>,
+    /// A hierarchy's levels: each name and the index of its first limit.
+    pub levels: Vec<(String, usize)>,
     pub totals: Totals,
     pub rates: Rates,
     pub history: Series,
@@ -137,11 +142,23 @@ impl Traffic {
             let Some(policy) = tracked(&mut policies, &check.policy, now) else { continue };
             policy.age(now);
             // Only keys the shim would take: at most MAX_KEY_LEN bytes each.
-            if is_encoded(&check.key) {
-                policy.keys.add(&check.key);
+            // A hierarchy's every level is a key of its own: each is shown
+            // from its own state.
+            let levels_valid = check
+                .levels
+                .iter()
+                .all(|l| is_encoded(&l.level.key) && PolicyName::new(&l.level.name).is_some());
+            if is_encoded(&check.key) && levels_valid {
+                for shown in check.shown_keys() {
+                    policy.keys.add(&shown);
+                }
             }
             if check.limits.len() <= MAX_LIMITS && policy.limits != check.limits {
                 policy.limits = check.limits.clone();
+            }
+            if levels_valid && check.levels.len() <= MAX_LIMITS && !same_levels(&policy.levels, &check.levels)
+            {
+                policy.levels = check.levels.iter().map(|l| (l.level.name.clone(), l.from)).collect();
             }
             if let Ok(resp) = result {
                 let outcome = resp.checks.get(i).map(|c| c.limits.as_slice()).unwrap_or_default();
@@ -234,6 +251,7 @@ impl Traffic {
             .map(|(name, p)| {
                 let seen = Seen {
                     limits: p.limits.clone(),
+                    levels: p.levels.clone(),
                     totals: p.totals,
                     rates: p.rates(now),
                     history: p.history.series(now),
@@ -249,6 +267,7 @@ impl Policy {
     fn new(now: u64) -> Policy {
         Policy {
             limits: Vec::new(),
+            levels: Vec::new(),
             totals: Totals::default(),
             seconds: Default::default(),
             keys: SpaceSaving::new(KEYS_PER_POLICY),
@@ -275,6 +294,11 @@ impl Policy {
         let per_second = |n: u64| n as f64 / RATE_SECONDS as f64;
         Rates { allowed: per_second(allowed), denied: per_second(denied), waited: per_second(waited) }
     }
+}
+
+fn same_levels(seen: &[(String, usize)], levels: &[CheckLevel]) -> bool {
+    seen.len() == levels.len()
+        && seen.iter().zip(levels).all(|((n, f), l)| *n == l.level.name && *f == l.from)
 }
 
 /// The policy named `name`, added if new: `None` for an invalid name, or a
