@@ -123,7 +123,7 @@ pub mod wait;
 pub mod wire;
 
 pub use condition::Condition;
-pub use document::{Applied, Document, Evaluation, FailureMode, Policy, Shim, Verdict};
+pub use document::{Applied, Document, Evaluation, FailureMode, Keyed, Policy, Shim};
 pub use error::{parse, ParseError};
 pub use key::{KeySource, OnMissingKey};
 pub use limit::{Cost, Limit, PoolReserve};
