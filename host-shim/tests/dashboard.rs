@@ -340,3 +340,26 @@ async fn every_level_of_a_hierarchy_shows_from_its_own_keys() {
     let b = key(hier, "acme:@team:b");
     assert_eq!(b["state"][1]["remaining"], 58, "two of team b's: {b:#}");
 }
+
+/// Every denial counts, wherever it was answered: the denials a filter
+/// answered from its over-limit cache (reported at `POST /v1/report`) count
+/// in the policy's denied total and history beside this shim's own, and
+/// `cache_denied` says how many of them the cache answered. Regression: the
+/// dashboard counted only the shim's denials (a policy showed 1 where Envoy
+/// had refused 10).
+#[tokio::test]
+async fn denials_from_the_over_limit_cache_count_with_where_they_were_answered() {
+    let redis = Redis::start().expect("redis");
+    let port = serve(&redis, Some(DOCUMENT)).await;
+    let limits = || vec![WireLimit::FixedWindow { limit: 1, window_ms: Millis(60_000) }];
+    assert!(check(port, "c0", "quiet", "k", limits()).await.allowed);
+    assert!(!check(port, "c1", "quiet", "k", limits()).await.allowed);
+    let report = r#"{"passes": [], "cache_denied": [{"policy": "quiet", "count": 9}]}"#;
+    let (status, body) = http(port, "POST", REPORT_PATH, report).await;
+    assert_eq!((status, body.as_str()), (200, "{}"));
+    let board = dashboard(port).await;
+    let quiet = policy(&board, "quiet");
+    assert_eq!(quiet["totals"]["denied"], 10, "one by the shim, nine by the cache: {quiet:#}");
+    assert_eq!(quiet["totals"]["cache_denied"], 9);
+    assert_eq!(history(quiet, "denied").0, 10);
+}

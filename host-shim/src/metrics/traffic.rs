@@ -42,8 +42,12 @@ const HALVE_EVERY_S: u64 = 60;
 pub struct Totals {
     /// Admitted at once.
     pub allowed: u64,
-    /// Denied by this policy.
+    /// Denied by this policy: by this shim, or by a gateway's over-limit
+    /// cache as its filters reported them.
     pub denied: u64,
+    /// Of `denied`, those a gateway answered from its over-limit cache,
+    /// with no call to the shim; the rest this shim answered.
+    pub cache_denied: u64,
     /// Admitted after being held (egress wait).
     pub waited: u64,
     /// Requests that could wait but were admitted at once.
@@ -236,6 +240,24 @@ impl Traffic {
         if let Some(policy) = tracked(&mut policies, policy, now) {
             policy.totals.failure_passes = policy.totals.failure_passes.saturating_add(count);
             policy.history.add(now, Kind::FailurePass, count);
+        }
+    }
+
+    /// Counts `count` denials of `policy` that a filter answered from its
+    /// over-limit cache and reported now: denials like this shim's, landing
+    /// in the history when received (up to a report period late).
+    pub(crate) fn cache_denied(&self, policy: &str, count: u64) {
+        self.cache_denied_at(self.second(), policy, count);
+    }
+
+    fn cache_denied_at(&self, now: u64, policy: &str, count: u64) {
+        let mut policies = self.policies.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(policy) = tracked(&mut policies, policy, now) {
+            policy.totals.denied = policy.totals.denied.saturating_add(count);
+            policy.totals.cache_denied = policy.totals.cache_denied.saturating_add(count);
+            let second = second(&mut policy.seconds, now);
+            second.denied = second.denied.saturating_add(count);
+            policy.history.add(now, Kind::Denied, count);
         }
     }
 
