@@ -324,11 +324,7 @@ fn print_or_fail(result: anyhow::Result<String>) -> ExitCode {
 
 /// Prints the document, and each loss on stderr; with losses, exits 1
 /// without the document unless they are accepted.
-fn import(
-    file: &std::path::Path,
-    from: Option<sluice_cli::import::Format>,
-    accept_losses: bool,
-) -> ExitCode {
+fn import(file: &std::path::Path, from: Option<sluice_cli::import::Format>, accept_losses: bool) -> ExitCode {
     match sluice_cli::import::run(file, from) {
         Ok(imported) => {
             for loss in &imported.losses {
