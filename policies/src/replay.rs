@@ -3,8 +3,9 @@
 //! the shim would have decided), counted per policy. `sluice simulate`
 //! replays access logs with it, and the browser playground generated traffic.
 //!
-//! Requests are decided as the filter sends them: the enforced policies that
-//! apply in one all-or-nothing check, the shadow ones in another. A request
+//! Requests are decided as the filter sends them, by the one plan every
+//! face makes (`crate::plan`): the enforced policies that apply in one
+//! all-or-nothing check, the shadow ones in another. A request
 //! admitted with a concurrency limit holds its lease for its `duration_ms`.
 //! The model's state keys are named like the shim's: one per policy, key and
 //! limit.
