@@ -19,6 +19,8 @@
 //! - [`stats`]: every stat's name, once.
 //!
 //! Its parts, plain functions and small state machines:
+//! - [`plan`]: the one way every face plans a request (the enforced and
+//!   shadow split among it), `sluice_policies::plan` re-exported.
 //! - [`check_call`]: one check call of a request and what it leaves to do.
 //! - [`decision`]: reads the shim's answer, or why it is none.
 //! - [`breaker`]: the outage breaker.

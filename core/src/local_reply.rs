@@ -11,7 +11,7 @@ use std::borrow::Cow;
 
 use serde::Serialize;
 use sluice_policies::llm::Api;
-use sluice_policies::{DenyResponse, Policy};
+use sluice_policies::{DenyResponse, DenyStatus, Policy};
 
 use crate::ratelimit_headers::RateLimitHeaders;
 
@@ -79,7 +79,15 @@ impl LocalReply {
         };
         let should_retry = api.is_some() && retry_after_secs > SHOULD_RETRY_MAX_SECS;
         let extra = should_retry.then_some((SHOULD_RETRY.into(), "false".into()));
-        LocalReply::refusal(policy, 429, json, JSON, retry_after_secs, ratelimit, extra)
+        LocalReply::refusal(
+            policy,
+            DenyStatus::TOO_MANY_REQUESTS,
+            json,
+            JSON,
+            retry_after_secs,
+            ratelimit,
+            extra,
+        )
     }
 
     /// `policy` refuses for want of capacity, not for a client's quota: a
@@ -98,7 +106,7 @@ impl LocalReply {
         });
         LocalReply::refusal(
             policy,
-            503,
+            DenyStatus::UNAVAILABLE,
             || json.to_string().into_bytes(),
             PROBLEM_JSON,
             retry_after_secs,
@@ -109,7 +117,7 @@ impl LocalReply {
 
     fn refusal(
         policy: &Policy,
-        status: u16,
+        status: DenyStatus,
         json: impl FnOnce() -> Vec<u8>,
         json_type: &'static str,
         retry_after_secs: u64,
@@ -128,7 +136,7 @@ impl LocalReply {
             headers.push((RateLimitHeaders::RATELIMIT.into(), h.ratelimit.into()));
         }
         headers.extend(extra);
-        let status = response.status.map_or(status, |s| s.get());
+        let status = response.status.unwrap_or(status).get();
         let mut reply = LocalReply { status, headers, body };
         reply.finish(content_type, &response.headers.0);
         reply

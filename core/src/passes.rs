@@ -1,9 +1,11 @@
-//! Failure-mode passes, counted for the shim: a request `failure_mode:
-//! allow` let through was never decided by the shim (it did not answer in
-//! time), so its dashboard would never see it. One worker counts them per
-//! policy (what `sluice.<policy>.failure_allowed` counts) and reports them
-//! on its tick (`POST /v1/report`), at most once per [`REPORT_EVERY_MS`],
-//! only when there is something to report.
+//! What a worker decided without the shim, counted for the shim's
+//! dashboard, which would never see it otherwise: failure-mode passes (a
+//! request `failure_mode: allow` let through, the shim not answering in
+//! time; what `sluice.<policy>.failure_allowed` counts) and denials
+//! answered from the over-limit cache (`cache_denied`). One worker counts
+//! them per policy and reports them on its tick (`POST /v1/report`), at
+//! most once per [`REPORT_EVERY_MS`], only when there is something to
+//! report.
 //!
 //! A report goes only while the shim is answering (its last call
 //! succeeded, the breaker closed): passes happen while the shim fails, and
@@ -25,18 +27,28 @@ pub const REPORT_EVERY_MS: u64 = 1_000;
 #[derive(Debug)]
 pub struct FailurePasses {
     counts: Vec<u64>,
+    /// Denials answered from the over-limit cache, one count per policy.
+    cache_denied: Vec<u64>,
     /// When the last report went, on the gateway's clock.
     reported_ms: Option<u64>,
 }
 
 impl FailurePasses {
     pub fn new(doc: &Document) -> FailurePasses {
-        FailurePasses { counts: vec![0; doc.policies.len()], reported_ms: None }
+        let counts = vec![0; doc.policies.len()];
+        FailurePasses { cache_denied: counts.clone(), counts, reported_ms: None }
     }
 
     /// A request policy `index` applied to was let through by `failure_mode`.
     pub fn add(&mut self, index: usize) {
         if let Some(count) = self.counts.get_mut(index) {
+            *count = count.saturating_add(1);
+        }
+    }
+
+    /// Policy `index` denied a request from the over-limit cache.
+    pub fn add_cache_denial(&mut self, index: usize) {
+        if let Some(count) = self.cache_denied.get_mut(index) {
             *count = count.saturating_add(1);
         }
     }
@@ -48,18 +60,28 @@ impl FailurePasses {
     /// rather than none until it catches up.
     pub fn due(&mut self, now_ms: u64, doc: &Document) -> Option<ReportRequest> {
         let waited = self.reported_ms.is_none_or(|at| now_ms < at || now_ms - at >= REPORT_EVERY_MS);
-        if !waited || self.counts.iter().all(|&n| n == 0) {
+        if !waited || self.counts.iter().chain(&self.cache_denied).all(|&n| n == 0) {
             return None;
         }
-        let mut passes = Vec::new();
-        for (policy, count) in doc.policies.iter().zip(&mut self.counts) {
-            if *count > 0 && passes.len() < MAX_REPORT_ENTRIES {
-                passes
-                    .push(Passes { policy: policy.name.as_str().to_string(), count: std::mem::take(count) });
+        // Both lists share a report's entries; what does not fit waits.
+        let mut room = MAX_REPORT_ENTRIES;
+        let mut take = |counts: &mut Vec<u64>| {
+            let mut out = Vec::new();
+            for (policy, count) in doc.policies.iter().zip(counts.iter_mut()) {
+                if *count > 0 && room > 0 {
+                    room -= 1;
+                    out.push(Passes {
+                        policy: policy.name.as_str().to_string(),
+                        count: std::mem::take(count),
+                    });
+                }
             }
-        }
+            out
+        };
+        let passes = take(&mut self.counts);
+        let cache_denied = take(&mut self.cache_denied);
         self.reported_ms = Some(now_ms);
-        Some(ReportRequest { passes })
+        Some(ReportRequest { passes, cache_denied })
     }
 }
 
@@ -104,6 +126,23 @@ mod tests {
         passes.add(1);
         // The gateway's clock stepped back: report now, not in an hour.
         assert_eq!(passes.due(500, &doc).map(|r| r.passes.len()), Some(1));
+    }
+
+    /// Denials answered from the over-limit cache go in the report too,
+    /// beside the passes, and count once.
+    #[test]
+    fn cache_denials_are_reported_beside_the_passes() {
+        let doc = doc(2);
+        let mut passes = FailurePasses::new(&doc);
+        passes.add_cache_denial(1);
+        passes.add_cache_denial(1);
+        let report = passes.due(1_000, &doc).expect("a report of cache denials alone");
+        assert!(report.passes.is_empty());
+        let denied: Vec<(&str, u64)> =
+            report.cache_denied.iter().map(|p| (p.policy.as_str(), p.count)).collect();
+        assert_eq!(denied, [("p1", 2)]);
+        assert_eq!(report.validate(), Ok(()));
+        assert_eq!(passes.due(2_000, &doc), None, "each count in one report");
     }
 
     /// A document with more policies than a report may carry sends the

@@ -81,7 +81,15 @@ fn check_levels(check: &Check) -> Result<(), String> {
 fn script_limit(tag: &str, limit: &WireLimit) -> Result<ScriptLimit, String> {
     limit.validate()?;
     let algorithm = Algorithm::of(limit);
-    Ok(ScriptLimit { key: format!("{tag}:{}", algorithm.state_suffix()), algorithm })
+    Ok(ScriptLimit { key: algorithm.state_key(tag), algorithm })
+}
+
+/// The state keys of `limits` under `prefix` (a check's hash tag, or a
+/// level's key under it), each limit checked.
+pub fn state_keys(prefix: &str, limits: &[WireLimit]) -> Result<Vec<ScriptLimit>, String> {
+    (limits.iter().enumerate())
+        .map(|(j, limit)| script_limit(prefix, limit).map_err(|e| format!("limits[{j}]: {e}")))
+        .collect()
 }
 
 /// Validates `checks` and returns the limits of all of them, in order.
@@ -107,7 +115,7 @@ pub fn script_limits(checks: &[Check]) -> Result<Vec<ScriptLimit>, String> {
     for algorithm in [Algorithm::Pause, Algorithm::Rate] {
         for check in checks.iter().filter(|c| c.upstream) {
             let tag = tag(&check.policy, &check.key)?;
-            out.push(ScriptLimit { key: format!("{tag}:{}", algorithm.state_suffix()), algorithm });
+            out.push(ScriptLimit { key: algorithm.state_key(&tag), algorithm });
         }
     }
     let mut keys: Vec<&str> = out.iter().map(|l| l.key.as_str()).collect();
@@ -122,7 +130,7 @@ pub fn script_limits(checks: &[Check]) -> Result<Vec<ScriptLimit>, String> {
 /// for `policy`'s `key` (upstream feedback).
 pub fn feedback_keys(policy: &str, key: &str) -> Result<[String; 2], String> {
     let tag = tag(policy, key)?;
-    Ok([Algorithm::Pause, Algorithm::Rate].map(|a| format!("{tag}:{}", a.state_suffix())))
+    Ok([Algorithm::Pause, Algorithm::Rate].map(|a| a.state_key(&tag)))
 }
 
 /// The state key of a leased policy's window, after checking the request.

@@ -1,4 +1,5 @@
-//! The Sluice shim: the native side of every decision, and the `sluice` CLI.
+//! The Sluice shim: the native side of every decision, and the `sluice`
+//! binary (its offline tools are the crate `sluice-cli`).
 //!
 //! # Layout
 //!
@@ -14,12 +15,6 @@
 //!   call on Redis, and the releases and adjustments that follow; hands
 //!   waiting checks to the waiting group.
 //! - [`dashboard`]: `GET /`, the live Limits dashboard, and the playground at `/playground/`.
-//! - [`validate`]: `sluice validate FILE...`.
-//! - [`import`]: `sluice import`, an envoyproxy/ratelimit configuration as a
-//!   policy document for the RLS face.
-//! - [`simulate`]: `sluice simulate`, an access log replayed through a policy.
-//! - [`envoy_config`]: `sluice envoy-config`, a complete envoy.yaml for a policy
-//!   (rendered by the crate `sluice-envoy-config`).
 //!
 //! **Waiting**: egress waiting, given a [`wait::Waiting`] by the limiter.
 //! - [`wait`]: hold a check until its slot: time slots, the FCFS queue for a
@@ -50,10 +45,8 @@ pub mod admin;
 pub mod dashboard;
 pub mod decision;
 pub mod drain;
-pub mod envoy_config;
 pub mod eviction;
 pub mod grpc;
-pub mod import;
 pub mod keys;
 pub mod limiter;
 pub mod logs;
@@ -61,8 +54,6 @@ pub mod metrics;
 pub mod scripts;
 pub mod server;
 pub mod shed;
-pub mod simulate;
 pub mod store;
 pub mod tls;
-pub mod validate;
 pub mod wait;

@@ -1,4 +1,5 @@
-//! `sluice`: parses its arguments and runs the subcommand from `sluice_shim`.
+//! `sluice`: parses its arguments and runs the subcommand from `sluice_shim`
+//! (serving) or `sluice_cli` (the offline tools).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -26,7 +27,7 @@ enum Command {
     /// Print the JSON Schema of the policy document.
     Schema,
     /// Print a complete envoy.yaml that loads the filter with this policy.
-    EnvoyConfig(sluice_shim::envoy_config::Args),
+    EnvoyConfig(sluice_cli::envoy_config::Args),
     /// Convert an envoyproxy/ratelimit configuration or a Limitador limits
     /// file (YAML) into a policy document for the RLS face, on stdout. What
     /// it cannot carry exactly is listed on stderr, line by line, and no
@@ -36,14 +37,14 @@ enum Command {
         /// The file's format; detected if not given (a map is
         /// envoyproxy/ratelimit's, a list Limitador's).
         #[arg(long, value_enum)]
-        from: Option<sluice_shim::import::Format>,
+        from: Option<sluice_cli::import::Format>,
         /// Print the document even though it does not carry the listed
         /// constructs exactly.
         #[arg(long)]
         accept_losses: bool,
     },
     /// Replay an access log through a policy: what would it have done?
-    Simulate(sluice_shim::simulate::Args),
+    Simulate(sluice_cli::simulate::Args),
 }
 
 #[derive(clap::Args)]
@@ -152,12 +153,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve(args),
-        Command::Validate { files } => sluice_shim::validate::run(&files),
+        Command::Validate { files } => sluice_cli::validate::run(&files),
         Command::Schema => {
             print!("{}", sluice_policies::schema::document_schema());
             ExitCode::SUCCESS
         }
-        Command::EnvoyConfig(args) => print_or_fail(sluice_shim::envoy_config::run(&args)),
+        Command::EnvoyConfig(args) => print_or_fail(sluice_cli::envoy_config::run(&args)),
         Command::Simulate(args) => simulate(&args),
         Command::Import { file, from, accept_losses } => import(&file, from, accept_losses),
     }
@@ -205,7 +206,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             (Some(cert), Some(key), Some(ca)) => Some(sluice_shim::tls::server_config(cert, key, ca)?),
             _ => None,
         };
-        let document = args.policy.as_deref().map(sluice_shim::validate::read).transpose()?.map(Arc::new);
+        let document = args.policy.as_deref().map(sluice_cli::validate::read).transpose()?.map(Arc::new);
         let policies: sluice_shim::dashboard::Policies = document.clone().into();
         let reloaded = policies.clone();
         if let Some(path) = &args.policy {
@@ -323,12 +324,8 @@ fn print_or_fail(result: anyhow::Result<String>) -> ExitCode {
 
 /// Prints the document, and each loss on stderr; with losses, exits 1
 /// without the document unless they are accepted.
-fn import(
-    file: &std::path::Path,
-    from: Option<sluice_shim::import::Format>,
-    accept_losses: bool,
-) -> ExitCode {
-    match sluice_shim::import::run(file, from) {
+fn import(file: &std::path::Path, from: Option<sluice_cli::import::Format>, accept_losses: bool) -> ExitCode {
+    match sluice_cli::import::run(file, from) {
         Ok(imported) => {
             for loss in &imported.losses {
                 eprintln!("sluice import: {}: {loss}", file.display());
@@ -361,8 +358,8 @@ fn import(
 
 /// Prints the report; exits 2 when it had to skip bad lines (the report
 /// stands for the lines read), 1 when nothing could be replayed.
-fn simulate(args: &sluice_shim::simulate::Args) -> ExitCode {
-    match sluice_shim::simulate::run(args, &mut std::io::stderr()) {
+fn simulate(args: &sluice_cli::simulate::Args) -> ExitCode {
+    match sluice_cli::simulate::run(args, &mut std::io::stderr()) {
         Ok(simulated) => {
             print!("{}", simulated.report);
             if simulated.bad_lines > 0 {
@@ -391,7 +388,7 @@ async fn reload_on_sighup(path: PathBuf, policies: sluice_shim::dashboard::Polic
         }
     };
     while hup.recv().await.is_some() {
-        match sluice_shim::validate::read(&path) {
+        match sluice_cli::validate::read(&path) {
             Ok(document) => {
                 let count = document.policies.len();
                 policies.set(document);

@@ -547,8 +547,9 @@ async fn lease(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
     }
 }
 
-/// Failure-mode passes a filter reports: counted now in the dashboard's
-/// history, a report period after they happened.
+/// What a filter decided without the shim, as it reports it: failure-mode
+/// passes and denials answered from its over-limit cache, counted now in
+/// the dashboard's history, a report period after they happened.
 async fn report(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
     if body.len() > MAX_REPORT_BODY {
         let reason =
@@ -559,6 +560,9 @@ async fn report(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
         Ok(req) => answer(req.validate().map_err(CheckError::BadRequest).map(|()| {
             for passes in &req.passes {
                 limiter.metrics.traffic.passed(&passes.policy, passes.count);
+            }
+            for denied in &req.cache_denied {
+                limiter.metrics.traffic.cache_denied(&denied.policy, denied.count);
             }
             serde_json::json!({})
         })),

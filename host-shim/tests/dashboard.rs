@@ -299,3 +299,67 @@ async fn a_token_budget_shows_in_tokens() {
     let blue = key(team, "blue");
     assert_eq!(blue["state"][0]["remaining"], 9_700, "{blue:#}");
 }
+
+/// Every level of a hierarchy shows from its own keys. The checks are the
+/// plan's (`sluice_policies::plan`), as a face sends them; the organisation
+/// and each team are keys of their own, each with its own limits' state.
+/// Regression: the dashboard read a hierarchy's every limit under the
+/// organisation's key, so with every level a fixed window of one hour it
+/// showed no state ("two limits share the key …"), and with other windows
+/// one team's count for another.
+#[tokio::test]
+async fn every_level_of_a_hierarchy_shows_from_its_own_keys() {
+    use sluice_policies::plan::{plan, Descriptor};
+    use sluice_policies::request::SimpleRequest;
+    let redis = Redis::start().expect("redis");
+    let document = r#"{"policies": [{"name": "hier", "key": ["header:x-org"],
+        "limits": [{"type": "fixed_window", "limit": 100, "window": "1h"}],
+        "levels": [{"name": "team", "key": ["header:x-org", "header:x-team"],
+                    "limits": [{"type": "fixed_window", "limit": 60, "window": "1h"}]}]}]}"#;
+    let port = serve(&redis, Some(document)).await;
+    let doc = sluice_policies::parse(document).expect("the document parses");
+    for (i, team) in ["a", "a", "a", "a", "a", "b", "b"].into_iter().enumerate() {
+        let request = SimpleRequest::new("GET", "/").header("x-org", "acme").header("x-team", team);
+        let plan = plan(&doc, &[Descriptor { request, hits: 1 }]).expect("plans");
+        for mut req in plan.enforced.requests() {
+            req.id = Some(format!("r{i}").into());
+            let (status, body) =
+                http(port, "POST", "/v1/check", &serde_json::to_string(&req).expect("json")).await;
+            assert_eq!(status, 200, "{body}");
+        }
+    }
+    let board = dashboard(port).await;
+    let hier = policy(&board, "hier");
+    let org = key(hier, "acme");
+    assert_eq!(org["state"][0]["remaining"], 93, "seven requests of the organisation: {org:#}");
+    assert!(org["state"][1].is_null(), "the team's limit is not the organisation's: {org:#}");
+    let a = key(hier, "acme:@team:a");
+    assert!(a["state"][0].is_null(), "{a:#}");
+    assert_eq!(a["state"][1]["remaining"], 55, "five of team a's: {a:#}");
+    assert_eq!(a["checks"], 5);
+    let b = key(hier, "acme:@team:b");
+    assert_eq!(b["state"][1]["remaining"], 58, "two of team b's: {b:#}");
+}
+
+/// Every denial counts, wherever it was answered: the denials a filter
+/// answered from its over-limit cache (reported at `POST /v1/report`) count
+/// in the policy's denied total and history beside this shim's own, and
+/// `cache_denied` says how many of them the cache answered. Regression: the
+/// dashboard counted only the shim's denials (a policy showed 1 where Envoy
+/// had refused 10).
+#[tokio::test]
+async fn denials_from_the_over_limit_cache_count_with_where_they_were_answered() {
+    let redis = Redis::start().expect("redis");
+    let port = serve(&redis, Some(DOCUMENT)).await;
+    let limits = || vec![WireLimit::FixedWindow { limit: 1, window_ms: Millis(60_000) }];
+    assert!(check(port, "c0", "quiet", "k", limits()).await.allowed);
+    assert!(!check(port, "c1", "quiet", "k", limits()).await.allowed);
+    let report = r#"{"passes": [], "cache_denied": [{"policy": "quiet", "count": 9}]}"#;
+    let (status, body) = http(port, "POST", REPORT_PATH, report).await;
+    assert_eq!((status, body.as_str()), (200, "{}"));
+    let board = dashboard(port).await;
+    let quiet = policy(&board, "quiet");
+    assert_eq!(quiet["totals"]["denied"], 10, "one by the shim, nine by the cache: {quiet:#}");
+    assert_eq!(quiet["totals"]["cache_denied"], 9);
+    assert_eq!(history(quiet, "denied").0, 10);
+}

@@ -259,7 +259,7 @@ async fn malformed_and_oversized_requests_get_invalid_argument() {
 fn imported(file: &str) -> String {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/import").join(file);
     let text = std::fs::read_to_string(&path).expect("fixture");
-    let imported = sluice_shim::import::convert(&text, None).expect("converts");
+    let imported = sluice_cli::import::convert(&text, None).expect("converts");
     imported.document.to_string()
 }
 

@@ -164,7 +164,7 @@ fn inside_one_day() {
 #[tokio::test]
 async fn the_face_decides_as_envoyproxy_ratelimit_on_random_streams() {
     inside_one_day();
-    let imported = sluice_shim::import::convert(RATELIMIT, None).expect("converts");
+    let imported = sluice_cli::import::convert(RATELIMIT, None).expect("converts");
     assert!(imported.losses.is_empty(), "{:?}", imported.losses);
     for seed in [7_u64, 1_234_567, 0xdead_beef] {
         let (mut client, _redis) = face(&imported.document.to_string()).await;
@@ -193,7 +193,7 @@ async fn the_face_decides_as_envoyproxy_ratelimit_on_random_streams() {
 
 #[tokio::test]
 async fn the_face_decides_as_limitador_on_random_streams() {
-    let imported = sluice_shim::import::convert(LIMITADOR, None).expect("converts");
+    let imported = sluice_cli::import::convert(LIMITADOR, None).expect("converts");
     assert_eq!(imported.losses.len(), 5, "the window anchoring, once per limit");
     for seed in [3_u64, 99_991, 0xfeed] {
         let (mut client, _redis) = face(&imported.document.to_string()).await;

@@ -827,9 +827,10 @@ pub(crate) fn grpc_face_fits(raw: &RawPolicy, face: &str) -> Result<(), String> 
     }
 }
 
-/// What one policy makes of one request.
+/// What one policy makes of one request: whether it applies, and on which
+/// key. (What the filter did with a request is `sluice_core::verdict`.)
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum Keyed {
     /// The policy does not apply: no match, a bypass, or a skipped missing key.
     NotApplied,
     /// The policy applies, on this encoded key.
@@ -904,15 +905,15 @@ impl Policy {
         self.matcher.holds_but_body(req, raw.as_deref())
     }
 
-    pub fn evaluate(&self, req: &impl Request, ip: ClientIp) -> Verdict {
+    pub fn evaluate(&self, req: &impl Request, ip: ClientIp) -> Keyed {
         if !self.matches(req, ip) {
-            return Verdict::NotApplied;
+            return Keyed::NotApplied;
         }
         match (key::build(&self.key, req, ip), self.on_missing_key) {
-            (Some(key), _) => Verdict::Key(key),
-            (None, OnMissingKey::Shared) => Verdict::Key(key::MISSING.to_string()),
-            (None, OnMissingKey::Skip) => Verdict::NotApplied,
-            (None, OnMissingKey::Deny) => Verdict::MissingKey,
+            (Some(key), _) => Keyed::Key(key),
+            (None, OnMissingKey::Shared) => Keyed::Key(key::MISSING.to_string()),
+            (None, OnMissingKey::Skip) => Keyed::NotApplied,
+            (None, OnMissingKey::Deny) => Keyed::MissingKey,
         }
     }
 
@@ -943,6 +944,11 @@ pub struct Applied<'d> {
 }
 
 impl Document {
+    /// `policy`'s position in the document, if it is one of its own.
+    pub fn index_of(&self, policy: &Policy) -> Option<usize> {
+        self.policies.iter().position(|p| std::ptr::eq(p, policy))
+    }
+
     /// Whether any policy reads request bodies.
     pub fn reads_body(&self) -> bool {
         self.policies.iter().any(Policy::reads_body)
@@ -1001,15 +1007,15 @@ impl Document {
                 continue;
             }
             match policy.evaluate(req, ip) {
-                Verdict::NotApplied => {}
-                Verdict::Key(key) => match policy.level_keys(req, ip) {
+                Keyed::NotApplied => {}
+                Keyed::Key(key) => match policy.level_keys(req, ip) {
                     Some(levels) => out.applied.push(Applied { policy, index, key, class, levels }),
                     None if policy.on_missing_key == OnMissingKey::Skip => {}
                     None if policy.shadow => out.shadow_missing_key.push(index),
                     None => return Err(policy),
                 },
-                Verdict::MissingKey if policy.shadow => out.shadow_missing_key.push(index),
-                Verdict::MissingKey => return Err(policy),
+                Keyed::MissingKey if policy.shadow => out.shadow_missing_key.push(index),
+                Keyed::MissingKey => return Err(policy),
             }
         }
         Ok(out)

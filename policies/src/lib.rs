@@ -19,6 +19,7 @@
 //!   ^
 //! document   document, bounds, error: a whole document, parsed and held
 //!            to the shim's bounds; which policies apply; Applied::check;
+//!            plan: the one way every face plans a request;
 //!            rlqs: what the RLQS face enforces and which policy governs a bucket
 //!   ^
 //! tools      replay, schema
@@ -79,6 +80,9 @@
 //! - [`bounds`]: the size bounds of a request to the shim, which the parser
 //!   holds every document to and the shim enforces.
 //! - [`error`]: [`ParseError`], the one error type of [`parse`].
+//! - [`plan`]: the one way to plan a request or an RLS call, for every
+//!   face: its enforced and shadow checks, its missing keys, the policies
+//!   decided without a check, and the headers rule.
 //! - [`rlqs`]: the RLQS face's policies: what Envoy's `rate_limit_quota`
 //!   filter can enforce (refused at load time otherwise), and which policy
 //!   governs a bucket ([`rlqs::govern`]).
@@ -105,6 +109,7 @@ pub mod leased;
 pub mod limit;
 pub mod llm;
 pub mod load;
+pub mod plan;
 pub mod replay;
 pub mod request;
 pub mod response;
@@ -118,7 +123,7 @@ pub mod wait;
 pub mod wire;
 
 pub use condition::Condition;
-pub use document::{Applied, Document, Evaluation, FailureMode, Policy, Shim, Verdict};
+pub use document::{Applied, Document, Evaluation, FailureMode, Keyed, Policy, Shim};
 pub use error::{parse, ParseError};
 pub use key::{KeySource, OnMissingKey};
 pub use limit::{Cost, Limit, PoolReserve};

@@ -3,8 +3,9 @@
 //! the shim would have decided), counted per policy. `sluice simulate`
 //! replays access logs with it, and the browser playground generated traffic.
 //!
-//! Requests are decided as the filter sends them: the enforced policies that
-//! apply in one all-or-nothing check, the shadow ones in another. A request
+//! Requests are decided as the filter sends them, by the one plan every
+//! face makes (`crate::plan`): the enforced policies that apply in one
+//! all-or-nothing check, the shadow ones in another. A request
 //! admitted with a concurrency limit holds its lease for its `duration_ms`.
 //! The model's state keys are named like the shim's: one per policy, key and
 //! limit.
@@ -22,9 +23,10 @@ use std::collections::{BinaryHeap, HashMap};
 use serde::Serialize;
 
 use crate::algorithm::{self, Algorithm, RedisTwin};
+use crate::plan::plan_evaluated;
 use crate::request::{Attribute, SimpleRequest};
 use crate::wire::{Check, LimitOutcome, WireLimit};
-use crate::Document;
+use crate::{Document, Policy};
 
 /// One request to replay.
 #[derive(Debug, Clone)]
@@ -221,37 +223,50 @@ impl<'d> Replay<'d> {
                 algorithm::release(&mut self.store, until, &keys, &id);
             }
         }
-        let applied = match self.doc.evaluate_recorded(&logged.request, |a| logged.recorded.holds(a)) {
-            Ok(applied) => applied,
-            Err(policy) => {
-                if let Some(i) = self.doc.policies.iter().position(|p| std::ptr::eq(p, policy)) {
-                    self.reports[i].matched += 1;
-                    self.reports[i].missing_key += 1;
+        let evaluation = self.doc.evaluate_recorded(&logged.request, |a| logged.recorded.holds(a));
+        if let Ok(evaluation) = &evaluation {
+            for &(i, source) in &evaluation.unrecorded {
+                if let (Some(report), Some(n)) =
+                    (self.reports.get_mut(i), self.unrecorded.get_mut(i).and_then(|u| u.get_mut(source)))
+                {
+                    report.matched += 1;
+                    *n += 1;
                 }
-                return Event { at_us: now, decision: "missing_key", policies: Vec::new() };
-            }
-        };
-        for &(i, source) in &applied.unrecorded {
-            if let (Some(report), Some(n)) =
-                (self.reports.get_mut(i), self.unrecorded.get_mut(i).and_then(|u| u.get_mut(source)))
-            {
-                report.matched += 1;
-                *n += 1;
-            }
-        }
-        // A shadow policy's missing key is a would-deny, never a refusal.
-        for &i in &applied.shadow_missing_key {
-            if let Some(report) = self.reports.get_mut(i) {
-                report.matched += 1;
-                report.missing_key += 1;
             }
         }
         let mut event = Event { at_us: now, decision: "unlimited", policies: Vec::new() };
-        for shadow in [false, true] {
-            let chosen: Vec<(usize, Check)> = applied
-                .iter()
-                .filter(|a| a.policy.shadow == shadow)
-                .map(|a| (a.index, self.charged(a, logged)))
+        // One request is bounded by the document to what the shim decides
+        // at once: its plan cannot fail.
+        let Ok(plan) = plan_evaluated(self.doc, [(&logged.request, None, &evaluation)]) else { return event };
+        let Some(planned) = plan.descriptors.first() else { return event };
+        if let Some(policy) = planned.missing_key {
+            self.count(policy, |r| r.missing_key += 1);
+            event.decision = "missing_key";
+            return event;
+        }
+        // A shadow policy's missing key is a would-deny, never a refusal.
+        for policy in &planned.shadow_missing_key {
+            self.count(policy, |r| r.missing_key += 1);
+        }
+        for policy in &planned.unlimited {
+            self.count(policy, |r| r.admitted += 1);
+        }
+        for policy in &planned.blocked {
+            self.count(policy, |r| r.denied += 1);
+        }
+        if planned.matched() {
+            event.decision = "admitted";
+        }
+        if planned.refused() {
+            event.decision = "denied";
+            return event;
+        }
+        for (checks, shadow) in [(&plan.enforced, false), (&plan.shadow, true)] {
+            let chosen: Vec<(usize, Check)> = (checks.policies.iter().zip(&checks.checks))
+                .filter_map(|(policy, check)| {
+                    let index = self.doc.index_of(policy)?;
+                    Some((index, self.charged(policy, index, check.clone(), logged)))
+                })
                 .collect();
             if chosen.is_empty() {
                 continue;
@@ -274,25 +289,35 @@ impl<'d> Replay<'d> {
         event
     }
 
-    /// `applied`'s check of `logged`. A log holds no body, so a policy with
-    /// an `llm` is charged the logged token count at once, as if its
-    /// reservation had been exact (the gateway reserves at least that much
-    /// while the request is in flight: its denials are at least these);
-    /// without a count, the reservation of a request without a body.
-    fn charged(&mut self, applied: &crate::Applied<'_>, logged: &Replayed) -> Check {
-        let mut check = applied.check(&logged.request);
-        if applied.policy.llm.is_none() {
+    /// Counts a request `policy` decided without a check.
+    fn count(&mut self, policy: &Policy, what: impl FnOnce(&mut PolicyReport)) {
+        if let Some(report) = self.doc.index_of(policy).and_then(|i| self.reports.get_mut(i)) {
+            report.matched += 1;
+            what(report);
+        }
+    }
+
+    /// The planned `check` of `policy` (document index `index`) for
+    /// `logged`. A log holds no body, so a policy with an `llm` is charged
+    /// the logged token count at once, as if its reservation had been exact
+    /// (the gateway reserves at least that much while the request is in
+    /// flight: its denials are at least these); without a count, the
+    /// reservation of a request without a body.
+    fn charged(&mut self, policy: &Policy, index: usize, mut check: Check, logged: &Replayed) -> Check {
+        if policy.llm.is_none() {
             return check;
         }
-        let report = self.reports[applied.index].tokens.get_or_insert_with(TokensReport::default);
+        let report = self.reports[index].tokens.get_or_insert_with(TokensReport::default);
         let Some(tokens) = logged.tokens else {
+            // The check carries the reservation already.
             report.unlogged += 1;
             return check;
         };
-        for (limit, wire) in applied.policy.limits.iter().zip(&mut check.limits) {
+        let tokens = u32::try_from(tokens).unwrap_or(u32::MAX);
+        for (limit, wire) in policy.limits.iter().zip(&mut check.limits) {
             if limit.costs_llm_tokens() {
                 let capacity = wire.capacity();
-                *wire = WireLimit::with_cost(limit, u32::try_from(tokens).unwrap_or(u32::MAX).min(capacity));
+                *wire = WireLimit::with_cost(limit, tokens.min(capacity));
             }
         }
         check
@@ -304,7 +329,7 @@ impl<'d> Replay<'d> {
         for (_, check) in chosen {
             for (i, limit) in check.limits.iter().enumerate() {
                 let algorithm = Algorithm::of(limit);
-                let key = format!("{}:{}", check.state_prefix(i), algorithm.state_suffix());
+                let key = algorithm.state_key(&check.state_prefix(i));
                 model.push((key, algorithm));
             }
         }

@@ -79,12 +79,6 @@ pub struct DenyResponse {
     pub headers: ExtraHeaders,
 }
 
-impl DenyResponse {
-    pub fn status(&self) -> u16 {
-        self.status.unwrap_or(DenyStatus::TOO_MANY_REQUESTS).get()
-    }
-}
-
 /// Response headers set by a policy: valid names, not pseudo-headers, and
 /// values without control characters.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

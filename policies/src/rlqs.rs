@@ -32,6 +32,7 @@
 
 use crate::leased::Leased;
 use crate::limit::WireLimit;
+use crate::plan::plan_evaluated;
 use crate::{Document, Limit, Policy, Request};
 
 /// What governs one RLQS bucket: the first RLQS-face policy, in document
@@ -77,18 +78,36 @@ impl Window {
 
 /// What governs the bucket `req` (an RLQS request: its domain and bucket
 /// id), and the names of the other policies that apply to it too and are
-/// ignored.
+/// ignored: a view of the request's plan ([`crate::plan`]).
 pub fn govern(doc: &Document, req: &impl Request) -> (Governed, Vec<String>) {
-    let evaluation = match doc.evaluate(req) {
-        Ok(evaluation) => evaluation,
-        Err(policy) => {
-            return (Governed::MissingKey { policy: policy.name.as_str().to_string() }, Vec::new())
+    let evaluation = doc.evaluate(req);
+    // One request reaches at most the checks the document's bounds allow:
+    // its plan cannot fail; were it to, the bucket is denied.
+    let planned = plan_evaluated(doc, [(req, None, &evaluation)]);
+    let (plan, planned) = match &planned {
+        Ok(plan) => match plan.descriptors.first() {
+            Some(planned) => (plan, planned),
+            None => return (Governed::Unmatched, Vec::new()),
+        },
+        Err(_) => {
+            let first = evaluation.as_ref().ok().and_then(|e| e.first()).map(|a| a.policy.name.as_str());
+            return (Governed::MissingKey { policy: first.unwrap_or_default().to_string() }, Vec::new());
         }
     };
-    let mut applied = evaluation.iter();
-    let Some(first) = applied.next() else { return (Governed::Unmatched, Vec::new()) };
-    let ignored = applied.map(|a| a.policy.name.as_str().to_string()).collect();
-    (of(first.policy, &first.key), ignored)
+    if let Some(policy) = planned.missing_key {
+        return (Governed::MissingKey { policy: policy.name.as_str().to_string() }, Vec::new());
+    }
+    // The policies the plan decided, in document order: the first governs.
+    let unlimited = planned.unlimited.iter().map(|p| (*p, None));
+    let checked = planned.enforced.iter().filter_map(|&c| {
+        Some((*plan.enforced.policies.get(c)?, Some(plan.enforced.checks.get(c)?.key.as_str())))
+    });
+    let mut decided: Vec<(&Policy, Option<&str>)> = unlimited.chain(checked).collect();
+    decided.sort_by_key(|(p, _)| doc.index_of(p));
+    let mut decided = decided.into_iter();
+    let Some((first, key)) = decided.next() else { return (Governed::Unmatched, Vec::new()) };
+    let ignored = decided.map(|(p, _)| p.name.as_str().to_string()).collect();
+    (of(first, key.unwrap_or_default()), ignored)
 }
 
 fn of(policy: &Policy, key: &str) -> Governed {

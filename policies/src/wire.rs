@@ -255,6 +255,25 @@ impl Check {
         let tag = hash_tag(&self.policy, &self.key);
         self.level_of(limit).map_or_else(|| tag.clone(), |level| level.under(&tag))
     }
+
+    /// The keys whose state the check charges, as the dashboard lists them:
+    /// its key, then each level's `<key>:@<level>:<level key>` (the level's
+    /// state prefix without the hash tag; see [`split_shown`]).
+    pub fn shown_keys(&self) -> impl Iterator<Item = String> + '_ {
+        std::iter::once(self.key.clone()).chain(self.levels.iter().map(|l| l.level.under(&self.key)))
+    }
+}
+
+/// A key of [`Check::shown_keys`] read back: the check's key, and the
+/// level's name and key for a level's. (`@` is in no encoded key.)
+pub fn split_shown(shown: &str) -> (&str, Option<LevelKey>) {
+    let Some((key, level)) = shown.split_once(":@") else { return (shown, None) };
+    match level.split_once(':') {
+        Some((name, level_key)) => {
+            (key, Some(LevelKey { name: name.to_string(), key: level_key.to_string() }))
+        }
+        None => (shown, None),
+    }
 }
 
 #[derive(
@@ -606,14 +625,18 @@ impl LeaseRequest {
     }
 }
 
-/// Failure-mode passes: requests a gateway's worker let through with
-/// `failure_mode: allow` since its last report, per policy. The shim never
-/// saw them (it did not answer in time), so this is how its dashboard learns
-/// of them.
+/// What a gateway's worker decided without the shim since its last report,
+/// per policy: the shim never saw these requests, so this is how its
+/// dashboard learns of them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReportRequest {
+    /// Failure-mode passes: let through with `failure_mode: allow` (the
+    /// shim did not answer in time).
     pub passes: Vec<Passes>,
+    /// Denials answered from the worker's over-limit cache, with no call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cache_denied: Vec<Passes>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -625,20 +648,23 @@ pub struct Passes {
 
 impl ReportRequest {
     /// The bounds a shim holds a report to: at most [`MAX_REPORT_ENTRIES`]
-    /// entries, each naming a valid policy.
+    /// entries in both lists together, each naming a valid policy.
     pub fn validate(&self) -> Result<(), String> {
-        if self.passes.len() > MAX_REPORT_ENTRIES {
+        let entries = self.passes.len() + self.cache_denied.len();
+        if entries > MAX_REPORT_ENTRIES {
+            let field = if self.cache_denied.is_empty() { "passes" } else { "passes and cache_denied" };
             return Err(format!(
-                "passes: {} entries, more than the {MAX_REPORT_ENTRIES} a report may carry",
-                self.passes.len()
+                "{field}: {entries} entries, more than the {MAX_REPORT_ENTRIES} a report may carry"
             ));
         }
-        for (i, passes) in self.passes.iter().enumerate() {
-            if crate::PolicyName::new(&passes.policy).is_none() {
-                return Err(format!(
-                    "passes[{i}].policy: invalid policy name {:?} (expected 1 to 64 of A-Z a-z 0-9 _ -)",
-                    passes.policy
-                ));
+        for (field, entries) in [("passes", &self.passes), ("cache_denied", &self.cache_denied)] {
+            for (i, passes) in entries.iter().enumerate() {
+                if crate::PolicyName::new(&passes.policy).is_none() {
+                    return Err(format!(
+                        "{field}[{i}].policy: invalid policy name {:?} (expected 1 to 64 of A-Z a-z 0-9 _ -)",
+                        passes.policy
+                    ));
+                }
             }
         }
         Ok(())
@@ -776,12 +802,21 @@ mod tests {
     #[test]
     fn reports_are_bounded() {
         let entry = |policy: String| Passes { policy, count: u64::MAX };
-        let largest = ReportRequest { passes: vec![entry("p".repeat(64)); MAX_REPORT_ENTRIES] };
+        let largest = ReportRequest {
+            passes: vec![entry("p".repeat(64)); MAX_REPORT_ENTRIES],
+            cache_denied: Vec::new(),
+        };
         assert_eq!(largest.validate(), Ok(()));
         assert!(serde_json::to_vec(&largest).map(|b| b.len()).unwrap_or(usize::MAX) <= MAX_REPORT_BODY);
-        let more = ReportRequest { passes: vec![entry("p".into()); MAX_REPORT_ENTRIES + 1] };
+        let more = ReportRequest {
+            passes: vec![entry("p".into()); MAX_REPORT_ENTRIES + 1],
+            cache_denied: Vec::new(),
+        };
         assert_eq!(more.validate(), Err("passes: 257 entries, more than the 256 a report may carry".into()));
-        let bad = ReportRequest { passes: vec![entry("ok".into()), entry("not ok".into())] };
+        let bad = ReportRequest {
+            passes: vec![entry("ok".into()), entry("not ok".into())],
+            cache_denied: Vec::new(),
+        };
         assert_eq!(
             bad.validate(),
             Err(r#"passes[1].policy: invalid policy name "not ok" (expected 1 to 64 of A-Z a-z 0-9 _ -)"#

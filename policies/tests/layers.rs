@@ -35,7 +35,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     ("algorithm", &["algorithm"]),
     ("wire", &["wire"]),
-    ("document", &["document", "bounds", "error", "rlqs"]),
+    ("document", &["document", "bounds", "error", "plan", "rlqs"]),
     ("tools", &["replay", "schema"]),
 ];
 

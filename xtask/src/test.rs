@@ -30,7 +30,7 @@ use crate::{bench, browser, build, cmd, deps, paths, playground};
 pub(crate) const FAST_LANE: &[(&str, Option<&[&str]>)] = &[
     ("sluice-policies", None),
     ("sluice-core", None),
-    ("sluice-shim", Some(&["import", "serve", "server", "simulate"])),
+    ("sluice-shim", Some(&["import", "one_plan", "serve", "server", "simulate"])),
     ("xtask", Some(&["imports"])),
 ];
 

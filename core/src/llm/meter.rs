@@ -137,11 +137,6 @@ impl Meter {
         body + self.found.numbers.capacity() * std::mem::size_of::<Option<(u64, bool)>>()
     }
 
-    /// Whether the body is a stream of events.
-    pub fn is_stream(&self) -> bool {
-        matches!(self.body, Body::Events(_))
-    }
-
     /// Reads a chunk of the body. For a stream, `on_event` gets the offset
     /// just past each event that ends in it, and the running count then.
     pub fn feed(&mut self, chunk: &[u8], llm: &Llm, mut on_event: impl FnMut(usize, u64)) {

@@ -160,8 +160,10 @@ pub struct KeyView {
     pub checks: u64,
     /// How many of `checks` may belong to keys it replaced in the sketch.
     pub error: u64,
-    /// One per limit, in the policy's order: read from Redis.
-    pub state: Vec<LimitState>,
+    /// One per limit, in the policy's order: read from Redis; `None` for
+    /// a limit of another level of a hierarchy (each level is a key of
+    /// its own: `<key>:@<level>:<level key>`).
+    pub state: Vec<Option<LimitState>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state_error: Option<String>,
 }
@@ -181,6 +183,8 @@ struct Listed {
     wait: bool,
     face: Option<&'static str>,
     limits: Vec<WireLimit>,
+    /// A hierarchy's levels: each name and the index of its first limit.
+    levels: Vec<(String, usize)>,
     /// Parallel to `limits`: the limits the document charges in LLM tokens.
     in_tokens: Vec<bool>,
     seen: Seen,
@@ -216,6 +220,7 @@ impl Dashboard {
                 wait: policy.wait.is_some(),
                 face: Some(policy.matcher.face().name()),
                 limits: policy.limits.iter().map(|l| WireLimit::with_cost(l, 1)).collect(),
+                levels: policy.levels.iter().map(|l| (l.name.as_str().to_string(), l.from)).collect(),
                 in_tokens: policy.limits.iter().map(|l| l.costs_llm_tokens()).collect(),
                 seen: seen.remove(policy.state_name()).unwrap_or_default(),
             })
@@ -228,6 +233,7 @@ impl Dashboard {
             wait: false,
             face: None,
             limits: seen.limits.clone(),
+            levels: seen.levels.clone(),
             in_tokens: Vec::new(),
             seen,
         }));
@@ -261,7 +267,9 @@ impl Dashboard {
         now: &Result<u64, String>,
     ) -> KeyView {
         let read = match now {
-            Ok(now) => state::read(&self.store, *now, &policy.name, key, &policy.limits).await,
+            Ok(now) => {
+                state::read(&self.store, *now, &policy.name, key, &policy.limits, &policy.levels).await
+            }
             Err(err) => Err(err.clone()),
         };
         let (state, state_error) = match read {

@@ -122,9 +122,10 @@ function policyCard(p, seconds) {
   }
   card.append(rates, historyChart(p.history));
   const t = p.totals;
-  const held = p.keys.reduce((sum, k) => sum + k.state.reduce((s, l) => s + (l.held || 0), 0), 0);
+  const held = p.keys.reduce((sum, k) => sum + k.state.reduce((s, l) => s + ((l && l.held) || 0), 0), 0);
   const jobs = [
-    ["allowed", t.allowed], ["denied", t.denied], ["immediate", t.immediate], ["waited", t.waited],
+    ["allowed", t.allowed], ["denied", t.denied],
+    ["of them by the gateway's cache", t.cache_denied], ["immediate", t.immediate], ["waited", t.waited],
     ["wait time", t.waited ? `${ms(Math.round(t.wait_ms / t.waited))} mean` : "—"],
     ["held now (busy keys)", held], ["reclaimed", t.reclaimed], ["errors", t.errors],
     ["failure-mode passes (reported)", t.failure_passes],

@@ -2,16 +2,19 @@
 //! what every shim of the fleet has charged, not only this one.
 //!
 //! The raw state is what `lua/*.lua` keeps under `sluice:{<policy>:<key>}:
-//! <suffix>` ([`crate::keys`]); remaining and reset are computed from it by
+//! <suffix>` ([`crate::keys`]), a hierarchy's level under its own key
+//! within it (each level read from its own key, as the check charges it); remaining and reset are computed from it by
 //! the reference model (`sluice_policies::algorithm`), the twin of the
 //! scripts, as the next check would see them. Reading changes nothing:
 //! expired entries stay until the next check prunes them.
 
 use serde::Serialize;
 use sluice_policies::algorithm::{fixed_window, gcra, sliding_approx, Algorithm, State, View};
-use sluice_policies::wire::{Check, WireLimit};
+use sluice_policies::key::is_encoded;
+use sluice_policies::wire::{split_shown, WireLimit};
+use sluice_policies::PolicyName;
 
-use crate::keys::script_limits;
+use crate::keys::{state_keys, tag};
 use crate::store::RedisClient;
 
 /// One limit of one key, now.
@@ -38,27 +41,40 @@ pub async fn now_us(store: &RedisClient) -> Result<u64, String> {
     Ok(secs * 1_000_000 + micros)
 }
 
-/// The state of each of `limits` for `policy`'s `key`, at `now` (µs).
+/// The state of `policy`'s key `shown` (a key of `Check::shown_keys`: the
+/// check's key, or one level's) at `now` (µs), one entry per limit of
+/// `limits`: `None` for the limits of the other levels. `levels` are the
+/// hierarchy's levels, each name with the index of its first limit.
 pub async fn read(
     store: &RedisClient,
     now: u64,
     policy: &str,
-    key: &str,
+    shown: &str,
     limits: &[WireLimit],
-) -> Result<Vec<LimitState>, String> {
-    let check = Check {
-        policy: policy.to_string(),
-        key: key.to_string(),
-        limits: limits.to_vec(),
-        margin_ms: None,
-        upstream: false,
-        levels: Vec::new(),
+    levels: &[(String, usize)],
+) -> Result<Vec<Option<LimitState>>, String> {
+    let (key, level) = split_shown(shown);
+    let next_from = |i: usize| levels.get(i).map_or(limits.len(), |l| l.1);
+    let range = match &level {
+        None => 0..next_from(0),
+        Some(level) => {
+            let i = (levels.iter().position(|(name, _)| *name == level.name))
+                .ok_or_else(|| format!("no level {:?}", level.name))?;
+            levels[i].1..next_from(i + 1)
+        }
     };
-    let mut states = Vec::with_capacity(limits.len());
-    for limit in script_limits(&[check])? {
-        states.push(
-            read_one(store, now, &limit.key, limit.algorithm).await.map_err(|e| format!("redis: {e}"))?,
-        );
+    let mine = limits.get(range.clone()).ok_or("the levels do not fit the limits")?;
+    let mut tag = tag(policy, key)?;
+    if let Some(level) = &level {
+        if PolicyName::new(&level.name).is_none() || !is_encoded(&level.key) {
+            return Err("invalid level name or key".to_string());
+        }
+        tag = level.under(&tag);
+    }
+    let mut states = vec![None; limits.len()];
+    for (slot, limit) in states[range].iter_mut().zip(state_keys(&tag, mine)?) {
+        *slot =
+            Some(read_one(store, now, &limit.key, limit.algorithm).await.map_err(|e| format!("redis: {e}"))?);
     }
     Ok(states)
 }

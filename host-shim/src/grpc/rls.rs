@@ -7,7 +7,7 @@
 //!    order, with its position) become one request per descriptor, with its
 //!    cost (`hits_addend`, 0 meaning 1). Bounded: a malformed or oversized
 //!    request is refused with `INVALID_ARGUMENT`, never a panic.
-//! 2. [`plan`] (core's one planning function, `sluice_core::plan`): the
+//! 2. [`plan`] (the one planning function, `sluice_policies::plan`): the
 //!    policy document evaluates each descriptor; the checks of the enforced
 //!    policies and of the shadow ones, grouped as the document's `charge`
 //!    says; `unlimited`, `blocked`, `replaces` and tree nodes that limit
@@ -53,7 +53,7 @@ pub const MAX_VALUE_LEN: usize = 1024;
 /// The largest request message read: every bound above at its largest fits.
 pub const MAX_MESSAGE: usize = 4 * 1024 * 1024;
 
-pub use sluice_core::plan::{plan, Checks, Descriptor, Plan, Planned};
+pub use sluice_policies::plan::{plan, Checks, Descriptor, Plan, Planned};
 
 /// The request's descriptors, or why it is refused (`INVALID_ARGUMENT`).
 pub fn decode(req: &RateLimitRequest) -> Result<Vec<Descriptor>, String> {
@@ -125,7 +125,7 @@ pub fn answer(doc: &Document, plan: &Plan<'_>, outcomes: Outcomes<'_>, now_ms: u
         let named = enforced.iter().chain(&shadow).map(|&(p, l, o)| (p.answer_name(), l, o));
         if let Some(policy) = planned.blocked_shown() {
             // A limit of 0: refused whatever any other limit says.
-            let reset = sluice_core::plan::blocked_reset_ms(policy, now_ms).unwrap_or(0);
+            let reset = sluice_policies::plan::blocked_reset_ms(policy, now_ms).unwrap_or(0);
             let window = policy.blocked.map(|w| w.as_millis());
             status.current_limit = Some(RateLimit {
                 name: policy.answer_name().to_string(),
@@ -145,7 +145,7 @@ pub fn answer(doc: &Document, plan: &Plan<'_>, outcomes: Outcomes<'_>, now_ms: u
         all.extend(enforced.into_iter().map(|(p, l, o)| (p.answer_name(), l, o)));
     }
     let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
-    let send_headers = sluice_core::plan::sends_headers(doc.headers, over);
+    let send_headers = sluice_policies::plan::sends_headers(doc.headers, over);
     let headers = send_headers.then(|| RateLimitHeaders::most_restrictive(all)).flatten();
     RateLimitResponse {
         overall_code: code(over),

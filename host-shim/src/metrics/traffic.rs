@@ -19,7 +19,7 @@ use std::time::Instant;
 use serde::Serialize;
 use sluice_policies::key::is_encoded;
 use sluice_policies::units::Millis;
-use sluice_policies::wire::{CheckRequest, CheckResponse, WireLimit};
+use sluice_policies::wire::{CheckLevel, CheckRequest, CheckResponse, WireLimit};
 use sluice_policies::PolicyName;
 
 use super::history::{History, Kind, Series};
@@ -42,8 +42,12 @@ const HALVE_EVERY_S: u64 = 60;
 pub struct Totals {
     /// Admitted at once.
     pub allowed: u64,
-    /// Denied by this policy.
+    /// Denied by this policy: by this shim, or by a gateway's over-limit
+    /// cache as its filters reported them.
     pub denied: u64,
+    /// Of `denied`, those a gateway answered from its over-limit cache,
+    /// with no call to the shim; the rest this shim answered.
+    pub cache_denied: u64,
     /// Admitted after being held (egress wait).
     pub waited: u64,
     /// Requests that could wait but were admitted at once.
@@ -78,6 +82,9 @@ struct Second {
 #[derive(Debug)]
 struct Policy {
     limits: Vec<WireLimit>,
+    /// A hierarchy's levels as its checks carried them: each name and the
+    /// index of its first limit.
+    levels: Vec<(String, usize)>,
     totals: Totals,
     /// A ring of the last seconds, by `at % len`.
     seconds: [Second; RATE_SECONDS as usize + 1],
@@ -90,6 +97,8 @@ struct Policy {
 #[derive(Debug, Clone, Default)]
 pub struct Seen {
     pub limits: Vec<WireLimit>,
+    /// A hierarchy's levels: each name and the index of its first limit.
+    pub levels: Vec<(String, usize)>,
     pub totals: Totals,
     pub rates: Rates,
     pub history: Series,
@@ -137,11 +146,23 @@ impl Traffic {
             let Some(policy) = tracked(&mut policies, &check.policy, now) else { continue };
             policy.age(now);
             // Only keys the shim would take: at most MAX_KEY_LEN bytes each.
-            if is_encoded(&check.key) {
-                policy.keys.add(&check.key);
+            // A hierarchy's every level is a key of its own: each is shown
+            // from its own state.
+            let levels_valid = check
+                .levels
+                .iter()
+                .all(|l| is_encoded(&l.level.key) && PolicyName::new(&l.level.name).is_some());
+            if is_encoded(&check.key) && levels_valid {
+                for shown in check.shown_keys() {
+                    policy.keys.add(&shown);
+                }
             }
             if check.limits.len() <= MAX_LIMITS && policy.limits != check.limits {
                 policy.limits = check.limits.clone();
+            }
+            if levels_valid && check.levels.len() <= MAX_LIMITS && !same_levels(&policy.levels, &check.levels)
+            {
+                policy.levels = check.levels.iter().map(|l| (l.level.name.clone(), l.from)).collect();
             }
             if let Ok(resp) = result {
                 let outcome = resp.checks.get(i).map(|c| c.limits.as_slice()).unwrap_or_default();
@@ -222,6 +243,24 @@ impl Traffic {
         }
     }
 
+    /// Counts `count` denials of `policy` that a filter answered from its
+    /// over-limit cache and reported now: denials like this shim's, landing
+    /// in the history when received (up to a report period late).
+    pub(crate) fn cache_denied(&self, policy: &str, count: u64) {
+        self.cache_denied_at(self.second(), policy, count);
+    }
+
+    fn cache_denied_at(&self, now: u64, policy: &str, count: u64) {
+        let mut policies = self.policies.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(policy) = tracked(&mut policies, policy, now) {
+            policy.totals.denied = policy.totals.denied.saturating_add(count);
+            policy.totals.cache_denied = policy.totals.cache_denied.saturating_add(count);
+            let second = second(&mut policy.seconds, now);
+            second.denied = second.denied.saturating_add(count);
+            policy.history.add(now, Kind::Denied, count);
+        }
+    }
+
     /// Every policy seen so far, by name.
     pub fn seen(&self, top: usize) -> HashMap<String, Seen> {
         self.seen_at(self.second(), top)
@@ -234,6 +273,7 @@ impl Traffic {
             .map(|(name, p)| {
                 let seen = Seen {
                     limits: p.limits.clone(),
+                    levels: p.levels.clone(),
                     totals: p.totals,
                     rates: p.rates(now),
                     history: p.history.series(now),
@@ -249,6 +289,7 @@ impl Policy {
     fn new(now: u64) -> Policy {
         Policy {
             limits: Vec::new(),
+            levels: Vec::new(),
             totals: Totals::default(),
             seconds: Default::default(),
             keys: SpaceSaving::new(KEYS_PER_POLICY),
@@ -275,6 +316,11 @@ impl Policy {
         let per_second = |n: u64| n as f64 / RATE_SECONDS as f64;
         Rates { allowed: per_second(allowed), denied: per_second(denied), waited: per_second(waited) }
     }
+}
+
+fn same_levels(seen: &[(String, usize)], levels: &[CheckLevel]) -> bool {
+    seen.len() == levels.len()
+        && seen.iter().zip(levels).all(|((n, f), l)| *n == l.level.name && *f == l.from)
 }
 
 /// The policy named `name`, added if new: `None` for an invalid name, or a

@@ -114,6 +114,13 @@ impl Algorithm {
         }
     }
 
+    /// Its state's key name under `prefix` (a check's hash tag, or a
+    /// level's key within it: `wire::Check::state_prefix`):
+    /// `<prefix>:<suffix>`, the one place the name is put together.
+    pub fn state_key(&self, prefix: &str) -> String {
+        format!("{prefix}:{}", self.state_suffix())
+    }
+
     /// The end of its state's key name. Two limits with the same suffix in
     /// one policy would share state, so a policy may not have them.
     pub fn state_suffix(&self) -> String {

@@ -1,0 +1,333 @@
+//! One way to plan a call: what the policy document makes of each of its
+//! requests (an RLS call's descriptors), as the checks to enforce, the
+//! shadow checks, the missing keys, the policies decided without a check
+//! (`unlimited`, `blocked`, a descriptor tree's node that limits nothing,
+//! `replaces`), how the checks are charged ([`Charge`]), and when the
+//! RateLimit headers are sent ([`sends_headers`]). A face sends the checks
+//! and answers with a view of the plan and the outcomes.
+//!
+//! Every face plans here: the filter's `Flow` (through `sluice_core::plan`),
+//! the RLS face, the RLQS face ([`crate::rlqs::govern`]), and `sluice
+//! simulate` and the playground (the replay); a check's keys, the
+//! hierarchy's levels among them, are the ones the dashboard reads. It
+//! lives in this crate, under the replay, so that one definition serves all.
+//!
+//! The planning is a plain function of the document and the requests: no
+//! clock, no I/O.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use crate::bounds::MAX_CHECKS;
+use crate::document::Charge;
+use crate::request::SimpleRequest;
+use crate::wire::{Check, CheckRequest, Views, WireLimit};
+use crate::{Applied, Document, Evaluation, HeadersMode, Policy, Request};
+
+/// One request of a call and its cost (an RLS descriptor and its
+/// `hits_addend`, 0 read as 1).
+#[derive(Debug, Clone)]
+pub struct Descriptor {
+    pub request: SimpleRequest,
+    pub hits: u32,
+}
+
+/// What the document makes of one request.
+#[derive(Debug, Clone, Default)]
+pub struct Planned<'d> {
+    /// Indexes into [`Plan::enforced`]'s checks.
+    pub enforced: Vec<usize>,
+    /// Indexes into [`Plan::shadow`]'s checks.
+    pub shadow: Vec<usize>,
+    /// `blocked` policies: each refuses (a shadow one only would).
+    pub blocked: Vec<&'d Policy>,
+    /// The `unlimited` policies that apply.
+    pub unlimited: Vec<&'d Policy>,
+    /// Policies that apply but another of the call `replaces`.
+    pub replaced: Vec<&'d Policy>,
+    /// A descriptor tree's node that limits nothing was reached.
+    pub limits_nothing: bool,
+    /// The enforced policy that refuses the request for a missing key.
+    pub missing_key: Option<&'d Policy>,
+    /// Shadow policies whose key the request lacks (`on_missing_key:
+    /// deny`): each a would-deny, none refusing.
+    pub shadow_missing_key: Vec<&'d Policy>,
+}
+
+impl<'d> Planned<'d> {
+    /// Whether any policy applied.
+    pub fn matched(&self) -> bool {
+        !self.enforced.is_empty()
+            || !self.shadow.is_empty()
+            || !self.blocked.is_empty()
+            || !self.unlimited.is_empty()
+            || !self.replaced.is_empty()
+            || self.limits_nothing
+            || self.missing_key.is_some()
+    }
+
+    /// Whether it is refused without a check: a missing key, or an enforced
+    /// `blocked` policy.
+    pub fn refused(&self) -> bool {
+        self.missing_key.is_some() || self.blocked.iter().any(|p| !p.shadow)
+    }
+
+    /// The `blocked` policy an answer shows: an enforced one first.
+    pub fn blocked_shown(&self) -> Option<&'d Policy> {
+        self.blocked.iter().find(|p| !p.shadow).or(self.blocked.first()).copied()
+    }
+}
+
+/// Checks, each with its policy, in groups each decided and charged as one.
+#[derive(Debug, Clone, Default)]
+pub struct Checks<'d> {
+    pub checks: Vec<Check>,
+    pub policies: Vec<&'d Policy>,
+    /// Consecutive ranges of `checks`, in order: each one request to the
+    /// limiter, all or none of it charged.
+    pub groups: Vec<Range<usize>>,
+}
+
+impl<'d> Checks<'d> {
+    /// The index of `check`; within the open group, a policy and key that
+    /// two requests reach is one check, charged once.
+    fn add(&mut self, policy: &'d Policy, check: Check) -> usize {
+        let open = self.groups.last().map_or(0, |g| g.end)..self.checks.len();
+        let same = |c: &Check| c.policy == check.policy && c.key == check.key;
+        match self.checks[open.clone()].iter().position(same) {
+            Some(i) => open.start + i,
+            None => {
+                self.checks.push(check);
+                self.policies.push(policy);
+                self.checks.len() - 1
+            }
+        }
+    }
+
+    /// Closes the open group, if it has checks.
+    fn close(&mut self) {
+        let start = self.groups.last().map_or(0, |g| g.end);
+        if start < self.checks.len() {
+            self.groups.push(start..self.checks.len());
+        }
+    }
+
+    /// Each group's request to the limiter, in order.
+    pub fn requests(&self) -> impl Iterator<Item = CheckRequest<'_>> {
+        self.groups.iter().map(|g| CheckRequest {
+            checks: Cow::Borrowed(&self.checks[g.clone()]),
+            id: None,
+            now_us: None,
+            wait_ms: None,
+            // Every descriptor's answer carries its `duration_until_reset`.
+            views: Views::All,
+        })
+    }
+}
+
+/// A call's plan: one entry per request, and the checks of all.
+#[derive(Debug, Clone, Default)]
+pub struct Plan<'d> {
+    pub descriptors: Vec<Planned<'d>>,
+    pub enforced: Checks<'d>,
+    pub shadow: Checks<'d>,
+}
+
+/// Plans a call: evaluates each request, drops the policies another one of
+/// the call `replaces`, and groups the checks as the document's `charge`
+/// says. `Err` (the call is invalid) when a cost cannot be charged as asked
+/// or a group has more checks than the shim decides at once.
+pub fn plan<'d>(doc: &'d Document, descriptors: &[Descriptor]) -> Result<Plan<'d>, String> {
+    let evaluations: Vec<_> = descriptors.iter().map(|d| doc.evaluate(&d.request)).collect();
+    plan_evaluated(doc, descriptors.iter().zip(&evaluations).map(|(d, e)| (&d.request, Some(d.hits), e)))
+}
+
+/// [`plan`] for requests already evaluated, each with its cost (an RLS
+/// descriptor's hits; `None`: what the request itself says, a cost header
+/// or a limit's own cost): a replay evaluates a logged request from what
+/// its record holds (`Document::evaluate_recorded`), the RLQS face a bucket.
+pub fn plan_evaluated<'d, 'a, R: Request + 'a>(
+    doc: &'d Document,
+    calls: impl IntoIterator<Item = (&'a R, Option<u32>, &'a Result<Evaluation<'d>, &'d Policy>)>,
+) -> Result<Plan<'d>, String>
+where
+    'd: 'a,
+{
+    let calls: Vec<_> = calls.into_iter().collect();
+    // envoyproxy/ratelimit: the names every applied limit of the call
+    // replaces, whatever its kind.
+    let replacing: Vec<&str> = calls
+        .iter()
+        .filter_map(|(_, _, e)| e.as_ref().ok())
+        .flat_map(|e| e.iter())
+        .flat_map(|a| a.policy.replaces.iter().map(String::as_str))
+        .collect();
+    let replaced = |p: &Policy| !p.answer_name().is_empty() && replacing.contains(&p.answer_name());
+    let mut plan = Plan::default();
+    for (i, (request, hits, evaluation)) in calls.iter().enumerate() {
+        let mut planned = Planned::default();
+        match evaluation {
+            Err(policy) => planned.missing_key = Some(policy),
+            Ok(evaluation) => {
+                planned.shadow_missing_key =
+                    evaluation.shadow_missing_key.iter().filter_map(|&i| doc.policies.get(i)).collect();
+                let roles =
+                    enforced(evaluation).map(|a| (a, false)).chain(shadow(evaluation).map(|a| (a, true)));
+                for (applied, in_shadow) in roles {
+                    let policy = applied.policy;
+                    if replaced(policy) {
+                        planned.replaced.push(policy);
+                    } else if policy.unlimited {
+                        planned.unlimited.push(policy);
+                    } else if policy.blocked.is_some() {
+                        planned.blocked.push(policy);
+                    } else if policy.limits_nothing() {
+                        planned.limits_nothing = true;
+                    } else {
+                        let check = match hits {
+                            Some(hits) => charged(applied.check(*request), policy, *hits)
+                                .map_err(|e| format!("descriptors[{i}]: {e}"))?,
+                            None => applied.check(*request),
+                        };
+                        if in_shadow {
+                            planned.shadow.push(plan.shadow.add(policy, check));
+                        } else {
+                            planned.enforced.push(plan.enforced.add(policy, check));
+                        }
+                    }
+                }
+            }
+        }
+        if doc.charge == Charge::EachDescriptor {
+            plan.enforced.close();
+            plan.shadow.close();
+        }
+        plan.descriptors.push(planned);
+    }
+    for checks in [&mut plan.enforced, &mut plan.shadow] {
+        checks.close();
+        if let Some(g) = checks.groups.iter().find(|g| g.len() > MAX_CHECKS) {
+            return Err(format!(
+                "the descriptors reach {} checks, more than the {MAX_CHECKS} the shim decides at once",
+                g.len()
+            ));
+        }
+    }
+    Ok(plan)
+}
+
+/// `check` with a cost of `hits`: a `points` limit's cost (at most its
+/// capacity, as every cost). The other limits count requests: a cost above
+/// 1 on them is refused rather than under-counted.
+fn charged(mut check: Check, policy: &Policy, hits: u32) -> Result<Check, String> {
+    for limit in &mut check.limits {
+        match limit {
+            WireLimit::Points { cost, capacity, .. } | WireLimit::CalendarPoints { cost, capacity, .. } => {
+                *cost = hits.min(*capacity)
+            }
+            other if hits > 1 => {
+                return Err(format!(
+                    "hits_addend {hits} reaches policy {}, whose {} limit counts requests one by one: only a points limit charges a cost",
+                    policy.name,
+                    other.kind().name()
+                ))
+            }
+            _ => {}
+        }
+    }
+    Ok(check)
+}
+
+/// The enforced policies of an evaluation: with [`shadow`], the one place
+/// a decision splits them (this plan, and the filter's `Flow`).
+pub fn enforced<'e, 'd>(applied: &'e [Applied<'d>]) -> impl Iterator<Item = &'e Applied<'d>> + Clone {
+    applied.iter().filter(|a| !a.policy.shadow)
+}
+
+/// The shadow policies of an evaluation: decided and counted, never refusing.
+pub fn shadow<'e, 'd>(applied: &'e [Applied<'d>]) -> impl Iterator<Item = &'e Applied<'d>> + Clone {
+    applied.iter().filter(|a| a.policy.shadow)
+}
+
+/// The headers rule: whether the `RateLimit` headers go with an answer
+/// that `denied` (or admitted) the request.
+pub fn sends_headers(mode: HeadersMode, denied: bool) -> bool {
+    match mode {
+        HeadersMode::Off => false,
+        HeadersMode::OnDeny => denied,
+        HeadersMode::Always => true,
+    }
+}
+
+/// A `blocked` policy's window at `now_ms`: until it ends, in ms (its
+/// windows aligned to the epoch, as a fixed window's).
+pub fn blocked_reset_ms(policy: &Policy, now_ms: u64) -> Option<u64> {
+    let window = policy.blocked?.as_millis();
+    Some(window - now_ms % window)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(json: &str) -> Document {
+        serde_json::from_str(json).expect("a valid document")
+    }
+
+    fn descriptor(entries: &[(&str, &str)]) -> Descriptor {
+        let mut request = SimpleRequest::default().domain("edge");
+        for (k, v) in entries {
+            request = request.entry(k, v);
+        }
+        Descriptor { request, hits: 1 }
+    }
+
+    const TWO: &str = r#"{"charge": "CHARGE", "policies": [
+        {"name": "a", "match": {"domain": "edge", "entries": {"a": {"present": true}}},
+         "key": ["entry:a"], "limits": [{"type": "fixed_window", "limit": 1, "window": "1m"}]},
+        {"name": "b", "match": {"domain": "edge", "entries": {"b": {"present": true}}},
+         "key": ["entry:b"], "limits": [{"type": "fixed_window", "limit": 1, "window": "1m"}]},
+        {"name": "s", "shadow": true, "match": {"domain": "edge", "entries": {"b": {"present": true}}},
+         "limits": [{"type": "fixed_window", "limit": 1, "window": "1m"}]}
+    ]}"#;
+
+    #[test]
+    fn all_or_none_is_one_group_and_each_descriptor_one_group_per_descriptor() {
+        let calls = [descriptor(&[("a", "1")]), descriptor(&[("b", "2")]), descriptor(&[("a", "1")])];
+        let all = doc(&TWO.replace("CHARGE", "all_or_none"));
+        let p = plan(&all, &calls).expect("plans");
+        assert_eq!(p.enforced.groups, vec![0..2]);
+        assert_eq!(p.descriptors[2].enforced, vec![0], "one check for a key two descriptors reach");
+        assert_eq!(p.shadow.groups, vec![0..1]);
+        assert_eq!(p.descriptors[1].shadow, vec![0]);
+        let each = doc(&TWO.replace("CHARGE", "each_descriptor"));
+        let p = plan(&each, &calls).expect("plans");
+        assert_eq!(p.enforced.groups, vec![0..1, 1..2, 2..3], "each descriptor charged on its own");
+        assert_eq!(p.descriptors[2].enforced, vec![2]);
+    }
+
+    #[test]
+    fn replaces_drops_the_named_limits_of_the_whole_call() {
+        let d = doc(r#"{"charge": "each_descriptor", "policies": [
+            {"name": "base", "limit_name": "base", "match": {"domain": "edge", "entries": {"a": {"present": true}}},
+             "limits": [{"type": "fixed_window", "limit": 1, "window": "1m"}]},
+            {"name": "vip", "replaces": ["base"], "match": {"domain": "edge", "entries": {"vip": {"present": true}}},
+             "limits": [{"type": "fixed_window", "limit": 9, "window": "1m"}]}
+        ]}"#);
+        let p = plan(&d, &[descriptor(&[("a", "1")])]).expect("plans");
+        assert_eq!(p.descriptors[0].enforced.len(), 1);
+        let p = plan(&d, &[descriptor(&[("a", "1")]), descriptor(&[("vip", "x")])]).expect("plans");
+        assert!(p.descriptors[0].enforced.is_empty());
+        assert_eq!(p.descriptors[0].replaced.len(), 1);
+        assert!(p.descriptors[0].matched());
+        assert_eq!(p.enforced.checks.len(), 1);
+    }
+
+    #[test]
+    fn headers_rule() {
+        assert!(!sends_headers(HeadersMode::Off, true));
+        assert!(sends_headers(HeadersMode::OnDeny, true));
+        assert!(!sends_headers(HeadersMode::OnDeny, false));
+        assert!(sends_headers(HeadersMode::Always, false));
+    }
+}
