@@ -16,7 +16,8 @@
 //! - `hold_*`: whether the host must hold the request or response now,
 //!   asked once the event's effects are performed (a call the host could
 //!   not send is handed back at once, and may decide the request);
-//! - the clock, shared data and response headers come in through [`Host`].
+//! - each event carries its time ([`Now`]); shared data, the response's
+//!   headers and the bodies are read through [`Host`].
 //!
 //! **Two calls.** Enforced and shadow policies go to the shim in two calls,
 //! sent together: each call is all-or-nothing, and a shadow policy's denial
@@ -60,6 +61,7 @@ use crate::host::Host;
 use crate::leased::{Pool, Token};
 use crate::llm::Metered;
 use crate::local_reply::LocalReply;
+use crate::now::Now;
 use crate::ratelimit_headers::{Fields, RateLimitHeaders};
 use crate::shedding::REPORT_MS;
 use crate::stats::{ClassStat, FilterStat, PolicyStat};
@@ -217,17 +219,17 @@ impl Flow {
     /// The request's headers: match, decide locally or ask the shim; or,
     /// when a policy that reads bodies may apply, read the body first
     /// (`Reading`: the face hands it over with [`Flow::handle_request_body`]).
-    pub fn handle_request_headers(&mut self, req: &impl Request, host: &dyn Host) -> Vec<Effect> {
+    pub fn handle_request_headers(&mut self, now: &Now, req: &impl Request, host: &dyn Host) -> Vec<Effect> {
         if self.worker.doc.reads_body() && self.worker.doc.needs_body(req) {
             self.phase = Phase::Reading;
             return Vec::new();
         }
-        self.decide(req, host)
+        self.decide(now, req, host)
     }
 
     /// The request is known (its headers, and its body if read): match,
     /// decide locally or ask the shim.
-    fn decide(&mut self, req: &impl Request, host: &dyn Host) -> Vec<Effect> {
+    fn decide(&mut self, now: &Now, req: &impl Request, host: &dyn Host) -> Vec<Effect> {
         let mut fx = self.worker.effects();
         let worker = self.worker.clone();
         let evaluation = match worker.doc.evaluate(req) {
@@ -245,8 +247,8 @@ impl Flow {
         for &index in &evaluation.shadow_missing_key {
             self.shadow_missing_key(&worker, index, &mut fx);
         }
-        if let Some((index, hit, limit)) = self.spend_tokens(&worker, &evaluation, req, host, &mut fx) {
-            self.deny_from_cache(&worker, index, hit, limit, host, &mut fx);
+        if let Some(denial) = self.spend_tokens(&worker, &evaluation, req, now, host, &mut fx) {
+            self.deny_from_cache(&worker, denial, now, host, &mut fx);
             return fx.0;
         }
         let enforced = crate::plan::enforced(&evaluation).map(|a| a.policy);
@@ -262,10 +264,10 @@ impl Flow {
                 self.tell(Verdict::Allowed);
             }
             self.phase = if self.response_headers.is_empty() { Phase::Done } else { Phase::Admitted };
-            self.settle_tokens(true, host, &mut fx);
+            self.settle_tokens(true, now, host, &mut fx);
             return fx.0;
         }
-        let now = host.now_ms();
+        let now = now.ms();
         if self.decide_locally(&worker, now, host, &mut fx) {
             return fx.0;
         }
@@ -309,7 +311,13 @@ impl Flow {
     }
 
     /// What became of one of this stream's calls.
-    pub fn handle_answer(&mut self, id: CallId, result: CallResult, host: &dyn Host) -> Vec<Effect> {
+    pub fn handle_answer(
+        &mut self,
+        now: &Now,
+        id: CallId,
+        result: CallResult,
+        host: &dyn Host,
+    ) -> Vec<Effect> {
         let mut fx = self.worker.effects();
         let worker = self.worker.clone();
         if let Some(at) = self.releasing.iter().position(|(c, ..)| *c == id) {
@@ -319,13 +327,9 @@ impl Flow {
                     log::debug!("cannot release at the response's end ({reason}); the worker will");
                     worker.send_later(RELEASE_PATH, &request, policies);
                 }
-                CallResult::Answered { status, body } => worker.release_answered(
-                    &policies,
-                    status.as_deref(),
-                    body.as_deref(),
-                    host.now_ms(),
-                    &mut fx,
-                ),
+                CallResult::Answered { status, body } => {
+                    worker.release_answered(&policies, status.as_deref(), body.as_deref(), now.ms(), &mut fx)
+                }
             }
             self.resume_response(&mut fx);
             return fx.0;
@@ -359,7 +363,7 @@ impl Flow {
             return fx.0;
         }
         call.in_flight = false;
-        let now = host.now_ms();
+        let now = now.ms();
         let answer = match result {
             CallResult::NotSent(reason) => {
                 call.unconfirmed = false;
@@ -387,7 +391,12 @@ impl Flow {
     }
 
     /// The upstream's response headers.
-    pub fn handle_response_headers(&mut self, end_of_stream: bool, host: &dyn Host) -> Vec<Effect> {
+    pub fn handle_response_headers(
+        &mut self,
+        now: &Now,
+        end_of_stream: bool,
+        host: &dyn Host,
+    ) -> Vec<Effect> {
         let mut fx = self.worker.effects();
         self.in_response_headers = true;
         if !matches!(self.phase, Phase::Admitted | Phase::Failed) {
@@ -413,12 +422,12 @@ impl Flow {
             worker.send_later(ADJUST_PATH, &AdjustRequest { adjustments, now_us: None }, Vec::new());
         }
         self.start_metering(host, &mut fx);
-        self.upstream_feedback(&worker, host, &mut fx);
+        self.upstream_feedback(&worker, now, host, &mut fx);
         if end_of_stream {
             self.settle_metering(true, &mut fx);
         }
         if end_of_stream {
-            self.release_at_end(host, &mut fx);
+            self.release_at_end(now, &mut fx);
             return fx.0;
         }
         if self.calls.iter().any(|c| c.lease.is_some()) {
@@ -430,7 +439,13 @@ impl Flow {
     }
 
     /// A chunk of the response's body, `size` bytes.
-    pub fn handle_response_body(&mut self, size: usize, end_of_stream: bool, host: &dyn Host) -> Vec<Effect> {
+    pub fn handle_response_body(
+        &mut self,
+        now: &Now,
+        size: usize,
+        end_of_stream: bool,
+        host: &dyn Host,
+    ) -> Vec<Effect> {
         let mut fx = self.worker.effects();
         self.in_response_headers = false;
         self.meter_body(size, end_of_stream, host, &mut fx);
@@ -446,18 +461,18 @@ impl Flow {
             None => false,
         };
         if end_of_stream || completes {
-            self.release_at_end(host, &mut fx);
+            self.release_at_end(now, &mut fx);
         }
         fx.0
     }
 
     /// The response's trailers: its end.
-    pub fn handle_response_trailers(&mut self, host: &dyn Host) -> Vec<Effect> {
+    pub fn handle_response_trailers(&mut self, now: &Now) -> Vec<Effect> {
         let mut fx = self.worker.effects();
         self.in_response_headers = false;
         self.settle_metering(true, &mut fx);
         if self.phase == Phase::Streaming {
-            self.release_at_end(host, &mut fx);
+            self.release_at_end(now, &mut fx);
         }
         fx.0
     }
@@ -465,13 +480,13 @@ impl Flow {
     /// The stream ended (its log, then its teardown; either may come alone):
     /// whatever it still holds is queued for the worker, exactly once, and
     /// the tokens of a request reset before its decision go back.
-    pub fn handle_stream_end(&mut self, host: &dyn Host) -> Vec<Effect> {
+    pub fn handle_stream_end(&mut self, now: &Now, host: &dyn Host) -> Vec<Effect> {
         let mut fx = self.worker.effects();
-        self.release_leases(host, &mut fx);
+        self.release_leases(now, &mut fx);
         // Ended before its response did: what it used is not known.
         self.settle_metering(false, &mut fx);
         // Reset before its decision: the tokens go back.
-        self.settle_tokens(false, host, &mut fx);
+        self.settle_tokens(false, now, host, &mut fx);
         self.phase = match self.phase {
             Phase::Refused => Phase::Refused,
             _ => Phase::Done,
@@ -543,7 +558,7 @@ impl Flow {
             self.response_headers.extend(shadow_notes.into_iter().map(|note| (SHADOW_HEADER, note)));
             self.tell(if self.phase == Phase::Failed { Verdict::FailureAllowed } else { Verdict::Allowed });
         }
-        self.settle_tokens(through, host, fx);
+        self.settle_tokens(through, &Now::at(now), host, fx);
     }
 
     /// Builds the checks of the policies that apply, after two local
@@ -558,6 +573,7 @@ impl Flow {
         worker: &Worker,
         evaluation: &Evaluation,
         req: &impl Request,
+        now: &Now,
         host: &dyn Host,
         fx: &mut Effects,
     ) -> Option<(usize, Hit, Option<WireLimit>)> {
@@ -566,7 +582,7 @@ impl Flow {
         }
         let cache = OverLimitCache::new(host, worker.doc.over_limit_cache_slots.get())
             .with_mirror(&worker.over_limit);
-        let now = host.now_ms();
+        let now = now.ms();
         let enforce = |calls: &mut CheckCall, a: &Applied<'_>| {
             let reserved = a.reserved(req);
             let Some(hit) = cache.lookup_applied(a, req, reserved, now) else {
@@ -623,15 +639,14 @@ impl Flow {
     fn deny_from_cache(
         &mut self,
         worker: &Worker,
-        index: usize,
-        hit: Hit,
-        limit: Option<WireLimit>,
+        (index, hit, limit): (usize, Hit, Option<WireLimit>),
+        now: &Now,
         host: &dyn Host,
         fx: &mut Effects,
     ) {
         let Some(policy) = worker.doc.policies.get(index) else { return };
         fx.count(index, PolicyStat::CacheDenied);
-        self.settle_tokens(false, host, fx);
+        self.settle_tokens(false, now, host, fx);
         let secs = retry_after_secs(Some(Millis(hit.wait_ms)));
         // All the reply shows of the hit: the limit and its fields (the
         // wait in whole seconds is RateLimit's t and Retry-After alike).
@@ -659,11 +674,11 @@ impl Flow {
 
     /// The request's decision is made: its spent tokens count as admitted
     /// requests, or go back to their pools if it was refused.
-    fn settle_tokens(&mut self, admitted: bool, host: &dyn Host, fx: &mut Effects) {
+    fn settle_tokens(&mut self, admitted: bool, now: &Now, host: &dyn Host, fx: &mut Effects) {
         if self.spent.is_empty() {
             return;
         }
-        let now = host.now_ms();
+        let now = now.ms();
         for (index, hot, token) in std::mem::take(&mut self.spent) {
             if admitted {
                 fx.count(index, PolicyStat::Allowed);
@@ -783,7 +798,7 @@ impl Flow {
     /// pause, so every call checked after the client sees the partner's
     /// "slow down" is paused, on every gateway. A pause that cannot be sent
     /// from here goes through the worker.
-    fn upstream_feedback(&mut self, worker: &Worker, host: &dyn Host, fx: &mut Effects) {
+    fn upstream_feedback(&mut self, worker: &Worker, now: &Now, host: &dyn Host, fx: &mut Effects) {
         let call = &self.calls[0];
         let reads = |&i: &usize| worker.doc.policies.get(i).is_some_and(|p| p.upstream.is_some());
         if !call.admitted || !call.policies.iter().any(reads) {
@@ -796,7 +811,7 @@ impl Flow {
             return;
         };
         let header = |name: &str| host.response_header(name);
-        let got = feedback::read(&worker.doc, &call.policies, &call.checks, status, header, host.now_ms());
+        let got = feedback::read(&worker.doc, &call.policies, &call.checks, status, header, now.ms());
         if got.pauses.is_empty() {
             return;
         }
@@ -960,11 +975,7 @@ impl Flow {
     /// lease, each taken once, each with whether the shim confirmed the
     /// lease (else it is released by the check's id, in case the shim took
     /// it unseen).
-    fn leases_to_release(
-        &mut self,
-        host: &dyn Host,
-        fx: &mut Effects,
-    ) -> Vec<(ReleaseRequest, Vec<usize>, bool)> {
+    fn leases_to_release(&mut self, now: &Now, fx: &mut Effects) -> Vec<(ReleaseRequest, Vec<usize>, bool)> {
         let worker = self.worker.clone();
         let mut out = Vec::new();
         for call in &mut self.calls {
@@ -973,7 +984,7 @@ impl Flow {
             worker.live.borrow_mut().end(&lease);
             let policies = call.concurrency_policies(&worker.doc);
             if confirmed {
-                let held = host.now_ms().saturating_sub(call.admitted_ms);
+                let held = now.ms().saturating_sub(call.admitted_ms);
                 for &index in &policies {
                     fx.add(index, PolicyStat::HeldMs, held);
                     if worker.doc.policies.get(index).is_some_and(|p| overran_lease(p, held)) {
@@ -990,9 +1001,9 @@ impl Flow {
     /// now, from this stream, and hold that byte until the shim has
     /// answered, so the slot is free before the client sees the end. A
     /// release that cannot be sent goes to the worker instead.
-    fn release_at_end(&mut self, host: &dyn Host, fx: &mut Effects) {
+    fn release_at_end(&mut self, now: &Now, fx: &mut Effects) {
         let worker = self.worker.clone();
-        for (request, policies, confirmed) in self.leases_to_release(host, fx) {
+        for (request, policies, confirmed) in self.leases_to_release(now, fx) {
             if !confirmed {
                 // Most likely the shim failed and took nothing: not worth
                 // holding the response's end for; the worker releases it.
@@ -1024,7 +1035,7 @@ impl Flow {
     /// calls outlive the stream. A release still in flight here is
     /// cancelled with the stream, so it is sent again (a second release of
     /// one lease ends nothing).
-    fn release_leases(&mut self, host: &dyn Host, fx: &mut Effects) {
+    fn release_leases(&mut self, now: &Now, fx: &mut Effects) {
         let worker = self.worker.clone();
         let held = &self.calls[0];
         if held.in_flight && held.wait_ms > 0 {
@@ -1048,7 +1059,7 @@ impl Flow {
             // Cancelled with the stream: recording a pause twice extends nothing.
             worker.send_later(FEEDBACK_PATH, &feedback, Vec::new());
         }
-        for (request, policies, _) in self.leases_to_release(host, fx) {
+        for (request, policies, _) in self.leases_to_release(now, fx) {
             worker.send_later(RELEASE_PATH, &request, policies);
         }
     }

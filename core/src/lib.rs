@@ -15,7 +15,8 @@
 //!   that outlive a stream (releases, renewals, shed reports, lease calls,
 //!   reports of failure-mode passes).
 //! - [`effect`]: the [`Effect`] values, calls and their results.
-//! - [`host`]: the [`Host`] trait: clock, shared data, response headers.
+//! - [`host`]: the [`Host`] trait: shared data, response headers, bodies.
+//! - [`now`]: [`Now`], the time an event happens at.
 //! - [`stats`]: every stat's name, once.
 //!
 //! Its parts, plain functions and small state machines:
@@ -57,6 +58,7 @@ pub mod leased;
 pub mod llm;
 pub mod local_reply;
 pub mod log_throttle;
+pub mod now;
 pub mod passes;
 pub mod plan;
 pub mod ratelimit_headers;
@@ -73,4 +75,5 @@ pub mod worker;
 pub use effect::{CallId, CallResult, Effect, Outgoing};
 pub use flow::{Flow, Phase};
 pub use host::{Host, SetError, SharedData};
+pub use now::Now;
 pub use worker::Worker;

@@ -25,11 +25,12 @@ use sluice_policies::Document;
 use crate::breaker::{Breaker, Change, State as BreakerState};
 use crate::cache::Mirror;
 use crate::effect::{CallId, CallResult, Effect, Effects, Outgoing};
-use crate::host::{Host, SetError, SharedData};
+use crate::host::{SetError, SharedData};
 use crate::hot_keys::{HotKeys, CAPACITY};
 use crate::leased::{key_pool_key, pool_key, Pool};
 use crate::local_reply::LocalReply;
 use crate::log_throttle::LogThrottle;
+use crate::now::Now;
 use crate::passes::FailurePasses;
 use crate::renewals::Live;
 use crate::shedding::Shedding;
@@ -270,9 +271,9 @@ impl Worker {
     /// The worker's own work, every tick: renew the leases of live streams,
     /// report shedding's utilization, ask for leases, report failure-mode
     /// passes, and send what streams queued.
-    pub fn tick(&self, host: &dyn Host) -> Vec<Effect> {
+    pub fn tick(&self, now: &Now, shared: &dyn SharedData) -> Vec<Effect> {
         let mut fx = self.effects();
-        let now = host.now_ms();
+        let now = now.ms();
         self.over_limit.borrow_mut().clear();
         let renewals = self.live.borrow_mut().due(now);
         for renewal in renewals {
@@ -288,7 +289,7 @@ impl Worker {
                 Err(err) => log::debug!("{SHED_PATH}: {err}"),
             }
         }
-        self.ask_for_leases(host, now, &mut fx);
+        self.ask_for_leases(shared, now, &mut fx);
         // A report waits until the shim answers again (its last call
         // succeeded): passes happen while it is failing, and a report then
         // would only add calls to a failing shim. The counts keep.
@@ -321,21 +322,27 @@ impl Worker {
     }
 
     /// What became of a background call the tick asked for.
-    pub fn handle_answer(&self, id: CallId, result: CallResult, host: &dyn Host) -> Vec<Effect> {
+    pub fn handle_answer(
+        &self,
+        now: &Now,
+        id: CallId,
+        result: CallResult,
+        shared: &dyn SharedData,
+    ) -> Vec<Effect> {
         let mut fx = self.effects();
         let Some(pending) = self.pending.borrow_mut().remove(&id) else { return fx.0 };
         let (status, body) = result.parts();
         match (pending, &result) {
             (Pending::Release(policies), CallResult::NotSent(reason)) => {
-                self.release_failed(&policies, reason, host.now_ms(), &mut fx)
+                self.release_failed(&policies, reason, now.ms(), &mut fx)
             }
             (Pending::Release(policies), _) => {
-                self.release_answered(&policies, status, body, host.now_ms(), &mut fx)
+                self.release_answered(&policies, status, body, now.ms(), &mut fx)
             }
             (Pending::Shed(index), _) => self.shed_answered(index, status, body, &mut fx),
             (Pending::Lease { policy, key, asked_ms, given_back, seq }, _) => {
                 let call = LeaseCallSent { asked_ms, given_back, seq };
-                self.lease_answered(host, policy, key.as_deref(), call, &result, &mut fx)
+                self.lease_answered(shared, now.ms(), policy, key.as_deref(), call, &result, &mut fx)
             }
             // The shim did not take it: its passes are dropped, still in Envoy's stats.
             (Pending::Report, _) if status != Some(b"200") => {
@@ -405,20 +412,21 @@ impl Worker {
     /// Leased mode: for each leased policy, the pool's rule says whether to
     /// ask for the next lease or give unused tokens back now; one worker
     /// claims the call in the pool, so one proxy has one call in flight.
-    fn ask_for_leases(&self, host: &dyn Host, now: u64, fx: &mut Effects) {
+    fn ask_for_leases(&self, shared: &dyn SharedData, now: u64, fx: &mut Effects) {
         for (index, policy) in self.doc.policies.iter().enumerate() {
             let Some(lease) = policy.leased else { continue };
             if !self.leased_per_key(index) {
                 let Some(key) = self.pool_key(index) else { continue };
-                self.ask_for_lease(host, index, None, key, lease, now, fx);
+                self.ask_for_lease(shared, index, None, key, lease, now, fx);
                 continue;
             }
             let keys = self.tracked.borrow().get(index).cloned().unwrap_or_default();
             let name = policy.name.as_str();
             let mut cooled = Vec::new();
+            let store = shared;
             for key in keys {
-                let shared = key_pool_key(name, &key);
-                let idle = self.ask_for_lease(host, index, Some(&key), &shared, lease, now, fx);
+                let pool = key_pool_key(name, &key);
+                let idle = self.ask_for_lease(store, index, Some(&key), &pool, lease, now, fx);
                 let hot = self
                     .hot
                     .get(index)
@@ -440,7 +448,7 @@ impl Worker {
     #[allow(clippy::too_many_arguments)]
     fn ask_for_lease(
         &self,
-        host: &dyn Host,
+        store: &dyn SharedData,
         index: usize,
         key: Option<&str>,
         shared: &str,
@@ -454,7 +462,7 @@ impl Worker {
             let ask = pool.tick(lease, now).map(|ask| (ask, pool.call_id()));
             (ask, pool.tokens == 0 && pool.unanswered.is_none())
         };
-        let Some((ask, idle)) = update_pool(host, shared, tick) else { return false };
+        let Some((ask, idle)) = update_pool(store, shared, tick) else { return false };
         let Some((ask, call)) = ask else { return idle };
         let Some(limit) = policy.limits.first() else { return idle };
         let request = LeaseRequest {
@@ -483,9 +491,11 @@ impl Worker {
     /// it for a while (its requests are checked exactly meanwhile). A call
     /// the shim may have run whose answer did not come is sent again; one
     /// it refused (4xx) ran nothing and is dropped.
+    #[allow(clippy::too_many_arguments)]
     fn lease_answered(
         &self,
-        host: &dyn Host,
+        shared: &dyn SharedData,
+        now: u64,
         index: usize,
         hot_key: Option<&str>,
         sent: LeaseCallSent,
@@ -497,7 +507,6 @@ impl Worker {
         let Some(lease) = policy.leased else { return };
         let per_key = hot_key.map(|k| key_pool_key(policy.name.as_str(), k));
         let Some(key) = per_key.as_deref().or(self.pool_key(index)) else { return };
-        let now = host.now_ms();
         let answer = match result {
             CallResult::NotSent(reason) => Err(reason.clone()),
             CallResult::Answered { status: Some(status), body } if status.as_slice() == b"200" => {
@@ -511,7 +520,7 @@ impl Worker {
         };
         match answer {
             Ok(answer) => {
-                let taken = update_pool(host, key, |pool| pool.answered(seq, lease, asked_ms, now, answer));
+                let taken = update_pool(shared, key, |pool| pool.answered(seq, lease, asked_ms, now, answer));
                 if taken == Some(true) {
                     fx.add(index, PolicyStat::LeaseGranted, answer.granted.into());
                     fx.add(index, PolicyStat::LeaseGivenBack, given_back);
@@ -532,9 +541,9 @@ impl Worker {
                 }
                 let refused = matches!(result, CallResult::Answered { status: Some(s), .. } if s.first() == Some(&b'4'));
                 if refused {
-                    update_pool(host, key, |pool| pool.failed(now));
+                    update_pool(shared, key, |pool| pool.failed(now));
                 } else {
-                    update_pool(host, key, |pool| pool.lost(seq, now));
+                    update_pool(shared, key, |pool| pool.lost(seq, now));
                 }
             }
         }

@@ -14,6 +14,7 @@ use crate::host::Host;
 use crate::llm::meter::End;
 use crate::llm::Metered;
 use crate::local_reply::LocalReply;
+use crate::now::Now;
 use crate::stats::FilterStat;
 use crate::verdict::Verdict;
 
@@ -25,6 +26,7 @@ impl Flow {
     /// body, and on the request's trailers.
     pub fn handle_request_body(
         &mut self,
+        now: &Now,
         req: &impl Request,
         size: usize,
         end_of_stream: bool,
@@ -55,7 +57,7 @@ impl Flow {
             .filter_map(|(i, p)| Some((i, p.llm.as_ref()?.reserve(Some(&body)))))
             .collect();
         self.phase = Phase::Matching;
-        self.decide(&WithBody { req, body: &body }, host)
+        self.decide(now, &WithBody { req, body: &body }, host)
     }
 
     /// The response's headers: the metering of the admitted `llm` policies starts.
