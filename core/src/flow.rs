@@ -325,7 +325,7 @@ impl Flow {
             match result {
                 CallResult::NotSent(reason) => {
                     log::debug!("cannot release at the response's end ({reason}); the worker will");
-                    worker.send_later(RELEASE_PATH, &request, policies);
+                    fx.defer(RELEASE_PATH, &request, policies);
                 }
                 CallResult::Answered { status, body } => {
                     worker.release_answered(&policies, status.as_deref(), body.as_deref(), now.ms(), &mut fx)
@@ -343,7 +343,7 @@ impl Flow {
             match result {
                 CallResult::NotSent(reason) => {
                     log::debug!("cannot send upstream feedback from the stream ({reason}); the worker will");
-                    worker.send_later(FEEDBACK_PATH, &feedback, Vec::new());
+                    fx.defer(FEEDBACK_PATH, &feedback, Vec::new());
                 }
                 CallResult::Answered { status, .. } if status.as_deref() != Some(b"200") => {
                     log::debug!("the shim did not record upstream feedback: {status:?}");
@@ -419,7 +419,7 @@ impl Flow {
         let adjustments: Vec<_> =
             self.calls.iter().filter(|c| c.admitted).flat_map(|c| c.adjustments(&worker.doc, host)).collect();
         if !adjustments.is_empty() {
-            worker.send_later(ADJUST_PATH, &AdjustRequest { adjustments, now_us: None }, Vec::new());
+            fx.defer(ADJUST_PATH, &AdjustRequest { adjustments, now_us: None }, Vec::new());
         }
         self.start_metering(host, &mut fx);
         self.upstream_feedback(&worker, now, host, &mut fx);
@@ -1007,7 +1007,7 @@ impl Flow {
             if !confirmed {
                 // Most likely the shim failed and took nothing: not worth
                 // holding the response's end for; the worker releases it.
-                worker.send_later(RELEASE_PATH, &request, policies);
+                fx.defer(RELEASE_PATH, &request, policies);
                 continue;
             }
             match serde_json::to_vec(&request) {
@@ -1049,18 +1049,18 @@ impl Flow {
             }
             if held.concurrency_policies(&worker.doc).is_empty() {
                 let request = ReleaseRequest { lease: held.id.clone(), checks: held.checks.clone() };
-                worker.send_later(RELEASE_PATH, &request, Vec::new());
+                fx.defer(RELEASE_PATH, &request, Vec::new());
             }
         }
         for (_, request, policies) in std::mem::take(&mut self.releasing) {
-            worker.send_later(RELEASE_PATH, &request, policies);
+            fx.defer(RELEASE_PATH, &request, policies);
         }
         if let Some((_, feedback)) = self.reporting.take() {
             // Cancelled with the stream: recording a pause twice extends nothing.
-            worker.send_later(FEEDBACK_PATH, &feedback, Vec::new());
+            fx.defer(FEEDBACK_PATH, &feedback, Vec::new());
         }
         for (request, policies, _) in self.leases_to_release(now, fx) {
-            worker.send_later(RELEASE_PATH, &request, policies);
+            fx.defer(RELEASE_PATH, &request, policies);
         }
     }
 

@@ -72,7 +72,7 @@ pub mod verdict;
 pub mod wait;
 pub mod worker;
 
-pub use effect::{CallId, CallResult, Effect, Outgoing};
+pub use effect::{CallId, CallResult, Deferred, Effect, Outgoing};
 pub use flow::{Flow, Phase};
 pub use host::{Host, SetError, SharedData};
 pub use now::Now;

@@ -5,9 +5,10 @@
 //! mode's lease calls and the reports of failure-mode passes.
 //!
 //! A call a stream makes is cancelled when the stream ends, which is
-//! exactly when a lease is released. So a stream only queues such calls
-//! ([`Worker::send_later`]), and the worker, which lives as long as the VM,
-//! sends them on its next [`Worker::tick`] and receives their answers
+//! exactly when a lease is released. So a stream leaves such calls to the
+//! worker as an effect ([`Effect::Defer`]), which the adapter hands over
+//! ([`Worker::defer`]); the worker, which lives as long as the VM, sends
+//! them on its next [`Worker::tick`] and receives their answers
 //! ([`Worker::handle_answer`]).
 
 use std::cell::{Cell, RefCell};
@@ -24,7 +25,7 @@ use sluice_policies::Document;
 
 use crate::breaker::{Breaker, Change, State as BreakerState};
 use crate::cache::Mirror;
-use crate::effect::{CallId, CallResult, Effect, Effects, Outgoing};
+use crate::effect::{CallId, CallResult, Deferred, Effect, Effects, Outgoing};
 use crate::host::{SetError, SharedData};
 use crate::hot_keys::{HotKeys, CAPACITY};
 use crate::leased::{key_pool_key, pool_key, Pool};
@@ -49,15 +50,6 @@ const MAX_TRACKED: usize = 2 * CAPACITY;
 
 /// The shortest timeout for a call nobody waits for.
 const BACKGROUND_TIMEOUT_MS: u64 = 1_000;
-
-/// A call queued by a stream for the worker to send: a release (with the
-/// policies, as document indexes, whose slots it frees), an adjustment or
-/// upstream feedback (none).
-struct Queued {
-    path: &'static str,
-    body: Vec<u8>,
-    releases: Vec<usize>,
-}
 
 /// A lease call sent: when (the gateway's clock), the tokens it gives back
 /// and its sequence number.
@@ -87,7 +79,7 @@ pub struct Worker {
     pub doc: Document,
     breaker: RefCell<Breaker>,
     throttle: RefCell<LogThrottle>,
-    queued: RefCell<Vec<Queued>>,
+    queued: RefCell<Vec<Deferred>>,
     pending: RefCell<HashMap<CallId, Pending>>,
     next_call: Cell<u32>,
     /// The leases live streams hold, renewed on the tick.
@@ -239,12 +231,9 @@ impl Worker {
         u64::from(self.doc.shim.timeout_ms.get()).max(BACKGROUND_TIMEOUT_MS)
     }
 
-    /// Queues a call for the next tick; `releases` as in [`Pending::Release`].
-    pub fn send_later(&self, path: &'static str, body: &impl serde::Serialize, releases: Vec<usize>) {
-        match serde_json::to_vec(body) {
-            Ok(body) => self.queued.borrow_mut().push(Queued { path, body, releases }),
-            Err(err) => log::warn!("cannot encode {path}: {err}"),
-        }
+    /// Takes a call a stream left ([`Effect::Defer`]), to send on the next tick.
+    pub fn defer(&self, call: Deferred) {
+        self.queued.borrow_mut().push(call);
     }
 
     /// Whether the breaker lets a call to the shim go at `now_ms`.
@@ -277,7 +266,10 @@ impl Worker {
         self.over_limit.borrow_mut().clear();
         let renewals = self.live.borrow_mut().due(now);
         for renewal in renewals {
-            self.send_later(RENEW_PATH, &renewal, Vec::new());
+            match serde_json::to_vec(&renewal) {
+                Ok(body) => self.send(RENEW_PATH, body, Pending::Other(RENEW_PATH), &mut fx),
+                Err(err) => log::warn!("cannot encode {RENEW_PATH}: {err}"),
+            }
         }
         let reports = self.shedding.borrow_mut().due(now);
         for (index, utilization) in reports {

@@ -5,7 +5,7 @@ use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
-use sluice_core::{CallId, Effect, Flow, Now, Phase};
+use sluice_core::{CallId, Deferred, Effect, Flow, Now, Phase};
 use sluice_policies::request::SimpleRequest;
 
 use crate::host::{clock, HostRequest, ProxyHost};
@@ -95,6 +95,10 @@ impl Calls for StreamCalls<'_> {
 
     fn not_sent(&mut self, id: CallId, reason: String) -> Vec<Effect> {
         self.flow.handle_answer(self.now, id, sluice_core::CallResult::NotSent(reason), self.host)
+    }
+
+    fn defer(&mut self, call: Deferred) {
+        self.vm.worker.defer(call);
     }
 
     fn end_response(&mut self) {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType};
-use sluice_core::{CallId, CallResult, Effect, Now, Worker};
+use sluice_core::{CallId, CallResult, Deferred, Effect, Now, Worker};
 
 use crate::filter::Filter;
 use crate::host::{clock, ProxyHost};
@@ -55,6 +55,10 @@ impl Calls for WorkerCalls<'_> {
 
     fn not_sent(&mut self, id: CallId, reason: String) -> Vec<Effect> {
         self.worker.handle_answer(self.now, id, CallResult::NotSent(reason), self.host)
+    }
+
+    fn defer(&mut self, call: Deferred) {
+        self.worker.defer(call);
     }
 }
 

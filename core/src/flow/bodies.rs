@@ -110,7 +110,7 @@ impl Flow {
         }
         let request = AdjustRequest { adjustments, now_us: None };
         if !whole {
-            worker.send_later(ADJUST_PATH, &request, Vec::new());
+            fx.defer(ADJUST_PATH, &request, Vec::new());
             return;
         }
         // Sent from the stream, its answer holding the response's last
@@ -136,7 +136,7 @@ impl Flow {
         match result {
             CallResult::NotSent(reason) => {
                 log::debug!("cannot settle from the stream ({reason}); the worker will");
-                self.worker.send_later(ADJUST_PATH, &request, Vec::new());
+                fx.defer(ADJUST_PATH, &request, Vec::new());
             }
             CallResult::Answered { status, .. } if status.as_deref() != Some(b"200") => {
                 log::warn!("the shim did not settle a response's tokens: {status:?}");

@@ -43,7 +43,7 @@ impl Test {
     }
 
     pub fn stream(&self) -> Stream<'_> {
-        Stream { flow: Flow::new(self.worker.clone()), host: &self.host }
+        Stream { flow: Flow::new(self.worker.clone()), host: &self.host, worker: &self.worker }
     }
 
     /// Ticks the worker and returns its calls to `path` (the others are answered 200).
@@ -85,11 +85,23 @@ impl Test {
 pub struct Stream<'t> {
     pub flow: Flow,
     host: &'t FakeHost,
+    worker: &'t Worker,
 }
 
 impl Stream<'_> {
+    /// `fx`, with the calls it leaves to the worker handed over, as the adapter does.
+    pub fn performed(&self, fx: Vec<Effect>) -> Vec<Effect> {
+        for effect in &fx {
+            if let Effect::Defer(call) = effect {
+                self.worker.defer(call.clone());
+            }
+        }
+        fx
+    }
+
     pub fn request(&mut self, req: &SimpleRequest) -> Vec<Effect> {
-        self.flow.handle_request_headers(&self.host.now(), req, self.host)
+        let fx = self.flow.handle_request_headers(&self.host.now(), req, self.host);
+        self.performed(fx)
     }
 
     pub fn hold_request(&mut self) -> bool {
@@ -101,33 +113,39 @@ impl Stream<'_> {
     }
 
     pub fn answer(&mut self, call: &Outgoing, result: &CallResult) -> Vec<Effect> {
-        self.flow.handle_answer(&self.host.now(), call.id, result.clone(), self.host)
+        let fx = self.flow.handle_answer(&self.host.now(), call.id, result.clone(), self.host);
+        self.performed(fx)
     }
 
     /// The response's headers arrive (and are what the host reads from now on).
     pub fn response(&mut self, headers: &[(&str, &str)], end_of_stream: bool) -> Vec<Effect> {
         self.host.respond(headers);
-        self.flow.handle_response_headers(&self.host.now(), end_of_stream, self.host)
+        let fx = self.flow.handle_response_headers(&self.host.now(), end_of_stream, self.host);
+        self.performed(fx)
     }
 
     pub fn body(&mut self, size: usize, end_of_stream: bool) -> Vec<Effect> {
-        self.flow.handle_response_body(&self.host.now(), size, end_of_stream, self.host)
+        let fx = self.flow.handle_response_body(&self.host.now(), size, end_of_stream, self.host);
+        self.performed(fx)
     }
 
     /// More of the request's body arrives (the host buffers it whole).
     pub fn request_body(&mut self, req: &SimpleRequest, bytes: &[u8], end_of_stream: bool) -> Vec<Effect> {
         let size = self.host.request_bytes(bytes);
-        self.flow.handle_request_body(&self.host.now(), req, size, end_of_stream, self.host)
+        let fx = self.flow.handle_request_body(&self.host.now(), req, size, end_of_stream, self.host);
+        self.performed(fx)
     }
 
     /// A chunk of the response's body arrives.
     pub fn chunk(&mut self, bytes: &[u8], end_of_stream: bool) -> Vec<Effect> {
         let size = self.host.response_chunk(bytes);
-        self.flow.handle_response_body(&self.host.now(), size, end_of_stream, self.host)
+        let fx = self.flow.handle_response_body(&self.host.now(), size, end_of_stream, self.host);
+        self.performed(fx)
     }
 
     pub fn end(&mut self) -> Vec<Effect> {
-        self.flow.handle_stream_end(&self.host.now(), self.host)
+        let fx = self.flow.handle_stream_end(&self.host.now(), self.host);
+        self.performed(fx)
     }
 
     pub fn phase(&self) -> Phase {
