@@ -48,6 +48,10 @@ const CAS_TRIES: usize = 8;
 /// key beyond them is checked exactly until one cools.
 const MAX_TRACKED: usize = 2 * CAPACITY;
 
+/// How often a worker with leased policies ticks their pools: a pool asks
+/// for its next lease on the first tick after it runs low.
+pub const LEASE_TICK_MS: u64 = 20;
+
 /// The shortest timeout for a call nobody waits for.
 const BACKGROUND_TIMEOUT_MS: u64 = 1_000;
 
@@ -108,6 +112,10 @@ pub struct Worker {
     denials: RefCell<Vec<Option<((usize, u64, u64), Rc<LocalReply>)>>>,
     /// An effect list the adapter gave back once performed, for the next event.
     spare: RefCell<Vec<Effect>>,
+    /// When the last tick was, for leased mode's pools.
+    ticked_ms: Cell<Option<u64>>,
+    /// Whether a policy is leased: its pools are ticked every [`LEASE_TICK_MS`].
+    leased: bool,
 }
 
 impl Worker {
@@ -130,6 +138,7 @@ impl Worker {
         let tracked = RefCell::new(vec![Vec::new(); doc.policies.len()]);
         let policies = doc.policies.len();
         let passes = FailurePasses::new(&doc);
+        let leased = doc.policies.iter().any(|p| p.leased.is_some());
         Worker {
             doc,
             breaker: RefCell::new(breaker),
@@ -149,6 +158,8 @@ impl Worker {
             over_limit: RefCell::new(Mirror::default()),
             denials: RefCell::new(vec![None; policies]),
             spare: RefCell::new(Vec::new()),
+            ticked_ms: Cell::new(None),
+            leased,
         }
     }
 
@@ -263,6 +274,7 @@ impl Worker {
     pub fn tick(&self, now: &Now, shared: &dyn SharedData) -> Vec<Effect> {
         let mut fx = self.effects();
         let now = now.ms();
+        self.ticked_ms.set(Some(now));
         self.over_limit.borrow_mut().clear();
         let renewals = self.live.borrow_mut().due(now);
         for renewal in renewals {
@@ -303,6 +315,28 @@ impl Worker {
             self.send(call.path, call.body, pending, &mut fx);
         }
         fx.0
+    }
+
+    /// When the worker next needs a [`Worker::tick`], on the clock the
+    /// events carry: at once (a time already past) for the calls streams
+    /// left, else the next renewal, shed report, report of failure-mode
+    /// passes (only while the shim answers: the tick would send none) or
+    /// leased pools' tick. `None`: nothing is due, however long it waits.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        if !self.queued.borrow().is_empty() {
+            return Some(0);
+        }
+        let answering = matches!(self.breaker.borrow().state(), BreakerState::Closed { failures: 0 });
+        let pools = self.leased.then(|| self.ticked_ms.get().map_or(0, |at| at + LEASE_TICK_MS));
+        [
+            self.live.borrow().next_due(),
+            self.shedding.borrow().next_due(),
+            self.passes.borrow().next_due().filter(|_| answering),
+            pools,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn send(&self, path: &'static str, body: Vec<u8>, pending: Pending, fx: &mut Effects) {

@@ -530,3 +530,25 @@ fn each_event_carries_its_time() {
     let probe = flow.handle_request_headers(&at(10_000), &get("/"), &host);
     assert_eq!(sends(&probe).len(), 1, "the cooldown ends at 10 000: a probe");
 }
+
+/// The worker says when it next needs a tick: a lease held makes it due at
+/// the lease's first renewal (a third of 30 s after the admission); a stream
+/// reset hands its release over, due at once; once the tick has sent it, the
+/// renewal is next again. Before, the worker ticked every 20 ms whatever was
+/// due, and the release waited for that tick.
+#[test]
+fn the_worker_says_when_its_next_tick_is_due() {
+    let t = Test::new(CONCURRENCY);
+    assert_eq!(t.worker.poll_timeout(), None, "nothing to do");
+    let mut s = t.stream();
+    let check = sent(&s.request(&get("/")), CHECK_PATH);
+    s.answer(&check, &Shim::allow_lease(&check, "L1"));
+    let renewal = 1_000_000 + 10_000;
+    assert_eq!(t.worker.poll_timeout(), Some(renewal), "the lease's renewal");
+    t.host.advance(5);
+    s.end();
+    let due = t.worker.poll_timeout().expect("the release");
+    assert!(due <= 1_000_005, "due at once: {due}");
+    assert_eq!(t.worker_sends(RELEASE_PATH).len(), 1);
+    assert!(t.worker.poll_timeout().is_none_or(|at| at > 1_000_005), "nothing left due now");
+}

@@ -37,6 +37,7 @@ impl Filter {
             StreamCalls { flow: &mut self.flow, tokens: &mut self.tokens, now, host, vm: &vm, id: self.id };
         let performed = perform(effects, &vm.worker.doc.shim.cluster, &vm.stats, &mut calls);
         vm.worker.recycle(performed);
+        vm.arm(now);
     }
 
     fn request_action(&mut self) -> Action {
@@ -146,6 +147,7 @@ impl HttpContext for Filter {
             // Held (StopIteration) while the body is read; the root lets
             // the headers go if the host never hands the body over.
             self.vm.reading.borrow_mut().push((self.id, now.ms()));
+            self.vm.arm(&now);
         }
         self.request_action()
     }

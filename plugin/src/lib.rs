@@ -11,9 +11,10 @@
 //! - `filter`: the HTTP context: drives one request's [`sluice_core::Flow`].
 //! - `perform`: performs effects: calls to the shim, local replies,
 //!   resumptions, response headers, stats.
-//! - `host`: the request, shared data, the clock and the response headers,
+//! - `host`: the request, shared data, the clock, the response headers and bodies,
 //!   over host calls.
 //! - `vm`: what one VM shares between its requests: the worker, the stats.
+//! - `ticker`: the root's timer, armed for when the next tick is needed.
 //! - `stats`: the Envoy stats, one per name `sluice_core::stats` gives.
 
 #[cfg(target_arch = "wasm32")]
@@ -26,6 +27,8 @@ mod perform;
 mod root;
 #[cfg(target_arch = "wasm32")]
 mod stats;
+#[cfg(target_arch = "wasm32")]
+mod ticker;
 #[cfg(target_arch = "wasm32")]
 mod vm;
 

@@ -6,7 +6,6 @@ use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::rc::Rc;
-use std::time::Duration;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -18,10 +17,6 @@ use crate::host::{clock, ProxyHost};
 use crate::perform::{answer, perform, Calls};
 use crate::stats::Stats;
 use crate::vm::Vm;
-
-/// How often queued releases and adjustments go out: the most a release
-/// waits after its stream ends.
-const TICK: Duration = Duration::from_millis(20);
 
 pub struct SluiceRoot {
     vm: Option<Rc<Vm>>,
@@ -69,6 +64,7 @@ impl Context for SluiceRoot {
         let (now, host) = (Now::read(&clock), ProxyHost::new());
         let effects = vm.worker.handle_answer(&now, id, answer(num_headers, body_size), &host);
         self.perform(&vm, effects, &now, &host);
+        vm.arm(&now);
     }
 }
 
@@ -90,11 +86,11 @@ impl RootContext for SluiceRoot {
                 let stats = Stats::define(&doc);
                 // Seeded by the host's random source (WASI random_get).
                 let seed = RandomState::new().build_hasher().finish();
-                let worker = Rc::new(Worker::new(doc, clock(), seed));
-                self.vm = Some(Rc::new(Vm::new(worker, stats)));
-                if let Err(status) = hostcalls::set_tick_period(TICK) {
-                    log::warn!("cannot set the tick period: {status:?}; leases will be reclaimed by TTL");
-                }
+                let now = clock();
+                let worker = Rc::new(Worker::new(doc, now, seed));
+                let vm = Rc::new(Vm::new(worker, stats));
+                vm.ticker.ticked(vm.next_due(), now);
+                self.vm = Some(vm);
                 true
             }
             Err(err) => refuse(&err.to_string()),
@@ -129,6 +125,7 @@ impl RootContext for SluiceRoot {
                 log::debug!("cannot let stream {id}'s headers go: {status:?}");
             }
         }
+        vm.ticker.ticked(vm.next_due(), now.ms());
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {

@@ -4,9 +4,10 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use sluice_core::Worker;
+use sluice_core::{Now, Worker};
 
 use crate::stats::Stats;
+use crate::ticker::Ticker;
 
 /// How long a stream whose headers are held for its body may wait for the
 /// body's first callback before the root lets its headers go (see
@@ -25,6 +26,8 @@ pub struct Vm {
     /// Streams whose response is to end at the next tick, once the bytes
     /// their last callback handed on have gone (`Effect::EndResponse`).
     pub ending: RefCell<Vec<u32>>,
+    /// The root's timer.
+    pub ticker: Ticker,
 }
 
 impl Vm {
@@ -35,7 +38,22 @@ impl Vm {
             reading: RefCell::new(Vec::new()),
             no_body_while_held: std::cell::Cell::new(false),
             ending: RefCell::new(Vec::new()),
+            ticker: Ticker::default(),
         }
+    }
+
+    /// When the root next needs a tick: the worker's next work, a response
+    /// to end (at once), a body wait that ends.
+    pub fn next_due(&self) -> Option<u64> {
+        let ending = (!self.ending.borrow().is_empty()).then_some(0);
+        let reading = self.reading.borrow().iter().map(|(_, since)| since + BODY_WAIT_MS).min();
+        [self.worker.poll_timeout(), ending, reading].into_iter().flatten().min()
+    }
+
+    /// After an event at `now`: the tick brought forward if it made
+    /// something due sooner.
+    pub fn arm(&self, now: &Now) {
+        self.ticker.arm(self.next_due(), now);
     }
 
     /// The streams held for their body longer than [`BODY_WAIT_MS`] with no
