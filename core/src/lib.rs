@@ -10,10 +10,11 @@
 //! # Layout
 //!
 //! The machine:
-//! - [`flow`]: one request's [`Flow`], its [`Phase`]s, events and effects.
+//! - [`flow`]: one request's [`Flow`], its [`Phase`]s, events and effects;
+//!   its parts (admission, answers, release, upstream, bodies) below it.
 //! - [`worker`]: the [`Worker`]: the document, the breaker, and the calls
 //!   that outlive a stream (releases, renewals, shed reports, lease calls,
-//!   reports of failure-mode passes).
+//!   reports of failure-mode passes), with when it next needs a tick.
 //! - [`effect`]: the [`Effect`] values, calls and their results.
 //! - [`host`]: the [`Host`] trait: shared data, response headers, bodies.
 //! - [`now`]: [`Now`], the time an event happens at.

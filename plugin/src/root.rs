@@ -89,7 +89,7 @@ impl RootContext for SluiceRoot {
                 let now = clock();
                 let worker = Rc::new(Worker::new(doc, now, seed));
                 let vm = Rc::new(Vm::new(worker, stats));
-                vm.ticker.ticked(vm.next_due(), now);
+                vm.ticked(now);
                 self.vm = Some(vm);
                 true
             }
@@ -125,7 +125,7 @@ impl RootContext for SluiceRoot {
                 log::debug!("cannot let stream {id}'s headers go: {status:?}");
             }
         }
-        vm.ticker.ticked(vm.next_due(), now.ms());
+        vm.ticked(now.ms());
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {

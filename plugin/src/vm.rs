@@ -3,6 +3,9 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::Duration;
+
+use proxy_wasm::hostcalls;
 
 use sluice_core::{Now, Worker};
 
@@ -53,7 +56,12 @@ impl Vm {
     /// After an event at `now`: the tick brought forward if it made
     /// something due sooner.
     pub fn arm(&self, now: &Now) {
-        self.ticker.arm(self.next_due(), now);
+        set_tick_period(self.ticker.arm(self.next_due(), now));
+    }
+
+    /// After a tick at `now` (or the configuration): the next one armed.
+    pub fn ticked(&self, now: u64) {
+        set_tick_period(self.ticker.ticked(self.next_due(), now));
     }
 
     /// The streams held for their body longer than [`BODY_WAIT_MS`] with no
@@ -76,5 +84,13 @@ impl Vm {
     /// Stream `id` has had its body callback (or ended).
     pub fn body_came(&self, id: u32) {
         self.reading.borrow_mut().retain(|(c, _)| *c != id);
+    }
+}
+
+/// Sets the root's tick period, if there is one to set.
+fn set_tick_period(period_ms: Option<u64>) {
+    let Some(period) = period_ms else { return };
+    if let Err(status) = hostcalls::set_tick_period(Duration::from_millis(period)) {
+        log::warn!("cannot set the tick period: {status:?}; leases will be reclaimed by TTL");
     }
 }

@@ -7,8 +7,8 @@
 //! request's leases, and correct the points it was charged once the
 //! response tells its true cost.
 //!
-//! [`Flow`] does no I/O. Its methods sort into four kinds, as in a sans-IO
-//! protocol machine:
+//! [`Flow`] does no I/O and reads no clock. Its methods sort into four
+//! kinds, as in a sans-IO protocol machine:
 //! - getters: [`Flow::phase`];
 //! - `handle_*` for each event: the request's headers, the answer to one of
 //!   its calls, the response's headers, body chunks and trailers, the
@@ -29,7 +29,7 @@
 //! request that passes gets `server-timing: sluice;dur=N` on its response.
 //! The shadow call never waits.
 //!
-//! **Parts.** [`Flow`] holds the worker and the request's [`State`]; each
+//! **Parts.** [`Flow`] holds the worker and the request's `State`; each
 //! part of the state is a machine of its own, in its own module:
 //! - `admission`: match, refuse at once, spend leased tokens, send the checks;
 //! - `answers`: the decision once the checks have answered;
