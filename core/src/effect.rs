@@ -1,6 +1,7 @@
-//! What the flow asks its host to do, as plain values: call the shim, send
-//! a local reply, resume the request or the response, add or set a
-//! response header, count a stat. The adapter performs them in order.
+//! What the flow asks its host to do, as plain values: call the shim, leave
+//! a call to the worker, send a local reply, resume the request or the
+//! response, add or set a response header, count a stat. The adapter
+//! performs them in order.
 
 use std::rc::Rc;
 
@@ -24,6 +25,17 @@ pub struct Outgoing {
     pub encoding: Encoding,
     pub body: Vec<u8>,
     pub timeout_ms: u64,
+}
+
+/// A call a stream leaves to its worker, sent on the worker's next tick: a
+/// stream's own calls are cancelled when it ends, the worker's outlive it.
+/// A release names the policies (document indexes) whose slots it frees;
+/// an adjustment or upstream feedback none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deferred {
+    pub path: &'static str,
+    pub body: Vec<u8>,
+    pub releases: Vec<usize>,
 }
 
 /// What became of a call.
@@ -51,6 +63,8 @@ pub enum Effect {
     /// Send this call; its result comes back with its id. If the host cannot
     /// send it, the adapter hands back [`CallResult::NotSent`] at once.
     Send(Outgoing),
+    /// Hand this call to the worker ([`crate::Worker::defer`]).
+    Defer(Deferred),
     /// Answer the request locally; it stays paused. Shared: a worker hands
     /// out the same denial again while nothing in it changes.
     Reply(Rc<LocalReply>),
@@ -99,6 +113,14 @@ impl Effects {
     /// Adds 1 to `stat` of class `class` (nothing without classes: the adapter has no such stat).
     pub fn count_class(&mut self, class: usize, stat: ClassStat) {
         self.0.push(Effect::Class { class, stat, n: 1 });
+    }
+
+    /// Leaves a call to `path` with `body` to the worker; `releases` as in [`Deferred`].
+    pub fn defer(&mut self, path: &'static str, body: &impl serde::Serialize, releases: Vec<usize>) {
+        match serde_json::to_vec(body) {
+            Ok(body) => self.0.push(Effect::Defer(Deferred { path, body, releases })),
+            Err(err) => log::warn!("cannot encode {path}: {err}"),
+        }
     }
 
     pub fn filter(&mut self, stat: FilterStat, n: i64) {

@@ -1,13 +1,14 @@
-//! What the flow needs from its host while it handles an event: the clock,
-//! the data every worker of one proxy shares, and the upstream's response
-//! headers. Everything else the flow wants done comes out as an
-//! [`Effect`](crate::Effect) value.
+//! What the flow needs from its host while it handles an event: the data
+//! every worker of one proxy shares, the upstream's response headers and
+//! the bodies. The time comes with the event ([`crate::Now`]); everything
+//! the flow wants done comes out as an [`Effect`](crate::Effect) value.
 //!
 //! These are reads (and one compare-and-swap) whose answer the flow needs
 //! before it can go on, so they are a trait, not effects. An adapter reads
-//! each lazily: a request that needs no clock reads none, a response header
-//! nothing asks for is never fetched. Tests implement it with a fake clock
-//! and a map ([`crate::testing::FakeHost`]).
+//! each lazily: a response header nothing asks for is never fetched. Shared
+//! data is read and written in two places only: the over-limit cache
+//! ([`crate::cache`]) and the leased pools ([`crate::worker::update_pool`]).
+//! Tests implement it with a map ([`crate::testing::FakeHost`]).
 
 /// Why a shared-data write did not happen.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,9 +30,6 @@ pub trait SharedData {
 
 /// The host, as one event sees it.
 pub trait Host: SharedData {
-    /// The proxy's wall clock in milliseconds since the epoch. Adapters read
-    /// it once per callback, on first use.
-    fn now_ms(&self) -> u64;
     /// A header of the upstream's response, by lower-case name; `None` before
     /// the response's headers or when absent.
     fn response_header(&self, name: &str) -> Option<Vec<u8>>;

@@ -10,12 +10,14 @@
 //! # Layout
 //!
 //! The machine:
-//! - [`flow`]: one request's [`Flow`], its [`Phase`]s, events and effects.
+//! - [`flow`]: one request's [`Flow`], its [`Phase`]s, events and effects;
+//!   its parts (admission, answers, release, upstream, bodies) below it.
 //! - [`worker`]: the [`Worker`]: the document, the breaker, and the calls
 //!   that outlive a stream (releases, renewals, shed reports, lease calls,
-//!   reports of failure-mode passes).
+//!   reports of failure-mode passes), with when it next needs a tick.
 //! - [`effect`]: the [`Effect`] values, calls and their results.
-//! - [`host`]: the [`Host`] trait: clock, shared data, response headers.
+//! - [`host`]: the [`Host`] trait: shared data, response headers, bodies.
+//! - [`now`]: [`Now`], the time an event happens at.
 //! - [`stats`]: every stat's name, once.
 //!
 //! Its parts, plain functions and small state machines:
@@ -59,6 +61,7 @@ pub mod leased;
 pub mod llm;
 pub mod local_reply;
 pub mod log_throttle;
+pub mod now;
 pub mod passes;
 pub mod plan;
 pub mod ratelimit_headers;
@@ -72,7 +75,8 @@ pub mod verdict;
 pub mod wait;
 pub mod worker;
 
-pub use effect::{CallId, CallResult, Effect, Outgoing};
+pub use effect::{CallId, CallResult, Deferred, Effect, Outgoing};
 pub use flow::{Flow, Phase};
 pub use host::{Host, SetError, SharedData};
+pub use now::Now;
 pub use worker::Worker;

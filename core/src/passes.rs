@@ -53,6 +53,14 @@ impl FailurePasses {
         }
     }
 
+    /// When a report is due, if there is something to report.
+    pub fn next_due(&self) -> Option<u64> {
+        if self.counts.iter().chain(&self.cache_denied).all(|&n| n == 0) {
+            return None;
+        }
+        Some(self.reported_ms.map_or(0, |at| at.saturating_add(REPORT_EVERY_MS)))
+    }
+
     /// The report to send at `now_ms`, if one is due and there is something
     /// in it; what it carries is taken out of the counts. At most
     /// [`MAX_REPORT_ENTRIES`] policies go in one report; the others wait for

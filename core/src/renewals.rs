@@ -16,6 +16,9 @@ const RENEWALS_PER_LEASE: u64 = 3;
 #[derive(Default)]
 pub struct Live {
     leases: HashMap<String, Held>,
+    /// No renewal is due before this (one may be due later: a lease that
+    /// ended since is still counted until the next [`Live::due`]).
+    next_ms: Option<u64>,
 }
 
 struct Held {
@@ -32,7 +35,9 @@ impl Live {
         let shortest = request.checks.iter().flat_map(|c| &c.limits).filter_map(WireLimit::lease_ms).min();
         let Some(lease_ms) = shortest else { return };
         let every_ms = (lease_ms.get() / RENEWALS_PER_LEASE).max(1);
-        self.leases.insert(request.lease.clone(), Held { request, every_ms, due_ms: now_ms + every_ms });
+        let due_ms = now_ms + every_ms;
+        self.next_ms = Some(self.next_ms.map_or(due_ms, |next| next.min(due_ms)));
+        self.leases.insert(request.lease.clone(), Held { request, every_ms, due_ms });
     }
 
     /// The stream holding `lease` released it, or ended.
@@ -47,7 +52,14 @@ impl Live {
             held.due_ms = now_ms + held.every_ms;
             out.push(held.request.clone());
         }
+        self.next_ms = self.leases.values().map(|h| h.due_ms).min();
         out
+    }
+
+    /// When the next renewal may be due, if any lease is held; read on
+    /// every event, so kept rather than computed.
+    pub fn next_due(&self) -> Option<u64> {
+        self.next_ms
     }
 
     /// How many leases are held (for the tests).

@@ -65,6 +65,11 @@ impl Shedding {
         out
     }
 
+    /// When the next report is due, if any policy sheds.
+    pub fn next_due(&self) -> Option<u64> {
+        self.policies.iter().flatten().map(|e| e.due_ms).min()
+    }
+
     /// The fleet's level for policy `index`, as the shim answered.
     pub fn set_level(&mut self, index: usize, level: f64) {
         if let Some(Some(e)) = self.policies.get_mut(index) {

@@ -5,9 +5,10 @@
 //! mode's lease calls and the reports of failure-mode passes.
 //!
 //! A call a stream makes is cancelled when the stream ends, which is
-//! exactly when a lease is released. So a stream only queues such calls
-//! ([`Worker::send_later`]), and the worker, which lives as long as the VM,
-//! sends them on its next [`Worker::tick`] and receives their answers
+//! exactly when a lease is released. So a stream leaves such calls to the
+//! worker as an effect ([`Effect::Defer`]), which the adapter hands over
+//! ([`Worker::defer`]); the worker, which lives as long as the VM, sends
+//! them on its next [`Worker::tick`] and receives their answers
 //! ([`Worker::handle_answer`]).
 
 use std::cell::{Cell, RefCell};
@@ -24,12 +25,13 @@ use sluice_policies::Document;
 
 use crate::breaker::{Breaker, Change, State as BreakerState};
 use crate::cache::Mirror;
-use crate::effect::{CallId, CallResult, Effect, Effects, Outgoing};
-use crate::host::{Host, SetError, SharedData};
+use crate::effect::{CallId, CallResult, Deferred, Effect, Effects, Outgoing};
+use crate::host::{SetError, SharedData};
 use crate::hot_keys::{HotKeys, CAPACITY};
 use crate::leased::{key_pool_key, pool_key, Pool};
 use crate::local_reply::LocalReply;
 use crate::log_throttle::LogThrottle;
+use crate::now::Now;
 use crate::passes::FailurePasses;
 use crate::renewals::Live;
 use crate::shedding::Shedding;
@@ -46,17 +48,12 @@ const CAS_TRIES: usize = 8;
 /// key beyond them is checked exactly until one cools.
 const MAX_TRACKED: usize = 2 * CAPACITY;
 
+/// How often a worker with leased policies ticks their pools: a pool asks
+/// for its next lease on the first tick after it runs low.
+pub const LEASE_TICK_MS: u64 = 20;
+
 /// The shortest timeout for a call nobody waits for.
 const BACKGROUND_TIMEOUT_MS: u64 = 1_000;
-
-/// A call queued by a stream for the worker to send: a release (with the
-/// policies, as document indexes, whose slots it frees), an adjustment or
-/// upstream feedback (none).
-struct Queued {
-    path: &'static str,
-    body: Vec<u8>,
-    releases: Vec<usize>,
-}
 
 /// A lease call sent: when (the gateway's clock), the tokens it gives back
 /// and its sequence number.
@@ -86,7 +83,7 @@ pub struct Worker {
     pub doc: Document,
     breaker: RefCell<Breaker>,
     throttle: RefCell<LogThrottle>,
-    queued: RefCell<Vec<Queued>>,
+    queued: RefCell<Vec<Deferred>>,
     pending: RefCell<HashMap<CallId, Pending>>,
     next_call: Cell<u32>,
     /// The leases live streams hold, renewed on the tick.
@@ -115,6 +112,10 @@ pub struct Worker {
     denials: RefCell<Vec<Option<((usize, u64, u64), Rc<LocalReply>)>>>,
     /// An effect list the adapter gave back once performed, for the next event.
     spare: RefCell<Vec<Effect>>,
+    /// When the last tick was, for leased mode's pools.
+    ticked_ms: Cell<Option<u64>>,
+    /// Whether a policy is leased: its pools are ticked every [`LEASE_TICK_MS`].
+    leased: bool,
 }
 
 impl Worker {
@@ -137,6 +138,7 @@ impl Worker {
         let tracked = RefCell::new(vec![Vec::new(); doc.policies.len()]);
         let policies = doc.policies.len();
         let passes = FailurePasses::new(&doc);
+        let leased = doc.policies.iter().any(|p| p.leased.is_some());
         Worker {
             doc,
             breaker: RefCell::new(breaker),
@@ -156,6 +158,8 @@ impl Worker {
             over_limit: RefCell::new(Mirror::default()),
             denials: RefCell::new(vec![None; policies]),
             spare: RefCell::new(Vec::new()),
+            ticked_ms: Cell::new(None),
+            leased,
         }
     }
 
@@ -238,12 +242,9 @@ impl Worker {
         u64::from(self.doc.shim.timeout_ms.get()).max(BACKGROUND_TIMEOUT_MS)
     }
 
-    /// Queues a call for the next tick; `releases` as in [`Pending::Release`].
-    pub fn send_later(&self, path: &'static str, body: &impl serde::Serialize, releases: Vec<usize>) {
-        match serde_json::to_vec(body) {
-            Ok(body) => self.queued.borrow_mut().push(Queued { path, body, releases }),
-            Err(err) => log::warn!("cannot encode {path}: {err}"),
-        }
+    /// Takes a call a stream left ([`Effect::Defer`]), to send on the next tick.
+    pub fn defer(&self, call: Deferred) {
+        self.queued.borrow_mut().push(call);
     }
 
     /// Whether the breaker lets a call to the shim go at `now_ms`.
@@ -270,13 +271,17 @@ impl Worker {
     /// The worker's own work, every tick: renew the leases of live streams,
     /// report shedding's utilization, ask for leases, report failure-mode
     /// passes, and send what streams queued.
-    pub fn tick(&self, host: &dyn Host) -> Vec<Effect> {
+    pub fn tick(&self, now: &Now, shared: &dyn SharedData) -> Vec<Effect> {
         let mut fx = self.effects();
-        let now = host.now_ms();
+        let now = now.ms();
+        self.ticked_ms.set(Some(now));
         self.over_limit.borrow_mut().clear();
         let renewals = self.live.borrow_mut().due(now);
         for renewal in renewals {
-            self.send_later(RENEW_PATH, &renewal, Vec::new());
+            match serde_json::to_vec(&renewal) {
+                Ok(body) => self.send(RENEW_PATH, body, Pending::Other(RENEW_PATH), &mut fx),
+                Err(err) => log::warn!("cannot encode {RENEW_PATH}: {err}"),
+            }
         }
         let reports = self.shedding.borrow_mut().due(now);
         for (index, utilization) in reports {
@@ -288,7 +293,7 @@ impl Worker {
                 Err(err) => log::debug!("{SHED_PATH}: {err}"),
             }
         }
-        self.ask_for_leases(host, now, &mut fx);
+        self.ask_for_leases(shared, now, &mut fx);
         // A report waits until the shim answers again (its last call
         // succeeded): passes happen while it is failing, and a report then
         // would only add calls to a failing shim. The counts keep.
@@ -312,6 +317,28 @@ impl Worker {
         fx.0
     }
 
+    /// When the worker next needs a [`Worker::tick`], on the clock the
+    /// events carry: at once (a time already past) for the calls streams
+    /// left, else the next renewal, shed report, report of failure-mode
+    /// passes (only while the shim answers: the tick would send none) or
+    /// leased pools' tick. `None`: nothing is due, however long it waits.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        if !self.queued.borrow().is_empty() {
+            return Some(0);
+        }
+        let answering = matches!(self.breaker.borrow().state(), BreakerState::Closed { failures: 0 });
+        let pools = self.leased.then(|| self.ticked_ms.get().map_or(0, |at| at + LEASE_TICK_MS));
+        [
+            self.live.borrow().next_due(),
+            self.shedding.borrow().next_due(),
+            self.passes.borrow().next_due().filter(|_| answering),
+            pools,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
     fn send(&self, path: &'static str, body: Vec<u8>, pending: Pending, fx: &mut Effects) {
         let id = CallId(self.next_call.get());
         self.next_call.set(id.0.wrapping_add(1));
@@ -321,21 +348,27 @@ impl Worker {
     }
 
     /// What became of a background call the tick asked for.
-    pub fn handle_answer(&self, id: CallId, result: CallResult, host: &dyn Host) -> Vec<Effect> {
+    pub fn handle_answer(
+        &self,
+        now: &Now,
+        id: CallId,
+        result: CallResult,
+        shared: &dyn SharedData,
+    ) -> Vec<Effect> {
         let mut fx = self.effects();
         let Some(pending) = self.pending.borrow_mut().remove(&id) else { return fx.0 };
         let (status, body) = result.parts();
         match (pending, &result) {
             (Pending::Release(policies), CallResult::NotSent(reason)) => {
-                self.release_failed(&policies, reason, host.now_ms(), &mut fx)
+                self.release_failed(&policies, reason, now.ms(), &mut fx)
             }
             (Pending::Release(policies), _) => {
-                self.release_answered(&policies, status, body, host.now_ms(), &mut fx)
+                self.release_answered(&policies, status, body, now.ms(), &mut fx)
             }
             (Pending::Shed(index), _) => self.shed_answered(index, status, body, &mut fx),
             (Pending::Lease { policy, key, asked_ms, given_back, seq }, _) => {
                 let call = LeaseCallSent { asked_ms, given_back, seq };
-                self.lease_answered(host, policy, key.as_deref(), call, &result, &mut fx)
+                self.lease_answered(shared, now.ms(), policy, key.as_deref(), call, &result, &mut fx)
             }
             // The shim did not take it: its passes are dropped, still in Envoy's stats.
             (Pending::Report, _) if status != Some(b"200") => {
@@ -405,20 +438,21 @@ impl Worker {
     /// Leased mode: for each leased policy, the pool's rule says whether to
     /// ask for the next lease or give unused tokens back now; one worker
     /// claims the call in the pool, so one proxy has one call in flight.
-    fn ask_for_leases(&self, host: &dyn Host, now: u64, fx: &mut Effects) {
+    fn ask_for_leases(&self, shared: &dyn SharedData, now: u64, fx: &mut Effects) {
         for (index, policy) in self.doc.policies.iter().enumerate() {
             let Some(lease) = policy.leased else { continue };
             if !self.leased_per_key(index) {
                 let Some(key) = self.pool_key(index) else { continue };
-                self.ask_for_lease(host, index, None, key, lease, now, fx);
+                self.ask_for_lease(shared, index, None, key, lease, now, fx);
                 continue;
             }
             let keys = self.tracked.borrow().get(index).cloned().unwrap_or_default();
             let name = policy.name.as_str();
             let mut cooled = Vec::new();
+            let store = shared;
             for key in keys {
-                let shared = key_pool_key(name, &key);
-                let idle = self.ask_for_lease(host, index, Some(&key), &shared, lease, now, fx);
+                let pool = key_pool_key(name, &key);
+                let idle = self.ask_for_lease(store, index, Some(&key), &pool, lease, now, fx);
                 let hot = self
                     .hot
                     .get(index)
@@ -440,7 +474,7 @@ impl Worker {
     #[allow(clippy::too_many_arguments)]
     fn ask_for_lease(
         &self,
-        host: &dyn Host,
+        store: &dyn SharedData,
         index: usize,
         key: Option<&str>,
         shared: &str,
@@ -454,7 +488,7 @@ impl Worker {
             let ask = pool.tick(lease, now).map(|ask| (ask, pool.call_id()));
             (ask, pool.tokens == 0 && pool.unanswered.is_none())
         };
-        let Some((ask, idle)) = update_pool(host, shared, tick) else { return false };
+        let Some((ask, idle)) = update_pool(store, shared, tick) else { return false };
         let Some((ask, call)) = ask else { return idle };
         let Some(limit) = policy.limits.first() else { return idle };
         let request = LeaseRequest {
@@ -483,9 +517,11 @@ impl Worker {
     /// it for a while (its requests are checked exactly meanwhile). A call
     /// the shim may have run whose answer did not come is sent again; one
     /// it refused (4xx) ran nothing and is dropped.
+    #[allow(clippy::too_many_arguments)]
     fn lease_answered(
         &self,
-        host: &dyn Host,
+        shared: &dyn SharedData,
+        now: u64,
         index: usize,
         hot_key: Option<&str>,
         sent: LeaseCallSent,
@@ -497,7 +533,6 @@ impl Worker {
         let Some(lease) = policy.leased else { return };
         let per_key = hot_key.map(|k| key_pool_key(policy.name.as_str(), k));
         let Some(key) = per_key.as_deref().or(self.pool_key(index)) else { return };
-        let now = host.now_ms();
         let answer = match result {
             CallResult::NotSent(reason) => Err(reason.clone()),
             CallResult::Answered { status: Some(status), body } if status.as_slice() == b"200" => {
@@ -511,7 +546,7 @@ impl Worker {
         };
         match answer {
             Ok(answer) => {
-                let taken = update_pool(host, key, |pool| pool.answered(seq, lease, asked_ms, now, answer));
+                let taken = update_pool(shared, key, |pool| pool.answered(seq, lease, asked_ms, now, answer));
                 if taken == Some(true) {
                     fx.add(index, PolicyStat::LeaseGranted, answer.granted.into());
                     fx.add(index, PolicyStat::LeaseGivenBack, given_back);
@@ -532,9 +567,9 @@ impl Worker {
                 }
                 let refused = matches!(result, CallResult::Answered { status: Some(s), .. } if s.first() == Some(&b'4'));
                 if refused {
-                    update_pool(host, key, |pool| pool.failed(now));
+                    update_pool(shared, key, |pool| pool.failed(now));
                 } else {
-                    update_pool(host, key, |pool| pool.lost(seq, now));
+                    update_pool(shared, key, |pool| pool.lost(seq, now));
                 }
             }
         }

@@ -483,6 +483,7 @@ fn hot_keys_are_leased_and_the_tail_is_checked_exactly() {
     assert_ne!(ask["key"], "", "the lease names the key: {ask}");
     let body = br#"{"granted": 4, "window": 1, "expires_in_ms": 60000, "remaining": 90}"#.to_vec();
     t.worker.handle_answer(
+        &t.host.now(),
         asks[0].id,
         CallResult::Answered { status: Some(b"200".to_vec()), body: Some(body) },
         &t.host,
@@ -493,4 +494,61 @@ fn hot_keys_are_leased_and_the_tail_is_checked_exactly() {
     assert_eq!(count(&fx, 0, PolicyStat::Leased), 1);
     let mut s = t.stream();
     assert_eq!(sends(&s.request(&req("cold"))).len(), 1, "a cold key: the exact check");
+}
+
+/// The flow has no clock: each event carries its time, and the test picks
+/// them (the host below is shared data and headers only, its own clock never
+/// moves). A lease is held from the admission's event to the release's, and
+/// the breaker, opened by a failure, stays open exactly `cooldown_ms` after it.
+#[test]
+fn each_event_carries_its_time() {
+    use std::rc::Rc;
+
+    use sluice_core::testing::FakeHost;
+    use sluice_core::{Flow, Now, Worker};
+
+    let doc = r#"{"shim": {"failure_threshold": 1, "cooldown_ms": 1000},
+        "policies": [{"name": "c", "limits": [{"type": "concurrency", "limit": 2, "lease": "30s"}]}]}"#;
+    let worker = Rc::new(Worker::new(sluice_policies::parse(doc).expect("doc"), 0, 7));
+    let host = FakeHost::default();
+    let at = Now::at;
+
+    let mut flow = Flow::new(worker.clone());
+    let check = sent(&flow.handle_request_headers(&at(5_000), &get("/"), &host), CHECK_PATH);
+    flow.handle_answer(&at(5_010), check.id, Shim::allow_lease(&check, "l1"), &host);
+    flow.handle_response_headers(&at(5_100), false, &host);
+    let fx = flow.handle_response_body(&at(5_260), 0, true, &host);
+    assert_eq!(count(&fx, 0, PolicyStat::HeldMs), 250, "admitted at 5 010, released at 5 260");
+
+    let mut flow = Flow::new(worker.clone());
+    let check = sent(&flow.handle_request_headers(&at(8_990), &get("/"), &host), CHECK_PATH);
+    flow.handle_answer(&at(9_000), check.id, Shim::timed_out(), &host);
+    let mut flow = Flow::new(worker.clone());
+    assert!(sends(&flow.handle_request_headers(&at(9_999), &get("/"), &host)).is_empty(), "open");
+    assert_eq!(flow.phase(), Phase::Failed);
+    let mut flow = Flow::new(worker);
+    let probe = flow.handle_request_headers(&at(10_000), &get("/"), &host);
+    assert_eq!(sends(&probe).len(), 1, "the cooldown ends at 10 000: a probe");
+}
+
+/// The worker says when it next needs a tick: a lease held makes it due at
+/// the lease's first renewal (a third of 30 s after the admission); a stream
+/// reset hands its release over, due at once; once the tick has sent it, the
+/// renewal is next again. Before, the worker ticked every 20 ms whatever was
+/// due, and the release waited for that tick.
+#[test]
+fn the_worker_says_when_its_next_tick_is_due() {
+    let t = Test::new(CONCURRENCY);
+    assert_eq!(t.worker.poll_timeout(), None, "nothing to do");
+    let mut s = t.stream();
+    let check = sent(&s.request(&get("/")), CHECK_PATH);
+    s.answer(&check, &Shim::allow_lease(&check, "L1"));
+    let renewal = 1_000_000 + 10_000;
+    assert_eq!(t.worker.poll_timeout(), Some(renewal), "the lease's renewal");
+    t.host.advance(5);
+    s.end();
+    let due = t.worker.poll_timeout().expect("the release");
+    assert!(due <= 1_000_005, "due at once: {due}");
+    assert_eq!(t.worker_sends(RELEASE_PATH).len(), 1);
+    assert!(t.worker.poll_timeout().is_none_or(|at| at > 1_000_005), "nothing left due now");
 }

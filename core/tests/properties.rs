@@ -76,7 +76,10 @@ proptest! {
             let fx = match op {
                 Op::Headers { end } => s.response(&[(":status", "200")], end),
                 Op::Body { end } => s.body(10, end),
-                Op::Trailers => s.flow.handle_response_trailers(&t.host),
+                Op::Trailers => {
+                    let fx = s.flow.handle_response_trailers(&t.host.now());
+                    s.performed(fx)
+                }
                 Op::ReleaseAnswer { ok } => match in_flight.pop() {
                     Some(release) if !ended => {
                         let result = if ok { Shim::released(1) } else { Shim::status(503) };
@@ -134,7 +137,10 @@ proptest! {
             all.extend(match op {
                 Op::Headers { end } => s.response(&[(":status", "200")], end),
                 Op::Body { end } => s.body(10, end),
-                Op::Trailers => s.flow.handle_response_trailers(&t.host),
+                Op::Trailers => {
+                    let fx = s.flow.handle_response_trailers(&t.host.now());
+                    s.performed(fx)
+                }
                 Op::ReleaseAnswer { .. } => Vec::new(),
                 Op::End => s.end(),
             });

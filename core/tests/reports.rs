@@ -72,7 +72,7 @@ fn a_report_that_cannot_be_sent_is_dropped() {
     request(&t, "/", Shim::allow);
     let reports = t.worker_sends(REPORT_PATH);
     assert_eq!(reports.len(), 1);
-    let fx = t.worker.handle_answer(reports[0].id, Shim::not_sent(), &t.host);
+    let fx = t.worker.handle_answer(&t.host.now(), reports[0].id, Shim::not_sent(), &t.host);
     assert!(fx.is_empty(), "{fx:?}");
     t.host.advance(2_000);
     assert!(t.worker_sends(REPORT_PATH).is_empty(), "dropped, not retried");

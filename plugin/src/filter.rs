@@ -5,10 +5,10 @@ use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
-use sluice_core::{CallId, Effect, Flow, Host, Phase};
+use sluice_core::{CallId, Deferred, Effect, Flow, Now, Phase};
 use sluice_policies::request::SimpleRequest;
 
-use crate::host::{HostRequest, ProxyHost};
+use crate::host::{clock, HostRequest, ProxyHost};
 use crate::perform::{answer, perform, Calls};
 use crate::vm::Vm;
 
@@ -31,12 +31,13 @@ impl Filter {
         Filter { vm, id, flow, tokens: Vec::new(), body_size: 0, request: None }
     }
 
-    fn perform(&mut self, effects: Vec<Effect>, host: &ProxyHost) {
+    fn perform(&mut self, effects: Vec<Effect>, now: &Now, host: &ProxyHost) {
         let vm = self.vm.clone();
         let mut calls =
-            StreamCalls { flow: &mut self.flow, tokens: &mut self.tokens, host, vm: &vm, id: self.id };
+            StreamCalls { flow: &mut self.flow, tokens: &mut self.tokens, now, host, vm: &vm, id: self.id };
         let performed = perform(effects, &vm.worker.doc.shim.cluster, &vm.stats, &mut calls);
         vm.worker.recycle(performed);
+        vm.arm(now);
     }
 
     fn request_action(&mut self) -> Action {
@@ -55,13 +56,13 @@ impl Filter {
         self.vm.body_came(self.id);
         if self.flow.phase() == Phase::Reading {
             self.body_size = size;
-            let host = ProxyHost::new();
+            let (now, host) = (Now::read(&clock), ProxyHost::new());
             let request = self.request.take().unwrap_or_default();
-            let effects = self.flow.handle_request_body(&request, size, end_of_stream, &host);
+            let effects = self.flow.handle_request_body(&now, &request, size, end_of_stream, &host);
             if self.flow.phase() == Phase::Reading {
                 self.request = Some(request);
             }
-            self.perform(effects, &host);
+            self.perform(effects, &now, &host);
         }
         if self.flow.hold_request_body() {
             Action::Pause
@@ -82,6 +83,7 @@ impl Filter {
 struct StreamCalls<'a> {
     flow: &'a mut Flow,
     tokens: &'a mut Vec<(u32, CallId)>,
+    now: &'a Now<'a>,
     host: &'a ProxyHost,
     vm: &'a Vm,
     id: u32,
@@ -93,7 +95,11 @@ impl Calls for StreamCalls<'_> {
     }
 
     fn not_sent(&mut self, id: CallId, reason: String) -> Vec<Effect> {
-        self.flow.handle_answer(id, sluice_core::CallResult::NotSent(reason), self.host)
+        self.flow.handle_answer(self.now, id, sluice_core::CallResult::NotSent(reason), self.host)
+    }
+
+    fn defer(&mut self, call: Deferred) {
+        self.vm.worker.defer(call);
     }
 
     fn end_response(&mut self) {
@@ -105,26 +111,26 @@ impl Context for Filter {
     fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
         let Some(at) = self.tokens.iter().position(|(t, _)| *t == token) else { return };
         let (_, id) = self.tokens.swap_remove(at);
-        let host = ProxyHost::new();
-        let effects = self.flow.handle_answer(id, answer(num_headers, body_size), &host);
-        self.perform(effects, &host);
+        let (now, host) = (Now::read(&clock), ProxyHost::new());
+        let effects = self.flow.handle_answer(&now, id, answer(num_headers, body_size), &host);
+        self.perform(effects, &now, &host);
     }
 
     fn on_done(&mut self) -> bool {
         self.vm.body_came(self.id);
         self.vm.ending.borrow_mut().retain(|&id| id != self.id);
-        let host = ProxyHost::new();
-        let effects = self.flow.handle_stream_end(&host);
-        self.perform(effects, &host);
+        let (now, host) = (Now::read(&clock), ProxyHost::new());
+        let effects = self.flow.handle_stream_end(&now, &host);
+        self.perform(effects, &now, &host);
         true
     }
 }
 
 impl HttpContext for Filter {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let host = ProxyHost::new();
-        let effects = self.flow.handle_request_headers(&HostRequest::read(), &host);
-        self.perform(effects, &host);
+        let (now, host) = (Now::read(&clock), ProxyHost::new());
+        let effects = self.flow.handle_request_headers(&now, &HostRequest::read(), &host);
+        self.perform(effects, &now, &host);
         if self.flow.phase() == Phase::Reading {
             self.request = Some(HostRequest::capture());
         }
@@ -140,7 +146,8 @@ impl HttpContext for Filter {
             }
             // Held (StopIteration) while the body is read; the root lets
             // the headers go if the host never hands the body over.
-            self.vm.reading.borrow_mut().push((self.id, host.now_ms()));
+            self.vm.reading.borrow_mut().push((self.id, now.ms()));
+            self.vm.arm(&now);
         }
         self.request_action()
     }
@@ -158,29 +165,29 @@ impl HttpContext for Filter {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let host = ProxyHost::new();
-        let effects = self.flow.handle_response_headers(end_of_stream, &host);
-        self.perform(effects, &host);
+        let (now, host) = (Now::read(&clock), ProxyHost::new());
+        let effects = self.flow.handle_response_headers(&now, end_of_stream, &host);
+        self.perform(effects, &now, &host);
         self.response_action()
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let host = ProxyHost::new();
-        let effects = self.flow.handle_response_body(body_size, end_of_stream, &host);
-        self.perform(effects, &host);
+        let (now, host) = (Now::read(&clock), ProxyHost::new());
+        let effects = self.flow.handle_response_body(&now, body_size, end_of_stream, &host);
+        self.perform(effects, &now, &host);
         self.response_action()
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
-        let host = ProxyHost::new();
-        let effects = self.flow.handle_response_trailers(&host);
-        self.perform(effects, &host);
+        let (now, host) = (Now::read(&clock), ProxyHost::new());
+        let effects = self.flow.handle_response_trailers(&now);
+        self.perform(effects, &now, &host);
         self.response_action()
     }
 
     fn on_log(&mut self) {
-        let host = ProxyHost::new();
-        let effects = self.flow.handle_stream_end(&host);
-        self.perform(effects, &host);
+        let (now, host) = (Now::read(&clock), ProxyHost::new());
+        let effects = self.flow.handle_stream_end(&now, &host);
+        self.perform(effects, &now, &host);
     }
 }

@@ -1,7 +1,8 @@
 //! The host as the decision core sees it, over proxy-wasm host calls: the
-//! request as the policy model reads it, and [`sluice_core::Host`]: the
-//! clock, Envoy's shared data and the response headers. A host call that
-//! fails reads as an absent value; nothing here panics.
+//! request as the policy model reads it, [`sluice_core::Host`] (Envoy's
+//! shared data, the response headers, the bodies) and the clock each event's
+//! [`sluice_core::Now`] reads on first use. A host call that fails reads as
+//! an absent value; nothing here panics.
 
 use std::borrow::Cow;
 use std::cell::OnceCell;
@@ -99,18 +100,25 @@ fn header(name: &str) -> Option<Vec<u8>> {
     get_map_value_bytes(MapType::HttpRequestHeaders, name).ok().flatten()
 }
 
-/// The host as one callback sees it: the clock, read once and only if
-/// needed, Envoy's shared data, and the upstream's response headers.
+/// The host as one callback sees it: Envoy's shared data, the upstream's
+/// response headers and the bodies.
 #[derive(Default)]
-pub struct ProxyHost {
-    now: OnceCell<u64>,
-}
+pub struct ProxyHost;
 
 impl ProxyHost {
     /// The host for one callback.
     pub fn new() -> ProxyHost {
-        ProxyHost::default()
+        ProxyHost
     }
+}
+
+/// The proxy's wall clock in milliseconds since the epoch; 0 if unreadable.
+/// An event's [`sluice_core::Now`] calls it on first use, once.
+pub fn clock() -> u64 {
+    get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 impl SharedData for ProxyHost {
@@ -128,15 +136,6 @@ impl SharedData for ProxyHost {
 }
 
 impl Host for ProxyHost {
-    fn now_ms(&self) -> u64 {
-        *self.now.get_or_init(|| {
-            get_current_time()
-                .ok()
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        })
-    }
-
     fn response_header(&self, name: &str) -> Option<Vec<u8>> {
         get_map_value_bytes(MapType::HttpResponseHeaders, name).ok().flatten()
     }

@@ -4,16 +4,18 @@
 //!
 //! # Layout
 //!
-//! Built for wasm32 only (the host calls exist nowhere else):
+//! Built for wasm32 only (the host calls exist nowhere else), but for
+//! `ticker`, plain arithmetic tested natively:
 //!
 //! - `root`: the root context: parses the policy document once, in
 //!   `on_configure`, and drives the [`sluice_core::Worker`] on its tick.
 //! - `filter`: the HTTP context: drives one request's [`sluice_core::Flow`].
 //! - `perform`: performs effects: calls to the shim, local replies,
 //!   resumptions, response headers, stats.
-//! - `host`: the request, shared data, the clock and the response headers,
+//! - `host`: the request, shared data, the clock, the response headers and bodies,
 //!   over host calls.
 //! - `vm`: what one VM shares between its requests: the worker, the stats.
+//! - `ticker`: the root's timer, armed for when the next tick is needed.
 //! - `stats`: the Envoy stats, one per name `sluice_core::stats` gives.
 
 #[cfg(target_arch = "wasm32")]
@@ -26,6 +28,8 @@ mod perform;
 mod root;
 #[cfg(target_arch = "wasm32")]
 mod stats;
+#[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+mod ticker;
 #[cfg(target_arch = "wasm32")]
 mod vm;
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType, Status};
-use sluice_core::{CallId, CallResult, Effect, Outgoing};
+use sluice_core::{CallId, CallResult, Deferred, Effect, Outgoing};
 use sluice_policies::wire::{PROTOCOL_HEADER, PROTOCOL_VERSION};
 
 use crate::stats::Stats;
@@ -18,6 +18,8 @@ pub trait Calls {
     fn sent(&mut self, id: CallId, token: u32);
     /// `id` could not be sent: the owner's effects for that.
     fn not_sent(&mut self, id: CallId, reason: String) -> Vec<Effect>;
+    /// A call for the worker to send on its next tick.
+    fn defer(&mut self, call: Deferred);
     /// The stream's response is to end once this callback's bytes have gone.
     fn end_response(&mut self) {}
 }
@@ -39,6 +41,7 @@ pub fn perform(effects: Vec<Effect>, cluster: &str, stats: &Stats, calls: &mut i
                     }
                 }
             }
+            Effect::Defer(call) => calls.defer(call),
             Effect::Reply(reply) => {
                 let headers: Vec<(&str, &str)> =
                     reply.headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref())).collect();

@@ -6,22 +6,17 @@ use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::rc::Rc;
-use std::time::Duration;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType};
-use sluice_core::{CallId, CallResult, Effect, Host, Worker};
+use sluice_core::{CallId, CallResult, Deferred, Effect, Now, Worker};
 
 use crate::filter::Filter;
-use crate::host::ProxyHost;
+use crate::host::{clock, ProxyHost};
 use crate::perform::{answer, perform, Calls};
 use crate::stats::Stats;
 use crate::vm::Vm;
-
-/// How often queued releases and adjustments go out: the most a release
-/// waits after its stream ends.
-const TICK: Duration = Duration::from_millis(20);
 
 pub struct SluiceRoot {
     vm: Option<Rc<Vm>>,
@@ -34,8 +29,8 @@ impl SluiceRoot {
         SluiceRoot { vm: None, tokens: HashMap::new() }
     }
 
-    fn perform(&mut self, vm: &Vm, effects: Vec<Effect>, host: &ProxyHost) {
-        let mut calls = WorkerCalls { worker: &vm.worker, tokens: &mut self.tokens, host };
+    fn perform(&mut self, vm: &Vm, effects: Vec<Effect>, now: &Now, host: &ProxyHost) {
+        let mut calls = WorkerCalls { worker: &vm.worker, tokens: &mut self.tokens, now, host };
         let performed = perform(effects, &vm.worker.doc.shim.cluster, &vm.stats, &mut calls);
         vm.worker.recycle(performed);
     }
@@ -44,6 +39,7 @@ impl SluiceRoot {
 struct WorkerCalls<'a> {
     worker: &'a Worker,
     tokens: &'a mut HashMap<u32, CallId>,
+    now: &'a Now<'a>,
     host: &'a ProxyHost,
 }
 
@@ -53,7 +49,11 @@ impl Calls for WorkerCalls<'_> {
     }
 
     fn not_sent(&mut self, id: CallId, reason: String) -> Vec<Effect> {
-        self.worker.handle_answer(id, CallResult::NotSent(reason), self.host)
+        self.worker.handle_answer(self.now, id, CallResult::NotSent(reason), self.host)
+    }
+
+    fn defer(&mut self, call: Deferred) {
+        self.worker.defer(call);
     }
 }
 
@@ -61,9 +61,10 @@ impl Context for SluiceRoot {
     fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
         let Some(vm) = self.vm.clone() else { return };
         let Some(id) = self.tokens.remove(&token) else { return };
-        let host = ProxyHost::new();
-        let effects = vm.worker.handle_answer(id, answer(num_headers, body_size), &host);
-        self.perform(&vm, effects, &host);
+        let (now, host) = (Now::read(&clock), ProxyHost::new());
+        let effects = vm.worker.handle_answer(&now, id, answer(num_headers, body_size), &host);
+        self.perform(&vm, effects, &now, &host);
+        vm.arm(&now);
     }
 }
 
@@ -85,11 +86,11 @@ impl RootContext for SluiceRoot {
                 let stats = Stats::define(&doc);
                 // Seeded by the host's random source (WASI random_get).
                 let seed = RandomState::new().build_hasher().finish();
-                let worker = Rc::new(Worker::new(doc, ProxyHost::new().now_ms(), seed));
-                self.vm = Some(Rc::new(Vm::new(worker, stats)));
-                if let Err(status) = hostcalls::set_tick_period(TICK) {
-                    log::warn!("cannot set the tick period: {status:?}; leases will be reclaimed by TTL");
-                }
+                let now = clock();
+                let worker = Rc::new(Worker::new(doc, now, seed));
+                let vm = Rc::new(Vm::new(worker, stats));
+                vm.ticked(now);
+                self.vm = Some(vm);
                 true
             }
             Err(err) => refuse(&err.to_string()),
@@ -98,9 +99,9 @@ impl RootContext for SluiceRoot {
 
     fn on_tick(&mut self) {
         let Some(vm) = self.vm.clone() else { return };
-        let host = ProxyHost::new();
-        let effects = vm.worker.tick(&host);
-        self.perform(&vm, effects, &host);
+        let (now, host) = (Now::read(&clock), ProxyHost::new());
+        let effects = vm.worker.tick(&now, &host);
+        self.perform(&vm, effects, &now, &host);
         let ending = std::mem::take(&mut *vm.ending.borrow_mut());
         for id in ending {
             // Its last event went out in an earlier callback: only a reset
@@ -110,7 +111,7 @@ impl RootContext for SluiceRoot {
                 log::debug!("cannot end stream {id}'s response: {status:?}");
             }
         }
-        for id in vm.unheld(host.now_ms()) {
+        for id in vm.unheld(now.ms()) {
             if !vm.no_body_while_held.replace(true) {
                 log::warn!(
                     "the host hands over no request body while the headers are held: set the Wasm \
@@ -124,6 +125,7 @@ impl RootContext for SluiceRoot {
                 log::debug!("cannot let stream {id}'s headers go: {status:?}");
             }
         }
+        vm.ticked(now.ms());
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {

@@ -3,10 +3,14 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::Duration;
 
-use sluice_core::Worker;
+use proxy_wasm::hostcalls;
+
+use sluice_core::{Now, Worker};
 
 use crate::stats::Stats;
+use crate::ticker::Ticker;
 
 /// How long a stream whose headers are held for its body may wait for the
 /// body's first callback before the root lets its headers go (see
@@ -25,6 +29,8 @@ pub struct Vm {
     /// Streams whose response is to end at the next tick, once the bytes
     /// their last callback handed on have gone (`Effect::EndResponse`).
     pub ending: RefCell<Vec<u32>>,
+    /// The root's timer.
+    pub ticker: Ticker,
 }
 
 impl Vm {
@@ -35,7 +41,27 @@ impl Vm {
             reading: RefCell::new(Vec::new()),
             no_body_while_held: std::cell::Cell::new(false),
             ending: RefCell::new(Vec::new()),
+            ticker: Ticker::default(),
         }
+    }
+
+    /// When the root next needs a tick: the worker's next work, a response
+    /// to end (at once), a body wait that ends.
+    pub fn next_due(&self) -> Option<u64> {
+        let ending = (!self.ending.borrow().is_empty()).then_some(0);
+        let reading = self.reading.borrow().iter().map(|(_, since)| since + BODY_WAIT_MS).min();
+        [self.worker.poll_timeout(), ending, reading].into_iter().flatten().min()
+    }
+
+    /// After an event at `now`: the tick brought forward if it made
+    /// something due sooner.
+    pub fn arm(&self, now: &Now) {
+        set_tick_period(self.ticker.arm(self.next_due(), now));
+    }
+
+    /// After a tick at `now` (or the configuration): the next one armed.
+    pub fn ticked(&self, now: u64) {
+        set_tick_period(self.ticker.ticked(self.next_due(), now));
     }
 
     /// The streams held for their body longer than [`BODY_WAIT_MS`] with no
@@ -58,5 +84,13 @@ impl Vm {
     /// Stream `id` has had its body callback (or ended).
     pub fn body_came(&self, id: u32) {
         self.reading.borrow_mut().retain(|(c, _)| *c != id);
+    }
+}
+
+/// Sets the root's tick period, if there is one to set.
+fn set_tick_period(period_ms: Option<u64>) {
+    let Some(period) = period_ms else { return };
+    if let Err(status) = hostcalls::set_tick_period(Duration::from_millis(period)) {
+        log::warn!("cannot set the tick period: {status:?}; leases will be reclaimed by TTL");
     }
 }

@@ -8,23 +8,53 @@ use sluice_policies::request::WithBody;
 use sluice_policies::wire::{AdjustRequest, Encoding, ADJUST_PATH};
 use sluice_policies::Request;
 
-use super::{Flow, Phase};
-use crate::effect::{CallResult, Effect, Effects, Outgoing};
+use sluice_policies::llm::Reservation;
+
+use super::{Phase, State};
+use crate::effect::{CallId, CallResult, Effect, Effects, Outgoing};
 use crate::host::Host;
 use crate::llm::meter::End;
 use crate::llm::Metered;
 use crate::local_reply::LocalReply;
+use crate::now::Now;
 use crate::stats::FilterStat;
 use crate::verdict::Verdict;
+use crate::worker::Worker;
 
-impl Flow {
+/// What the bodies keep of a request between its events.
+#[derive(Default)]
+pub(super) struct Bodies {
+    /// What each policy with an `llm` reserved (the document's index), from the request's body.
+    reservations: Vec<(usize, Reservation)>,
+    /// The response's metering, for an admitted request with an `llm` policy.
+    metered: Option<Box<Metered>>,
+    /// The token settlement sent at the response's end, whose answer holds
+    /// its last byte.
+    settling: Option<(CallId, AdjustRequest)>,
+}
+
+impl Bodies {
+    /// Whether the token settlement in flight holds the response's end.
+    pub(super) fn holds(&self) -> bool {
+        self.settling.is_some()
+    }
+
+    /// Whether call `id` is the settlement.
+    pub(super) fn settles(&self, id: CallId) -> bool {
+        self.settling.as_ref().is_some_and(|(c, _)| *c == id)
+    }
+}
+
+impl State {
     /// The request's body as the host has buffered it so far, `size`
     /// bytes in all, while the flow is `Reading`: once it is whole, the
     /// request is decided with it; past the document's bound, refused (413).
     /// A face calls it with `end_of_stream` at once for a request without a
     /// body, and on the request's trailers.
-    pub fn handle_request_body(
+    pub(super) fn handle_request_body(
         &mut self,
+        worker: &Worker,
+        now: &Now,
         req: &impl Request,
         size: usize,
         end_of_stream: bool,
@@ -33,11 +63,11 @@ impl Flow {
         if self.phase != Phase::Reading {
             return Vec::new();
         }
-        let limit = self.worker.doc.max_request_body_bytes.get();
+        let limit = worker.doc.max_request_body_bytes.get();
         if size as u64 > u64::from(limit) {
             let mut fx = Effects::default();
             fx.filter(FilterStat::RequestBodyTooLarge, 1);
-            self.refuse(too_large(limit), Verdict::BodyTooLarge, &mut fx);
+            self.refuse(worker, too_large(limit), Verdict::BodyTooLarge, &mut fx);
             return fx.0;
         }
         if !end_of_stream {
@@ -46,8 +76,7 @@ impl Flow {
         let bytes = if size == 0 { Vec::new() } else { host.request_body(0, size).unwrap_or_default() };
         let body = Body::parse(&bytes);
         drop(bytes);
-        let worker = self.worker.clone();
-        self.reservations = worker
+        self.bodies.reservations = worker
             .doc
             .policies
             .iter()
@@ -55,23 +84,29 @@ impl Flow {
             .filter_map(|(i, p)| Some((i, p.llm.as_ref()?.reserve(Some(&body)))))
             .collect();
         self.phase = Phase::Matching;
-        self.decide(&WithBody { req, body: &body }, host)
+        self.decide(worker, now, &WithBody { req, body: &body }, host)
     }
 
     /// The response's headers: the metering of the admitted `llm` policies starts.
-    pub(super) fn start_metering(&mut self, host: &dyn Host, fx: &mut Effects) {
-        let worker = self.worker.clone();
-        self.metered = Metered::new(&worker.doc, &self.calls, &self.reservations).map(Box::new);
-        if let Some(metered) = &mut self.metered {
+    pub(super) fn start_metering(&mut self, worker: &Worker, host: &dyn Host, fx: &mut Effects) {
+        let bodies = &mut self.bodies;
+        bodies.metered = Metered::new(&worker.doc, &self.calls, &bodies.reservations).map(Box::new);
+        if let Some(metered) = &mut bodies.metered {
             metered.start(host, fx);
         }
     }
 
     /// A chunk of the response's body, to the meters; the chunk replaced if
     /// a stream is ended past its budget; settled at the body's end.
-    pub(super) fn meter_body(&mut self, size: usize, end_of_stream: bool, host: &dyn Host, fx: &mut Effects) {
-        let worker = self.worker.clone();
-        let Some(metered) = self.metered.as_mut().filter(|m| !m.settled()) else { return };
+    pub(super) fn meter_body(
+        &mut self,
+        worker: &Worker,
+        size: usize,
+        end_of_stream: bool,
+        host: &dyn Host,
+        fx: &mut Effects,
+    ) {
+        let Some(metered) = self.bodies.metered.as_mut().filter(|m| !m.settled()) else { return };
         let chunk = if size == 0 { Vec::new() } else { host.response_body(0, size).unwrap_or_default() };
         let was_ended = metered.ended();
         if let Some(body) = metered.feed(&worker.doc, &chunk, fx) {
@@ -82,7 +117,7 @@ impl Flow {
             }
         }
         if end_of_stream {
-            self.settle_metering(true, fx);
+            self.settle_metering(worker, true, fx);
         }
     }
 
@@ -90,12 +125,12 @@ impl Flow {
     /// stream ended first): the `llm` policies are settled to what it used,
     /// once. An admitted request that ends before its response's headers
     /// settles too, as a response cut short.
-    pub(super) fn settle_metering(&mut self, whole: bool, fx: &mut Effects) {
-        let worker = self.worker.clone();
-        if self.metered.is_none() && !whole && !self.reservations.is_empty() {
-            self.metered = Metered::new(&worker.doc, &self.calls, &self.reservations).map(Box::new);
+    pub(super) fn settle_metering(&mut self, worker: &Worker, whole: bool, fx: &mut Effects) {
+        let bodies = &mut self.bodies;
+        if bodies.metered.is_none() && !whole && !bodies.reservations.is_empty() {
+            bodies.metered = Metered::new(&worker.doc, &self.calls, &bodies.reservations).map(Box::new);
         }
-        let Some(metered) = &mut self.metered else { return };
+        let Some(metered) = &mut bodies.metered else { return };
         let end = match (whole, self.phase) {
             (true, _) => End::Whole,
             // A shadow policy admitted a request another policy refused.
@@ -108,7 +143,7 @@ impl Flow {
         }
         let request = AdjustRequest { adjustments, now_us: None };
         if !whole {
-            worker.send_later(ADJUST_PATH, &request, Vec::new());
+            fx.defer(ADJUST_PATH, &request, Vec::new());
             return;
         }
         // Sent from the stream, its answer holding the response's last
@@ -116,11 +151,11 @@ impl Flow {
         // response whole finds it settled.
         match serde_json::to_vec(&request) {
             Ok(body) => {
-                let id = self.call_id();
+                let id = self.ids.next();
                 let timeout_ms = worker.doc.shim.timeout_ms.get().into();
                 let encoding = Encoding::Json;
                 fx.push(Effect::Send(Outgoing { id, path: ADJUST_PATH, encoding, body, timeout_ms }));
-                self.settling = Some((id, request));
+                self.bodies.settling = Some((id, request));
             }
             Err(err) => log::warn!("cannot encode {ADJUST_PATH}: {err}"),
         }
@@ -130,11 +165,11 @@ impl Flow {
     /// sent goes through the worker. One that failed is not sent again: an
     /// adjustment the shim may have applied must not be applied twice.
     pub(super) fn settled(&mut self, result: CallResult, fx: &mut Effects) {
-        let Some((_, request)) = self.settling.take() else { return };
+        let Some((_, request)) = self.bodies.settling.take() else { return };
         match result {
             CallResult::NotSent(reason) => {
                 log::debug!("cannot settle from the stream ({reason}); the worker will");
-                self.worker.send_later(ADJUST_PATH, &request, Vec::new());
+                fx.defer(ADJUST_PATH, &request, Vec::new());
             }
             CallResult::Answered { status, .. } if status.as_deref() != Some(b"200") => {
                 log::warn!("the shim did not settle a response's tokens: {status:?}");

@@ -1,6 +1,6 @@
-//! A fake host for driving the flow in tests: a clock the test moves,
-//! shared data in a map with versions, and the response headers the test
-//! sets. It also counts what the flow asked of it.
+//! A fake host for driving the flow in tests: shared data in a map with
+//! versions, and the response headers the test sets; with it, a clock the
+//! test moves and hands to each event as its [`Now`](crate::Now).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -12,7 +12,8 @@ pub use zipf::Zipf;
 
 #[derive(Default)]
 pub struct FakeHost {
-    /// The clock, in milliseconds since the epoch.
+    /// The test's clock, in milliseconds since the epoch (no part of [`Host`]:
+    /// the test gives each event its time).
     pub now: Cell<u64>,
     /// Shared data: each key's value and version.
     pub shared: RefCell<HashMap<String, (Vec<u8>, u32)>>,
@@ -29,6 +30,11 @@ pub struct FakeHost {
 impl FakeHost {
     pub fn at(now_ms: u64) -> FakeHost {
         FakeHost { now: Cell::new(now_ms), ..FakeHost::default() }
+    }
+
+    /// The time of the next event, as the test's clock says.
+    pub fn now(&self) -> crate::Now<'static> {
+        crate::Now::at(self.now.get())
     }
 
     pub fn advance(&self, ms: u64) {
@@ -79,10 +85,6 @@ impl SharedData for FakeHost {
 }
 
 impl Host for FakeHost {
-    fn now_ms(&self) -> u64 {
-        self.now.get()
-    }
-
     fn response_header(&self, name: &str) -> Option<Vec<u8>> {
         self.response.borrow().iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
     }

@@ -43,13 +43,13 @@ impl Test {
     }
 
     pub fn stream(&self) -> Stream<'_> {
-        Stream { flow: Flow::new(self.worker.clone()), host: &self.host }
+        Stream { flow: Flow::new(self.worker.clone()), host: &self.host, worker: &self.worker }
     }
 
     /// Ticks the worker and returns its calls to `path` (the others are answered 200).
     pub fn worker_sends(&self, path: &str) -> Vec<Outgoing> {
         let mut out = Vec::new();
-        for effect in self.worker.tick(&self.host) {
+        for effect in self.worker.tick(&self.host.now(), &self.host) {
             if let Effect::Send(call) = effect {
                 if call.path == path {
                     out.push(call);
@@ -66,7 +66,7 @@ impl Test {
         for report in reports {
             let body = json!({ "level": level }).to_string().into_bytes();
             let _ = index;
-            self.worker.handle_answer(report.id, ok(body), &self.host);
+            self.worker.handle_answer(&self.host.now(), report.id, ok(body), &self.host);
         }
     }
 
@@ -77,7 +77,7 @@ impl Test {
         let body = json!({"granted": tokens, "window": 1, "expires_in_ms": 60_000, "remaining": 90})
             .to_string()
             .into_bytes();
-        self.worker.handle_answer(asks[0].id, ok(body), &self.host);
+        self.worker.handle_answer(&self.host.now(), asks[0].id, ok(body), &self.host);
     }
 }
 
@@ -85,11 +85,23 @@ impl Test {
 pub struct Stream<'t> {
     pub flow: Flow,
     host: &'t FakeHost,
+    worker: &'t Worker,
 }
 
 impl Stream<'_> {
+    /// `fx`, with the calls it leaves to the worker handed over, as the adapter does.
+    pub fn performed(&self, fx: Vec<Effect>) -> Vec<Effect> {
+        for effect in &fx {
+            if let Effect::Defer(call) = effect {
+                self.worker.defer(call.clone());
+            }
+        }
+        fx
+    }
+
     pub fn request(&mut self, req: &SimpleRequest) -> Vec<Effect> {
-        self.flow.handle_request_headers(req, self.host)
+        let fx = self.flow.handle_request_headers(&self.host.now(), req, self.host);
+        self.performed(fx)
     }
 
     pub fn hold_request(&mut self) -> bool {
@@ -101,33 +113,39 @@ impl Stream<'_> {
     }
 
     pub fn answer(&mut self, call: &Outgoing, result: &CallResult) -> Vec<Effect> {
-        self.flow.handle_answer(call.id, result.clone(), self.host)
+        let fx = self.flow.handle_answer(&self.host.now(), call.id, result.clone(), self.host);
+        self.performed(fx)
     }
 
     /// The response's headers arrive (and are what the host reads from now on).
     pub fn response(&mut self, headers: &[(&str, &str)], end_of_stream: bool) -> Vec<Effect> {
         self.host.respond(headers);
-        self.flow.handle_response_headers(end_of_stream, self.host)
+        let fx = self.flow.handle_response_headers(&self.host.now(), end_of_stream, self.host);
+        self.performed(fx)
     }
 
     pub fn body(&mut self, size: usize, end_of_stream: bool) -> Vec<Effect> {
-        self.flow.handle_response_body(size, end_of_stream, self.host)
+        let fx = self.flow.handle_response_body(&self.host.now(), size, end_of_stream, self.host);
+        self.performed(fx)
     }
 
     /// More of the request's body arrives (the host buffers it whole).
     pub fn request_body(&mut self, req: &SimpleRequest, bytes: &[u8], end_of_stream: bool) -> Vec<Effect> {
         let size = self.host.request_bytes(bytes);
-        self.flow.handle_request_body(req, size, end_of_stream, self.host)
+        let fx = self.flow.handle_request_body(&self.host.now(), req, size, end_of_stream, self.host);
+        self.performed(fx)
     }
 
     /// A chunk of the response's body arrives.
     pub fn chunk(&mut self, bytes: &[u8], end_of_stream: bool) -> Vec<Effect> {
         let size = self.host.response_chunk(bytes);
-        self.flow.handle_response_body(size, end_of_stream, self.host)
+        let fx = self.flow.handle_response_body(&self.host.now(), size, end_of_stream, self.host);
+        self.performed(fx)
     }
 
     pub fn end(&mut self) -> Vec<Effect> {
-        self.flow.handle_stream_end(self.host)
+        let fx = self.flow.handle_stream_end(&self.host.now(), self.host);
+        self.performed(fx)
     }
 
     pub fn phase(&self) -> Phase {
