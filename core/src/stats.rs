@@ -91,8 +91,9 @@ stats! {
         LlmTokensReserved = "llm_tokens_reserved" Counter,
         /// A policy with `llm`: tokens charged in the end, true counts and fallbacks.
         LlmTokensCharged = "llm_tokens_charged" Counter,
-        /// A policy with `llm`: tokens reserved and given back.
-        LlmTokensRefunded = "llm_tokens_refunded" Counter,
+        /// A policy with `llm`: tokens reserved and not used, which its
+        /// settlements asked back.
+        LlmTokensRefundRequested = "llm_tokens_refund_requested" Counter,
         /// A policy with `llm`: of those charged, the tokens charged by the fallback.
         LlmTokensFallback = "llm_tokens_fallback" Counter,
         /// A policy with `llm`: responses charged by the fallback (no usage seen).
@@ -101,6 +102,9 @@ stats! {
         LlmUnreadable = "llm_unreadable" Counter,
         /// A policy with `llm` and `end_stream`: streams ended past the budget.
         LlmStreamsEnded = "llm_streams_ended" Counter,
+        /// A policy with `llm`: tokens the shim said it gave back, in its
+        /// answers to the settlements sent from the stream.
+        LlmTokensGivenBack = "llm_tokens_given_back" Counter,
     }
 }
 
@@ -144,7 +148,12 @@ impl PolicyStat {
             PausedWaited => feedback && waits,
             Shed => policy.shed.is_some(),
             Leased | LeaseEmpty | LeaseGranted | LeaseGivenBack | LeaseFailed => policy.leased.is_some(),
-            LlmTokensReserved | LlmTokensCharged | LlmTokensRefunded | LlmTokensFallback | LlmFallbacks
+            LlmTokensReserved
+            | LlmTokensCharged
+            | LlmTokensRefundRequested
+            | LlmTokensGivenBack
+            | LlmTokensFallback
+            | LlmFallbacks
             | LlmUnreadable => policy.llm.is_some(),
             LlmStreamsEnded => policy.llm.as_ref().is_some_and(|l| l.end_stream),
             _ => true,

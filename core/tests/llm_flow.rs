@@ -8,7 +8,7 @@ mod support;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 use sluice_core::stats::{FilterStat, PolicyStat};
-use sluice_core::{Effect, Phase};
+use sluice_core::{CallResult, Effect, Phase};
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::wire::{ADJUST_PATH, CHECK_PATH};
 use support::*;
@@ -116,7 +116,11 @@ fn streaming() -> [(&'static str, &'static str); 2] {
 }
 
 /// The reservation is the body's bytes (one token each) and its
-/// `max_tokens`; a JSON response's usage refunds the rest, once.
+/// `max_tokens`; a JSON response's usage refunds the rest, once. What the
+/// settlement asked back and what the shim's answer says came back are two
+/// stats: a refund asked for is not a refund given (here the shim gave back
+/// 400 of the 457 asked, as it does when the bucket refilled part of the
+/// charge). Before, `llm_tokens_refunded` counted what was asked.
 #[test]
 fn a_json_response_settles_the_reservation_to_its_usage() {
     let t = Test::new(&doc("openai_chat", ""));
@@ -131,12 +135,19 @@ fn a_json_response_settles_the_reservation_to_its_usage() {
     assert_eq!(adjusted(&t, &fx), [(43, 500)]);
     assert_eq!(count(&fx, 0, PolicyStat::LlmTokensReserved), 500);
     assert_eq!(count(&fx, 0, PolicyStat::LlmTokensCharged), 43);
-    assert_eq!(count(&fx, 0, PolicyStat::LlmTokensRefunded), 457);
+    assert_eq!(count(&fx, 0, PolicyStat::LlmTokensRefundRequested), 457);
+    assert_eq!(count(&fx, 0, PolicyStat::LlmTokensGivenBack), 0, "nothing came back yet");
     // The last byte waits for the shim to record the settlement.
     assert!(s.hold_response());
     assert_eq!(s.phase(), Phase::Settling);
     let settle = sent(&fx, ADJUST_PATH);
-    assert!(s.answer(&settle, &Shim::status(200)).contains(&Effect::ResumeResponse));
+    let answer = CallResult::Answered {
+        status: Some(b"200".to_vec()),
+        body: Some(json!({"moved": [-400]}).to_string().into_bytes()),
+    };
+    let fx = s.answer(&settle, &answer);
+    assert!(fx.contains(&Effect::ResumeResponse));
+    assert_eq!(count(&fx, 0, PolicyStat::LlmTokensGivenBack), 400, "what the shim gave back");
     assert_eq!(s.phase(), Phase::Done);
     let fx = s.end();
     assert!(adjusted(&t, &fx).is_empty(), "settled once: the stream's end adds nothing");

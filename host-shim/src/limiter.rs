@@ -207,7 +207,7 @@ impl Limiter {
             // failure_mode could turn into an admission).
             for (group, reply) in groups.iter().zip(&replies).filter(|(_, r)| r.allowed) {
                 let group_limits: Vec<&ScriptLimit> = group.iter().map(|&i| &limits[i]).collect();
-                if let Err(err) = self.refund(&group_limits, reply.now, &id).await {
+                if let Err(err) = self.refund(&group_limits, reply, &id).await {
                     if let Some(suppressed) = REFUND_FAILED_LOG.admit() {
                         tracing::warn!(
                             ?err,
@@ -261,14 +261,20 @@ impl Limiter {
             .ok_or_else(|| CheckError::Store(format!("unexpected script reply {reply:?}")))
     }
 
-    async fn refund(&self, limits: &[&ScriptLimit], charged: i64, id: &str) -> Result<(), CheckError> {
+    /// Takes back what `reply`'s slot charged for request `id`
+    /// (`lua/scripts/refund.lua`).
+    async fn refund(&self, limits: &[&ScriptLimit], reply: &SlotReply, id: &str) -> Result<(), CheckError> {
         let mut call = self.scripts.refund.prepare_invoke();
-        call.arg(charged).arg(id);
+        call.arg(reply.now).arg(id);
         // A calendar's ends around the time of the charge hold its window.
-        let charged_at = charged.to_string();
+        let charged_at = reply.now.to_string();
         for limit in limits {
             let (name, [a, b, c, d]) = limit.script_args(&charged_at);
             call.key(&limit.key).arg(name).arg(a).arg(b).arg(c).arg(d);
+        }
+        // Where each bucket's charge ended, for its refund log (settle.lua).
+        for outcome in &reply.limits {
+            call.arg(outcome.held_until_us.map_or(0, Micros::get)).arg(outcome.refunded_us.get());
         }
         let _: i64 = self.store.invoke(&call).await.map_err(store_error)?;
         Ok(())

@@ -312,3 +312,51 @@ async fn a_failed_refund_keeps_the_denial() {
     assert_eq!(answer.denied_check(), Some(1), "the denial is narrow's");
     assert_eq!(fixed_count(&cluster, "wide").await, (true, 2), "the failed refund left wide's charge");
 }
+
+/// Exact refunds on a cluster (issue 33): a token budget (`budget`, points)
+/// and a request rate (`rate`, one an hour) land in different slots.
+/// Request `a` reserves 500 of 10,000 under both; request `b` reserves 500
+/// and `rate` denies it, so its budget charge is taken back on its slot
+/// (`refund.lua`). `a` then settles to 50 and gives back all of its 450.
+/// The regression: `refund.lua` logged nothing, `a`'s settlement took
+/// `b`'s refund for one of a charge before its own, found its charge all
+/// but refilled, and gave back nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_on_another_slot_leaves_a_settlement_exact() {
+    use sluice_policies::units::Micros;
+    use sluice_policies::wire::{AdjustRequest, Adjustment, Views};
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start).await.expect("task").expect("cluster");
+    assert_ne!(Slot::for_key("sluice:{budget:k}"), Slot::for_key("sluice:{rate:k}"));
+    let limiter =
+        Limiter::new(&Target::Cluster(cluster.urls()), Duration::from_secs(5), false).expect("limiter");
+    let points = WireLimit::Points { capacity: 10_000, refill_ms: Millis(31_536_000_000), cost: 500 };
+    let rate = WireLimit::FixedWindow { limit: 1, window_ms: Millis(3_600_000) };
+    let request = |id: &'static str| CheckRequest {
+        checks: vec![check("budget", vec![points]), check("rate", vec![rate])].into(),
+        now_us: None,
+        id: Some(id.into()),
+        wait_ms: None,
+        views: Views::All,
+    };
+    let a = limiter.check(&request("a")).await.expect("check");
+    assert!(a.allowed, "{a:?}");
+    let b = limiter.check(&request("b")).await.expect("check");
+    assert!(!b.allowed && b.checks[0].limits[0].allowed, "the budget charged, the rate denied: {b:?}");
+    let charge = a.checks[0].limits[0];
+    let settle = AdjustRequest {
+        adjustments: vec![Adjustment {
+            policy: "budget".into(),
+            key: "k".into(),
+            id: Some("a".into()),
+            limit: points,
+            actual: 50,
+            held_until_us: charge.held_until_us,
+            refunded_us: charge.refunded_us,
+            level: None,
+        }],
+        now_us: None,
+    };
+    let moved = limiter.adjust(&settle).await.expect("adjust").moved;
+    assert_eq!(moved, vec![-450], "a gives back its own unused part, whole");
+    assert!(charge.held_until_us.is_some_and(|t| t > Micros(0)));
+}

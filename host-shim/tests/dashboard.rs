@@ -362,4 +362,37 @@ async fn denials_from_the_over_limit_cache_count_with_where_they_were_answered()
     assert_eq!(quiet["totals"]["denied"], 10, "one by the shim, nine by the cache: {quiet:#}");
     assert_eq!(quiet["totals"]["cache_denied"], 9);
     assert_eq!(history(quiet, "denied").0, 10);
+/// A budget several policies share (a policy's `budget`) shows once, by
+/// its name, where the first of them stands in the document, with its
+/// limits in tokens; the policies that share it never show. A key charged
+/// under the budget's name (the name their checks carry) shows its state
+/// there, and is not listed again as a policy seen only in traffic.
+#[tokio::test]
+async fn a_shared_budget_shows_once_by_its_name() {
+    let redis = Redis::start().expect("redis");
+    let document = r#"{"policies": [
+      {"name": "gate", "limits": [{"type": "fixed_window", "limit": 100, "window": "1m"}]},
+      {"name": "chat", "match": {"path_exact": "/v1/chat/completions"}, "key": ["header:x-team"],
+       "budget": "team-tokens", "llm": {"api": "openai_chat"},
+       "limits": [{"type": "points", "capacity": 3000, "refill": "1d", "cost": "llm_tokens"}]},
+      {"name": "messages", "match": {"path_exact": "/v1/messages"}, "key": ["header:x-team"],
+       "budget": "team-tokens", "llm": {"api": "anthropic_messages"},
+       "limits": [{"type": "points", "capacity": 3000, "refill": "1d", "cost": "llm_tokens"}]},
+      {"name": "quiet", "limits": [{"type": "interval", "every": "1s"}]}
+    ]}"#;
+    let port = serve(&redis, Some(document)).await;
+    let points = |cost| vec![WireLimit::Points { capacity: 3_000, refill_ms: Millis(86_400_000), cost }];
+    assert!(check(port, "r1", "team-tokens", "blue", points(400)).await.allowed);
+    assert!(check(port, "r2", "team-tokens", "blue", points(100)).await.allowed);
+    let board = dashboard(port).await;
+    let names: Vec<&str> =
+        board["policies"].as_array().expect("policies").iter().filter_map(|p| p["name"].as_str()).collect();
+    assert_eq!(names, ["gate", "team-tokens", "quiet"], "{board:#}");
+    let budget = policy(&board, "team-tokens");
+    assert_eq!(budget["source"], "document");
+    assert_eq!(budget["limits"].as_array().map(Vec::len), Some(1), "{budget:#}");
+    assert_eq!(budget["limits"][0]["unit"], "tokens");
+    assert_eq!(budget["limits"][0]["capacity"], 3_000);
+    assert_eq!(budget["totals"]["allowed"], 2, "{budget:#}");
+    assert_eq!(key(budget, "blue")["state"][0]["remaining"], 2_500, "both checks charged one counter");
 }

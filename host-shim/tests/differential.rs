@@ -524,6 +524,153 @@ fn settlements_decide_as_the_model() {
     }
 }
 
+/// A Redis Cluster's charge-then-refund (`refund.lua`, run here on the
+/// slot's key as the cluster path runs it) among reservations and
+/// settlements of a points bucket: the script and its twin
+/// (`algorithm::refund`) leave the same bucket, refund counter and refund
+/// log, and every settlement after moves what the model moves. The
+/// regression: refund.lua logged nothing, so a settlement of an earlier
+/// charge took its refund as one of a charge before its own and could give
+/// back nothing of its unused part.
+#[test]
+fn cluster_refunds_log_as_the_model() {
+    let world = World::start();
+    let scripts = sluice_shim::scripts::Scripts::new();
+    let mut runner = TestRunner::new(ProptestConfig { cases: 200, ..ProptestConfig::default() });
+    let limit =
+        (5u32..60, prop::sample::select(vec![100u64, 1_000, 60_000])).prop_map(|(capacity, refill_ms)| {
+            WireLimit::Points { capacity, refill_ms: Millis(refill_ms), cost: 1 }
+        });
+    // A refund: an unsettled admitted request's, as another slot denied it.
+    let op = prop_oneof![3 => settle_op().prop_map(Some), 1 => Just(None)];
+    let cases = (limit, prop::collection::vec((op, any::<usize>()), 1..50));
+    let result = runner.run(&cases, |(limit, ops)| {
+        static CASE: AtomicU64 = AtomicU64::new(0);
+        let policy = format!("cr{}", CASE.fetch_add(1, Ordering::Relaxed));
+        let mut conn = world.redis.connection().expect("redis connection");
+        let mut model = RedisTwin::default();
+        let mut now = 1_700_000_000_000_000u64;
+        // Admitted: (id, the limit as charged, its outcome, the check's
+        // time, whether it was refunded or settled: a request is one or the other).
+        let mut admitted: Vec<(String, WireLimit, Option<Micros>, Micros, u64, bool)> = Vec::new();
+        let mut key = String::new();
+        for (i, (op, pick)) in ops.into_iter().enumerate() {
+            match op {
+                Some(SettleOp::Reserve { dt, cost }) => {
+                    now += dt;
+                    let checks = vec![Check {
+                        policy: policy.clone(),
+                        key: "k".into(),
+                        limits: with_cost(&[limit], cost),
+                        margin_ms: None,
+                        upstream: false,
+                        levels: Vec::new(),
+                    }];
+                    let script = script_limits(&checks).expect("valid limits");
+                    key = script[0].key.clone();
+                    let id = format!("r{i}");
+                    let req = CheckRequest {
+                        checks: checks.as_slice().into(),
+                        now_us: Some(Micros(now)),
+                        id: Some(id.as_str().into()),
+                        wait_ms: None,
+                        views: Views::All,
+                    };
+                    let got = world.runtime.block_on(world.limiter.check(&req)).expect("check");
+                    let want = algorithm::check(&mut model, now, &id, &[(key.clone(), script[0].algorithm)]);
+                    prop_assert_eq!(&got.checks[0].limits, &want.limits, "check at {}", now);
+                    if got.allowed {
+                        let o = got.checks[0].limits[0];
+                        admitted.push((id, checks[0].limits[0], o.held_until_us, o.refunded_us, now, false));
+                    }
+                }
+                None => {
+                    let open: Vec<usize> = (0..admitted.len()).filter(|&j| !admitted[j].5).collect();
+                    if open.is_empty() {
+                        continue;
+                    }
+                    let j = open[pick % open.len()];
+                    admitted[j].5 = true;
+                    let (id, wire, held_until_us, refunded_us, charged, _) = admitted[j].clone();
+                    let checks = vec![Check {
+                        policy: policy.clone(),
+                        key: "k".into(),
+                        limits: vec![wire],
+                        margin_ms: None,
+                        upstream: false,
+                        levels: Vec::new(),
+                    }];
+                    let script = script_limits(&checks).expect("valid limits");
+                    let charged_at = charged.to_string();
+                    let (name, [a, b, c, d]) = script[0].script_args(&charged_at);
+                    let mut call = scripts.refund.prepare_invoke();
+                    call.arg(charged).arg(&id).key(&script[0].key).arg(name).arg(a).arg(b).arg(c).arg(d);
+                    call.arg(held_until_us.map_or(0, Micros::get)).arg(refunded_us.get());
+                    let _: i64 = call.invoke(&mut conn).expect("refund.lua");
+                    let Algorithm::Gcra { interval_us, cost, .. } = script[0].algorithm else {
+                        panic!("a points bucket")
+                    };
+                    let charge = algorithm::refund::Charge {
+                        key: script[0].key.clone(),
+                        interval_us: interval_us.get(),
+                        cost,
+                        held_until_us: held_until_us.map_or(0, Micros::get),
+                        refunded_us: refunded_us.get(),
+                    };
+                    algorithm::refund::bucket(&mut model, &charge);
+                }
+                Some(SettleOp::Settle { dt, n, actual, times }) => {
+                    now += dt;
+                    let open: Vec<usize> = (0..admitted.len()).filter(|&j| !admitted[j].5).collect();
+                    if open.is_empty() {
+                        continue;
+                    }
+                    let j = open[n % open.len()];
+                    admitted[j].5 = true;
+                    let (id, wire, held_until_us, refunded_us, _, _) = admitted[j].clone();
+                    let adjustment = Adjustment {
+                        policy: policy.clone(),
+                        key: "k".into(),
+                        id: Some(id),
+                        limit: wire,
+                        actual: clamped(actual, &wire),
+                        held_until_us,
+                        refunded_us,
+                        level: None,
+                    };
+                    for _ in 0..times {
+                        let script = sluice_shim::keys::script_adjustments(std::slice::from_ref(&adjustment))
+                            .expect("valid");
+                        let want = if script[0].delta == 0 {
+                            0
+                        } else {
+                            algorithm::adjust(&mut model, now, &script)[0]
+                        };
+                        let req = AdjustRequest {
+                            adjustments: vec![adjustment.clone()],
+                            now_us: Some(Micros(now)),
+                        };
+                        let got = world.runtime.block_on(world.limiter.adjust(&req)).expect("adjust");
+                        prop_assert_eq!(got.moved, vec![want], "moved at {}", now);
+                    }
+                }
+            }
+            if !key.is_empty() {
+                prop_assert_eq!(
+                    points_state(&mut conn, &key),
+                    model_points_state(&model, &key),
+                    "state after step {}",
+                    i
+                );
+            }
+        }
+        Ok(())
+    });
+    if let Err(failure) = result {
+        panic!("{failure}");
+    }
+}
+
 /// Instants where calendars go wrong, each a microsecond or an hour away
 /// from: DST changes in Paris, New York and Santiago (where midnight itself
 /// is skipped), a month's end before a short February and a leap day, and

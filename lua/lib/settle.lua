@@ -14,8 +14,9 @@
 -- were made; a refund cuts the tail of its own charge and moves every later
 -- charge earlier by as much, never an earlier one. So where a charge ends
 -- now is where its check left it, less the logged refunds since of charges
--- that ended before it. A refund the log does not hold (trimmed, or
--- refund.lua's, which logs none) may have been of a charge before it or
+-- that ended before it. refund.lua (a Cluster's charge-then-refund) logs
+-- its refunds too. A refund the log does not hold (trimmed, or one whose
+-- charge's end was not known) may have been of a charge before it or
 -- after: the end is then kept as two bounds, and the refund takes the lower,
 -- which can only under-refund.
 local SETTLED_US = 3600000000

@@ -59,10 +59,9 @@ const TWINS: &[Twin] = &[
     Twin { script: "shed", twins: &["src/shed.rs"], test: "shed_script.rs", why_none: "" },
     Twin {
         script: "refund",
-        twins: &[],
-        test: "cluster.rs",
-        why_none: "it takes back what check.lua charged when another Redis Cluster slot denied the \
-                   request; the model is one store and never splits a check",
+        twins: &["src/algorithm/refund.rs", "src/algorithm/settle.rs"],
+        test: "differential.rs",
+        why_none: "",
     },
 ];
 

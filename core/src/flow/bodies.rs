@@ -174,7 +174,11 @@ impl State {
             CallResult::Answered { status, .. } if status.as_deref() != Some(b"200") => {
                 log::warn!("the shim did not settle a response's tokens: {status:?}");
             }
-            CallResult::Answered { .. } => {}
+            CallResult::Answered { body, .. } => {
+                if let Some(metered) = &self.metered {
+                    metered.answered(body.as_deref().unwrap_or_default(), fx);
+                }
+            }
         }
         self.resume_response(fx);
     }

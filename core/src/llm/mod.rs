@@ -20,7 +20,7 @@ pub mod meter;
 pub mod sse;
 
 use sluice_policies::llm::{Api, Llm, Reservation};
-use sluice_policies::wire::{Adjustment, WireLimit};
+use sluice_policies::wire::{AdjustResponse, Adjustment, WireLimit};
 use sluice_policies::{Document, Limit};
 
 use crate::check_call::CheckCall;
@@ -41,6 +41,10 @@ pub struct Metered {
     /// The stream was ended to the client; the rest of the body is dropped.
     ended: bool,
     settled: bool,
+    /// Parallel to the adjustments the settlement sent: the policy whose
+    /// `llm_tokens_given_back` the shim's answer to each counts (its first
+    /// `llm_tokens` limit's), if any.
+    answered_for: Vec<Option<usize>>,
 }
 
 impl Metered {
@@ -51,8 +55,14 @@ impl Metered {
         calls: &[CheckCall],
         reservations: &[(usize, Reservation)],
     ) -> Option<Metered> {
-        let mut metered =
-            Metered { meters: Vec::new(), policies: Vec::new(), budget: None, ended: false, settled: false };
+        let mut metered = Metered {
+            meters: Vec::new(),
+            policies: Vec::new(),
+            budget: None,
+            ended: false,
+            settled: false,
+            answered_for: Vec::new(),
+        };
         for call in calls.iter().filter(|c| c.admitted) {
             for (i, &index) in call.policies.iter().enumerate() {
                 let Some(llm) = doc.policies.get(index).and_then(|p| p.llm.as_ref()) else { continue };
@@ -156,20 +166,46 @@ impl Metered {
             let adjustments = call.corrections(doc, |index, limit: &Limit, capacity| {
                 limit.costs_llm_tokens().then(|| charge_of(index)).flatten().map(|c| c.tokens.min(capacity))
             });
-            for (index, reserved, capacity) in reservations(doc, call) {
+            let counted = reservations(doc, call);
+            for &(index, reserved, capacity, _) in &counted {
                 let Some(charge) = charge_of(index) else { continue };
                 let charged = charge.tokens.min(capacity);
                 fx.add(index, PolicyStat::LlmTokensReserved, u64::from(reserved));
                 fx.add(index, PolicyStat::LlmTokensCharged, u64::from(charged));
-                fx.add(index, PolicyStat::LlmTokensRefunded, u64::from(reserved.saturating_sub(charged)));
+                let asked = reserved.saturating_sub(charged);
+                fx.add(index, PolicyStat::LlmTokensRefundRequested, u64::from(asked));
                 if let Source::Fallback(_) = charge.source {
                     fx.add(index, PolicyStat::LlmTokensFallback, u64::from(charged));
                     fx.count(index, PolicyStat::LlmFallbacks);
                 }
             }
-            out.extend(adjustments.into_iter().filter(|a| Some(a.actual) != a.limit.points_cost()));
+            for a in adjustments.into_iter().filter(|a| Some(a.actual) != a.limit.points_cost()) {
+                // The adjustment of a policy's first `llm_tokens` limit
+                // (at most one per policy: its check is one key's).
+                let of = counted.iter().find(|(index, _, _, first)| {
+                    a.level.is_none() && a.limit == *first && !self.answered_for.contains(&Some(*index))
+                });
+                self.answered_for.push(of.map(|(index, ..)| *index));
+                out.push(a);
+            }
         }
         out
+    }
+
+    /// The shim's answer to the settlement's adjustments (an
+    /// `AdjustResponse`): what each gave back, counted for its policy. An
+    /// answer that cannot be read counts nothing: a refund asked for is
+    /// not a refund given.
+    pub fn answered(&self, body: &[u8], fx: &mut Effects) {
+        let Ok(answer) = serde_json::from_slice::<AdjustResponse>(body) else {
+            log::debug!("an unreadable answer to a settlement");
+            return;
+        };
+        for (moved, index) in answer.moved.iter().zip(&self.answered_for) {
+            if let (Some(index), true) = (index, *moved < 0) {
+                fx.add(*index, PolicyStat::LlmTokensGivenBack, moved.unsigned_abs());
+            }
+        }
     }
 
     /// Whether it has settled.
@@ -188,18 +224,20 @@ fn llm_of(doc: &Document, index: usize) -> Option<&Llm> {
 }
 
 /// Each policy of `call` with an `llm`: its index, the reservation its
-/// first `llm_tokens` limit was charged, and that limit's capacity.
-fn reservations(doc: &Document, call: &CheckCall) -> Vec<(usize, u32, u32)> {
+/// first `llm_tokens` limit was charged, that limit's capacity, and the
+/// limit as sent.
+fn reservations(doc: &Document, call: &CheckCall) -> Vec<(usize, u32, u32, WireLimit)> {
     let mut out = Vec::new();
     for (&index, check) in call.policies.iter().zip(&call.checks) {
         let Some(policy) = doc.policies.get(index) else { continue };
         let first = policy.limits.iter().zip(&check.limits).find(|(l, _)| l.costs_llm_tokens());
         if let Some((
             _,
-            &(WireLimit::Points { cost, capacity, .. } | WireLimit::CalendarPoints { cost, capacity, .. }),
+            wire @ &(WireLimit::Points { cost, capacity, .. }
+            | WireLimit::CalendarPoints { cost, capacity, .. }),
         )) = first
         {
-            out.push((index, cost, capacity));
+            out.push((index, cost, capacity, *wire));
         }
     }
     out

@@ -17,6 +17,7 @@ pub mod gcra;
 pub mod pause;
 pub mod queue;
 pub mod rate;
+pub mod refund;
 pub mod reserve;
 pub mod settle;
 pub mod sliding_approx;

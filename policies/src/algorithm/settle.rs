@@ -11,9 +11,11 @@
 //! ([`State::Given`], Redis: `:g`) holds each refund as (the refund counter
 //! before it, the end its charge had then, the µs it gave back), so where a
 //! charge ends now is where its check left it less the logged refunds since
-//! of the charges that ended before it ([`charge_end`]). A refund the log
-//! does not hold (trimmed past [`LOG_MAX`], or `refund.lua`'s, which logs
-//! none) may have been of a charge before it or after: the end is then
+//! of the charges that ended before it ([`charge_end`]). `refund.lua` (a
+//! Cluster's charge-then-refund, [`super::refund`]) logs its refunds too. A
+//! refund the log does not hold (trimmed past [`LOG_MAX`], or one whose
+//! charge's end was not known) may have been of a charge before it or
+//! after: the end is then
 //! kept as two bounds and the refund takes the lower, which can only
 //! under-refund. (Before the log, every refund since a charge was taken as
 //! one before it: six charges settled newest first gave the oldest nothing

@@ -63,7 +63,8 @@ fn call(envoy: &Envoy, api: Api, body: &[u8], headers: &[(&str, &str)]) -> Reply
 
 /// Every API shape, streamed and not: each response passes unchanged, and
 /// each policy is charged exactly the provider's true counts (its stats:
-/// reserved = body bytes + cap, charged = input + output, the rest refunded).
+/// reserved = body bytes + cap, charged = input + output, the rest asked
+/// back, and given back as the shim's answers say).
 #[test]
 fn each_api_shape_is_charged_its_true_count_streamed_or_not() {
     let policies: Vec<String> = APIS.iter().map(|api| budget(api.name(), *api, 10_000_000, "")).collect();
@@ -91,7 +92,13 @@ fn each_api_shape_is_charged_its_true_count_streamed_or_not() {
         assert!(billed > 0);
         assert_eq!(stat(&stack.envoy, "llm_tokens_charged", name), billed, "{name}");
         assert_eq!(stat(&stack.envoy, "llm_tokens_reserved", name), reserved[name], "{name}");
-        assert_eq!(stat(&stack.envoy, "llm_tokens_refunded", name), reserved[name] - billed, "{name}");
+        assert_eq!(
+            stat(&stack.envoy, "llm_tokens_refund_requested", name),
+            reserved[name] - billed,
+            "{name}"
+        );
+        // Each settled from its stream, and the shim said it gave all of it back.
+        assert_eq!(stat(&stack.envoy, "llm_tokens_given_back", name), reserved[name] - billed, "{name}");
         assert_eq!(stat(&stack.envoy, "llm_fallbacks", name), 0, "{name}");
     }
 }
@@ -172,7 +179,7 @@ fn the_bound_holds_under_concurrency() {
         capped.len(),
         stat(&stack.envoy, "llm_tokens_charged", "team"),
         stat(&stack.envoy, "llm_tokens_reserved", "team"),
-        stat(&stack.envoy, "llm_tokens_refunded", "team"),
+        stat(&stack.envoy, "llm_tokens_refund_requested", "team"),
     );
     assert!(billed <= CAPACITY, "capped: {billed} tokens spent of a budget of {CAPACITY}");
     // Under-admission is not judged: refunds are conservative under
@@ -243,7 +250,7 @@ fn fallbacks_refusals_and_bounds() {
     // Refused upstream: nothing generated, everything refunded.
     let reply = call(&stack.envoy, api, &body, &[("x-team", "a"), ("x-mock-status", "529")]);
     assert_eq!(reply.status, 529);
-    stat_is("llm_tokens_refunded", (reserved - cut) + (reserved - gzip) + reserved);
+    stat_is("llm_tokens_refund_requested", (reserved - cut) + (reserved - gzip) + reserved);
     stat_is("llm_tokens_charged", cut + gzip);
 
     let huge = request_body(api, &"x".repeat(100_000), Some(10), false);
