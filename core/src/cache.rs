@@ -481,6 +481,9 @@ mod tests {
             CalendarWindow { limit: 1, calendar: day("Europe/Paris") },
             CalendarPoints { capacity: 1, cost: 1, calendar: day("UTC") },
             CalendarPoints { capacity: 1, cost: 0, calendar: day("UTC") },
+            FirstHitWindow { limit: 1, window_ms: Millis(2) },
+            FirstHitWindow { limit: 2, window_ms: Millis(2) },
+            FirstHitWindow { limit: 1, window_ms: Millis(3) },
         ];
         let with = |limits: Vec<WireLimit>| {
             identity(&Check {

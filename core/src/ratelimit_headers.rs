@@ -292,12 +292,18 @@ mod tests {
             WireLimit::with_cost(&l, cost)
         };
         #[rustfmt::skip]
-        let table: [(&str, WireLimit, LimitOutcome, Fields); 16] = [
+        let table: [(&str, WireLimit, LimitOutcome, Fields); 18] = [
             // A window frees capacity at its end, admitted or refused.
             ("fixed_window admitted", limit(r#"{"type":"fixed_window","limit":10,"window":"1m"}"#),
              outcome(true, 4, 12_345, Some(0)), fields(4, 12_345)),
             ("fixed_window refused", limit(r#"{"type":"fixed_window","limit":10,"window":"1m"}"#),
              outcome(false, 0, 12_345, Some(12_345)), fields(0, 13_000)),
+            // A first_hit window's end is its first request's time plus
+            // the window: the key's own expiry in Redis, less a second.
+            ("first_hit admitted", limit(r#"{"type":"fixed_window","limit":10,"window":"1m","start":"first_hit"}"#),
+             outcome(true, 4, 41_500, Some(0)), fields(4, 41_500)),
+            ("first_hit refused", limit(r#"{"type":"fixed_window","limit":10,"window":"1m","start":"first_hit"}"#),
+             outcome(false, 0, 41_500, Some(41_500)), fields(0, 42_000)),
             ("calendar admitted", limit(r#"{"type":"fixed_window","limit":10,"window":{"calendar":"day","zone":"UTC"}}"#),
              outcome(true, 9, 3_600_000, Some(0)), fields(9, 3_600_000)),
             // The oldest entry's expiry; refused, when the request fits.
