@@ -717,8 +717,9 @@ mod field_tests {
     }
 
     /// One limit of every kind the cache can hold, and its cost.
-    const KINDS: [(&str, u32); 9] = [
+    const KINDS: [(&str, u32); 10] = [
         (r#"{"type":"fixed_window","limit":5,"window":"10s"}"#, 1),
+        (r#"{"type":"fixed_window","limit":4,"window":"7s","start":"first_hit"}"#, 1),
         (r#"{"type":"sliding_window","limit":5,"window":"10s"}"#, 1),
         (r#"{"type":"sliding_window","limit":5,"window":"10s","approximate":true}"#, 1),
         (r#"{"type":"token_bucket","rate":3,"per":"1s","burst":4}"#, 1),

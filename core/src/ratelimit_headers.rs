@@ -383,4 +383,28 @@ mod tests {
         let h = RateLimitHeaders::most_restrictive([("a", &a, &oa), ("b", &b, &ob)]).expect("headers");
         assert_eq!(h.ratelimit, r#""b";r=500;t=40"#);
     }
+
+    /// A concurrency limit and a window that both refuse: the wait is
+    /// unknown (a slot may free at any moment), so `retry-after` is 1 and
+    /// the fields describe the concurrency limit with `t=1`, as
+    /// docs/policy-reference.md's "What a denied request gets" says; never
+    /// the window's 30 s beside a retry-after of 1.
+    #[test]
+    fn a_concurrency_and_a_window_refusing_show_the_unknown_wait() {
+        use crate::decision::retry_after_secs;
+        let pool = limit(r#"{"type":"concurrency","limit":5,"lease":"30s"}"#);
+        let window = limit(r#"{"type":"fixed_window","limit":10,"window":"1m"}"#);
+        let (op, ow) = (outcome(false, 0, 29_000, None), outcome(false, 0, 30_000, Some(30_000)));
+        let retry = retry_after_secs(
+            [&op, &ow].iter().try_fold(Millis(0), |m, o| o.retry_after_ms.map(|w| m.max(w))),
+        );
+        for order in [
+            [("pool", &pool, &op), ("window", &window, &ow)],
+            [("window", &window, &ow), ("pool", &pool, &op)],
+        ] {
+            let h = RateLimitHeaders::most_restrictive(order).expect("headers");
+            assert_eq!(h.ratelimit, format!(r#""pool";r=0;t={retry}"#));
+        }
+        assert_eq!(retry, 1);
+    }
 }
