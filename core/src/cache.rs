@@ -481,6 +481,9 @@ mod tests {
             CalendarWindow { limit: 1, calendar: day("Europe/Paris") },
             CalendarPoints { capacity: 1, cost: 1, calendar: day("UTC") },
             CalendarPoints { capacity: 1, cost: 0, calendar: day("UTC") },
+            FirstHitWindow { limit: 1, window_ms: Millis(2) },
+            FirstHitWindow { limit: 2, window_ms: Millis(2) },
+            FirstHitWindow { limit: 1, window_ms: Millis(3) },
         ];
         let with = |limits: Vec<WireLimit>| {
             identity(&Check {
@@ -714,8 +717,9 @@ mod field_tests {
     }
 
     /// One limit of every kind the cache can hold, and its cost.
-    const KINDS: [(&str, u32); 9] = [
+    const KINDS: [(&str, u32); 10] = [
         (r#"{"type":"fixed_window","limit":5,"window":"10s"}"#, 1),
+        (r#"{"type":"fixed_window","limit":4,"window":"7s","start":"first_hit"}"#, 1),
         (r#"{"type":"sliding_window","limit":5,"window":"10s"}"#, 1),
         (r#"{"type":"sliding_window","limit":5,"window":"10s","approximate":true}"#, 1),
         (r#"{"type":"token_bucket","rate":3,"per":"1s","burst":4}"#, 1),

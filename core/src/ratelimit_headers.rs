@@ -292,12 +292,18 @@ mod tests {
             WireLimit::with_cost(&l, cost)
         };
         #[rustfmt::skip]
-        let table: [(&str, WireLimit, LimitOutcome, Fields); 16] = [
+        let table: [(&str, WireLimit, LimitOutcome, Fields); 18] = [
             // A window frees capacity at its end, admitted or refused.
             ("fixed_window admitted", limit(r#"{"type":"fixed_window","limit":10,"window":"1m"}"#),
              outcome(true, 4, 12_345, Some(0)), fields(4, 12_345)),
             ("fixed_window refused", limit(r#"{"type":"fixed_window","limit":10,"window":"1m"}"#),
              outcome(false, 0, 12_345, Some(12_345)), fields(0, 13_000)),
+            // A first_hit window's end is its first request's time plus
+            // the window: the key's own expiry in Redis, less a second.
+            ("first_hit admitted", limit(r#"{"type":"fixed_window","limit":10,"window":"1m","start":"first_hit"}"#),
+             outcome(true, 4, 41_500, Some(0)), fields(4, 41_500)),
+            ("first_hit refused", limit(r#"{"type":"fixed_window","limit":10,"window":"1m","start":"first_hit"}"#),
+             outcome(false, 0, 41_500, Some(41_500)), fields(0, 42_000)),
             ("calendar admitted", limit(r#"{"type":"fixed_window","limit":10,"window":{"calendar":"day","zone":"UTC"}}"#),
              outcome(true, 9, 3_600_000, Some(0)), fields(9, 3_600_000)),
             // The oldest entry's expiry; refused, when the request fits.
@@ -376,5 +382,29 @@ mod tests {
         let (oa, ob) = (outcome(false, 0, 1000, Some(1000)), outcome(false, 500, 50_000, Some(40_000)));
         let h = RateLimitHeaders::most_restrictive([("a", &a, &oa), ("b", &b, &ob)]).expect("headers");
         assert_eq!(h.ratelimit, r#""b";r=500;t=40"#);
+    }
+
+    /// A concurrency limit and a window that both refuse: the wait is
+    /// unknown (a slot may free at any moment), so `retry-after` is 1 and
+    /// the fields describe the concurrency limit with `t=1`, as
+    /// docs/policy-reference.md's "What a denied request gets" says; never
+    /// the window's 30 s beside a retry-after of 1.
+    #[test]
+    fn a_concurrency_and_a_window_refusing_show_the_unknown_wait() {
+        use crate::decision::retry_after_secs;
+        let pool = limit(r#"{"type":"concurrency","limit":5,"lease":"30s"}"#);
+        let window = limit(r#"{"type":"fixed_window","limit":10,"window":"1m"}"#);
+        let (op, ow) = (outcome(false, 0, 29_000, None), outcome(false, 0, 30_000, Some(30_000)));
+        let retry = retry_after_secs(
+            [&op, &ow].iter().try_fold(Millis(0), |m, o| o.retry_after_ms.map(|w| m.max(w))),
+        );
+        for order in [
+            [("pool", &pool, &op), ("window", &window, &ow)],
+            [("window", &window, &ow), ("pool", &pool, &op)],
+        ] {
+            let h = RateLimitHeaders::most_restrictive(order).expect("headers");
+            assert_eq!(h.ratelimit, format!(r#""pool";r=0;t={retry}"#));
+        }
+        assert_eq!(retry, 1);
     }
 }

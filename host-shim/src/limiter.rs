@@ -479,7 +479,8 @@ fn unasked(algorithm: &Algorithm) -> LimitOutcome {
         | Algorithm::SlidingWindow { limit, .. }
         | Algorithm::SlidingApprox { limit, .. }
         | Algorithm::Concurrency { limit, .. }
-        | Algorithm::Calendar { limit, .. } => limit,
+        | Algorithm::Calendar { limit, .. }
+        | Algorithm::FirstHit { limit, .. } => limit,
         Algorithm::Gcra { burst, .. } => burst,
         Algorithm::Pause => 1,
         Algorithm::Rate => sluice_policies::algorithm::rate::PPM,

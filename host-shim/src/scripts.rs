@@ -40,6 +40,7 @@ pub struct Scripts {
 const LIB: &[(&str, &str)] = &[
     ("common", include_str!("../../lua/lib/common.lua")),
     ("fixed_window", include_str!("../../lua/lib/fixed_window.lua")),
+    ("first_hit", include_str!("../../lua/lib/first_hit.lua")),
     ("sliding_window", include_str!("../../lua/lib/sliding_window.lua")),
     ("sliding_approx", include_str!("../../lua/lib/sliding_approx.lua")),
     ("gcra", include_str!("../../lua/lib/gcra.lua")),

@@ -77,6 +77,8 @@ fn limit() -> impl Strategy<Value = WireLimit> {
             WireLimit::Points { capacity, refill_ms: Millis(refill_ms), cost: 1 }
         }),
         calendar_limit(),
+        (1u32..20, prop::sample::select(vec![1u64, 7, 50, 1_000, 60_000]))
+            .prop_map(|(limit, window_ms)| WireLimit::FirstHitWindow { limit, window_ms: Millis(window_ms) }),
     ]
 }
 
@@ -733,7 +735,7 @@ fn calendar_scripts_decide_as_the_model() {
 }
 
 /// The time-based limits a request may wait on (no approximate window, no
-/// concurrency, no calendar), with the ops of the waiting path.
+/// concurrency, no calendar, no first_hit window), with the ops of the waiting path.
 fn waiting_limits() -> impl Strategy<Value = Vec<WireLimit>> {
     limits().prop_filter("cannot wait", |ls| {
         ls.iter().all(|l| {
@@ -743,6 +745,7 @@ fn waiting_limits() -> impl Strategy<Value = Vec<WireLimit>> {
                     | WireLimit::Concurrency { .. }
                     | WireLimit::CalendarWindow { .. }
                     | WireLimit::CalendarPoints { .. }
+                    | WireLimit::FirstHitWindow { .. }
             )
         })
     })

@@ -182,7 +182,12 @@ async fn hits_addend_is_a_points_cost_and_zero_means_one() {
     assert_eq!(resp.statuses[0].limit_remaining, 9);
     let resp = face.ask(tokens(7)).await.expect("answer");
     assert_eq!((resp.overall_code, resp.statuses[0].limit_remaining), (OK, 2));
-    assert_eq!(face.ask(tokens(3)).await.expect("answer").overall_code, OVER);
+    let refused = face.ask(tokens(3)).await.expect("answer");
+    assert_eq!(refused.overall_code, OVER);
+    // r is what the bucket holds of the call's cost of 3: two points, the
+    // third a refill away (regression: the fields were read at cost 1, r=0).
+    let ratelimit = header(&refused, "ratelimit").expect("ratelimit");
+    assert!(ratelimit.starts_with("\"tokens\";r=2;t="), "{ratelimit}");
     assert_eq!(face.ask(tokens(2)).await.expect("answer").overall_code, OK);
     // A window counts requests: a cost it cannot charge is refused, not under-counted.
     let err = face

@@ -25,7 +25,7 @@ end
 -- request's cost. Other limits are unchanged.
 local function scale(s, f)
   if f >= PPM then return end
-  if s.kind == 'fixed_window' or s.kind == 'sliding_window' or s.kind == 'sliding_approx' then
+  if s.kind == 'fixed_window' or s.kind == 'first_hit' or s.kind == 'sliding_window' or s.kind == 'sliding_approx' then
     s.a = math.max(1, math.floor(s.a * f / PPM))
   elseif s.kind == 'gcra' then
     s.a = math.ceil(s.a * PPM / f)

@@ -1,4 +1,4 @@
--- requires: common, fixed_window, sliding_window, sliding_approx, gcra, calendar, pause, rate, queue, concurrency, reserve
+-- requires: common, fixed_window, first_hit, sliding_window, sliding_approx, gcra, calendar, pause, rate, queue, concurrency, reserve
 -- check: decide every limit of one request at once, all or nothing.
 -- Twin of policies/src/algorithm/mod.rs, check().
 --
@@ -71,6 +71,8 @@ for i, key in ipairs(KEYS) do
     f = gcra(key, now, a, b, c)
   elseif kind == 'calendar' then
     f = calendar(key, now, a, b, c, tonumber(ARGV[base + 4]))
+  elseif kind == 'first_hit' then
+    f = first_hit(key, now, a, b)
   elseif kind == 'concurrency' then
     f = concurrency(key, now, id, a, b, reclaimed[i])
   elseif kind == 'pause' then

@@ -650,6 +650,14 @@ impl<'de> Deserialize<'de> for Policy {
                     "`wait` cannot be used with an approximate sliding_window (limits[{i}]): its estimate cannot tell when a slot opens; use an exact one"
                 )));
             }
+            let first_hit = all_limits.iter().position(|l| {
+                matches!(l, Limit::FixedWindow { start: crate::limit::WindowStart::FirstHit, .. })
+            });
+            if let Some(i) = first_hit {
+                return Err(de::Error::custom(format!(
+                    "`wait` cannot be used with a `start: first_hit` fixed_window (limits[{i}]): its next window starts with the request that comes, not at a time a slot can name"
+                )));
+            }
             if let Some(i) = all_limits.iter().position(|l| l.calendar().is_some()) {
                 return Err(de::Error::custom(format!(
                     "`wait` cannot be used with a calendar window (limits[{i}]): a full calendar window opens again at its end, hours or days away"

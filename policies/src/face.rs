@@ -6,6 +6,7 @@
 use crate::condition::Condition;
 use crate::key::KeySource;
 use crate::leased::Leased;
+use crate::limit::WindowStart;
 use crate::units::MAX_DURATION_MS;
 use crate::Limit;
 
@@ -55,6 +56,11 @@ pub(crate) fn rlqs_fits(raw: &Parts<'_>) -> Result<(), String> {
         [Limit::FixedWindow { window, .. }] if window.as_millis() >= MAX_DURATION_MS => {
             return Err(format!(
                 "{RLQS} needs a window shorter than 365d (limits[0] is {window}): Envoy refills a token bucket by at least one token a year"
+            ))
+        }
+        [Limit::FixedWindow { start: WindowStart::FirstHit, .. }] => {
+            return Err(format!(
+                "{RLQS} needs a fixed_window aligned to the epoch, not `start: first_hit`: its tokens are leased from a window named by its index since the epoch"
             ))
         }
         [Limit::FixedWindow { .. }] => {}

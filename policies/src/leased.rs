@@ -48,7 +48,7 @@
 
 use serde::de::{self, Deserialize, Deserializer};
 
-use crate::limit::WireLimit;
+use crate::limit::{WindowStart, WireLimit};
 use crate::units::per_unit;
 use crate::{Duration, Limit};
 
@@ -139,6 +139,12 @@ impl Leased {
     /// under-admits 1 to 2% in the model (docs/leased-mode.md).
     pub fn fits(self, limits: &[Limit]) -> Result<Leased, String> {
         let (most, what, source) = match limits {
+            [Limit::FixedWindow { start: WindowStart::FirstHit, .. }] => {
+                return Err(
+                    "`leased` needs a fixed_window aligned to the epoch, not `start: first_hit`: a lease names its window by its index since the epoch"
+                        .to_string(),
+                )
+            }
             [Limit::FixedWindow { limit, .. }] => (limit.get(), "the window's limit", Source::Window),
             [Limit::TokenBucket { burst, .. }] => (burst.get(), "the bucket's burst", Source::Bucket),
             [Limit::LeakyBucket { capacity, .. }] => (capacity.get(), "the bucket's capacity", Source::Bucket),
@@ -232,7 +238,7 @@ mod tests {
         let count = |n| crate::Count::new(n).expect("valid");
         let second = Duration::from_millis(1_000).expect("valid");
         let lease = Leased::new(100, 2_000).expect("valid");
-        let window = Limit::FixedWindow { limit: count(100), window: second };
+        let window = Limit::FixedWindow { limit: count(100), window: second, start: WindowStart::Epoch };
         let bucket = Limit::TokenBucket { rate: count(10), per: second, burst: count(1_000) };
         let leaky = Limit::LeakyBucket { capacity: count(99), drain: second };
         assert_eq!(lease.fits(std::slice::from_ref(&window)).map(Leased::source), Ok(Source::Window));

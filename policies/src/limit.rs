@@ -5,7 +5,7 @@
 //!
 //! | type | fields | meaning |
 //! |---|---|---|
-//! | `fixed_window` | `limit`, `window` | at most `limit` per window aligned to the epoch |
+//! | `fixed_window` | `limit`, `window`, `start` | at most `limit` per window aligned to the epoch, or (`start: first_hit`) per window that starts at its key's first counted request |
 //! | `sliding_window` | `limit`, `window`, `approximate` | exact: at most `limit` in any interval one `window` long; approximate: the two-counter estimate |
 //! | `token_bucket` | `rate`, `per`, `burst` | `rate` tokens refill every `per`; the bucket holds at most `burst` |
 //! | `leaky_bucket` | `capacity`, `drain` | a full bucket of `capacity` drains in `drain`: burst, then one every `drain / capacity` |
@@ -34,11 +34,15 @@ use crate::{Count, Duration, HeaderName, PolicyName, Request};
 #[cfg_attr(feature = "schema", schemars(tag = "type", rename_all = "snake_case", deny_unknown_fields))]
 pub enum Limit {
     /// At most `limit` per window aligned to the epoch, or per calendar day,
-    /// week or month when `window` is a calendar.
+    /// week or month when `window` is a calendar; with `start: first_hit`,
+    /// per window that starts at the first request counted once the last
+    /// window ended.
     FixedWindow {
         limit: Count,
         #[cfg_attr(feature = "schema", schemars(with = "crate::calendar::SpanOrCalendar"))]
         window: Duration,
+        #[cfg_attr(feature = "schema", schemars(default))]
+        start: WindowStart,
     },
     /// At most `limit` in any interval one `window` long (exact), or the O(1)
     /// two-counter estimate with `approximate`.
@@ -77,6 +81,20 @@ pub enum Limit {
     /// points per calendar window, all back at its end.
     #[cfg_attr(feature = "schema", schemars(skip))]
     CalendarPoints { capacity: Count, calendar: Calendar, cost: Cost, actual_cost_header: Option<HeaderName> },
+}
+
+/// Where a `fixed_window`'s windows start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum WindowStart {
+    /// At multiples of `window` since the Unix epoch: every key's windows
+    /// end together.
+    #[default]
+    Epoch,
+    /// At the first request a key counts once its last window ended: the
+    /// window lasts `window` from there (Limitador's counters).
+    FirstHit,
 }
 
 impl Limit {
@@ -208,6 +226,7 @@ pub(crate) struct RawLimit {
     kind: LimitType,
     limit: Option<Count>,
     window: Option<Span>,
+    start: Option<WindowStart>,
     approximate: Option<bool>,
     rate: Option<Count>,
     per: Option<Duration>,
@@ -238,7 +257,7 @@ pub enum LimitType {
 /// Each kind's name in a document and the fields it may have besides
 /// `type`, in [`LimitType`]'s order.
 const KINDS: [(&str, &[&str]); 7] = [
-    ("fixed_window", &["limit", "window"]),
+    ("fixed_window", &["limit", "window", "start"]),
     ("sliding_window", &["limit", "window", "approximate"]),
     ("token_bucket", &["rate", "per", "burst"]),
     ("leaky_bucket", &["capacity", "drain"]),
@@ -364,6 +383,7 @@ impl RawLimit {
         let fields = [
             ("limit", self.limit.is_some()),
             ("window", self.window.is_some()),
+            ("start", self.start.is_some()),
             ("approximate", self.approximate.is_some()),
             ("rate", self.rate.is_some()),
             ("per", self.per.is_some()),
@@ -393,7 +413,14 @@ impl RawLimit {
         }
         let limit = match self.kind {
             LimitType::FixedWindow => match need(self.window, "window")? {
-                Span::Duration(window) => Limit::FixedWindow { limit: need(self.limit, "limit")?, window },
+                Span::Duration(window) => Limit::FixedWindow {
+                    limit: need(self.limit, "limit")?,
+                    window,
+                    start: self.start.unwrap_or_default(),
+                },
+                Span::Calendar(_) if self.start == Some(WindowStart::FirstHit) => {
+                    return Err("`start: first_hit` needs a duration `window`: a calendar window starts where the calendar says".into())
+                }
                 Span::Calendar(calendar) => {
                     Limit::CalendarWindow { limit: need(self.limit, "limit")?, calendar }
                 }
@@ -522,6 +549,11 @@ pub enum WireLimit {
         cost: u32,
         calendar: Calendar,
     },
+    /// A `fixed_window` with `start: first_hit`.
+    FirstHitWindow {
+        limit: u32,
+        window_ms: Millis,
+    },
 }
 
 /// The longest a bucket may take to refill completely: ten years.
@@ -547,8 +579,11 @@ impl WireLimit {
     /// `limit` with a `points` cost of `cost`.
     pub fn with_cost(limit: &Limit, cost: u32) -> WireLimit {
         match *limit {
-            Limit::FixedWindow { limit, window } => {
+            Limit::FixedWindow { limit, window, start: WindowStart::Epoch } => {
                 WireLimit::FixedWindow { limit: limit.get(), window_ms: window.to_millis() }
+            }
+            Limit::FixedWindow { limit, window, start: WindowStart::FirstHit } => {
+                WireLimit::FirstHitWindow { limit: limit.get(), window_ms: window.to_millis() }
             }
             Limit::SlidingWindow { limit, window, approximate } => {
                 WireLimit::SlidingWindow { limit: limit.get(), window_ms: window.to_millis(), approximate }
@@ -577,7 +612,9 @@ impl WireLimit {
 
     pub fn kind(&self) -> LimitType {
         match self {
-            WireLimit::FixedWindow { .. } | WireLimit::CalendarWindow { .. } => LimitType::FixedWindow,
+            WireLimit::FixedWindow { .. }
+            | WireLimit::CalendarWindow { .. }
+            | WireLimit::FirstHitWindow { .. } => LimitType::FixedWindow,
             WireLimit::SlidingWindow { .. } => LimitType::SlidingWindow,
             WireLimit::TokenBucket { .. } => LimitType::TokenBucket,
             WireLimit::LeakyBucket { .. } => LimitType::LeakyBucket,
@@ -597,7 +634,8 @@ impl WireLimit {
             WireLimit::FixedWindow { limit, .. }
             | WireLimit::SlidingWindow { limit, .. }
             | WireLimit::Concurrency { limit, .. }
-            | WireLimit::CalendarWindow { limit, .. } => limit,
+            | WireLimit::CalendarWindow { limit, .. }
+            | WireLimit::FirstHitWindow { limit, .. } => limit,
             WireLimit::TokenBucket { burst, .. } => burst,
             WireLimit::LeakyBucket { capacity, .. }
             | WireLimit::Points { capacity, .. }
@@ -612,9 +650,9 @@ impl WireLimit {
     /// window's nominal length ([`Calendar::nominal_ms`]).
     pub fn quota(&self) -> (u32, Option<Millis>) {
         let window_ms = match *self {
-            WireLimit::FixedWindow { window_ms, .. } | WireLimit::SlidingWindow { window_ms, .. } => {
-                Some(window_ms)
-            }
+            WireLimit::FixedWindow { window_ms, .. }
+            | WireLimit::SlidingWindow { window_ms, .. }
+            | WireLimit::FirstHitWindow { window_ms, .. } => Some(window_ms),
             WireLimit::TokenBucket { rate, per_ms, burst } => {
                 Some(Millis(per_ms.get().saturating_mul(burst.into()) / u64::from(rate.max(1))))
             }
@@ -645,7 +683,7 @@ impl WireLimit {
         }
     }
 
-    /// A number for its kind, 1 to 9, and every field at its full width, 0
+    /// A number for its kind, 1 to 10, and every field at its full width, 0
     /// where the kind has none: two limits that differ in kind or in any
     /// field never give the same numbers (the over-limit cache's identity;
     /// a calendar by its [code](Calendar::code), distinct for every one).
@@ -662,6 +700,7 @@ impl WireLimit {
             WireLimit::Points { capacity, refill_ms, cost } => (7, capacity, refill_ms.get(), cost),
             WireLimit::CalendarWindow { limit, calendar } => (8, limit, calendar.code(), 0),
             WireLimit::CalendarPoints { capacity, cost, calendar } => (9, capacity, calendar.code(), cost),
+            WireLimit::FirstHitWindow { limit, window_ms } => (10, limit, window_ms.get(), 0),
         }
     }
 
@@ -693,6 +732,9 @@ impl WireLimit {
             WireLimit::CalendarPoints { capacity, calendar, .. } => {
                 format!("points {capacity} per {calendar}")
             }
+            WireLimit::FirstHitWindow { limit, window_ms } => {
+                format!("fixed_window {limit} per {}ms from the first hit", window_ms.get())
+            }
         }
     }
 
@@ -722,6 +764,9 @@ impl WireLimit {
             WireLimit::CalendarPoints { capacity, calendar, .. } => {
                 format!("{capacity} points per {calendar}")
             }
+            WireLimit::FirstHitWindow { limit, window_ms } => {
+                format!("{limit} per {} from the first hit", show(window_ms))
+            }
         }
     }
 
@@ -732,6 +777,7 @@ impl WireLimit {
     pub fn validate(&self) -> Result<(), String> {
         let (counts, durations): (&[u32], &[Millis]) = match self {
             WireLimit::FixedWindow { limit, window_ms }
+            | WireLimit::FirstHitWindow { limit, window_ms }
             | WireLimit::SlidingWindow { limit, window_ms, .. } => (&[*limit], &[*window_ms]),
             WireLimit::TokenBucket { rate, per_ms, burst } => (&[*rate, *burst], &[*per_ms]),
             WireLimit::LeakyBucket { capacity, drain_ms } => (&[*capacity], &[*drain_ms]),

@@ -508,3 +508,40 @@ proptest! {
 fn utc_day() -> Calendar {
     Calendar { period: Period::Day, zone: Zone::new("UTC").expect("UTC") }
 }
+
+proptest! {
+    /// A `start: first_hit` fixed_window, as Limitador counts: the first
+    /// admitted request opens a window `window` long, the first admitted
+    /// at or after its end opens the next. Each window admits at most
+    /// `limit`, and a request is refused only inside a window that already
+    /// holds `limit`; its wait is exactly the time to that window's end.
+    #[test]
+    fn first_hit_windows_open_at_a_hit_and_admit_exactly_up_to_the_limit(
+        limit in 1u64..20, window_ms in 1u64..2_000, gaps in gaps(),
+    ) {
+        let window = window_ms * 1000;
+        let limits = [("k".to_string(), Algorithm::FirstHit { limit, window_us: Micros(window) })];
+        let mut store = RedisTwin::default();
+        // The window the true outcomes imply: its start and what it admitted.
+        let (mut now, mut open): (u64, Option<(u64, u64)>) = (0, None);
+        for (i, gap) in gaps.into_iter().enumerate() {
+            now += gap;
+            let live = open.filter(|(start, _)| now < start + window);
+            let decision = algorithm::check(&mut store, now, &format!("r{i}"), &limits);
+            match live {
+                Some((start, n)) if n >= limit => {
+                    prop_assert!(!decision.allowed, "admitted past {} in the window from {}", limit, start);
+                    prop_assert_eq!(decision.retry_after_ms, Some(sluice_policies::units::Millis((start + window - now).div_ceil(1000))));
+                }
+                Some((start, n)) => {
+                    prop_assert!(decision.allowed, "refused with {} of {} in the window from {}", n, limit, start);
+                    open = Some((start, n + 1));
+                }
+                None => {
+                    prop_assert!(decision.allowed, "refused at {} with no window open", now);
+                    open = Some((now, 1));
+                }
+            }
+        }
+    }
+}

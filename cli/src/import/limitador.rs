@@ -1,8 +1,9 @@
 //! A Limitador limits file as a policy document.
 //!
 //! Each limit is one RLS-face policy: `namespace` its `domain`,
-//! `max_value` per `seconds` a `fixed_window` (`max_value: 0` is
-//! `blocked`), `name` the answer's `limit_name`. Limitador evaluates each
+//! `max_value` per `seconds` a `fixed_window` whose window starts at its
+//! counter's first hit (`start: first_hit`, as Limitador's counter expires
+//! `seconds` after the hit that created it; `max_value: 0` is `blocked`), `name` the answer's `limit_name`. Limitador evaluates each
 //! limit once per call against `descriptors[N]`: the policy reads the
 //! descriptor at that position alone (`descriptor_index`), 0 when the limit
 //! names none. Its conditions, all of which must hold:
@@ -18,10 +19,6 @@
 //! (`on_missing_key: skip`), as Limitador skips a limit whose variables do
 //! not resolve. Every matching limit applies, and one call is charged all
 //! or none (`charge: all_or_none`), as Limitador's check-and-update.
-//!
-//! Loss, on every limit: Limitador's window starts at its counter's first
-//! hit and lasts `seconds`; Sluice's `fixed_window` is aligned to the
-//! epoch, so around a window's end the two admit different requests.
 
 use anyhow::{bail, Context};
 use serde::Deserialize;
@@ -45,12 +42,12 @@ struct Limit {
     variables: Option<Vec<String>>,
 }
 
-/// The document and the losses.
+/// The document and the losses (none: every limit is carried or refused).
 pub fn convert(yaml: &str) -> anyhow::Result<(Value, Vec<Loss>)> {
     let limits: Vec<Limit> = serde_norway::from_str(yaml).context("not a Limitador limits file")?;
     let lines = lines_of(yaml, "namespace");
     let mut policies = Vec::with_capacity(limits.len());
-    let mut losses = Vec::new();
+    let losses = Vec::new();
     let mut names = std::collections::BTreeSet::new();
     for (i, limit) in limits.iter().enumerate() {
         let at = format!("[{i}]");
@@ -59,14 +56,6 @@ pub fn convert(yaml: &str) -> anyhow::Result<(Value, Vec<Loss>)> {
             Some(line) => format!("line {line}: {at}"),
             None => at.clone(),
         })?;
-        losses.push(Loss {
-            line,
-            at: format!("{at}.seconds"),
-            why: format!(
-                "Limitador's window of {}s starts at its counter's first hit; Sluice's fixed_window is aligned to the epoch, so around a window's end they admit different requests",
-                limit.seconds
-            ),
-        });
         policies.push(policy);
     }
     Ok((json!({"charge": "all_or_none", "headers": "off", "policies": policies}), losses))
@@ -143,7 +132,10 @@ fn policy(limit: &Limit, at: &str, names: &mut std::collections::BTreeSet<String
     let window = format!("{}s", limit.seconds);
     match u32::try_from(limit.max_value) {
         Ok(0) => policy["blocked"] = json!(window),
-        Ok(n) => policy["limits"] = json!([{"type": "fixed_window", "limit": n, "window": window}]),
+        Ok(n) => {
+            policy["limits"] =
+                json!([{"type": "fixed_window", "limit": n, "window": window, "start": "first_hit"}])
+        }
         Err(_) => bail!("max_value: {} is more than {}", limit.max_value, u32::MAX),
     }
     Ok(policy)

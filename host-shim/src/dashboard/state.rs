@@ -91,6 +91,13 @@ async fn read_one(
             let state = w.map(|window| State::Counter { window, count: n.unwrap_or(0) });
             timed(fixed_window::check(state.as_ref(), now, limit, window_us.get()).now)
         }
+        Algorithm::FirstHit { limit, window_us } => {
+            let [s, n] = hmget(store, key, ["s", "n"]).await?;
+            let state = s.map(|start| State::Counter { window: start, count: n.unwrap_or(0) });
+            timed(
+                sluice_policies::algorithm::first_hit::check(state.as_ref(), now, limit, window_us.get()).now,
+            )
+        }
         Algorithm::Calendar { limit, cost, calendar, .. } => {
             let [w, n] = hmget(store, key, ["w", "n"]).await?;
             let state = w.map(|window| State::Counter { window, count: n.unwrap_or(0) });

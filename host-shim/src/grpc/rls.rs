@@ -120,9 +120,11 @@ pub fn answer(doc: &Document, plan: &Plan<'_>, outcomes: Outcomes<'_>, now_ms: u
     for planned in &plan.descriptors {
         let enforced = limits_of(&plan.enforced, &planned.enforced, outcomes.enforced);
         let shadow = limits_of(&plan.shadow, &planned.shadow, outcomes.shadow);
-        let over = planned.refused() || enforced.iter().any(|(_, _, o)| !o.allowed);
+        let over = planned.refused() || enforced.iter().any(|(_, _, _, o)| !o.allowed);
         let mut status = DescriptorStatus { code: code(over), ..DescriptorStatus::default() };
-        let named = enforced.iter().chain(&shadow).map(|&(p, l, o)| (p.answer_name(), l, o));
+        let both: Vec<_> = enforced.iter().chain(&shadow).collect();
+        // Chosen and shown as sent: a points limit with the call's cost.
+        let named = both.iter().map(|&&(p, _, w, o)| (p.answer_name(), w, o));
         if let Some(policy) = planned.blocked_shown() {
             // A limit of 0: refused whatever any other limit says.
             let reset = sluice_policies::plan::blocked_reset_ms(policy, now_ms).unwrap_or(0);
@@ -133,8 +135,9 @@ pub fn answer(doc: &Document, plan: &Plan<'_>, outcomes: Outcomes<'_>, now_ms: u
                 unit: unit(window, false) as i32,
             });
             status.duration_until_reset = Some(duration(reset));
-        } else if let Some((name, limit, outcome)) = most_restrictive(named) {
-            status.current_limit = Some(rate_limit(name, limit));
+        } else if let Some((name, _, outcome)) = most_restrictive(named) {
+            let limit = both.iter().find(|(_, _, _, o)| std::ptr::eq(*o, outcome)).map(|(_, l, _, _)| *l);
+            status.current_limit = limit.map(|l| rate_limit(name, l));
             status.limit_remaining = u32::try_from(outcome.remaining).unwrap_or(u32::MAX);
             status.duration_until_reset = Some(duration(wait_ms(outcome)));
         } else if !planned.unlimited.is_empty() {
@@ -142,7 +145,7 @@ pub fn answer(doc: &Document, plan: &Plan<'_>, outcomes: Outcomes<'_>, now_ms: u
             status.limit_remaining = u32::MAX;
         }
         statuses.push(status);
-        all.extend(enforced.into_iter().map(|(p, l, o)| (p.answer_name(), l, o)));
+        all.extend(enforced.into_iter().map(|(p, _, w, o)| (p.answer_name(), w, o)));
     }
     let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
     let send_headers = sluice_policies::plan::sends_headers(doc.headers, over);
@@ -162,18 +165,25 @@ pub fn answer(doc: &Document, plan: &Plan<'_>, outcomes: Outcomes<'_>, now_ms: u
     }
 }
 
-/// Each limit of the checks at `indexes`, with its policy and outcome.
-fn limits_of<'d, 'o>(
-    checks: &Checks<'d>,
+/// Each limit of the checks at `indexes`, with its policy, the limit as
+/// sent (a points limit with the call's `hits_addend` as its cost) and its
+/// outcome.
+fn limits_of<'d, 'c, 'o>(
+    checks: &'c Checks<'d>,
     indexes: &[usize],
     outcomes: Option<&'o [CheckOutcome]>,
-) -> Vec<(&'d Policy, &'d Limit, &'o LimitOutcome)> {
+) -> Vec<(&'d Policy, &'d Limit, &'c WireLimit, &'o LimitOutcome)> {
     let outcomes = outcomes.unwrap_or_default();
     indexes
         .iter()
-        .filter_map(|&c| Some((*checks.policies.get(c)?, outcomes.get(c)?)))
-        .flat_map(|(policy, outcome)| {
-            policy.limits.iter().zip(&outcome.limits).map(move |(l, o)| (policy, l, o))
+        .filter_map(|&c| Some((*checks.policies.get(c)?, checks.checks.get(c)?, outcomes.get(c)?)))
+        .flat_map(|(policy, check, outcome)| {
+            policy
+                .limits
+                .iter()
+                .zip(&check.limits)
+                .zip(&outcome.limits)
+                .map(move |((l, w), o)| (policy, l, w, o))
         })
         .collect()
 }

@@ -73,6 +73,11 @@ pub(crate) fn refuse_unsupported(limits: &[ScriptLimit], wait_us: u64) -> Result
                     state to reserve a slot in); use an exact sliding_window"
             .into());
     }
+    if limits.iter().any(|l| matches!(l.algorithm, Algorithm::FirstHit { .. })) {
+        return Err("wait_ms: a first_hit window cannot wait (a slot's window would be the one a \
+                    later request starts)"
+            .into());
+    }
     if limits.iter().any(|l| matches!(l.algorithm, Algorithm::Calendar { .. })) {
         return Err("wait_ms: a calendar window cannot wait (a full one opens again at its end, \
                     hours or days away)"

@@ -11,13 +11,15 @@ use super::ratelimit::{Call, OK, OVER};
 // call's namespace applies when all its conditions hold on descriptors[0]
 // (a missing entry: false) and all its variables resolve, its counter
 // qualified by the variables' values; the call is limited when one
-// counter would pass its max_value, and then no counter is charged.
+// counter would pass its max_value, and then no counter is charged. A
+// counter is created by the hit that charges it, and expires `seconds`
+// after: from then (expiry <= now) it counts 0, and the next charged hit
+// creates it again.
 
 #[derive(Debug, Deserialize)]
 struct Limit {
     namespace: String,
     max_value: u64,
-    #[allow(dead_code)]
     seconds: u64,
     #[serde(default)]
     conditions: Option<Vec<String>>,
@@ -47,7 +49,8 @@ fn parse_variable(text: &str) -> String {
 
 pub struct Limitador {
     limits: Vec<Limit>,
-    counters: HashMap<String, u64>,
+    /// Each counter's value and its expiry, in µs.
+    counters: HashMap<String, (u64, u64)>,
 }
 
 impl Limitador {
@@ -61,8 +64,13 @@ impl Limitador {
 }
 
 impl Limitador {
-    /// The call's overall code.
+    /// The call's overall code, every call at one moment.
     pub fn decide(&mut self, domain: &str, call: &Call) -> i32 {
+        self.decide_at(domain, call, 0)
+    }
+
+    /// The call's overall code at `now` (µs).
+    pub fn decide_at(&mut self, domain: &str, call: &Call, now: u64) -> i32 {
         let first: HashMap<&str, &str> = call[0].iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let mut counters = Vec::new();
         for (i, limit) in self.limits.iter().enumerate() {
@@ -80,13 +88,23 @@ impl Limitador {
                 .map(|v| first.get(parse_variable(v).as_str()).copied())
                 .collect();
             if let (true, Some(values)) = (holds, values) {
-                counters.push((format!("{i}|{}", values.join("|")), limit.max_value));
+                counters.push((format!("{i}|{}", values.join("|")), limit.max_value, limit.seconds));
             }
         }
-        let limited = counters.iter().any(|(k, max)| self.counters.get(k).copied().unwrap_or(0) + 1 > *max);
+        let value = |c: &HashMap<String, (u64, u64)>, k: &str| match c.get(k) {
+            Some(&(n, expiry)) if expiry > now => n,
+            _ => 0,
+        };
+        let limited = counters.iter().any(|(k, max, _)| value(&self.counters, k) + 1 > *max);
         if !limited {
-            for (k, _) in counters {
-                *self.counters.entry(k).or_default() += 1;
+            for (k, _, seconds) in counters {
+                let live = value(&self.counters, &k);
+                let entry = self.counters.entry(k).or_insert((0, 0));
+                if live == 0 {
+                    *entry = (1, now + seconds * 1_000_000);
+                } else {
+                    entry.0 += 1;
+                }
             }
         }
         if limited {
@@ -96,6 +114,25 @@ impl Limitador {
         }
     }
 }
+
+/// Short windows, for runs that cross their ends.
+pub const LIMITADOR_SHORT: &str = r#"
+- namespace: shop
+  max_value: 5
+  seconds: 3
+  conditions: []
+  variables: []
+- namespace: shop
+  max_value: 2
+  seconds: 2
+  conditions: ["descriptors[0]['req.method'] == 'POST'"]
+  variables: ["descriptors[0]['user']"]
+- namespace: shop
+  max_value: 3
+  seconds: 1
+  conditions: ["descriptors[0].method == 'GET'", "descriptors[0].path != '/health'"]
+  variables: []
+"#;
 
 /// The limits the differential runs use.
 pub const LIMITADOR: &str = r#"

@@ -25,6 +25,7 @@ pub fn cancel(store: &mut RedisTwin, now: u64, id: &str, at: u64, limits: &[Rese
             Algorithm::SlidingApprox { .. }
             | Algorithm::Concurrency { .. }
             | Algorithm::Calendar { .. }
+            | Algorithm::FirstHit { .. }
             | Algorithm::Pause
             | Algorithm::Rate => {}
         }

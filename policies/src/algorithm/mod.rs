@@ -12,6 +12,7 @@ pub mod calendar;
 pub mod cancel;
 pub mod concurrency;
 pub mod confirm;
+pub mod first_hit;
 pub mod fixed_window;
 pub mod gcra;
 pub mod pause;
@@ -65,6 +66,12 @@ pub enum Algorithm {
         calendar: crate::calendar::Calendar,
         points: bool,
     },
+    /// `fixed_window` with `start: first_hit`: a window of `window_us` from
+    /// the first request a key counts once its last window ended.
+    FirstHit {
+        limit: u64,
+        window_us: Micros,
+    },
     /// The partner's pause (upstream feedback): one more limit on the checks
     /// of a policy that reads it. Never from the policy's own limits.
     Pause,
@@ -112,6 +119,9 @@ impl Algorithm {
             WireLimit::CalendarPoints { capacity, cost, calendar } => {
                 Algorithm::Calendar { limit: capacity.into(), cost: cost.into(), calendar, points: true }
             }
+            WireLimit::FirstHitWindow { limit, window_ms } => {
+                Algorithm::FirstHit { limit: limit.into(), window_us: window_ms.as_micros() }
+            }
         }
     }
 
@@ -133,6 +143,7 @@ impl Algorithm {
             Algorithm::Concurrency { lease_us, .. } => format!("cc:{}", lease_us.get() / 1000),
             Algorithm::Calendar { calendar, points: false, .. } => format!("cw:{}", calendar.state_name()),
             Algorithm::Calendar { calendar, points: true, .. } => format!("cp:{}", calendar.state_name()),
+            Algorithm::FirstHit { window_us, .. } => format!("fh:{}", window_us.get() / 1000),
             Algorithm::Pause => "pause".to_string(),
             Algorithm::Rate => "rate".to_string(),
         }
@@ -156,6 +167,7 @@ impl Algorithm {
                 let (e1, e2) = calendar.ends_near(now_us).unwrap_or((0, 0));
                 ("calendar", [limit, cost, e1, e2])
             }
+            Algorithm::FirstHit { limit, window_us } => ("first_hit", [limit, window_us.get(), 0, 0]),
             Algorithm::Pause => ("pause", [0, 0, 0, 0]),
             Algorithm::Rate => ("rate", [0, 0, 0, 0]),
         }
@@ -397,6 +409,9 @@ pub fn check_viewing(
                 }
                 Algorithm::Calendar { limit, cost, calendar, .. } => {
                     calendar::check(state, now, limit, cost, calendar.ends_near(now).unwrap_or((0, 0)))
+                }
+                Algorithm::FirstHit { limit, window_us } => {
+                    first_hit::check(state, now, limit, window_us.get())
                 }
                 Algorithm::Pause => pause::check(state, now),
                 Algorithm::Rate => rate::check(state, now),

@@ -46,6 +46,7 @@ pub fn scaled(limit: Algorithm, f: u64) -> Algorithm {
         Algorithm::FixedWindow { limit, window_us } => {
             Algorithm::FixedWindow { limit: fewer(limit), window_us }
         }
+        Algorithm::FirstHit { limit, window_us } => Algorithm::FirstHit { limit: fewer(limit), window_us },
         Algorithm::SlidingWindow { limit, window_us } => {
             Algorithm::SlidingWindow { limit: fewer(limit), window_us }
         }

@@ -81,9 +81,10 @@ pub fn reserve_slots(
             ),
             Algorithm::Pause => pause::reserve(state, now),
             Algorithm::Rate => rate::reserve(state, now),
-            Algorithm::SlidingApprox { .. } | Algorithm::Concurrency { .. } | Algorithm::Calendar { .. } => {
-                return None
-            }
+            Algorithm::SlidingApprox { .. }
+            | Algorithm::Concurrency { .. }
+            | Algorithm::Calendar { .. }
+            | Algorithm::FirstHit { .. } => return None,
         };
         slots.push(slot);
     }

@@ -41,25 +41,51 @@ fn pool(envoy: &Envoy, pool: &str) -> u16 {
     get(envoy, &[("x-pool", pool)])
 }
 
-/// What the window of pool `key` has counted in Redis.
+/// The pooled policy's window, in milliseconds.
+const WINDOW_MS: u64 = 3_600_000;
+
+/// The index of the window (aligned to the epoch, as the policy's) that
+/// holds this moment. The claims here are per window: a run may cross a
+/// window's end, and the next window admits its own `limit` (regression:
+/// a run across the hour counted both windows' admissions against one
+/// limit, and failed "over the limit").
+fn window_now() -> u64 {
+    let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis();
+    u64::try_from(ms).expect("ms") / WINDOW_MS
+}
+
+/// What the current window of pool `key` has counted in Redis (0 while
+/// the stored count is an earlier window's).
 fn counted(redis: &Redis, key: &str) -> u64 {
     let client = redis::Client::open(redis.url()).expect("client");
     let mut conn = client.get_connection().expect("connection");
-    let n: Option<u64> = redis::cmd("HGET")
-        .arg(format!("sluice:{{pooled:{key}}}:fw:3600000"))
+    let (w, n): (Option<u64>, Option<u64>) = redis::cmd("HMGET")
+        .arg(format!("sluice:{{pooled:{key}}}:fw:{WINDOW_MS}"))
+        .arg("w")
         .arg("n")
         .query(&mut conn)
-        .expect("HGET");
-    n.unwrap_or(0)
+        .expect("HMGET");
+    if w == Some(window_now()) {
+        n.unwrap_or(0)
+    } else {
+        0
+    }
 }
 
 /// Sends requests (`one` returns a status) until `done` says so, at most
-/// until the deadline; every status, in order.
+/// until the deadline; every status of the current window, in order (a
+/// window that ends mid-run starts the list again: see [`window_now`]).
 fn until(mut one: impl FnMut() -> u16, mut done: impl FnMut(&[u16]) -> bool) -> Vec<u16> {
     let start = Instant::now();
     let mut statuses = Vec::new();
+    let mut window = window_now();
     while start.elapsed() < DEADLINE {
-        statuses.push(one());
+        let status = one();
+        if window_now() != window {
+            window = window_now();
+            statuses.clear();
+        }
+        statuses.push(status);
         if done(&statuses) {
             return statuses;
         }
@@ -142,20 +168,22 @@ fn two_envoys_share_one_window_never_over_it() {
     let shim = GrpcShim::start(&redis.url(), &doc).expect("shim");
     let a = Envoy::start_rlqs(&doc, shim.grpc_port, upstream.port, json!({})).expect("envoy a");
     let b = Envoy::start_rlqs(&doc, shim.grpc_port, upstream.port, json!({})).expect("envoy b");
-    let mut turn = 0;
+    let turn = std::cell::Cell::new(0usize);
     let mut held = 0u64;
-    // Turns alternate, B first: the statuses at odd indexes are A's.
-    let of = |s: &[u16], odd: bool| -> Vec<u16> {
-        s.iter().enumerate().filter(|(i, _)| (i % 2 == 1) == odd).map(|(_, x)| *x).collect()
+    // Turns alternate, B first: an even turn is A's. The last status is
+    // the current turn's.
+    let of = |s: &[u16], envoy_a: bool| -> Vec<u16> {
+        let first = turn.get() + 1 - s.len();
+        s.iter().enumerate().filter(|(i, _)| ((first + i) % 2 == 0) == envoy_a).map(|(_, x)| *x).collect()
     };
     let statuses = until(
         || {
-            turn += 1;
-            pool(if turn % 2 == 0 { &a } else { &b }, "shared")
+            turn.set(turn.get() + 1);
+            pool(if turn.get() % 2 == 0 { &a } else { &b }, "shared")
         },
         |s| {
             let admitted = admitted(s) as u64;
-            assert!(admitted <= u64::from(limit), "over the limit: {s:?}");
+            assert!(admitted <= u64::from(limit), "over the limit in one window: {s:?}");
             held = held.max(counted(&redis, "shared").saturating_sub(admitted));
             admitted == u64::from(limit)
                 && ends_with(&of(s, true), 20, 429)
