@@ -1,12 +1,13 @@
 //! Egress waiting over the reference model: whatever the arrivals, waits,
-//! margins and cancellations, the requests finally admitted (reserved and
-//! not cancelled) never break any limit, and they are admitted in arrival
-//! order. The invariants are stated over the admitted times against the
+//! margins and cancellations, the requests finally admitted (reserved, not
+//! cancelled, and sent: confirmed at their slots, as the shim does) never
+//! break any limit, and they are admitted in arrival order. The invariants are stated over the admitted times against the
 //! limit, not over the model's own formulas. The shim's differential test
 //! ties the scripts to this model, so they hold for the scripts too.
 
 use proptest::prelude::*;
 use sluice_policies::algorithm::cancel::{cancel, Reserved};
+use sluice_policies::algorithm::confirm::{confirm, Confirmed};
 use sluice_policies::algorithm::reserve::{reserve, Waiting};
 use sluice_policies::algorithm::{Algorithm, RedisTwin};
 use sluice_policies::units::Micros;
@@ -44,19 +45,43 @@ fn limit() -> impl Strategy<Value = Algorithm> {
     ]
 }
 
-/// (slot, cost) of every request admitted in the end, in arrival order.
+/// A held request: its index in arrival order, id, slot, what each
+/// limit's charge set, its limits, and when it next confirms.
+type Held = (usize, String, u64, Vec<Reserved>, Vec<Waiting>, u64);
+
+/// Every held request whose turn comes by `until` confirms its send, on
+/// time, in turn (the shim at its slots): sent, it is admitted at the send.
+fn send_due(store: &mut RedisTwin, held: &mut Vec<Held>, reserved: &mut [Option<(u64, u64)>], until: u64) {
+    while let Some(i) =
+        (0..held.len()).filter(|&i| held[i].5 <= until).min_by_key(|&i| (held[i].5, held[i].0))
+    {
+        let (index, id, at, _, waiting, t) = held[i].clone();
+        match confirm(store, t, &id, at, &waiting) {
+            Confirmed::Wait(w) => held[i].5 = t + w,
+            Confirmed::Sent { .. } => {
+                reserved[index] = reserved[index].map(|(_, cost)| (t, cost));
+                held.remove(i);
+            }
+            Confirmed::Gone => {
+                reserved[index] = None;
+                held.remove(i);
+            }
+        }
+    }
+}
+
+/// (send, cost) of every request admitted in the end, in arrival order.
 fn run(limits: &[Algorithm], margin: u64, events: &[Event]) -> Vec<(u64, u64)> {
     let mut store = RedisTwin::default();
     let mut now = 1_000_000_000u64;
-    // Arrival order: the slot and cost of each reserved request, None once cancelled.
+    // Arrival order: the slot (then send) and cost of each reserved request, None once cancelled.
     let mut reserved: Vec<Option<(u64, u64)>> = Vec::new();
-    // Held: (index in reserved, id, slot, what each limit's charge set).
-    let mut held: Vec<(usize, String, u64, Vec<Reserved>)> = Vec::new();
+    let mut held: Vec<Held> = Vec::new();
     for (n, event) in events.iter().enumerate() {
         match *event {
             Event::Arrive { gap, cost, wait } => {
                 now += gap;
-                held.retain(|h| h.2 > now);
+                send_due(&mut store, &mut held, &mut reserved, now);
                 let waiting: Vec<Waiting> = limits
                     .iter()
                     .enumerate()
@@ -79,21 +104,24 @@ fn run(limits: &[Algorithm], margin: u64, events: &[Event]) -> Vec<(u64, u64)> {
                         .zip(&got.reply.limits)
                         .map(|((key, alg, _), l)| (key.clone(), *alg, l.held_until_us.map(Micros::get)))
                         .collect();
-                    held.push((reserved.len() - 1, id, at, charges));
+                    if at > now {
+                        held.push((reserved.len() - 1, id, at, charges, waiting, at));
+                    }
                 }
             }
             Event::Leave { gap, n } => {
                 now += gap;
-                held.retain(|h| h.2 > now);
+                send_due(&mut store, &mut held, &mut reserved, now);
                 if held.is_empty() {
                     continue;
                 }
-                let (index, id, at, charges) = held.remove(n % held.len());
+                let (index, id, at, charges, _, _) = held.remove(n % held.len());
                 cancel(&mut store, now, &id, at, &charges);
                 reserved[index] = None;
             }
         }
     }
+    send_due(&mut store, &mut held, &mut reserved, u64::MAX);
     reserved.into_iter().flatten().collect()
 }
 
