@@ -736,6 +736,21 @@ fn run_waiting_case(
                 if !matches!(want, algorithm::confirm::Confirmed::Wait(_)) {
                     held.remove(i);
                 }
+                // Those the send pushed past their deadlines are refused and
+                // given back at once, as the shim does.
+                if let algorithm::confirm::Confirmed::Sent { pushed } = want {
+                    for (other, _) in pushed {
+                        let Some(j) = held.iter().position(|h| h.0 == other) else { continue };
+                        let (id, checks, at, _) = held.remove(j);
+                        let script = script_limits(&checks).expect("valid limits");
+                        w.runtime
+                            .block_on(wait::cancel(w.limiter.waiting(), &script, Some(Micros(now)), &id, at))
+                            .expect("cancel");
+                        let reserved: Vec<algorithm::cancel::Reserved> =
+                            script.iter().map(|l| (l.key.clone(), l.algorithm, None)).collect();
+                        algorithm::cancel::cancel(&mut model, now, &id, at, &reserved);
+                    }
+                }
             }
             WaitOp::Back { dt } => now -= dt,
         }

@@ -10,8 +10,10 @@
 //! margin) and give-backs:
 //! - every gap between two sends is at least the interval plus the margin;
 //! - sends go in arrival order;
-//! - a held request is refused only when the wait it was told exceeds its
-//!   own deadline, and never because its reservation was lost;
+//! - a held request is refused only when its own deadline cannot be met,
+//!   and then at once: at the send that pushed it past its deadline (the
+//!   shim refuses those the confirm names), never later at its slot, and
+//!   never because its reservation was lost;
 //! - once nothing is held, the bucket is exactly what the sends alone make
 //!   it: nothing given back is left behind.
 //!
@@ -77,8 +79,16 @@ enum Fate {
         at: u64,
         wait: u64,
     },
+    /// Refused after a hold, at the send at `at` that pushed it past its
+    /// deadline: told it would have waited `wait`.
+    Pushed {
+        at: u64,
+        wait: u64,
+    },
     /// Refused after a hold: its reservation was gone.
     Lost,
+    /// Named as pushed out while not held.
+    PushedTwice,
     Left,
 }
 
@@ -145,7 +155,21 @@ fn play(interval: u64, margin: u64, callers: &[Caller]) -> Run {
                 fates[i].1 = Fate::Left;
             }
             Kind::Wake => match confirm(&mut store, now, &id, at, &limits) {
-                Confirmed::Sent => fates[i].1 = Fate::Sent(now),
+                Confirmed::Sent { pushed } => {
+                    fates[i].1 = Fate::Sent(now);
+                    // The shim refuses those the send pushed out, at once, and
+                    // gives back the rest of their reservations.
+                    for (other, wait) in pushed {
+                        let j: usize = other[1..].parse().expect("an id the play made");
+                        if fates[j].1 != Fate::Held {
+                            fates[j].1 = Fate::PushedTwice;
+                            continue;
+                        }
+                        let reserved: Vec<_> = limits.iter().map(|(k, a, _)| (k.clone(), *a, None)).collect();
+                        cancel(&mut store, now, &other, held[j].0, &reserved);
+                        fates[j].1 = Fate::Pushed { at: now, wait };
+                    }
+                }
                 Confirmed::Gone => fates[i].1 = Fate::Lost,
                 Confirmed::Wait(wait) if now + wait > deadline => {
                     let reserved: Vec<_> = limits.iter().map(|(k, a, _)| (k.clone(), *a, None)).collect();
@@ -185,8 +209,15 @@ proptest! {
             let deadline = arrived + callers[i].wait_intervals * interval;
             match *fate {
                 Fate::Lost => prop_assert!(false, "caller {} lost its reservation while held", i),
-                Fate::RefusedAfterHold { at, wait } => prop_assert!(at + wait > deadline,
-                    "caller {} refused after a hold within its deadline", i),
+                Fate::PushedTwice => prop_assert!(false, "caller {} pushed out while not held", i),
+                // Every refusal after a hold comes at the shift that decides it.
+                Fate::RefusedAfterHold { at, .. } => prop_assert!(false,
+                    "caller {} refused at its own slot ({}), not at the shift", i, at),
+                Fate::Pushed { at, wait } => {
+                    prop_assert!(at + wait > deadline, "caller {} pushed out though its deadline held", i);
+                    prop_assert!(sends.iter().any(|&(x, _)| x == at),
+                        "caller {} refused at {}, when nothing was sent", i, at);
+                }
                 Fate::Held => prop_assert!(false, "caller {} never finished", i),
                 _ => {}
             }
