@@ -69,7 +69,7 @@ pub(crate) async fn check(
     loop {
         let now = at_now(started.elapsed());
         let asked = Instant::now();
-        let reply = reserve(waiting, limits, &now, id, left_us, &margins(req), false).await?;
+        let reply = reserve_owned(waiting, limits, &now, id, left_us, margins(req)).await?;
         let received = Instant::now();
         let mut response = CheckResponse {
             allowed: reply.allowed,
@@ -306,6 +306,44 @@ pub(crate) async fn reserve(
     let reply: Vec<i64> = waiting.store.call(&call).await.map_err(store_error)?;
     decode(limits.len(), &reply)
         .ok_or_else(|| CheckError::Store(format!("unexpected script reply {reply:?}")))
+}
+
+/// The check script's waiting path in a task of its own. If the waiter goes
+/// away while the script runs (its client resets the stream and hyper drops
+/// the handler), the reply still comes, and a slot held for it is given
+/// back instead of staying held until its deadline (a phantom slot). A
+/// reply lost to an error (a response timeout: the script may have run all
+/// the same) is given back by id once the waiter has its answer.
+async fn reserve_owned(
+    waiting: &Waiting,
+    limits: &[ScriptLimit],
+    now: &str,
+    id: &str,
+    wait_us: u64,
+    margins: Vec<u64>,
+) -> Result<SlotReply, CheckError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (w, limits, now, id) = (waiting.clone(), limits.to_vec(), now.to_string(), id.to_string());
+    // Counted: a draining shim exits only once it has run.
+    let cleanup = waiting.drain.cleanup();
+    tokio::spawn(async move {
+        let _cleanup = cleanup;
+        let reply = reserve(&w, &limits, &now, &id, wait_us, &margins, false).await;
+        let failed = reply.is_err();
+        match tx.send(reply) {
+            Err(Ok(reply)) => {
+                let sent_at = u64::try_from(reply.now).unwrap_or(0);
+                if let Some(at) = reply.at.filter(|&at| reply.allowed && at > sent_at) {
+                    Cancel::new(&w, &id, at, limits, &now).give_back().await;
+                }
+            }
+            // A fixed window's count needs the slot to find its window: that
+            // one stays counted until its window ends.
+            _ if failed => Cancel::new(&w, &id, 0, limits, &now).give_back().await,
+            _ => {}
+        }
+    });
+    rx.await.map_err(|_| CheckError::Store("the reservation's task ended without a reply".into()))?
 }
 
 /// Gives a held reservation back if dropped while armed: the client went away.
