@@ -92,7 +92,9 @@ local function gcra_load(key, now)
   if tat > e then
     base = math.min(math.max(base, now) + tat - e, tat)
   else
-    base = math.min(base, tat)
+    -- Moved earlier (a refund, a lease given back): the real sends take the
+    -- whole move, never below now unless they already were.
+    base = math.max(base - (e - tat), math.min(base, now))
   end
   return {tat = tat, base = base, moved = true}
 end

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use sluice_policies::algorithm::cancel::{cancel, Reserved};
 use sluice_policies::algorithm::confirm::{confirm, Confirmed};
 use sluice_policies::algorithm::reserve::{reserve, Waiting};
-use sluice_policies::algorithm::{Algorithm, RedisTwin};
+use sluice_policies::algorithm::{Algorithm, RedisTwin, State};
 use sluice_policies::units::Micros;
 
 #[derive(Debug, Clone)]
@@ -265,5 +265,60 @@ proptest! {
             });
         }
         prop_assert!(served.windows(2).all(|w| w[0] < w[1]), "served out of arrival order: {:?}", served);
+    }
+}
+
+proptest! {
+    /// Regression: a refund on a bucket with held reservations moved only
+    /// its `tat`, and the next walk of the chain, from the real sends' `tat`,
+    /// undid it: while anything was held a refund was lost. A refund is now
+    /// taken into the real sends. Whatever is held when it lands, once that
+    /// is all given back the bucket is exactly what the refund alone makes it.
+    #[test]
+    fn a_refund_while_requests_are_held_is_kept(
+        interval in 1_000u64..100_000,
+        burst in 1u64..5,
+        held in 1usize..5,
+        refund in 1u64..5,
+        dt in 0u64..200_000,
+    ) {
+        use sluice_policies::algorithm::{adjust, Correction};
+        let now = 1_000_000_000u64;
+        let bucket = |cost| vec![("k".to_string(), Algorithm::Gcra { interval_us: Micros(interval), burst, cost }, 0)];
+        // The same send on two buckets: a full bucket's worth at once.
+        let (mut with_held, mut alone) = (RedisTwin::default(), RedisTwin::default());
+        let sent = reserve(&mut with_held, now, "r0", 0, &bucket(burst)).expect("waits");
+        reserve(&mut alone, now, "r0", 0, &bucket(burst)).expect("waits");
+        prop_assert_eq!(sent.at, Some(now));
+        let mut slots = Vec::new();
+        for i in 0..held {
+            let id = format!("r{}", i + 1);
+            let got = reserve(&mut with_held, now, &id, u64::MAX / 4, &bucket(1)).expect("waits");
+            let at = got.at.expect("a slot");
+            prop_assert!(at > now, "r{} was sent at once", i + 1);
+            slots.push((id, at));
+        }
+        let limit = &sent.reply.limits[0];
+        let correction = Correction {
+            key: "k".into(),
+            id: None,
+            interval_us: interval,
+            delta: -i64::try_from(refund.min(burst)).expect("small"),
+            held_until_us: limit.held_until_us.map_or(0, Micros::get),
+            refunded_us: limit.refunded_us.get(),
+        };
+        let later = now + dt;
+        let moved = adjust(&mut with_held, later, std::slice::from_ref(&correction));
+        prop_assert_eq!(moved, adjust(&mut alone, later, &[correction]));
+        for (id, at) in slots {
+            let reserved: Vec<Reserved> = bucket(1).into_iter().map(|(k, a, _)| (k, a, None)).collect();
+            cancel(&mut with_held, later, &id, at, &reserved);
+        }
+        // (A `tat` at or before now is a full bucket, however it is stored.)
+        let tat = |store: &RedisTwin| match store.keys.get("k") {
+            Some(&State::Tat(t)) => t.max(later),
+            _ => later,
+        };
+        prop_assert_eq!(tat(&with_held), tat(&alone));
     }
 }

@@ -142,7 +142,9 @@ fn load(store: &RedisTwin, key: &str, now: u64) -> (u64, u64, bool) {
         None => (tat, tat, false),
         Some((base, e)) if tat == e => (tat, base, false),
         Some((base, e)) if tat > e => (tat, (base.max(now) + (tat - e)).min(tat), true),
-        Some((base, _)) => (tat, base.min(tat), true),
+        // Moved earlier (a refund, a lease given back): the real sends take the
+        // whole move, never below now unless they already were.
+        Some((base, e)) => (tat, base.saturating_sub(e - tat).max(base.min(now)), true),
     }
 }
 
