@@ -362,6 +362,8 @@ async fn denials_from_the_over_limit_cache_count_with_where_they_were_answered()
     assert_eq!(quiet["totals"]["denied"], 10, "one by the shim, nine by the cache: {quiet:#}");
     assert_eq!(quiet["totals"]["cache_denied"], 9);
     assert_eq!(history(quiet, "denied").0, 10);
+}
+
 /// A budget several policies share (a policy's `budget`) shows once, by
 /// its name, where the first of them stands in the document, with its
 /// limits in tokens; the policies that share it never show. A key charged

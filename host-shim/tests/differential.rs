@@ -762,6 +762,9 @@ enum WaitOp {
     Confirm { late: u64, n: usize },
     /// The clock steps back `dt` µs (a Redis failover to a slower clock).
     Back { dt: u64 },
+    /// The last request sent at once settles at `actual` units (a refund
+    /// or a charge on its points limits), whatever is held meanwhile.
+    Adjust { actual: u32 },
 }
 
 fn wait_op() -> impl Strategy<Value = WaitOp> {
@@ -774,6 +777,7 @@ fn wait_op() -> impl Strategy<Value = WaitOp> {
         2 => (dt.clone(), any::<usize>()).prop_map(|(dt, n)| WaitOp::Cancel { dt, n }),
         4 => (dt, any::<usize>()).prop_map(|(late, n)| WaitOp::Confirm { late, n }),
         1 => (0u64..20_000).prop_map(|dt| WaitOp::Back { dt }),
+        2 => (0u32..60).prop_map(|actual| WaitOp::Adjust { actual }),
     ]
 }
 
@@ -789,6 +793,9 @@ fn run_waiting_case(
     let mut now = 1_700_000_000_000_000u64;
     // Held reservations: id, checks, slot, the gcra tat each limit set.
     let mut held: Vec<(String, Vec<Check>, u64, Vec<u64>)> = Vec::new();
+    // The last request sent at once: its checks and, per limit, its reply's
+    // held_until and refund counter.
+    let mut last_sent: Option<(Vec<Check>, Vec<(Option<Micros>, Micros)>)> = None;
     for (n, op) in ops.into_iter().enumerate() {
         match op {
             WaitOp::Check { dt, cost, wait_ms } => {
@@ -818,6 +825,10 @@ fn run_waiting_case(
                     prop_assert_eq!(got.allowed, want.allowed, "decision at {}", now);
                     prop_assert_eq!(got.retry_after_ms, want.retry_after_ms, "retry at {}", now);
                     prop_assert_eq!(&got.checks[0].limits, &want.limits, "limits at {}", now);
+                    if got.allowed {
+                        let charges = got.checks[0].limits.iter().map(|l| (l.held_until_us, l.refunded_us));
+                        last_sent = Some((checks.clone(), charges.collect()));
+                    }
                     continue;
                 }
                 let waiting: Vec<algorithm::reserve::Waiting> =
@@ -840,6 +851,10 @@ fn run_waiting_case(
                     // A slot at now was sent at once; a later one is held.
                     if at > now {
                         held.push((id, checks, at, tats));
+                    } else {
+                        let charges =
+                            got.response.checks[0].limits.iter().map(|l| (l.held_until_us, l.refunded_us));
+                        last_sent = Some((checks, charges.collect()));
                     }
                 }
             }
@@ -886,8 +901,63 @@ fn run_waiting_case(
                 if !matches!(want, algorithm::confirm::Confirmed::Wait(_)) {
                     held.remove(i);
                 }
+                // Those the send pushed past their deadlines are refused and
+                // given back at once, as the shim does.
+                if let algorithm::confirm::Confirmed::Sent { pushed } = want {
+                    for (other, _) in pushed {
+                        let Some(j) = held.iter().position(|h| h.0 == other) else { continue };
+                        let (id, checks, at, _) = held.remove(j);
+                        let script = script_limits(&checks).expect("valid limits");
+                        w.runtime
+                            .block_on(wait::cancel(w.limiter.waiting(), &script, Some(Micros(now)), &id, at))
+                            .expect("cancel");
+                        let reserved: Vec<algorithm::cancel::Reserved> =
+                            script.iter().map(|l| (l.key.clone(), l.algorithm, None)).collect();
+                        algorithm::cancel::cancel(&mut model, now, &id, at, &reserved);
+                    }
+                }
             }
             WaitOp::Back { dt } => now -= dt,
+            WaitOp::Adjust { actual } => {
+                let Some((checks, charges)) = last_sent.clone() else { continue };
+                let adjustments: Vec<Adjustment> = checks[0]
+                    .limits
+                    .iter()
+                    .zip(charges)
+                    .filter(|(l, _)| matches!(l, WireLimit::Points { .. }))
+                    .map(|(l, (held_until_us, refunded_us))| Adjustment {
+                        policy: policy.clone(),
+                        key: "k".into(),
+                        id: None,
+                        limit: *l,
+                        actual: clamped(actual, l),
+                        held_until_us,
+                        refunded_us,
+                        level: None,
+                    })
+                    .collect();
+                if adjustments.is_empty() {
+                    continue;
+                }
+                let script = sluice_shim::keys::script_adjustments(&adjustments).expect("valid adjustments");
+                let model_adjust: Vec<_> = script.into_iter().filter(|a| a.delta != 0).collect();
+                let req = AdjustRequest { adjustments, now_us: Some(Micros(now)) };
+                let got = w.runtime.block_on(w.limiter.adjust(&req)).expect("adjust");
+                let want = algorithm::adjust(&mut model, now, &model_adjust);
+                let got: Vec<i64> = got.moved.into_iter().filter(|&n| n != 0).collect();
+                let want: Vec<i64> = want.into_iter().filter(|&n| n != 0).collect();
+                prop_assert_eq!(got, want, "moved at {}", now);
+            }
+        }
+    }
+    // The buckets' stored state too: what the real sends hold (`key:sent`)
+    // decides later slots even where no reply has shown it yet.
+    let mut conn = w.redis.connection().expect("redis connection");
+    for (key, state) in &model.keys {
+        if let algorithm::State::Sent { base, end } = state {
+            let got: (Option<u64>, Option<u64>) =
+                redis::cmd("HMGET").arg(key).arg("s").arg("e").query(&mut conn).expect("HMGET");
+            prop_assert_eq!(got, (Some(*base), Some(*end)), "{} at the end", key);
         }
     }
     Ok(())

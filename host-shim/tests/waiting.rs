@@ -253,3 +253,129 @@ async fn give_backs_in_any_order_leave_no_phantom_slot() {
     let r2 = held.remove(0).await.expect("r2's task");
     assert!(r2.allowed, "{r2:?}");
 }
+
+/// The held reservations of an interval of `ms`, by slot: (id, slot in µs).
+fn held_slots(redis: &Redis, ms: u64) -> Vec<(String, u64)> {
+    let key = format!("sluice:{{p:k}}:gcra:{}:held", ms * 1000);
+    redis.connection().expect("redis connection").zrange_withscores(key, 0, -1).expect("ZRANGE")
+}
+
+/// Issue 37: a late send that pushes a held request past its own deadline
+/// refuses it at once, at that send, told the wait it would have had;
+/// before, it was held until its slot and refused then. Here r2 (wait 5 s)
+/// and r3 (wait 2.1 s) are held behind r1 on an interval of 1 s (margin 10
+/// ms): slots about 1.01 and 2.02 s ahead. The shim is blocked past r2's
+/// slot, not past r3's, so r2 is sent late and r3's place moves to 1.01 s
+/// after that send, beyond r3's deadline. r2 is served first; r3 is refused
+/// with a retry-after of exactly the interval and margin from r2's send
+/// (1,010 ms). Refused at its own slot, which lies after r2's send, it
+/// would have been told less.
+#[tokio::test]
+async fn a_send_that_pushes_a_waiter_past_its_deadline_refuses_it_at_once() {
+    let redis = Redis::start().expect("redis");
+    let limiter = std::sync::Arc::new(limiter(&redis));
+    let every = |id: &str, wait_ms| {
+        let mut req = request(id, &[WireLimit::Interval { every_ms: Millis(1000) }], wait_ms);
+        req.checks.to_mut()[0].margin_ms = Some(Millis(10));
+        req
+    };
+    assert!(limiter.check(&every("r1", 5_000)).await.expect("r1").allowed);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut answers = Vec::new();
+    for (id, wait_ms) in [("r2", 5_000), ("r3", 2_100)] {
+        let before = held_slots(&redis, 1000).len();
+        let (l, req, tx) = (limiter.clone(), every(id, wait_ms), tx.clone());
+        answers.push(tokio::spawn(async move {
+            let answer = l.check(&req).await;
+            let _ = tx.send(req.id.as_deref().unwrap_or_default().to_string());
+            answer
+        }));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while held_slots(&redis, 1000).len() == before && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    let held = held_slots(&redis, 1000);
+    let [(_, r2_slot), (ref r3, r3_slot)] = held[..] else { panic!("r2 and r3 not held: {held:?}") };
+    assert_eq!(r3, "r3");
+    let need: String = redis
+        .connection()
+        .expect("redis connection")
+        .hget("sluice:{p:k}:gcra:1000000:need", "r3")
+        .expect("HGET");
+    let r3_deadline: u64 = need.split(' ').nth(2).and_then(|d| d.parse().ok()).expect("r3's deadline");
+    // This test's runtime has one thread: blocking it keeps r2 from waking.
+    std::thread::sleep(Duration::from_millis(1300));
+    let woke = redis_time(&redis);
+    assert!(woke > r2_slot && woke < r3_slot, "the block did not end between r2's and r3's slots");
+    let r2 = answers.remove(0).await.expect("r2's task").expect("r2's check");
+    let r3 = answers.remove(0).await.expect("r3's task").expect("r3's check");
+    assert!(r2.allowed, "{r2:?}");
+    assert_eq!(rx.recv().await.as_deref(), Some("r2"));
+    let r2_sent = sent_at(&redis, 1000) - 1_000_000;
+    assert!(r2_sent + 1_010_000 > r3_deadline, "r2's send did not push r3 past its deadline");
+    assert!(!r3.allowed, "{r3:?}");
+    assert_eq!(r3.retry_after_ms, Some(Millis(1010)), "r3 was not refused at r2's send: {r3:?}");
+    assert!(held_slots(&redis, 1000).is_empty(), "still held: {:?}", held_slots(&redis, 1000));
+}
+
+/// The real sends' `tat` of an interval of `ms`, in µs.
+fn sent_at(redis: &Redis, ms: u64) -> u64 {
+    let key = format!("sluice:{{p:k}}:gcra:{}:sent", ms * 1000);
+    let s: String = redis.connection().expect("redis connection").hget(key, "s").expect("HGET");
+    s.parse().expect("a time")
+}
+
+/// How many FCALLs Redis has run: the check script's calls.
+fn fcalls(redis: &Redis) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis.connection().expect("redis connection"))
+        .expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Regression (a race): a client that went away while its reservation's
+/// script was still queued in Redis (hyper dropped the handler before the
+/// reply) left the slot held: the reply found no one, and the reservation
+/// stayed until its deadline and a second more, a phantom slot for
+/// everyone behind it. Here (an interval of 1 s) a 400 ms script keeps
+/// Redis busy while r2's reservation waits behind it, and r2's client goes
+/// away meanwhile: the
+/// reservation is made (Redis ran r2's check), and given back once its
+/// reply comes, long before its 30 s wait would end.
+#[tokio::test]
+async fn a_client_gone_before_its_reservation_reply_gives_the_slot_back() {
+    let redis = Redis::start().expect("redis");
+    let limiter = std::sync::Arc::new(limiter(&redis));
+    let every = [WireLimit::Interval { every_ms: Millis(1000) }];
+    assert!(check(&limiter, "r1", &every, 1_000).await.allowed);
+    let tat = |redis: &Redis| -> Option<String> {
+        redis.connection().expect("redis connection").get("sluice:{p:k}:gcra:1000000").expect("GET")
+    };
+    let after_first = tat(&redis);
+    let calls = fcalls(&redis);
+    let mut conn = redis.connection().expect("redis connection");
+    let busy = std::thread::spawn(move || {
+        let spin = "local s = redis.call('TIME') local t0 = s[1] * 1e6 + s[2] \
+                    while true do local t = redis.call('TIME') \
+                    if t[1] * 1e6 + t[2] - t0 > 400000 then return 1 end end";
+        let _: i64 = redis::cmd("EVAL").arg(spin).arg(0).query(&mut conn).expect("the busy script");
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let l = limiter.clone();
+    let r2 = tokio::spawn(async move { check(&l, "r2", &every, 30_000).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    r2.abort();
+    busy.join().expect("the busy thread");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while tat(&redis) != after_first && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(fcalls(&redis) > calls, "r2's reservation never reached Redis: the case is not exercised");
+    assert_eq!(tat(&redis), after_first, "the reservation whose reply came too late was not given back");
+    assert!(held_slots(&redis, 1000).is_empty(), "still held: {:?}", held_slots(&redis, 1000));
+}

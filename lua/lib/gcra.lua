@@ -58,7 +58,8 @@ end
 -- waiters behind it instead of reordering them, and give-backs in any order
 -- leave no phantom slot:
 --   key:held   the held reservations (reserved, not yet sent): ids by slot
---   key:need   id -> "need margin deadline tau" of each held one
+--   key:need   id -> "need margin deadline tau mixed" of each held one
+--              (mixed 1: a mixed request's, recorded as sent at its take)
 --   key:sent   s: the tat of the real sends alone; e: tat as waiting left it
 -- tat is then the chain: from s, each held reservation in slot order, at no
 -- earlier than its slot nor than the one before allows with its margin
@@ -66,14 +67,18 @@ end
 -- refund (adjust.lua): s takes that move in, bounded by the new tat, and the
 -- chain is walked again. A held reservation past its deadline and
 -- HELD_GRACE was never sent (its request refused, its client or shim gone):
--- it drops out of the chain.
+-- it drops out of the chain. So does one that a late send pushes past its
+-- deadline (gcra_confirm): it is refused then, not at its slot.
 local HELD_GRACE = 1000000
 
 local function held_record(key, id)
   local r = redis.call('HGET', key .. ':need', id)
   if not r then return nil end
-  local need, margin, deadline, tau = string.match(r, '(%S+) (%S+) (%S+) (%S+)')
-  return {need = tonumber(need), margin = tonumber(margin), deadline = tonumber(deadline), tau = tonumber(tau)}
+  local need, margin, deadline, tau, mixed = string.match(r, '(%S+) (%S+) (%S+) (%S+) ?(%S*)')
+  return {
+    need = tonumber(need), margin = tonumber(margin), deadline = tonumber(deadline), tau = tonumber(tau),
+    mixed = mixed == '1',
+  }
 end
 
 -- tat, and the real sends' tat s, taking in a move by anyone else.
@@ -87,18 +92,21 @@ local function gcra_load(key, now)
   if tat > e then
     base = math.min(math.max(base, now) + tat - e, tat)
   else
-    base = math.min(base, tat)
+    -- Moved earlier (a refund, a lease given back): the real sends take the
+    -- whole move, never below now unless they already were.
+    base = math.max(base - (e - tat), math.min(base, now))
   end
   return {tat = tat, base = base, moved = true}
 end
 
--- The chain's end from base, the held ids that dropped out, and the time
--- held request `who` (if any, and still in the chain) may be sent at: its
--- place in the chain, shifted by whatever was late before it. A held
--- reservation is not sent yet: the chain places it at now at the earliest,
--- so one behind a late one never goes first.
-local function gcra_walk(key, now, base, who)
-  local acc, gone, due = base, {}, nil
+-- The chain's end from base, the held ids that dropped out, the time held
+-- request `who` (if any, and still in the chain) may be sent at: its place
+-- in the chain, shifted by whatever was late before it; and, if `refuse`
+-- (after a send), the held ones it pushes past their deadlines, {id, place}
+-- each, which drop out too (a mixed request's never: its take records it
+-- sent, whatever is due).
+local function gcra_walk(key, now, base, who, refuse)
+  local acc, gone, due, pushed = base, {}, nil, {}
   local held = redis.call('ZRANGE', key .. ':held', 0, -1, 'WITHSCORES')
   for i = 1, #held, 2 do
     local id, slot = held[i], tonumber(held[i + 1])
@@ -106,12 +114,19 @@ local function gcra_walk(key, now, base, who)
     if not r or r.deadline + HELD_GRACE < now then
       gone[#gone + 1] = id
     else
-      if id == who then due = math.max(slot, acc + r.need + r.margin - r.tau) end
-      -- Still held, so not sent yet: at now at the earliest.
-      acc = math.max(acc, slot, acc + r.need + r.margin - r.tau, now) + r.need
+      local place = math.max(slot, acc + r.need + r.margin - r.tau)
+      if refuse and not r.mixed and place > r.deadline then
+        gone[#gone + 1] = id
+        pushed[#pushed + 1] = {id, place}
+      else
+        if id == who then due = place end
+        -- Still held, so not sent yet: at now at the earliest, so one
+        -- behind a late one never goes first.
+        acc = math.max(acc, place, now) + r.need
+      end
     end
   end
-  return acc, gone, due
+  return acc, gone, due, pushed
 end
 
 local function gcra_drop(key, ids)
@@ -157,7 +172,7 @@ local function gcra_reserve(key, now, id, interval, burst, cost, margin, deadlin
       else
         redis.call('ZADD', key .. ':held', t, id)
         redis.call('HSET', key .. ':need', id,
-          string.format('%.0f %.0f %.0f %.0f', need, margin, deadline, tau))
+          string.format('%.0f %.0f %.0f %.0f %d', need, margin, deadline, tau, hold and 1 or 0))
         new_tat = math.max(tat, t) + need
       end
       local refunded = refunded_count(key)
@@ -173,8 +188,9 @@ end
 -- it + need + margin - tau), so it never goes before those ahead of it nor
 -- closer than its margin allows to the last real send. Sent, s moves on
 -- from max(s, now) and the chain is walked again, so a late send shifts
--- those behind it. nil when id is not held (given back, or dropped past its
--- deadline).
+-- those behind it; the commit returns those it pushes past their deadlines
+-- ({id, place} each), dropped from the chain, for their shims to refuse at
+-- once. nil when id is not held (given back, or dropped past its deadline).
 local function gcra_confirm(key, now, id)
   local r = held_record(key, id)
   if not r or not redis.call('ZSCORE', key .. ':held', id) then return nil end
@@ -186,9 +202,10 @@ local function gcra_confirm(key, now, id)
     commit = function()
       gcra_drop(key, {id})
       local base = math.max(st.base, now) + r.need
-      local tat, gone = gcra_walk(key, now, base)
+      local tat, gone, _, pushed = gcra_walk(key, now, base, nil, true)
       gcra_drop(key, gone)
       gcra_save(key, now, tat, base, 0)
+      return pushed
     end,
   }
 end

@@ -8,7 +8,9 @@
 -- the reply says how long to wait (the shim sleeps that long and confirms
 -- again). A late send thus shifts those behind it by its lateness, in
 -- order, and the gap between two sends is never under the interval. A
--- request no longer held (given back, or dropped past its deadline) has the
+-- send that pushes held requests past their deadlines drops them from the
+-- chain and names them, each with the wait it would have had, so that they
+-- are refused at once (not at their slots). A request no longer held (given back, or dropped past its deadline) has the
 -- rest of its reservation given back.
 --
 -- KEYS[i]   the state key of limit i
@@ -17,7 +19,9 @@
 -- ARGV[3]   the slot it was reserved at
 -- ARGV[5i-1 .. 5i+3]   limit i: its algorithm, three numbers, its margin
 --
--- Returns {state, wait_us, now}: 1 sent, 0 wait wait_us more, -1 not held.
+-- Returns {state, wait_us, now, pushed}: 1 sent, 0 wait wait_us more, -1 not
+-- held; pushed = {{id, wait_us}, ...}, the held requests the send pushed
+-- past their deadlines (empty unless sent).
 local now = clock(ARGV[1])
 local id = ARGV[2]
 local at = tonumber(ARGV[3])
@@ -32,8 +36,11 @@ end
 local c = confirm_slots(now, id, at, specs)
 if c.gone then
   cancel_slots(now, id, at, specs)
-  return {-1, 0, now}
+  return {-1, 0, now, {}}
 end
-if c.due > now then return {0, c.due - now, now} end
-for _, f in ipairs(c.found) do f.commit() end
-return {1, 0, now}
+if c.due > now then return {0, c.due - now, now, {}} end
+local pushed = {}
+for _, f in ipairs(c.found) do
+  for _, p in ipairs(f.commit() or {}) do pushed[#pushed + 1] = {p[1], math.max(p[2] - now, 0)} end
+end
+return {1, 0, now, pushed}

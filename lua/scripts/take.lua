@@ -36,10 +36,17 @@ if tombstoned(key, now, id) then
   return {-1, now, reclaimed, -1}
 end
 if redis.call('ZCARD', key) < limit and redis.call('ZCARD', key .. ':q') == 0 then
+  local c = confirm_slots(now, id, at, specs)
+  if c.gone then
+    -- Its time reservation was dropped (past its deadline): a send now
+    -- would go uncounted. Refused.
+    give_back()
+    return {-1, now, reclaimed, -1}
+  end
   redis.call('ZADD', key, now + lease, id)
   keep_ms(key, ceil_ms(lease) + 1000)
   -- Sent now: its time reservation is a send (its gap is the margin's).
-  for _, f in ipairs(confirm_slots(now, id, at, specs).found) do f.commit() end
+  for _, f in ipairs(c.found) do f.commit() end
   return {1, now, reclaimed, -1}
 end
 give_back()

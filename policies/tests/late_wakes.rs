@@ -10,8 +10,10 @@
 //! margin) and give-backs:
 //! - every gap between two sends is at least the interval plus the margin;
 //! - sends go in arrival order;
-//! - a held request is refused only when the wait it was told exceeds its
-//!   own deadline, and never because its reservation was lost;
+//! - a held request is refused only when its own deadline cannot be met,
+//!   and then at once: at the send that pushed it past its deadline (the
+//!   shim refuses those the confirm names), never later at its slot, and
+//!   never because its reservation was lost;
 //! - once nothing is held, the bucket is exactly what the sends alone make
 //!   it: nothing given back is left behind.
 //!
@@ -72,13 +74,23 @@ enum Fate {
     Sent(u64),
     /// Refused at once (its slot beyond its wait).
     Refused,
-    /// Refused after a hold: told to wait `wait` µs at `at`, past its deadline.
+    /// Refused after a hold: told to wait `wait` µs at `at`, past its
+    /// deadline; whether one ahead of it was then past its slot, not sent.
     RefusedAfterHold {
+        at: u64,
+        wait: u64,
+        behind_a_late_one: bool,
+    },
+    /// Refused after a hold, at the send at `at` that pushed it past its
+    /// deadline: told it would have waited `wait`.
+    Pushed {
         at: u64,
         wait: u64,
     },
     /// Refused after a hold: its reservation was gone.
     Lost,
+    /// Named as pushed out while not held.
+    PushedTwice,
     Left,
 }
 
@@ -145,12 +157,29 @@ fn play(interval: u64, margin: u64, callers: &[Caller]) -> Run {
                 fates[i].1 = Fate::Left;
             }
             Kind::Wake => match confirm(&mut store, now, &id, at, &limits) {
-                Confirmed::Sent => fates[i].1 = Fate::Sent(now),
+                Confirmed::Sent { pushed } => {
+                    fates[i].1 = Fate::Sent(now);
+                    // The shim refuses those the send pushed out, at once, and
+                    // gives back the rest of their reservations.
+                    for (other, wait) in pushed {
+                        let j: usize = other[1..].parse().expect("an id the play made");
+                        if fates[j].1 != Fate::Held {
+                            fates[j].1 = Fate::PushedTwice;
+                            continue;
+                        }
+                        let reserved: Vec<_> = limits.iter().map(|(k, a, _)| (k.clone(), *a, None)).collect();
+                        cancel(&mut store, now, &other, held[j].0, &reserved);
+                        fates[j].1 = Fate::Pushed { at: now, wait };
+                    }
+                }
                 Confirmed::Gone => fates[i].1 = Fate::Lost,
                 Confirmed::Wait(wait) if now + wait > deadline => {
+                    // One ahead of it past its slot and still not sent: its
+                    // lateness is a shift no send has shown yet.
+                    let behind_a_late_one = (0..i).any(|j| fates[j].1 == Fate::Held && held[j].0 < now);
                     let reserved: Vec<_> = limits.iter().map(|(k, a, _)| (k.clone(), *a, None)).collect();
                     cancel(&mut store, now, &id, at, &reserved);
-                    fates[i].1 = Fate::RefusedAfterHold { at: now, wait };
+                    fates[i].1 = Fate::RefusedAfterHold { at: now, wait, behind_a_late_one };
                 }
                 Confirmed::Wait(wait) => {
                     held[i].2 = wakes + 1;
@@ -185,8 +214,19 @@ proptest! {
             let deadline = arrived + callers[i].wait_intervals * interval;
             match *fate {
                 Fate::Lost => prop_assert!(false, "caller {} lost its reservation while held", i),
-                Fate::RefusedAfterHold { at, wait } => prop_assert!(at + wait > deadline,
-                    "caller {} refused after a hold within its deadline", i),
+                Fate::PushedTwice => prop_assert!(false, "caller {} pushed out while not held", i),
+                // Every refusal after a hold comes at the shift that decides it:
+                // a send, or, behind one that is late and not sent yet, its own
+                // slot; and only when its deadline cannot be met.
+                Fate::RefusedAfterHold { at, wait, behind_a_late_one } => {
+                    prop_assert!(behind_a_late_one, "caller {} refused at its own slot ({}), not at the shift", i, at);
+                    prop_assert!(at + wait > deadline, "caller {} refused though its deadline held", i);
+                }
+                Fate::Pushed { at, wait } => {
+                    prop_assert!(at + wait > deadline, "caller {} pushed out though its deadline held", i);
+                    prop_assert!(sends.iter().any(|&(x, _)| x == at),
+                        "caller {} refused at {}, when nothing was sent", i, at);
+                }
                 Fate::Held => prop_assert!(false, "caller {} never finished", i),
                 _ => {}
             }
@@ -201,12 +241,13 @@ proptest! {
     }
 }
 
-/// A case the property found: caller 6 woke past its deadline and was
-/// refused; caller 7, told to wait behind it, still slept when caller 8's
-/// slot came, and the chain walked without caller 6 let caller 8 go first.
-/// A held reservation is not sent yet, so the chain places it no earlier
-/// than now: caller 8 waits for caller 7, and is refused once that is
-/// past its own deadline.
+/// A case the property found before a late send pushed out those it made
+/// miss their deadlines: caller 6 woke past its deadline and was refused;
+/// caller 7, told to wait behind it, still slept when caller 8's slot came,
+/// and the chain, walked as if caller 7 had gone at its place, let caller
+/// 8 go first. A held reservation is not sent yet, so the chain places it
+/// no earlier than now: caller 8 goes after caller 7, or is refused when
+/// its deadline cannot be met.
 #[test]
 fn one_behind_a_sleeping_waiter_never_goes_first() {
     let c = |gap, wait_intervals, late: &[u64]| Caller {
@@ -231,7 +272,9 @@ fn one_behind_a_sleeping_waiter_never_goes_first() {
     match run.fates[8] {
         (_, Fate::Sent(eight)) => assert!(eight >= seven + 104_000, "caller 8 went before caller 7"),
         // Behind caller 7, its slot comes after its deadline.
-        (arrived, Fate::RefusedAfterHold { at, wait }) => assert!(at + wait > arrived + 500_000),
+        (arrived, Fate::RefusedAfterHold { at, wait, .. } | Fate::Pushed { at, wait }) => {
+            assert!(at + wait > arrived + 500_000)
+        }
         other => panic!("caller 8: {other:?}"),
     }
 }

@@ -102,19 +102,30 @@ pub(crate) fn margins(req: &CheckRequest<'_>) -> Vec<u64> {
 
 /// The requests a shim holds for their time slots, by id.
 #[derive(Default)]
-pub struct Held(std::sync::Mutex<std::collections::HashMap<String, tokio::sync::oneshot::Sender<()>>>);
+pub struct Held(std::sync::Mutex<std::collections::HashMap<String, tokio::sync::oneshot::Sender<Ended>>>);
+
+/// Why a hold ends before its slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// A release for its id: its client went away.
+    Released,
+    /// A late send ahead of it (confirmed by this shim) pushed it past its
+    /// deadline and dropped it from the chain: refused now, told this wait
+    /// (µs) as its retry-after.
+    Pushed(u64),
+}
 
 /// One held request's registration; dropping it forgets the id.
 pub(crate) struct Holding<'a> {
     held: &'a Held,
     id: String,
-    pub(crate) released: tokio::sync::oneshot::Receiver<()>,
+    pub(crate) released: tokio::sync::oneshot::Receiver<Ended>,
 }
 
+type HeldMap = std::collections::HashMap<String, tokio::sync::oneshot::Sender<Ended>>;
+
 impl Held {
-    fn map(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, tokio::sync::oneshot::Sender<()>>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HeldMap> {
         self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
@@ -126,8 +137,21 @@ impl Held {
 
     /// Ends the hold of request `id`, if this shim holds it.
     pub(crate) fn cancel(&self, id: &str) {
+        self.end(id, Ended::Released);
+    }
+
+    /// Ends the holds of the requests a send pushed past their deadlines
+    /// (`lua/scripts/confirm.lua`'s reply), those this shim holds; another
+    /// shim's find theirs gone when they confirm.
+    pub(crate) fn push_out(&self, pushed: &[(String, u64)]) {
+        for (id, wait_us) in pushed {
+            self.end(id, Ended::Pushed(*wait_us));
+        }
+    }
+
+    fn end(&self, id: &str, why: Ended) {
         if let Some(tx) = self.map().remove(id) {
-            let _ = tx.send(());
+            let _ = tx.send(why);
         }
     }
 }

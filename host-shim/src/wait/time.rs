@@ -10,9 +10,14 @@
 //! against what was really sent on its keys: a request behind one that woke
 //! late is told how much longer to wait, sleeps that long and confirms
 //! again, so lateness shifts those behind by the lateness, in order, and the
-//! gap between two sends is never under the interval. A shift that would
-//! carry it past its own deadline refuses it then, with the exact wait as
-//! its retry-after, and gives its reservation back.
+//! gap between two sends is never under the interval. A late send that
+//! pushes held requests past their deadlines drops them from the chain in
+//! the same call and names them: those this shim holds are refused at once
+//! ([`Held::push_out`](super::Held)), each told the wait it would have had
+//! as its retry-after, and the rest of their reservations given back. A
+//! request another shim holds finds its reservation gone when it confirms
+//! at its slot, and is refused then (before its deadline; nothing is sent
+//! out of the chain).
 //!
 //! If the client goes away while the answer is held (Envoy resets the h2
 //! stream and hyper drops the handler's future), a drop guard ([`Cancel`])
@@ -30,7 +35,7 @@ use sluice_policies::algorithm::Algorithm;
 use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{CheckRequest, CheckResponse};
 
-use super::context::{margins, refuse_unsupported, Waiting};
+use super::context::{margins, refuse_unsupported, Ended, Waiting};
 use super::timer;
 use crate::decision::{by_check, decode, store_error, CheckError, SlotReply};
 use crate::keys::ScriptLimit;
@@ -64,7 +69,7 @@ pub(crate) async fn check(
     loop {
         let now = at_now(started.elapsed());
         let asked = Instant::now();
-        let reply = reserve(waiting, limits, &now, id, left_us, &margins(req), false).await?;
+        let reply = reserve_owned(waiting, limits, &now, id, left_us, margins(req)).await?;
         let received = Instant::now();
         let mut response = CheckResponse {
             allowed: reply.allowed,
@@ -99,7 +104,12 @@ pub(crate) async fn check(
         loop {
             tokio::select! {
                 () = timer::sleep_until(until) => {}
-                _ = &mut holding.released => {
+                ended = &mut holding.released => {
+                    if let Ok(Ended::Pushed(us)) = ended {
+                        // A late send ahead pushed it past its deadline.
+                        guard.give_back().await;
+                        return Ok(pushed_out(response, us));
+                    }
                     // Let go by a release for this id: the guard, still armed, gives
                     // the reservation back as it is dropped.
                     return Ok(CheckResponse { allowed: false, retry_after_ms: None, ..response });
@@ -129,15 +139,21 @@ pub(crate) async fn check(
             }
             let margins = margins(req);
             match confirm(waiting, limits, &at_now(started.elapsed()), id, at, &margins).await? {
-                Confirmed::Sent => {
+                Confirmed::Sent { pushed } => {
                     guard.disarm();
+                    waiting.held.push_out(&pushed);
                     response.waited_ms = Some(ceil_ms(started.elapsed()));
                     return Ok(response);
                 }
                 Confirmed::Gone => {
-                    // No longer held (dropped past its deadline): the script
-                    // gave the rest back.
+                    // No longer held: pushed past its deadline (by a send this
+                    // shim confirmed meanwhile, which says how long it would
+                    // have waited, or by another shim's) or dropped past it.
+                    // The script gave the rest back.
                     guard.disarm();
+                    if let Ok(Ended::Pushed(us)) = holding.released.try_recv() {
+                        return Ok(pushed_out(response, us));
+                    }
                     return Ok(CheckResponse { allowed: false, retry_after_ms: None, ..response });
                 }
                 Confirmed::Wait(us) => {
@@ -158,11 +174,18 @@ pub(crate) async fn check(
     }
 }
 
+/// A held request a late send pushed past its deadline: refused, told the
+/// wait it would have had.
+fn pushed_out(response: CheckResponse, us: u64) -> CheckResponse {
+    CheckResponse { allowed: false, retry_after_ms: Some(ceil_ms(Duration::from_micros(us))), ..response }
+}
+
 /// What a held request at its slot may do (`lua/scripts/confirm.lua`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Confirmed {
-    /// Sent now, and recorded.
-    Sent,
+    /// Sent now, and recorded; `pushed`: the held requests this send pushed
+    /// past their deadlines, each with the wait (µs) it would have had.
+    Sent { pushed: Vec<(String, u64)> },
     /// Not yet: wait this many µs more and confirm again.
     Wait(u64),
     /// No longer held: refused, the rest given back.
@@ -184,11 +207,14 @@ pub(crate) async fn confirm(
         let (name, [a, b, c, _]) = limit.script_args(now);
         call.key(&limit.key).arg(name).arg(a).arg(b).arg(c).arg(*margin);
     }
-    let reply: Vec<i64> = waiting.store.invoke(&call).await.map_err(store_error)?;
-    match reply.as_slice() {
-        [1, ..] => Ok(Confirmed::Sent),
-        [0, wait, ..] => Ok(Confirmed::Wait(u64::try_from(*wait).unwrap_or(0).max(1))),
-        [-1, ..] => Ok(Confirmed::Gone),
+    let reply: (i64, i64, i64, Vec<(String, i64)>) =
+        waiting.store.invoke(&call).await.map_err(store_error)?;
+    match reply {
+        (1, _, _, pushed) => Ok(Confirmed::Sent {
+            pushed: pushed.into_iter().map(|(id, us)| (id, u64::try_from(us).unwrap_or(0))).collect(),
+        }),
+        (0, wait, _, _) => Ok(Confirmed::Wait(u64::try_from(wait).unwrap_or(0).max(1))),
+        (-1, _, _, _) => Ok(Confirmed::Gone),
         _ => Err(CheckError::Store(format!("unexpected confirm reply {reply:?}"))),
     }
 }
@@ -280,6 +306,44 @@ pub(crate) async fn reserve(
     let reply: Vec<i64> = waiting.store.call(&call).await.map_err(store_error)?;
     decode(limits.len(), &reply)
         .ok_or_else(|| CheckError::Store(format!("unexpected script reply {reply:?}")))
+}
+
+/// The check script's waiting path in a task of its own. If the waiter goes
+/// away while the script runs (its client resets the stream and hyper drops
+/// the handler), the reply still comes, and a slot held for it is given
+/// back instead of staying held until its deadline (a phantom slot). A
+/// reply lost to an error (a response timeout: the script may have run all
+/// the same) is given back by id once the waiter has its answer.
+async fn reserve_owned(
+    waiting: &Waiting,
+    limits: &[ScriptLimit],
+    now: &str,
+    id: &str,
+    wait_us: u64,
+    margins: Vec<u64>,
+) -> Result<SlotReply, CheckError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (w, limits, now, id) = (waiting.clone(), limits.to_vec(), now.to_string(), id.to_string());
+    // Counted: a draining shim exits only once it has run.
+    let cleanup = waiting.drain.cleanup();
+    tokio::spawn(async move {
+        let _cleanup = cleanup;
+        let reply = reserve(&w, &limits, &now, &id, wait_us, &margins, false).await;
+        let failed = reply.is_err();
+        match tx.send(reply) {
+            Err(Ok(reply)) => {
+                let sent_at = u64::try_from(reply.now).unwrap_or(0);
+                if let Some(at) = reply.at.filter(|&at| reply.allowed && at > sent_at) {
+                    Cancel::new(&w, &id, at, limits, &now).give_back().await;
+                }
+            }
+            // A fixed window's count needs the slot to find its window: that
+            // one stays counted until its window ends.
+            _ if failed => Cancel::new(&w, &id, 0, limits, &now).give_back().await,
+            _ => {}
+        }
+    });
+    rx.await.map_err(|_| CheckError::Store("the reservation's task ended without a reply".into()))?
 }
 
 /// Gives a held reservation back if dropped while armed: the client went away.

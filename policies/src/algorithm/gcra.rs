@@ -89,11 +89,14 @@ pub fn adjust(
 /// its margin. A `tat` moved by anyone else (a check decided at once, a
 /// refund) is taken into the sends' `tat`, bounded by the new `tat`
 /// ([`load`]). A held reservation past its deadline and [`HELD_GRACE`] was
-/// never sent: it drops out of the chain.
+/// never sent: it drops out of the chain. So does one that a late send
+/// pushes past its deadline ([`confirm`]): it is refused then, not at its
+/// slot.
 pub const HELD_GRACE: u64 = 1_000_000;
 
-/// One held reservation: its request, slot, charge, margin, deadline and
-/// the bucket's tolerance when it was made.
+/// One held reservation: its request, slot, charge, margin, deadline, the
+/// bucket's tolerance when it was made, and whether it is a mixed
+/// request's (recorded as sent at its take, whatever is due: never pushed).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hold {
     pub id: String,
@@ -102,6 +105,7 @@ pub struct Hold {
     pub margin: u64,
     pub deadline: u64,
     pub tau: u64,
+    pub mixed: bool,
 }
 
 pub fn held_key(key: &str) -> String {
@@ -138,33 +142,53 @@ fn load(store: &RedisTwin, key: &str, now: u64) -> (u64, u64, bool) {
         None => (tat, tat, false),
         Some((base, e)) if tat == e => (tat, base, false),
         Some((base, e)) if tat > e => (tat, (base.max(now) + (tat - e)).min(tat), true),
-        Some((base, _)) => (tat, base.min(tat), true),
+        // Moved earlier (a refund, a lease given back): the real sends take the
+        // whole move, never below now unless they already were.
+        Some((base, e)) => (tat, base.saturating_sub(e - tat).max(base.min(now)), true),
     }
 }
 
-/// The chain's end from `base` over `held`, the ids that dropped out, and
-/// the time held request `who` (if any, and still in the chain) may be sent
-/// at: its place in the chain, shifted by whatever was late before it. A
-/// held reservation is not sent yet, so the chain places it at `now` at the
-/// earliest: one behind a late one never goes first.
-pub fn walk(held: &[Hold], now: u64, base: u64, who: Option<&str>) -> (u64, Vec<String>, Option<u64>) {
-    let mut acc = base;
-    let mut gone = Vec::new();
-    let mut due = None;
+/// A held request a send pushed past its deadline, and its place then.
+pub type Pushed = (String, u64);
+
+/// The chain walked from the real sends' `tat`.
+#[derive(Debug, Default)]
+pub struct Chain {
+    /// Its end: the bucket's `tat`.
+    pub end: u64,
+    /// The held ids that dropped out.
+    pub gone: Vec<String>,
+    /// The time held request `who` (if any, and still in the chain) may be
+    /// sent at: its place, shifted by whatever was late before it.
+    pub due: Option<u64>,
+    /// If `refuse` (after a send): those it pushes past their deadlines,
+    /// each with its place; they are among `gone`.
+    pub pushed: Vec<Pushed>,
+}
+
+/// The chain from `base` over `held` ([`Chain`]).
+pub fn walk(held: &[Hold], now: u64, base: u64, who: Option<&str>, refuse: bool) -> Chain {
+    let mut chain = Chain { end: base, ..Chain::default() };
     for h in held {
         if h.deadline + HELD_GRACE < now {
-            gone.push(h.id.clone());
-        } else {
-            let earliest = (acc + h.need + h.margin).saturating_sub(h.tau);
-            if who == Some(h.id.as_str()) {
-                due = Some(h.slot.max(earliest));
-            }
-            // Still held, so not sent yet: it goes at `now` at the earliest,
-            // and whatever it is late by shifts those behind it.
-            acc = acc.max(h.slot).max(earliest).max(now) + h.need;
+            chain.gone.push(h.id.clone());
+            continue;
         }
+        let place = h.slot.max((chain.end + h.need + h.margin).saturating_sub(h.tau));
+        if refuse && !h.mixed && place > h.deadline {
+            chain.gone.push(h.id.clone());
+            chain.pushed.push((h.id.clone(), place));
+            continue;
+        }
+        if who == Some(h.id.as_str()) {
+            chain.due = Some(place);
+        }
+        // Still held, so not sent yet: it goes at `now` at the earliest, and
+        // whatever it is late by shifts those behind it; one behind a late
+        // one never goes first.
+        chain.end = chain.end.max(place).max(now) + h.need;
     }
-    (acc, gone, due)
+    chain
 }
 
 /// What waiting stores: `tat`, the sends' `tat`, and the held reservations.
@@ -205,7 +229,7 @@ pub fn reserve(
     let tau = interval * burst;
     let held = held(store, key);
     let (stored, base, moved) = load(store, key, now);
-    let tat = if moved { walk(&held, now, base, None).0 } else { stored };
+    let tat = if moved { walk(&held, now, base, None, false).end } else { stored };
     let last = held.last().map_or(now, |h| h.slot);
     let need = cost.saturating_mul(interval);
     let at = (need <= tau).then(|| now.max(last).max((tat + need + margin).saturating_sub(tau)));
@@ -218,10 +242,10 @@ pub fn reserve(
             let mut held = held.clone();
             let (new_tat, base) = if t <= now && !hold {
                 let base = base.max(now) + need;
-                (walk(&held, now, base, None).0, base)
+                (walk(&held, now, base, None, false).end, base)
             } else {
                 held.retain(|h| h.id != id);
-                held.push(Hold { id: id.clone(), slot: t, need, margin, deadline, tau });
+                held.push(Hold { id: id.clone(), slot: t, need, margin, deadline, tau, mixed: hold });
                 (tat.max(t) + need, base)
             };
             let mut saved = save(new_tat, base, held);
@@ -241,18 +265,30 @@ pub fn reserve(
 /// before it + need + margin - tau)`, so it never goes before those ahead of
 /// it nor closer than its margin allows to the last real send. Sent, `s`
 /// moves on from `max(s, now)` and the chain is walked again, so a late send
-/// shifts those behind it. `None` when `id` is not held (given back, or
-/// dropped past its deadline). The due time and what to store once sent.
-pub fn confirm(store: &RedisTwin, key: &str, now: u64, id: &str) -> Option<(u64, Vec<(String, State)>)> {
+/// shifts those behind it; those it pushes past their deadlines drop out,
+/// named for their shims to refuse at once. `None` when `id` is not held
+/// (given back, or dropped past its deadline). The due time, what to store
+/// once sent, and whom that send pushes out.
+pub fn confirm(store: &RedisTwin, key: &str, now: u64, id: &str) -> Option<Confirm> {
     let mut held = held(store, key);
     let (_, base, _) = load(store, key, now);
-    let due = walk(&held, now, base, Some(id)).2?;
+    let due = walk(&held, now, base, Some(id), false).due?;
     let me = held.iter().position(|h| h.id == id)?;
     let r = held.remove(me);
     let base = base.max(now) + r.need;
-    let (tat, gone, _) = walk(&held, now, base, None);
-    held.retain(|h| !gone.contains(&h.id));
-    Some((due, save(tat, base, held)))
+    let chain = walk(&held, now, base, None, true);
+    held.retain(|h| !chain.gone.contains(&h.id));
+    Some(Confirm { due, saved: save(chain.end, base, held), pushed: chain.pushed })
+}
+
+/// A held request at its slot ([`confirm`]).
+pub struct Confirm {
+    /// When it may be sent.
+    pub due: u64,
+    /// What to store once sent.
+    pub saved: Vec<(String, State)>,
+    /// Those that send pushes past their deadlines.
+    pub pushed: Vec<Pushed>,
 }
 
 /// Cancellation (`cancel`): a held reservation given back leaves the chain,
@@ -264,9 +300,9 @@ pub fn cancel(store: &mut RedisTwin, key: &str, now: u64, id: &str) {
     let Some(me) = held.iter().position(|h| h.id == id) else { return };
     held.remove(me);
     let (_, base, _) = load(store, key, now);
-    let (tat, gone, _) = walk(&held, now, base, None);
-    held.retain(|h| !gone.contains(&h.id));
-    store_saved(store, key, save(tat, base, held));
+    let chain = walk(&held, now, base, None, false);
+    held.retain(|h| !chain.gone.contains(&h.id));
+    store_saved(store, key, save(chain.end, base, held));
 }
 
 /// Leased mode (`lease_bucket`): the lease period of `period` µs (the

@@ -217,8 +217,13 @@ pub fn take(
         return (AcquireReply::Refused, reclaimed);
     }
     if (set(store, key).len() as u64) < limit && waiters(store, key).is_empty() {
+        // A time reservation dropped (past its deadline) would make the send
+        // go uncounted: refused.
+        if !super::confirm::record(store, now, id, at, time) {
+            cancel(store, now, id, at, &reserved);
+            return (AcquireReply::Refused, reclaimed);
+        }
         set(store, key).push((now + lease, id.to_string()));
-        super::confirm::record(store, now, id, at, time);
         return (AcquireReply::Leased, reclaimed);
     }
     cancel(store, now, id, at, &reserved);
