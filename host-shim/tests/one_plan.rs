@@ -11,7 +11,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use sluice_core::testing::FakeHost;
-use sluice_core::{Effect, Flow, Worker};
+use sluice_core::{Effect, Flow, Now, Worker};
 use sluice_policies::plan::{plan, plan_evaluated, Descriptor, Plan};
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::rlqs::{govern, Governed};
@@ -65,7 +65,7 @@ fn one_request_through_every_face_gets_one_plan() {
     let host = FakeHost::at(T0);
     let mut flow = Flow::new(Rc::new(Worker::new(document(), T0, 7)));
     let mut sent: Vec<Check> = Vec::new();
-    for effect in flow.handle_request_headers(&http_request(), &host) {
+    for effect in flow.handle_request_headers(&Now::at(T0), &http_request(), &host) {
         if let Effect::Send(call) = effect {
             if call.path == CHECK_PATH {
                 let req: CheckRequest = Encoding::Binary.decode(&call.body).expect("a check");

@@ -175,7 +175,7 @@ impl State {
                 log::warn!("the shim did not settle a response's tokens: {status:?}");
             }
             CallResult::Answered { body, .. } => {
-                if let Some(metered) = &self.metered {
+                if let Some(metered) = &self.bodies.metered {
                     metered.answered(body.as_deref().unwrap_or_default(), fx);
                 }
             }
