@@ -66,8 +66,8 @@ const TWINS: &[Twin] = &[
     },
 ];
 
-/// The crates whose `tests/` may hold a script's test, old names and new.
-const TEST_CRATES: &[&str] = &["shim", "policies", "e2e", "harness"];
+/// The crates whose `tests/` may hold a script's test.
+const TEST_CRATES: &[&str] = &["host-shim", "policies", "tests/e2e", "tests/harness"];
 
 fn crate_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
