@@ -59,13 +59,14 @@ const TWINS: &[Twin] = &[
     Twin { script: "shed", twins: &["src/shed.rs"], test: "shed_script.rs", why_none: "" },
     Twin {
         script: "refund",
-        twins: &["src/algorithm/refund.rs", "src/algorithm/settle.rs"],
-        test: "differential.rs",
-        why_none: "",
+        twins: &[],
+        test: "cluster.rs",
+        why_none: "it takes back what check.lua charged when another Redis Cluster slot denied the \
+                   request; the model is one store and never splits a check",
     },
 ];
 
-/// The crates whose `tests/` may hold a script's test, old names and new.
+/// The crates whose `tests/` may hold a script's test.
 const TEST_CRATES: &[&str] = &["host-shim", "policies", "tests/e2e", "tests/harness"];
 
 fn crate_dir() -> &'static Path {
