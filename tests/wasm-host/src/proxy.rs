@@ -333,6 +333,11 @@ impl Proxy {
         Ok(self.outcome(Returned::Bool(done != 0)))
     }
 
+    /// The root's tick period as the filter last set it, in ms (0: never).
+    pub fn tick_period_ms(&mut self) -> u32 {
+        self.state().tick_period_ms
+    }
+
     /// `proxy_on_tick` on the root context; as in Envoy, only once the
     /// filter asked for a tick period.
     pub fn tick(&mut self) -> anyhow::Result<Outcome> {

@@ -65,6 +65,11 @@ impl Plugin {
         Step::new(self.proxy.clone(), None, &self.cluster, Event::RootAnswer(answer), label)
     }
 
+    /// The root's tick period as the filter last set it, in ms (0: never).
+    pub fn tick_period_ms(&self) -> u32 {
+        self.proxy.borrow_mut().tick_period_ms()
+    }
+
     /// The root context's tick (`proxy_on_tick`) fires.
     pub fn tick(&self) -> Step {
         Step::new(self.proxy.clone(), None, &self.cluster, Event::Tick, "on_tick".into())

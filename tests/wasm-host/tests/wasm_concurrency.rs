@@ -91,6 +91,22 @@ fn a_lease_is_released_once_after_a_client_reset() {
     assert_eq!(leases(&backend), 0);
 }
 
+/// A client reset leaves the release to the root context, which arms its
+/// tick for the next millisecond: the release goes out then, not on a fixed
+/// 20 ms tick as before. Idle again, the worker ticks once a second.
+#[test]
+fn a_release_left_at_a_reset_arms_the_tick_at_once() {
+    let backend = start();
+    let plugin = plugin_of(&backend);
+    let stream = admitted(&backend, &plugin);
+    assert_eq!(plugin.tick_period_ms(), 1_000, "nothing due within a second");
+    stream.client_resets().done();
+    assert_eq!(plugin.tick_period_ms(), 1, "the release is due at once");
+    plugin.tick().releases_the_lease().done();
+    assert_eq!(leases(&backend), 0);
+    assert_eq!(plugin.tick_period_ms(), 1_000, "idle again");
+}
+
 /// The limit holds while leases are held, and a released slot is reused:
 /// two requests in flight, the third gets 429; once one ends, another is
 /// admitted. A denied request takes no lease and releases nothing.
