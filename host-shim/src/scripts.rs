@@ -237,6 +237,7 @@ mod tests {
         let order = [
             "common",
             "fixed_window",
+            "first_hit",
             "sliding_window",
             "sliding_approx",
             "gcra",
