@@ -145,8 +145,10 @@ fn rolling_restart_of_two_shims_fails_no_request_and_stays_exact() {
 /// it was the newest, so the bucket stayed up to 8 slots past the last
 /// real call and a fresh call waited for slots nobody used. Now: every call
 /// is served or refused with a retry-after (none failed), the partner
-/// refuses none, nothing stays held in Redis, and a fresh call sent an
-/// interval after the last real one is served without being held.
+/// refuses none, nothing stays held in Redis, the bucket lies exactly at
+/// the real sends' end, and a fresh call sent while the key is still busy
+/// is held for the slot right after the last real call (that end plus the
+/// margin, read from Redis while it is held).
 #[test]
 fn a_drain_that_refuses_held_calls_leaves_no_phantom_slot() {
     const PATH: &str = "/v42/orders";
@@ -208,10 +210,43 @@ fn a_drain_that_refuses_held_calls_leaves_no_phantom_slot() {
     assert_eq!(log.refused(), 0, "the partner answered 429: a call went early");
     let held = leftovers(&redis, "sluice:{drained:*:held").expect("KEYS");
     assert!(held.is_empty(), "reservations left held: {held:?}");
-    // An interval (and its margin) after the last real call, a fresh call
-    // takes the next slot at once.
-    std::thread::sleep(Duration::from_millis(500));
-    let fresh = caller.send(envoy.port, 0, 40, &[]).expect("a fresh call");
+    // Nothing phantom: the bucket is what the real sends make it, and a
+    // fresh call sent while the key is still busy is held for the slot right
+    // after the last real call (the real sends' tat plus the margin).
+    let mut conn = redis.connection().expect("redis connection");
+    let sent_keys: Vec<String> =
+        redis::cmd("KEYS").arg("sluice:{drained:*:sent").query(&mut conn).expect("KEYS");
+    let [sent_key] = &sent_keys[..] else { panic!("one bucket expected: {sent_keys:?}") };
+    let key = sent_key.trim_end_matches(":sent");
+    let (tat, sends): (Option<u64>, Option<u64>) = redis::pipe()
+        .cmd("GET")
+        .arg(key)
+        .cmd("HGET")
+        .arg(sent_key)
+        .arg("s")
+        .query(&mut conn)
+        .expect("GET, HGET");
+    assert_eq!(tat, sends, "the bucket lies past the real sends: a phantom slot");
+    let fresh = caller.spawn(envoy.port, 0, 40, &[]);
+    let mut fresh_slot = None;
+    while fresh_slot.is_none() && !fresh.is_finished() {
+        let held: Vec<(String, u64)> = redis::cmd("ZRANGE")
+            .arg(format!("{key}:held"))
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query(&mut conn)
+            .expect("ZRANGE");
+        fresh_slot = held.first().map(|&(_, slot)| slot);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let fresh = caller.join(fresh).expect("a fresh call");
     assert!(fresh.served(), "{fresh:?}\n{}", shims[other].log());
-    assert!(fresh.held_ms.is_none_or(|ms| ms == 0.0), "a fresh call waited for a phantom slot: {fresh:?}");
+    match fresh_slot {
+        // Held: its slot is the one right after the last real call.
+        Some(slot) => assert_eq!(Some(slot), sends.map(|s| s + 80_000), "the fresh call's slot"),
+        // Sent at once: the key was no longer busy when it came.
+        None => assert!(fresh.held_ms.is_none_or(|ms| ms == 0.0), "{fresh:?}"),
+    }
+    assert_eq!(partner.log().refused(), 0, "the partner answered 429: the fresh call went early");
 }
