@@ -268,6 +268,12 @@ impl Worker {
         self.passes.borrow_mut().add(index);
     }
 
+    /// Policy `index` denied a request from the over-limit cache: counted
+    /// for the next report, so the shim's dashboard counts every denial.
+    pub(crate) fn cache_denied(&self, index: usize) {
+        self.passes.borrow_mut().add_cache_denial(index);
+    }
+
     /// The worker's own work, every tick: renew the leases of live streams,
     /// report shedding's utilization, ask for leases, report failure-mode
     /// passes, and send what streams queued.

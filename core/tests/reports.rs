@@ -117,3 +117,27 @@ fn no_report_while_the_shim_fails() {
     assert_eq!(reports.len(), 1);
     assert_eq!(reports[0].json(), json!({"passes": [{"policy": "a", "count": 3}]}));
 }
+
+/// A denial answered from the over-limit cache never reaches the shim, so
+/// the worker reports it beside the passes (`cache_denied`): the shim's
+/// dashboard counts every denial, and says where it was answered.
+#[test]
+fn denials_from_the_over_limit_cache_are_reported() {
+    let t = Test::new(
+        r#"{"policies": [{"name": "a", "limits": [{"type": "fixed_window", "limit": 1, "window": "1h"}]}]}"#,
+    );
+    let mut s = t.stream();
+    let check = sent(&s.request(&get("/")), CHECK_PATH);
+    s.answer(&check, &Shim::deny_check(0, 1, 3_600_000));
+    for _ in 0..3 {
+        let mut s = t.stream();
+        assert!(
+            s.request(&get("/")).iter().all(|e| !matches!(e, sluice_core::Effect::Send(_))),
+            "from the cache"
+        );
+    }
+    let reports = t.worker_sends(REPORT_PATH);
+    assert_eq!(reports.len(), 1);
+    assert_eq!(reports[0].json(), json!({"passes": [], "cache_denied": [{"policy": "a", "count": 3}]}));
+    assert!(t.worker_sends(REPORT_PATH).is_empty(), "reported once");
+}

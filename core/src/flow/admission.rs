@@ -238,6 +238,7 @@ impl State {
     ) {
         let Some(policy) = worker.doc.policies.get(index) else { return };
         fx.count(index, PolicyStat::CacheDenied);
+        worker.cache_denied(index);
         self.settle_tokens(worker, false, now, host, fx);
         let secs = retry_after_secs(Some(Millis(hit.wait_ms)));
         // All the reply shows of the hit: the limit and its fields (the
