@@ -24,7 +24,7 @@ fn deny_floor_wasm() -> PathBuf {
     if let Some(path) = std::env::var_os("SLUICE_BENCH_DENY_FLOOR_WASM") {
         return PathBuf::from(path);
     }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = sluice_harness::workspace_root();
     ["target/wasm-rustup", "target/wasm"]
         .iter()
         .map(|dir| root.join(dir).join("wasm32-wasip1/wasm/sluice_deny_floor.wasm"))
