@@ -241,6 +241,7 @@ fn a_drain_that_refuses_held_calls_leaves_no_phantom_slot() {
         std::thread::sleep(Duration::from_millis(1));
     }
     let fresh = caller.join(fresh).expect("a fresh call");
+    eprintln!("FRESH call after the drain: held for slot {fresh_slot:?}; the real sends' end {sends:?}");
     assert!(fresh.served(), "{fresh:?}\n{}", shims[other].log());
     match fresh_slot {
         // Held: its slot is the one right after the last real call.
