@@ -108,6 +108,14 @@ impl Shim {
         }
     }
 
+    /// The shim's `GET /metrics` page.
+    pub fn metrics(&self) -> anyhow::Result<String> {
+        match http_get(self.port, "/metrics") {
+            Some((200, page)) => Ok(page),
+            other => anyhow::bail!("GET /metrics: {other:?}"),
+        }
+    }
+
     /// The shim's process id, e.g. to read its memory and open files in `/proc`.
     pub fn pid(&self) -> u32 {
         self.proc.id()
@@ -177,10 +185,7 @@ impl GrpcShim {
 
     /// The shim's `GET /metrics` page.
     pub fn metrics(&self) -> anyhow::Result<String> {
-        match http_get(self.shim.port, "/metrics") {
-            Some((200, page)) => Ok(page),
-            other => anyhow::bail!("GET /metrics: {other:?}"),
-        }
+        self.shim.metrics()
     }
 
     /// Writes `policy_json` over its document and sends SIGHUP: the shim
