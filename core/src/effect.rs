@@ -5,7 +5,7 @@
 
 use std::rc::Rc;
 
-use sluice_policies::wire::Encoding;
+use sluice_policies::wire::{AdjustRequest, Encoding, ADJUST_PATH};
 
 use crate::local_reply::LocalReply;
 use crate::stats::{ClassStat, FilterStat, PolicyStat};
@@ -30,12 +30,14 @@ pub struct Outgoing {
 /// A call a stream leaves to its worker, sent on the worker's next tick: a
 /// stream's own calls are cancelled when it ends, the worker's outlive it.
 /// A release names the policies (document indexes) whose slots it frees;
-/// an adjustment or upstream feedback none.
+/// an adjustment or upstream feedback none. A token settlement names, per
+/// adjustment, the policy whose `llm_tokens_given_back` its answer counts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Deferred {
     pub path: &'static str,
     pub body: Vec<u8>,
     pub releases: Vec<usize>,
+    pub settles: Vec<Option<usize>>,
 }
 
 /// What became of a call.
@@ -118,8 +120,21 @@ impl Effects {
     /// Leaves a call to `path` with `body` to the worker; `releases` as in [`Deferred`].
     pub fn defer(&mut self, path: &'static str, body: &impl serde::Serialize, releases: Vec<usize>) {
         match serde_json::to_vec(body) {
-            Ok(body) => self.0.push(Effect::Defer(Deferred { path, body, releases })),
+            Ok(body) => self.0.push(Effect::Defer(Deferred { path, body, releases, settles: Vec::new() })),
             Err(err) => log::warn!("cannot encode {path}: {err}"),
+        }
+    }
+
+    /// A token settlement left to the worker; `settles` as [`Deferred`]'s.
+    pub fn defer_settlement(&mut self, request: &AdjustRequest, settles: Vec<Option<usize>>) {
+        match serde_json::to_vec(request) {
+            Ok(body) => self.0.push(Effect::Defer(Deferred {
+                path: ADJUST_PATH,
+                body,
+                releases: Vec::new(),
+                settles,
+            })),
+            Err(err) => log::warn!("cannot encode {ADJUST_PATH}: {err}"),
         }
     }
 

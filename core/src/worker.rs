@@ -75,6 +75,9 @@ enum Pending {
     Lease { policy: usize, key: Option<String>, asked_ms: u64, given_back: u64, seq: u64 },
     /// A report of failure-mode passes: dropped if it fails.
     Report,
+    /// A token settlement a stream left: its answer's give-backs are
+    /// counted for these policies ([`Deferred`]'s `settles`).
+    Settle(Vec<Option<usize>>),
     /// Nothing to do with the answer (adjustments, feedback, renewals).
     Other(&'static str),
 }
@@ -313,10 +316,12 @@ impl Worker {
         }
         let queued = std::mem::take(&mut *self.queued.borrow_mut());
         for call in queued {
-            let pending = if call.releases.is_empty() {
-                Pending::Other(call.path)
-            } else {
+            let pending = if !call.releases.is_empty() {
                 Pending::Release(call.releases)
+            } else if !call.settles.is_empty() {
+                Pending::Settle(call.settles)
+            } else {
+                Pending::Other(call.path)
             };
             self.send(call.path, call.body, pending, &mut fx);
         }
@@ -381,6 +386,10 @@ impl Worker {
                 log::debug!("{REPORT_PATH}: no 200, passes dropped")
             }
             (Pending::Report, _) => {}
+            (Pending::Settle(settles), _) if status == Some(b"200") => {
+                crate::llm::given_back(body.unwrap_or_default(), &settles, &mut fx)
+            }
+            (Pending::Settle(_), _) => log::warn!("the shim did not settle a response's tokens: {status:?}"),
             (Pending::Other(path), CallResult::NotSent(reason)) => log::warn!("{path}: {reason}"),
             (Pending::Other(_), _) => {}
         }

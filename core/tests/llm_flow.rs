@@ -243,6 +243,31 @@ fn a_reset_stream_is_charged_its_content_with_that_fallback() {
     assert_eq!(count(&fx, 0, PolicyStat::LlmFallbacks), 1);
 }
 
+/// A stream cut short settles through its worker, and what the shim's
+/// answer to that settlement gave back is counted too: before, only a
+/// settlement the stream sent itself was, so `llm_tokens_given_back` left
+/// out every stream that ended early.
+#[test]
+fn a_settlement_the_worker_sends_counts_what_came_back() {
+    let t = Test::new(&doc("anthropic_messages", r#", "fallback": "content""#));
+    let mut s = t.stream();
+    admitted(&mut s, &chat(Some(300)), 99_000);
+    s.response(&streaming(), false);
+    let stream = anthropic_stream(10, 12, 0, 250);
+    let cut = String::from_utf8_lossy(&stream).find("event: message_delta").expect("a message_delta");
+    s.chunk(&stream[..cut], false);
+    let fx = s.end();
+    assert!(sends(&fx).iter().all(|c| c.path != ADJUST_PATH), "left to the worker");
+    let settle = t.worker_sends(ADJUST_PATH);
+    assert_eq!(settle.len(), 1);
+    let answer = CallResult::Answered {
+        status: Some(b"200".to_vec()),
+        body: Some(json!({"moved": [-460]}).to_string().into_bytes()),
+    };
+    let fx = t.worker.handle_answer(&t.host.now(), settle[0].id, answer, &t.host);
+    assert_eq!(count(&fx, 0, PolicyStat::LlmTokensGivenBack), 460, "what the shim gave back");
+}
+
 /// A reset before the response's headers settles as well: the fallback
 /// (here the reservation: nothing to send), counted once.
 #[test]

@@ -143,7 +143,7 @@ impl State {
         }
         let request = AdjustRequest { adjustments, now_us: None };
         if !whole {
-            fx.defer(ADJUST_PATH, &request, Vec::new());
+            fx.defer_settlement(&request, metered.settles());
             return;
         }
         // Sent from the stream, its answer holding the response's last
@@ -169,7 +169,8 @@ impl State {
         match result {
             CallResult::NotSent(reason) => {
                 log::debug!("cannot settle from the stream ({reason}); the worker will");
-                fx.defer(ADJUST_PATH, &request, Vec::new());
+                let settles = self.bodies.metered.as_ref().map(|m| m.settles()).unwrap_or_default();
+                fx.defer_settlement(&request, settles);
             }
             CallResult::Answered { status, .. } if status.as_deref() != Some(b"200") => {
                 log::warn!("the shim did not settle a response's tokens: {status:?}");

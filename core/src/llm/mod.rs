@@ -197,15 +197,13 @@ impl Metered {
     /// answer that cannot be read counts nothing: a refund asked for is
     /// not a refund given.
     pub fn answered(&self, body: &[u8], fx: &mut Effects) {
-        let Ok(answer) = serde_json::from_slice::<AdjustResponse>(body) else {
-            log::debug!("an unreadable answer to a settlement");
-            return;
-        };
-        for (moved, index) in answer.moved.iter().zip(&self.answered_for) {
-            if let (Some(index), true) = (index, *moved < 0) {
-                fx.add(*index, PolicyStat::LlmTokensGivenBack, moved.unsigned_abs());
-            }
-        }
+        given_back(body, &self.answered_for, fx);
+    }
+
+    /// For each adjustment of the settlement, the policy whose
+    /// `llm_tokens_given_back` its answer counts, if any.
+    pub fn settles(&self) -> Vec<Option<usize>> {
+        self.answered_for.clone()
     }
 
     /// Whether it has settled.
@@ -283,4 +281,20 @@ pub fn error_event(api: Api, policy: &str) -> Vec<u8> {
         }
     };
     event.into_bytes()
+}
+
+/// The shim's answer to a settlement (an `AdjustResponse`), whether the
+/// stream or its worker sent it: what each adjustment gave back, counted
+/// for the policy `settles` names. An answer that cannot be read counts
+/// nothing: a refund asked for is not a refund given.
+pub fn given_back(body: &[u8], settles: &[Option<usize>], fx: &mut Effects) {
+    let Ok(answer) = serde_json::from_slice::<AdjustResponse>(body) else {
+        log::debug!("an unreadable answer to a settlement");
+        return;
+    };
+    for (moved, index) in answer.moved.iter().zip(settles) {
+        if let (Some(index), true) = (index, *moved < 0) {
+            fx.add(*index, PolicyStat::LlmTokensGivenBack, moved.unsigned_abs());
+        }
+    }
 }
