@@ -94,8 +94,13 @@ fn without_feedback_the_partner_refuses_every_call_beyond_its_limit() {
 }
 
 /// `X-RateLimit-Remaining: 0` with `X-RateLimit-Reset` on a 200 pauses the
-/// account until the reset, before the partner has to refuse anything: it
-/// refuses at most the calls in flight when that 200 came back.
+/// account until the reset, before the partner has to refuse much: it
+/// refuses only calls checked before a pause was recorded. How many that
+/// is depends on the clients' timing (the calls in flight at that 200, and
+/// any checked before the pause the partner's refusals record), so the
+/// test holds it far from the control's, where the partner refuses every
+/// call beyond its 4 (36 of 40): at most a quarter of the calls. With 4
+/// clients, 0 to 6 were refused in runs on a busy 2-core host.
 #[test]
 fn remaining_zero_on_a_200_pauses_until_the_reset() {
     let partner =
@@ -104,7 +109,7 @@ fn remaining_zero_on_a_200_pauses_until_the_reset() {
     let run = run(&egress, "alice", 40);
     let log = egress.partner.log();
     report("remaining 0 on a 200", &run, &log);
-    assert!(log.refused() < WORKERS, "the partner refused {}\n{}", log.refused(), egress.logs());
+    assert!(log.refused() <= 40 / 4, "the partner refused {}\n{}", log.refused(), egress.logs());
     assert_eq!(run.count(|c| c.served()), 4, "the partner's 4 per 3 s, and no more");
 }
 
