@@ -33,6 +33,11 @@ impl Ticker {
         if self.armed_ms.get().is_some_and(|at| at <= due) {
             return None;
         }
+        // Already at the shortest period: nothing can fire sooner, so a
+        // request while a call is due (a report, say) sets nothing again.
+        if self.armed_ms.get().is_some() && self.period_ms.get() == MIN_MS {
+            return None;
+        }
         let now = now.ms();
         self.set(now, due.saturating_sub(now), true)
     }
@@ -82,6 +87,9 @@ mod tests {
         assert_eq!(ticker.arm(Some(12_000), &Now::read(&clock)), None, "a renewal later than the tick");
         assert_eq!(reads.get(), 0, "no clock read for it");
         assert_eq!(ticker.arm(Some(0), &Now::read(&clock)), Some(1), "a release: at once");
+        let before = reads.get();
+        assert_eq!(ticker.arm(Some(0), &Now::read(&clock)), None, "at 1 ms already: nothing sooner");
+        assert_eq!(reads.get(), before, "and no clock read for it");
         assert_eq!(ticker.arm(Some(2_800), &Now::at(2_300)), None, "the armed tick comes first");
         assert_eq!(ticker.ticked(Some(2_320), 2_301), Some(19), "leased pools: 20 ms after the last tick");
         assert_eq!(ticker.ticked(Some(2_340), 2_321), None, "the same period again");
