@@ -22,7 +22,7 @@ use std::rc::Rc;
 
 use serde_json::Value;
 use sluice_policies::wire::{
-    ADJUST_PATH, CHECK_PATH, LEASE_PATH, PROTOCOL_HEADER, PROTOCOL_VERSION, RELEASE_PATH, REPORT_PATH,
+    ADJUST_PATH, CHECK_PATH, LEASE_PATH, PROTOCOL_HEADER, PROTOCOL_VERSION, RELEASE_PATH,
 };
 
 use super::calls::{Answer, Route};
@@ -274,11 +274,6 @@ impl Step {
     /// One `http_call` to the shim's cluster that releases a lease: `POST /v1/release`.
     pub fn releases_the_lease(self) -> Step {
         self.expect(Expect::Calls(RELEASE_PATH))
-    }
-
-    /// One `http_call` to the shim's cluster that reports failure-mode passes: `POST /v1/report`.
-    pub fn reports_failure_passes(self) -> Step {
-        self.expect(Expect::Calls(REPORT_PATH))
     }
 
     /// One `http_call` to the shim's cluster for a leased policy's pool: `POST /v1/lease`.
