@@ -306,6 +306,31 @@ fn an_upstream_refusal_is_reported_and_holds_the_headers() {
     assert!(fx.contains(&Effect::ResumeResponse));
 }
 
+/// The partner's 429 comes with a body, and its first chunk reaches the
+/// filter before the shim has recorded the pause: the response stays held
+/// through it. Letting the body go on would send the held headers with it
+/// (a proxy's filter chain resumes a response whose body continues), so
+/// the client could call again, and be checked, before the pause exists.
+#[test]
+fn a_report_in_flight_holds_the_response_through_its_body() {
+    let t = Test::new(
+        r#"{"policies": [{"name": "partner", "upstream": {}, "limits": [{"type": "fixed_window", "limit": 10, "window": "1s"}]}]}"#,
+    );
+    let mut s = t.stream();
+    let check = sent(&s.request(&get("/")), CHECK_PATH);
+    s.hold_request();
+    s.answer(&check, &Shim::allow(&check));
+    let report = sent(&s.response(&[(":status", "429"), ("retry-after", "2")], false), FEEDBACK_PATH);
+    assert!(s.hold_response());
+    s.body(120, false);
+    assert!(s.hold_response(), "a body chunk let the 429 go before its pause was recorded");
+    s.body(0, true);
+    assert!(s.hold_response(), "the body's end let the 429 go before its pause was recorded");
+    let fx = s.answer(&report, &Shim::status(200));
+    assert!(fx.contains(&Effect::ResumeResponse));
+    assert!(!s.hold_response());
+}
+
 /// Points: the estimate is charged at the check, and the response's
 /// actual-cost header corrects it through the worker.
 #[test]

@@ -125,8 +125,6 @@ struct State {
     request_held: bool,
     /// The host holds the response: the last release's answer resumes it.
     response_held: bool,
-    /// In the response's headers callback: a feedback report in flight holds them.
-    in_response_headers: bool,
     /// Headers to add to the upstream's response of an admitted request.
     response_headers: Vec<(&'static str, String)>,
     /// How long the shim held an admitted request, for `server-timing`.
@@ -156,7 +154,6 @@ impl Flow {
             ids: CallIds(FIRST_OTHER),
             request_held: false,
             response_held: false,
-            in_response_headers: false,
             response_headers: Vec::new(),
             waited_ms: None,
             admission: Admission::default(),
@@ -190,7 +187,9 @@ impl Flow {
     /// event's effects are performed.
     pub fn hold_response(&mut self) -> bool {
         let s = &mut self.state;
-        let hold = s.release.holds() || s.bodies.holds() || (s.in_response_headers && s.upstream.holds());
+        // A feedback report holds the body too: a body let go would take
+        // the held headers with it, before the pause is recorded.
+        let hold = s.release.holds() || s.bodies.holds() || s.upstream.holds();
         s.response_held |= hold;
         hold
     }
@@ -254,7 +253,6 @@ impl Flow {
     ) -> Vec<Effect> {
         let (worker, s) = (&*self.worker, &mut self.state);
         let mut fx = worker.effects();
-        s.in_response_headers = false;
         s.meter_body(worker, size, end_of_stream, host, &mut fx);
         if s.phase == Phase::Streaming && (s.release.completes(size) || end_of_stream) {
             s.release_at_end(worker, now, &mut fx);
@@ -266,7 +264,6 @@ impl Flow {
     pub fn handle_response_trailers(&mut self, now: &Now) -> Vec<Effect> {
         let (worker, s) = (&*self.worker, &mut self.state);
         let mut fx = worker.effects();
-        s.in_response_headers = false;
         s.settle_metering(worker, true, &mut fx);
         if s.phase == Phase::Streaming {
             s.release_at_end(worker, now, &mut fx);
@@ -367,7 +364,6 @@ impl State {
         host: &dyn Host,
     ) -> Vec<Effect> {
         let mut fx = worker.effects();
-        self.in_response_headers = true;
         if !matches!(self.phase, Phase::Admitted | Phase::Failed) {
             return fx.0;
         }

@@ -57,11 +57,9 @@ fn report(what: &str, run: &Run, log: &Log) {
 
 /// The partner's hidden limit is 4 per 3 s and it answers 429 with
 /// `Retry-After` beyond it. After its first 429 the gateways pause that
-/// account until the pause ends. By design the partner refuses at most
-/// one call per client (a refused call's response waits until its pause
-/// is recorded), but one run on a loaded 2-core host saw 6 refusals with
-/// 4 clients. Until that is understood, the test holds the refusals far
-/// from the control's (36 of 40): at most a quarter of the calls. Another
+/// account until the pause ends: the partner refuses at most one call per
+/// client, those in flight when its first 429 came back. A refused call's
+/// response, body and all, waits until its pause is recorded. Another
 /// account is not affected.
 #[test]
 fn a_partner_429_pauses_the_key_on_every_gateway() {
@@ -71,8 +69,8 @@ fn a_partner_429_pauses_the_key_on_every_gateway() {
     let log = egress.partner.log();
     report("with feedback", &run, &log);
     assert!(
-        log.refused() <= 40 / 4,
-        "the partner refused {} calls, more than a quarter of the 40\n{}",
+        log.refused() <= WORKERS,
+        "the partner refused {} calls, more than the {WORKERS} that can be in flight\n{}",
         log.refused(),
         egress.logs()
     );
@@ -98,13 +96,9 @@ fn without_feedback_the_partner_refuses_every_call_beyond_its_limit() {
 }
 
 /// `X-RateLimit-Remaining: 0` with `X-RateLimit-Reset` on a 200 pauses the
-/// account until the reset, before the partner has to refuse much: it
-/// refuses only calls checked before a pause was recorded. How many that
-/// is depends on the clients' timing (the calls in flight at that 200, and
-/// any checked before the pause the partner's refusals record), so the
-/// test holds it far from the control's, where the partner refuses every
-/// call beyond its 4 (36 of 40): at most a quarter of the calls. With 4
-/// clients, 0 to 6 were refused in runs on a busy 2-core host.
+/// account until the reset, before the partner has to refuse: that 200
+/// waits until its pause is recorded, so the partner refuses only the
+/// calls the other clients had in flight then, at most one each.
 #[test]
 fn remaining_zero_on_a_200_pauses_until_the_reset() {
     let partner =
@@ -113,7 +107,12 @@ fn remaining_zero_on_a_200_pauses_until_the_reset() {
     let run = run(&egress, "alice", 40);
     let log = egress.partner.log();
     report("remaining 0 on a 200", &run, &log);
-    assert!(log.refused() <= 40 / 4, "the partner refused {}\n{}", log.refused(), egress.logs());
+    assert!(
+        log.refused() < WORKERS,
+        "the partner refused {}, more than the other clients' calls in flight\n{}",
+        log.refused(),
+        egress.logs()
+    );
     assert_eq!(run.count(|c| c.served()), 4, "the partner's 4 per 3 s, and no more");
 }
 
