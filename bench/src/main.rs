@@ -53,6 +53,7 @@ mod egress_clients;
 mod egress_jitter;
 mod footprint;
 mod gateway;
+mod goals;
 mod leased;
 mod load;
 mod monitor;
