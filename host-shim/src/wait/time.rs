@@ -12,12 +12,14 @@
 //! again, so lateness shifts those behind by the lateness, in order, and the
 //! gap between two sends is never under the interval. A late send that
 //! pushes held requests past their deadlines drops them from the chain in
-//! the same call and names them: those this shim holds are refused at once
-//! ([`Held::push_out`](super::Held)), each told the wait it would have had
-//! as its retry-after, and the rest of their reservations given back. A
-//! request another shim holds finds its reservation gone when it confirms
-//! at its slot, and is refused then (before its deadline; nothing is sent
-//! out of the chain).
+//! the same call and names them, in its reply and on the fleet's pub/sub
+//! channel (`wakeups`): the shim that holds each, this one or another,
+//! refuses it at once ([`Held::push_out`](super::Held)), told the wait it
+//! would have had as its retry-after, and gives back the rest of its
+//! reservation. One whose shim missed the message (its subscriber was
+//! reconnecting) finds its reservation gone when it confirms at its slot,
+//! and is refused then (before its deadline; nothing is sent out of the
+//! chain).
 //!
 //! If the client goes away while the answer is held (Envoy resets the h2
 //! stream and hyper drops the handler's future), a drop guard ([`Cancel`])
@@ -35,7 +37,8 @@ use sluice_policies::algorithm::Algorithm;
 use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{CheckRequest, CheckResponse};
 
-use super::context::{margins, refuse_unsupported, Ended, Waiting};
+use super::context::{margins, refuse_unsupported, Waiting};
+use super::held::Ended;
 use super::timer;
 use crate::decision::{by_check, decode, store_error, CheckError, SlotReply};
 use crate::keys::ScriptLimit;
@@ -141,15 +144,17 @@ pub(crate) async fn check(
             match confirm(waiting, limits, &at_now(started.elapsed()), id, at, &margins).await? {
                 Confirmed::Sent { pushed } => {
                     guard.disarm();
-                    waiting.held.push_out(&pushed);
+                    for (other, wait_us) in &pushed {
+                        waiting.held.push_out(other, *wait_us);
+                    }
                     response.waited_ms = Some(ceil_ms(started.elapsed()));
                     return Ok(response);
                 }
                 Confirmed::Gone => {
-                    // No longer held: pushed past its deadline (by a send this
-                    // shim confirmed meanwhile, which says how long it would
-                    // have waited, or by another shim's) or dropped past it.
-                    // The script gave the rest back.
+                    // No longer held: pushed past its deadline (the push's
+                    // message, if it came meanwhile, says how long it would
+                    // have waited) or dropped past it. The script gave the
+                    // rest back.
                     guard.disarm();
                     if let Ok(Ended::Pushed(us)) = holding.released.try_recv() {
                         return Ok(pushed_out(response, us));
