@@ -3,10 +3,10 @@
 //! requests), what waiting refuses, and each limit's margin.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sluice_policies::algorithm::Algorithm;
-use sluice_policies::units::Micros;
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::CheckRequest;
 
 use super::held::Held;
@@ -51,6 +51,22 @@ impl Waiting {
             }
         }
     }
+}
+
+/// The script's time argument `elapsed` after `now`: Redis TIME (empty)
+/// stays itself; a request's explicit time (the shim's test mode) moves on
+/// by `elapsed`, as Redis's clock would have.
+pub(crate) fn moved_on(now: &str, elapsed: Duration) -> String {
+    match now.parse::<u64>() {
+        Ok(t) => (t + u64::try_from(elapsed.as_micros()).unwrap_or(0)).to_string(),
+        Err(_) => String::new(),
+    }
+}
+
+/// `d` in whole milliseconds, rounded up: a wait or a hold told to a
+/// client is never short of the real one.
+pub(crate) fn ceil_ms(d: Duration) -> Millis {
+    Millis(u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX))
 }
 
 /// What a request still queued for a concurrency slot when the drain's

@@ -34,10 +34,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_policies::algorithm::Algorithm;
-use sluice_policies::units::{Micros, Millis};
+use sluice_policies::units::Micros;
 use sluice_policies::wire::{CheckRequest, CheckResponse};
 
-use super::context::{margins, refuse_unsupported, Waiting};
+use super::context::{ceil_ms, margins, moved_on, refuse_unsupported, Waiting};
 use super::held::Ended;
 use super::timer;
 use crate::decision::{by_check, decode, store_error, CheckError, SlotReply};
@@ -62,11 +62,7 @@ pub(crate) async fn check(
         limits.iter().filter(|l| matches!(l.algorithm, Algorithm::Pause)).collect();
     let started = Instant::now();
     // The request's time, moved on by the hold (the shim's test mode), or Redis TIME.
-    let at_now = |elapsed: Duration| {
-        now.parse::<u64>()
-            .map(|t| (t + u64::try_from(elapsed.as_micros()).unwrap_or(0)).to_string())
-            .unwrap_or_default()
-    };
+    let at_now = |elapsed: Duration| moved_on(now, elapsed);
     let mut left_us = wait_us;
     let deadline = started + Duration::from_micros(wait_us);
     loop {
@@ -249,10 +245,6 @@ async fn paused_for(waiting: &Waiting, pauses: &[&ScriptLimit], now: &str) -> Re
     Ok(u64::try_from(left).unwrap_or(0))
 }
 
-pub(crate) fn ceil_ms(d: Duration) -> Millis {
-    Millis(u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX))
-}
-
 /// A waiting request's reservation, not held: for tests.
 #[derive(Debug)]
 pub struct Reserved {
@@ -358,8 +350,8 @@ pub(crate) struct Cancel {
     id: String,
     at: u64,
     limits: Vec<ScriptLimit>,
-    /// The shim's test mode: the request's explicit time, moved on by the hold.
-    test_now: Option<u64>,
+    /// The script time the reservation was made with: moved on by the hold.
+    now: String,
     started: Instant,
     armed: bool,
     drain: Arc<crate::drain::Drain>,
@@ -374,7 +366,7 @@ impl Cancel {
             id: id.to_string(),
             at,
             limits,
-            test_now: now.parse().ok(),
+            now: now.to_string(),
             started: Instant::now(),
             armed: true,
             drain: waiting.drain.clone(),
@@ -410,14 +402,10 @@ impl GiveBack {
 
 impl Cancel {
     fn give_back_args(&mut self) -> GiveBack {
-        let now = self
-            .test_now
-            .map(|t| (t + u64::try_from(self.started.elapsed().as_micros()).unwrap_or(0)).to_string())
-            .unwrap_or_default();
         GiveBack {
             store: self.store.clone(),
             scripts: self.scripts.clone(),
-            now,
+            now: moved_on(&self.now, self.started.elapsed()),
             id: self.id.clone(),
             at: self.at,
             limits: std::mem::take(&mut self.limits),
