@@ -72,6 +72,7 @@ impl Limiter {
         let metrics = Arc::new(crate::metrics::Metrics::new());
         let store = Arc::new(RedisClient::connect(how)?.with_metrics(metrics.clone()));
         let scripts = Arc::new(Scripts::new());
+        let held: Arc<crate::wait::Held> = Arc::default();
         let waiting = Waiting {
             store: store.clone(),
             scripts: scripts.clone(),
@@ -79,10 +80,11 @@ impl Limiter {
                 crate::wait::wakeups::Wakeups::new(url, nonce)
                     .with_ca(how.ca.clone())
                     .counting(&metrics)
-                    .following(matches!(how.target, Target::Sentinel { .. }).then(|| store.clone())),
+                    .following(matches!(how.target, Target::Sentinel { .. }).then(|| store.clone()))
+                    .refusing(held.clone()),
             ),
             timers: Arc::default(),
-            held: Arc::default(),
+            held,
             clock: Arc::default(),
             metrics: metrics.clone(),
             test_time,

@@ -796,6 +796,15 @@ fn run_waiting_case(
     // The last request sent at once: its checks and, per limit, its reply's
     // held_until and refund counter.
     let mut last_sent: Option<(Vec<Check>, Vec<(Option<Micros>, Micros)>)> = None;
+    // What confirm.lua PUBLISHes for every shim: read after each confirm,
+    // up to a marker this test publishes after it (one subscriber gets a
+    // channel's messages in the order Redis took them).
+    let channel = algorithm::confirm::PUSHED_CHANNEL;
+    let mut publisher = w.redis.connection().expect("redis connection");
+    let mut listener = w.redis.connection().expect("redis connection");
+    let mut pushes = listener.as_pubsub();
+    pushes.set_read_timeout(Some(Duration::from_secs(10))).expect("a read timeout");
+    pushes.subscribe(channel).expect("SUBSCRIBE");
     for (n, op) in ops.into_iter().enumerate() {
         match op {
             WaitOp::Check { dt, cost, wait_ms } => {
@@ -898,6 +907,19 @@ fn run_waiting_case(
                     script.iter().map(|l| (l.key.clone(), l.algorithm, margin_ms * 1000)).collect();
                 let want = algorithm::confirm::confirm(&mut model, now, &id, at, &waiting);
                 prop_assert_eq!(format!("{got:?}"), format!("{want:?}"), "confirm of {} at {}", id, now);
+                let marker = format!("marker {n}");
+                let _: i64 =
+                    redis::cmd("PUBLISH").arg(channel).arg(&marker).query(&mut publisher).expect("PUBLISH");
+                let mut published = Vec::new();
+                loop {
+                    let message: String =
+                        pushes.get_message().and_then(|m| m.get_payload()).expect("a pushed-out message");
+                    if message == marker {
+                        break;
+                    }
+                    published.push(message);
+                }
+                prop_assert_eq!(published, want.published(), "published by the confirm of {} at {}", id, now);
                 if !matches!(want, algorithm::confirm::Confirmed::Wait(_)) {
                     held.remove(i);
                 }

@@ -379,3 +379,80 @@ async fn a_client_gone_before_its_reservation_reply_gives_the_slot_back() {
     assert_eq!(tat(&redis), after_first, "the reservation whose reply came too late was not given back");
     assert!(held_slots(&redis, 1000).is_empty(), "still held: {:?}", held_slots(&redis, 1000));
 }
+
+/// How many subscribers listen on a channel (`PUBSUB NUMSUB`).
+fn listening(redis: &Redis, channel: &str) -> u64 {
+    let reply: (String, u64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query(&mut redis.connection().expect("redis connection"))
+        .expect("PUBSUB NUMSUB");
+    reply.1
+}
+
+/// Issue 37: a late send on one shim that pushes a request held by
+/// another shim past its deadline refuses it at once, on that other shim,
+/// with the exact wait; before, only the sending shim's own waiters were,
+/// and another shim's was held until its slot and refused then, without a
+/// retry-after. Two shims share one Redis: r2 (wait 5 s) is held on shim A
+/// and r3 (wait 2.1 s) on shim B, behind r1 on an interval of 1 s (margin
+/// 10 ms): slots about 1.01 and 2.02 s ahead. Both shims run on this test's
+/// one thread, which is blocked past r2's slot, not past r3's, so r2 is
+/// sent late and r3's place moves to 1.01 s after that send, beyond r3's
+/// deadline. r2 is served; r3 is refused by shim B with a retry-after of
+/// exactly the interval and margin from r2's send (1,010 ms), before its
+/// own slot has come on Redis's clock.
+#[tokio::test]
+async fn a_send_on_one_shim_refuses_another_shims_waiter_it_pushed_out_at_once() {
+    let redis = Redis::start().expect("redis");
+    let (a, b) = (std::sync::Arc::new(limiter(&redis)), std::sync::Arc::new(limiter(&redis)));
+    let every = |id: &str, wait_ms| {
+        let mut req = request(id, &[WireLimit::Interval { every_ms: Millis(1000) }], wait_ms);
+        req.checks.to_mut()[0].margin_ms = Some(Millis(10));
+        req
+    };
+    // Both shims listen for pushed-out requests before anything is held.
+    let channel = sluice_policies::algorithm::confirm::PUSHED_CHANNEL;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while listening(&redis, channel) < 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(listening(&redis, channel), 2, "the shims' subscribers are not listening");
+    assert!(a.check(&every("r1", 5_000)).await.expect("r1").allowed);
+    let mut answers = Vec::new();
+    for (shim, id, wait_ms) in [(&a, "r2", 5_000), (&b, "r3", 2_100)] {
+        let before = held_slots(&redis, 1000).len();
+        let (shim, req, url) = (shim.clone(), every(id, wait_ms), redis.url());
+        answers.push(tokio::spawn(async move {
+            let answer = shim.check(&req).await;
+            // Redis's clock as the answer came.
+            let client = redis::Client::open(url).expect("a client");
+            let (secs, micros): (u64, u64) =
+                redis::cmd("TIME").query(&mut client.get_connection().expect("a connection")).expect("TIME");
+            (answer, secs * 1_000_000 + micros)
+        }));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while held_slots(&redis, 1000).len() == before && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    let held = held_slots(&redis, 1000);
+    let [(_, r2_slot), (ref r3, r3_slot)] = held[..] else { panic!("r2 and r3 not held: {held:?}") };
+    assert_eq!(r3, "r3");
+    // The one thread blocked: neither shim runs until it ends.
+    std::thread::sleep(Duration::from_millis(1300));
+    let woke = redis_time(&redis);
+    assert!(woke > r2_slot && woke < r3_slot, "the block did not end between r2's and r3's slots");
+    let (r2, _) = answers.remove(0).await.expect("r2's task");
+    let (r3, r3_answered) = answers.remove(0).await.expect("r3's task");
+    assert!(r2.expect("r2's check").allowed, "r2 was not served");
+    let r3 = r3.expect("r3's check");
+    let r2_sent = sent_at(&redis, 1000) - 1_000_000;
+    assert!(!r3.allowed, "{r3:?}");
+    assert_eq!(r3.retry_after_ms, Some(Millis(1010)), "shim B did not refuse r3 at r2's send: {r3:?}");
+    assert!(
+        r2_sent < r3_answered && r3_answered < r3_slot,
+        "r3 was not answered between r2's send and its slot"
+    );
+    assert!(held_slots(&redis, 1000).is_empty(), "still held: {:?}", held_slots(&redis, 1000));
+}

@@ -10,8 +10,10 @@
 -- order, and the gap between two sends is never under the interval. A
 -- send that pushes held requests past their deadlines drops them from the
 -- chain and names them, each with the wait it would have had, so that they
--- are refused at once (not at their slots). A request no longer held (given back, or dropped past its deadline) has the
--- rest of its reservation given back.
+-- are refused at once (not at their slots): in the reply, and PUBLISHed as
+-- "<id> <wait_us>" on PUSHED, the channel every shim listens on, for the
+-- shim that holds each. A request no longer held (given back, or dropped
+-- past its deadline) has the rest of its reservation given back.
 --
 -- KEYS[i]   the state key of limit i
 -- ARGV[1]   the time in microseconds, or "" for Redis TIME
@@ -22,6 +24,7 @@
 -- Returns {state, wait_us, now, pushed}: 1 sent, 0 wait wait_us more, -1 not
 -- held; pushed = {{id, wait_us}, ...}, the held requests the send pushed
 -- past their deadlines (empty unless sent).
+local PUSHED = 'sluice:pushed'
 local now = clock(ARGV[1])
 local id = ARGV[2]
 local at = tonumber(ARGV[3])
@@ -41,6 +44,10 @@ end
 if c.due > now then return {0, c.due - now, now, {}} end
 local pushed = {}
 for _, f in ipairs(c.found) do
-  for _, p in ipairs(f.commit() or {}) do pushed[#pushed + 1] = {p[1], math.max(p[2] - now, 0)} end
+  for _, p in ipairs(f.commit() or {}) do
+    local wait = math.max(p[2] - now, 0)
+    pushed[#pushed + 1] = {p[1], wait}
+    redis.call('PUBLISH', PUSHED, p[1] .. ' ' .. string.format('%.0f', wait))
+  end
 end
 return {1, 0, now, pushed}

@@ -1,15 +1,15 @@
 //! What every waiting path shares: the [`Waiting`] context the limiter
 //! hands over (Redis, its scripts, the wake-ups, the timers, the held
-//! requests), the requests held for a time slot ([`Held`]), what waiting
-//! refuses, and each limit's margin.
+//! requests), what waiting refuses, and each limit's margin.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sluice_policies::algorithm::Algorithm;
-use sluice_policies::units::Micros;
+use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::CheckRequest;
 
+use super::held::Held;
 use super::wakeups::Wakeups;
 use crate::decision::CheckError;
 use crate::drain::Drain;
@@ -51,6 +51,22 @@ impl Waiting {
             }
         }
     }
+}
+
+/// The script's time argument `elapsed` after `now`: Redis TIME (empty)
+/// stays itself; a request's explicit time (the shim's test mode) moves on
+/// by `elapsed`, as Redis's clock would have.
+pub(crate) fn moved_on(now: &str, elapsed: Duration) -> String {
+    match now.parse::<u64>() {
+        Ok(t) => (t + u64::try_from(elapsed.as_micros()).unwrap_or(0)).to_string(),
+        Err(_) => String::new(),
+    }
+}
+
+/// `d` in whole milliseconds, rounded up: a wait or a hold told to a
+/// client is never short of the real one.
+pub(crate) fn ceil_ms(d: Duration) -> Millis {
+    Millis(u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX))
 }
 
 /// What a request still queued for a concurrency slot when the drain's
@@ -98,68 +114,6 @@ pub(crate) fn margins(req: &CheckRequest<'_>) -> Vec<u64> {
         // The partner's pauses and rates, after every limit (`keys::script_limits`), have none.
         .chain(req.checks.iter().filter(|c| c.upstream).flat_map(|_| [0, 0]))
         .collect()
-}
-
-/// The requests a shim holds for their time slots, by id.
-#[derive(Default)]
-pub struct Held(std::sync::Mutex<std::collections::HashMap<String, tokio::sync::oneshot::Sender<Ended>>>);
-
-/// Why a hold ends before its slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Ended {
-    /// A release for its id: its client went away.
-    Released,
-    /// A late send ahead of it (confirmed by this shim) pushed it past its
-    /// deadline and dropped it from the chain: refused now, told this wait
-    /// (µs) as its retry-after.
-    Pushed(u64),
-}
-
-/// One held request's registration; dropping it forgets the id.
-pub(crate) struct Holding<'a> {
-    held: &'a Held,
-    id: String,
-    pub(crate) released: tokio::sync::oneshot::Receiver<Ended>,
-}
-
-type HeldMap = std::collections::HashMap<String, tokio::sync::oneshot::Sender<Ended>>;
-
-impl Held {
-    fn map(&self) -> std::sync::MutexGuard<'_, HeldMap> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    pub(crate) fn hold(&self, id: &str) -> Holding<'_> {
-        let (tx, released) = tokio::sync::oneshot::channel();
-        self.map().insert(id.to_string(), tx);
-        Holding { held: self, id: id.to_string(), released }
-    }
-
-    /// Ends the hold of request `id`, if this shim holds it.
-    pub(crate) fn cancel(&self, id: &str) {
-        self.end(id, Ended::Released);
-    }
-
-    /// Ends the holds of the requests a send pushed past their deadlines
-    /// (`lua/scripts/confirm.lua`'s reply), those this shim holds; another
-    /// shim's find theirs gone when they confirm.
-    pub(crate) fn push_out(&self, pushed: &[(String, u64)]) {
-        for (id, wait_us) in pushed {
-            self.end(id, Ended::Pushed(*wait_us));
-        }
-    }
-
-    fn end(&self, id: &str, why: Ended) {
-        if let Some(tx) = self.map().remove(id) {
-            let _ = tx.send(why);
-        }
-    }
-}
-
-impl Drop for Holding<'_> {
-    fn drop(&mut self) {
-        self.held.map().remove(&self.id);
-    }
 }
 
 /// One reclaim timer per lease set, at the soonest lease expiry a waiter was

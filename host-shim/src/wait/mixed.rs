@@ -20,8 +20,8 @@ use sluice_policies::algorithm::Algorithm;
 use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{CheckRequest, CheckResponse, LimitOutcome};
 
-use super::context::{margins, Waiting};
-use super::queue::{args, AcquireReply, Leave};
+use super::context::{ceil_ms, margins, moved_on, Waiting};
+use super::queue::{args, decode, AcquireReply, Leave};
 use super::time::{reserve, Cancel};
 use crate::decision::{by_check, store_error, CheckError};
 use crate::keys::ScriptLimit;
@@ -62,24 +62,7 @@ pub async fn take(
         call.arg(*h);
     }
     let reply: Vec<i64> = waiting.store.invoke(&call).await.map_err(store_error)?;
-    let &[state, _now, reclaimed, soonest] = reply.as_slice() else {
-        return Err(CheckError::Store(format!("unexpected take reply {reply:?}")));
-    };
-    let reclaimed = u64::try_from(reclaimed).unwrap_or(0);
-    Ok(match state {
-        1 => (AcquireReply::Leased, reclaimed),
-        0 => (AcquireReply::Queued { soonest: u64::try_from(soonest).ok() }, reclaimed),
-        _ => (AcquireReply::Refused, reclaimed),
-    })
-}
-
-/// The script's time argument after `started`: Redis TIME, or in test mode
-/// the request's explicit time moved on by what has passed.
-fn moved_on(now: &str, started: Instant) -> String {
-    match now.parse::<u64>() {
-        Ok(t) => (t + u64::try_from(started.elapsed().as_micros()).unwrap_or(0)).to_string(),
-        Err(_) => String::new(),
-    }
+    decode("take", &reply)
 }
 
 fn micros(d: Duration) -> u64 {
@@ -135,8 +118,7 @@ pub(crate) async fn check(
             }),
         ),
         lease: lease.then(|| id.to_string()),
-        waited_ms: waited
-            .then(|| Millis(started.elapsed().as_micros().div_ceil(1000).try_into().unwrap_or(u64::MAX))),
+        waited_ms: waited.then(|| ceil_ms(started.elapsed())),
     };
     let Some(mut at) = reply.at.filter(|_| reply.allowed) else {
         return Ok(answer(false, reply.retry_after_ms, false, false));
@@ -158,7 +140,7 @@ pub(crate) async fn check(
                 // hold deadline; else given back (awaited) and refused.
                 if until > hold_until {
                     cancel.give_back().await;
-                    let retry = super::time::ceil_ms(until.saturating_duration_since(Instant::now()));
+                    let retry = ceil_ms(until.saturating_duration_since(Instant::now()));
                     return Ok(answer(false, Some(retry), false, false));
                 }
                 super::timer::sleep_until(until).await;
@@ -171,7 +153,7 @@ pub(crate) async fn check(
         }
         // 2. The concurrency slot, or the queue.
         let left = micros(deadline.saturating_duration_since(Instant::now())).max(1);
-        let script_now = moved_on(now, started);
+        let script_now = moved_on(now, started.elapsed());
         let channel = waiting.wakeups.channel().to_string();
         let (acquired, _) =
             take(waiting, concurrency, &time, &time_margins, &script_now, id, left, &channel, at, &held)

@@ -12,9 +12,12 @@
 //! - [`time`]: time slots: reserve, hold until the slot, confirm the send
 //!   against what was really sent (a late send shifts those behind), give
 //!   back.
-//! - [`context`]: what the paths share: the [`Waiting`] context, the held
-//!   requests, what waiting refuses, the margins.
-//! - [`wakeups`]: the shim's one pub/sub subscriber that wakes queued requests.
+//! - [`context`]: what the paths share: the [`Waiting`] context, what
+//!   waiting refuses, the margins.
+//! - [`wakeups`]: the shim's one pub/sub subscriber: it wakes queued
+//!   requests and refuses held ones another shim's send pushed out.
+//! - [`held`]: the requests held for a time slot, by id, and why a hold
+//!   ends before its slot.
 //! - `timer`: waking a held request at its slot's instant, not on Tokio's
 //!   next millisecond tick.
 //!
@@ -22,6 +25,7 @@
 //! waiting request holding one is refused (400).
 
 pub mod context;
+pub mod held;
 pub mod mixed;
 pub mod queue;
 pub mod time;
@@ -29,7 +33,8 @@ mod timer;
 pub mod wakeups;
 
 pub(crate) use context::refuse_unsupported;
-pub use context::{Held, Timers, Waiting, MAX_WAIT_MS};
+pub use context::{Timers, Waiting, MAX_WAIT_MS};
+pub use held::Held;
 pub use time::{cancel, confirm_at, reserve_request, Confirmed, Reserved};
 
 use sluice_policies::algorithm::Algorithm;

@@ -17,7 +17,7 @@ use sluice_policies::algorithm::Algorithm;
 use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{CheckOutcome, CheckRequest, CheckResponse, LimitOutcome};
 
-use super::context::{Timers, Waiting};
+use super::context::{ceil_ms, Timers, Waiting};
 use crate::decision::{store_error, CheckError};
 use crate::keys::ScriptLimit;
 use crate::logs::Throttled;
@@ -53,8 +53,14 @@ pub async fn acquire(
     let mut call = waiting.scripts.acquire.prepare_invoke();
     call.key(&limit.key).arg(now).arg(id).arg(n).arg(lease).arg(wait_us).arg(channel);
     let reply: Vec<i64> = waiting.store.invoke(&call).await.map_err(store_error)?;
-    let &[state, _now, reclaimed, soonest] = reply.as_slice() else {
-        return Err(CheckError::Store(format!("unexpected acquire reply {reply:?}")));
+    decode("acquire", &reply)
+}
+
+/// The reply of `acquire.lua` or `take.lua`, `{state, now, reclaimed,
+/// soonest}`: what became of the request, and how many leases it reclaimed.
+pub(crate) fn decode(script: &str, reply: &[i64]) -> Result<(AcquireReply, u64), CheckError> {
+    let &[state, _now, reclaimed, soonest] = reply else {
+        return Err(CheckError::Store(format!("unexpected {script} reply {reply:?}")));
     };
     let reclaimed = u64::try_from(reclaimed).unwrap_or(0);
     Ok(match state {
@@ -195,8 +201,7 @@ pub(crate) async fn check(
         guard.armed = false;
         let mut resp = response(req, true, reclaimed);
         resp.lease = Some(id.to_string());
-        resp.waited_ms =
-            Some(Millis(u64::try_from(started.elapsed().as_micros().div_ceil(1000)).unwrap_or(u64::MAX)));
+        resp.waited_ms = Some(ceil_ms(started.elapsed()));
         return Ok(resp);
     }
     // Timed out: answered now, so never later than the wait; the guard,

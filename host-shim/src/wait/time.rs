@@ -12,12 +12,14 @@
 //! again, so lateness shifts those behind by the lateness, in order, and the
 //! gap between two sends is never under the interval. A late send that
 //! pushes held requests past their deadlines drops them from the chain in
-//! the same call and names them: those this shim holds are refused at once
-//! ([`Held::push_out`](super::Held)), each told the wait it would have had
-//! as its retry-after, and the rest of their reservations given back. A
-//! request another shim holds finds its reservation gone when it confirms
-//! at its slot, and is refused then (before its deadline; nothing is sent
-//! out of the chain).
+//! the same call and names them, in its reply and on the fleet's pub/sub
+//! channel (`wakeups`): the shim that holds each, this one or another,
+//! refuses it at once ([`Held::push_out`](super::Held)), told the wait it
+//! would have had as its retry-after, and gives back the rest of its
+//! reservation. One whose shim missed the message (its subscriber was
+//! reconnecting) finds its reservation gone when it confirms at its slot,
+//! and is refused then (before its deadline; nothing is sent out of the
+//! chain).
 //!
 //! If the client goes away while the answer is held (Envoy resets the h2
 //! stream and hyper drops the handler's future), a drop guard ([`Cancel`])
@@ -32,10 +34,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_policies::algorithm::Algorithm;
-use sluice_policies::units::{Micros, Millis};
+use sluice_policies::units::Micros;
 use sluice_policies::wire::{CheckRequest, CheckResponse};
 
-use super::context::{margins, refuse_unsupported, Ended, Waiting};
+use super::context::{ceil_ms, margins, moved_on, refuse_unsupported, Waiting};
+use super::held::Ended;
 use super::timer;
 use crate::decision::{by_check, decode, store_error, CheckError, SlotReply};
 use crate::keys::ScriptLimit;
@@ -59,11 +62,7 @@ pub(crate) async fn check(
         limits.iter().filter(|l| matches!(l.algorithm, Algorithm::Pause)).collect();
     let started = Instant::now();
     // The request's time, moved on by the hold (the shim's test mode), or Redis TIME.
-    let at_now = |elapsed: Duration| {
-        now.parse::<u64>()
-            .map(|t| (t + u64::try_from(elapsed.as_micros()).unwrap_or(0)).to_string())
-            .unwrap_or_default()
-    };
+    let at_now = |elapsed: Duration| moved_on(now, elapsed);
     let mut left_us = wait_us;
     let deadline = started + Duration::from_micros(wait_us);
     loop {
@@ -141,15 +140,17 @@ pub(crate) async fn check(
             match confirm(waiting, limits, &at_now(started.elapsed()), id, at, &margins).await? {
                 Confirmed::Sent { pushed } => {
                     guard.disarm();
-                    waiting.held.push_out(&pushed);
+                    for (other, wait_us) in &pushed {
+                        waiting.held.push_out(other, *wait_us);
+                    }
                     response.waited_ms = Some(ceil_ms(started.elapsed()));
                     return Ok(response);
                 }
                 Confirmed::Gone => {
-                    // No longer held: pushed past its deadline (by a send this
-                    // shim confirmed meanwhile, which says how long it would
-                    // have waited, or by another shim's) or dropped past it.
-                    // The script gave the rest back.
+                    // No longer held: pushed past its deadline (the push's
+                    // message, if it came meanwhile, says how long it would
+                    // have waited) or dropped past it. The script gave the
+                    // rest back.
                     guard.disarm();
                     if let Ok(Ended::Pushed(us)) = holding.released.try_recv() {
                         return Ok(pushed_out(response, us));
@@ -242,10 +243,6 @@ async fn paused_for(waiting: &Waiting, pauses: &[&ScriptLimit], now: &str) -> Re
     }
     let left: i64 = waiting.store.invoke(&call).await.map_err(store_error)?;
     Ok(u64::try_from(left).unwrap_or(0))
-}
-
-pub(crate) fn ceil_ms(d: Duration) -> Millis {
-    Millis(u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX))
 }
 
 /// A waiting request's reservation, not held: for tests.
@@ -353,8 +350,8 @@ pub(crate) struct Cancel {
     id: String,
     at: u64,
     limits: Vec<ScriptLimit>,
-    /// The shim's test mode: the request's explicit time, moved on by the hold.
-    test_now: Option<u64>,
+    /// The script time the reservation was made with: moved on by the hold.
+    now: String,
     started: Instant,
     armed: bool,
     drain: Arc<crate::drain::Drain>,
@@ -369,7 +366,7 @@ impl Cancel {
             id: id.to_string(),
             at,
             limits,
-            test_now: now.parse().ok(),
+            now: now.to_string(),
             started: Instant::now(),
             armed: true,
             drain: waiting.drain.clone(),
@@ -405,14 +402,10 @@ impl GiveBack {
 
 impl Cancel {
     fn give_back_args(&mut self) -> GiveBack {
-        let now = self
-            .test_now
-            .map(|t| (t + u64::try_from(self.started.elapsed().as_micros()).unwrap_or(0)).to_string())
-            .unwrap_or_default();
         GiveBack {
             store: self.store.clone(),
             scripts: self.scripts.clone(),
-            now,
+            now: moved_on(&self.now, self.started.elapsed()),
             id: self.id.clone(),
             at: self.at,
             limits: std::mem::take(&mut self.limits),

@@ -1,13 +1,21 @@
-//! Wake-ups for requests waiting on a concurrency slot: ONE Redis pub/sub
-//! subscriber per shim, on the shim's own channel `sluice:wake:<nonce>`.
+//! ONE Redis pub/sub subscriber per shim, on two channels:
 //!
-//! A release or reclaim that hands a slot to a waiter PUBLISHes the waiter's
-//! id on its shim's channel in the same atomic call (`lua/lib/queue.lua`); the
-//! subscriber routes it to the waiting task by id. A waiter registers before
-//! it queues, so a wake-up that races its own queueing reply is not lost.
-//! The subscriber starts on the first wait (the shim starts while Redis is
-//! down) and reconnects by itself; a wake-up lost while it reconnects is
-//! covered by the waiter's deadline (`lua/scripts/leave.lua` passes the slot on).
+//! - the shim's own `sluice:wake:<nonce>`, for requests waiting on a
+//!   concurrency slot. A release or reclaim that hands a slot to a waiter
+//!   PUBLISHes the waiter's id on its shim's channel in the same atomic call
+//!   (`lua/lib/queue.lua`); the subscriber routes it to the waiting task by
+//!   id. A waiter registers before it queues, so a wake-up that races its
+//!   own queueing reply is not lost.
+//! - the fleet's [`PUSHED_CHANNEL`], for requests held for a time slot: a
+//!   late send that pushes held requests past their deadlines PUBLISHes
+//!   each (`lua/scripts/confirm.lua`), whichever shim made it, and the shim
+//!   that holds one refuses it at once ([`Held::push_out`]).
+//!
+//! The subscriber starts with the shim (the shim starts while Redis is
+//! down) and reconnects by itself; a message lost while it reconnects is
+//! covered all the same, later: a queued waiter's by its deadline
+//! (`lua/scripts/leave.lua` passes the slot on), a pushed-out one's by its
+//! confirm at its slot, which finds it no longer held.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Once};
@@ -18,7 +26,9 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{oneshot, watch};
 
 use sluice_core::log_throttle::LogThrottle;
+use sluice_policies::algorithm::confirm::{Confirmed, PUSHED_CHANNEL};
 
+use super::held::Held;
 use crate::metrics::Metrics;
 
 pub struct Wakeups {
@@ -33,6 +43,9 @@ pub struct Wakeups {
     handovers: Counter,
     /// Under Sentinel, the store that names the master to subscribe on.
     sentinel: Option<Arc<crate::store::RedisClient>>,
+    /// The requests this shim holds for a time slot: those another shim's
+    /// send pushed out are refused at once.
+    held: Arc<Held>,
 }
 
 /// A registered waiter: its wake-up (the message: `<id>` served, `<id> <t'>
@@ -65,7 +78,15 @@ impl Wakeups {
             start: Once::new(),
             handovers: Counter::default(),
             sentinel: None,
+            held: Arc::default(),
         }
+    }
+
+    /// Refuses the requests of `held` that a send pushed past their
+    /// deadlines, whichever shim made it.
+    pub fn refusing(mut self, held: Arc<Held>) -> Wakeups {
+        self.held = held;
+        self
     }
 
     /// Under Sentinel: subscribes on the master `store`'s sentinels name
@@ -156,10 +177,17 @@ impl Wakeups {
         };
         let mut pubsub = client.get_async_pubsub().await?;
         pubsub.subscribe(&self.channel).await?;
+        pubsub.subscribe(PUSHED_CHANNEL).await?;
         self.subscribed.send_replace(true);
         let mut messages = pubsub.on_message();
         while let Some(msg) = messages.next().await {
             let Ok(message) = msg.get_payload::<String>() else { continue };
+            if msg.get_channel_name() == PUSHED_CHANNEL {
+                if let Some((id, wait_us)) = Confirmed::parse_pushed(&message) {
+                    self.held.push_out(id, wait_us);
+                }
+                continue;
+            }
             let id = message.split(' ').next().unwrap_or_default();
             let waiter = self.waiters.lock().ok().and_then(|mut w| w.remove(id));
             if let Some(tx) = waiter {

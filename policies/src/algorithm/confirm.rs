@@ -9,9 +9,11 @@
 //! two sends is never under the interval. A send that pushes held requests
 //! past their deadlines drops them from the chain and names them, each with
 //! the wait it would have had, so that they are refused at once, not at
-//! their slots. A request no longer held (given
-//! back, or dropped past its deadline) has the rest of its reservation
-//! given back.
+//! their slots: the script PUBLISHes each on [`PUSHED_CHANNEL`], which
+//! every shim listens on, so the shim that holds it refuses it whichever
+//! shim made the send ([`Confirmed::published`]). A request no longer held
+//! (given back, or dropped past its deadline) has the rest of its
+//! reservation given back.
 
 use super::cancel::{cancel, Reserved};
 use super::reserve::Waiting;
@@ -27,6 +29,29 @@ pub enum Confirmed {
     Wait(u64),
     /// No longer held: refused.
     Gone,
+}
+
+/// The channel a send PUBLISHes the held requests it pushed past their
+/// deadlines on; every shim listens on it (one fleet-wide channel: pushes
+/// are rare, and a held request's record does not name its shim).
+pub const PUSHED_CHANNEL: &str = "sluice:pushed";
+
+impl Confirmed {
+    /// The messages the send PUBLISHed on [`PUSHED_CHANNEL`], in order:
+    /// `<id> <wait_us>` for each request it pushed out; none unless sent.
+    pub fn published(&self) -> Vec<String> {
+        match self {
+            Confirmed::Sent { pushed } => pushed.iter().map(|(id, us)| format!("{id} {us}")).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// A message [`Confirmed::published`] made, read back: the request and
+    /// its wait in µs.
+    pub fn parse_pushed(message: &str) -> Option<(&str, u64)> {
+        let (id, us) = message.split_once(' ')?;
+        Some((id, us.parse().ok()?))
+    }
 }
 
 /// What `confirm_slots` finds: whether a limit no longer holds the request,

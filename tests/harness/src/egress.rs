@@ -15,7 +15,7 @@
 //! key layout: [`activity`] counts the commands Redis has run (to know that
 //! a call has reached Redis and taken its place), [`leftovers`] lists the
 //! non-empty collections under a prefix (to know that nothing is left
-//! behind).
+//! behind), [`sends`] reads back when the shims let a policy's calls go.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -406,6 +406,21 @@ pub fn await_activity(redis: &Redis, since: u64, at_least: u64, within: Duration
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// When the shims let policy `policy`'s calls go, in µs on Redis's clock,
+/// ascending, from the log of its (exact) sliding window: a held call's
+/// entry moves to its send as a shim confirms it (`lua/scripts/confirm.lua`)
+/// and a refused one's is given back. A test adds a window that never binds
+/// (say 1,000,000 an hour) to have this record. The policy must have one
+/// key and one sliding window.
+pub fn sends(redis: &Redis, policy: &str) -> anyhow::Result<Vec<u64>> {
+    let mut conn = redis.connection()?;
+    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("sluice:{{{policy}:*}}:sw:*")).query(&mut conn)?;
+    let [key] = keys.as_slice() else { anyhow::bail!("{policy}: not one sliding log: {keys:?}") };
+    let log: Vec<(String, u64)> =
+        redis::cmd("ZRANGE").arg(key).arg(0).arg(-1).arg("WITHSCORES").query(&mut conn)?;
+    Ok(log.into_iter().map(|(_, at)| at).collect())
 }
 
 /// Every key matching `pattern` that is a non-empty collection (sorted
