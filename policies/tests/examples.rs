@@ -24,6 +24,7 @@ const TESTED: &[&str] = &[
     "leased-per-key",
     "leased-bucket",
     "rlqs-quota",
+    "rls-edge",
     "calendar-budgets",
     "llm-hierarchy",
     "llm-budget",
@@ -396,6 +397,19 @@ fn llm_shared_budget() {
         prefixes.push(check.state_prefix(0));
     }
     assert!(prefixes.iter().all(|p| p == "sluice:{team-tokens:blue}"), "{prefixes:?}");
+}
+
+/// The RLS face's example (docs/rls.md): a descriptor with `x-client` is
+/// counted per client, 100 a minute; `x-tier: internal` is unlimited.
+#[test]
+fn rls_edge() {
+    let doc = example("rls-edge");
+    let client = SimpleRequest::default().domain("edge").entry("x-client", "c1");
+    let fw = WireLimit::FixedWindow { limit: 100, window_ms: Millis(60_000), cost: 1 };
+    assert_eq!(applied(&doc, &client), Some(("c1".to_string(), vec![fw])));
+    let internal = SimpleRequest::default().domain("edge").entry("x-tier", "internal");
+    let applied = doc.evaluate(&internal).expect("evaluates");
+    assert!(applied.iter().all(|a| a.policy.unlimited) && !applied.is_empty());
 }
 
 /// Every document in `examples/` is in [`TESTED`], so each has a test here.

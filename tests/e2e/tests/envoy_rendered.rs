@@ -21,8 +21,10 @@ use sluice_harness::gateway::{sample, send};
 use sluice_harness::shim::GrpcShim;
 use sluice_harness::{Envoy, Redis, Upstream};
 use sluice_policies::condition::ValueCondition;
+use sluice_policies::plan::{plan, Descriptor};
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::rlqs::{govern, Governed};
+use sluice_policies::tree::StepValue;
 use sluice_policies::{Document, Face, KeySource, Policy};
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -233,6 +235,211 @@ fn each_examples_requests_are_charged_to_the_policy_the_document_names() {
             assert_eq!(unmatched_now, unmatched, "{name}: no bucket Envoy builds is unmatched ({case:?})");
             eprintln!("{name}: {case:?} -> {expected:?}");
             before = after;
+        }
+    }
+}
+
+/// The RLS face's documents: the examples it renders, and the peers'
+/// configurations as `sluice import` converts them (a team switching runs
+/// `sluice envoy-config --face rls` on what it printed).
+fn rls_documents() -> Vec<(String, String, Document)> {
+    let root = sluice_harness::paths::workspace_root();
+    let mut out = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(root.join("policies/examples"))
+        .expect("examples")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    for path in files.into_iter().filter(|p| p.extension().is_some_and(|e| e == "json")) {
+        let json = std::fs::read_to_string(&path).expect("an example");
+        let doc = sluice_policies::parse(&json).expect("a valid example");
+        if sluice_envoy_config::rls::rls_values(&doc).is_ok() {
+            let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            out.push((name, json, doc));
+        }
+    }
+    let sluice = sluice_harness::paths::dist("sluice").expect("dist/sluice");
+    for file in ["mixed.yaml", "limitador/examples.yaml"] {
+        let path = root.join("host-shim/tests/fixtures/import").join(file);
+        let out_ = std::process::Command::new(&sluice)
+            .args(["import", "--accept-losses"])
+            .arg(&path)
+            .output()
+            .expect("sluice import");
+        assert!(out_.status.success(), "{file}: {}", String::from_utf8_lossy(&out_.stderr));
+        let json = String::from_utf8(out_.stdout).expect("utf-8");
+        let doc = sluice_policies::parse(&json).expect("an imported document");
+        out.push((file.to_string(), json, doc));
+    }
+    out
+}
+
+fn rls_policies(doc: &Document) -> Vec<&Policy> {
+    doc.policies.iter().filter(|p| p.matcher.face() == Face::Rls).collect()
+}
+
+/// The entries `policy` reads, in order (a tree node's path; else its
+/// `entries`, then the entries its key reads), each with the value a
+/// request must carry to meet it (`None`: any value).
+fn rls_reads(policy: &Policy) -> Vec<(String, Option<String>)> {
+    let mut reads: Vec<(String, Option<String>)> = match &policy.matcher.descriptor_tree {
+        Some(path) => path
+            .iter()
+            .map(|step| match &step.value {
+                StepValue::Exact(v) => (step.key.clone(), Some(v.clone())),
+                StepValue::Wildcard(w) => (step.key.clone(), Some(w.replace('*', "x"))),
+                StepValue::Any => (step.key.clone(), None),
+            })
+            .collect(),
+        None => policy
+            .matcher
+            .entries
+            .iter()
+            .filter_map(|(k, c)| match c {
+                ValueCondition::Present(false) => None,
+                ValueCondition::Equals(v) => Some((k.clone(), Some(v.clone()))),
+                ValueCondition::Prefix(p) => Some((k.clone(), Some(format!("{p}-1")))),
+                _ => Some((k.clone(), None)),
+            })
+            .collect(),
+    };
+    for key in &policy.key {
+        if let KeySource::Entry(name) = key {
+            if !reads.iter().any(|(k, _)| k == name) {
+                reads.push((name.clone(), None));
+            }
+        }
+    }
+    reads
+}
+
+/// Requests to try, as header sets: one that meets each policy, one that
+/// just misses each (a fixed value another), one with every header, and
+/// one with none. `generic_key` is Envoy's constant, never a header.
+fn rls_cases(doc: &Document) -> Vec<Vec<(String, String)>> {
+    let meets = |policy: &Policy, miss: bool| -> Vec<(String, String)> {
+        let mut missed = false;
+        rls_reads(policy)
+            .into_iter()
+            .filter(|(k, _)| k != "generic_key")
+            .map(|(k, v)| match v {
+                Some(v) if miss && !missed => {
+                    missed = true;
+                    (k, format!("not-{v}"))
+                }
+                Some(v) => (k, v),
+                None => (k.clone(), format!("{}-1", policy.name)),
+            })
+            .collect()
+    };
+    let policies = rls_policies(doc);
+    let mut cases: Vec<Vec<(String, String)>> = vec![Vec::new()];
+    for p in &policies {
+        cases.push(meets(p, false));
+        cases.push(meets(p, true));
+    }
+    let mut all: BTreeMap<String, String> = BTreeMap::new();
+    for p in policies.iter().rev() {
+        all.extend(meets(p, false));
+    }
+    cases.push(all.into_iter().collect());
+    cases.dedup();
+    cases
+}
+
+/// What the document charges for a request with `headers`: the
+/// descriptors it names (each gRPC-face policy's reads, in document order,
+/// from the request's headers, sent when all are there; each distinct list
+/// once), planned as the face plans them. The names of every policy the
+/// plan decides.
+fn rls_charged_by_document(doc: &Document, headers: &[(String, String)]) -> Vec<String> {
+    let domain = rls_policies(doc)
+        .iter()
+        .find_map(|p| p.matcher.domain.clone())
+        .unwrap_or_else(|| sluice_envoy_config::rls::DEFAULT_DOMAIN.to_string());
+    let mut sent: Vec<Vec<(String, String)>> = Vec::new();
+    for policy in rls_policies(doc) {
+        let entries: Option<Vec<(String, String)>> = rls_reads(policy)
+            .into_iter()
+            .map(|(k, v)| match k.as_str() {
+                "generic_key" => v.map(|v| (k.clone(), v)),
+                _ => headers.iter().find(|(h, _)| *h == k).map(|(_, value)| (k.clone(), value.clone())),
+            })
+            .collect();
+        if let Some(entries) = entries.filter(|e| !e.is_empty()) {
+            if !sent.contains(&entries) {
+                sent.push(entries);
+            }
+        }
+    }
+    if sent.is_empty() {
+        return Vec::new();
+    }
+    let descriptors: Vec<Descriptor> = sent
+        .iter()
+        .enumerate()
+        .map(|(i, entries)| {
+            let mut request = SimpleRequest::default().domain(&domain).index(i);
+            for (k, v) in entries {
+                request = request.entry(k, v);
+            }
+            Descriptor { request, hits: 1 }
+        })
+        .collect();
+    let plan = plan(doc, &descriptors).expect("a plan");
+    let mut names: Vec<String> = Vec::new();
+    for d in &plan.descriptors {
+        let checked = d
+            .enforced
+            .iter()
+            .filter_map(|&i| plan.enforced.policies.get(i))
+            .chain(d.shadow.iter().filter_map(|&i| plan.shadow.policies.get(i)));
+        for p in checked.chain(&d.unlimited).chain(&d.blocked).chain(&d.missing_key) {
+            names.push(p.name.as_str().to_string());
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// The policies whose RLS-face decisions moved between two metrics pages.
+fn rls_moved(before: &str, after: &str, names: &[String]) -> Vec<String> {
+    let count = |page: &str, name: &str| -> f64 {
+        ["allowed", "denied", "unlimited", "error", "invalid"]
+            .iter()
+            .map(|r| {
+                sample(page, &format!(r#"sluice_decisions_total{{policy="{name}",result="{r}",face="rls"}}"#))
+            })
+            .sum()
+    };
+    names.iter().filter(|n| count(after, n) > count(before, n)).cloned().collect()
+}
+
+/// `sluice envoy-config --face rls`, run as rendered (the harness renders
+/// through the same crate) for every example the face serves and for the
+/// peers' imported configurations: each request is charged to exactly the
+/// policies the document names for it.
+#[test]
+fn each_rls_documents_requests_are_charged_to_the_policies_it_names() {
+    let documents = rls_documents();
+    for (name, json, doc) in &documents {
+        let redis = Redis::start().expect("redis");
+        let upstream = Upstream::start().expect("upstream");
+        let shim = GrpcShim::start(&redis.url(), json).expect("shim");
+        let envoy = Envoy::start_rls(json, shim.grpc_port, upstream.port).expect("envoy");
+        let names: Vec<String> = rls_policies(doc).iter().map(|p| p.name.as_str().to_string()).collect();
+        for case in rls_cases(doc) {
+            let want = rls_charged_by_document(doc, &case);
+            let before = shim.metrics().expect("metrics");
+            let headers: Vec<(&str, &str)> = case.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let status = send(envoy.port, "GET", "/api", &headers).expect("request").status;
+            assert_ne!(status, 500, "{name}: {headers:?}");
+            let mut got = rls_moved(&before, &shim.metrics().expect("metrics"), &names);
+            got.sort();
+            assert_eq!(got, want, "{name}: a request with {case:?}");
+            eprintln!("{name}: {case:?} -> {want:?}");
         }
     }
 }

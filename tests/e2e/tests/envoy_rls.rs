@@ -162,6 +162,18 @@ fn carrier(key: &str) -> String {
 /// `domain`, and one `rate_limits` entry per descriptor, each entry from
 /// its request header (a descriptor is not sent when one is missing).
 fn peer_envoy(domain: &str, descriptors: &[&[&str]], shim: u16, upstream: u16) -> Envoy {
+    peer_envoy_with(domain, descriptors, serde_json::json!({}), shim, upstream)
+}
+
+/// [`peer_envoy`], with `extra` fields on every `rate_limits` entry (its
+/// `hits_addend`).
+fn peer_envoy_with(
+    domain: &str,
+    descriptors: &[&[&str]],
+    extra: serde_json::Value,
+    shim: u16,
+    upstream: u16,
+) -> Envoy {
     let rate_limits: Vec<serde_json::Value> = descriptors
         .iter()
         .map(|keys| {
@@ -169,7 +181,11 @@ fn peer_envoy(domain: &str, descriptors: &[&[&str]], shim: u16, upstream: u16) -
                 .iter()
                 .map(|k| serde_json::json!({"request_headers": {"header_name": carrier(k), "descriptor_key": k}}))
                 .collect();
-            serde_json::json!({ "actions": actions })
+            let mut entry = serde_json::json!({ "actions": actions });
+            if let (Some(entry), Some(extra)) = (entry.as_object_mut(), extra.as_object()) {
+                entry.extend(extra.clone());
+            }
+            entry
         })
         .collect();
     let values = [
@@ -266,6 +282,47 @@ fn peer_a_mixed_configuration_through_two_envoys() {
         "{:?}",
         trial[2].headers
     );
+}
+
+/// envoyproxy/ratelimit adds a descriptor's `hits_addend` to its window:
+/// Envoy's route sets it (`hits_addend.format`, here from a request
+/// header), and an imported configuration charges every descriptor of the
+/// call its cost. Regression: a cost above 1 on a window was answered
+/// INVALID_ARGUMENT, which the filter (no `failure_mode_deny`) let through,
+/// so nothing was ever refused.
+#[test]
+fn peer_hits_addend_is_counted_on_every_window_through_envoy() {
+    let redis = Redis::start().expect("redis");
+    let upstream = Upstream::start().expect("upstream");
+    let shim = GrpcShim::start(&redis.url(), &import("mixed.yaml", false)).expect("shim");
+    let hits = serde_json::json!({"hits_addend": {"format": "%REQ(x-hits)%"}});
+    let keys: &[&[&str]] = &[&["tenant"], &["org"]];
+    let a = peer_envoy_with("edge", keys, hits.clone(), shim.grpc_port, upstream.port);
+    let b = peer_envoy_with("edge", keys, hits, shim.grpc_port, upstream.port);
+    let ask_hits = |envoy: &Envoy, entries: &[(&str, &str)], n: &str| {
+        let mut headers: Vec<(String, &str)> = entries.iter().map(|(k, v)| (carrier(k), *v)).collect();
+        headers.push(("x-hits".to_string(), n));
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        send(envoy.port, "GET", "/api", &headers).expect("request")
+    };
+    // The month's 4 and the year's 3 (`mixed.yaml`), both charged 2.
+    let both = [("tenant", "acme"), ("org", "o")];
+    let first = ask_hits(&a, &both, "2");
+    assert_eq!(first.status, 200, "{}\n{}", a.log(), shim.shim.log());
+    assert_eq!(first.header("x-ratelimit-remaining"), Some("1"), "the year's: {:?}", first.headers);
+    // The year has 1 left of a cost of 2: refused; the month is charged anyway.
+    let second = ask_hits(&b, &both, "2");
+    assert_eq!(
+        (second.status, second.header("x-ratelimit-remaining")),
+        (429, Some("0")),
+        "{:?}",
+        second.headers
+    );
+    assert_eq!(ask_hits(&a, &[("tenant", "acme")], "1").status, 429, "the month's 4 are spent");
+    assert_eq!(ask_hits(&b, &[("org", "o")], "1").status, 200, "the year's last");
+    assert_eq!(ask_hits(&a, &[("org", "o")], "1").status, 429);
+    assert_eq!(ask_hits(&b, &[("org", "other")], "4").status, 429, "a cost above the limit never fits");
+    assert_eq!(ask_hits(&a, &[("org", "other")], "3").status, 200, "and charged nothing");
 }
 
 /// The examples of envoyproxy/ratelimit's README, converted by `sluice
