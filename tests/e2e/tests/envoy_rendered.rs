@@ -280,16 +280,17 @@ fn rls_policies(doc: &Document) -> Vec<&Policy> {
 }
 
 /// The entries `policy` reads, in order (a tree node's path; else its
-/// `entries`, then the entries its key reads), each with the value a
-/// request must carry to meet it (`None`: any value).
-fn rls_reads(policy: &Policy) -> Vec<(String, Option<String>)> {
-    let mut reads: Vec<(String, Option<String>)> = match &policy.matcher.descriptor_tree {
+/// `entries`, then the entries only its key reads, which are optional),
+/// each with the value a request must carry to meet it (`None`: any value)
+/// and whether it is optional.
+fn rls_reads(policy: &Policy) -> Vec<(String, Option<String>, bool)> {
+    let mut reads: Vec<(String, Option<String>, bool)> = match &policy.matcher.descriptor_tree {
         Some(path) => path
             .iter()
             .map(|step| match &step.value {
-                StepValue::Exact(v) => (step.key.clone(), Some(v.clone())),
-                StepValue::Wildcard(w) => (step.key.clone(), Some(w.replace('*', "x"))),
-                StepValue::Any => (step.key.clone(), None),
+                StepValue::Exact(v) => (step.key.clone(), Some(v.clone()), false),
+                StepValue::Wildcard(w) => (step.key.clone(), Some(w.replace('*', "x")), false),
+                StepValue::Any => (step.key.clone(), None, false),
             })
             .collect(),
         None => policy
@@ -298,20 +299,59 @@ fn rls_reads(policy: &Policy) -> Vec<(String, Option<String>)> {
             .iter()
             .filter_map(|(k, c)| match c {
                 ValueCondition::Present(false) => None,
-                ValueCondition::Equals(v) => Some((k.clone(), Some(v.clone()))),
-                ValueCondition::Prefix(p) => Some((k.clone(), Some(format!("{p}-1")))),
-                _ => Some((k.clone(), None)),
+                ValueCondition::Equals(v) => Some((k.clone(), Some(v.clone()), false)),
+                ValueCondition::Prefix(p) => Some((k.clone(), Some(format!("{p}-1")), false)),
+                _ => Some((k.clone(), None, false)),
             })
             .collect(),
     };
     for key in &policy.key {
         if let KeySource::Entry(name) = key {
-            if !reads.iter().any(|(k, _)| k == name) {
-                reads.push((name.clone(), None));
+            if !reads.iter().any(|(k, _, _)| k == name) && !policy.matcher.entries.contains_key(name) {
+                reads.push((name.clone(), None, true));
             }
         }
     }
     reads
+}
+
+/// The descriptors the document asks Envoy for (docs/rls.md, "Pointing
+/// Envoy at it"), each as the entries it reads (key, `generic_key`'s
+/// value, optional): one shared by the policies of each
+/// `descriptor_index` (every entry optional), then one per other policy in
+/// document order; each distinct list once.
+fn rls_descriptors(doc: &Document) -> Vec<Vec<(String, Option<String>, bool)>> {
+    let generic = |(k, v, optional): (String, Option<String>, bool)| {
+        let v = if k == "generic_key" { v } else { None };
+        (k, v, optional)
+    };
+    let policies = rls_policies(doc);
+    let mut indexes: Vec<usize> = policies.iter().filter_map(|p| p.matcher.descriptor_index).collect();
+    indexes.sort_unstable();
+    indexes.dedup();
+    let mut out: Vec<Vec<(String, Option<String>, bool)>> = Vec::new();
+    for n in indexes {
+        let mut entries = Vec::new();
+        for p in policies.iter().filter(|p| p.matcher.descriptor_index == Some(n)) {
+            for (k, v, _) in rls_reads(p).into_iter().map(generic) {
+                if !entries.iter().any(|(e, w, _): &(String, Option<String>, bool)| *e == k && *w == v) {
+                    entries.push((k, v, true));
+                }
+            }
+        }
+        out.push(entries);
+    }
+    for p in policies.iter().filter(|p| p.matcher.descriptor_index.is_none()) {
+        out.push(rls_reads(p).into_iter().map(generic).collect());
+    }
+    out.retain(|d| !d.is_empty());
+    let mut seen = Vec::new();
+    out.retain(|d| {
+        let new = !seen.contains(d);
+        seen.push(d.clone());
+        new
+    });
+    out
 }
 
 /// Requests to try, as header sets: one that meets each policy, one that
@@ -322,8 +362,8 @@ fn rls_cases(doc: &Document) -> Vec<Vec<(String, String)>> {
         let mut missed = false;
         rls_reads(policy)
             .into_iter()
-            .filter(|(k, _)| k != "generic_key")
-            .map(|(k, v)| match v {
+            .filter(|(k, _, _)| k != "generic_key")
+            .map(|(k, v, _)| match v {
                 Some(v) if miss && !missed => {
                     missed = true;
                     (k, format!("not-{v}"))
@@ -349,28 +389,28 @@ fn rls_cases(doc: &Document) -> Vec<Vec<(String, String)>> {
 }
 
 /// What the document charges for a request with `headers`: the
-/// descriptors it names (each gRPC-face policy's reads, in document order,
-/// from the request's headers, sent when all are there; each distinct list
-/// once), planned as the face plans them. The names of every policy the
-/// plan decides.
+/// descriptors it names ([`rls_descriptors`], each from the request's
+/// headers, sent when every entry not optional is there), planned as the
+/// face plans them. The names of every policy the
+/// plan decides (checked, shadow, `unlimited`, `blocked`).
 fn rls_charged_by_document(doc: &Document, headers: &[(String, String)]) -> Vec<String> {
     let domain = rls_policies(doc)
         .iter()
         .find_map(|p| p.matcher.domain.clone())
         .unwrap_or_else(|| sluice_envoy_config::rls::DEFAULT_DOMAIN.to_string());
     let mut sent: Vec<Vec<(String, String)>> = Vec::new();
-    for policy in rls_policies(doc) {
-        let entries: Option<Vec<(String, String)>> = rls_reads(policy)
-            .into_iter()
-            .map(|(k, v)| match k.as_str() {
-                "generic_key" => v.map(|v| (k.clone(), v)),
-                _ => headers.iter().find(|(h, _)| *h == k).map(|(_, value)| (k.clone(), value.clone())),
-            })
-            .collect();
-        if let Some(entries) = entries.filter(|e| !e.is_empty()) {
-            if !sent.contains(&entries) {
-                sent.push(entries);
+    for descriptor in rls_descriptors(doc) {
+        let mut entries = Vec::new();
+        let mut whole = true;
+        for (k, generic, optional) in descriptor {
+            match (generic, headers.iter().find(|(h, _)| *h == k)) {
+                (Some(v), _) => entries.push((k, v)),
+                (None, Some((_, value))) => entries.push((k, value.clone())),
+                (None, None) => whole &= optional,
             }
+        }
+        if whole && !entries.is_empty() {
+            sent.push(entries);
         }
     }
     if sent.is_empty() {
@@ -395,7 +435,8 @@ fn rls_charged_by_document(doc: &Document, headers: &[(String, String)]) -> Vec<
             .iter()
             .filter_map(|&i| plan.enforced.policies.get(i))
             .chain(d.shadow.iter().filter_map(|&i| plan.shadow.policies.get(i)));
-        for p in checked.chain(&d.unlimited).chain(&d.blocked).chain(&d.missing_key) {
+        // A missing key refuses without a decision to count.
+        for p in checked.chain(&d.unlimited).chain(&d.blocked) {
             names.push(p.name.as_str().to_string());
         }
     }
