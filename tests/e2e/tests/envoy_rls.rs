@@ -162,18 +162,18 @@ fn carrier(key: &str) -> String {
 /// `domain`, and one `rate_limits` entry per descriptor, each entry from
 /// its request header (a descriptor is not sent when one is missing).
 fn peer_envoy(domain: &str, descriptors: &[&[&str]], shim: u16, upstream: u16) -> Envoy {
-    peer_envoy_with(domain, descriptors, serde_json::json!({}), shim, upstream)
+    peer_envoy_from(domain, descriptors, shim, upstream, false)
 }
 
-/// [`peer_envoy`], with `extra` fields on every `rate_limits` entry (its
-/// `hits_addend`).
-fn peer_envoy_with(
-    domain: &str,
-    descriptors: &[&[&str]],
-    extra: serde_json::Value,
-    shim: u16,
-    upstream: u16,
-) -> Envoy {
+/// [`peer_envoy`], with a filter before the rate-limit filter that sets
+/// each request's `hits_addend` from its `x-hits` header (the filter state
+/// `envoy.ratelimit.hits_addend`, which Envoy's filter sends as the
+/// request's `hits_addend`).
+fn peer_envoy_with_hits(domain: &str, descriptors: &[&[&str]], shim: u16, upstream: u16) -> Envoy {
+    peer_envoy_from(domain, descriptors, shim, upstream, true)
+}
+
+fn peer_envoy_from(domain: &str, descriptors: &[&[&str]], shim: u16, upstream: u16, hits: bool) -> Envoy {
     let rate_limits: Vec<serde_json::Value> = descriptors
         .iter()
         .map(|keys| {
@@ -181,11 +181,7 @@ fn peer_envoy_with(
                 .iter()
                 .map(|k| serde_json::json!({"request_headers": {"header_name": carrier(k), "descriptor_key": k}}))
                 .collect();
-            let mut entry = serde_json::json!({ "actions": actions });
-            if let (Some(entry), Some(extra)) = (entry.as_object_mut(), extra.as_object()) {
-                entry.extend(extra.clone());
-            }
-            entry
+            serde_json::json!({ "actions": actions })
         })
         .collect();
     let values = [
@@ -197,7 +193,25 @@ fn peer_envoy_with(
         ("SHIM_PORT", shim.to_string()),
     ];
     let template = sluice_harness::workspace_root().join("envoy/rls.yaml");
-    Envoy::start_template(&template, &values, 2).expect("envoy")
+    if !hits {
+        return Envoy::start_template(&template, &values, 2).expect("envoy");
+    }
+    const RATELIMIT: &str = "          - name: envoy.filters.http.ratelimit\n";
+    const SET_HITS: &str = r#"          - name: envoy.filters.http.set_filter_state
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.set_filter_state.v3.Config
+              on_request_headers:
+              - object_key: envoy.ratelimit.hits_addend
+                format_string:
+                  text_format_source: {inline_string: "%REQ(x-hits)%"}
+"#;
+    let text = std::fs::read_to_string(&template).expect("envoy/rls.yaml");
+    assert!(text.contains(RATELIMIT), "the template's rate-limit filter");
+    let dir = std::env::temp_dir().join(format!("sluice-rls-hits-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temp dir");
+    let with_hits = dir.join(format!("rls-hits-{upstream}-{shim}.yaml"));
+    std::fs::write(&with_hits, text.replace(RATELIMIT, &format!("{SET_HITS}{RATELIMIT}"))).expect("write");
+    Envoy::start_template(&with_hits, &values, 2).expect("envoy")
 }
 
 /// A request whose headers carry `entries`.
@@ -284,10 +298,10 @@ fn peer_a_mixed_configuration_through_two_envoys() {
     );
 }
 
-/// envoyproxy/ratelimit adds a descriptor's `hits_addend` to its window:
-/// Envoy's route sets it (`hits_addend.format`, here from a request
-/// header), and an imported configuration charges every descriptor of the
-/// call its cost. Regression: a cost above 1 on a window was answered
+/// envoyproxy/ratelimit adds the call's `hits_addend` to every
+/// descriptor's window: Envoy's filter sends it from the filter state
+/// `envoy.ratelimit.hits_addend` (here set from a request header), and an
+/// imported configuration charges every descriptor of the call its cost. Regression: a cost above 1 on a window was answered
 /// INVALID_ARGUMENT, which the filter (no `failure_mode_deny`) let through,
 /// so nothing was ever refused.
 #[test]
@@ -295,10 +309,9 @@ fn peer_hits_addend_is_counted_on_every_window_through_envoy() {
     let redis = Redis::start().expect("redis");
     let upstream = Upstream::start().expect("upstream");
     let shim = GrpcShim::start(&redis.url(), &import("mixed.yaml", false)).expect("shim");
-    let hits = serde_json::json!({"hits_addend": {"format": "%REQ(x-hits)%"}});
     let keys: &[&[&str]] = &[&["tenant"], &["org"]];
-    let a = peer_envoy_with("edge", keys, hits.clone(), shim.grpc_port, upstream.port);
-    let b = peer_envoy_with("edge", keys, hits, shim.grpc_port, upstream.port);
+    let a = peer_envoy_with_hits("edge", keys, shim.grpc_port, upstream.port);
+    let b = peer_envoy_with_hits("edge", keys, shim.grpc_port, upstream.port);
     let ask_hits = |envoy: &Envoy, entries: &[(&str, &str)], n: &str| {
         let mut headers: Vec<(String, &str)> = entries.iter().map(|(k, v)| (carrier(k), *v)).collect();
         headers.push(("x-hits".to_string(), n));
