@@ -1,4 +1,10 @@
-//! Rendered configurations are part of the face: every example in
+//! Rendered configurations are part of the face. The RLS face's and the
+//! Sluice filter's (wasm) tests are at the end: every example each serves
+//! (for RLS, also the imported peers' configurations), rendered as `sluice
+//! envoy-config --face rls|wasm` renders them, each request charged to the
+//! policies the document names.
+//!
+//! RLQS: every example in
 //! `policies/examples/` that the RLQS face can serve, rendered as `sluice
 //! envoy-config --face rlqs` renders it (the harness renders through the
 //! same crate), run through real Envoy's `rate_limit_quota` filter and the
@@ -20,7 +26,7 @@ use serde_json::json;
 use sluice_harness::gateway::{sample, send};
 use sluice_harness::shim::GrpcShim;
 use sluice_harness::{Envoy, Redis, Upstream};
-use sluice_policies::condition::ValueCondition;
+use sluice_policies::condition::{PathCondition, ValueCondition};
 use sluice_policies::plan::{plan, Descriptor};
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::rlqs::{govern, Governed};
@@ -483,4 +489,155 @@ fn each_rls_documents_requests_are_charged_to_the_policies_it_names() {
             eprintln!("{name}: {case:?} -> {want:?}");
         }
     }
+}
+
+/// Whether the wasm-face test can drive `policy` with a plain request: an
+/// HTTP policy that is decided per request by the shim (not `leased`, no
+/// `llm`, `shed` or `upstream`), without conditions a generated request
+/// cannot meet (a body, a path regex, a host, a key list).
+fn wasm_drivable(policy: &Policy) -> bool {
+    let m = &policy.matcher;
+    m.face() == Face::Http
+        && policy.leased.is_none()
+        && policy.llm.is_none()
+        && policy.shed.is_none()
+        && policy.upstream.is_none()
+        && m.body.is_empty()
+        && m.host.is_none()
+        && m.keys.is_none()
+        && !matches!(m.path, Some(PathCondition::Regex(_)))
+}
+
+/// A request that meets `policy` (`miss`: its first fixed header value
+/// another), with `tag` in every value its key reads so that no two cases
+/// share a counter: (method, path with query, headers).
+fn wasm_request(policy: &Policy, miss: bool, tag: usize) -> (String, String, Vec<(String, String)>) {
+    let m = &policy.matcher;
+    let method = m.methods.as_ref().and_then(|ms| ms.first().cloned()).unwrap_or_else(|| "GET".to_string());
+    let mut path = match &m.path {
+        Some(PathCondition::Exact(p)) => p.clone(),
+        Some(PathCondition::Prefix(p)) => format!("{}t{tag}", p.trim_end_matches('/').to_string() + "/"),
+        _ => format!("/case/{tag}"),
+    };
+    let mut headers: Vec<(String, String)> = Vec::new();
+    let mut missed = false;
+    for (name, cond) in &m.headers {
+        let value = match cond {
+            ValueCondition::Present(false) => continue,
+            ValueCondition::Equals(v) if miss && !missed => {
+                missed = true;
+                format!("not-{v}")
+            }
+            ValueCondition::Equals(v) => v.clone(),
+            ValueCondition::Prefix(p) => format!("{p}{tag}"),
+            _ => format!("v{tag}"),
+        };
+        headers.push((name.as_str().to_string(), value));
+    }
+    let mut query: Vec<String> = m
+        .query
+        .iter()
+        .filter_map(|(name, cond)| match cond {
+            ValueCondition::Present(false) => None,
+            ValueCondition::Equals(v) => Some(format!("{name}={v}")),
+            ValueCondition::Prefix(p) => Some(format!("{name}={p}{tag}")),
+            _ => Some(format!("{name}=q{tag}")),
+        })
+        .collect();
+    for source in &policy.key {
+        match source {
+            KeySource::Header(name) if !headers.iter().any(|(h, _)| h == name.as_str()) => {
+                headers.push((name.as_str().to_string(), format!("k{tag}")));
+            }
+            KeySource::Query(name) if !m.query.contains_key(name) => query.push(format!("{name}=k{tag}")),
+            _ => {}
+        }
+    }
+    if !query.is_empty() {
+        path = format!("{path}?{}", query.join("&"));
+    }
+    (method, path, headers)
+}
+
+/// `sluice envoy-config --face wasm`, run as rendered (the harness renders
+/// the same template with the same timeouts) for every example whose HTTP
+/// policies the shim decides per request: each admitted request is
+/// charged to exactly the policies the document names for it (its enforced
+/// and shadow policies, `Document::evaluate`), counted by the shim as
+/// `sluice_decisions_total{policy, face="filter"}`. A refused request is
+/// not compared: the filter may answer it from its over-limit cache.
+#[test]
+fn each_wasm_examples_requests_are_charged_to_the_policies_it_names() {
+    let dir = sluice_harness::paths::workspace_root().join("policies/examples");
+    let mut files: Vec<_> = std::fs::read_dir(&dir).expect("examples").flatten().map(|e| e.path()).collect();
+    files.sort();
+    let (mut served, mut compared, mut refused, mut charged) = (Vec::new(), 0usize, 0usize, 0usize);
+    for path in files.into_iter().filter(|p| p.extension().is_some_and(|e| e == "json")) {
+        let json = std::fs::read_to_string(&path).expect("an example");
+        let doc = sluice_policies::parse(&json).expect("a valid example");
+        let http: Vec<&Policy> = doc.policies.iter().filter(|p| p.matcher.face() == Face::Http).collect();
+        if http.is_empty() || !http.iter().all(|p| wasm_drivable(p)) {
+            continue;
+        }
+        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let redis = Redis::start().expect("redis");
+        let upstream = Upstream::start().expect("upstream");
+        let shim = sluice_harness::shim::Shim::start(&redis.url()).expect("shim");
+        let envoy = Envoy::start(&json, shim.port, upstream.port).expect("envoy");
+        let names: Vec<String> = http.iter().map(|p| p.name.as_str().to_string()).collect();
+        let mut tag = 0;
+        for p in &http {
+            for miss in [false, true] {
+                tag += 1;
+                let (method, path, headers) = wasm_request(p, miss, tag);
+                let mut req = SimpleRequest::new(&method, &path);
+                for (k, v) in &headers {
+                    req = req.header(k, v);
+                }
+                let mut want: Vec<String> = match doc.evaluate(&req) {
+                    Ok(applied) => applied.iter().map(|a| a.policy.name.as_str().to_string()).collect(),
+                    Err(_) => Vec::new(),
+                };
+                want.sort();
+                want.dedup();
+                let before = shim.metrics().expect("metrics");
+                let hs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                let status = send(envoy.port, &method, &path, &hs).expect("request").status;
+                if status == 429 {
+                    refused += 1;
+                    continue;
+                }
+                let after = shim.metrics().expect("metrics");
+                let mut got = filter_moved(&before, &after, &names);
+                got.sort();
+                assert_eq!(got, want, "{name}: {method} {path} {headers:?} ({status})");
+                compared += 1;
+                charged += usize::from(!want.is_empty());
+            }
+        }
+        served.push(name);
+    }
+    eprintln!(
+        "served {served:?}: {compared} requests compared ({charged} charged to a policy), {refused} refused"
+    );
+    assert!(
+        served.len() >= 5 && charged >= served.len(),
+        "too few examples or charges: {served:?}, {charged}"
+    );
+}
+
+/// The policies whose filter-face decisions moved between two metrics pages.
+fn filter_moved(before: &str, after: &str, names: &[String]) -> Vec<String> {
+    let count = |page: &str, name: &str| -> f64 {
+        ["allowed", "denied", "error", "invalid"]
+            .iter()
+            .map(|r| {
+                sample(
+                    page,
+                    &format!(r#"sluice_decisions_total{{policy="{name}",result="{r}",face="filter"}}"#),
+                )
+            })
+            .sum()
+    };
+    names.iter().filter(|n| count(after, n) > count(before, n)).cloned().collect()
 }
