@@ -223,6 +223,32 @@ async fn peer_hits_addend_is_counted_on_every_window() {
     assert_eq!((fresh.overall_code, fresh.statuses[0].limit_remaining), (OVER, 3), "above the limit");
 }
 
+/// Limitador reads a descriptor into a map, so a key given twice counts
+/// its last value: an imported Limitador document says `repeated_entry:
+/// last`. Sluice's own default reads the first.
+#[tokio::test]
+async fn peer_limitador_reads_the_last_value_of_a_repeated_key() {
+    let doc = imported("limitador/examples.yaml");
+    assert!(doc.contains(r#""repeated_entry":"last""#), "{doc}");
+    let mut face = start_with(&doc).await;
+    let twice = |first: &str, last: &str| {
+        request(
+            "test_namespace",
+            vec![descriptor(&[("req.method", first), ("user_id", "u"), ("req.method", last)])],
+            0,
+        )
+    };
+    // The POST limit (5 a minute per user) counts the call whose last method is POST.
+    let posted = face.ask(twice("GET", "POST")).await.expect("answer");
+    assert_eq!(posted.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit), Some(5), "{posted:?}");
+    let got = face.ask(twice("POST", "GET")).await.expect("answer");
+    assert_ne!(got.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit), Some(5), "{got:?}");
+    let first = start_with(&doc.replace(r#""repeated_entry":"last""#, r#""repeated_entry":"first""#)).await;
+    let mut first = first;
+    let read_first = first.ask(twice("POST", "GET")).await.expect("answer");
+    assert_eq!(read_first.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit), Some(5));
+}
+
 /// Limitador's `max_value` per `seconds` counts `hits_addend` too, and its
 /// rule charges every matching limit of a call or none.
 #[tokio::test]
