@@ -237,6 +237,7 @@ mod tests {
     fn a_script_holds_what_it_requires_each_once_before_its_main_part() {
         let order = [
             "common",
+            "counter",
             "fixed_window",
             "first_hit",
             "sliding_window",

@@ -201,7 +201,7 @@ impl SimpleRequest {
     }
 
     /// Drops each entry whose key comes again later: the last value of a
-    /// repeated key is the one read ([`crate::document::RepeatedEntry::Last`]).
+    /// repeated key is the one read (an RLS document's `repeated_entry: last`).
     pub fn last_entries_win(mut self) -> SimpleRequest {
         let keys: Vec<String> = self.entries.iter().map(|(k, _)| k.clone()).collect();
         let mut i = 0;
