@@ -24,7 +24,7 @@ const HOUR: Millis = Millis(3_600_000);
 /// Every limit kind, one limit each, with state that lives an hour.
 fn cases() -> Vec<(&'static str, WireLimit)> {
     vec![
-        ("fixed_window 100/1h", WireLimit::FixedWindow { limit: 100, window_ms: HOUR }),
+        ("fixed_window 100/1h", WireLimit::FixedWindow { limit: 100, window_ms: HOUR, cost: 1 }),
         (
             "sliding_window 100/1h (exact log, one entry)",
             WireLimit::SlidingWindow { limit: 100, window_ms: HOUR, approximate: false },

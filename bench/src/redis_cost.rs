@@ -61,7 +61,10 @@ impl Callgrind {
 /// The cases: each Sluice type, then the hand-written scripts.
 fn sluice_cases() -> Vec<(&'static str, Vec<WireLimit>)> {
     vec![
-        ("fixed_window 100/1m", vec![WireLimit::FixedWindow { limit: 100, window_ms: Millis(60_000) }]),
+        (
+            "fixed_window 100/1m",
+            vec![WireLimit::FixedWindow { limit: 100, window_ms: Millis(60_000), cost: 1 }],
+        ),
         (
             "sliding_window 25/5s + 300/5m (S0)",
             vec![

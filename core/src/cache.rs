@@ -463,9 +463,9 @@ mod tests {
         use WireLimit::*;
         let day = |zone| Calendar { period: Period::Day, zone: Zone::new(zone).expect("a zone") };
         let limits = [
-            FixedWindow { limit: 1, window_ms: Millis(2) },
-            FixedWindow { limit: 2, window_ms: Millis(2) },
-            FixedWindow { limit: 1, window_ms: Millis(3) },
+            FixedWindow { limit: 1, window_ms: Millis(2), cost: 1 },
+            FixedWindow { limit: 2, window_ms: Millis(2), cost: 1 },
+            FixedWindow { limit: 1, window_ms: Millis(3), cost: 1 },
             SlidingWindow { limit: 1, window_ms: Millis(2), approximate: false },
             SlidingWindow { limit: 1, window_ms: Millis(2), approximate: true },
             TokenBucket { rate: 1, per_ms: Millis(2), burst: 3 },
@@ -476,14 +476,14 @@ mod tests {
             Concurrency { limit: 1, lease_ms: Millis(2) },
             Points { capacity: 1, refill_ms: Millis(2), cost: 0 },
             Points { capacity: 1, refill_ms: Millis(2), cost: 1 },
-            CalendarWindow { limit: 1, calendar: day("UTC") },
-            CalendarWindow { limit: 2, calendar: day("UTC") },
-            CalendarWindow { limit: 1, calendar: day("Europe/Paris") },
+            CalendarWindow { limit: 1, calendar: day("UTC"), cost: 1 },
+            CalendarWindow { limit: 2, calendar: day("UTC"), cost: 1 },
+            CalendarWindow { limit: 1, calendar: day("Europe/Paris"), cost: 1 },
             CalendarPoints { capacity: 1, cost: 1, calendar: day("UTC") },
             CalendarPoints { capacity: 1, cost: 0, calendar: day("UTC") },
-            FirstHitWindow { limit: 1, window_ms: Millis(2) },
-            FirstHitWindow { limit: 2, window_ms: Millis(2) },
-            FirstHitWindow { limit: 1, window_ms: Millis(3) },
+            FirstHitWindow { limit: 1, window_ms: Millis(2), cost: 1 },
+            FirstHitWindow { limit: 2, window_ms: Millis(2), cost: 1 },
+            FirstHitWindow { limit: 1, window_ms: Millis(3), cost: 1 },
         ];
         let with = |limits: Vec<WireLimit>| {
             identity(&Check {

@@ -43,7 +43,8 @@ fn run(
     let mut sent: Vec<Call> = Vec::new();
     let mut answered: Vec<(Call, LeaseResponse)> = Vec::new();
     let mut admitted: HashMap<u64, u64> = HashMap::new();
-    let exact = [(KEY.to_string(), Algorithm::FixedWindow { limit, window_us: Micros(window_ms * 1000) })];
+    let exact =
+        [(KEY.to_string(), Algorithm::FixedWindow { limit, window_us: Micros(window_ms * 1000), cost: 1 })];
     for (i, op) in ops.into_iter().enumerate() {
         match op {
             Op::Advance { dt } => now += dt,
@@ -167,7 +168,8 @@ fn run_with_ids(limit: u64, lease: Leased, offsets: Vec<u64>, ops: Vec<Op>) -> R
     let mut sent: Vec<IdCall> = Vec::new();
     let mut answered: Vec<(IdCall, LeaseResponse)> = Vec::new();
     let mut admitted = 0u64;
-    let exact = [(KEY.to_string(), Algorithm::FixedWindow { limit, window_us: Micros(window_ms * 1000) })];
+    let exact =
+        [(KEY.to_string(), Algorithm::FixedWindow { limit, window_us: Micros(window_ms * 1000), cost: 1 })];
     let shim_runs = |store: &mut RedisTwin, call: &IdCall, now: u64| {
         let back = call.ask.give_back.map(|b| (b.window, u64::from(b.tokens)));
         let grant = algorithm::lease_call(
@@ -314,8 +316,9 @@ fn run_per_key(
     let mut sent: Vec<(Call, usize)> = Vec::new();
     let mut answered: Vec<(Call, usize, LeaseResponse)> = Vec::new();
     let mut admitted: HashMap<(usize, u64), u64> = HashMap::new();
-    let exact =
-        |k: usize| [(store_key(k), Algorithm::FixedWindow { limit, window_us: Micros(window_ms * 1000) })];
+    let exact = |k: usize| {
+        [(store_key(k), Algorithm::FixedWindow { limit, window_us: Micros(window_ms * 1000), cost: 1 })]
+    };
     for (i, op) in ops.into_iter().enumerate() {
         match op {
             Op::Advance { dt } => now += dt,

@@ -70,7 +70,10 @@ fn simulate(lease: Leased, capacity: usize) {
         })
         .collect();
     let exact_of = |k: usize| {
-        [(store_key(k), Algorithm::FixedWindow { limit: LIMIT, window_us: Micros(WINDOW_MS * 1000) })]
+        [(
+            store_key(k),
+            Algorithm::FixedWindow { limit: LIMIT, window_us: Micros(WINDOW_MS * 1000), cost: 1 },
+        )]
     };
     let t0 = 1_700_000_000_000_000u64 / (WINDOW_MS * 1000) * (WINDOW_MS * 1000);
 

@@ -21,7 +21,7 @@ fn window(limit: u32) -> Window {
     Window {
         policy: "quota".into(),
         key: String::new(),
-        limit: WireLimit::FixedWindow { limit, window_ms: Millis(60_000) },
+        limit: WireLimit::FixedWindow { limit, window_ms: Millis(60_000), cost: 1 },
         lease: Leased::new(10, 5_000).expect("valid"),
     }
 }

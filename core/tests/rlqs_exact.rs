@@ -103,7 +103,7 @@ fn run(s: &Setup) -> Result<(), TestCaseError> {
     let window_of = |limit| Window {
         policy: "quota".into(),
         key: String::new(),
-        limit: WireLimit::FixedWindow { limit, window_ms: Millis(s.window_ms) },
+        limit: WireLimit::FixedWindow { limit, window_ms: Millis(s.window_ms), cost: 1 },
         lease,
     };
     let id: BucketId = vec![("name".into(), "api".into())];

@@ -8,14 +8,18 @@
 //! `equals`) a `generic_key` action, `remote_address` the client address,
 //! `destination_cluster` and `source_cluster` theirs; any other key
 //! `request_headers`, the request header of that name. An entry that must
-//! be absent (`{"present": false}`) sends nothing. Envoy sends one domain:
+//! be absent (`{"present": false}`) sends nothing; an entry only the
+//! policy's key reads (`entry:NAME`) is sent when the request has it
+//! (`skip_if_absent`). The policies of one `descriptor_index` (Limitador's
+//! `descriptors[N]`) share one descriptor with every entry they read, each
+//! sent when present, first and in index order. Envoy sends one domain:
 //! every gRPC-face policy that names one must name the same.
 
 use anyhow::bail;
 use serde_json::{json, Value};
 use sluice_policies::condition::ValueCondition;
 use sluice_policies::tree::StepValue;
-use sluice_policies::{Document, Face, FailureMode};
+use sluice_policies::{Document, Face, FailureMode, KeySource, Policy};
 
 /// `envoy/rls.yaml`, built in.
 pub const RLS_TEMPLATE: &str = include_str!("../../envoy/rls.yaml");
@@ -38,30 +42,36 @@ pub fn rls_values(doc: &Document) -> anyhow::Result<Vec<(String, String)>> {
             bail!("policies name the domains {first:?} and {second:?}: Envoy's rate-limit filter sends one domain")
         }
     };
-    let mut rate_limits: Vec<Value> = grpc
+    // Limitador's `descriptors[N]`: every policy of index N reads the one
+    // descriptor at N, so they share one, with every entry any of them
+    // reads (each optional: a missing entry fails a condition on it, and a
+    // key without it does not apply). First, in index order.
+    let mut indexes: Vec<usize> = grpc.iter().filter_map(|p| p.matcher.descriptor_index).collect();
+    indexes.sort_unstable();
+    indexes.dedup();
+    let mut rate_limits: Vec<Value> = indexes
         .iter()
-        .map(|p| {
-            let actions: Vec<Value> = match &p.matcher.descriptor_tree {
-                // A tree node: its path's entries, in order.
-                Some(path) => path
-                    .iter()
-                    .map(|step| match &step.value {
-                        StepValue::Exact(v) => action(&step.key, &ValueCondition::Equals(v.clone())),
-                        _ => action(&step.key, &ValueCondition::Present(true)),
-                    })
-                    .collect(),
-                None => p
-                    .matcher
-                    .entries
-                    .iter()
-                    .filter(|(_, cond)| **cond != ValueCondition::Present(false))
-                    .map(|(key, cond)| action(key, cond))
-                    .collect(),
-            };
+        .map(|&n| {
+            let mut actions: Vec<Value> = Vec::new();
+            for p in grpc.iter().filter(|p| p.matcher.descriptor_index == Some(n)) {
+                for (key, cond, _) in reads(p) {
+                    let a = optional(action(key, &cond));
+                    if !actions.contains(&a) {
+                        actions.push(a);
+                    }
+                }
+            }
             json!({"actions": actions})
         })
-        .filter(|r| r["actions"].as_array().is_some_and(|a| !a.is_empty()))
         .collect();
+    rate_limits.extend(grpc.iter().filter(|p| p.matcher.descriptor_index.is_none()).map(|p| {
+        let actions: Vec<Value> = reads(p)
+            .into_iter()
+            .map(|(key, cond, keyed)| if keyed { optional(action(key, &cond)) } else { action(key, &cond) })
+            .collect();
+        json!({"actions": actions})
+    }));
+    rate_limits.retain(|r| r["actions"].as_array().is_some_and(|a| !a.is_empty()));
     // One descriptor per distinct action list: a tree's nodes share paths,
     // and a descriptor sent twice is charged twice under `each_descriptor`.
     let mut seen = Vec::new();
@@ -84,6 +94,47 @@ pub fn rls_values(doc: &Document) -> anyhow::Result<Vec<(String, String)>> {
         ("FAILURE_MODE_DENY".to_string(), deny.to_string()),
         ("TIMEOUT".to_string(), format!("{}s", f64::from(timeout_ms) / 1000.0)),
     ])
+}
+
+/// The entries `policy` reads, in order, each with its condition and
+/// whether only its key reads it: a tree node's path; else its `entries`
+/// (an entry that must be absent sends nothing), then each `entry:NAME`
+/// its key reads that its `match` does not (sent when the request has it:
+/// a policy whose key lacks it follows its `on_missing_key`).
+fn reads(policy: &Policy) -> Vec<(&str, ValueCondition, bool)> {
+    let mut reads: Vec<(&str, ValueCondition, bool)> = match &policy.matcher.descriptor_tree {
+        Some(path) => path
+            .iter()
+            .map(|step| match &step.value {
+                StepValue::Exact(v) => (step.key.as_str(), ValueCondition::Equals(v.clone()), false),
+                _ => (step.key.as_str(), ValueCondition::Present(true), false),
+            })
+            .collect(),
+        None => policy
+            .matcher
+            .entries
+            .iter()
+            .filter(|(_, cond)| **cond != ValueCondition::Present(false))
+            .map(|(key, cond)| (key.as_str(), cond.clone(), false))
+            .collect(),
+    };
+    for source in &policy.key {
+        if let KeySource::Entry(name) = source {
+            if !reads.iter().any(|(k, _, _)| k == name) && !policy.matcher.entries.contains_key(name) {
+                reads.push((name.as_str(), ValueCondition::Present(true), true));
+            }
+        }
+    }
+    reads
+}
+
+/// `action`, sent without its entry when the request lacks it (a request
+/// header's `skip_if_absent`) rather than dropping the whole descriptor.
+fn optional(mut action: Value) -> Value {
+    if let Some(headers) = action.get_mut("request_headers").and_then(Value::as_object_mut) {
+        headers.insert("skip_if_absent".to_string(), Value::Bool(true));
+    }
+    action
 }
 
 /// The action that sends entry `key`.
@@ -131,6 +182,32 @@ mod tests {
         assert!(values(two).unwrap_err().to_string().contains("one domain"));
         let http = r#"{"policies": [{"name": "h", "limits": [{"type": "interval", "every": "1s"}]}]}"#;
         assert!(values(http).is_err());
+    }
+
+    /// Regression: a Limitador limit's variables (key-only entries) were
+    /// never sent, so the limit never applied; and each limit of
+    /// `descriptors[0]` was sent as its own descriptor, so only the first
+    /// one sent was at index 0.
+    #[test]
+    fn the_policies_of_one_descriptor_index_share_one_descriptor() {
+        let values = values(
+            r#"{"policies": [
+            {"name": "all", "match": {"domain": "ns", "descriptor_index": 0}, "limits": [{"type": "fixed_window", "limit": 9, "window": "1m"}]},
+            {"name": "posts", "match": {"domain": "ns", "descriptor_index": 0, "entries": {"req.method": {"equals": "POST"}}},
+             "key": ["entry:user_id"], "on_missing_key": "skip", "limits": [{"type": "fixed_window", "limit": 5, "window": "1m"}]},
+            {"name": "users", "match": {"domain": "ns", "descriptor_index": 0},
+             "key": ["entry:user_id"], "on_missing_key": "skip", "limits": [{"type": "fixed_window", "limit": 7, "window": "1m"}]}
+        ]}"#,
+        )
+        .expect("renders");
+        let rate_limits: Value = serde_json::from_str(&values[1].1).expect("json");
+        assert_eq!(
+            rate_limits,
+            json!([{"actions": [
+                {"request_headers": {"header_name": "req.method", "descriptor_key": "req.method", "skip_if_absent": true}},
+                {"request_headers": {"header_name": "user_id", "descriptor_key": "user_id", "skip_if_absent": true}}
+            ]}])
+        );
     }
 
     #[test]

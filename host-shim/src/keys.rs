@@ -227,7 +227,7 @@ mod tests {
     #[test]
     fn each_algorithm_has_its_own_suffix() {
         let limits = vec![
-            WireLimit::FixedWindow { limit: 1, window_ms: Millis(60_000) },
+            WireLimit::FixedWindow { limit: 1, window_ms: Millis(60_000), cost: 1 },
             WireLimit::SlidingWindow { limit: 1, window_ms: Millis(60_000), approximate: true },
             WireLimit::TokenBucket { rate: 100, per_ms: Millis(1_000), burst: 500 },
             WireLimit::Concurrency { limit: 5, lease_ms: Millis(30_000) },

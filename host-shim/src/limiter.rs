@@ -391,7 +391,7 @@ impl Limiter {
         let limit = lease_key(req).map_err(CheckError::BadRequest)?;
         let now = self.time_arg(req.now_us)?;
         let mut call = match (limit.algorithm, req.ttl_ms) {
-            (Algorithm::FixedWindow { limit: most, window_us }, None) => {
+            (Algorithm::FixedWindow { limit: most, window_us, .. }, None) => {
                 let mut call = self.scripts.lease.prepare_invoke();
                 call.key(&limit.key).arg(now).arg(most).arg(window_us.get()).arg(req.want);
                 match req.give_back {

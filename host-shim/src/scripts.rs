@@ -39,6 +39,7 @@ pub struct Scripts {
 /// defined before the functions that call them.
 const LIB: &[(&str, &str)] = &[
     ("common", include_str!("../../lua/lib/common.lua")),
+    ("counter", include_str!("../../lua/lib/counter.lua")),
     ("fixed_window", include_str!("../../lua/lib/fixed_window.lua")),
     ("first_hit", include_str!("../../lua/lib/first_hit.lua")),
     ("sliding_window", include_str!("../../lua/lib/sliding_window.lua")),
@@ -236,6 +237,7 @@ mod tests {
     fn a_script_holds_what_it_requires_each_once_before_its_main_part() {
         let order = [
             "common",
+            "counter",
             "fixed_window",
             "first_hit",
             "sliding_window",

@@ -87,7 +87,8 @@ fn clocks_straddling_a_boundary_agree_on_the_window() {
 async fn a_denial_waits_until_the_windows_true_end() {
     let redis = Redis::start().expect("redis");
     let limiter = Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), true).expect("limiter");
-    let limit = WireLimit::CalendarWindow { limit: 2, calendar: calendar(Period::Day, "Europe/Paris") };
+    let limit =
+        WireLimit::CalendarWindow { limit: 2, calendar: calendar(Period::Day, "Europe/Paris"), cost: 1 };
     let request = |now: u64| CheckRequest {
         checks: vec![Check {
             policy: "p".into(),

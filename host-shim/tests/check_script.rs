@@ -290,7 +290,7 @@ async fn a_refund_behind_an_earlier_refund_cannot_over_admit() {
 async fn a_clock_step_back_keeps_the_newer_fixed_window() {
     let redis = Redis::start().expect("redis");
     let limiter = limiter(&redis, true);
-    let limits = [WireLimit::FixedWindow { limit: 2, window_ms: Millis(1_000) }];
+    let limits = [WireLimit::FixedWindow { limit: 2, window_ms: Millis(1_000), cost: 1 }];
     let t0 = 1_700_000_005 * SECOND;
     assert!(check(&limiter, "k", &limits, t0).await.allowed);
     assert!(check(&limiter, "k", &limits, t0 + 1).await.allowed);

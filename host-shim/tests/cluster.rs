@@ -15,7 +15,7 @@ fn every_algorithm(limit: u32) -> Vec<WireLimit> {
     vec![
         WireLimit::SlidingWindow { limit, window_ms: Millis(3_600_000), approximate: false },
         WireLimit::SlidingWindow { limit, window_ms: Millis(7_200_000), approximate: true },
-        WireLimit::FixedWindow { limit, window_ms: Millis(31_536_000_000) },
+        WireLimit::FixedWindow { limit, window_ms: Millis(31_536_000_000), cost: 1 },
         WireLimit::TokenBucket { rate: 1, per_ms: Millis(3_600_000), burst: limit },
         WireLimit::Concurrency { limit, lease_ms: Millis(3_600_000) },
     ]
@@ -205,7 +205,7 @@ async fn a_denial_stops_before_the_later_slots() {
     let cluster = tokio::task::spawn_blocking(RedisCluster::start).await.expect("task").expect("cluster");
     let limiter =
         Limiter::new(&Target::Cluster(cluster.urls()), Duration::from_secs(5), false).expect("limiter");
-    let spent = WireLimit::FixedWindow { limit: 1, window_ms: Millis(31_536_000_000) };
+    let spent = WireLimit::FixedWindow { limit: 1, window_ms: Millis(31_536_000_000), cost: 1 };
     let narrow = CheckRequest {
         checks: vec![check("narrow", vec![spent])].into(),
         now_us: None,
@@ -249,7 +249,7 @@ async fn a_failed_slot_refunds_the_slots_before_it() {
         .expect("a policy on another master");
     let limiter =
         Limiter::new(&Target::Cluster(cluster.urls()), Duration::from_secs(2), false).expect("limiter");
-    let one = WireLimit::FixedWindow { limit: 5, window_ms: Millis(31_536_000_000) };
+    let one = WireLimit::FixedWindow { limit: 5, window_ms: Millis(31_536_000_000), cost: 1 };
     let both = CheckRequest {
         checks: vec![check("wide", vec![one]), check(&other, vec![one])].into(),
         now_us: None,
@@ -289,8 +289,8 @@ async fn a_failed_refund_keeps_the_denial() {
         wait_ms: None,
         views: Default::default(),
     };
-    let one = WireLimit::FixedWindow { limit: 5, window_ms: Millis(31_536_000_000) };
-    let spent = WireLimit::FixedWindow { limit: 1, window_ms: Millis(31_536_000_000) };
+    let one = WireLimit::FixedWindow { limit: 5, window_ms: Millis(31_536_000_000), cost: 1 };
+    let spent = WireLimit::FixedWindow { limit: 1, window_ms: Millis(31_536_000_000), cost: 1 };
     // The check script is cached on both masters; narrow is spent.
     assert!(limiter.check(&request(vec![check("wide", vec![one])])).await.expect("check").allowed);
     assert!(limiter.check(&request(vec![check(&narrow, vec![spent])])).await.expect("check").allowed);
@@ -330,7 +330,7 @@ async fn a_refund_on_another_slot_leaves_a_settlement_exact() {
     let limiter =
         Limiter::new(&Target::Cluster(cluster.urls()), Duration::from_secs(5), false).expect("limiter");
     let points = WireLimit::Points { capacity: 10_000, refill_ms: Millis(31_536_000_000), cost: 500 };
-    let rate = WireLimit::FixedWindow { limit: 1, window_ms: Millis(3_600_000) };
+    let rate = WireLimit::FixedWindow { limit: 1, window_ms: Millis(3_600_000), cost: 1 };
     let request = |id: &'static str| CheckRequest {
         checks: vec![check("budget", vec![points]), check("rate", vec![rate])].into(),
         now_us: None,

@@ -153,7 +153,7 @@ async fn busy_keys_show_their_state_from_redis() {
     let (status, body) =
         http(port, "POST", "/v1/release", &serde_json::to_string(&release).expect("json")).await;
     assert_eq!(status, 200, "{body}");
-    let fixed = vec![WireLimit::FixedWindow { limit: 100, window_ms: Millis(86_400_000) }];
+    let fixed = vec![WireLimit::FixedWindow { limit: 100, window_ms: Millis(86_400_000), cost: 1 }];
     check(port, "u0", "unlisted", "k", fixed).await;
 
     let board = dashboard(port).await;
@@ -285,7 +285,7 @@ async fn a_token_budget_shows_in_tokens() {
     let port = serve(&redis, Some(document)).await;
     let limits = vec![
         WireLimit::Points { capacity: 10_000, refill_ms: Millis(86_400_000), cost: 300 },
-        WireLimit::FixedWindow { limit: 600, window_ms: Millis(60_000) },
+        WireLimit::FixedWindow { limit: 600, window_ms: Millis(60_000), cost: 1 },
     ];
     assert!(check(port, "r1", "team", "blue", limits).await.allowed);
     let board = dashboard(port).await;
@@ -351,7 +351,7 @@ async fn every_level_of_a_hierarchy_shows_from_its_own_keys() {
 async fn denials_from_the_over_limit_cache_count_with_where_they_were_answered() {
     let redis = Redis::start().expect("redis");
     let port = serve(&redis, Some(DOCUMENT)).await;
-    let limits = || vec![WireLimit::FixedWindow { limit: 1, window_ms: Millis(60_000) }];
+    let limits = || vec![WireLimit::FixedWindow { limit: 1, window_ms: Millis(60_000), cost: 1 }];
     assert!(check(port, "c0", "quiet", "k", limits()).await.allowed);
     assert!(!check(port, "c1", "quiet", "k", limits()).await.allowed);
     let report = r#"{"passes": [], "cache_denied": [{"policy": "quiet", "count": 9}]}"#;

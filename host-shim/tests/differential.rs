@@ -53,8 +53,11 @@ impl World {
 fn limit() -> impl Strategy<Value = WireLimit> {
     let window = prop::sample::select(vec![1u64, 7, 50, 1_000, 60_000]);
     prop_oneof![
-        (1u32..20, window.clone())
-            .prop_map(|(limit, window_ms)| WireLimit::FixedWindow { limit, window_ms: Millis(window_ms) }),
+        (1u32..20, window.clone()).prop_map(|(limit, window_ms)| WireLimit::FixedWindow {
+            limit,
+            window_ms: Millis(window_ms),
+            cost: 1
+        }),
         (1u32..20, window.clone()).prop_map(|(limit, window_ms)| WireLimit::SlidingWindow {
             limit,
             window_ms: Millis(window_ms),
@@ -77,8 +80,9 @@ fn limit() -> impl Strategy<Value = WireLimit> {
             WireLimit::Points { capacity, refill_ms: Millis(refill_ms), cost: 1 }
         }),
         calendar_limit(),
-        (1u32..20, prop::sample::select(vec![1u64, 7, 50, 1_000, 60_000]))
-            .prop_map(|(limit, window_ms)| WireLimit::FirstHitWindow { limit, window_ms: Millis(window_ms) }),
+        (1u32..20, prop::sample::select(vec![1u64, 7, 50, 1_000, 60_000])).prop_map(|(limit, window_ms)| {
+            WireLimit::FirstHitWindow { limit, window_ms: Millis(window_ms), cost: 1 }
+        }),
     ]
 }
 
@@ -101,8 +105,11 @@ fn calendar_limit() -> impl Strategy<Value = WireLimit> {
     let calendar = (period, zone)
         .prop_map(|(period, zone)| Calendar { period, zone: Zone::new(zone).expect("a known zone") });
     prop_oneof![
-        (1u32..20, calendar.clone())
-            .prop_map(|(limit, calendar)| WireLimit::CalendarWindow { limit, calendar }),
+        (1u32..20, calendar.clone()).prop_map(|(limit, calendar)| WireLimit::CalendarWindow {
+            limit,
+            calendar,
+            cost: 1
+        }),
         (5u32..50, calendar).prop_map(|(capacity, calendar)| WireLimit::CalendarPoints {
             capacity,
             cost: 1,
@@ -191,6 +198,19 @@ fn with_cost(limits: &[WireLimit], cost: u32) -> Vec<WireLimit> {
         .collect()
 }
 
+/// `limits` with `cost` on its windows too, as the RLS face charges an
+/// RLS call's `hits_addend` (a policy's own checks cost a window 1): 1 half
+/// the time, else 2 or 3.
+fn with_hits(limits: &[WireLimit], cost: u32) -> Vec<WireLimit> {
+    let mut limits = with_cost(limits, cost);
+    for window in limits.iter_mut().filter(|l| l.points_cost().is_none()) {
+        if let Some(c) = window.cost_mut() {
+            *c = (cost % 4).max(1);
+        }
+    }
+    limits
+}
+
 /// The state of each key as Redis holds it, for the all-or-nothing check:
 /// live entries of a set, the fields of a hash, the value of a string.
 fn snapshot(conn: &mut redis::Connection, keys: &[String]) -> Vec<String> {
@@ -235,7 +255,7 @@ fn run_case_from(w: &World, start: u64, limits: Vec<WireLimit>, ops: Vec<Op>) ->
                 let checks = vec![Check {
                     policy: policy.clone(),
                     key: key.clone(),
-                    limits: with_cost(&limits, cost),
+                    limits: with_hits(&limits, cost),
                     margin_ms: None,
                     upstream: false,
                     levels: Vec::new(),
@@ -1174,8 +1194,9 @@ fn time_limit() -> impl Strategy<Value = WireLimit> {
         (1u32..4, prop::sample::select(vec![7u64, 100])).prop_map(|(limit, window_ms)| {
             WireLimit::SlidingWindow { limit, window_ms: Millis(window_ms), approximate: false }
         }),
-        (1u32..4, prop::sample::select(vec![7u64, 100]))
-            .prop_map(|(limit, window_ms)| WireLimit::FixedWindow { limit, window_ms: Millis(window_ms) }),
+        (1u32..4, prop::sample::select(vec![7u64, 100])).prop_map(|(limit, window_ms)| {
+            WireLimit::FixedWindow { limit, window_ms: Millis(window_ms), cost: 1 }
+        }),
         (1u32..4, prop::sample::select(vec![10u64, 100]), 1u32..3)
             .prop_map(|(rate, per_ms, burst)| WireLimit::TokenBucket { rate, per_ms: Millis(per_ms), burst }),
     ]
@@ -1447,7 +1468,7 @@ fn lease_op() -> impl Strategy<Value = LeaseOp> {
 fn run_lease_case(w: &World, limit: u32, window_ms: u64, ops: Vec<LeaseOp>) -> Result<(), TestCaseError> {
     static CASE: AtomicU64 = AtomicU64::new(0);
     let policy = format!("l{}", CASE.fetch_add(1, Ordering::Relaxed));
-    let wire = WireLimit::FixedWindow { limit, window_ms: Millis(window_ms) };
+    let wire = WireLimit::FixedWindow { limit, window_ms: Millis(window_ms), cost: 1 };
     let checks = vec![Check {
         policy: policy.clone(),
         key: String::new(),
@@ -1580,7 +1601,7 @@ fn run_id_lease_case(
 ) -> Result<(), TestCaseError> {
     static CASE: AtomicU64 = AtomicU64::new(0);
     let policy = format!("i{}", CASE.fetch_add(1, Ordering::Relaxed));
-    let wire = WireLimit::FixedWindow { limit, window_ms: Millis(window_ms) };
+    let wire = WireLimit::FixedWindow { limit, window_ms: Millis(window_ms), cost: 1 };
     let checks = vec![Check {
         policy: policy.clone(),
         key: String::new(),

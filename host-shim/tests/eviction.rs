@@ -41,7 +41,7 @@ async fn healthz_within(port: u16, within: Duration, until: impl Fn(&str) -> boo
 }
 
 async fn check(port: u16) -> (u16, String) {
-    let limit = WireLimit::FixedWindow { limit: 1_000, window_ms: Millis(60_000) };
+    let limit = WireLimit::FixedWindow { limit: 1_000, window_ms: Millis(60_000), cost: 1 };
     let checks = vec![Check {
         policy: "p".into(),
         key: "k".into(),

@@ -65,10 +65,10 @@ fn limits(doc: &Document, req: &SimpleRequest) -> Vec<String> {
             }
             let shadow = if p.shadow { " shadow" } else { "" };
             match WireLimit::with_cost(&p.limits[0], 1) {
-                WireLimit::FixedWindow { limit, window_ms } => {
+                WireLimit::FixedWindow { limit, window_ms, cost: 1 } => {
                     format!("{limit}/{} {name:?} key={:?}{shadow}", window_ms.get(), a.key)
                 }
-                WireLimit::FirstHitWindow { limit, window_ms } => {
+                WireLimit::FirstHitWindow { limit, window_ms, cost: 1 } => {
                     format!("{limit}/{} first hit {name:?} key={:?}{shadow}", window_ms.get(), a.key)
                 }
                 other => panic!("{other:?}"),

@@ -31,7 +31,7 @@ fn request(limit: WireLimit, want: u32, give_back: Option<GiveBack>, now_us: u64
 }
 
 fn window(limit: u32) -> WireLimit {
-    WireLimit::FixedWindow { limit, window_ms: Millis(WINDOW_MS) }
+    WireLimit::FixedWindow { limit, window_ms: Millis(WINDOW_MS), cost: 1 }
 }
 
 async fn lease(limiter: &Limiter, req: LeaseRequest) -> Result<LeaseResponse, CheckError> {

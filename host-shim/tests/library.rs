@@ -15,7 +15,7 @@ fn request(id: &str) -> CheckRequest<'static> {
         checks: vec![Check {
             policy: "p".into(),
             key: "k".into(),
-            limits: vec![WireLimit::FixedWindow { limit: 2, window_ms: Millis(60_000) }],
+            limits: vec![WireLimit::FixedWindow { limit: 2, window_ms: Millis(60_000), cost: 1 }],
             margin_ms: None,
             upstream: false,
             levels: Vec::new(),

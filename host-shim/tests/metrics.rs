@@ -83,9 +83,11 @@ async fn metrics_count_each_decision_script_call_and_reload() {
     let port = serve(&redis, true).await;
     // One explicit time: the fixed window cannot roll over mid-test.
     let now = Some(1_700_000_000_000_000);
-    let partner =
-        |key: &str| check("partner-api", key, WireLimit::FixedWindow { limit: 2, window_ms: Millis(60_000) });
-    let search = || check("search", "k", WireLimit::FixedWindow { limit: 100, window_ms: Millis(60_000) });
+    let partner = |key: &str| {
+        check("partner-api", key, WireLimit::FixedWindow { limit: 2, window_ms: Millis(60_000), cost: 1 })
+    };
+    let search =
+        || check("search", "k", WireLimit::FixedWindow { limit: 100, window_ms: Millis(60_000), cost: 1 });
 
     for (i, allowed) in [true, true, false].into_iter().enumerate() {
         let (status, resp) = post_check(port, vec![partner("k")], &format!("r{i}"), now, None).await;

@@ -189,13 +189,83 @@ async fn hits_addend_is_a_points_cost_and_zero_means_one() {
     let ratelimit = header(&refused, "ratelimit").expect("ratelimit");
     assert!(ratelimit.starts_with("\"tokens\";r=2;t="), "{ratelimit}");
     assert_eq!(face.ask(tokens(2)).await.expect("answer").overall_code, OK);
-    // A window counts requests: a cost it cannot charge is refused, not under-counted.
+    // A sliding window counts requests: a cost it cannot charge is refused, not under-counted.
     let err = face
         .ask(request("edge", vec![descriptor(&[("generic_key", "global")])], 5))
         .await
         .expect_err("refused");
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
-    assert!(err.message().contains("only a points limit charges a cost"), "{err:?}");
+    assert!(err.message().contains("only a fixed_window or a points limit charges a cost"), "{err:?}");
+}
+
+/// envoyproxy/ratelimit adds `hits_addend` to every descriptor's window
+/// (regression: a cost above 1 on a window was refused with
+/// INVALID_ARGUMENT, which Envoy's filter passes unless
+/// `failure_mode_deny`). Imported, each descriptor is charged on its own:
+/// the month's 4 and the year's 3 of `mixed.yaml`; a cost that does not fit
+/// is refused and charges that window nothing, and a cost above the limit
+/// never fits.
+#[tokio::test]
+async fn peer_hits_addend_is_counted_on_every_window() {
+    let mut face = start_with(&imported("mixed.yaml")).await;
+    let both =
+        |hits| request("edge", vec![descriptor(&[("tenant", "t")]), descriptor(&[("org", "o")])], hits);
+    let remaining = |r: &RateLimitResponse| r.statuses.iter().map(|s| s.limit_remaining).collect::<Vec<_>>();
+    let resp = face.ask(both(2)).await.expect("answer");
+    assert_eq!((codes(&resp), remaining(&resp)), (vec![OK, OK], vec![2, 1]));
+    // The year has 1 left of the cost of 2: refused, the month charged anyway.
+    let resp = face.ask(both(2)).await.expect("answer");
+    assert_eq!((codes(&resp), remaining(&resp)), (vec![OK, OVER], vec![0, 1]));
+    let org = |hits| request("edge", vec![descriptor(&[("org", "o")])], hits);
+    let resp = face.ask(org(1)).await.expect("answer");
+    assert_eq!((resp.overall_code, resp.statuses[0].limit_remaining), (OK, 0));
+    let fresh = face.ask(request("edge", vec![descriptor(&[("org", "new")])], 4)).await.expect("answer");
+    assert_eq!((fresh.overall_code, fresh.statuses[0].limit_remaining), (OVER, 3), "above the limit");
+}
+
+/// Limitador reads a descriptor into a map, so a key given twice counts
+/// its last value: an imported Limitador document says `repeated_entry:
+/// last`. Sluice's own default reads the first.
+#[tokio::test]
+async fn peer_limitador_reads_the_last_value_of_a_repeated_key() {
+    let doc = imported("limitador/examples.yaml");
+    assert!(doc.contains(r#""repeated_entry":"last""#), "{doc}");
+    let mut face = start_with(&doc).await;
+    let twice = |first: &str, last: &str| {
+        request(
+            "test_namespace",
+            vec![descriptor(&[("req.method", first), ("user_id", "u"), ("req.method", last)])],
+            0,
+        )
+    };
+    // The POST limit (5 a minute per user) counts the call whose last method is POST.
+    let posted = face.ask(twice("GET", "POST")).await.expect("answer");
+    assert_eq!(posted.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit), Some(5), "{posted:?}");
+    let got = face.ask(twice("POST", "GET")).await.expect("answer");
+    assert_ne!(got.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit), Some(5), "{got:?}");
+    let first = start_with(&doc.replace(r#""repeated_entry":"last""#, r#""repeated_entry":"first""#)).await;
+    let mut first = first;
+    let read_first = first.ask(twice("POST", "GET")).await.expect("answer");
+    assert_eq!(read_first.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit), Some(5));
+}
+
+/// Limitador's `max_value` per `seconds` counts `hits_addend` too, and its
+/// rule charges every matching limit of a call or none.
+#[tokio::test]
+async fn peer_limitador_counts_hits_addend_all_or_none() {
+    let doc = r#"{"charge": "all_or_none", "headers": "off", "policies": [
+      {"name": "a", "match": {"domain": "ns", "descriptor_index": 0, "entries": {"a": {"present": true}}},
+       "key": ["entry:a"], "limits": [{"type": "fixed_window", "limit": 5, "window": "1h", "start": "first_hit"}]},
+      {"name": "b", "match": {"domain": "ns", "descriptor_index": 0, "entries": {"b": {"present": true}}},
+       "key": ["entry:b"], "limits": [{"type": "fixed_window", "limit": 3, "window": "1h", "start": "first_hit"}]}
+    ]}"#;
+    let mut face = start_with(doc).await;
+    let call = |hits| request("ns", vec![descriptor(&[("a", "1"), ("b", "1")])], hits);
+    assert_eq!(face.ask(call(2)).await.expect("answer").overall_code, OK);
+    // b has 1 left: refused, and a is not charged either.
+    assert_eq!(face.ask(call(2)).await.expect("answer").overall_code, OVER);
+    let a = face.ask(request("ns", vec![descriptor(&[("a", "1")])], 3)).await.expect("answer");
+    assert_eq!((a.overall_code, a.statuses[0].limit_remaining), (OK, 0), "a: 2 + 3 of 5");
 }
 
 #[tokio::test]

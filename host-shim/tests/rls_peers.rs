@@ -118,6 +118,11 @@ async fn face(doc: &str) -> (RateLimitServiceClient<Channel>, Redis) {
 }
 
 fn request(domain: &str, call: &Call) -> RateLimitRequest {
+    request_hits(domain, call, 0)
+}
+
+/// [`request`] with the call's `hits_addend`.
+fn request_hits(domain: &str, call: &Call, hits: u32) -> RateLimitRequest {
     RateLimitRequest {
         domain: domain.to_string(),
         descriptors: call
@@ -127,7 +132,7 @@ fn request(domain: &str, call: &Call) -> RateLimitRequest {
                 ..RateLimitDescriptor::default()
             })
             .collect(),
-        hits_addend: 0,
+        hits_addend: hits,
     }
 }
 
@@ -206,10 +211,15 @@ async fn the_face_decides_as_limitador_on_random_streams() {
         for i in 0..150 {
             let call = rng.call(&pool);
             let domain = if rng.below(10) == 0 { "other" } else { "shop" };
-            let resp =
-                client.should_rate_limit(request(domain, &call)).await.expect("an answer").into_inner();
+            // Limitador counts the call's hits_addend on every matching limit.
+            let hits = 1 + rng.below(3) as u32;
+            let resp = client
+                .should_rate_limit(request_hits(domain, &call, hits))
+                .await
+                .expect("an answer")
+                .into_inner();
             let got = face_answer(&resp, false);
-            let want = model.decide(domain, &call);
+            let want = model.decide_hits_at(domain, &call, 0, u64::from(hits));
             assert_eq!(got.overall, want, "seed {seed}, call {i}: {domain} {call:?}");
             // Limitador answers the call alone; Sluice's statuses agree with it.
             let over = got.statuses.iter().filter(|(c, _)| *c == OVER).count();
@@ -243,7 +253,9 @@ async fn limitador_windows_open_at_the_first_hit_across_window_ends() {
         for i in 0..300 {
             now += steps[rng.below(steps.len())];
             let call = rng.call(&pool);
-            let descriptors = sluice_shim::grpc::rls::decode(&request("shop", &call)).expect("a valid call");
+            let hits = 1 + rng.below(3) as u32;
+            let descriptors =
+                sluice_shim::grpc::rls::decode(&request_hits("shop", &call, hits)).expect("a valid call");
             let plan = sluice_core::plan::plan(&doc, &descriptors).expect("a plan");
             let mut over = plan.descriptors.iter().any(|d| !d.blocked.is_empty());
             for mut req in plan.enforced.requests() {
@@ -252,7 +264,7 @@ async fn limitador_windows_open_at_the_first_hit_across_window_ends() {
                 over |= !resp.allowed;
             }
             let got = if over { OVER } else { OK };
-            let want = model.decide_at("shop", &call, now);
+            let want = model.decide_hits_at("shop", &call, now, u64::from(hits));
             assert_eq!(got, want, "seed {seed}, call {i} at {now}: {call:?}");
             admitted += usize::from(want == OK);
         }

@@ -122,7 +122,7 @@ async fn every_waiting_key_has_a_ttl_covering_its_reservations() {
     let limiter = std::sync::Arc::new(limiter(&redis));
     let time = [
         WireLimit::SlidingWindow { limit: 1, window_ms: Millis(200), approximate: false },
-        WireLimit::FixedWindow { limit: 1, window_ms: Millis(200) },
+        WireLimit::FixedWindow { limit: 1, window_ms: Millis(200), cost: 1 },
         WireLimit::Interval { every_ms: Millis(200) },
     ];
     assert!(check(&limiter, "r1", &time, 1_000).await.allowed);

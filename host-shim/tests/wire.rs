@@ -47,7 +47,7 @@ async fn a_check_is_answered_in_its_own_encoding_and_decided_once() {
         sluice_shim::server::Options::default(),
         std::future::pending(),
     ));
-    let limit = WireLimit::FixedWindow { limit: 10, window_ms: Millis(3_600_000) };
+    let limit = WireLimit::FixedWindow { limit: 10, window_ms: Millis(3_600_000), cost: 1 };
     let checks = vec![Check {
         policy: "p".into(),
         key: "k".into(),

@@ -1,4 +1,4 @@
--- requires: common
+-- requires: common, counter
 -- calendar: one counter per calendar window, for fixed_window (cost 1) and
 -- points (the request's cost) on a calendar. Twin of
 -- policies/src/algorithm/calendar.rs.
@@ -33,21 +33,10 @@ local function calendar(key, now, limit, cost, e1, e2)
   if stored and stored > stop then return denied(reset) end
   local count = 0
   if stored == stop then count = tonumber(state[2]) end
-  local allowed = count + cost <= limit
-  return {
-    allowed = allowed,
-    now = {math.max(limit - count, 0), reset},
-    after = {math.max(limit - count - cost, 0), reset},
-    retry = allowed and 0 or reset,
-    reclaimed = 0,
-    -- A correction (adjust.lua) goes to the window the request was charged in.
-    held_until = stop,
-    refunded = 0,
-    commit = function()
-      redis.call('HSET', key, 'w', stop, 'n', count + cost)
-      redis.call('PEXPIRE', key, ceil_ms(reset) + 1000)
-    end,
-  }
+  local f = counter(key, 'w', stop, count, limit, cost, reset)
+  -- A correction (adjust.lua) goes to the window the request was charged in.
+  f.held_until, f.refunded = stop, 0
+  return f
 end
 
 -- refund.lua: takes back a charge of cost made at `charged`, while its

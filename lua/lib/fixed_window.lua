@@ -1,24 +1,24 @@
--- requires: common
+-- requires: common, counter
 -- fixed_window: one counter per window aligned to the epoch.
 -- Twin of policies/src/algorithm/fixed_window.rs.
 --
 -- The window of now is now / window; it ends at (index + 1) * window. A
--- request passes while the window's count is below limit. State: a hash with
--- the window index `w` and its count `n`.
+-- request of cost (1, or an RLS call's hits_addend) passes while the
+-- window's count plus cost is at most limit (counter.lua). State: a hash
+-- with the window index `w` and its count `n`.
 --
 -- The hash holds one window, and it never goes back to an older one. A stored
 -- window newer than now's means now's window is full (a reservation moves on
 -- to a later window only when the current one is full) or the clock stepped
 -- back; either way nothing is admitted before the stored window, which keeps
 -- its count.
-local function fixed_window(key, now, limit, window)
+local function fixed_window(key, now, limit, window, cost)
   local index = window_index(now, window)
-  local stop = (index + 1) * window
   local state = redis.call('HMGET', key, 'w', 'n')
   local stored = tonumber(state[1])
   if stored and stored > index then
     local wait = stored * window - now
-    if tonumber(state[2]) >= limit then wait = wait + window end
+    if tonumber(state[2]) + cost > limit then wait = wait + window end
     return {
       allowed = false,
       now = {0, wait},
@@ -30,19 +30,7 @@ local function fixed_window(key, now, limit, window)
   end
   local count = 0
   if stored == index then count = tonumber(state[2]) end
-  local reset = stop - now
-  local allowed = count < limit
-  return {
-    allowed = allowed,
-    now = {math.max(limit - count, 0), reset},
-    after = {math.max(limit - count - 1, 0), reset},
-    retry = allowed and 0 or reset,
-    reclaimed = 0,
-    commit = function()
-      redis.call('HSET', key, 'w', index, 'n', count + 1)
-      redis.call('PEXPIRE', key, ceil_ms(reset) + 1000)
-    end,
-  }
+  return counter(key, 'w', index, count, limit, cost, (index + 1) * window - now)
 end
 
 -- Waiting (reserve.lua): the earliest time at or after now at which a window

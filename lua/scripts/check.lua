@@ -1,4 +1,4 @@
--- requires: common, fixed_window, first_hit, sliding_window, sliding_approx, gcra, calendar, pause, rate, queue, concurrency, reserve
+-- requires: common, counter, fixed_window, first_hit, sliding_window, sliding_approx, gcra, calendar, pause, rate, queue, concurrency, reserve
 -- check: decide every limit of one request at once, all or nothing.
 -- Twin of policies/src/algorithm/mod.rs, check().
 --
@@ -62,7 +62,7 @@ for i, key in ipairs(KEYS) do
   end
   local f
   if kind == 'fixed_window' then
-    f = fixed_window(key, now, a, b)
+    f = fixed_window(key, now, a, b, c)
   elseif kind == 'sliding_window' then
     f = sliding_window(key, now, id, a, b)
   elseif kind == 'sliding_approx' then
@@ -72,7 +72,7 @@ for i, key in ipairs(KEYS) do
   elseif kind == 'calendar' then
     f = calendar(key, now, a, b, c, tonumber(ARGV[base + 4]))
   elseif kind == 'first_hit' then
-    f = first_hit(key, now, a, b)
+    f = first_hit(key, now, a, b, c)
   elseif kind == 'concurrency' then
     f = concurrency(key, now, id, a, b, reclaimed[i])
   elseif kind == 'pause' then

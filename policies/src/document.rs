@@ -101,7 +101,24 @@ pub struct Document {
     /// and charged on its own, in order, as envoyproxy/ratelimit does).
     #[serde(default)]
     pub charge: Charge,
+    /// RLS face: which value the policies read of an entry key a descriptor
+    /// carries twice: `first` (the default) or `last` (Limitador's rule).
+    #[serde(default)]
+    pub repeated_entry: RepeatedEntry,
     pub policies: Policies,
+}
+
+/// Which value of an entry key an RLS descriptor carries twice counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum RepeatedEntry {
+    /// The first: the others are kept, in order, for a descriptor tree's walk.
+    #[default]
+    First,
+    /// The last, as Limitador reads a descriptor (a map from key to value):
+    /// the earlier ones are dropped.
+    Last,
 }
 
 /// How an RLS call's descriptors are charged.

@@ -507,9 +507,12 @@ fn check_rate(limit: &Limit) -> Result<(), String> {
 )]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum WireLimit {
+    /// A request costs `cost` (1 from a policy; an RLS call's `hits_addend`).
     FixedWindow {
         limit: u32,
         window_ms: Millis,
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        cost: u32,
     },
     SlidingWindow {
         limit: u32,
@@ -542,6 +545,8 @@ pub enum WireLimit {
     CalendarWindow {
         limit: u32,
         calendar: Calendar,
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        cost: u32,
     },
     /// A `points` limit on a calendar window.
     CalendarPoints {
@@ -553,7 +558,17 @@ pub enum WireLimit {
     FirstHitWindow {
         limit: u32,
         window_ms: Millis,
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        cost: u32,
     },
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 /// The longest a bucket may take to refill completely: ten years.
@@ -576,14 +591,14 @@ impl WireLimit {
         }
     }
 
-    /// `limit` with a `points` cost of `cost`.
+    /// `limit` with a `points` cost of `cost`; a window's cost is 1.
     pub fn with_cost(limit: &Limit, cost: u32) -> WireLimit {
         match *limit {
             Limit::FixedWindow { limit, window, start: WindowStart::Epoch } => {
-                WireLimit::FixedWindow { limit: limit.get(), window_ms: window.to_millis() }
+                WireLimit::FixedWindow { limit: limit.get(), window_ms: window.to_millis(), cost: 1 }
             }
             Limit::FixedWindow { limit, window, start: WindowStart::FirstHit } => {
-                WireLimit::FirstHitWindow { limit: limit.get(), window_ms: window.to_millis() }
+                WireLimit::FirstHitWindow { limit: limit.get(), window_ms: window.to_millis(), cost: 1 }
             }
             Limit::SlidingWindow { limit, window, approximate } => {
                 WireLimit::SlidingWindow { limit: limit.get(), window_ms: window.to_millis(), approximate }
@@ -602,7 +617,7 @@ impl WireLimit {
                 WireLimit::Points { capacity: capacity.get(), refill_ms: refill.to_millis(), cost }
             }
             Limit::CalendarWindow { limit, calendar } => {
-                WireLimit::CalendarWindow { limit: limit.get(), calendar }
+                WireLimit::CalendarWindow { limit: limit.get(), calendar, cost: 1 }
             }
             Limit::CalendarPoints { capacity, calendar, .. } => {
                 WireLimit::CalendarPoints { capacity: capacity.get(), cost, calendar }
@@ -675,6 +690,20 @@ impl WireLimit {
         }
     }
 
+    /// What a request costs it, where it counts a cost: a window (1, or an
+    /// RLS call's `hits_addend`) or a `points` limit; none for the others,
+    /// which count requests one by one.
+    pub fn cost_mut(&mut self) -> Option<&mut u32> {
+        match self {
+            WireLimit::FixedWindow { cost, .. }
+            | WireLimit::FirstHitWindow { cost, .. }
+            | WireLimit::CalendarWindow { cost, .. }
+            | WireLimit::Points { cost, .. }
+            | WireLimit::CalendarPoints { cost, .. } => Some(cost),
+            _ => None,
+        }
+    }
+
     /// A `concurrency` limit's lease; none for the other kinds.
     pub fn lease_ms(&self) -> Option<Millis> {
         match *self {
@@ -684,12 +713,12 @@ impl WireLimit {
     }
 
     /// A number for its kind, 1 to 10, and every field at its full width, 0
-    /// where the kind has none: two limits that differ in kind or in any
+    /// where the kind has none (a window's cost in the last): two limits that differ in kind or in any
     /// field never give the same numbers (the over-limit cache's identity;
     /// a calendar by its [code](Calendar::code), distinct for every one).
     pub fn identity(&self) -> (u8, u32, u64, u32) {
         match *self {
-            WireLimit::FixedWindow { limit, window_ms } => (1, limit, window_ms.get(), 0),
+            WireLimit::FixedWindow { limit, window_ms, cost } => (1, limit, window_ms.get(), cost),
             WireLimit::SlidingWindow { limit, window_ms, approximate } => {
                 (2, limit, window_ms.get(), u32::from(approximate))
             }
@@ -698,9 +727,9 @@ impl WireLimit {
             WireLimit::Interval { every_ms } => (5, 0, every_ms.get(), 0),
             WireLimit::Concurrency { limit, lease_ms } => (6, limit, lease_ms.get(), 0),
             WireLimit::Points { capacity, refill_ms, cost } => (7, capacity, refill_ms.get(), cost),
-            WireLimit::CalendarWindow { limit, calendar } => (8, limit, calendar.code(), 0),
+            WireLimit::CalendarWindow { limit, calendar, cost } => (8, limit, calendar.code(), cost),
             WireLimit::CalendarPoints { capacity, cost, calendar } => (9, capacity, calendar.code(), cost),
-            WireLimit::FirstHitWindow { limit, window_ms } => (10, limit, window_ms.get(), 0),
+            WireLimit::FirstHitWindow { limit, window_ms, cost } => (10, limit, window_ms.get(), cost),
         }
     }
 
@@ -708,7 +737,7 @@ impl WireLimit {
     /// report: `fixed_window 100 per 60000ms`.
     pub fn describe(&self) -> String {
         match *self {
-            WireLimit::FixedWindow { limit, window_ms } => {
+            WireLimit::FixedWindow { limit, window_ms, .. } => {
                 format!("fixed_window {limit} per {}ms", window_ms.get())
             }
             WireLimit::SlidingWindow { limit, window_ms, approximate } => {
@@ -728,11 +757,13 @@ impl WireLimit {
             WireLimit::Points { capacity, refill_ms, .. } => {
                 format!("points {capacity} per {}ms", refill_ms.get())
             }
-            WireLimit::CalendarWindow { limit, calendar } => format!("fixed_window {limit} per {calendar}"),
+            WireLimit::CalendarWindow { limit, calendar, .. } => {
+                format!("fixed_window {limit} per {calendar}")
+            }
             WireLimit::CalendarPoints { capacity, calendar, .. } => {
                 format!("points {capacity} per {calendar}")
             }
-            WireLimit::FirstHitWindow { limit, window_ms } => {
+            WireLimit::FirstHitWindow { limit, window_ms, .. } => {
                 format!("fixed_window {limit} per {}ms from the first hit", window_ms.get())
             }
         }
@@ -742,7 +773,7 @@ impl WireLimit {
     /// for the dashboard: `100 per 1m`.
     pub fn summary(&self, show: impl Fn(Millis) -> String) -> String {
         match *self {
-            WireLimit::FixedWindow { limit, window_ms } => format!("{limit} per {}", show(window_ms)),
+            WireLimit::FixedWindow { limit, window_ms, .. } => format!("{limit} per {}", show(window_ms)),
             WireLimit::SlidingWindow { limit, window_ms, approximate } => {
                 let how = if approximate { " (approximate)" } else { "" };
                 format!("{limit} per {}{how}", show(window_ms))
@@ -760,11 +791,11 @@ impl WireLimit {
             WireLimit::Points { capacity, refill_ms, .. } => {
                 format!("{capacity} points, refilled in {}", show(refill_ms))
             }
-            WireLimit::CalendarWindow { limit, calendar } => format!("{limit} per {calendar}"),
+            WireLimit::CalendarWindow { limit, calendar, .. } => format!("{limit} per {calendar}"),
             WireLimit::CalendarPoints { capacity, calendar, .. } => {
                 format!("{capacity} points per {calendar}")
             }
-            WireLimit::FirstHitWindow { limit, window_ms } => {
+            WireLimit::FirstHitWindow { limit, window_ms, .. } => {
                 format!("{limit} per {} from the first hit", show(window_ms))
             }
         }
@@ -773,11 +804,18 @@ impl WireLimit {
     /// Checks the ranges the policy language guarantees, for a shim that
     /// must not trust its caller: counts 1 to 1e9, durations 1 ms to a year,
     /// a bucket unit of at least a microsecond, a refill of at most ten years,
-    /// a points cost of at most the capacity.
+    /// a points cost of at most the capacity, a window's cost of at least 1
+    /// (above its limit it is never admitted).
     pub fn validate(&self) -> Result<(), String> {
+        if let WireLimit::FixedWindow { cost: 0, .. }
+        | WireLimit::FirstHitWindow { cost: 0, .. }
+        | WireLimit::CalendarWindow { cost: 0, .. } = self
+        {
+            return Err("cost 0: a window counts each request at least once".to_string());
+        }
         let (counts, durations): (&[u32], &[Millis]) = match self {
-            WireLimit::FixedWindow { limit, window_ms }
-            | WireLimit::FirstHitWindow { limit, window_ms }
+            WireLimit::FixedWindow { limit, window_ms, .. }
+            | WireLimit::FirstHitWindow { limit, window_ms, .. }
             | WireLimit::SlidingWindow { limit, window_ms, .. } => (&[*limit], &[*window_ms]),
             WireLimit::TokenBucket { rate, per_ms, burst } => (&[*rate, *burst], &[*per_ms]),
             WireLimit::LeakyBucket { capacity, drain_ms } => (&[*capacity], &[*drain_ms]),

@@ -21,7 +21,7 @@ use std::ops::Range;
 use crate::bounds::MAX_CHECKS;
 use crate::document::Charge;
 use crate::request::SimpleRequest;
-use crate::wire::{Check, CheckRequest, Views, WireLimit};
+use crate::wire::{Check, CheckRequest, Views};
 use crate::{Applied, Document, Evaluation, HeadersMode, Policy, Request};
 
 /// One request of a call and its cost (an RLS descriptor and its
@@ -216,23 +216,26 @@ where
     Ok(plan)
 }
 
-/// `check` with a cost of `hits`: a `points` limit's cost (at most its
-/// capacity, as every cost). The other limits count requests: a cost above
-/// 1 on them is refused rather than under-counted.
+/// `check` with a cost of `hits`: a `fixed_window`'s (epoch, first hit or
+/// calendar; a cost above its limit is never admitted, as
+/// envoyproxy/ratelimit counts it) and a `points`
+/// limit's (at most its capacity, as every cost). The other limits count
+/// requests one by one (sliding windows, buckets): a cost above 1 on them
+/// is refused rather than under-counted.
 fn charged(mut check: Check, policy: &Policy, hits: u32) -> Result<Check, String> {
     for limit in &mut check.limits {
-        match limit {
-            WireLimit::Points { cost, capacity, .. } | WireLimit::CalendarPoints { cost, capacity, .. } => {
-                *cost = hits.min(*capacity)
-            }
-            other if hits > 1 => {
+        let capacity = limit.points_cost().map(|_| limit.capacity());
+        let kind = limit.kind().name();
+        match (limit.cost_mut(), capacity) {
+            (Some(cost), Some(capacity)) => *cost = hits.min(capacity),
+            (Some(cost), None) => *cost = hits,
+            (None, _) if hits > 1 => {
                 return Err(format!(
-                    "hits_addend {hits} reaches policy {}, whose {} limit counts requests one by one: only a points limit charges a cost",
+                    "hits_addend {hits} reaches policy {}, whose {kind} limit counts requests one by one: only a fixed_window or a points limit charges a cost",
                     policy.name,
-                    other.kind().name()
                 ))
             }
-            _ => {}
+            (None, _) => {}
         }
     }
     Ok(check)

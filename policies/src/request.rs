@@ -200,6 +200,18 @@ impl SimpleRequest {
         self
     }
 
+    /// Drops each entry whose key comes again later: the last value of a
+    /// repeated key is the one read (an RLS document's `repeated_entry: last`).
+    pub fn last_entries_win(mut self) -> SimpleRequest {
+        let keys: Vec<String> = self.entries.iter().map(|(k, _)| k.clone()).collect();
+        let mut i = 0;
+        self.entries.retain(|_| {
+            i += 1;
+            !keys[i..].contains(&keys[i - 1])
+        });
+        self
+    }
+
     /// Its position among the descriptors of an RLS call.
     pub fn index(mut self, index: usize) -> SimpleRequest {
         self.index = Some(index);

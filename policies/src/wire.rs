@@ -39,7 +39,7 @@ use crate::Duration;
 /// both versions named) rather than misread it; the filter then logs the
 /// shim's message and `failure_mode` decides. Raise it with any change a
 /// shim or filter of the previous release would misread.
-pub const PROTOCOL_VERSION: &str = "3";
+pub const PROTOCOL_VERSION: &str = "4";
 /// The header that carries [`PROTOCOL_VERSION`].
 pub const PROTOCOL_HEADER: &str = "x-sluice-protocol";
 
@@ -693,7 +693,7 @@ mod tests {
     fn checks_and_answers_read_back_in_both_encodings() {
         let ms = Millis(1_000);
         let limits = vec![
-            WireLimit::FixedWindow { limit: 1, window_ms: ms },
+            WireLimit::FixedWindow { limit: 1, window_ms: ms, cost: 1 },
             WireLimit::SlidingWindow { limit: 2, window_ms: ms, approximate: true },
             WireLimit::SlidingWindow { limit: 2, window_ms: ms, approximate: false },
             WireLimit::TokenBucket { rate: 3, per_ms: ms, burst: 4 },
@@ -838,7 +838,7 @@ mod tests {
             call: None,
         };
         let back = |tokens| Some(GiveBack { window: 7, tokens, charged: None });
-        let window = WireLimit::FixedWindow { limit: 100, window_ms: Millis(1_000) };
+        let window = WireLimit::FixedWindow { limit: 100, window_ms: Millis(1_000), cost: 1 };
         assert_eq!(req(window, 100, back(100)).validate(), Ok(()));
         assert_eq!(
             req(window, 101, None).validate(),
@@ -850,7 +850,7 @@ mod tests {
             req(window, 1, back(100_001)).validate(),
             Err("give_back.tokens: 100001 is more than 100000 (the limit or 100000, the larger)".into())
         );
-        let zero = WireLimit::FixedWindow { limit: 100, window_ms: Millis(0) };
+        let zero = WireLimit::FixedWindow { limit: 100, window_ms: Millis(0), cost: 1 };
         assert!(req(zero, 1, None).validate().is_err());
         assert_eq!(
             LeaseRequest { ttl_ms: Some(Millis(1_000)), ..req(window, 1, None) }.validate(),

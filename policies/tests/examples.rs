@@ -24,6 +24,7 @@ const TESTED: &[&str] = &[
     "leased-per-key",
     "leased-bucket",
     "rlqs-quota",
+    "rls-edge",
     "calendar-budgets",
     "llm-hierarchy",
     "llm-budget",
@@ -111,7 +112,7 @@ fn llm_budget() {
                 refill_ms: Millis(86_400_000),
                 cost: body.len() as u32 + 100,
             },
-            WireLimit::FixedWindow { limit: 600, window_ms: Millis(60_000) },
+            WireLimit::FixedWindow { limit: 600, window_ms: Millis(60_000), cost: 1 },
         ],
     );
     let doc = example("llm-budget");
@@ -178,7 +179,7 @@ fn leaky_bucket() {
 #[test]
 fn fixed_windows() {
     let req = SimpleRequest::new("GET", "/").header("x-api-key", "k");
-    let fw = |limit, window_ms| WireLimit::FixedWindow { limit, window_ms: Millis(window_ms) };
+    let fw = |limit, window_ms| WireLimit::FixedWindow { limit, window_ms: Millis(window_ms), cost: 1 };
     let want = ("k".to_string(), vec![fw(100, 60_000), fw(10_000, 86_400_000)]);
     assert_eq!(applied(&example("fixed-windows"), &req), Some(want));
 }
@@ -273,7 +274,8 @@ fn leased_ingress() {
     let leased = doc.policies[0].leased.expect("the policy is leased");
     assert_eq!((leased.tokens(), leased.ttl_ms(), leased.held_at_most()), (200, 2_000, 300));
     let req = SimpleRequest::new("GET", "/api/items");
-    let want = (String::new(), vec![WireLimit::FixedWindow { limit: 60_000, window_ms: Millis(60_000) }]);
+    let want =
+        (String::new(), vec![WireLimit::FixedWindow { limit: 60_000, window_ms: Millis(60_000), cost: 1 }]);
     assert_eq!(applied(&doc, &req), Some(want));
 }
 
@@ -288,7 +290,7 @@ fn leased_per_key() {
     let req = SimpleRequest::new("GET", "/api/items").header("x-api-key", "k1");
     let (key, limits) = applied(&doc, &req).expect("applies");
     assert!(!key.is_empty(), "one window per key");
-    assert_eq!(limits, vec![WireLimit::FixedWindow { limit: 6_000, window_ms: Millis(60_000) }]);
+    assert_eq!(limits, vec![WireLimit::FixedWindow { limit: 6_000, window_ms: Millis(60_000), cost: 1 }]);
 }
 
 /// Leased per key on a token bucket of 100 a second with a burst of 200:
@@ -339,6 +341,7 @@ fn calendar_budgets() {
         WireLimit::CalendarWindow {
             limit: 20_000,
             calendar: Calendar { period: Period::Day, zone: zone("America/New_York") },
+            cost: 1,
         },
         WireLimit::CalendarPoints {
             capacity: 5_000_000,
@@ -394,6 +397,19 @@ fn llm_shared_budget() {
         prefixes.push(check.state_prefix(0));
     }
     assert!(prefixes.iter().all(|p| p == "sluice:{team-tokens:blue}"), "{prefixes:?}");
+}
+
+/// The RLS face's example (docs/rls.md): a descriptor with `x-client` is
+/// counted per client, 100 a minute; `x-tier: internal` is unlimited.
+#[test]
+fn rls_edge() {
+    let doc = example("rls-edge");
+    let client = SimpleRequest::default().domain("edge").entry("x-client", "c1");
+    let fw = WireLimit::FixedWindow { limit: 100, window_ms: Millis(60_000), cost: 1 };
+    assert_eq!(applied(&doc, &client), Some(("c1".to_string(), vec![fw])));
+    let internal = SimpleRequest::default().domain("edge").entry("x-tier", "internal");
+    let applied = doc.evaluate(&internal).expect("evaluates");
+    assert!(applied.iter().all(|a| a.policy.unlimited) && !applied.is_empty());
 }
 
 /// Every document in `examples/` is in [`TESTED`], so each has a test here.

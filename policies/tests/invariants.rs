@@ -98,7 +98,7 @@ proptest! {
         let limits = [
             ("a".to_string(), Algorithm::SlidingWindow { limit: 100, window_us: Micros(60_000_000) }),
             ("b".to_string(), Algorithm::Gcra { interval_us: Micros(1_000_000), burst: small, cost: 1 }),
-            ("c".to_string(), Algorithm::FixedWindow { limit: 100, window_us: Micros(60_000_000) }),
+            ("c".to_string(), Algorithm::FixedWindow { limit: 100, window_us: Micros(60_000_000), cost: 1 }),
             ("d".to_string(), Algorithm::SlidingApprox { limit: 100, window_us: Micros(60_000_000) }),
         ];
         let (mut store, mut now) = (RedisTwin::default(), 1_000_000_000u64);
@@ -520,7 +520,7 @@ proptest! {
         limit in 1u64..20, window_ms in 1u64..2_000, gaps in gaps(),
     ) {
         let window = window_ms * 1000;
-        let limits = [("k".to_string(), Algorithm::FirstHit { limit, window_us: Micros(window) })];
+        let limits = [("k".to_string(), Algorithm::FirstHit { limit, window_us: Micros(window), cost: 1 })];
         let mut store = RedisTwin::default();
         // The window the true outcomes imply: its start and what it admitted.
         let (mut now, mut open): (u64, Option<(u64, u64)>) = (0, None);
@@ -542,6 +542,47 @@ proptest! {
                     open = Some((now, 1));
                 }
             }
+        }
+    }
+}
+
+proptest! {
+    /// A window that counts a cost (an RLS call's `hits_addend`), aligned to
+    /// the epoch or opened at the first hit: over the true outcomes, the
+    /// costs a window admits never sum past its limit, and a request is
+    /// refused only when its cost does not fit in what its window has left
+    /// (a cost above the limit never fits).
+    #[test]
+    fn a_window_admits_at_most_its_limit_in_cost(
+        limit in 1u64..20, window_ms in 1u64..2_000, first_hit in any::<bool>(),
+        steps in prop::collection::vec((prop_oneof![Just(0u64), 0u64..5_000, 0u64..500_000], 1u64..25), 1..300),
+    ) {
+        let window = window_ms * 1000;
+        let alg = if first_hit {
+            Algorithm::FirstHit { limit, window_us: Micros(window), cost: 1 }
+        } else {
+            Algorithm::FixedWindow { limit, window_us: Micros(window), cost: 1 }
+        };
+        let mut store = RedisTwin::default();
+        // The window the true outcomes imply: its start and the cost it admitted.
+        let (mut now, mut open): (u64, Option<(u64, u64)>) = (0, None);
+        for (i, (gap, cost)) in steps.into_iter().enumerate() {
+            now += gap;
+            let limits = [("k".to_string(), match alg {
+                Algorithm::FirstHit { .. } => Algorithm::FirstHit { limit, window_us: Micros(window), cost },
+                _ => Algorithm::FixedWindow { limit, window_us: Micros(window), cost },
+            })];
+            let start = if first_hit { now } else { now / window * window };
+            let (start, spent) = match open {
+                Some((s, n)) if now < s + window => (s, n),
+                _ => (start, 0),
+            };
+            let allowed = check(&mut store, now, i as u64, &limits);
+            prop_assert_eq!(allowed, spent + cost <= limit, "cost {} with {} of {} spent at {}", cost, spent, limit, now);
+            if allowed {
+                open = Some((start, spent + cost));
+            }
+            prop_assert!(open.map_or(0, |(_, n)| n) <= limit);
         }
     }
 }

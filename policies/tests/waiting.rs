@@ -35,8 +35,11 @@ fn limit() -> impl Strategy<Value = Algorithm> {
     prop_oneof![
         (1u64..6, 1u64..500)
             .prop_map(|(limit, ms)| Algorithm::SlidingWindow { limit, window_us: Micros(ms * 1000) }),
-        (1u64..6, 1u64..500)
-            .prop_map(|(limit, ms)| Algorithm::FixedWindow { limit, window_us: Micros(ms * 1000) }),
+        (1u64..6, 1u64..500).prop_map(|(limit, ms)| Algorithm::FixedWindow {
+            limit,
+            window_us: Micros(ms * 1000),
+            cost: 1
+        }),
         (1u64..100_000, 1u64..6).prop_map(|(interval_us, burst)| Algorithm::Gcra {
             interval_us: Micros(interval_us),
             burst,
@@ -150,7 +153,7 @@ proptest! {
                         prop_assert!(within as u64 <= limit, "{} in the window from {}", within, start);
                     }
                 }
-                Algorithm::FixedWindow { limit, window_us } => {
+                Algorithm::FixedWindow { limit, window_us, .. } => {
                     let window_us = window_us.get();
                     for (i, &(start, _)) in admitted.iter().enumerate() {
                         let same = admitted[i..].iter().take_while(|(t, _)| t / window_us == start / window_us).count();

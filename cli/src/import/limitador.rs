@@ -18,7 +18,9 @@
 //! is a key source `entry:k`, and a descriptor without it is skipped
 //! (`on_missing_key: skip`), as Limitador skips a limit whose variables do
 //! not resolve. Every matching limit applies, and one call is charged all
-//! or none (`charge: all_or_none`), as Limitador's check-and-update.
+//! or none (`charge: all_or_none`), as Limitador's check-and-update; a key a
+//! descriptor carries twice reads its last value (`repeated_entry: last`),
+//! as Limitador reads a descriptor into a map.
 
 use anyhow::{bail, Context};
 use serde::Deserialize;
@@ -58,7 +60,10 @@ pub fn convert(yaml: &str) -> anyhow::Result<(Value, Vec<Loss>)> {
         })?;
         policies.push(policy);
     }
-    Ok((json!({"charge": "all_or_none", "headers": "off", "policies": policies}), losses))
+    Ok((
+        json!({"charge": "all_or_none", "repeated_entry": "last", "headers": "off", "policies": policies}),
+        losses,
+    ))
 }
 
 fn policy(limit: &Limit, at: &str, names: &mut std::collections::BTreeSet<String>) -> anyhow::Result<Value> {

@@ -86,16 +86,17 @@ async fn read_one(
     algorithm: Algorithm,
 ) -> redis::RedisResult<LimitState> {
     let state = match algorithm {
-        Algorithm::FixedWindow { limit, window_us } => {
+        Algorithm::FixedWindow { limit, window_us, .. } => {
             let [w, n] = hmget(store, key, ["w", "n"]).await?;
             let state = w.map(|window| State::Counter { window, count: n.unwrap_or(0) });
-            timed(fixed_window::check(state.as_ref(), now, limit, window_us.get()).now)
+            timed(fixed_window::check(state.as_ref(), now, limit, window_us.get(), 1).now)
         }
-        Algorithm::FirstHit { limit, window_us } => {
+        Algorithm::FirstHit { limit, window_us, .. } => {
             let [s, n] = hmget(store, key, ["s", "n"]).await?;
             let state = s.map(|start| State::Counter { window: start, count: n.unwrap_or(0) });
             timed(
-                sluice_policies::algorithm::first_hit::check(state.as_ref(), now, limit, window_us.get()).now,
+                sluice_policies::algorithm::first_hit::check(state.as_ref(), now, limit, window_us.get(), 1)
+                    .now,
             )
         }
         Algorithm::Calendar { limit, cost, calendar, .. } => {

@@ -5,7 +5,8 @@
 //!
 //! 1. [`decode`]: the request's `domain` and each descriptor's entries (in
 //!    order, with its position) become one request per descriptor, with its
-//!    cost (`hits_addend`, 0 meaning 1). Bounded: a malformed or oversized
+//!    cost (`hits_addend`, 0 meaning 1); a key given twice keeps its first
+//!    value, or its last when the document's `repeated_entry` is `last`. Bounded: a malformed or oversized
 //!    request is refused with `INVALID_ARGUMENT`, never a panic.
 //! 2. [`plan`] (the one planning function, `sluice_policies::plan`): the
 //!    policy document evaluates each descriptor; the checks of the enforced
@@ -31,6 +32,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice_core::ratelimit_headers::{most_restrictive, wait_ms, RateLimitHeaders};
+use sluice_policies::document::RepeatedEntry;
 use sluice_policies::key::MAX_SOURCE_NAME_LEN;
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::wire::{CheckOutcome, LimitOutcome, WireLimit};
@@ -238,8 +240,13 @@ fn duration(ms: u64) -> ProtoDuration {
 
 /// Decides one request: decode, plan, the limiter's decisions, the answer.
 pub async fn decide(faces: &Faces, req: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
-    let descriptors = decode(req).map_err(Status::invalid_argument)?;
     let document = faces.document();
+    let mut descriptors = decode(req).map_err(Status::invalid_argument)?;
+    if document.repeated_entry == RepeatedEntry::Last {
+        for d in &mut descriptors {
+            d.request = std::mem::take(&mut d.request).last_entries_win();
+        }
+    }
     let plan = plan(&document, &descriptors).map_err(Status::invalid_argument)?;
     let metrics = &faces.limiter.metrics;
     for planned in &plan.descriptors {

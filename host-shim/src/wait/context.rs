@@ -78,8 +78,8 @@ pub const DRAIN_RETRY_MS: u64 = 1000;
 /// short enough that deadlines never overflow.
 pub const MAX_WAIT_MS: u64 = 86_400_000;
 
-/// Refuses what waiting cannot do: a wait beyond [`MAX_WAIT_MS`], approximate windows, and more than one
-/// concurrency limit (one queue per request).
+/// Refuses what waiting cannot do: a wait beyond [`MAX_WAIT_MS`], approximate windows, a window's cost
+/// above 1, and more than one concurrency limit (one queue per request).
 pub(crate) fn refuse_unsupported(limits: &[ScriptLimit], wait_us: u64) -> Result<(), String> {
     if wait_us > MAX_WAIT_MS * 1000 {
         return Err(format!("wait_ms: at most {MAX_WAIT_MS} (a day)"));
@@ -98,6 +98,9 @@ pub(crate) fn refuse_unsupported(limits: &[ScriptLimit], wait_us: u64) -> Result
         return Err("wait_ms: a calendar window cannot wait (a full one opens again at its end, \
                     hours or days away)"
             .into());
+    }
+    if limits.iter().any(|l| matches!(l.algorithm, Algorithm::FixedWindow { cost: 2.., .. })) {
+        return Err("wait_ms: a fixed_window reserves one request's slot; a cost above 1 cannot wait".into());
     }
     let leases = limits.iter().filter(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })).count();
     if leases > 1 {

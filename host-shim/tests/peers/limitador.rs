@@ -71,6 +71,13 @@ impl Limitador {
 
     /// The call's overall code at `now` (µs).
     pub fn decide_at(&mut self, domain: &str, call: &Call, now: u64) -> i32 {
+        self.decide_hits_at(domain, call, now, 1)
+    }
+
+    /// The call's overall code at `now` (µs), each matching limit's counter
+    /// taking `hits` (the call's `hits_addend`, Limitador's delta): limited
+    /// when a counter would pass its `max_value`, and then none is updated.
+    pub fn decide_hits_at(&mut self, domain: &str, call: &Call, now: u64, hits: u64) -> i32 {
         let first: HashMap<&str, &str> = call[0].iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let mut counters = Vec::new();
         for (i, limit) in self.limits.iter().enumerate() {
@@ -95,15 +102,15 @@ impl Limitador {
             Some(&(n, expiry)) if expiry > now => n,
             _ => 0,
         };
-        let limited = counters.iter().any(|(k, max, _)| value(&self.counters, k) + 1 > *max);
+        let limited = counters.iter().any(|(k, max, _)| value(&self.counters, k) + hits > *max);
         if !limited {
             for (k, _, seconds) in counters {
                 let live = value(&self.counters, &k);
                 let entry = self.counters.entry(k).or_insert((0, 0));
                 if live == 0 {
-                    *entry = (1, now + seconds * 1_000_000);
+                    *entry = (hits, now + seconds * 1_000_000);
                 } else {
-                    entry.0 += 1;
+                    entry.0 += hits;
                 }
             }
         }

@@ -15,7 +15,7 @@
 //! its count) and never goes back to an older one: a stored window newer
 //! than now's (Redis's clock stepped back) admits nothing until now's ends.
 
-use super::{Correction, Found, State, View};
+use super::{counter, Correction, Found, State, View};
 
 /// The end of the window of `now` among the two given; `None` beyond both.
 pub fn window_of(now: u64, (e1, e2): (u64, u64)) -> Option<u64> {
@@ -49,18 +49,8 @@ pub fn check(state: Option<&State>, now: u64, limit: u64, cost: u64, ends: (u64,
         Some(&State::Counter { window: stored, count }) if stored == end => count,
         _ => 0,
     };
-    let allowed = count + cost <= limit;
-    Found {
-        allowed,
-        now: View { remaining: limit.saturating_sub(count), reset_us: reset },
-        after: View { remaining: limit.saturating_sub(count + cost), reset_us: reset },
-        retry_us: Some(if allowed { 0 } else { reset }),
-        reclaimed: 0,
-        // A correction (adjust) goes to the window the request was charged in.
-        held_until: Some(end),
-        pruned: None,
-        commit: Some(State::Counter { window: end, count: count + cost }),
-    }
+    // A correction (adjust) goes to the window the request was charged in.
+    Found { held_until: Some(end), ..counter::check(end, count, limit, cost, reset) }
 }
 
 /// `lua/scripts/refund.lua`: takes back a charge of `cost` made at

@@ -72,7 +72,7 @@ fn found(store: &RedisTwin, now: u64, id: &str, at: u64, limits: &[Waiting]) -> 
         let state = store.keys.get(key);
         type Write = Vec<(String, State)>;
         let f: Option<(u64, Write, Vec<gcra::Pushed>)> = match *alg {
-            Algorithm::FixedWindow { limit, window_us } => {
+            Algorithm::FixedWindow { limit, window_us, .. } => {
                 let (d, s) = fixed_window::confirm(state, now, at, limit, window_us.get(), *margin);
                 Some((d, s.map(|s| (key.clone(), s)).into_iter().collect(), Vec::new()))
             }

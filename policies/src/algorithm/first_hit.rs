@@ -6,32 +6,22 @@
 //! window of `now` is the stored one while `now < s + window`; past its end
 //! (or with none stored) a window would start at `now`, and starts only if
 //! the request is counted: a refusal starts nothing, as it charges nothing.
-//! A request passes while the window's count is below `limit`; every view
+//! A request of `cost` passes while the window's count plus `cost` is at
+//! most `limit` ([`counter`]); every view
 //! resets at the window's end, which is also the key's own expiry in Redis
 //! (plus a second's slack), so a refusal's wait is the window's time left.
 //! A clock stepped back (`now < s`) keeps the stored window until its end.
 
-use super::{Found, State, View};
+use super::{counter, Found, State};
 
-pub fn check(state: Option<&State>, now: u64, limit: u64, window: u64) -> Found {
+pub fn check(state: Option<&State>, now: u64, limit: u64, window: u64, cost: u64) -> Found {
     let (start, count) = match state {
         Some(&State::Counter { window: start, count }) if now < start.saturating_add(window) => {
             (start, count)
         }
         _ => (now, 0),
     };
-    let reset = start + window - now;
-    let allowed = count < limit;
-    Found {
-        allowed,
-        now: View { remaining: limit.saturating_sub(count), reset_us: reset },
-        after: View { remaining: limit.saturating_sub(count + 1), reset_us: reset },
-        retry_us: Some(if allowed { 0 } else { reset }),
-        reclaimed: 0,
-        held_until: None,
-        pruned: None,
-        commit: Some(State::Counter { window: start, count: count + 1 }),
-    }
+    counter::check(start, count, limit, cost, start + window - now)
 }
 
 #[cfg(test)]
@@ -39,7 +29,7 @@ mod tests {
     use super::*;
 
     fn run(state: &mut Option<State>, now: u64) -> Found {
-        let f = check(state.as_ref(), now, 2, 1_000);
+        let f = check(state.as_ref(), now, 2, 1_000, 1);
         if f.allowed {
             *state = f.commit.clone();
         }

@@ -2,7 +2,8 @@
 //! `lua/lib/fixed_window.lua`.
 //!
 //! The window of `now` is `now / window`; it ends at `(index + 1) * window`.
-//! A request passes while the window's count is below `limit`.
+//! A request of `cost` passes while the window's count plus `cost` is at
+//! most `limit`.
 //!
 //! The state holds one window and never goes back to an older one. A stored
 //! window newer than now's means now's window is full (a reservation moves on
@@ -12,14 +13,15 @@
 
 use super::slot::{Committed, Slot};
 pub use super::Grant;
-use super::{Found, State, View};
+use super::{counter, Found, State, View};
 
-pub fn check(state: Option<&State>, now: u64, limit: u64, window: u64) -> Found {
+/// A request of `cost` (1, or an RLS call's `hits_addend`) in now's window
+/// ([`counter`]).
+pub fn check(state: Option<&State>, now: u64, limit: u64, window: u64, cost: u64) -> Found {
     let index = now / window;
-    let end = (index + 1) * window;
     if let Some(&State::Counter { window: stored, count }) = state {
         if stored > index {
-            let wait = stored * window - now + if count >= limit { window } else { 0 };
+            let wait = stored * window - now + if count + cost > limit { window } else { 0 };
             let view = View { remaining: 0, reset_us: wait };
             return Found {
                 allowed: false,
@@ -37,18 +39,7 @@ pub fn check(state: Option<&State>, now: u64, limit: u64, window: u64) -> Found 
         Some(&State::Counter { window: w, count }) if w == index => count,
         _ => 0,
     };
-    let reset = end - now;
-    let allowed = count < limit;
-    Found {
-        allowed,
-        now: View { remaining: limit.saturating_sub(count), reset_us: reset },
-        after: View { remaining: limit.saturating_sub(count + 1), reset_us: reset },
-        retry_us: Some(if allowed { 0 } else { reset }),
-        reclaimed: 0,
-        held_until: None,
-        pruned: None,
-        commit: Some(State::Counter { window: index, count: count + 1 }),
-    }
+    counter::check(index, count, limit, cost, (index + 1) * window - now)
 }
 
 /// Waiting (`reserve`): the earliest time at or after `now` at which a window

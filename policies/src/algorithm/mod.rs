@@ -12,6 +12,7 @@ pub mod calendar;
 pub mod cancel;
 pub mod concurrency;
 pub mod confirm;
+pub mod counter;
 pub mod first_hit;
 pub mod fixed_window;
 pub mod gcra;
@@ -36,9 +37,11 @@ use crate::units::{is_zero, per_unit, Micros, Millis};
 /// A limit as its algorithm takes it, in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Algorithm {
+    /// A request costs `cost` (1, or an RLS call's `hits_addend`).
     FixedWindow {
         limit: u64,
         window_us: Micros,
+        cost: u64,
     },
     SlidingWindow {
         limit: u64,
@@ -67,10 +70,12 @@ pub enum Algorithm {
         points: bool,
     },
     /// `fixed_window` with `start: first_hit`: a window of `window_us` from
-    /// the first request a key counts once its last window ended.
+    /// the first request a key counts once its last window ended; a request
+    /// costs `cost`.
     FirstHit {
         limit: u64,
         window_us: Micros,
+        cost: u64,
     },
     /// The partner's pause (upstream feedback): one more limit on the checks
     /// of a policy that reads it. Never from the policy's own limits.
@@ -87,9 +92,11 @@ impl Algorithm {
     /// refills faster than asked.
     pub fn of(limit: &WireLimit) -> Algorithm {
         match *limit {
-            WireLimit::FixedWindow { limit, window_ms } => {
-                Algorithm::FixedWindow { limit: limit.into(), window_us: window_ms.as_micros() }
-            }
+            WireLimit::FixedWindow { limit, window_ms, cost } => Algorithm::FixedWindow {
+                limit: limit.into(),
+                window_us: window_ms.as_micros(),
+                cost: cost.into(),
+            },
             WireLimit::SlidingWindow { limit, window_ms, approximate: false } => {
                 Algorithm::SlidingWindow { limit: limit.into(), window_us: window_ms.as_micros() }
             }
@@ -113,15 +120,17 @@ impl Algorithm {
                 burst: capacity.into(),
                 cost: cost.into(),
             },
-            WireLimit::CalendarWindow { limit, calendar } => {
-                Algorithm::Calendar { limit: limit.into(), cost: 1, calendar, points: false }
+            WireLimit::CalendarWindow { limit, calendar, cost } => {
+                Algorithm::Calendar { limit: limit.into(), cost: cost.into(), calendar, points: false }
             }
             WireLimit::CalendarPoints { capacity, cost, calendar } => {
                 Algorithm::Calendar { limit: capacity.into(), cost: cost.into(), calendar, points: true }
             }
-            WireLimit::FirstHitWindow { limit, window_ms } => {
-                Algorithm::FirstHit { limit: limit.into(), window_us: window_ms.as_micros() }
-            }
+            WireLimit::FirstHitWindow { limit, window_ms, cost } => Algorithm::FirstHit {
+                limit: limit.into(),
+                window_us: window_ms.as_micros(),
+                cost: cost.into(),
+            },
         }
     }
 
@@ -154,7 +163,9 @@ impl Algorithm {
     /// calendar's two window ends are placed around it).
     pub fn script_args(&self, now_us: u64) -> (&'static str, [u64; 4]) {
         match *self {
-            Algorithm::FixedWindow { limit, window_us } => ("fixed_window", [limit, window_us.get(), 0, 0]),
+            Algorithm::FixedWindow { limit, window_us, cost } => {
+                ("fixed_window", [limit, window_us.get(), cost, 0])
+            }
             Algorithm::SlidingWindow { limit, window_us } => {
                 ("sliding_window", [limit, window_us.get(), 0, 0])
             }
@@ -167,7 +178,9 @@ impl Algorithm {
                 let (e1, e2) = calendar.ends_near(now_us).unwrap_or((0, 0));
                 ("calendar", [limit, cost, e1, e2])
             }
-            Algorithm::FirstHit { limit, window_us } => ("first_hit", [limit, window_us.get(), 0, 0]),
+            Algorithm::FirstHit { limit, window_us, cost } => {
+                ("first_hit", [limit, window_us.get(), cost, 0])
+            }
             Algorithm::Pause => ("pause", [0, 0, 0, 0]),
             Algorithm::Rate => ("rate", [0, 0, 0, 0]),
         }
@@ -392,8 +405,8 @@ pub fn check_viewing(
         .map(|(((key, _), alg), &(reclaimed, tombstoned))| {
             let state = store.keys.get(key);
             match *alg {
-                Algorithm::FixedWindow { limit, window_us } => {
-                    fixed_window::check(state, now, limit, window_us.get())
+                Algorithm::FixedWindow { limit, window_us, cost } => {
+                    fixed_window::check(state, now, limit, window_us.get(), cost)
                 }
                 Algorithm::SlidingWindow { limit, window_us } => {
                     sliding_window::check(state, now, id, limit, window_us.get())
@@ -410,8 +423,8 @@ pub fn check_viewing(
                 Algorithm::Calendar { limit, cost, calendar, .. } => {
                     calendar::check(state, now, limit, cost, calendar.ends_near(now).unwrap_or((0, 0)))
                 }
-                Algorithm::FirstHit { limit, window_us } => {
-                    first_hit::check(state, now, limit, window_us.get())
+                Algorithm::FirstHit { limit, window_us, cost } => {
+                    first_hit::check(state, now, limit, window_us.get(), cost)
                 }
                 Algorithm::Pause => pause::check(state, now),
                 Algorithm::Rate => rate::check(state, now),

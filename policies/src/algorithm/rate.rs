@@ -43,10 +43,12 @@ pub fn scaled(limit: Algorithm, f: u64) -> Algorithm {
     }
     let fewer = |n: u64| ((n as f64 * f as f64 / PPM as f64).floor() as u64).max(1);
     match limit {
-        Algorithm::FixedWindow { limit, window_us } => {
-            Algorithm::FixedWindow { limit: fewer(limit), window_us }
+        Algorithm::FixedWindow { limit, window_us, cost } => {
+            Algorithm::FixedWindow { limit: fewer(limit), window_us, cost }
         }
-        Algorithm::FirstHit { limit, window_us } => Algorithm::FirstHit { limit: fewer(limit), window_us },
+        Algorithm::FirstHit { limit, window_us, cost } => {
+            Algorithm::FirstHit { limit: fewer(limit), window_us, cost }
+        }
         Algorithm::SlidingWindow { limit, window_us } => {
             Algorithm::SlidingWindow { limit: fewer(limit), window_us }
         }

@@ -64,7 +64,7 @@ pub fn reserve_slots(
         let state = store.keys.get(key);
         let deadline = now + wait;
         let slot = match *alg {
-            Algorithm::FixedWindow { limit, window_us } => {
+            Algorithm::FixedWindow { limit, window_us, .. } => {
                 fixed_window::reserve(state, now, limit, window_us.get(), *margin)
             }
             Algorithm::SlidingWindow { limit, window_us } => {

@@ -1,4 +1,10 @@
-//! Rendered configurations are part of the face: every example in
+//! Rendered configurations are part of the face. The RLS face's and the
+//! Sluice filter's (wasm) tests are at the end: every example each serves
+//! (for RLS, also the imported peers' configurations), rendered as `sluice
+//! envoy-config --face rls|wasm` renders them, each request charged to the
+//! policies the document names.
+//!
+//! RLQS: every example in
 //! `policies/examples/` that the RLQS face can serve, rendered as `sluice
 //! envoy-config --face rlqs` renders it (the harness renders through the
 //! same crate), run through real Envoy's `rate_limit_quota` filter and the
@@ -20,9 +26,11 @@ use serde_json::json;
 use sluice_harness::gateway::{sample, send};
 use sluice_harness::shim::GrpcShim;
 use sluice_harness::{Envoy, Redis, Upstream};
-use sluice_policies::condition::ValueCondition;
+use sluice_policies::condition::{PathCondition, ValueCondition};
+use sluice_policies::plan::{plan, Descriptor};
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::rlqs::{govern, Governed};
+use sluice_policies::tree::StepValue;
 use sluice_policies::{Document, Face, KeySource, Policy};
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -235,4 +243,401 @@ fn each_examples_requests_are_charged_to_the_policy_the_document_names() {
             before = after;
         }
     }
+}
+
+/// The RLS face's documents: the examples it renders, and the peers'
+/// configurations as `sluice import` converts them (a team switching runs
+/// `sluice envoy-config --face rls` on what it printed).
+fn rls_documents() -> Vec<(String, String, Document)> {
+    let root = sluice_harness::paths::workspace_root();
+    let mut out = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(root.join("policies/examples"))
+        .expect("examples")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    for path in files.into_iter().filter(|p| p.extension().is_some_and(|e| e == "json")) {
+        let json = std::fs::read_to_string(&path).expect("an example");
+        let doc = sluice_policies::parse(&json).expect("a valid example");
+        if sluice_envoy_config::rls::rls_values(&doc).is_ok() {
+            let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            out.push((name, json, doc));
+        }
+    }
+    let sluice = sluice_harness::paths::dist("sluice").expect("dist/sluice");
+    for file in ["mixed.yaml", "limitador/examples.yaml"] {
+        let path = root.join("host-shim/tests/fixtures/import").join(file);
+        let out_ = std::process::Command::new(&sluice)
+            .args(["import", "--accept-losses"])
+            .arg(&path)
+            .output()
+            .expect("sluice import");
+        assert!(out_.status.success(), "{file}: {}", String::from_utf8_lossy(&out_.stderr));
+        let json = String::from_utf8(out_.stdout).expect("utf-8");
+        let doc = sluice_policies::parse(&json).expect("an imported document");
+        out.push((file.to_string(), json, doc));
+    }
+    out
+}
+
+fn rls_policies(doc: &Document) -> Vec<&Policy> {
+    doc.policies.iter().filter(|p| p.matcher.face() == Face::Rls).collect()
+}
+
+/// The entries `policy` reads, in order (a tree node's path; else its
+/// `entries`, then the entries only its key reads, which are optional),
+/// each with the value a request must carry to meet it (`None`: any value)
+/// and whether it is optional.
+fn rls_reads(policy: &Policy) -> Vec<(String, Option<String>, bool)> {
+    let mut reads: Vec<(String, Option<String>, bool)> = match &policy.matcher.descriptor_tree {
+        Some(path) => path
+            .iter()
+            .map(|step| match &step.value {
+                StepValue::Exact(v) => (step.key.clone(), Some(v.clone()), false),
+                StepValue::Wildcard(w) => (step.key.clone(), Some(w.replace('*', "x")), false),
+                StepValue::Any => (step.key.clone(), None, false),
+            })
+            .collect(),
+        None => policy
+            .matcher
+            .entries
+            .iter()
+            .filter_map(|(k, c)| match c {
+                ValueCondition::Present(false) => None,
+                ValueCondition::Equals(v) => Some((k.clone(), Some(v.clone()), false)),
+                ValueCondition::Prefix(p) => Some((k.clone(), Some(format!("{p}-1")), false)),
+                _ => Some((k.clone(), None, false)),
+            })
+            .collect(),
+    };
+    for key in &policy.key {
+        if let KeySource::Entry(name) = key {
+            if !reads.iter().any(|(k, _, _)| k == name) && !policy.matcher.entries.contains_key(name) {
+                reads.push((name.clone(), None, true));
+            }
+        }
+    }
+    reads
+}
+
+/// The descriptors the document asks Envoy for (docs/rls.md, "Pointing
+/// Envoy at it"), each as the entries it reads (key, `generic_key`'s
+/// value, optional): one shared by the policies of each
+/// `descriptor_index` (every entry optional), then one per other policy in
+/// document order; each distinct list once.
+fn rls_descriptors(doc: &Document) -> Vec<Vec<(String, Option<String>, bool)>> {
+    let generic = |(k, v, optional): (String, Option<String>, bool)| {
+        let v = if k == "generic_key" { v } else { None };
+        (k, v, optional)
+    };
+    let policies = rls_policies(doc);
+    let mut indexes: Vec<usize> = policies.iter().filter_map(|p| p.matcher.descriptor_index).collect();
+    indexes.sort_unstable();
+    indexes.dedup();
+    let mut out: Vec<Vec<(String, Option<String>, bool)>> = Vec::new();
+    for n in indexes {
+        let mut entries = Vec::new();
+        for p in policies.iter().filter(|p| p.matcher.descriptor_index == Some(n)) {
+            for (k, v, _) in rls_reads(p).into_iter().map(generic) {
+                if !entries.iter().any(|(e, w, _): &(String, Option<String>, bool)| *e == k && *w == v) {
+                    entries.push((k, v, true));
+                }
+            }
+        }
+        out.push(entries);
+    }
+    for p in policies.iter().filter(|p| p.matcher.descriptor_index.is_none()) {
+        out.push(rls_reads(p).into_iter().map(generic).collect());
+    }
+    out.retain(|d| !d.is_empty());
+    let mut seen = Vec::new();
+    out.retain(|d| {
+        let new = !seen.contains(d);
+        seen.push(d.clone());
+        new
+    });
+    out
+}
+
+/// Requests to try, as header sets: one that meets each policy, one that
+/// just misses each (a fixed value another), one with every header, and
+/// one with none. `generic_key` is Envoy's constant, never a header.
+fn rls_cases(doc: &Document) -> Vec<Vec<(String, String)>> {
+    let meets = |policy: &Policy, miss: bool| -> Vec<(String, String)> {
+        let mut missed = false;
+        rls_reads(policy)
+            .into_iter()
+            .filter(|(k, _, _)| k != "generic_key")
+            .map(|(k, v, _)| match v {
+                Some(v) if miss && !missed => {
+                    missed = true;
+                    (k, format!("not-{v}"))
+                }
+                Some(v) => (k, v),
+                None => (k.clone(), format!("{}-1", policy.name)),
+            })
+            .collect()
+    };
+    let policies = rls_policies(doc);
+    let mut cases: Vec<Vec<(String, String)>> = vec![Vec::new()];
+    for p in &policies {
+        cases.push(meets(p, false));
+        cases.push(meets(p, true));
+    }
+    let mut all: BTreeMap<String, String> = BTreeMap::new();
+    for p in policies.iter().rev() {
+        all.extend(meets(p, false));
+    }
+    cases.push(all.into_iter().collect());
+    cases.dedup();
+    cases
+}
+
+/// What the document charges for a request with `headers`: the
+/// descriptors it names ([`rls_descriptors`], each from the request's
+/// headers, sent when every entry not optional is there), planned as the
+/// face plans them. The names of every policy the
+/// plan decides (checked, shadow, `unlimited`, `blocked`).
+fn rls_charged_by_document(doc: &Document, headers: &[(String, String)]) -> Vec<String> {
+    let domain = rls_policies(doc)
+        .iter()
+        .find_map(|p| p.matcher.domain.clone())
+        .unwrap_or_else(|| sluice_envoy_config::rls::DEFAULT_DOMAIN.to_string());
+    let mut sent: Vec<Vec<(String, String)>> = Vec::new();
+    for descriptor in rls_descriptors(doc) {
+        let mut entries = Vec::new();
+        let mut whole = true;
+        for (k, generic, optional) in descriptor {
+            match (generic, headers.iter().find(|(h, _)| *h == k)) {
+                (Some(v), _) => entries.push((k, v)),
+                (None, Some((_, value))) => entries.push((k, value.clone())),
+                (None, None) => whole &= optional,
+            }
+        }
+        if whole && !entries.is_empty() {
+            sent.push(entries);
+        }
+    }
+    if sent.is_empty() {
+        return Vec::new();
+    }
+    let descriptors: Vec<Descriptor> = sent
+        .iter()
+        .enumerate()
+        .map(|(i, entries)| {
+            let mut request = SimpleRequest::default().domain(&domain).index(i);
+            for (k, v) in entries {
+                request = request.entry(k, v);
+            }
+            Descriptor { request, hits: 1 }
+        })
+        .collect();
+    let plan = plan(doc, &descriptors).expect("a plan");
+    let mut names: Vec<String> = Vec::new();
+    for d in &plan.descriptors {
+        let checked = d
+            .enforced
+            .iter()
+            .filter_map(|&i| plan.enforced.policies.get(i))
+            .chain(d.shadow.iter().filter_map(|&i| plan.shadow.policies.get(i)));
+        // A missing key refuses without a decision to count.
+        for p in checked.chain(&d.unlimited).chain(&d.blocked) {
+            names.push(p.name.as_str().to_string());
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// The policies whose RLS-face decisions moved between two metrics pages.
+fn rls_moved(before: &str, after: &str, names: &[String]) -> Vec<String> {
+    let count = |page: &str, name: &str| -> f64 {
+        ["allowed", "denied", "unlimited", "error", "invalid"]
+            .iter()
+            .map(|r| {
+                sample(page, &format!(r#"sluice_decisions_total{{policy="{name}",result="{r}",face="rls"}}"#))
+            })
+            .sum()
+    };
+    names.iter().filter(|n| count(after, n) > count(before, n)).cloned().collect()
+}
+
+/// `sluice envoy-config --face rls`, run as rendered (the harness renders
+/// through the same crate) for every example the face serves and for the
+/// peers' imported configurations: each request is charged to exactly the
+/// policies the document names for it.
+#[test]
+fn each_rls_documents_requests_are_charged_to_the_policies_it_names() {
+    let documents = rls_documents();
+    for (name, json, doc) in &documents {
+        let redis = Redis::start().expect("redis");
+        let upstream = Upstream::start().expect("upstream");
+        let shim = GrpcShim::start(&redis.url(), json).expect("shim");
+        let envoy = Envoy::start_rls(json, shim.grpc_port, upstream.port).expect("envoy");
+        let names: Vec<String> = rls_policies(doc).iter().map(|p| p.name.as_str().to_string()).collect();
+        for case in rls_cases(doc) {
+            let want = rls_charged_by_document(doc, &case);
+            let before = shim.metrics().expect("metrics");
+            let headers: Vec<(&str, &str)> = case.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let status = send(envoy.port, "GET", "/api", &headers).expect("request").status;
+            assert_ne!(status, 500, "{name}: {headers:?}");
+            let mut got = rls_moved(&before, &shim.metrics().expect("metrics"), &names);
+            got.sort();
+            assert_eq!(got, want, "{name}: a request with {case:?}");
+            eprintln!("{name}: {case:?} -> {want:?}");
+        }
+    }
+}
+
+/// Whether the wasm-face test can drive `policy` with a plain request: an
+/// HTTP policy that is decided per request by the shim (not `leased`, no
+/// `llm`, `shed` or `upstream`), without conditions a generated request
+/// cannot meet (a body, a path regex, a host, a key list).
+fn wasm_drivable(policy: &Policy) -> bool {
+    let m = &policy.matcher;
+    m.face() == Face::Http
+        && policy.leased.is_none()
+        && policy.llm.is_none()
+        && policy.shed.is_none()
+        && policy.upstream.is_none()
+        && m.body.is_empty()
+        && m.host.is_none()
+        && m.keys.is_none()
+        && !matches!(m.path, Some(PathCondition::Regex(_)))
+}
+
+/// A request that meets `policy` (`miss`: its first fixed header value
+/// another), with `tag` in every value its key reads so that no two cases
+/// share a counter: (method, path with query, headers).
+fn wasm_request(policy: &Policy, miss: bool, tag: usize) -> (String, String, Vec<(String, String)>) {
+    let m = &policy.matcher;
+    let method = m.methods.as_ref().and_then(|ms| ms.first().cloned()).unwrap_or_else(|| "GET".to_string());
+    let mut path = match &m.path {
+        Some(PathCondition::Exact(p)) => p.clone(),
+        Some(PathCondition::Prefix(p)) => format!("{}t{tag}", p.trim_end_matches('/').to_string() + "/"),
+        _ => format!("/case/{tag}"),
+    };
+    let mut headers: Vec<(String, String)> = Vec::new();
+    let mut missed = false;
+    for (name, cond) in &m.headers {
+        let value = match cond {
+            ValueCondition::Present(false) => continue,
+            ValueCondition::Equals(v) if miss && !missed => {
+                missed = true;
+                format!("not-{v}")
+            }
+            ValueCondition::Equals(v) => v.clone(),
+            ValueCondition::Prefix(p) => format!("{p}{tag}"),
+            _ => format!("v{tag}"),
+        };
+        headers.push((name.as_str().to_string(), value));
+    }
+    let mut query: Vec<String> = m
+        .query
+        .iter()
+        .filter_map(|(name, cond)| match cond {
+            ValueCondition::Present(false) => None,
+            ValueCondition::Equals(v) => Some(format!("{name}={v}")),
+            ValueCondition::Prefix(p) => Some(format!("{name}={p}{tag}")),
+            _ => Some(format!("{name}=q{tag}")),
+        })
+        .collect();
+    for source in &policy.key {
+        match source {
+            KeySource::Header(name) if !headers.iter().any(|(h, _)| h == name.as_str()) => {
+                headers.push((name.as_str().to_string(), format!("k{tag}")));
+            }
+            KeySource::Query(name) if !m.query.contains_key(name) => query.push(format!("{name}=k{tag}")),
+            _ => {}
+        }
+    }
+    if !query.is_empty() {
+        path = format!("{path}?{}", query.join("&"));
+    }
+    (method, path, headers)
+}
+
+/// `sluice envoy-config --face wasm`, run as rendered (the harness renders
+/// the same template with the same timeouts) for every example whose HTTP
+/// policies the shim decides per request: each admitted request is
+/// charged to exactly the policies the document names for it (its enforced
+/// and shadow policies, `Document::evaluate`), counted by the shim as
+/// `sluice_decisions_total{policy, face="filter"}`. A refused request is
+/// not compared: the filter may answer it from its over-limit cache.
+#[test]
+fn each_wasm_examples_requests_are_charged_to_the_policies_it_names() {
+    let dir = sluice_harness::paths::workspace_root().join("policies/examples");
+    let mut files: Vec<_> = std::fs::read_dir(&dir).expect("examples").flatten().map(|e| e.path()).collect();
+    files.sort();
+    let (mut served, mut compared, mut refused, mut charged) = (Vec::new(), 0usize, 0usize, 0usize);
+    for path in files.into_iter().filter(|p| p.extension().is_some_and(|e| e == "json")) {
+        let json = std::fs::read_to_string(&path).expect("an example");
+        let doc = sluice_policies::parse(&json).expect("a valid example");
+        let http: Vec<&Policy> = doc.policies.iter().filter(|p| p.matcher.face() == Face::Http).collect();
+        if http.is_empty() || !http.iter().all(|p| wasm_drivable(p)) {
+            continue;
+        }
+        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let redis = Redis::start().expect("redis");
+        let upstream = Upstream::start().expect("upstream");
+        let shim = sluice_harness::shim::Shim::start(&redis.url()).expect("shim");
+        let envoy = Envoy::start(&json, shim.port, upstream.port).expect("envoy");
+        let names: Vec<String> = http.iter().map(|p| p.name.as_str().to_string()).collect();
+        let mut tag = 0;
+        for p in &http {
+            for miss in [false, true] {
+                tag += 1;
+                let (method, path, headers) = wasm_request(p, miss, tag);
+                let mut req = SimpleRequest::new(&method, &path);
+                for (k, v) in &headers {
+                    req = req.header(k, v);
+                }
+                let mut want: Vec<String> = match doc.evaluate(&req) {
+                    Ok(applied) => applied.iter().map(|a| a.policy.name.as_str().to_string()).collect(),
+                    Err(_) => Vec::new(),
+                };
+                want.sort();
+                want.dedup();
+                let before = shim.metrics().expect("metrics");
+                let hs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                let status = send(envoy.port, &method, &path, &hs).expect("request").status;
+                if status == 429 {
+                    refused += 1;
+                    continue;
+                }
+                let after = shim.metrics().expect("metrics");
+                let mut got = filter_moved(&before, &after, &names);
+                got.sort();
+                assert_eq!(got, want, "{name}: {method} {path} {headers:?} ({status})");
+                compared += 1;
+                charged += usize::from(!want.is_empty());
+            }
+        }
+        served.push(name);
+    }
+    eprintln!(
+        "served {served:?}: {compared} requests compared ({charged} charged to a policy), {refused} refused"
+    );
+    assert!(
+        served.len() >= 5 && charged >= served.len(),
+        "too few examples or charges: {served:?}, {charged}"
+    );
+}
+
+/// The policies whose filter-face decisions moved between two metrics pages.
+fn filter_moved(before: &str, after: &str, names: &[String]) -> Vec<String> {
+    let count = |page: &str, name: &str| -> f64 {
+        ["allowed", "denied", "error", "invalid"]
+            .iter()
+            .map(|r| {
+                sample(
+                    page,
+                    &format!(r#"sluice_decisions_total{{policy="{name}",result="{r}",face="filter"}}"#),
+                )
+            })
+            .sum()
+    };
+    names.iter().filter(|n| count(after, n) > count(before, n)).cloned().collect()
 }

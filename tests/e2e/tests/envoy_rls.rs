@@ -162,6 +162,18 @@ fn carrier(key: &str) -> String {
 /// `domain`, and one `rate_limits` entry per descriptor, each entry from
 /// its request header (a descriptor is not sent when one is missing).
 fn peer_envoy(domain: &str, descriptors: &[&[&str]], shim: u16, upstream: u16) -> Envoy {
+    peer_envoy_from(domain, descriptors, shim, upstream, false)
+}
+
+/// [`peer_envoy`], with a filter before the rate-limit filter that sets
+/// each request's `hits_addend` from its `x-hits` header (the filter state
+/// `envoy.ratelimit.hits_addend`, which Envoy's filter sends as the
+/// request's `hits_addend`).
+fn peer_envoy_with_hits(domain: &str, descriptors: &[&[&str]], shim: u16, upstream: u16) -> Envoy {
+    peer_envoy_from(domain, descriptors, shim, upstream, true)
+}
+
+fn peer_envoy_from(domain: &str, descriptors: &[&[&str]], shim: u16, upstream: u16, hits: bool) -> Envoy {
     let rate_limits: Vec<serde_json::Value> = descriptors
         .iter()
         .map(|keys| {
@@ -181,7 +193,25 @@ fn peer_envoy(domain: &str, descriptors: &[&[&str]], shim: u16, upstream: u16) -
         ("SHIM_PORT", shim.to_string()),
     ];
     let template = sluice_harness::workspace_root().join("envoy/rls.yaml");
-    Envoy::start_template(&template, &values, 2).expect("envoy")
+    if !hits {
+        return Envoy::start_template(&template, &values, 2).expect("envoy");
+    }
+    const RATELIMIT: &str = "          - name: envoy.filters.http.ratelimit\n";
+    const SET_HITS: &str = r#"          - name: envoy.filters.http.set_filter_state
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.set_filter_state.v3.Config
+              on_request_headers:
+              - object_key: envoy.ratelimit.hits_addend
+                format_string:
+                  text_format_source: {inline_string: "%REQ(x-hits)%"}
+"#;
+    let text = std::fs::read_to_string(&template).expect("envoy/rls.yaml");
+    assert!(text.contains(RATELIMIT), "the template's rate-limit filter");
+    let dir = std::env::temp_dir().join(format!("sluice-rls-hits-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temp dir");
+    let with_hits = dir.join(format!("rls-hits-{upstream}-{shim}.yaml"));
+    std::fs::write(&with_hits, text.replace(RATELIMIT, &format!("{SET_HITS}{RATELIMIT}"))).expect("write");
+    Envoy::start_template(&with_hits, &values, 2).expect("envoy")
 }
 
 /// A request whose headers carry `entries`.
@@ -266,6 +296,46 @@ fn peer_a_mixed_configuration_through_two_envoys() {
         "{:?}",
         trial[2].headers
     );
+}
+
+/// envoyproxy/ratelimit adds the call's `hits_addend` to every
+/// descriptor's window: Envoy's filter sends it from the filter state
+/// `envoy.ratelimit.hits_addend` (here set from a request header), and an
+/// imported configuration charges every descriptor of the call its cost. Regression: a cost above 1 on a window was answered
+/// INVALID_ARGUMENT, which the filter (no `failure_mode_deny`) let through,
+/// so nothing was ever refused.
+#[test]
+fn peer_hits_addend_is_counted_on_every_window_through_envoy() {
+    let redis = Redis::start().expect("redis");
+    let upstream = Upstream::start().expect("upstream");
+    let shim = GrpcShim::start(&redis.url(), &import("mixed.yaml", false)).expect("shim");
+    let keys: &[&[&str]] = &[&["tenant"], &["org"]];
+    let a = peer_envoy_with_hits("edge", keys, shim.grpc_port, upstream.port);
+    let b = peer_envoy_with_hits("edge", keys, shim.grpc_port, upstream.port);
+    let ask_hits = |envoy: &Envoy, entries: &[(&str, &str)], n: &str| {
+        let mut headers: Vec<(String, &str)> = entries.iter().map(|(k, v)| (carrier(k), *v)).collect();
+        headers.push(("x-hits".to_string(), n));
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        send(envoy.port, "GET", "/api", &headers).expect("request")
+    };
+    // The month's 4 and the year's 3 (`mixed.yaml`), both charged 2.
+    let both = [("tenant", "acme"), ("org", "o")];
+    let first = ask_hits(&a, &both, "2");
+    assert_eq!(first.status, 200, "{}\n{}", a.log(), shim.shim.log());
+    assert_eq!(first.header("x-ratelimit-remaining"), Some("1"), "the year's: {:?}", first.headers);
+    // The year has 1 left of a cost of 2: refused; the month is charged anyway.
+    let second = ask_hits(&b, &both, "2");
+    assert_eq!(
+        (second.status, second.header("x-ratelimit-remaining")),
+        (429, Some("0")),
+        "{:?}",
+        second.headers
+    );
+    assert_eq!(ask_hits(&a, &[("tenant", "acme")], "1").status, 429, "the month's 4 are spent");
+    assert_eq!(ask_hits(&b, &[("org", "o")], "1").status, 200, "the year's last");
+    assert_eq!(ask_hits(&a, &[("org", "o")], "1").status, 429);
+    assert_eq!(ask_hits(&b, &[("org", "other")], "4").status, 429, "a cost above the limit never fits");
+    assert_eq!(ask_hits(&a, &[("org", "other")], "3").status, 200, "and charged nothing");
 }
 
 /// The examples of envoyproxy/ratelimit's README, converted by `sluice
