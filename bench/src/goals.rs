@@ -5,15 +5,25 @@
 
 use std::fmt::Write;
 
+use super::budget::Budget;
+use super::egress::Scenario;
+use super::gateway::Gateway;
 use super::gateway::Matrix;
 use super::load::{P50, P99};
-use super::report::{fig, goal, rps, Results};
+use super::ratio::{fig, goal, rps};
 use super::setups::Setup;
+use super::shim_alone::ShimAlone;
 
 /// The processes a Sluice decision's CPU is counted over (goal C).
 const DECISION: [&str; 3] = ["envoy", "shim", "redis"];
 
-pub(crate) fn section(md: &mut String, r: &Results) -> std::fmt::Result {
+pub(crate) fn section(
+    md: &mut String,
+    gateway: &Gateway,
+    shim: &ShimAlone,
+    budget: &Budget,
+    egress: &[Scenario],
+) -> std::fmt::Result {
     writeln!(md, "\n## Goals\n")?;
     writeln!(
         md,
@@ -22,16 +32,16 @@ pub(crate) fn section(md: &mut String, r: &Results) -> std::fmt::Result {
     )?;
     writeln!(md, "| goal | measure | value | target | verdict |")?;
     writeln!(md, "|---|---|---:|---:|---|")?;
-    for m in &r.gateway.matrices {
+    for m in &gateway.matrices {
         throughput(md, m)?;
-        latency(md, m, r)?;
-        if r.gateway.skipped.is_none() {
+        latency(md, m, shim)?;
+        if gateway.skipped.is_none() {
             rls(md, m)?;
         }
     }
-    cpu(md, r)?;
-    goal(md, "E", "shim ÷ its raw script call, decisions/s", r.shim.shim.rps / r.shim.raw.rps, 0.9, false)?;
-    waits(md, r)?;
+    cpu(md, budget)?;
+    goal(md, "E", "shim ÷ its raw script call, decisions/s", shim.shim.rps / shim.raw.rps, 0.9, false)?;
+    waits(md, egress)?;
     writeln!(
         md,
         "| G | leased admissions on Zipf traffic | – | ≥ 25 % | scenario 7 (`--leased`, LEASED.md) |"
@@ -62,10 +72,10 @@ fn throughput(md: &mut String, m: &Matrix) -> std::fmt::Result {
 
 /// B: at the first fixed rate, what the allow path adds against what the
 /// floor adds plus one Redis call (the shim-alone scenario's raw script call).
-fn latency(md: &mut String, m: &Matrix, r: &Results) -> std::fmt::Result {
+fn latency(md: &mut String, m: &Matrix, shim: &ShimAlone) -> std::fmt::Result {
     let (w, i) = (m.workers, 0);
     let Some((rate, _)) = m.fixed.get(i) else { return Ok(()) };
-    for ((name, pct), redis) in [(P50, r.shim.raw.p50), (P99, r.shim.raw.p99)] {
+    for ((name, pct), redis) in [(P50, shim.raw.p50), (P99, shim.raw.p99)] {
         let base = fig(m, i, Setup::Plain, pct);
         let sluice = fig(m, i, Setup::SluiceAllow, pct) - base;
         let floor = fig(m, i, Setup::Floor, pct) - base;
@@ -88,9 +98,9 @@ fn rls(md: &mut String, m: &Matrix) -> std::fmt::Result {
 }
 
 /// C: Envoy, shim and Redis CPU per admitted request against the floor's Envoy.
-fn cpu(md: &mut String, r: &Results) -> std::fmt::Result {
+fn cpu(md: &mut String, budget: &Budget) -> std::fmt::Result {
     let part = |setup: Setup, name: &str| {
-        let parts = r.budget.cpu.iter().find(|(s, _)| *s == setup).map(|(_, p)| p);
+        let parts = budget.cpu.iter().find(|(s, _)| *s == setup).map(|(_, p)| p);
         parts.and_then(|p| p.get(name)).map_or(f64::NAN, |(user, system)| user + system)
     };
     let sluice: f64 = DECISION.iter().map(|&p| part(Setup::SluiceAllow, p)).sum();
@@ -103,8 +113,8 @@ fn cpu(md: &mut String, r: &Results) -> std::fmt::Result {
 
 /// F and H from scenario 5: a freed concurrency slot's hand-over, and the
 /// gaps at the partner against the interval.
-fn waits(md: &mut String, r: &Results) -> std::fmt::Result {
-    for s in r.egress.iter().filter(|s| !s.plan.feedback) {
+fn waits(md: &mut String, egress: &[Scenario]) -> std::fmt::Result {
+    for s in egress.iter().filter(|s| !s.plan.feedback) {
         let sluice = s.approaches.iter().find(|a| a.approach.starts_with("Sluice"));
         let Some(n) = sluice.and_then(|a| a.outcome.as_ref().ok()) else { continue };
         if let (Some(every), Some(min), Some(mean)) = (s.plan.limits.interval, n.min_gap, n.mean_gap) {

@@ -61,6 +61,7 @@ mod noise;
 mod overloaded;
 mod plan;
 mod plot;
+mod ratio;
 mod redis_bench;
 mod redis_cost;
 mod report;

@@ -4,10 +4,11 @@
 
 use std::fmt::Write;
 
-use super::gateway::{Gateway, Matrix};
+use super::gateway::Gateway;
 use super::load::{Run, P50, P99, P999};
 use super::noise::Noise;
 use super::plan::Plan;
+use super::ratio::{fig, goal, rps};
 use super::scale::Outcome;
 use super::setups::Setup;
 use super::shed_report;
@@ -43,7 +44,7 @@ pub(crate) fn markdown(r: &Results, plot_file: &str, shed_plot_file: &str) -> St
 fn write_all(md: &mut String, r: &Results, plot_file: &str) -> std::fmt::Result {
     header(md, "latest run", &r.plan, &r.about, &r.noise, r.seconds)?;
     gateway(md, r, plot_file)?;
-    super::goals::section(md, r)?;
+    super::goals::section(md, &r.gateway, &r.shim, &r.budget, &r.egress)?;
     targets(md, r)?;
     writeln!(md, "\n### One decision's CPU, part by part\n")?;
     write!(md, "{}", super::budget::markdown(&r.budget))?;
@@ -330,15 +331,6 @@ fn load_share(md: &mut String, g: &Gateway) -> std::fmt::Result {
     )
 }
 
-/// `setup`'s figure `f` at the `i`th fixed rate with `workers` workers.
-pub(crate) fn fig(m: &Matrix, i: usize, setup: Setup, f: fn(&Run) -> f64) -> f64 {
-    m.at(i, setup).map_or(f64::NAN, f)
-}
-
-pub(crate) fn rps(m: &Matrix, setup: Setup) -> f64 {
-    m.max_of(setup).map_or(f64::NAN, |r| r.rate_of(setup.expected_status()))
-}
-
 fn targets(md: &mut String, r: &Results) -> std::fmt::Result {
     let g = &r.gateway;
     writeln!(md, "\n## Earlier goals\n")?;
@@ -514,33 +506,6 @@ fn targets(md: &mut String, r: &Results) -> std::fmt::Result {
         }
     }
     Ok(())
-}
-
-/// A goal's ratio row; `at_most`: the target is an upper bound (else a lower bound).
-pub(crate) fn goal(
-    md: &mut String,
-    goal: &str,
-    what: &str,
-    value: f64,
-    target: f64,
-    at_most: bool,
-) -> std::fmt::Result {
-    write!(md, "| {goal} ")?;
-    row(md, what, value, target, at_most)
-}
-
-/// A ratio row; `at_most`: the target is an upper bound (else a lower bound).
-fn row(md: &mut String, what: &str, value: f64, target: f64, at_most: bool) -> std::fmt::Result {
-    let (sign, met) = if at_most { ("≤", value <= target) } else { ("≥", value >= target) };
-    let verdict = if !value.is_finite() {
-        "n/a".to_string()
-    } else if met {
-        "met".to_string()
-    } else {
-        format!("missed by {:.0}%", (value / target - 1.0).abs() * 100.0)
-    };
-    let shown = if value.is_finite() { format!("{value:.2}×") } else { "–".to_string() };
-    writeln!(md, "| {what} | {shown} | {sign} {target}× | {verdict} |")
 }
 
 /// One round trip at most: a denial the filter answers from its cache makes none.
