@@ -46,11 +46,12 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use sluice_policies::units::Millis;
-use sluice_policies::wire::{Check, CheckOutcome, WireLimit};
+use sluice_policies::units::{Micros, Millis};
+use sluice_policies::wire::{Check, CheckOutcome, LimitOutcome, WireLimit};
 use sluice_policies::{Applied, Limit, Policy, Request};
 
 use crate::host::SharedData;
+use crate::ratelimit_headers::Fields;
 
 /// A live entry found for a check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +60,27 @@ pub struct Hit {
     pub wait_ms: u64,
     /// The index, in the check, of the limit that denied it longest.
     pub limit: usize,
+}
+
+impl Hit {
+    /// The refusal as the shim's outcome for `limit` (the check's limit
+    /// [`Hit::limit`], as sent) shows it, from the hit alone: its wait, and
+    /// what [`Fields::refused`] reads from it. A refusal's fields are read
+    /// from its wait alone ([`Fields::of`]), so this outcome gives the
+    /// shim's `RateLimit` fields, and the RLS face's draft-03 ones
+    /// ([`draft03`](crate::ratelimit_headers::draft03)), at the same moment.
+    pub fn outcome(&self, limit: &WireLimit) -> LimitOutcome {
+        let wait = Millis(self.wait_ms);
+        LimitOutcome {
+            allowed: false,
+            remaining: Fields::refused(limit, wait).remaining,
+            reset_ms: wait,
+            retry_after_ms: Some(wait),
+            reclaimed: 0,
+            held_until_us: None,
+            refunded_us: Micros(0),
+        }
+    }
 }
 
 /// A worker's copy of the entries it found live, by slot; cleared on each
@@ -95,10 +117,10 @@ impl<'m, S: SharedData> OverLimitCache<'m, S> {
         OverLimitCache { mirror: Some(mirror), ..self }
     }
 
-    /// The live entry for `check` of `policy` at `now_ms`, if any: the
-    /// tests' view of [`OverLimitCache::lookup_applied`], from a built check.
-    #[cfg(test)]
-    fn lookup(&self, policy: &Policy, check: &Check, now_ms: u64) -> Option<Hit> {
+    /// The live entry for `check` of `policy` at `now_ms`, if any: from a
+    /// built check, as the RLS face has it (the filter looks up before it
+    /// builds one, [`OverLimitCache::lookup_applied`]).
+    pub fn lookup(&self, policy: &Policy, check: &Check, now_ms: u64) -> Option<Hit> {
         self.find(policy, |out| write_identity(out, Parts::of(check)), now_ms)
     }
 

@@ -28,7 +28,8 @@
 //! - [`breaker`]: the outage breaker.
 //! - [`cache`]: the over-limit cache in shared data.
 //! - [`leased`]: leased mode's pool of tokens in shared data; [`hot_keys`]:
-//!   which keys of a keyed leased policy are hot enough for a lease.
+//!   which keys of a keyed leased policy are hot enough for a lease, over
+//!   [`stream_summary`], Space-Saving with O(1) updates.
 //! - [`renewals`]: the concurrency leases of live streams, and when each is due for renewal.
 //! - [`passes`]: failure-mode passes, counted and reported to the shim.
 //! - [`shedding`]: load shedding in one worker: its reports, the fleet's level.
@@ -69,6 +70,7 @@ pub mod renewals;
 pub mod rlqs;
 pub mod shedding;
 pub mod stats;
+pub mod stream_summary;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod verdict;

@@ -217,13 +217,17 @@ fn push_param(out: &mut String, key: &str, value: u64) {
     out.extend(digits[at..].iter().map(|&d| char::from(d)));
 }
 
-/// Draft 03's reset (the RLS face's `duration_until_reset`): for a
-/// denying limit, until it would admit; otherwise until it resets.
-pub fn wait_ms(o: &LimitOutcome) -> u64 {
-    if o.allowed {
-        o.reset_ms.get()
-    } else {
-        o.reset_ms.max(o.retry_after_ms.unwrap_or(Millis(0))).get()
+/// Draft 03's remaining and reset (the RLS face's `limit_remaining` and
+/// `duration_until_reset`), `wait_ms` the reset: for an admitting limit,
+/// what it has left and until it resets; for a refusing one, what its
+/// `RateLimit` item shows ([`Fields::refused`]: until it would admit), read
+/// from its wait alone, so the shim's outcome and the over-limit cache's
+/// entry give the same at the same moment; a refusal whose wait nobody
+/// knows, what it has left and until it resets.
+pub fn draft03(limit: &WireLimit, o: &LimitOutcome) -> Fields {
+    match (o.allowed, o.retry_after_ms) {
+        (false, Some(wait)) => Fields::refused(limit, wait),
+        _ => Fields { remaining: o.remaining, wait_ms: o.reset_ms.get() },
     }
 }
 

@@ -12,7 +12,7 @@
 //! ([`Worker::handle_answer`]).
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 use sluice_policies::leased::Source;
@@ -102,7 +102,7 @@ pub struct Worker {
     /// its hot keys as this worker sees them, and the keys whose pools this
     /// worker ticks (each at most [`MAX_TRACKED`]).
     hot: Vec<Option<RefCell<HotKeys>>>,
-    tracked: RefCell<Vec<Vec<String>>>,
+    tracked: RefCell<Vec<HashSet<String>>>,
     /// The draws that decide which requests of a partly shed class go.
     rng: RefCell<fastrand::Rng>,
     /// Random per worker: with `sequence`, request ids unique across workers and gateways.
@@ -138,7 +138,7 @@ impl Worker {
                 _ => None,
             })
             .collect();
-        let tracked = RefCell::new(vec![Vec::new(); doc.policies.len()]);
+        let tracked = RefCell::new(vec![HashSet::new(); doc.policies.len()]);
         let policies = doc.policies.len();
         let passes = FailurePasses::new(&doc);
         let leased = doc.policies.iter().any(|p| p.leased.is_some());
@@ -214,11 +214,11 @@ impl Worker {
         }
         let mut tracked = self.tracked.borrow_mut();
         let keys = tracked.get_mut(index)?;
-        if !keys.iter().any(|k| k == key) {
+        if !keys.contains(key) {
             if keys.len() >= MAX_TRACKED {
                 return None;
             }
-            keys.push(key.to_string());
+            keys.insert(key.to_string());
         }
         Some(key_pool_key(self.doc.policies.get(index)?.name.as_str(), key))
     }
@@ -461,7 +461,8 @@ impl Worker {
                 self.ask_for_lease(shared, index, None, key, lease, now, fx);
                 continue;
             }
-            let keys = self.tracked.borrow().get(index).cloned().unwrap_or_default();
+            let keys: Vec<String> =
+                self.tracked.borrow().get(index).map(|k| k.iter().cloned().collect()).unwrap_or_default();
             let name = policy.name.as_str();
             let mut cooled = Vec::new();
             let store = shared;
@@ -479,7 +480,9 @@ impl Worker {
             }
             // A key no longer hot whose pool is empty and quiet: no longer ticked here.
             if let Some(keys) = self.tracked.borrow_mut().get_mut(index) {
-                keys.retain(|k| !cooled.contains(k));
+                for key in &cooled {
+                    keys.remove(key);
+                }
             }
         }
     }

@@ -297,8 +297,10 @@ proptest! {
 /// the shim's model and its own pool at each gateway; each gateway learns
 /// which keys are hot from its own requests (`sluice_core::hot_keys`, as
 /// the worker does) and spends a pool only for a hot key, checking every
-/// other key exactly. Requests go to key 0 most, key 2 least.
+/// other key exactly. Requests go to key 0 most, key 2 least. Each gateway
+/// counts `capacity` keys (below three, keys take each other's counters).
 fn run_per_key(
+    capacity: usize,
     limit: u64,
     window_ms: u64,
     lease: Leased,
@@ -312,7 +314,7 @@ fn run_per_key(
     let gateways = offsets.len();
     let mut pools = vec![[Pool::default(); KEYS]; gateways];
     let mut hot: Vec<HotKeys> =
-        (0..gateways).map(|_| HotKeys::new(2, lease.ttl_ms(), lease.tokens().into())).collect();
+        (0..gateways).map(|_| HotKeys::new(capacity, lease.ttl_ms(), lease.tokens().into())).collect();
     let mut sent: Vec<(Call, usize)> = Vec::new();
     let mut answered: Vec<(Call, usize, LeaseResponse)> = Vec::new();
     let mut admitted: HashMap<(usize, u64), u64> = HashMap::new();
@@ -394,10 +396,12 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 1_000, ..ProptestConfig::default() })]
 
     /// Per key: over any interleaving, with hot keys leased and cold ones
-    /// checked exactly, no key's window admits more than its limit and no
-    /// key's pool holds more than `held_at_most`.
+    /// checked exactly (the hot-key counter's stream summary with room for
+    /// every key or fewer), no key's window admits more than its limit and
+    /// no key's pool holds more than `held_at_most`.
     #[test]
     fn no_key_window_admits_more_than_its_limit(
+        capacity in 1usize..=4,
         limit in 1u64..40,
         window_ms in prop::sample::select(vec![10u64, 100, 1_000]),
         tokens in 1u32..12,
@@ -407,6 +411,6 @@ proptest! {
     ) {
         let lease = Leased::new(tokens.min(u32::try_from(limit).expect("small")), ttl_ms).expect("valid");
         let ops = at_gateways(ops, offsets.len());
-        run_per_key(limit, window_ms, lease, offsets, ops)?;
+        run_per_key(capacity, limit, window_ms, lease, offsets, ops)?;
     }
 }

@@ -13,12 +13,16 @@
 //!    policies and of the shadow ones, grouped as the document's `charge`
 //!    says; `unlimited`, `blocked`, `replaces` and tree nodes that limit
 //!    nothing decided without a check. Each group is one decision of the
-//!    limiter, in order.
+//!    limiter, in order: refused from memory when the over-limit cache
+//!    holds a live denial for each of its checks ([`super::memory`]), else
+//!    decided in Redis.
 //! 3. [`answer`]: a view of the plan and the outcomes: OK or OVER_LIMIT per
 //!    descriptor and overall; each descriptor's most restrictive limit
 //!    (shadow ones too, as envoyproxy/ratelimit answers a shadow limit) as
-//!    `current_limit`, `limit_remaining` and `duration_until_reset`; and the
-//!    IETF `RateLimit` and `RateLimit-Policy` headers (core's rendering) in
+//!    `current_limit`, `limit_remaining` and `duration_until_reset` (core's
+//!    [`draft03`]: a refusing limit's read from its wait alone, so memory
+//!    and Redis answer alike); and the IETF `RateLimit` and
+//!    `RateLimit-Policy` headers (core's rendering) in
 //!    `response_headers_to_add`, as the document's `headers` says.
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
@@ -31,7 +35,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
-use sluice_core::ratelimit_headers::{most_restrictive, wait_ms, RateLimitHeaders};
+use sluice_core::ratelimit_headers::{draft03, most_restrictive, RateLimitHeaders};
 use sluice_policies::document::RepeatedEntry;
 use sluice_policies::key::MAX_SOURCE_NAME_LEN;
 use sluice_policies::request::SimpleRequest;
@@ -137,11 +141,12 @@ pub fn answer(doc: &Document, plan: &Plan<'_>, outcomes: Outcomes<'_>, now_ms: u
                 unit: unit(window, false) as i32,
             });
             status.duration_until_reset = Some(duration(reset));
-        } else if let Some((name, _, outcome)) = most_restrictive(named) {
+        } else if let Some((name, wire, outcome)) = most_restrictive(named) {
             let limit = both.iter().find(|(_, _, _, o)| std::ptr::eq(*o, outcome)).map(|(_, l, _, _)| *l);
             status.current_limit = limit.map(|l| rate_limit(name, l));
-            status.limit_remaining = u32::try_from(outcome.remaining).unwrap_or(u32::MAX);
-            status.duration_until_reset = Some(duration(wait_ms(outcome)));
+            let fields = draft03(wire, outcome);
+            status.limit_remaining = u32::try_from(fields.remaining).unwrap_or(u32::MAX);
+            status.duration_until_reset = Some(duration(fields.wait_ms));
         } else if !planned.unlimited.is_empty() {
             // envoyproxy/ratelimit: an unlimited descriptor has all it wants.
             status.limit_remaining = u32::MAX;
@@ -260,7 +265,8 @@ pub async fn decide(faces: &Faces, req: &RateLimitRequest) -> Result<RateLimitRe
             metrics.blocked(FACE, policy.name.as_str());
         }
     }
-    let (enforced, shadow) = tokio::join!(run(faces, &plan.enforced), run(faces, &plan.shadow));
+    let slots = document.over_limit_cache_slots.get();
+    let (enforced, shadow) = tokio::join!(run(faces, &plan.enforced, slots), run(faces, &plan.shadow, slots));
     let shadow = shadow.unwrap_or_else(|err| {
         // A shadow policy never refuses; its failure is only logged.
         tracing::debug!(?err, "a shadow check failed");
@@ -274,22 +280,34 @@ pub async fn decide(faces: &Faces, req: &RateLimitRequest) -> Result<RateLimitRe
         }
     })?;
     let outcomes = Outcomes { enforced: enforced.as_deref(), shadow: shadow.as_deref() };
-    Ok(answer(&document, &plan, outcomes, now_ms()))
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    Ok(answer(&document, &plan, outcomes, faces.now_ms()))
 }
 
 /// The limiter's decisions on `checks`, group after group, counted as the
-/// RLS face's: every check's outcome in order (`None`: no checks).
-async fn run(faces: &Faces, checks: &Checks<'_>) -> Result<Option<Vec<CheckOutcome>>, CheckError> {
+/// RLS face's: every check's outcome in order (`None`: no checks). A group
+/// whose every check the over-limit cache of `slots` holds a live denial
+/// for is refused from memory, with no Redis call ([`super::memory`]);
+/// every other goes to Redis, and its refusals are recorded there.
+async fn run(
+    faces: &Faces,
+    checks: &Checks<'_>,
+    slots: u32,
+) -> Result<Option<Vec<CheckOutcome>>, CheckError> {
     let limiter = &faces.limiter;
     let mut out: Option<Vec<CheckOutcome>> = None;
-    for req in checks.requests() {
-        let resp = limiter.metrics.decided_via(FACE, &req, limiter.check(&req).await)?;
+    for (group, mut req) in checks.groups.iter().zip(checks.requests()) {
+        let policies = checks.policies.get(group.clone()).unwrap_or_default();
+        // Read per group: a group after another's Redis call is sent later.
+        let now_ms = faces.now_ms();
+        let resp = match faces.memory.deny(slots, policies, &req.checks, now_ms) {
+            Some(resp) => limiter.metrics.denied_from_cache(FACE, &req, resp)?,
+            None => {
+                req.now_us = faces.check_time(now_ms);
+                let resp = limiter.metrics.decided_via(FACE, &req, limiter.check(&req).await)?;
+                faces.memory.record(slots, policies, &req.checks, &resp, now_ms);
+                resp
+            }
+        };
         out.get_or_insert_with(Vec::new).extend(resp.checks);
     }
     Ok(out)

@@ -64,6 +64,13 @@ struct Decision {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CacheDenied {
+    policy: String,
+    /// The face that answered from its over-limit cache (`rls`).
+    face: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Assignment {
     /// `token_bucket`, `allow_all`, `deny_all` or `abandon`.
     strategy: &'static str,
@@ -105,6 +112,7 @@ struct ScriptError {
 pub struct Metrics {
     registry: Registry,
     decisions: Family<Decision, Counter>,
+    cache_denied: Family<CacheDenied, Counter>,
     unmatched: Family<Unmatched, Counter>,
     feedback: Family<Feedback, Counter>,
     settled: Family<Settled, Counter>,
@@ -140,6 +148,7 @@ impl Metrics {
         let mut metrics = Metrics {
             registry: Registry::default(),
             decisions: Family::default(),
+            cache_denied: Family::default(),
             unmatched: Family::default(),
             feedback: Family::default(),
             settled: Family::default(),
@@ -164,6 +173,11 @@ impl Metrics {
             "sluice_decisions",
             "Checks answered, per policy, result (allowed, waited, denied, error, invalid, unlimited) and face (filter, rls; rlqs: requests Envoy reported it admitted or denied from its assignments)",
             metrics.decisions.clone(),
+        );
+        r.register(
+            "sluice_cache_denied",
+            "Of the denials in sluice_decisions_total, those a face answered from the shim's over-limit cache, with no Redis call, per policy and face (rls)",
+            metrics.cache_denied.clone(),
         );
         r.register(
             "sluice_unmatched_descriptors",
@@ -266,6 +280,25 @@ impl Metrics {
             }
         }
         result
+    }
+
+    /// A face's denial answered from the shim's over-limit cache, with no
+    /// Redis call: counted as the same denial from Redis would be
+    /// ([`Metrics::decided_via`]), and, where it was answered, in
+    /// `sluice_cache_denied` and the dashboard's `cache_denied`.
+    pub(crate) fn denied_from_cache(
+        &self,
+        face: &'static str,
+        req: &CheckRequest<'_>,
+        resp: CheckResponse,
+    ) -> Result<CheckResponse, CheckError> {
+        let check = resp.denied_check().and_then(|i| req.checks.get(i));
+        if let Some(check) = check {
+            let policy = self.policy_label(&check.policy);
+            self.cache_denied.get_or_create(&CacheDenied { policy, face }).inc();
+            self.traffic.answered_from_cache(&check.policy);
+        }
+        self.decided_via(face, req, Ok(resp))
     }
 
     /// A gRPC face's request that a `blocked` policy refused, with no check.

@@ -45,8 +45,9 @@ pub struct Totals {
     /// Denied by this policy: by this shim, or by a gateway's over-limit
     /// cache as its filters reported them.
     pub denied: u64,
-    /// Of `denied`, those a gateway answered from its over-limit cache,
-    /// with no call to the shim; the rest this shim answered.
+    /// Of `denied`, those answered from an over-limit cache: a gateway's,
+    /// with no call to the shim, or this shim's own (the RLS face's), with
+    /// no Redis call.
     pub cache_denied: u64,
     /// Admitted after being held (egress wait).
     pub waited: u64,
@@ -258,6 +259,17 @@ impl Traffic {
             let second = second(&mut policy.seconds, now);
             second.denied = second.denied.saturating_add(count);
             policy.history.add(now, Kind::Denied, count);
+        }
+    }
+
+    /// Marks one denial of `policy` this shim counted ([`Traffic::record`])
+    /// as answered from its own over-limit cache (the RLS face's), with no
+    /// Redis call.
+    pub(crate) fn answered_from_cache(&self, policy: &str) {
+        let now = self.second();
+        let mut policies = self.policies.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(policy) = tracked(&mut policies, policy, now) {
+            policy.totals.cache_denied = policy.totals.cache_denied.saturating_add(1);
         }
     }
 
