@@ -213,14 +213,16 @@ async fn peer_hits_addend_is_counted_on_every_window() {
     let remaining = |r: &RateLimitResponse| r.statuses.iter().map(|s| s.limit_remaining).collect::<Vec<_>>();
     let resp = face.ask(both(2)).await.expect("answer");
     assert_eq!((codes(&resp), remaining(&resp)), (vec![OK, OK], vec![2, 1]));
-    // The year has 1 left of the cost of 2: refused, the month charged anyway.
+    // The year has 1 left of the cost of 2: refused, the month charged
+    // anyway. A refused descriptor says 0 remaining, as the peer's
+    // OVER_LIMIT status does.
     let resp = face.ask(both(2)).await.expect("answer");
-    assert_eq!((codes(&resp), remaining(&resp)), (vec![OK, OVER], vec![0, 1]));
+    assert_eq!((codes(&resp), remaining(&resp)), (vec![OK, OVER], vec![0, 0]));
     let org = |hits| request("edge", vec![descriptor(&[("org", "o")])], hits);
     let resp = face.ask(org(1)).await.expect("answer");
     assert_eq!((resp.overall_code, resp.statuses[0].limit_remaining), (OK, 0));
     let fresh = face.ask(request("edge", vec![descriptor(&[("org", "new")])], 4)).await.expect("answer");
-    assert_eq!((fresh.overall_code, fresh.statuses[0].limit_remaining), (OVER, 3), "above the limit");
+    assert_eq!((fresh.overall_code, fresh.statuses[0].limit_remaining), (OVER, 0), "above the limit");
 }
 
 /// Limitador reads a descriptor into a map, so a key given twice counts

@@ -64,16 +64,6 @@ impl Limitador {
 }
 
 impl Limitador {
-    /// The call's overall code, every call at one moment.
-    pub fn decide(&mut self, domain: &str, call: &Call) -> i32 {
-        self.decide_at(domain, call, 0)
-    }
-
-    /// The call's overall code at `now` (µs).
-    pub fn decide_at(&mut self, domain: &str, call: &Call, now: u64) -> i32 {
-        self.decide_hits_at(domain, call, now, 1)
-    }
-
     /// The call's overall code at `now` (µs), each matching limit's counter
     /// taking `hits` (the call's `hits_addend`, Limitador's delta): limited
     /// when a counter would pass its `max_value`, and then none is updated.
