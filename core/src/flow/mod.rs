@@ -274,6 +274,20 @@ impl Flow {
         fx.0
     }
 
+    /// A check that waited to share a callout was never sent: its stream
+    /// ended first (see [`crate::sharing`]). The shim holds nothing under
+    /// its id, so its end releases nothing for it.
+    pub fn handle_withdrawn(&mut self, id: CallId) {
+        let which = match id {
+            ENFORCED => 0,
+            SHADOW => 1,
+            _ => return,
+        };
+        let call = &mut self.state.calls[which];
+        call.in_flight = false;
+        call.unconfirmed = false;
+    }
+
     /// The stream ended (its log, then its teardown; either may come alone):
     /// whatever it still holds is left to the worker, exactly once, and
     /// the tokens of a request reset before its decision go back.
