@@ -2,6 +2,7 @@
 //! [`Worker`] and the stats. The root context makes it; each stream holds it.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use proxy_wasm::hostcalls;
 
 use sluice_core::{Now, Worker};
 
+use crate::filter::StreamState;
 use crate::stats::Stats;
 use crate::ticker::Ticker;
 
@@ -31,6 +33,9 @@ pub struct Vm {
     pub ending: RefCell<Vec<u32>>,
     /// The root's timer.
     pub ticker: Ticker,
+    /// Streams with a check in the worker's queue or in a batch out, by
+    /// context id: the root hands each its answer (until the stream ends).
+    pub shared: RefCell<HashMap<u32, Rc<RefCell<StreamState>>>>,
 }
 
 impl Vm {
@@ -42,6 +47,7 @@ impl Vm {
             no_body_while_held: std::cell::Cell::new(false),
             ending: RefCell::new(Vec::new()),
             ticker: Ticker::default(),
+            shared: RefCell::new(HashMap::new()),
         }
     }
 
