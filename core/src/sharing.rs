@@ -23,8 +23,8 @@ use std::collections::{HashMap, VecDeque};
 use sluice_policies::bounds::{MAX_BATCH, MAX_BATCH_BODY};
 use sluice_policies::wire::{BatchAnswer, CheckBatch, BATCH_PATH};
 
+use crate::decision::CHECK_ENCODING;
 use crate::effect::{CallId, CallResult, Outgoing};
-use crate::flow::CHECK_ENCODING;
 
 /// Bytes a batch keeps free of its checks' bodies for its own framing.
 const FRAMING: usize = 1024;

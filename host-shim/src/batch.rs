@@ -11,37 +11,34 @@
 
 use futures_util::future::join_all;
 use sluice_policies::bounds::MAX_BATCH;
-use sluice_policies::wire::{Answered, BatchAnswer, CheckBatch, CheckRequest, Encoding};
+use sluice_policies::wire::{CheckBatch, CheckRequest, CheckResponse, Encoding};
 
 use crate::decision::CheckError;
 use crate::limiter::Limiter;
 
-/// Each check of `batch` decided, in order; an error only for the batch
-/// itself (too many checks).
+/// Each check of `batch` decided, in order, as `POST /v1/check` decides
+/// it; an error only for the batch itself (too many checks).
 pub(crate) async fn decide(
     limiter: &Limiter,
     encoding: Encoding,
     batch: &CheckBatch,
-) -> Result<BatchAnswer, CheckError> {
+) -> Result<Vec<Result<CheckResponse, CheckError>>, CheckError> {
     if batch.checks.len() > MAX_BATCH {
         let n = batch.checks.len();
         return Err(CheckError::BadRequest(format!(
             "{n} checks in a batch, more than the {MAX_BATCH} it may carry"
         )));
     }
-    let answers = join_all(batch.checks.iter().map(|body| one(limiter, encoding, body))).await;
-    Ok(BatchAnswer { answers })
+    Ok(join_all(batch.checks.iter().map(|body| one(limiter, encoding, body))).await)
 }
 
-/// One check of a batch, answered as `POST /v1/check` answers it.
-async fn one(limiter: &Limiter, encoding: Encoding, body: &[u8]) -> Answered {
-    let result = match encoding.decode::<CheckRequest<'static>>(body) {
+/// One check of a batch.
+async fn one(limiter: &Limiter, encoding: Encoding, body: &[u8]) -> Result<CheckResponse, CheckError> {
+    match encoding.decode::<CheckRequest<'static>>(body) {
         Err(err) => Err(CheckError::BadRequest(format!("malformed request: {err}"))),
         Ok(req) if req.wait_ms.is_some_and(|w| w.get() > 0) => {
             Err(CheckError::BadRequest("wait_ms: a check that waits is sent alone, not in a batch".into()))
         }
         Ok(req) => limiter.metrics.decided(&req, limiter.check(&req).await),
-    };
-    let (status, body) = crate::server::answer_parts(encoding, result);
-    Answered { status: status.as_u16(), body }
+    }
 }

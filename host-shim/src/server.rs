@@ -40,10 +40,10 @@ use hyper_util::service::TowerToHyperService;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sluice_policies::wire::{
-    AdjustRequest, CheckBatch, CheckRequest, Encoding, FeedbackRequest, LeaseRequest, ReleaseRequest,
-    RenewRequest, ReportRequest, ShedRequest, ADJUST_PATH, BATCH_PATH, CHECK_PATH, FEEDBACK_PATH,
-    JSON_CONTENT_TYPE, LEASE_PATH, MAX_REPORT_BODY, PROTOCOL_HEADER, PROTOCOL_VERSION, RELEASE_PATH,
-    RENEW_PATH, REPORT_PATH, SHED_PATH,
+    AdjustRequest, Answered, BatchAnswer, CheckBatch, CheckRequest, Encoding, FeedbackRequest, LeaseRequest,
+    ReleaseRequest, RenewRequest, ReportRequest, ShedRequest, ADJUST_PATH, BATCH_PATH, CHECK_PATH,
+    FEEDBACK_PATH, JSON_CONTENT_TYPE, LEASE_PATH, MAX_REPORT_BODY, PROTOCOL_HEADER, PROTOCOL_VERSION,
+    RELEASE_PATH, RENEW_PATH, REPORT_PATH, SHED_PATH,
 };
 
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
@@ -497,7 +497,17 @@ async fn check(State(limiter): State<Arc<Limiter>>, Wire(encoding): Wire, body: 
 /// Many checks in one call ([`crate::batch`]), answered in the call's encoding.
 async fn batch(State(limiter): State<Arc<Limiter>>, Wire(encoding): Wire, body: Bytes) -> Response {
     match encoding.decode::<CheckBatch>(&body) {
-        Ok(batch) => answer_in(encoding, crate::batch::decide(&limiter, encoding, &batch).await),
+        Ok(batch) => {
+            let results = crate::batch::decide(&limiter, encoding, &batch).await;
+            let answered = |result| {
+                let (status, body) = answer_parts(encoding, result);
+                Answered { status: status.as_u16(), body }
+            };
+            answer_in(
+                encoding,
+                results.map(|r| BatchAnswer { answers: r.into_iter().map(answered).collect() }),
+            )
+        }
         Err(err) => malformed(err),
     }
 }
@@ -617,7 +627,7 @@ fn answer_in<T: Serialize + borsh::BorshSerialize>(
 
 /// The status and body of an answer in `encoding`: the value on 200, or
 /// why it failed as text (see [`failed`]). A batch's answers are these.
-pub(crate) fn answer_parts<T: Serialize + borsh::BorshSerialize>(
+fn answer_parts<T: Serialize + borsh::BorshSerialize>(
     encoding: Encoding,
     result: Result<T, CheckError>,
 ) -> (StatusCode, Vec<u8>) {

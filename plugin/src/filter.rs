@@ -13,7 +13,7 @@ use sluice_policies::request::SimpleRequest;
 
 use crate::host::{clock, HostRequest, ProxyHost};
 use crate::perform::{answer, perform, Calls};
-use crate::vm::Vm;
+use crate::vm::{SharingStream, Vm};
 
 pub struct Filter {
     vm: Rc<Vm>,
@@ -38,17 +38,18 @@ pub struct StreamState {
     pub shares: bool,
 }
 
-impl StreamState {
-    /// What became of the call `token` (unknown tokens are ignored).
-    pub fn answered(
-        &mut self,
-        vm: &Vm,
-        id: u32,
-        token: u32,
-        result: CallResult,
-        now: &Now,
-        host: &ProxyHost,
-    ) {
+impl SharingStream for StreamState {
+    fn resume(&mut self, vm: &Vm, id: u32, call: CallId, result: CallResult, now: &Now, host: &ProxyHost) {
+        let effects = self.flow.handle_answer(now, call, result, host);
+        self.perform(vm, id, effects, now, host);
+    }
+
+    fn owns(&self, token: u32) -> bool {
+        self.tokens.iter().any(|(t, _)| *t == token)
+    }
+
+    /// Unknown tokens are ignored.
+    fn answered(&mut self, vm: &Vm, id: u32, token: u32, result: CallResult, now: &Now, host: &ProxyHost) {
         let Some(at) = self.tokens.iter().position(|(t, _)| *t == token) else { return };
         let (_, call) = self.tokens.swap_remove(at);
         if self.lone == Some(token) {
@@ -58,7 +59,9 @@ impl StreamState {
         let effects = self.flow.handle_answer(now, call, result, host);
         self.perform(vm, id, effects, now, host);
     }
+}
 
+impl StreamState {
     /// Performs `effects` for stream `id`.
     pub fn perform(&mut self, vm: &Vm, id: u32, effects: Vec<Effect>, now: &Now, host: &ProxyHost) {
         let mut calls = StreamCalls { state: self, now, host, vm, id, lone: None };
@@ -79,7 +82,8 @@ impl Filter {
         let mut stream = self.stream.borrow_mut();
         stream.perform(&self.vm, self.id, effects, now, host);
         if stream.shares {
-            self.vm.shared.borrow_mut().entry(self.id).or_insert_with(|| self.stream.clone());
+            let shared: Rc<RefCell<dyn SharingStream>> = self.stream.clone();
+            self.vm.shared.borrow_mut().entry(self.id).or_insert(shared);
         }
     }
 

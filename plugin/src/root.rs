@@ -14,11 +14,11 @@ use proxy_wasm::types::{Action, BufferType, ContextType};
 use sluice_core::sharing::Member;
 use sluice_core::{CallId, CallResult, Deferred, Effect, Now, Worker};
 
-use crate::filter::{Filter, StreamState};
+use crate::filter::Filter;
 use crate::host::{clock, ProxyHost};
 use crate::perform::{answer, perform, send, Calls};
 use crate::stats::Stats;
-use crate::vm::Vm;
+use crate::vm::{SharingStream, Vm};
 
 pub struct SluiceRoot {
     /// The host's id of this context.
@@ -113,9 +113,7 @@ fn resume(vm: &Vm, member: Member, result: CallResult, now: &Now, host: &ProxyHo
         log::debug!("cannot resume stream {}: {status:?}", member.stream);
         return;
     }
-    let mut stream = stream.borrow_mut();
-    let effects = stream.flow.handle_answer(now, member.call, result, host);
-    stream.perform(vm, member.stream, effects, now, host);
+    stream.borrow_mut().resume(vm, member.stream, member.call, result, now, host);
 }
 
 impl Context for SluiceRoot {
@@ -140,7 +138,7 @@ impl Context for SluiceRoot {
             return;
         }
         // A call a stream made while the root resumed it comes back here.
-        let owns = |s: &Rc<RefCell<StreamState>>| s.borrow().tokens.iter().any(|(t, _)| *t == token);
+        let owns = |s: &Rc<RefCell<dyn SharingStream>>| s.borrow().owns(token);
         let owner = vm.shared.borrow().iter().find(|(_, s)| owns(s)).map(|(id, s)| (*id, s.clone()));
         if let Some((id, stream)) = owner {
             if hostcalls::set_effective_context(id).is_ok() {

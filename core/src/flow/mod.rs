@@ -46,7 +46,7 @@ mod upstream;
 
 use std::rc::Rc;
 
-use sluice_policies::wire::{AdjustRequest, Encoding, ADJUST_PATH};
+use sluice_policies::wire::{AdjustRequest, ADJUST_PATH};
 use sluice_policies::Request;
 
 use crate::check_call::CheckCall;
@@ -69,9 +69,7 @@ use upstream::Upstream;
 pub const SHADOW_HEADER: &str = "x-sluice-shadow";
 
 /// The enforced check's call id, and the shadow check's; others count from here.
-/// The check and its answer go in the binary wire (docs/performance.md,
-/// "Levers measured"); the other calls in JSON.
-pub const CHECK_ENCODING: Encoding = Encoding::Binary;
+pub use crate::decision::CHECK_ENCODING;
 
 const ENFORCED: CallId = CallId(0);
 const SHADOW: CallId = CallId(1);
