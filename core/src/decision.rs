@@ -3,6 +3,10 @@
 use sluice_policies::units::Millis;
 use sluice_policies::wire::{Check, CheckResponse, Encoding};
 
+/// The check and its answer go in the binary wire (docs/performance.md,
+/// "Levers measured"); the other calls in JSON.
+pub const CHECK_ENCODING: Encoding = Encoding::Binary;
+
 /// The shim's answer to `checks`, or why it is no usable answer (and
 /// `failure_mode` decides). `status` is the `:status` header, `None` when the
 /// call failed without a response (reset, timeout).

@@ -25,6 +25,9 @@ pub struct Outgoing {
     pub encoding: Encoding,
     pub body: Vec<u8>,
     pub timeout_ms: u64,
+    /// A check that may share its callout with others ([`crate::sharing`]):
+    /// a plain check, one that does not wait.
+    pub shared: bool,
 }
 
 /// A call a stream leaves to its worker, sent on the worker's next tick: a

@@ -16,6 +16,8 @@
 //!   that outlive a stream (releases, renewals, shed reports, lease calls,
 //!   reports of failure-mode passes), with when it next needs a tick.
 //! - [`effect`]: the [`Effect`] values, calls and their results.
+//! - [`sharing`]: shared callouts: a worker's checks queued while its
+//!   calls are out, sent together as one batch, answered each alone.
 //! - [`host`]: the [`Host`] trait: shared data, response headers, bodies.
 //! - [`now`]: [`Now`], the time an event happens at.
 //! - [`stats`]: every stat's name, once.
@@ -68,6 +70,7 @@ pub mod plan;
 pub mod ratelimit_headers;
 pub mod renewals;
 pub mod rlqs;
+pub mod sharing;
 pub mod shedding;
 pub mod stats;
 pub mod stream_summary;

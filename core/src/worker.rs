@@ -34,6 +34,7 @@ use crate::log_throttle::LogThrottle;
 use crate::now::Now;
 use crate::passes::FailurePasses;
 use crate::renewals::Live;
+use crate::sharing::Sharing;
 use crate::shedding::Shedding;
 use crate::stats::{ClassStat, FilterStat, PolicyStat};
 
@@ -119,6 +120,8 @@ pub struct Worker {
     ticked_ms: Cell<Option<u64>>,
     /// Whether a policy is leased: its pools are ticked every [`LEASE_TICK_MS`].
     leased: bool,
+    /// Shared callouts: the check calls out, and the checks queued for the next.
+    pub sharing: RefCell<Sharing>,
 }
 
 impl Worker {
@@ -142,6 +145,7 @@ impl Worker {
         let policies = doc.policies.len();
         let passes = FailurePasses::new(&doc);
         let leased = doc.policies.iter().any(|p| p.leased.is_some());
+        let doc_shared_calls = doc.shim.shared_calls.get();
         Worker {
             doc,
             breaker: RefCell::new(breaker),
@@ -163,6 +167,7 @@ impl Worker {
             spare: RefCell::new(Vec::new()),
             ticked_ms: Cell::new(None),
             leased,
+            sharing: RefCell::new(Sharing::new(doc_shared_calls)),
         }
     }
 
@@ -330,11 +335,12 @@ impl Worker {
 
     /// When the worker next needs a [`Worker::tick`], on the clock the
     /// events carry: at once (a time already past) for the calls streams
-    /// left, else the next renewal, shed report, report of failure-mode
-    /// passes (only while the shim answers: the tick would send none) or
-    /// leased pools' tick. `None`: nothing is due, however long it waits.
+    /// left and a shared batch due, else the next renewal, shed report,
+    /// report of failure-mode passes (only while the shim answers: the
+    /// tick would send none), leased pools' tick or queued check's deadline. `None`: nothing is due, however long it waits.
     pub fn poll_timeout(&self) -> Option<u64> {
-        if !self.queued.borrow().is_empty() {
+        let sharing = self.sharing.borrow();
+        if !self.queued.borrow().is_empty() || sharing.batch_due() {
             return Some(0);
         }
         let answering = matches!(self.breaker.borrow().state(), BreakerState::Closed { failures: 0 });
@@ -344,6 +350,7 @@ impl Worker {
             self.shedding.borrow().next_due(),
             self.passes.borrow().next_due().filter(|_| answering),
             pools,
+            sharing.poll_timeout(),
         ]
         .into_iter()
         .flatten()
@@ -355,7 +362,14 @@ impl Worker {
         self.next_call.set(id.0.wrapping_add(1));
         self.pending.borrow_mut().insert(id, pending);
         let timeout_ms = self.background_timeout_ms();
-        fx.push(Effect::Send(Outgoing { id, path, encoding: Encoding::Json, body, timeout_ms }));
+        fx.push(Effect::Send(Outgoing {
+            id,
+            path,
+            encoding: Encoding::Json,
+            body,
+            timeout_ms,
+            shared: false,
+        }));
     }
 
     /// What became of a background call the tick asked for.

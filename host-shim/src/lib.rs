@@ -14,6 +14,8 @@
 //! - [`limiter`]: the request handler: runs a check as one atomic Lua script
 //!   call on Redis, and the releases and adjustments that follow; hands
 //!   waiting checks to the waiting group.
+//! - [`batch`]: `POST /v1/checks`, many requests' checks in one call, each
+//!   decided alone (shared callouts).
 //! - [`dashboard`]: `GET /`, the live Limits dashboard, and the playground at `/playground/`.
 //!
 //! **Waiting**: egress waiting, given a [`wait::Waiting`] by the limiter.
@@ -42,6 +44,7 @@
 #![recursion_limit = "256"]
 
 pub mod admin;
+pub mod batch;
 pub mod dashboard;
 pub mod decision;
 pub mod drain;

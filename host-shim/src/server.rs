@@ -11,6 +11,8 @@
 //!   `/v1/shed`, `/v1/lease`: see `sluice_policies::wire`.
 //!   Each answers 200 with JSON, 400 for a malformed or oversized body, 503
 //!   when Redis fails.
+//! - `POST /v1/checks`: many checks in one call, each decided as `/v1/check`
+//!   would, answered with each one's status and body ([`crate::batch`]).
 //! - `POST /v1/report`: failure-mode passes a filter let through, counted in
 //!   the dashboard's history when received (no Redis); 200 and `{}`, 400 for
 //!   a malformed body, one over `MAX_REPORT_BODY` bytes or
@@ -38,9 +40,10 @@ use hyper_util::service::TowerToHyperService;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sluice_policies::wire::{
-    AdjustRequest, CheckRequest, Encoding, FeedbackRequest, LeaseRequest, ReleaseRequest, RenewRequest,
-    ReportRequest, ShedRequest, ADJUST_PATH, CHECK_PATH, FEEDBACK_PATH, JSON_CONTENT_TYPE, LEASE_PATH,
-    MAX_REPORT_BODY, PROTOCOL_HEADER, PROTOCOL_VERSION, RELEASE_PATH, RENEW_PATH, REPORT_PATH, SHED_PATH,
+    AdjustRequest, Answered, BatchAnswer, CheckBatch, CheckRequest, Encoding, FeedbackRequest, LeaseRequest,
+    ReleaseRequest, RenewRequest, ReportRequest, ShedRequest, ADJUST_PATH, BATCH_PATH, CHECK_PATH,
+    FEEDBACK_PATH, JSON_CONTENT_TYPE, LEASE_PATH, MAX_REPORT_BODY, PROTOCOL_HEADER, PROTOCOL_VERSION,
+    RELEASE_PATH, RENEW_PATH, REPORT_PATH, SHED_PATH,
 };
 
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
@@ -51,7 +54,7 @@ use crate::limiter::{CheckError, Limiter};
 use crate::logs::Throttled;
 
 /// The largest body accepted: the bound every valid document stays within.
-pub use sluice_policies::bounds::MAX_BODY;
+pub use sluice_policies::bounds::{MAX_BATCH_BODY, MAX_BODY};
 
 /// The decision routes (with `/healthz`) and the operator's routes (the
 /// dashboard and `/metrics`, see [`crate::admin`]), apart.
@@ -60,6 +63,7 @@ pub fn routers(limiter: Arc<Limiter>, dashboard: crate::dashboard::Options) -> (
     let metrics = limiter.metrics.clone();
     let app = Router::new()
         .route(CHECK_PATH, post(check))
+        .route(BATCH_PATH, post(batch).layer(DefaultBodyLimit::max(MAX_BATCH_BODY)))
         .route(RELEASE_PATH, post(release))
         .route(RENEW_PATH, post(renew))
         .route(SHED_PATH, post(shed))
@@ -490,6 +494,24 @@ async fn check(State(limiter): State<Arc<Limiter>>, Wire(encoding): Wire, body: 
     }
 }
 
+/// Many checks in one call ([`crate::batch`]), answered in the call's encoding.
+async fn batch(State(limiter): State<Arc<Limiter>>, Wire(encoding): Wire, body: Bytes) -> Response {
+    match encoding.decode::<CheckBatch>(&body) {
+        Ok(batch) => {
+            let results = crate::batch::decide(&limiter, encoding, &batch).await;
+            let answered = |result| {
+                let (status, body) = answer_parts(encoding, result);
+                Answered { status: status.as_u16(), body }
+            };
+            answer_in(
+                encoding,
+                results.map(|r| BatchAnswer { answers: r.into_iter().map(answered).collect() }),
+            )
+        }
+        Err(err) => malformed(err),
+    }
+}
+
 /// The encoding a call's `content-type` names (read without copying the headers).
 struct Wire(Encoding);
 
@@ -603,15 +625,36 @@ fn answer_in<T: Serialize + borsh::BorshSerialize>(
     }
 }
 
+/// The status and body of an answer in `encoding`: the value on 200, or
+/// why it failed as text (see [`failed`]). A batch's answers are these.
+fn answer_parts<T: Serialize + borsh::BorshSerialize>(
+    encoding: Encoding,
+    result: Result<T, CheckError>,
+) -> (StatusCode, Vec<u8>) {
+    match result {
+        Ok(value) => match encoding.encode(&value) {
+            Ok(body) => (StatusCode::OK, body),
+            Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{err}\n").into_bytes()),
+        },
+        Err(err) => failure_parts(err),
+    }
+}
+
 /// A call that failed: 400 for the caller's mistake, 503 for Redis's.
 fn failed(err: CheckError) -> Response {
+    let (status, text) = failure_parts(err);
+    (status, String::from_utf8_lossy(&text).into_owned()).into_response()
+}
+
+/// [`failed`]'s status and text.
+fn failure_parts(err: CheckError) -> (StatusCode, Vec<u8>) {
     match err {
-        CheckError::BadRequest(reason) => (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response(),
+        CheckError::BadRequest(reason) => (StatusCode::BAD_REQUEST, format!("{reason}\n").into_bytes()),
         CheckError::Store(reason) => {
             if let Some(suppressed) = REDIS_FAILED_LOG.admit() {
                 tracing::warn!(?reason, suppressed, "redis call failed");
             }
-            (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")).into_response()
+            (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n").into_bytes())
         }
     }
 }

@@ -1,47 +1,112 @@
 //! The HTTP context: drives one request's [`Flow`] with the host's
-//! callbacks, and performs what it returns.
+//! callbacks, and performs what it returns. While one of its checks shares
+//! a callout (`sluice_core::sharing`), the root reaches its flow too
+//! ([`Vm::shared`]), to hand it the batch's answer.
 
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
-use sluice_core::{CallId, Deferred, Effect, Flow, Now, Phase};
+use sluice_core::{CallId, CallResult, Deferred, Effect, Flow, Now, Outgoing, Phase};
 use sluice_policies::request::SimpleRequest;
 
 use crate::host::{clock, HostRequest, ProxyHost};
 use crate::perform::{answer, perform, Calls};
-use crate::vm::Vm;
+use crate::vm::{SharingStream, Vm};
 
 pub struct Filter {
     vm: Rc<Vm>,
     /// The host's id of this stream's context.
     id: u32,
-    flow: Flow,
-    /// The host's token of each call in flight.
-    tokens: Vec<(u32, CallId)>,
+    stream: Rc<RefCell<StreamState>>,
     /// The request body's size buffered so far, while the flow reads it.
     body_size: usize,
     /// The request's headers, copied while the flow reads its body.
     request: Option<SimpleRequest>,
 }
 
-impl Filter {
-    pub fn new(vm: Rc<Vm>, id: u32) -> Filter {
-        let flow = Flow::new(vm.worker.clone());
-        Filter { vm, id, flow, tokens: Vec::new(), body_size: 0, request: None }
+/// A stream's flow and its calls.
+pub struct StreamState {
+    pub flow: Flow,
+    /// The host's token of each call in flight.
+    pub tokens: Vec<(u32, CallId)>,
+    /// The token of this stream's check that went alone while sharing is
+    /// on: it counts among the worker's calls out until it ends.
+    lone: Option<u32>,
+    /// A check of this stream waits in the worker's queue, or its batch is out.
+    pub shares: bool,
+}
+
+impl SharingStream for StreamState {
+    fn resume(&mut self, vm: &Vm, id: u32, call: CallId, result: CallResult, now: &Now, host: &ProxyHost) {
+        let effects = self.flow.handle_answer(now, call, result, host);
+        self.perform(vm, id, effects, now, host);
     }
 
-    fn perform(&mut self, effects: Vec<Effect>, now: &Now, host: &ProxyHost) {
-        let vm = self.vm.clone();
-        let mut calls =
-            StreamCalls { flow: &mut self.flow, tokens: &mut self.tokens, now, host, vm: &vm, id: self.id };
+    fn owns(&self, token: u32) -> bool {
+        self.tokens.iter().any(|(t, _)| *t == token)
+    }
+
+    /// Unknown tokens are ignored.
+    fn answered(&mut self, vm: &Vm, id: u32, token: u32, result: CallResult, now: &Now, host: &ProxyHost) {
+        let Some(at) = self.tokens.iter().position(|(t, _)| *t == token) else { return };
+        let (_, call) = self.tokens.swap_remove(at);
+        if self.lone == Some(token) {
+            self.lone = None;
+            vm.worker.sharing.borrow_mut().lone_ended();
+        }
+        let effects = self.flow.handle_answer(now, call, result, host);
+        self.perform(vm, id, effects, now, host);
+    }
+}
+
+impl StreamState {
+    /// Performs `effects` for stream `id`.
+    pub fn perform(&mut self, vm: &Vm, id: u32, effects: Vec<Effect>, now: &Now, host: &ProxyHost) {
+        let mut calls = StreamCalls { state: self, now, host, vm, id, lone: None };
         let performed = perform(effects, &vm.worker.doc.shim.cluster, &vm.stats, &mut calls);
         vm.worker.recycle(performed);
         vm.arm(now);
     }
+}
+
+impl Filter {
+    pub fn new(vm: Rc<Vm>, id: u32) -> Filter {
+        let flow = Flow::new(vm.worker.clone());
+        let stream = StreamState { flow, tokens: Vec::new(), lone: None, shares: false };
+        Filter { vm, id, stream: Rc::new(RefCell::new(stream)), body_size: 0, request: None }
+    }
+
+    fn perform(&mut self, effects: Vec<Effect>, now: &Now, host: &ProxyHost) {
+        let mut stream = self.stream.borrow_mut();
+        stream.perform(&self.vm, self.id, effects, now, host);
+        if stream.shares {
+            let shared: Rc<RefCell<dyn SharingStream>> = self.stream.clone();
+            self.vm.shared.borrow_mut().entry(self.id).or_insert(shared);
+        }
+    }
+
+    /// The stream ends (its log or its teardown, whichever comes first):
+    /// its checks leave the worker's queue unsent, and its lone check,
+    /// cancelled with it, no longer counts as out.
+    fn leave_sharing(&mut self) {
+        let withdrawn = self.vm.worker.sharing.borrow_mut().stream_ended(self.id);
+        for id in withdrawn {
+            self.flow().handle_withdrawn(id);
+        }
+        if self.stream.borrow_mut().lone.take().is_some() {
+            self.vm.worker.sharing.borrow_mut().lone_ended();
+        }
+        self.vm.shared.borrow_mut().remove(&self.id);
+    }
+
+    fn flow(&self) -> std::cell::RefMut<'_, Flow> {
+        std::cell::RefMut::map(self.stream.borrow_mut(), |s| &mut s.flow)
+    }
 
     fn request_action(&mut self) -> Action {
-        if self.flow.hold_request() {
+        if self.flow().hold_request() {
             Action::Pause
         } else {
             Action::Continue
@@ -54,17 +119,17 @@ impl Filter {
     /// where the host calls body callbacks while the headers are held).
     fn request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
         self.vm.body_came(self.id);
-        if self.flow.phase() == Phase::Reading {
+        if self.flow().phase() == Phase::Reading {
             self.body_size = size;
             let (now, host) = (Now::read(&clock), ProxyHost::new());
             let request = self.request.take().unwrap_or_default();
-            let effects = self.flow.handle_request_body(&now, &request, size, end_of_stream, &host);
-            if self.flow.phase() == Phase::Reading {
+            let effects = self.flow().handle_request_body(&now, &request, size, end_of_stream, &host);
+            if self.flow().phase() == Phase::Reading {
                 self.request = Some(request);
             }
             self.perform(effects, &now, &host);
         }
-        if self.flow.hold_request_body() {
+        if self.flow().hold_request_body() {
             Action::Pause
         } else {
             Action::Continue
@@ -72,7 +137,7 @@ impl Filter {
     }
 
     fn response_action(&mut self) -> Action {
-        if self.flow.hold_response() {
+        if self.flow().hold_response() {
             Action::Pause
         } else {
             Action::Continue
@@ -81,21 +146,40 @@ impl Filter {
 }
 
 struct StreamCalls<'a> {
-    flow: &'a mut Flow,
-    tokens: &'a mut Vec<(u32, CallId)>,
+    state: &'a mut StreamState,
     now: &'a Now<'a>,
     host: &'a ProxyHost,
     vm: &'a Vm,
     id: u32,
+    /// The check just offered that goes alone and counts among the worker's calls out.
+    lone: Option<CallId>,
 }
 
 impl Calls for StreamCalls<'_> {
+    fn offer(&mut self, call: Outgoing) -> Option<Outgoing> {
+        let mut sharing = self.vm.worker.sharing.borrow_mut();
+        let counted = sharing.is_on() && call.shared;
+        let call = sharing.offer(self.id, call, self.now.ms());
+        match &call {
+            Some(call) if counted => self.lone = Some(call.id),
+            Some(_) => {}
+            None => self.state.shares = true,
+        }
+        call
+    }
+
     fn sent(&mut self, id: CallId, token: u32) {
-        self.tokens.push((token, id));
+        self.state.tokens.push((token, id));
+        if self.lone.take_if(|lone| *lone == id).is_some() {
+            self.state.lone = Some(token);
+        }
     }
 
     fn not_sent(&mut self, id: CallId, reason: String) -> Vec<Effect> {
-        self.flow.handle_answer(self.now, id, sluice_core::CallResult::NotSent(reason), self.host)
+        if self.lone.take_if(|lone| *lone == id).is_some() {
+            self.vm.worker.sharing.borrow_mut().lone_ended();
+        }
+        self.state.flow.handle_answer(self.now, id, CallResult::NotSent(reason), self.host)
     }
 
     fn defer(&mut self, call: Deferred) {
@@ -109,18 +193,17 @@ impl Calls for StreamCalls<'_> {
 
 impl Context for Filter {
     fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
-        let Some(at) = self.tokens.iter().position(|(t, _)| *t == token) else { return };
-        let (_, id) = self.tokens.swap_remove(at);
         let (now, host) = (Now::read(&clock), ProxyHost::new());
-        let effects = self.flow.handle_answer(&now, id, answer(num_headers, body_size), &host);
-        self.perform(effects, &now, &host);
+        let result = answer(num_headers, body_size);
+        self.stream.borrow_mut().answered(&self.vm, self.id, token, result, &now, &host);
     }
 
     fn on_done(&mut self) -> bool {
         self.vm.body_came(self.id);
         self.vm.ending.borrow_mut().retain(|&id| id != self.id);
+        self.leave_sharing();
         let (now, host) = (Now::read(&clock), ProxyHost::new());
-        let effects = self.flow.handle_stream_end(&now, &host);
+        let effects = self.flow().handle_stream_end(&now, &host);
         self.perform(effects, &now, &host);
         true
     }
@@ -129,16 +212,16 @@ impl Context for Filter {
 impl HttpContext for Filter {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let (now, host) = (Now::read(&clock), ProxyHost::new());
-        let effects = self.flow.handle_request_headers(&now, &HostRequest::read(), &host);
+        let effects = self.flow().handle_request_headers(&now, &HostRequest::read(), &host);
         self.perform(effects, &now, &host);
-        if self.flow.phase() == Phase::Reading {
+        if self.flow().phase() == Phase::Reading {
             self.request = Some(HostRequest::capture());
         }
-        if end_of_stream && self.flow.phase() == Phase::Reading {
+        if end_of_stream && self.flow().phase() == Phase::Reading {
             // No body will come: the flow reads an empty one.
             return self.request_body(0, true);
         }
-        if self.flow.phase() == Phase::Reading {
+        if self.flow().phase() == Phase::Reading {
             if self.vm.no_body_while_held.get() {
                 // This host hands over no body while the headers are held:
                 // they go on, the body is held until the decision.
@@ -166,28 +249,29 @@ impl HttpContext for Filter {
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let (now, host) = (Now::read(&clock), ProxyHost::new());
-        let effects = self.flow.handle_response_headers(&now, end_of_stream, &host);
+        let effects = self.flow().handle_response_headers(&now, end_of_stream, &host);
         self.perform(effects, &now, &host);
         self.response_action()
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         let (now, host) = (Now::read(&clock), ProxyHost::new());
-        let effects = self.flow.handle_response_body(&now, body_size, end_of_stream, &host);
+        let effects = self.flow().handle_response_body(&now, body_size, end_of_stream, &host);
         self.perform(effects, &now, &host);
         self.response_action()
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
         let (now, host) = (Now::read(&clock), ProxyHost::new());
-        let effects = self.flow.handle_response_trailers(&now);
+        let effects = self.flow().handle_response_trailers(&now);
         self.perform(effects, &now, &host);
         self.response_action()
     }
 
     fn on_log(&mut self) {
+        self.leave_sharing();
         let (now, host) = (Now::read(&clock), ProxyHost::new());
-        let effects = self.flow.handle_stream_end(&now, &host);
+        let effects = self.flow().handle_stream_end(&now, &host);
         self.perform(effects, &now, &host);
     }
 }

@@ -36,5 +36,5 @@ mod vm;
 #[cfg(target_arch = "wasm32")]
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
-    proxy_wasm::set_root_context(|_context_id| Box::new(root::SluiceRoot::new()));
+    proxy_wasm::set_root_context(|context_id| Box::new(root::SluiceRoot::new(context_id)));
 }}

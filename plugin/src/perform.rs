@@ -14,6 +14,11 @@ use crate::stats::Stats;
 
 /// The owner of the calls an effect list sends: a stream or the worker.
 pub trait Calls {
+    /// A call about to go out: `None` when it waits to share a callout
+    /// (`sluice_core::sharing`); else the call to send now.
+    fn offer(&mut self, call: Outgoing) -> Option<Outgoing> {
+        Some(call)
+    }
     /// `id` went out as the host's call `token`.
     fn sent(&mut self, id: CallId, token: u32);
     /// `id` could not be sent: the owner's effects for that.
@@ -31,6 +36,7 @@ pub fn perform(effects: Vec<Effect>, cluster: &str, stats: &Stats, calls: &mut i
     while let Some(effect) = queue.pop_front() {
         match effect {
             Effect::Send(call) => {
+                let Some(call) = calls.offer(call) else { continue };
                 let id = call.id;
                 match send(cluster, &call) {
                     Ok(token) => calls.sent(id, token),
@@ -90,7 +96,7 @@ pub fn perform(effects: Vec<Effect>, cluster: &str, stats: &Stats, calls: &mut i
 
 /// POSTs the call's body to the shim, with its encoding and the wire's
 /// version; the host's token for it.
-fn send(cluster: &str, call: &Outgoing) -> Result<u32, String> {
+pub fn send(cluster: &str, call: &Outgoing) -> Result<u32, String> {
     let headers = vec![
         (":method", "POST"),
         (":path", call.path),

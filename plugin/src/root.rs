@@ -2,6 +2,7 @@
 //! the worker and the stats, with every request; drives the
 //! [`Worker`] on each tick and hands it the answers to its calls.
 
+use std::cell::RefCell;
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -10,29 +11,76 @@ use std::rc::Rc;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType};
+use sluice_core::sharing::Member;
 use sluice_core::{CallId, CallResult, Deferred, Effect, Now, Worker};
 
 use crate::filter::Filter;
 use crate::host::{clock, ProxyHost};
-use crate::perform::{answer, perform, Calls};
+use crate::perform::{answer, perform, send, Calls};
 use crate::stats::Stats;
-use crate::vm::Vm;
+use crate::vm::{SharingStream, Vm};
 
 pub struct SluiceRoot {
+    /// The host's id of this context.
+    id: u32,
     vm: Option<Rc<Vm>>,
     /// The host's token of each background call in flight.
     tokens: HashMap<u32, CallId>,
+    /// The host's token of each shared batch of checks in flight.
+    batches: HashMap<u32, CallId>,
 }
 
 impl SluiceRoot {
-    pub fn new() -> SluiceRoot {
-        SluiceRoot { vm: None, tokens: HashMap::new() }
+    pub fn new(id: u32) -> SluiceRoot {
+        SluiceRoot { id, vm: None, tokens: HashMap::new(), batches: HashMap::new() }
+    }
+
+    /// Shared callouts, from the root (a stream's calls end with it): the
+    /// queued checks past their deadline answered as timed out, and the
+    /// batches due sent. Batches go out from here only, so their answers
+    /// come back here. `resumed`: a stream's context is the effective one,
+    /// which a batch must not be sent from; the root's is made so again.
+    fn share(&mut self, vm: &Vm, mut resumed: bool, now: &Now, host: &ProxyHost) {
+        loop {
+            let answers = vm.worker.sharing.borrow_mut().poll_answers(now.ms());
+            resumed |= !answers.is_empty();
+            for (member, result) in answers {
+                resume(vm, member, result, now, host);
+            }
+            let Some(batch) = vm.worker.sharing.borrow_mut().poll_batch(now.ms()) else { break };
+            if std::mem::take(&mut resumed) {
+                self.to_root();
+            }
+            match send(&vm.worker.doc.shim.cluster, &batch) {
+                Ok(token) => {
+                    self.batches.insert(token, batch.id);
+                }
+                Err(reason) => {
+                    let result = CallResult::NotSent(reason);
+                    let members = vm.worker.sharing.borrow_mut().batch_answered(batch.id, result);
+                    resumed |= !members.is_empty();
+                    for (member, result) in members {
+                        resume(vm, member, result, now, host);
+                    }
+                }
+            }
+        }
+        if resumed {
+            self.to_root();
+        }
     }
 
     fn perform(&mut self, vm: &Vm, effects: Vec<Effect>, now: &Now, host: &ProxyHost) {
         let mut calls = WorkerCalls { worker: &vm.worker, tokens: &mut self.tokens, now, host };
         let performed = perform(effects, &vm.worker.doc.shim.cluster, &vm.stats, &mut calls);
         vm.worker.recycle(performed);
+    }
+
+    /// Makes the root's context the effective one again.
+    fn to_root(&self) {
+        if let Err(status) = hostcalls::set_effective_context(self.id) {
+            log::debug!("cannot return to the root context: {status:?}");
+        }
     }
 }
 
@@ -57,14 +105,47 @@ impl Calls for WorkerCalls<'_> {
     }
 }
 
+/// Hands a shared check's result to its stream's flow, in the stream's
+/// context; a stream that ended has left [`Vm::shared`] and gets nothing.
+fn resume(vm: &Vm, member: Member, result: CallResult, now: &Now, host: &ProxyHost) {
+    let Some(stream) = vm.shared.borrow().get(&member.stream).cloned() else { return };
+    if let Err(status) = hostcalls::set_effective_context(member.stream) {
+        log::debug!("cannot resume stream {}: {status:?}", member.stream);
+        return;
+    }
+    stream.borrow_mut().resume(vm, member.stream, member.call, result, now, host);
+}
+
 impl Context for SluiceRoot {
     fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
         let Some(vm) = self.vm.clone() else { return };
-        let Some(id) = self.tokens.remove(&token) else { return };
         let (now, host) = (Now::read(&clock), ProxyHost::new());
-        let effects = vm.worker.handle_answer(&now, id, answer(num_headers, body_size), &host);
-        self.perform(&vm, effects, &now, &host);
-        vm.arm(&now);
+        if let Some(id) = self.batches.remove(&token) {
+            let members = vm.worker.sharing.borrow_mut().batch_answered(id, answer(num_headers, body_size));
+            let resumed = !members.is_empty();
+            for (member, result) in members {
+                resume(&vm, member, result, &now, &host);
+            }
+            self.share(&vm, resumed, &now, &host);
+            vm.arm(&now);
+            return;
+        }
+        if let Some(id) = self.tokens.remove(&token) {
+            let effects = vm.worker.handle_answer(&now, id, answer(num_headers, body_size), &host);
+            self.perform(&vm, effects, &now, &host);
+            self.share(&vm, false, &now, &host);
+            vm.arm(&now);
+            return;
+        }
+        // A call a stream made while the root resumed it comes back here.
+        let owns = |s: &Rc<RefCell<dyn SharingStream>>| s.borrow().owns(token);
+        let owner = vm.shared.borrow().iter().find(|(_, s)| owns(s)).map(|(id, s)| (*id, s.clone()));
+        if let Some((id, stream)) = owner {
+            if hostcalls::set_effective_context(id).is_ok() {
+                stream.borrow_mut().answered(&vm, id, token, answer(num_headers, body_size), &now, &host);
+            }
+            self.to_root();
+        }
     }
 }
 
@@ -102,6 +183,7 @@ impl RootContext for SluiceRoot {
         let (now, host) = (Now::read(&clock), ProxyHost::new());
         let effects = vm.worker.tick(&now, &host);
         self.perform(&vm, effects, &now, &host);
+        self.share(&vm, false, &now, &host);
         let ending = std::mem::take(&mut *vm.ending.borrow_mut());
         for id in ending {
             // Its last event went out in an earlier callback: only a reset

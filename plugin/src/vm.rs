@@ -2,13 +2,15 @@
 //! [`Worker`] and the stats. The root context makes it; each stream holds it.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
 
 use proxy_wasm::hostcalls;
 
-use sluice_core::{Now, Worker};
+use sluice_core::{CallId, CallResult, Now, Worker};
 
+use crate::host::ProxyHost;
 use crate::stats::Stats;
 use crate::ticker::Ticker;
 
@@ -31,6 +33,20 @@ pub struct Vm {
     pub ending: RefCell<Vec<u32>>,
     /// The root's timer.
     pub ticker: Ticker,
+    /// Streams with a check in the worker's queue or in a batch out, by
+    /// context id: the root hands each its answer (until the stream ends).
+    pub shared: RefCell<HashMap<u32, Rc<RefCell<dyn SharingStream>>>>,
+}
+
+/// A stream with a check in the worker's queue or in a batch out, as the
+/// root reaches it (the filter's state of the stream).
+pub trait SharingStream {
+    /// The result of the stream's call `call`, from a batch's answer.
+    fn resume(&mut self, vm: &Vm, id: u32, call: CallId, result: CallResult, now: &Now, host: &ProxyHost);
+    /// Whether the host's call `token` is the stream's.
+    fn owns(&self, token: u32) -> bool;
+    /// What became of the stream's call `token`.
+    fn answered(&mut self, vm: &Vm, id: u32, token: u32, result: CallResult, now: &Now, host: &ProxyHost);
 }
 
 impl Vm {
@@ -42,6 +58,7 @@ impl Vm {
             no_body_while_held: std::cell::Cell::new(false),
             ending: RefCell::new(Vec::new()),
             ticker: Ticker::default(),
+            shared: RefCell::new(HashMap::new()),
         }
     }
 

@@ -40,6 +40,11 @@ pub const MAX_LIMITS: usize = 32;
 pub const MAX_ADJUSTMENTS: usize = MAX_CHECKS * MAX_LIMITS;
 /// The largest request body the shim reads.
 pub const MAX_BODY: usize = 64 * 1024;
+/// The most checks one `/v1/checks` batch carries.
+pub const MAX_BATCH: usize = 64;
+/// The largest `/v1/checks` body the shim reads; a filter fills a batch up
+/// to it (and [`MAX_BATCH`]), and leaves the rest for the next.
+pub const MAX_BATCH_BODY: usize = 256 * 1024;
 /// The longest request id or lease the filter sends.
 pub const MAX_ID_LEN: usize = 64;
 

@@ -42,7 +42,9 @@ use crate::key::{self, ClientIp, KeySource, OnMissingKey};
 use crate::llm::Llm;
 use crate::request::{Attribute, Face};
 pub use crate::response::FailureMode;
-use crate::response::{CacheSlots, CooldownMs, DenyResponse, DenyStatus, FailureThreshold, HeadersMode};
+use crate::response::{
+    CacheSlots, CooldownMs, DenyResponse, DenyStatus, FailureThreshold, HeadersMode, SharedCalls,
+};
 use crate::shed::ShedPolicy;
 use crate::units::Millis;
 use crate::wait::Wait;
@@ -183,6 +185,11 @@ pub struct Shim {
     /// How long the filter decides alone before it probes the shim again, 1 to 600000.
     #[serde(default)]
     pub cooldown_ms: CooldownMs,
+    /// Shared callouts: the most check calls a worker keeps in flight
+    /// before it queues checks and sends the queue as one call, 0 (every
+    /// check alone) to 64.
+    #[serde(default)]
+    pub shared_calls: SharedCalls,
 }
 
 fn default_cluster() -> String {
@@ -200,6 +207,7 @@ impl Default for Shim {
             timeout_ms: default_timeout(),
             failure_threshold: FailureThreshold::default(),
             cooldown_ms: CooldownMs::default(),
+            shared_calls: SharedCalls::default(),
         }
     }
 }

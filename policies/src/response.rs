@@ -126,6 +126,31 @@ impl<'de> Deserialize<'de> for FailureThreshold {
     }
 }
 
+/// Shared callouts: the most check calls a worker keeps in flight at once;
+/// a check that comes while they are out waits, and the waiting checks go
+/// together in one call when one returns. 0 sends every check alone. 0 to 64.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedCalls(u32);
+
+impl SharedCalls {
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl Default for SharedCalls {
+    fn default() -> Self {
+        SharedCalls(0)
+    }
+}
+
+impl<'de> Deserialize<'de> for SharedCalls {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let n = u64::deserialize(d)?;
+        in_range(n, 0, 64, "shared_calls").map(|n| SharedCalls(n as u32))
+    }
+}
+
 /// How long an open breaker decides locally before probing the shim again, 1 ms to 10 min.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CooldownMs(u32);

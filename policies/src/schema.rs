@@ -12,7 +12,7 @@ use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use crate::condition::{Condition, PathRegex, RawCondition, RawValueCondition, ValueCondition};
 use crate::document::{BodyLimit, Policies, RawPolicy, TimeoutMs, TrustedHops};
 use crate::limit::RawCost;
-use crate::response::{CacheSlots, CooldownMs, DenyStatus, ExtraHeaders, FailureThreshold};
+use crate::response::{CacheSlots, CooldownMs, DenyStatus, ExtraHeaders, FailureThreshold, SharedCalls};
 use crate::wait::{Margin, RawWait, Wait};
 use crate::{Count, Document, Duration, HeaderName, KeySource, Policy, PolicyName};
 
@@ -67,6 +67,7 @@ fixed_schema!(TimeoutMs, "TimeoutMs", {"type": "integer", "minimum": 1, "maximum
 fixed_schema!(TrustedHops, "TrustedHops", {"type": "integer", "minimum": 0, "maximum": 16});
 fixed_schema!(DenyStatus, "DenyStatus", {"type": "integer", "minimum": 400, "maximum": 599});
 fixed_schema!(FailureThreshold, "FailureThreshold", {"type": "integer", "minimum": 0, "maximum": 1000});
+fixed_schema!(SharedCalls, "SharedCalls", {"type": "integer", "minimum": 0, "maximum": 64});
 fixed_schema!(CooldownMs, "CooldownMs", {"type": "integer", "minimum": 1, "maximum": 600000});
 fixed_schema!(CacheSlots, "CacheSlots", {"type": "integer", "minimum": 0, "maximum": 65536});
 fixed_schema!(ExtraHeaders, "ExtraHeaders", {

@@ -8,6 +8,8 @@
 //! JSON stays for debugging and `curl`. [`PROTOCOL_VERSION`] covers both.
 //!
 //! - `POST /v1/check`: a [`CheckRequest`], answered by a [`CheckResponse`].
+//! - `POST /v1/checks`: a [`CheckBatch`], many checks' bodies in one call,
+//!   answered by a [`BatchAnswer`]: each check's own status and body, in order.
 //! - `POST /v1/release`: a [`ReleaseRequest`] at the end of an admitted
 //!   request that holds a lease, answered by a [`ReleaseResponse`].
 //! - `POST /v1/adjust`: an [`AdjustRequest`] once a response tells the true
@@ -96,6 +98,7 @@ impl Encoding {
 }
 
 pub const CHECK_PATH: &str = "/v1/check";
+pub const BATCH_PATH: &str = "/v1/checks";
 pub const RELEASE_PATH: &str = "/v1/release";
 pub const RENEW_PATH: &str = "/v1/renew";
 pub const ADJUST_PATH: &str = "/v1/adjust";
@@ -321,6 +324,39 @@ impl CheckResponse {
             .position(|c| c.limits.iter().any(|l| !l.allowed))
             .or_else(|| self.checks.iter().position(|c| c.paused_ms.is_some()))
     }
+}
+
+/// Shared callouts: the checks of many requests in one call. Each entry is
+/// a [`CheckRequest`]'s body in the batch's own encoding, exactly as
+/// `POST /v1/check` reads it, and is decided on its own (atomic, with its
+/// id and lease), as if it came alone. A check that waits (`wait_ms`) is
+/// refused here (400): it goes alone.
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, borsh::BorshSerialize, borsh::BorshDeserialize,
+)]
+#[serde(deny_unknown_fields)]
+pub struct CheckBatch {
+    pub checks: Vec<Vec<u8>>,
+}
+
+/// The answer to a [`CheckBatch`]: one entry per check, in order.
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, borsh::BorshSerialize, borsh::BorshDeserialize,
+)]
+#[serde(deny_unknown_fields)]
+pub struct BatchAnswer {
+    pub answers: Vec<Answered>,
+}
+
+/// One check's answer in a [`BatchAnswer`]: the status and body that
+/// `POST /v1/check` would have answered it with.
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, borsh::BorshSerialize, borsh::BorshDeserialize,
+)]
+#[serde(deny_unknown_fields)]
+pub struct Answered {
+    pub status: u16,
+    pub body: Vec<u8>,
 }
 
 /// Ends the lease of an admitted request: the checks it was admitted with,

@@ -168,6 +168,7 @@ fixtures! {
     shadow_not_a_bool => r#"policies[0].shadow: invalid type: string "yes", expected a boolean at 5:21"#,
     failure_threshold_too_large => r#"shim.failure_threshold: invalid failure_threshold 5000 (expected 0 to 1000) at 2:37"#,
     cooldown_zero => r#"shim.cooldown_ms: invalid cooldown_ms 0 (expected 1 to 600000) at 2:28"#,
+    shared_calls_too_many => r#"shim.shared_calls: invalid shared_calls 65 (expected 0 to 64) at 2:30"#,
     cache_slots_too_large => r#"over_limit_cache_slots: invalid over_limit_cache_slots 1000000 (expected 0 to 65536) at 2:35"#,
     wait_without_timeout => r#"policies[0].wait: missing field `timeout` at 5:31"#,
     wait_timeout_too_long => r#"policies[0].wait: wait timeout 10m is longer than 5m, the longest hold at 5:32"#,

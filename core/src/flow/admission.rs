@@ -112,7 +112,15 @@ impl State {
                     call.unconfirmed = true;
                     let timeout_ms = call_timeout_ms(timeout, call.wait_ms);
                     let encoding = CHECK_ENCODING;
-                    fx.push(Effect::Send(Outgoing { id, path: CHECK_PATH, encoding, body, timeout_ms }));
+                    let shared = call.wait_ms == 0;
+                    fx.push(Effect::Send(Outgoing {
+                        id,
+                        path: CHECK_PATH,
+                        encoding,
+                        body,
+                        timeout_ms,
+                        shared,
+                    }));
                 }
                 Err(err) => {
                     worker.call_ended(false, now, now, &mut fx);

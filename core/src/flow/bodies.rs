@@ -154,7 +154,14 @@ impl State {
                 let id = self.ids.next();
                 let timeout_ms = worker.doc.shim.timeout_ms.get().into();
                 let encoding = Encoding::Json;
-                fx.push(Effect::Send(Outgoing { id, path: ADJUST_PATH, encoding, body, timeout_ms }));
+                fx.push(Effect::Send(Outgoing {
+                    id,
+                    path: ADJUST_PATH,
+                    encoding,
+                    body,
+                    timeout_ms,
+                    shared: false,
+                }));
                 self.bodies.settling = Some((id, request));
             }
             Err(err) => log::warn!("cannot encode {ADJUST_PATH}: {err}"),

@@ -46,7 +46,7 @@ mod upstream;
 
 use std::rc::Rc;
 
-use sluice_policies::wire::{AdjustRequest, Encoding, ADJUST_PATH};
+use sluice_policies::wire::{AdjustRequest, ADJUST_PATH};
 use sluice_policies::Request;
 
 use crate::check_call::CheckCall;
@@ -69,9 +69,7 @@ use upstream::Upstream;
 pub const SHADOW_HEADER: &str = "x-sluice-shadow";
 
 /// The enforced check's call id, and the shadow check's; others count from here.
-/// The check and its answer go in the binary wire (docs/performance.md,
-/// "Levers measured"); the other calls in JSON.
-pub const CHECK_ENCODING: Encoding = Encoding::Binary;
+pub use crate::decision::CHECK_ENCODING;
 
 const ENFORCED: CallId = CallId(0);
 const SHADOW: CallId = CallId(1);
@@ -269,6 +267,20 @@ impl Flow {
             s.release_at_end(worker, now, &mut fx);
         }
         fx.0
+    }
+
+    /// A check that waited to share a callout was never sent: its stream
+    /// ended first (see [`crate::sharing`]). The shim holds nothing under
+    /// its id, so its end releases nothing for it.
+    pub fn handle_withdrawn(&mut self, id: CallId) {
+        let which = match id {
+            ENFORCED => 0,
+            SHADOW => 1,
+            _ => return,
+        };
+        let call = &mut self.state.calls[which];
+        call.in_flight = false;
+        call.unconfirmed = false;
     }
 
     /// The stream ended (its log, then its teardown; either may come alone):

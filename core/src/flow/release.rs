@@ -83,7 +83,14 @@ impl Release {
                     let id = ids.next();
                     let timeout_ms = worker.doc.shim.timeout_ms.get().into();
                     let encoding = Encoding::Json;
-                    fx.push(Effect::Send(Outgoing { id, path: RELEASE_PATH, encoding, body, timeout_ms }));
+                    fx.push(Effect::Send(Outgoing {
+                        id,
+                        path: RELEASE_PATH,
+                        encoding,
+                        body,
+                        timeout_ms,
+                        shared: false,
+                    }));
                     self.in_flight.push((id, (request, policies)));
                 }
                 Err(err) => log::warn!("cannot encode {RELEASE_PATH}: {err}"),

@@ -81,7 +81,14 @@ impl Upstream {
                 let id = ids.next();
                 let timeout_ms = worker.doc.shim.timeout_ms.get().into();
                 let encoding = Encoding::Json;
-                fx.push(Effect::Send(Outgoing { id, path: FEEDBACK_PATH, encoding, body, timeout_ms }));
+                fx.push(Effect::Send(Outgoing {
+                    id,
+                    path: FEEDBACK_PATH,
+                    encoding,
+                    body,
+                    timeout_ms,
+                    shared: false,
+                }));
                 self.reporting = Some((id, request));
             }
             Err(err) => log::warn!("cannot encode {FEEDBACK_PATH}: {err}"),

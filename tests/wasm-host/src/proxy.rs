@@ -394,8 +394,11 @@ impl Proxy {
         self.state().metrics.value(name)
     }
 
+    /// A paused request waits for a call: its own, or, while its check
+    /// waits to share a callout, one of another context (whose return sends
+    /// the queue).
     fn check_not_stuck(&mut self, id: u32, after: &str) -> anyhow::Result<()> {
-        if self.paused(id) && self.pending_calls(id).is_empty() {
+        if self.paused(id) && self.state().calls.pending.is_empty() {
             bail!("after {after}, stream {id}'s request is left paused: no http call pending, no local response, no resume");
         }
         Ok(())

@@ -22,7 +22,7 @@ use std::rc::Rc;
 
 use serde_json::Value;
 use sluice_policies::wire::{
-    ADJUST_PATH, CHECK_PATH, LEASE_PATH, PROTOCOL_HEADER, PROTOCOL_VERSION, RELEASE_PATH,
+    ADJUST_PATH, BATCH_PATH, CHECK_PATH, LEASE_PATH, PROTOCOL_HEADER, PROTOCOL_VERSION, RELEASE_PATH,
 };
 
 use super::calls::{Answer, Route};
@@ -269,6 +269,12 @@ impl Step {
     /// One `http_call` to the shim's cluster: `POST /v1/check`.
     pub fn calls_the_shim(self) -> Step {
         self.expect(Expect::Calls(CHECK_PATH))
+    }
+
+    /// One `http_call` to the shim's cluster with the queued checks of
+    /// several requests: `POST /v1/checks`.
+    pub fn calls_the_shim_with_a_batch(self) -> Step {
+        self.expect(Expect::Calls(BATCH_PATH))
     }
 
     /// One `http_call` to the shim's cluster that releases a lease: `POST /v1/release`.
