@@ -340,6 +340,43 @@ impl<'t> Run<'t> {
     }
 }
 
+/// Sharing decides each request as the same checks sent one by one, in the
+/// order the shim received them, would.
+fn sharing_decides_as_alone(most: u32, deny: bool, ops: &[Op]) -> Result<(), TestCaseError> {
+    let failure_mode = if deny { "deny" } else { "allow" };
+    let shared = Test::new(&doc(most, failure_mode));
+    let (decisions, received) = Run::run(&shared, ops);
+
+    // The same checks, one by one in the order the shim received them.
+    let alone = Test::new(&doc(0, failure_mode));
+    let mut model = Model::default();
+    let users: Vec<u8> = ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Arrive { user } => Some(*user),
+            _ => None,
+        })
+        .collect();
+    let mut seen = vec![false; users.len()];
+    for (i, fault) in received {
+        prop_assert!(!seen[i], "request {} checked twice", i);
+        seen[i] = true;
+        let mut s = alone.stream();
+        let fx = s.request(&get("/").header("x-user", format!("u{}", users[i])));
+        let call = sent(&fx, CHECK_PATH);
+        let result = fault.result(&mut model, &call.body);
+        let fx = s.answer(&call, &result);
+        let want = (s.phase(), replied(&fx).map(|r| r.status));
+        if let Some(got) = decisions[i] {
+            prop_assert_eq!(got, want, "request {}", i);
+        }
+    }
+    for (i, d) in decisions.iter().enumerate() {
+        prop_assert!(seen[i] || d.is_none(), "request {} decided but never checked", i);
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(400))]
 
@@ -349,30 +386,14 @@ proptest! {
         deny in any::<bool>(),
         ops in prop::collection::vec(op(), 1..60),
     ) {
-        let failure_mode = if deny { "deny" } else { "allow" };
-        let shared = Test::new(&doc(most, failure_mode));
-        let (decisions, received) = Run::run(&shared, &ops);
-
-        // The same checks, one by one in the order the shim received them.
-        let alone = Test::new(&doc(0, failure_mode));
-        let mut model = Model::default();
-        let users: Vec<u8> = ops.iter().filter_map(|op| match op { Op::Arrive { user } => Some(*user), _ => None }).collect();
-        let mut seen = vec![false; users.len()];
-        for (i, fault) in received {
-            prop_assert!(!seen[i], "request {} checked twice", i);
-            seen[i] = true;
-            let mut s = alone.stream();
-            let fx = s.request(&get("/").header("x-user", format!("u{}", users[i])));
-            let call = sent(&fx, CHECK_PATH);
-            let result = fault.result(&mut model, &call.body);
-            let fx = s.answer(&call, &result);
-            let want = (s.phase(), replied(&fx).map(|r| r.status));
-            if let Some(got) = decisions[i] {
-                prop_assert_eq!(got, want, "request {}", i);
-            }
-        }
-        for (i, d) in decisions.iter().enumerate() {
-            prop_assert!(seen[i] || d.is_none(), "request {} decided but never checked", i);
-        }
+        sharing_decides_as_alone(most, deny, &ops)?;
     }
+}
+
+/// A case the property once found: a lone call returns and its stream
+/// ends at once.
+#[test]
+fn a_stream_that_ends_as_its_lone_call_returns() {
+    let ops = [Op::Arrive { user: 0 }, Op::Return { pick: 0, fault: Fault::None }, Op::End { pick: 0 }];
+    sharing_decides_as_alone(3, false, &ops).expect("as alone");
 }
