@@ -9,29 +9,17 @@ use sluice_harness::Redis;
 use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{
     Answered, BatchAnswer, Check, CheckBatch, CheckRequest, Encoding, WireLimit, BATCH_PATH, CHECK_PATH,
-    PROTOCOL_HEADER, PROTOCOL_VERSION,
+    PROTOCOL_VERSION,
 };
 use sluice_shim::limiter::Limiter;
 use sluice_shim::store::Target;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+#[path = "support/raw_post.rs"]
+mod raw_post;
 
-/// One HTTP/1.1 call to `path`: its status and body.
+/// A call to `path` on a fresh connection: its status and body.
 async fn post(port: u16, path: &str, encoding: Encoding, body: &[u8]) -> (u16, Vec<u8>) {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nhost: shim\r\ncontent-type: {}\r\n{PROTOCOL_HEADER}: {PROTOCOL_VERSION}\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n",
-        encoding.content_type(),
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await.expect("write head");
-    stream.write_all(body).await.expect("write body");
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).await.expect("read answer");
-    let split = answer.windows(4).position(|w| w == b"\r\n\r\n").expect("a head") + 4;
-    let head = String::from_utf8_lossy(&answer[..split]).to_lowercase();
-    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    (status, answer[split..].to_vec())
+    let (status, _, body) = raw_post::post(port, path, encoding, PROTOCOL_VERSION, body).await;
+    (status, body)
 }
 
 /// A shim in test-time mode on a Redis of its own; its port.

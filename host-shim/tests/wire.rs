@@ -8,31 +8,16 @@ use std::time::Duration;
 use sluice_harness::Redis;
 use sluice_policies::units::Millis;
 use sluice_policies::wire::{
-    Check, CheckRequest, CheckResponse, Encoding, WireLimit, CHECK_PATH, PROTOCOL_HEADER, PROTOCOL_VERSION,
+    Check, CheckRequest, CheckResponse, Encoding, WireLimit, CHECK_PATH, PROTOCOL_VERSION,
 };
 use sluice_shim::limiter::Limiter;
 use sluice_shim::store::Target;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+#[path = "support/raw_post.rs"]
+mod raw_post;
 
-/// One HTTP/1.1 call: its status, `content-type` and body.
+/// A check on a fresh connection, speaking protocol `version`.
 async fn post(port: u16, encoding: Encoding, version: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
-    let head = format!(
-        "POST {CHECK_PATH} HTTP/1.1\r\nhost: shim\r\ncontent-type: {}\r\n{PROTOCOL_HEADER}: {version}\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n",
-        encoding.content_type(),
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await.expect("write head");
-    stream.write_all(body).await.expect("write body");
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).await.expect("read answer");
-    let split = answer.windows(4).position(|w| w == b"\r\n\r\n").expect("a head") + 4;
-    let head = String::from_utf8_lossy(&answer[..split]).to_lowercase();
-    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let content_type =
-        head.lines().find_map(|l| l.strip_prefix("content-type: ")).unwrap_or_default().trim().to_string();
-    (status, content_type, answer[split..].to_vec())
+    raw_post::post(port, CHECK_PATH, encoding, version, body).await
 }
 
 #[tokio::test]
