@@ -67,6 +67,23 @@ fn throughput(md: &mut String, m: &Matrix) -> std::fmt::Result {
         allow / rps(m, Setup::Floor),
         1.0,
         false,
+    )?;
+    let shared = rps(m, Setup::SluiceShared);
+    goal(
+        md,
+        "A",
+        &format!("{w}w, max req/s: allow with shared callouts (d') ÷ the peer (g)"),
+        shared / rps(m, Setup::RlsPeerAllow),
+        1.5,
+        false,
+    )?;
+    goal(
+        md,
+        "A",
+        &format!("{w}w, max req/s: allow with shared callouts (d') ÷ the callout floor (c)"),
+        shared / rps(m, Setup::Floor),
+        1.0,
+        false,
     )
 }
 
@@ -84,7 +101,8 @@ fn latency(md: &mut String, m: &Matrix, shim: &ShimAlone) -> std::fmt::Result {
         );
         // A part at or under zero is noise (the setup measured faster than
         // plain Envoy): no ratio, rather than one divided by noise.
-        let ratio = if sluice > 0.0 && floor > 0.0 && redis > 0.0 { sluice / (floor + redis) } else { f64::NAN };
+        let ratio =
+            if sluice > 0.0 && floor > 0.0 && redis > 0.0 { sluice / (floor + redis) } else { f64::NAN };
         goal(md, "B", &what, ratio, 1.2, true)?;
     }
     Ok(())

@@ -48,6 +48,11 @@ const SLUICE_POLICY: &str = r#"{
   ]
 }"#;
 
+/// How many check calls each Envoy worker keeps out in setup (d'), the
+/// allow path with shared callouts (`shim.shared_calls`): checks that come
+/// while they are out go together in the next call.
+const SHARED_CALLS: u32 = 2;
+
 /// The policies Sluice's gRPC faces serve (`sluice serve --policy`): the same
 /// windows as the peer's, selected by the RLS descriptor `generic_key` and by
 /// the RLQS bucket id `name` (`bench/envoy/rlqs.yaml`). The RLQS allow
@@ -79,6 +84,7 @@ pub(crate) enum Setup {
     NativeAllow,
     Floor,
     SluiceAllow,
+    SluiceShared,
     SluiceLeased,
     RlsPeerAllow,
     RlsSluiceAllow,
@@ -92,11 +98,12 @@ pub(crate) enum Setup {
 }
 
 impl Setup {
-    pub(crate) const ALL: [Setup; 14] = [
+    pub(crate) const ALL: [Setup; 15] = [
         Setup::Plain,
         Setup::NativeAllow,
         Setup::Floor,
         Setup::SluiceAllow,
+        Setup::SluiceShared,
         Setup::SluiceLeased,
         Setup::RlsPeerAllow,
         Setup::RlsSluiceAllow,
@@ -116,6 +123,7 @@ impl Setup {
             Setup::NativeAllow => "(b) native local_ratelimit, allow",
             Setup::Floor => "(c) callout floor",
             Setup::SluiceAllow => "(d) Sluice, allow",
+            Setup::SluiceShared => "(d') Sluice, shared callouts, allow",
             Setup::SluiceLeased => "(d'') Sluice, leased, allow",
             Setup::RlsPeerAllow => "(g) ratelimit filter + Limitador peer, allow",
             Setup::RlsSluiceAllow => "(h) ratelimit filter + Sluice RLS, allow",
@@ -136,6 +144,7 @@ impl Setup {
             Setup::NativeAllow => "b native",
             Setup::Floor => "c floor",
             Setup::SluiceAllow => "d sluice",
+            Setup::SluiceShared => "d' shared",
             Setup::SluiceLeased => "d'' leased",
             Setup::RlsPeerAllow => "g limitador",
             Setup::RlsSluiceAllow => "h sluice rls",
@@ -193,6 +202,8 @@ pub(crate) struct Envoys {
     floor: Envoy,
     deny_floor: Envoy,
     sluice: Envoy,
+    /// The same policies with shared callouts on: setup (d').
+    sluice_shared: Envoy,
     rls_peer: Envoy,
     /// Sluice's RLS and RLQS faces, if the shim has them.
     rls_sluice: Option<Envoy>,
@@ -293,6 +304,7 @@ impl Rig {
             Setup::Floor => &envoys.floor,
             Setup::DenyFloor => &envoys.deny_floor,
             Setup::SluiceAllow | Setup::SluiceLeased | Setup::SluiceDeny => &envoys.sluice,
+            Setup::SluiceShared => &envoys.sluice_shared,
             Setup::RlsPeerAllow | Setup::RlsPeerDeny => &envoys.rls_peer,
             Setup::RlsSluiceAllow | Setup::RlsSluiceDeny => {
                 envoys.rls_sluice.as_ref().context("Sluice's RLS face is not running")?
@@ -345,13 +357,17 @@ impl Envoys {
             bench_template("deny-floor.yaml"),
             &[up.clone(), ("WASM_PATH", built.deny_floor_wasm.display().to_string())],
         )?;
-        let sluice_values = [
-            up.clone(),
-            ("SHIM_PORT", ports.shim.to_string()),
-            ("WASM_PATH", dist("sluice.wasm")?.display().to_string()),
-            ("POLICY_JSON", serde_json::to_string(SLUICE_POLICY)?),
-        ];
-        let sluice = start(demo_template(), &sluice_values)?;
+        let sluice_with = |policy: &str| -> Result<Envoy> {
+            let values = [
+                up.clone(),
+                ("SHIM_PORT", ports.shim.to_string()),
+                ("WASM_PATH", dist("sluice.wasm")?.display().to_string()),
+                ("POLICY_JSON", serde_json::to_string(policy)?),
+            ];
+            start(demo_template(), &values)
+        };
+        let sluice = sluice_with(SLUICE_POLICY)?;
+        let sluice_shared = sluice_with(&shared_policy()?)?;
         let rls = |port: u16, template: &str| {
             start(bench_template(template), &[up.clone(), ("RLS_PORT", port.to_string())])
         };
@@ -371,11 +387,19 @@ impl Envoys {
             floor,
             deny_floor,
             sluice,
+            sluice_shared,
             rls_peer,
             rls_sluice,
             rlqs,
         })
     }
+}
+
+/// [`SLUICE_POLICY`] with `shim.shared_calls` set to [`SHARED_CALLS`].
+fn shared_policy() -> Result<String> {
+    let mut doc: serde_json::Value = serde_json::from_str(SLUICE_POLICY)?;
+    doc["shim"]["shared_calls"] = SHARED_CALLS.into();
+    Ok(doc.to_string())
 }
 
 /// Whether `dist/sluice` serves the RLQS face too (its `--grpc-listen`
