@@ -456,3 +456,32 @@ async fn a_send_on_one_shim_refuses_another_shims_waiter_it_pushed_out_at_once()
     );
     assert!(held_slots(&redis, 1000).is_empty(), "still held: {:?}", held_slots(&redis, 1000));
 }
+
+/// A held request whose place is gone when it confirms at its slot, with no
+/// push message for it (the message is still on its way, or its shim's
+/// subscriber was reconnecting), asks again within what is left of its wait
+/// instead of being refused without a retry-after. r1 is sent at once on an
+/// interval of 1 s and r2 (wait 5 s) is held for the next slot; its place
+/// is then taken out of the chain behind the shim's back, as another shim's
+/// late send does. At its slot the confirm finds it gone and gives its
+/// reservation back; asked again, the slot is free, and r2 is served.
+/// Before, r2 was refused with no retry-after though it had waited.
+#[tokio::test]
+async fn a_waiter_that_finds_its_place_gone_asks_again_within_its_wait() {
+    let redis = Redis::start().expect("redis");
+    let shim = std::sync::Arc::new(limiter(&redis));
+    let every = |id: &str| request(id, &[WireLimit::Interval { every_ms: Millis(1000) }], 5_000);
+    assert!(shim.check(&every("r1")).await.expect("r1").allowed);
+    let (held_shim, req) = (shim.clone(), every("r2"));
+    let r2 = tokio::spawn(async move { held_shim.check(&req).await });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while held_slots(&redis, 1000).is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let key = "sluice:{p:k}:gcra:1000000:held";
+    let removed: u64 = redis.connection().expect("redis connection").zrem(key, "r2").expect("ZREM");
+    assert_eq!(removed, 1, "r2 was not held");
+    let r2 = r2.await.expect("r2's task").expect("r2's check");
+    assert!(r2.allowed, "r2 was refused after its wait: {r2:?}");
+    assert!(held_slots(&redis, 1000).is_empty(), "still held: {:?}", held_slots(&redis, 1000));
+}

@@ -16,10 +16,11 @@
 //! channel (`wakeups`): the shim that holds each, this one or another,
 //! refuses it at once ([`Held::push_out`](super::Held)), told the wait it
 //! would have had as its retry-after, and gives back the rest of its
-//! reservation. One whose shim missed the message (its subscriber was
-//! reconnecting) finds its reservation gone when it confirms at its slot,
-//! and is refused then (before its deadline; nothing is sent out of the
-//! chain).
+//! reservation. One whose shim has not had the message when it confirms at
+//! its slot (it is still on its way, or the subscriber was reconnecting)
+//! finds its reservation gone and reserves again within what is left of its
+//! wait: it gets a new place or the exact retry-after, as any refused
+//! request does (nothing is sent out of the chain).
 //!
 //! If the client goes away while the answer is held (Envoy resets the h2
 //! stream and hyper drops the handler's future), a drop guard ([`Cancel`])
@@ -100,6 +101,7 @@ pub(crate) async fn check(
         let _counted = waiting.metrics.hold();
         let mut until = wake;
         let mut first = true;
+        let mut gone = false;
         loop {
             tokio::select! {
                 () = timer::sleep_until(until) => {}
@@ -155,7 +157,12 @@ pub(crate) async fn check(
                     if let Ok(Ended::Pushed(us)) = holding.released.try_recv() {
                         return Ok(pushed_out(response, us));
                     }
-                    return Ok(CheckResponse { allowed: false, retry_after_ms: None, ..response });
+                    // The push's message is still on its way (or there was
+                    // none): ask again within what is left of the wait, so
+                    // the request gets a place or the exact retry-after,
+                    // never a bare refusal after it waited.
+                    gone = true;
+                    break;
                 }
                 Confirmed::Wait(us) => {
                     // Behind a send that went late: shifted by its lateness,
@@ -170,7 +177,9 @@ pub(crate) async fn check(
                 }
             }
         }
-        guard.give_back().await;
+        if !gone {
+            guard.give_back().await;
+        }
         left_us = wait_us.saturating_sub(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
     }
 }
