@@ -272,3 +272,65 @@ async fn limitador_windows_open_at_the_first_hit_across_window_ends() {
     // 900 calls over about 18 minutes of windows of 1 to 3 s: most are admitted.
     assert!(admitted > 300, "the runs admit calls in many windows: {admitted}");
 }
+
+/// The bench's RLS peer on the `limitador` crate, Limitador's engine with
+/// its Redis storage (`bench/limitador-peer`): `SLUICE_LIMITADOR`, which
+/// `cargo xtask test` builds and sets, else where `cargo xtask bench`
+/// builds it.
+fn limitador_engine() -> std::path::PathBuf {
+    if let Some(path) = std::env::var_os("SLUICE_LIMITADOR") {
+        return path.into();
+    }
+    let built =
+        sluice_harness::workspace_root().join("target/limitador-peer/target/release/sluice-bench-limitador");
+    assert!(
+        built.is_file(),
+        "Limitador's engine is not built: `cargo xtask test` builds it (or set SLUICE_LIMITADOR)"
+    );
+    built
+}
+
+/// A second reference for Limitador's rules: its engine itself, served the
+/// same limits file, beside the face serving `sluice import`'s conversion
+/// of it. Random calls (domains, descriptors, `hits_addend`) go to both on
+/// the real clock, with windows of a day opened at the first hit, and every
+/// overall code agrees. The engine's counters share the face's Redis under
+/// their own keys.
+#[tokio::test]
+async fn the_face_decides_as_limitadors_engine_on_random_streams() {
+    let engine = limitador_engine();
+    let imported = sluice_cli::import::convert(LIMITADOR, None).expect("converts");
+    assert!(imported.losses.is_empty(), "{:?}", imported.losses);
+    let limits = sluice_harness::scratch_dir("limitador-limits").expect("a scratch dir").join("limits.yaml");
+    std::fs::write(&limits, LIMITADOR).expect("the limits file");
+    for seed in [5_u64, 424_242, 0xc0ffee] {
+        let (mut client, redis) = face(&imported.document.to_string()).await;
+        let served = sluice_harness::Service::start("limitador-engine", &engine, |port| {
+            let limits = limits.display().to_string();
+            ["--listen", &format!("127.0.0.1:{port}"), "--redis", &redis.url(), "--limits", &limits]
+                .map(String::from)
+                .to_vec()
+        })
+        .expect("Limitador's engine");
+        let mut peer = RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", served.port))
+            .await
+            .expect("connect to the engine");
+        let pool = limitador_pool();
+        let mut rng = Rng(seed);
+        let mut refused = 0;
+        for i in 0..150 {
+            let call = rng.call(&pool);
+            let domain = if rng.below(10) == 0 { "other" } else { "shop" };
+            let hits = 1 + rng.below(3) as u32;
+            let req = request_hits(domain, &call, hits);
+            let got = client.should_rate_limit(req.clone()).await.expect("the face's answer").into_inner();
+            let want = peer.should_rate_limit(req).await.expect("the engine's answer").into_inner();
+            assert_eq!(
+                got.overall_code, want.overall_code,
+                "seed {seed}, call {i}: {domain} {call:?} x{hits}: the face {got:?}, the engine {want:?}"
+            );
+            refused += usize::from(want.overall_code == OVER);
+        }
+        assert!((10..140).contains(&refused), "seed {seed}: {refused} of 150 refused: the run shows little");
+    }
+}

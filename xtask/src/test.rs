@@ -1,6 +1,8 @@
 //! `cargo xtask test`: what CI runs. Makes sure Redis, Envoy and the wasm
-//! toolchain are there, builds `dist/`, then runs every test in the workspace
-//! with the three `SLUICE_*` variables pointing at what it found and built.
+//! toolchain are there, builds `dist/` and Limitador's engine (the bench's
+//! RLS peer, a reference for the RLS face's tests), then runs every test in
+//! the workspace with the `SLUICE_*` variables pointing at what it found and
+//! built.
 //!
 //! Then it builds the playground and runs the page tests in headless
 //! Chromium (`playground/tests/`, Node's test runner): the playground's, and
@@ -20,7 +22,7 @@
 
 use anyhow::{Context, Result};
 
-use crate::{bench, browser, build, cmd, deps, paths, playground};
+use crate::{bench, browser, build, cmd, deps, limitador, paths, playground};
 
 /// The fast lane: every crate's unit tests (the end-to-end crate has none)
 /// and these integration tests, `(package, test targets)`, `None` for all
@@ -74,11 +76,14 @@ pub(crate) fn run(test_args: &[String]) -> Result<()> {
     eprintln!("xtask: skopeo: {}", skopeo.display());
     eprintln!("xtask: envoy: {}", envoy.display());
     build::build()?;
+    // For host-shim/tests/rls_peers.rs: Limitador's engine as a reference.
+    let limitador = limitador::build().context("building Limitador's engine (bench/limitador-peer)")?;
 
     let mut test = cmd::cargo();
     test.args(["test", "--workspace"])
         .env("SLUICE_ENVOY", &envoy)
         .env("SLUICE_REDIS_SERVER", &redis)
+        .env("SLUICE_LIMITADOR", &limitador)
         .env("SLUICE_DIST", paths::dist_dir());
     if !test_args.is_empty() {
         test.arg("--").args(test_args);

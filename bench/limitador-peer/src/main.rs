@@ -5,10 +5,13 @@
 //! as Limitador's `redis` storage does it). Benchmark only.
 //!
 //! ```text
-//! sluice-bench-limitador --listen 127.0.0.1:PORT --redis redis://127.0.0.1:PORT
+//! sluice-bench-limitador --listen 127.0.0.1:PORT --redis redis://127.0.0.1:PORT [--limits FILE]
 //! ```
 //!
-//! It knows the bench's two limits, in the domain `bench`: a fixed window
+//! With `--limits`, it serves the limits of a Limitador limits file (YAML,
+//! read by the crate's own `Limit` deserializer): the RLS face's tests use
+//! it as a reference for Limitador's rules. Without, it knows the bench's
+//! two limits, in the domain `bench`: a fixed window
 //! of 10^9 an hour for the descriptor `generic_key=allow` (never hit) and
 //! one of 1 an hour for `generic_key=deny` (over it after the first
 //! request), the same windows Sluice's setups use. A request's descriptors
@@ -74,28 +77,51 @@ fn limit(value: &str, max: u64) -> Result<Limit> {
     Ok(Limit::new(DOMAIN, max, WINDOW_SECONDS, [condition], []))
 }
 
-fn args() -> Result<(SocketAddr, String)> {
+struct Args {
+    listen: SocketAddr,
+    redis: String,
+    limits: Option<String>,
+}
+
+fn args() -> Result<Args> {
     let mut args = std::env::args().skip(1);
-    let (mut listen, mut redis) = (None, None);
+    let (mut listen, mut redis, mut limits) = (None, None, None);
     while let Some(flag) = args.next() {
         let value = args.next().with_context(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--listen" => listen = Some(value.parse().with_context(|| format!("--listen {value}"))?),
             "--redis" => redis = Some(value),
-            _ => bail!("unknown flag {flag}; usage: --listen ADDR --redis URL"),
+            "--limits" => limits = Some(value),
+            _ => bail!("unknown flag {flag}; usage: --listen ADDR --redis URL [--limits FILE]"),
         }
     }
-    Ok((listen.context("--listen ADDR is required")?, redis.context("--redis URL is required")?))
+    Ok(Args {
+        listen: listen.context("--listen ADDR is required")?,
+        redis: redis.context("--redis URL is required")?,
+        limits,
+    })
+}
+
+/// The limits of a Limitador limits file.
+fn limits_file(path: &str) -> Result<Vec<Limit>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+    serde_norway::from_str(&text).with_context(|| format!("{path}: not a Limitador limits file"))
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let (listen, redis) = args()?;
+    let Args { listen, redis, limits } = args()?;
     let storage = AsyncRedisStorage::new(&redis).await.with_context(|| format!("connecting to {redis}"))?;
     let limiter = AsyncRateLimiter::new_with_storage(Box::new(storage));
-    limiter.add_limit(limit("allow", 1_000_000_000)?);
-    limiter.add_limit(limit("deny", 1)?);
-    eprintln!("sluice-bench-limitador: serving RLS v3 on {listen} (domain {DOMAIN}), Redis {redis}");
+    let limits = match &limits {
+        Some(path) => limits_file(path)?,
+        None => vec![limit("allow", 1_000_000_000)?, limit("deny", 1)?],
+    };
+    let count = limits.len();
+    for limit in limits {
+        limiter.add_limit(limit);
+    }
+    eprintln!("sluice-bench-limitador: serving RLS v3 on {listen} ({count} limits), Redis {redis}");
     tonic::transport::Server::builder()
         .add_service(RateLimitServiceServer::new(Peer { limiter }))
         .serve(listen)
