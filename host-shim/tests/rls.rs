@@ -203,8 +203,8 @@ async fn hits_addend_is_a_points_cost_and_zero_means_one() {
 /// INVALID_ARGUMENT, which Envoy's filter passes unless
 /// `failure_mode_deny`). Imported, each descriptor is charged on its own:
 /// the month's 4 and the year's 3 of `mixed.yaml`; a cost that does not fit
-/// is refused and charges that window nothing, and a cost above the limit
-/// never fits.
+/// is refused and counted anyway (`charge: every_hit`, the peer's
+/// counter), and a cost above the limit never fits.
 #[tokio::test]
 async fn peer_hits_addend_is_counted_on_every_window() {
     let mut face = start_with(&imported("mixed.yaml")).await;
@@ -213,16 +213,40 @@ async fn peer_hits_addend_is_counted_on_every_window() {
     let remaining = |r: &RateLimitResponse| r.statuses.iter().map(|s| s.limit_remaining).collect::<Vec<_>>();
     let resp = face.ask(both(2)).await.expect("answer");
     assert_eq!((codes(&resp), remaining(&resp)), (vec![OK, OK], vec![2, 1]));
-    // The year has 1 left of the cost of 2: refused, the month charged
-    // anyway. A refused descriptor says 0 remaining, as the peer's
-    // OVER_LIMIT status does.
+    // The year has 1 left of the cost of 2: refused, and counted past its
+    // limit; the month charged anyway. A refused descriptor says 0
+    // remaining, as the peer's OVER_LIMIT status does.
     let resp = face.ask(both(2)).await.expect("answer");
     assert_eq!((codes(&resp), remaining(&resp)), (vec![OK, OVER], vec![0, 0]));
     let org = |hits| request("edge", vec![descriptor(&[("org", "o")])], hits);
     let resp = face.ask(org(1)).await.expect("answer");
-    assert_eq!((resp.overall_code, resp.statuses[0].limit_remaining), (OK, 0));
+    assert_eq!((resp.overall_code, resp.statuses[0].limit_remaining), (OVER, 0), "the refusal was counted");
     let fresh = face.ask(request("edge", vec![descriptor(&[("org", "new")])], 4)).await.expect("answer");
     assert_eq!((fresh.overall_code, fresh.statuses[0].limit_remaining), (OVER, 0), "above the limit");
+}
+
+/// envoyproxy/ratelimit adds a refused descriptor's hits to its counter,
+/// past the limit: a limit of 10, a cost of 8 admitted, a cost of 5
+/// refused, and then a cost of 1 refused too under `charge: every_hit`
+/// (what `sluice import` writes for its configurations), where Sluice's
+/// `each_descriptor` charges the refusal nothing and admits it. (A window
+/// from the first hit, an hour long: no window ends during the test.)
+#[tokio::test]
+async fn peer_a_refused_hits_addend_is_counted_past_the_limit() {
+    const DOC: &str = r#"{"charge": "CHARGE", "policies": [
+        {"name": "api", "match": {"domain": "edge", "entries": {"user": {"present": true}}}, "key": ["entry:user"],
+         "limits": [{"type": "fixed_window", "limit": 10, "window": "1h", "start": "first_hit"}]}
+    ]}"#;
+    for (charge, last) in [("every_hit", OVER), ("each_descriptor", OK)] {
+        let mut face = start_with(&DOC.replace("CHARGE", charge)).await;
+        let mut codes = Vec::new();
+        for hits in [8, 5, 1] {
+            let resp =
+                face.ask(request("edge", vec![descriptor(&[("user", "u")])], hits)).await.expect("answer");
+            codes.push(resp.overall_code);
+        }
+        assert_eq!(codes, [OK, OVER, last], "charge: {charge}");
+    }
 }
 
 /// Limitador reads a descriptor into a map, so a key given twice counts
@@ -466,7 +490,7 @@ async fn peer_each_descriptor_is_charged_on_its_own() {
 /// Sluice's own rule, `charge: all_or_none`: a denied call charges nothing.
 #[tokio::test]
 async fn all_or_none_stays_a_setting() {
-    let doc = imported("mixed.yaml").replace("\"each_descriptor\"", "\"all_or_none\"");
+    let doc = imported("mixed.yaml").replace("\"every_hit\"", "\"all_or_none\"");
     let mut face = start_with(&doc).await;
     let both = || request("edge", vec![descriptor(&[("plan", "x")]), descriptor(&[("org", "o")])], 0);
     for want in [OK, OK, OK, OVER] {
