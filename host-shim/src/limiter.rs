@@ -209,9 +209,9 @@ impl Limiter {
             let group_limits: Vec<&ScriptLimit> = group.iter().map(|&i| &limits[i]).collect();
             match self.check_slot(&group_limits, &now, &id, req.views, refusals).await {
                 Ok(reply) => {
-                    let denied = !reply.allowed && !counted;
+                    let stop = !reply.allowed && !counted;
                     replies.push(reply);
-                    if denied {
+                    if stop {
                         break;
                     }
                 }
