@@ -8,6 +8,7 @@
 //! windows, shadow answered with its limit, unnamed limits, `replaces`,
 //! each descriptor charged on its own, Limitador's `descriptors[0]`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -247,6 +248,47 @@ async fn peer_a_refused_hits_addend_is_counted_past_the_limit() {
         }
         assert_eq!(codes, [OK, OVER, last], "charge: {charge}");
     }
+}
+
+/// Under `every_hit` a refusal from memory counts nothing where Redis
+/// counts it. A check of one window may be refused so: its window is past
+/// its limit until its end, so no decision reads the count skipped. A check
+/// of two windows is never refused from memory: while its second's window
+/// refuses, Redis counts every call in its hour's window too, and once the
+/// second's window has passed the hour's refuses on that count.
+#[tokio::test]
+async fn every_hit_memory_skips_no_count_a_decision_reads() {
+    const TWO: &str = r#"{"charge": "every_hit", "policies": [
+        {"name": "two", "match": {"domain": "edge", "entries": {"user": {"present": true}}}, "key": ["entry:user"],
+         "limits": [{"type": "fixed_window", "limit": 1, "window": "1s"},
+                    {"type": "fixed_window", "limit": 3, "window": "1h"}]}
+    ]}"#;
+    // 2027-01-15T08:00:01.234Z: the second's window ends in 766 ms.
+    const T0_MS: u64 = 1_800_000_001_234;
+    let redis = Redis::start().expect("redis");
+    let limiter =
+        Arc::new(Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), true).expect("limiter"));
+    let clock = Arc::new(AtomicU64::new(T0_MS));
+    let document = Arc::new(sluice_policies::parse(TWO).expect("the document"));
+    let faces = Faces::new(limiter.clone(), document).with_test_clock(clock.clone());
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = grpc.local_addr().expect("addr").port();
+    let drain = limiter.drain().clone();
+    tokio::spawn(serve(grpc, router(faces), Options::default(), std::future::pending(), drain, None));
+    let client = RateLimitServiceClient::connect(format!("http://127.0.0.1:{port}")).await.expect("connect");
+    let ask_at = |ms: u64| {
+        clock.store(ms, Ordering::Relaxed);
+        let req = request("edge", vec![descriptor(&[("user", "u")])], 1);
+        let mut client = client.clone();
+        async move { client.should_rate_limit(req).await.expect("an answer").into_inner().overall_code }
+    };
+    // The second's 1 and the hour's first of 3.
+    assert_eq!(ask_at(T0_MS).await, OK);
+    // The second refuses; both windows count the call: the hour 2, then 3.
+    assert_eq!(ask_at(T0_MS).await, OVER);
+    assert_eq!(ask_at(T0_MS + 1).await, OVER);
+    // The next second admits; the hour's 3 are counted, so it refuses.
+    assert_eq!(ask_at(T0_MS + 800).await, OVER, "the hour counted every refused call");
 }
 
 /// Limitador reads a descriptor into a map, so a key given twice counts
