@@ -578,3 +578,39 @@ async fn peer_limitador_reads_the_first_descriptor_only() {
     assert_eq!(resp.overall_code, OK, "descriptors[1] is not read");
     assert_eq!(face.ask(request("example.org", vec![d()], 0)).await.expect("answer").overall_code, OVER);
 }
+
+/// The shim trusts no caller: a counted refusal (`charge: every_hit`)
+/// beside a limit that is not a window, or on a waiting request, is a bad
+/// request (the document refuses such policies first).
+#[tokio::test]
+async fn a_counted_refusal_takes_windows_only_decided_at_once() {
+    use sluice_policies::algorithm::Refusals;
+    use sluice_policies::units::Millis;
+    use sluice_policies::wire::{Check, CheckRequest, WireLimit};
+    use sluice_shim::limiter::CheckError;
+    let redis = Redis::start().expect("redis");
+    let limiter = Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), false).expect("limiter");
+    let window = WireLimit::FixedWindow { limit: 1, window_ms: Millis(60_000), cost: 1 };
+    let bucket = WireLimit::TokenBucket { rate: 1, per_ms: Millis(1_000), burst: 1 };
+    let request = |limits: Vec<WireLimit>, wait_ms| CheckRequest {
+        checks: vec![Check {
+            policy: "p".into(),
+            key: "k".into(),
+            limits,
+            margin_ms: None,
+            upstream: false,
+            levels: Vec::new(),
+        }]
+        .into(),
+        now_us: None,
+        id: None,
+        wait_ms,
+        views: Default::default(),
+    };
+    for bad in [request(vec![window, bucket], None), request(vec![window], Some(Millis(100)))] {
+        let err = limiter.check_charging(&bad, Refusals::Counted).await.expect_err("refused");
+        assert!(matches!(err, CheckError::BadRequest(_)), "{err:?}");
+    }
+    let good = limiter.check_charging(&request(vec![window], None), Refusals::Counted).await;
+    assert!(good.expect("decided").allowed);
+}
