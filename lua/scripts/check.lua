@@ -4,7 +4,8 @@
 --
 -- Phase 1 checks every limit and changes nothing but expired entries. Only if
 -- every limit allows the request does phase 2 charge all of them: a request
--- that one limit denies consumes nothing from any other.
+-- that one limit denies consumes nothing from any other (unless refusals
+-- are counted, ARGV[5n+5]: then every window is charged whatever it said).
 --
 -- KEYS[i]   the state key of limit i
 -- ARGV[1]   the time in microseconds, or "" for Redis TIME

@@ -4,7 +4,8 @@
 //! same requests and require the same decisions, remaining counts and waits.
 //!
 //! A check is all or nothing: phase 1 asks every limit, changing nothing but
-//! expired state; only if all allow does phase 2 charge every one of them.
+//! expired state; only if all allow does phase 2 charge every one of them
+//! (or whatever they said, when refusals are counted: [`Refusals`]).
 //!
 //! Times are integer microseconds. Results are in milliseconds, rounded up.
 
