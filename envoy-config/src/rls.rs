@@ -73,7 +73,8 @@ pub fn rls_values(doc: &Document) -> anyhow::Result<Vec<(String, String)>> {
     }));
     rate_limits.retain(|r| r["actions"].as_array().is_some_and(|a| !a.is_empty()));
     // One descriptor per distinct action list: a tree's nodes share paths,
-    // and a descriptor sent twice is charged twice under `each_descriptor`.
+    // and a descriptor sent twice is charged twice under `each_descriptor`
+    // and `every_hit`.
     let mut seen = Vec::new();
     rate_limits.retain(|r| {
         if seen.contains(r) {

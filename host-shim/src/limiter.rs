@@ -15,12 +15,12 @@ use std::time::Duration;
 
 use redis::cluster_routing::Slot;
 use redis::Script;
-use sluice_policies::algorithm::{self, Algorithm};
+use sluice_policies::algorithm::{self, Algorithm, Refusals};
 use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{
     AdjustRequest, AdjustResponse, CheckRequest, CheckResponse, FeedbackRequest, FeedbackResponse,
     LeaseRequest, LeaseResponse, LimitOutcome, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse,
-    ShedRequest, ShedResponse, Views, NO_RESET_WHEN_ADMITTED,
+    ShedRequest, ShedResponse, Views, COUNT_REFUSED, NO_RESET_WHEN_ADMITTED,
 };
 
 pub use crate::decision::CheckError;
@@ -143,7 +143,26 @@ impl Limiter {
     }
 
     pub async fn check(&self, req: &CheckRequest<'_>) -> Result<CheckResponse, CheckError> {
+        self.check_charging(req, Refusals::Uncharged).await
+    }
+
+    /// [`Limiter::check`], with what a refusal is charged: the RLS face's
+    /// `charge: every_hit` counts it ([`Refusals::Counted`]), on windows
+    /// only, decided at once.
+    pub async fn check_charging(
+        &self,
+        req: &CheckRequest<'_>,
+        refusals: Refusals,
+    ) -> Result<CheckResponse, CheckError> {
         let limits = script_limits(&req.checks).map_err(CheckError::BadRequest)?;
+        let counted = refusals == Refusals::Counted;
+        if counted
+            && (req.wait_ms.is_some_and(|w| w.get() > 0) || !limits.iter().all(|l| l.algorithm.is_window()))
+        {
+            return Err(CheckError::BadRequest(
+                "a refusal is counted only by windows, decided at once".to_string(),
+            ));
+        }
         let now = self.time_arg(req.now_us)?;
         if limits.is_empty() {
             return Ok(CheckResponse {
@@ -182,16 +201,17 @@ impl Limiter {
             );
         }
         // Slot by slot, stopping at the first that denies or fails: a slot
-        // after a denial would only be charged to be refunded.
+        // after a denial would only be charged to be refunded. Counted
+        // refusals charge every slot, and none is refunded.
         let mut replies = Vec::with_capacity(groups.len());
         let mut failed = None;
         for group in &groups {
             let group_limits: Vec<&ScriptLimit> = group.iter().map(|&i| &limits[i]).collect();
-            match self.check_slot(&group_limits, &now, &id, req.views).await {
+            match self.check_slot(&group_limits, &now, &id, req.views, refusals).await {
                 Ok(reply) => {
-                    let denied = !reply.allowed;
+                    let stop = !reply.allowed && !counted;
                     replies.push(reply);
-                    if denied {
+                    if stop {
                         break;
                     }
                 }
@@ -202,7 +222,7 @@ impl Limiter {
             }
         }
         let allowed = failed.is_none() && replies.len() == groups.len() && replies.iter().all(|r| r.allowed);
-        if !allowed {
+        if !allowed && !counted {
             // Give back what the slots before the denial (or failure) charged.
             // A refund that fails leaves that charge in place, which can only
             // under-admit; the decision stays a denial (never a 503 that
@@ -247,6 +267,7 @@ impl Limiter {
         now: &str,
         id: &str,
         views: Views,
+        refusals: Refusals,
     ) -> Result<SlotReply, CheckError> {
         let mut call = self.scripts.check.prepare_invoke();
         call.arg(now).arg(id);
@@ -254,9 +275,13 @@ impl Limiter {
             let (name, [a, b, c, d]) = limit.script_args(now);
             call.key(&limit.key).arg(name).arg(a).arg(b).arg(c).arg(d);
         }
-        if !views.reset_when_admitted() {
-            // No wait, then the views (check.lua's arguments).
-            call.arg(0).arg(NO_RESET_WHEN_ADMITTED);
+        let counted = refusals == Refusals::Counted;
+        if !views.reset_when_admitted() || counted {
+            // No wait, then the views and the refusals (check.lua's arguments).
+            call.arg(0).arg(if views.reset_when_admitted() { "" } else { NO_RESET_WHEN_ADMITTED });
+        }
+        if counted {
+            call.arg(COUNT_REFUSED);
         }
         let reply: Vec<i64> = self.store.call(&call).await.map_err(store_error)?;
         decode(limits.len(), &reply)

@@ -360,3 +360,30 @@ async fn a_refund_on_another_slot_leaves_a_settlement_exact() {
     assert_eq!(moved, vec![-450], "a gives back its own unused part, whole");
     assert!(charge.held_until_us.is_some_and(|t| t > Micros(0)));
 }
+
+/// Counted refusals (the RLS face's `charge: every_hit`) charge every slot,
+/// after a denial too, and refund none: each window counts the cost
+/// whatever the others say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counted_refusals_charge_every_slot_and_refund_none() {
+    use sluice_policies::algorithm::Refusals;
+    assert_ne!(Slot::for_key("sluice:{narrow:k}"), Slot::for_key("sluice:{wide:k}"));
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start).await.expect("task").expect("cluster");
+    let limiter =
+        Limiter::new(&Target::Cluster(cluster.urls()), Duration::from_secs(5), false).expect("limiter");
+    let window = |limit| WireLimit::FixedWindow { limit, window_ms: Millis(31_536_000_000), cost: 1 };
+    let request = |checks: Vec<Check>| CheckRequest {
+        checks: checks.into(),
+        now_us: None,
+        id: None,
+        wait_ms: None,
+        views: Default::default(),
+    };
+    let narrow = request(vec![check("narrow", vec![window(1)])]);
+    assert!(limiter.check_charging(&narrow, Refusals::Counted).await.expect("check").allowed);
+    let both = request(vec![check("narrow", vec![window(1)]), check("wide", vec![window(5)])]);
+    let denied = limiter.check_charging(&both, Refusals::Counted).await.expect("check");
+    assert!(!denied.allowed && denied.checks[1].limits[0].allowed, "{denied:?}");
+    assert_eq!(fixed_count(&cluster, "narrow").await, (true, 2), "the refusal was counted");
+    assert_eq!(fixed_count(&cluster, "wide").await, (true, 1), "the slot after the denial was charged, kept");
+}

@@ -19,7 +19,7 @@ use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
 use redis::Commands;
 use sluice_harness::Redis;
-use sluice_policies::algorithm::{self, Algorithm, RedisTwin};
+use sluice_policies::algorithm::{self, Algorithm, RedisTwin, Refusals};
 use sluice_policies::calendar::{Calendar, Period, Weekday, Zone};
 use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{
@@ -127,11 +127,37 @@ fn limits() -> impl Strategy<Value = Vec<WireLimit>> {
     })
 }
 
+/// One to three windows (aligned to the epoch, from the first hit, on a
+/// calendar) whose states are distinct: the limits that count a refusal.
+fn window_limits() -> impl Strategy<Value = Vec<WireLimit>> {
+    let length = prop::sample::select(vec![1u64, 7, 50, 1_000, 60_000]);
+    let window = prop_oneof![
+        (1u32..20, length.clone()).prop_map(|(limit, ms)| WireLimit::FixedWindow {
+            limit,
+            window_ms: Millis(ms),
+            cost: 1
+        }),
+        (1u32..20, length).prop_map(|(limit, ms)| WireLimit::FirstHitWindow {
+            limit,
+            window_ms: Millis(ms),
+            cost: 1
+        }),
+        calendar_limit().prop_filter("a window", |l| matches!(l, WireLimit::CalendarWindow { .. })),
+    ];
+    prop::collection::vec(window, 1..=3).prop_filter("limits sharing state", |ls| {
+        let mut suffixes: Vec<String> = ls.iter().map(|l| Algorithm::of(l).state_suffix()).collect();
+        suffixes.sort();
+        suffixes.windows(2).all(|w| w[0] != w[1])
+    })
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     /// After `dt` µs, a check costing `cost` points (where points apply),
-    /// reading an admitted request's reset or not (`wire::Views`).
-    Check { dt: u64, cost: u32, reset: bool },
+    /// reading an admitted request's reset or not (`wire::Views`), its
+    /// refusal counted or not where every limit is a window (`every_hit`,
+    /// `algorithm::Refusals`).
+    Check { dt: u64, cost: u32, reset: bool, every_hit: bool },
     /// Release the `n`th lease held (modulo how many are held).
     Release { n: usize },
     /// Renew the `n`th lease held (modulo how many are held).
@@ -149,7 +175,8 @@ fn op() -> impl Strategy<Value = Op> {
     let dt =
         prop_oneof![3 => Just(0u64), 3 => near, 2 => 0u64..2_000, 2 => 0u64..200_000, 1 => 0u64..3_000_000];
     prop_oneof![
-        8 => (dt, 0u32..60, any::<bool>()).prop_map(|(dt, cost, reset)| Op::Check { dt, cost, reset }),
+        8 => (dt, 0u32..60, any::<bool>(), any::<bool>())
+            .prop_map(|(dt, cost, reset, every_hit)| Op::Check { dt, cost, reset, every_hit }),
         1 => any::<usize>().prop_map(|n| Op::Release { n }),
         1 => any::<usize>().prop_map(|n| Op::Renew { n }),
         1 => (0u32..60).prop_map(|actual| Op::Adjust { actual }),
@@ -249,7 +276,7 @@ fn run_case_from(w: &World, start: u64, limits: Vec<WireLimit>, ops: Vec<Op>) ->
 
     for op in ops {
         match op {
-            Op::Check { dt, cost, reset } => {
+            Op::Check { dt, cost, reset, every_hit } => {
                 now += dt;
                 id += 1;
                 let checks = vec![Check {
@@ -265,6 +292,8 @@ fn run_case_from(w: &World, start: u64, limits: Vec<WireLimit>, ops: Vec<Op>) ->
                     script.iter().map(|l| (l.key.clone(), l.algorithm)).collect();
                 let keys: Vec<String> = script.iter().map(|l| l.key.clone()).collect();
                 let before = snapshot(&mut conn, &keys);
+                let windows = model_limits.iter().all(|(_, alg)| alg.is_window());
+                let refusals = if every_hit && windows { Refusals::Counted } else { Refusals::Uncharged };
 
                 let req = CheckRequest {
                     checks: checks.as_slice().into(),
@@ -273,10 +302,11 @@ fn run_case_from(w: &World, start: u64, limits: Vec<WireLimit>, ops: Vec<Op>) ->
                     wait_ms: None,
                     views: if reset { Views::All } else { Views::NoResetWhenAdmitted },
                 };
-                let got = w.runtime.block_on(w.limiter.check(&req)).expect("check");
+                let got = w.runtime.block_on(w.limiter.check_charging(&req, refusals)).expect("check");
                 // The model names its entries as the shim does, so a lease is one id in both.
                 let model_id = got.lease.clone().unwrap_or_else(|| format!("m{id}"));
-                let want = algorithm::check_viewing(&mut model, now, &model_id, &model_limits, reset);
+                let want =
+                    algorithm::check_viewing(&mut model, now, &model_id, &model_limits, reset, refusals);
 
                 prop_assert_eq!(got.allowed, want.allowed, "decision at {}", now);
                 prop_assert_eq!(got.retry_after_ms, want.retry_after_ms, "retry after at {}", now);
@@ -288,6 +318,20 @@ fn run_case_from(w: &World, start: u64, limits: Vec<WireLimit>, ops: Vec<Op>) ->
                     last_admitted = Some((checks.clone(), held_until));
                     if let Some(lease) = got.lease {
                         held.push((lease, checks));
+                    }
+                } else if refusals == Refusals::Counted {
+                    // Every window counted the refused cost, past its limit,
+                    // as the model did (a key Redis let expire holds a past
+                    // window the model still keeps).
+                    for (key, _) in &model_limits {
+                        let counted: Option<u64> = conn.hget(key, "n").expect("HGET");
+                        let want = match model.keys.get(key) {
+                            Some(algorithm::State::Counter { count, .. }) => Some(*count),
+                            _ => None,
+                        };
+                        if counted.is_some() {
+                            prop_assert_eq!(counted, want, "{} after a counted refusal at {}", key, now);
+                        }
                     }
                 } else {
                     // All or nothing: a denied check charges no limit. It may
@@ -382,12 +426,19 @@ fn run_case_from(w: &World, start: u64, limits: Vec<WireLimit>, ops: Vec<Op>) ->
 }
 
 /// The script decides exactly as the model, for every limit type, alone and
-/// combined, through checks, releases and adjustments.
+/// combined, through checks, releases and adjustments; and where every
+/// limit is a window, with refusals counted (`charge: every_hit`) or not,
+/// over a second run of windows only.
 #[test]
 fn scripts_decide_as_the_model() {
     let world = World::start();
     let mut runner = TestRunner::new(ProptestConfig { cases: 500, ..ProptestConfig::default() });
     let cases = (limits(), prop::collection::vec(op(), 1..40));
+    if let Err(failure) = runner.run(&cases, |(limits, ops)| run_case(&world, limits, ops)) {
+        panic!("{failure}");
+    }
+    let mut runner = TestRunner::new(ProptestConfig { cases: 200, ..ProptestConfig::default() });
+    let cases = (window_limits(), prop::collection::vec(op(), 1..40));
     if let Err(failure) = runner.run(&cases, |(limits, ops)| run_case(&world, limits, ops)) {
         panic!("{failure}");
     }
@@ -727,7 +778,8 @@ fn calendar_op() -> impl Strategy<Value = Op> {
         1 => 0u64..3 * 86_400_000_000,
     ];
     prop_oneof![
-        8 => (dt, 0u32..60, any::<bool>()).prop_map(|(dt, cost, reset)| Op::Check { dt, cost, reset }),
+        8 => (dt, 0u32..60, any::<bool>(), any::<bool>())
+            .prop_map(|(dt, cost, reset, every_hit)| Op::Check { dt, cost, reset, every_hit }),
         2 => (0u32..60).prop_map(|actual| Op::Adjust { actual }),
     ]
 }

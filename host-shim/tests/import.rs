@@ -89,7 +89,7 @@ const DAY: u64 = 86_400_000;
 #[test]
 fn imported_documents_take_the_peers_charging_and_headers() {
     let doc = import("readme/example1.yaml");
-    assert_eq!(doc.charge, Charge::EachDescriptor);
+    assert_eq!(doc.charge, Charge::EveryHit);
     assert_eq!(doc.headers, HeadersMode::Off);
 }
 

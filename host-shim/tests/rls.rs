@@ -6,8 +6,10 @@
 //! peers' semantics on imported documents (`peer_*` tests): the most
 //! specific rule of a descriptor tree, blocked values, month and year
 //! windows, shadow answered with its limit, unnamed limits, `replaces`,
-//! each descriptor charged on its own, Limitador's `descriptors[0]`.
+//! each descriptor charged on its own, a refused one's hits counted past
+//! the limit (`charge: every_hit`), Limitador's `descriptors[0]`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -203,8 +205,8 @@ async fn hits_addend_is_a_points_cost_and_zero_means_one() {
 /// INVALID_ARGUMENT, which Envoy's filter passes unless
 /// `failure_mode_deny`). Imported, each descriptor is charged on its own:
 /// the month's 4 and the year's 3 of `mixed.yaml`; a cost that does not fit
-/// is refused and charges that window nothing, and a cost above the limit
-/// never fits.
+/// is refused and counted anyway (`charge: every_hit`, the peer's
+/// counter), and a cost above the limit never fits.
 #[tokio::test]
 async fn peer_hits_addend_is_counted_on_every_window() {
     let mut face = start_with(&imported("mixed.yaml")).await;
@@ -213,16 +215,81 @@ async fn peer_hits_addend_is_counted_on_every_window() {
     let remaining = |r: &RateLimitResponse| r.statuses.iter().map(|s| s.limit_remaining).collect::<Vec<_>>();
     let resp = face.ask(both(2)).await.expect("answer");
     assert_eq!((codes(&resp), remaining(&resp)), (vec![OK, OK], vec![2, 1]));
-    // The year has 1 left of the cost of 2: refused, the month charged
-    // anyway. A refused descriptor says 0 remaining, as the peer's
-    // OVER_LIMIT status does.
+    // The year has 1 left of the cost of 2: refused, and counted past its
+    // limit; the month charged anyway. A refused descriptor says 0
+    // remaining, as the peer's OVER_LIMIT status does.
     let resp = face.ask(both(2)).await.expect("answer");
     assert_eq!((codes(&resp), remaining(&resp)), (vec![OK, OVER], vec![0, 0]));
     let org = |hits| request("edge", vec![descriptor(&[("org", "o")])], hits);
     let resp = face.ask(org(1)).await.expect("answer");
-    assert_eq!((resp.overall_code, resp.statuses[0].limit_remaining), (OK, 0));
+    assert_eq!((resp.overall_code, resp.statuses[0].limit_remaining), (OVER, 0), "the refusal was counted");
     let fresh = face.ask(request("edge", vec![descriptor(&[("org", "new")])], 4)).await.expect("answer");
     assert_eq!((fresh.overall_code, fresh.statuses[0].limit_remaining), (OVER, 0), "above the limit");
+}
+
+/// envoyproxy/ratelimit adds a refused descriptor's hits to its counter,
+/// past the limit: a limit of 10, a cost of 8 admitted, a cost of 5
+/// refused, and then a cost of 1 refused too under `charge: every_hit`
+/// (what `sluice import` writes for its configurations), where Sluice's
+/// `each_descriptor` charges the refusal nothing and admits it. (A window
+/// from the first hit, an hour long: no window ends during the test.)
+#[tokio::test]
+async fn peer_a_refused_hits_addend_is_counted_past_the_limit() {
+    const DOC: &str = r#"{"charge": "CHARGE", "policies": [
+        {"name": "api", "match": {"domain": "edge", "entries": {"user": {"present": true}}}, "key": ["entry:user"],
+         "limits": [{"type": "fixed_window", "limit": 10, "window": "1h", "start": "first_hit"}]}
+    ]}"#;
+    for (charge, last) in [("every_hit", OVER), ("each_descriptor", OK)] {
+        let mut face = start_with(&DOC.replace("CHARGE", charge)).await;
+        let mut codes = Vec::new();
+        for hits in [8, 5, 1] {
+            let resp =
+                face.ask(request("edge", vec![descriptor(&[("user", "u")])], hits)).await.expect("answer");
+            codes.push(resp.overall_code);
+        }
+        assert_eq!(codes, [OK, OVER, last], "charge: {charge}");
+    }
+}
+
+/// Under `every_hit` a refusal from memory counts nothing where Redis
+/// counts it. A check of one window may be refused so: its window is past
+/// its limit until its end, so no decision reads the count skipped. A check
+/// of two windows is never refused from memory: while its second's window
+/// refuses, Redis counts every call in its hour's window too, and once the
+/// second's window has passed the hour's refuses on that count.
+#[tokio::test]
+async fn every_hit_memory_skips_no_count_a_decision_reads() {
+    const TWO: &str = r#"{"charge": "every_hit", "policies": [
+        {"name": "two", "match": {"domain": "edge", "entries": {"user": {"present": true}}}, "key": ["entry:user"],
+         "limits": [{"type": "fixed_window", "limit": 1, "window": "1s"},
+                    {"type": "fixed_window", "limit": 3, "window": "1h"}]}
+    ]}"#;
+    // 2027-01-15T08:00:01.234Z: the second's window ends in 766 ms.
+    const T0_MS: u64 = 1_800_000_001_234;
+    let redis = Redis::start().expect("redis");
+    let limiter =
+        Arc::new(Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), true).expect("limiter"));
+    let clock = Arc::new(AtomicU64::new(T0_MS));
+    let document = Arc::new(sluice_policies::parse(TWO).expect("the document"));
+    let faces = Faces::new(limiter.clone(), document).with_test_clock(clock.clone());
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = grpc.local_addr().expect("addr").port();
+    let drain = limiter.drain().clone();
+    tokio::spawn(serve(grpc, router(faces), Options::default(), std::future::pending(), drain, None));
+    let client = RateLimitServiceClient::connect(format!("http://127.0.0.1:{port}")).await.expect("connect");
+    let ask_at = |ms: u64| {
+        clock.store(ms, Ordering::Relaxed);
+        let req = request("edge", vec![descriptor(&[("user", "u")])], 1);
+        let mut client = client.clone();
+        async move { client.should_rate_limit(req).await.expect("an answer").into_inner().overall_code }
+    };
+    // The second's 1 and the hour's first of 3.
+    assert_eq!(ask_at(T0_MS).await, OK);
+    // The second refuses; both windows count the call: the hour 2, then 3.
+    assert_eq!(ask_at(T0_MS).await, OVER);
+    assert_eq!(ask_at(T0_MS + 1).await, OVER);
+    // The next second admits; the hour's 3 are counted, so it refuses.
+    assert_eq!(ask_at(T0_MS + 800).await, OVER, "the hour counted every refused call");
 }
 
 /// Limitador reads a descriptor into a map, so a key given twice counts
@@ -466,7 +533,7 @@ async fn peer_each_descriptor_is_charged_on_its_own() {
 /// Sluice's own rule, `charge: all_or_none`: a denied call charges nothing.
 #[tokio::test]
 async fn all_or_none_stays_a_setting() {
-    let doc = imported("mixed.yaml").replace("\"each_descriptor\"", "\"all_or_none\"");
+    let doc = imported("mixed.yaml").replace("\"every_hit\"", "\"all_or_none\"");
     let mut face = start_with(&doc).await;
     let both = || request("edge", vec![descriptor(&[("plan", "x")]), descriptor(&[("org", "o")])], 0);
     for want in [OK, OK, OK, OVER] {
@@ -510,4 +577,40 @@ async fn peer_limitador_reads_the_first_descriptor_only() {
         face.ask(request("example.org", vec![descriptor(&[("other", "x")]), d()], 0)).await.expect("answer");
     assert_eq!(resp.overall_code, OK, "descriptors[1] is not read");
     assert_eq!(face.ask(request("example.org", vec![d()], 0)).await.expect("answer").overall_code, OVER);
+}
+
+/// The shim trusts no caller: a counted refusal (`charge: every_hit`)
+/// beside a limit that is not a window, or on a waiting request, is a bad
+/// request (the document refuses such policies first).
+#[tokio::test]
+async fn a_counted_refusal_takes_windows_only_decided_at_once() {
+    use sluice_policies::algorithm::Refusals;
+    use sluice_policies::units::Millis;
+    use sluice_policies::wire::{Check, CheckRequest, WireLimit};
+    use sluice_shim::limiter::CheckError;
+    let redis = Redis::start().expect("redis");
+    let limiter = Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), false).expect("limiter");
+    let window = WireLimit::FixedWindow { limit: 1, window_ms: Millis(60_000), cost: 1 };
+    let bucket = WireLimit::TokenBucket { rate: 1, per_ms: Millis(1_000), burst: 1 };
+    let request = |limits: Vec<WireLimit>, wait_ms| CheckRequest {
+        checks: vec![Check {
+            policy: "p".into(),
+            key: "k".into(),
+            limits,
+            margin_ms: None,
+            upstream: false,
+            levels: Vec::new(),
+        }]
+        .into(),
+        now_us: None,
+        id: None,
+        wait_ms,
+        views: Default::default(),
+    };
+    for bad in [request(vec![window, bucket], None), request(vec![window], Some(Millis(100)))] {
+        let err = limiter.check_charging(&bad, Refusals::Counted).await.expect_err("refused");
+        assert!(matches!(err, CheckError::BadRequest(_)), "{err:?}");
+    }
+    let good = limiter.check_charging(&request(vec![window], None), Refusals::Counted).await;
+    assert!(good.expect("decided").allowed);
 }

@@ -8,6 +8,11 @@
 //! `duration_until_reset`. (The same wiring through Envoy:
 //! `tests/e2e/tests/envoy_rls.rs`.)
 //!
+//! Each call carries a `hits_addend` of 1 to 3. envoyproxy/ratelimit's
+//! model counts every call's hits, refused or not; the face (`charge:
+//! every_hit`) counts a refusal in Redis, and its memory of refusals is on
+//! (the default), which counts none: the answers agree all the same.
+//!
 //! The random streams through the face run on the real clock, with windows
 //! of a day or longer, and envoyproxy/ratelimit's run starts well inside a
 //! day, so no window ends during them. Window ends are crossed by a third
@@ -117,11 +122,7 @@ async fn face(doc: &str) -> (RateLimitServiceClient<Channel>, Redis) {
     (client, redis)
 }
 
-fn request(domain: &str, call: &Call) -> RateLimitRequest {
-    request_hits(domain, call, 0)
-}
-
-/// [`request`] with the call's `hits_addend`.
+/// The call to `domain`, with its `hits_addend`.
 fn request_hits(domain: &str, call: &Call, hits: u32) -> RateLimitRequest {
     RateLimitRequest {
         domain: domain.to_string(),
@@ -181,10 +182,16 @@ async fn the_face_decides_as_envoyproxy_ratelimit_on_random_streams() {
         let mut rng = Rng(seed);
         for i in 0..150 {
             let call = rng.call(&pool);
-            let resp =
-                client.should_rate_limit(request("edge", &call)).await.expect("an answer").into_inner();
+            // envoyproxy/ratelimit adds the call's hits_addend to every
+            // descriptor's counter, a refused call's too.
+            let hits = 1 + rng.below(3) as u32;
+            let resp = client
+                .should_rate_limit(request_hits("edge", &call, hits))
+                .await
+                .expect("an answer")
+                .into_inner();
             let now = now_s();
-            let mut want = model.decide(&call, now);
+            let mut want = model.decide_hits(&call, now, u64::from(hits));
             let got = face_answer(&resp, true);
             // The reset is read on two clocks a moment apart.
             for (g, w) in got.statuses.iter().zip(&mut want.statuses) {

@@ -6,7 +6,9 @@
 -- `limit` and ends `reset` from now. A request of `cost` passes while count
 -- plus cost is at most limit (a cost above the limit never passes); it
 -- waits for the window's end. Admitted, the count goes up by its cost and
--- the key lives until the window's end, plus a second.
+-- the key lives until the window's end, plus a second; refused, too, when
+-- the check counts refusals (check.lua's 'count_refused'): the count then
+-- passes the limit, and the window refuses every cost until its end.
 local function counter(key, field, name, count, limit, cost, reset)
   local allowed = count + cost <= limit
   return {

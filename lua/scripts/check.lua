@@ -4,7 +4,8 @@
 --
 -- Phase 1 checks every limit and changes nothing but expired entries. Only if
 -- every limit allows the request does phase 2 charge all of them: a request
--- that one limit denies consumes nothing from any other.
+-- that one limit denies consumes nothing from any other (unless refusals
+-- are counted, ARGV[5n+5]: then every window is charged whatever it said).
 --
 -- KEYS[i]   the state key of limit i
 -- ARGV[1]   the time in microseconds, or "" for Redis TIME
@@ -15,6 +16,10 @@
 -- ARGV[5n+4]   optional, not waiting: 'no_reset_when_admitted' (wire::Views)
 --     when the caller reads no reset of an admitted request: it is 0 then,
 --     and a sliding window skips the lookup of its oldest entry
+-- ARGV[5n+5]   optional: 'count_refused' (wire::COUNT_REFUSED, the RLS
+--     face's `charge: every_hit`): a refused request is charged as an
+--     admitted one, each window counting its cost past its limit. Only
+--     windows take it (the shim refuses it beside any other kind)
 --
 -- Returns {allowed, retry_after_ms, now, then for each limit i:
 --          allowed_i, remaining_i, reset_ms_i, retry_after_ms_i, reclaimed_i,
@@ -95,8 +100,10 @@ if not (allowed and no_reset) then
   end
 end
 
--- Phase 2: commit, only if every limit allowed.
-if allowed then
+-- Phase 2: commit, only if every limit allowed, or whatever they said
+-- when refusals are counted.
+local charged = allowed or ARGV[5 * #KEYS + 5] == 'count_refused'
+if charged then
   for _, f in ipairs(found) do f.commit() end
 end
 
@@ -113,7 +120,7 @@ end
 
 local reply = {allowed and 1 or 0, retry_after, now}
 for _, f in ipairs(found) do
-  local view = allowed and f.after or f.now
+  local view = charged and f.after or f.now
   local retry = f.retry
   if retry > 0 then retry = ceil_ms(retry) end
   local held = (allowed and f.held_until) or 0

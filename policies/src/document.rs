@@ -99,8 +99,10 @@ pub struct Document {
     pub max_request_body_bytes: BodyLimit,
     /// RLS face: how the descriptors of one call are charged: `all_or_none`
     /// (the call is admitted, and charged, only if every limit of every
-    /// descriptor allows it) or `each_descriptor` (each descriptor is decided
-    /// and charged on its own, in order, as envoyproxy/ratelimit does).
+    /// descriptor allows it), `each_descriptor` (each descriptor is decided
+    /// and charged on its own, in order) or `every_hit` (as
+    /// `each_descriptor`, and a refused descriptor's cost is counted too,
+    /// past the limit, as envoyproxy/ratelimit counts it; fixed windows only).
     #[serde(default)]
     pub charge: Charge,
     /// RLS face: which value the policies read of an entry key a descriptor
@@ -135,6 +137,18 @@ pub enum Charge {
     /// Each descriptor decided and charged on its own, in the call's order,
     /// whatever the others' answers.
     EachDescriptor,
+    /// As `each_descriptor`, and a refused descriptor's cost is counted too:
+    /// every window it reaches adds it, past the limit (envoyproxy/ratelimit's
+    /// counter). A window refused so stays refused to its end; it never
+    /// admits past its limit. Only fixed windows count a cost so.
+    EveryHit,
+}
+
+impl Charge {
+    /// Whether a refused request's cost is counted too ([`Charge::EveryHit`]).
+    pub fn counts_refused(self) -> bool {
+        self == Charge::EveryHit
+    }
 }
 
 /// The largest request body read, 1 byte to 16 MiB.

@@ -3,6 +3,8 @@
 use std::fmt;
 
 use crate::bounds::MAX_DOCUMENT_BYTES;
+use crate::limit::LimitType;
+use crate::request::Face;
 use crate::{Document, Limit};
 
 /// Why a policy document was refused: the JSON path of the offending value,
@@ -43,7 +45,46 @@ pub fn parse(text: &str) -> Result<Document, ParseError> {
     })?;
     // Trailing text after the document is an error too.
     de.end().map_err(|err| from_json(".", err, text))?;
-    resolve_classes(doc, text)
+    let doc = resolve_classes(doc, text)?;
+    counts_refused_in_windows(&doc).map_err(|(path, reason)| {
+        let (line, column) = end_of(text);
+        ParseError { path, reason, line, column }
+    })?;
+    Ok(doc)
+}
+
+/// The document's last line and the column after its last character: where
+/// an error known only once the whole document is read is placed.
+fn end_of(text: &str) -> (usize, usize) {
+    let line = text.lines().count().max(1);
+    (line, text.lines().last().map_or(0, |l| l.chars().count()) + 1)
+}
+
+/// `charge: every_hit` counts a refused cost in each window an RLS-face
+/// policy's descriptor reaches: every limit of those policies must be a
+/// fixed window. The offending limit's path and why.
+fn counts_refused_in_windows(doc: &Document) -> Result<(), (String, String)> {
+    if !doc.charge.counts_refused() {
+        return Ok(());
+    }
+    for (i, policy) in doc.policies.0.iter().enumerate() {
+        if policy.matcher.face() != Face::Rls {
+            continue;
+        }
+        // A hierarchy's levels' limits are in the policy's flat list.
+        if let Some((j, limit)) =
+            policy.limits.iter().enumerate().find(|(_, l)| l.kind() != LimitType::FixedWindow)
+        {
+            return Err((
+                format!("policies[{i}].limits[{j}]"),
+                format!(
+                    "`charge: every_hit` counts a refused cost in the window it reaches, and a {} limit has no window to count it in: give the policy fixed_window limits, or charge `each_descriptor`",
+                    limit.type_name()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Resolves each concurrency `reserve.for` to its class's index, and makes
@@ -56,10 +97,7 @@ fn resolve_classes(mut doc: Document, text: &str) -> Result<Document, ParseError
     } else {
         format!("classes: {}", names.join(", "))
     };
-    let end = || {
-        let line = text.lines().count().max(1);
-        (line, text.lines().last().map_or(0, |l| l.chars().count()) + 1)
-    };
+    let end = || end_of(text);
     for (i, policy) in doc.policies.0.iter_mut().enumerate() {
         if policy.shed.is_some() && names.len() < 2 {
             let (line, column) = end();

@@ -198,7 +198,7 @@ where
                 }
             }
         }
-        if doc.charge == Charge::EachDescriptor {
+        if doc.charge != Charge::AllOrNone {
             plan.enforced.close();
             plan.shadow.close();
         }

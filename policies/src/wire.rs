@@ -174,6 +174,10 @@ pub enum Views {
 /// (`lua/scripts/check.lua`) name it.
 pub const NO_RESET_WHEN_ADMITTED: &str = "no_reset_when_admitted";
 
+/// [`crate::algorithm::Refusals::Counted`] as the check script names it:
+/// the RLS face's `charge: every_hit`, never sent over this wire.
+pub const COUNT_REFUSED: &str = "count_refused";
+
 impl Views {
     pub fn is_all(&self) -> bool {
         *self == Views::All
@@ -717,6 +721,7 @@ mod tests {
         assert_eq!(name, format!("\"{NO_RESET_WHEN_ADMITTED}\""));
         let lua = include_str!("../../lua/scripts/check.lua");
         assert!(lua.contains(&format!("'{NO_RESET_WHEN_ADMITTED}'")), "check.lua names the view");
+        assert!(lua.contains(&format!("'{COUNT_REFUSED}'")), "check.lua names counted refusals");
         let json = r#"{"checks":[]}"#;
         let req: CheckRequest<'_> = serde_json::from_str(json).expect("parses");
         assert_eq!(req.views, Views::All, "absent, every view");

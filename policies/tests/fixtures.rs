@@ -36,6 +36,7 @@ macro_rules! fixtures {
 }
 
 fixtures! {
+    every_hit_on_a_token_bucket => "policies[0].limits[1]: `charge: every_hit` counts a refused cost in the window it reaches, and a token_bucket limit has no window to count it in: give the policy fixed_window limits, or charge `each_descriptor` at 8:2",
     budget_limits_differ => r#"policies: policies[1]: budget "team" is shared with policies[0], whose `limits` differ: policies that share a budget charge the same counters, so they need the same `key` and `limits` at 9:3"#,
     budget_key_differs => r#"policies: policies[1]: budget "team" is shared with policies[0], whose `key` differs: policies that share a budget charge the same counters, so they need the same `key` and `limits` at 9:3"#,
     budget_named_as_a_policy => r#"policies: policies[0]: budget "messages" is the name of a policy: give the budget a name of its own at 9:3"#,

@@ -3,7 +3,7 @@
 //! the Lua scripts to this model, so they hold for the scripts too.
 
 use proptest::prelude::*;
-use sluice_policies::algorithm::{self, Algorithm, Correction, RedisTwin, State};
+use sluice_policies::algorithm::{self, Algorithm, Correction, RedisTwin, Refusals, State};
 use sluice_policies::calendar::{Calendar, Period, Zone};
 use sluice_policies::units::Micros;
 
@@ -551,12 +551,17 @@ proptest! {
     /// the epoch or opened at the first hit: over the true outcomes, the
     /// costs a window admits never sum past its limit, and a request is
     /// refused only when its cost does not fit in what its window has left
-    /// (a cost above the limit never fits).
+    /// (a cost above the limit never fits). With refusals counted (`charge:
+    /// every_hit`), a refused cost is counted too and opens a window as an
+    /// admitted one does: a request then fits only in what the window has
+    /// left after every cost counted in it, and the costs admitted still
+    /// never sum past the limit.
     #[test]
     fn a_window_admits_at_most_its_limit_in_cost(
-        limit in 1u64..20, window_ms in 1u64..2_000, first_hit in any::<bool>(),
+        limit in 1u64..20, window_ms in 1u64..2_000, first_hit in any::<bool>(), every_hit in any::<bool>(),
         steps in prop::collection::vec((prop_oneof![Just(0u64), 0u64..5_000, 0u64..500_000], 1u64..25), 1..300),
     ) {
+        let refusals = if every_hit { Refusals::Counted } else { Refusals::Uncharged };
         let window = window_ms * 1000;
         let alg = if first_hit {
             Algorithm::FirstHit { limit, window_us: Micros(window), cost: 1 }
@@ -564,8 +569,9 @@ proptest! {
             Algorithm::FixedWindow { limit, window_us: Micros(window), cost: 1 }
         };
         let mut store = RedisTwin::default();
-        // The window the true outcomes imply: its start and the cost it admitted.
-        let (mut now, mut open): (u64, Option<(u64, u64)>) = (0, None);
+        // The window the true outcomes imply: its start, the cost counted in
+        // it and the cost it admitted.
+        let (mut now, mut open): (u64, Option<(u64, u64, u64)>) = (0, None);
         for (i, (gap, cost)) in steps.into_iter().enumerate() {
             now += gap;
             let limits = [("k".to_string(), match alg {
@@ -573,16 +579,18 @@ proptest! {
                 _ => Algorithm::FixedWindow { limit, window_us: Micros(window), cost },
             })];
             let start = if first_hit { now } else { now / window * window };
-            let (start, spent) = match open {
-                Some((s, n)) if now < s + window => (s, n),
-                _ => (start, 0),
+            let (start, counted, admitted) = match open {
+                Some((s, c, a)) if now < s + window => (s, c, a),
+                _ => (start, 0, 0),
             };
-            let allowed = check(&mut store, now, i as u64, &limits);
-            prop_assert_eq!(allowed, spent + cost <= limit, "cost {} with {} of {} spent at {}", cost, spent, limit, now);
+            let allowed = algorithm::check_viewing(&mut store, now, &format!("r{i}"), &limits, true, refusals).allowed;
+            prop_assert_eq!(allowed, counted + cost <= limit, "cost {} with {} of {} counted at {}", cost, counted, limit, now);
             if allowed {
-                open = Some((start, spent + cost));
+                open = Some((start, counted + cost, admitted + cost));
+            } else if every_hit {
+                open = Some((start, counted + cost, admitted));
             }
-            prop_assert!(open.map_or(0, |(_, n)| n) <= limit);
+            prop_assert!(open.map_or(0, |(_, _, a)| a) <= limit, "admitted past {} in the window from {}", limit, start);
         }
     }
 }

@@ -19,9 +19,9 @@
 //!
 //! A node with neither `rate_limit` nor children is a node that limits
 //! nothing (`"limits": []`): a descriptor that reaches it has no limit. The
-//! document charges each descriptor on its own (`charge: each_descriptor`)
-//! and sends no RateLimit headers of its own (`headers: off`), as
-//! envoyproxy/ratelimit by default.
+//! document charges each descriptor on its own, its refused hits counted
+//! too (`charge: every_hit`), and sends no RateLimit headers of its own
+//! (`headers: off`), as envoyproxy/ratelimit by default.
 //!
 //! Losses: `detailed_metric` and `value_to_metric` (they name
 //! envoyproxy/ratelimit's statsd counters; Sluice's metrics are per
@@ -108,7 +108,7 @@ pub fn convert(yaml: &str) -> anyhow::Result<(Value, Vec<Loss>)> {
         losses: Vec::new(),
     };
     walk.level(&config.descriptors, "descriptors", &mut Vec::new())?;
-    let document = json!({"charge": "each_descriptor", "headers": "off", "policies": walk.policies});
+    let document = json!({"charge": "every_hit", "headers": "off", "policies": walk.policies});
     Ok((document, walk.losses))
 }
 

@@ -16,12 +16,22 @@
 //! check in it has a live entry: then the limiter would refuse it at once
 //! and charge nothing. A group with any other check goes to Redis, which
 //! alone knows that check's state.
+//!
+//! **Counted refusals** (`charge: every_hit`). Redis counts a refused
+//! cost; memory's refusal counts nothing, and no decision changes for it:
+//! a window that refused holds more than its limit, so it refuses every
+//! cost until its end, the entry's deadline is never later than that end,
+//! and the next window is a counter of its own. envoyproxy/ratelimit's own
+//! cache of over-limit keys skips its increment alike. A check of several
+//! limits is not recorded then: while one of its windows refuses, Redis
+//! counts the cost in the others too, which memory would not.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
 use sluice_core::cache::OverLimitCache;
 use sluice_core::{SetError, SharedData};
+use sluice_policies::algorithm::Refusals;
 use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{Check, CheckOutcome, CheckResponse, LimitOutcome};
 use sluice_policies::Policy;
@@ -104,11 +114,28 @@ impl Memory {
         resp: &CheckResponse,
         sent_ms: u64,
     ) {
+        self.record_charging(slots, policies, checks, resp, sent_ms, Refusals::Uncharged);
+    }
+
+    /// [`Memory::record`] of an answer whose refusals were charged as
+    /// `refusals` says: counted, only checks of one limit (above).
+    pub fn record_charging(
+        &self,
+        slots: u32,
+        policies: &[&Policy],
+        checks: &[Check],
+        resp: &CheckResponse,
+        sent_ms: u64,
+        refusals: Refusals,
+    ) {
         if resp.allowed {
             return;
         }
         let cache = OverLimitCache::new(self, slots);
         for ((policy, check), outcome) in policies.iter().zip(checks).zip(&resp.checks) {
+            if refusals == Refusals::Counted && check.limits.len() > 1 {
+                continue;
+            }
             cache.record(policy, check, outcome, sent_ms);
         }
     }

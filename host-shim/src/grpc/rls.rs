@@ -36,6 +36,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice_core::ratelimit_headers::{draft03, most_restrictive, RateLimitHeaders};
+use sluice_policies::algorithm::Refusals;
 use sluice_policies::document::RepeatedEntry;
 use sluice_policies::key::MAX_SOURCE_NAME_LEN;
 use sluice_policies::request::SimpleRequest;
@@ -266,7 +267,9 @@ pub async fn decide(faces: &Faces, req: &RateLimitRequest) -> Result<RateLimitRe
         }
     }
     let slots = document.over_limit_cache_slots.get();
-    let (enforced, shadow) = tokio::join!(run(faces, &plan.enforced, slots), run(faces, &plan.shadow, slots));
+    let refusals = if document.charge.counts_refused() { Refusals::Counted } else { Refusals::Uncharged };
+    let (enforced, shadow) =
+        tokio::join!(run(faces, &plan.enforced, slots, refusals), run(faces, &plan.shadow, slots, refusals));
     let shadow = shadow.unwrap_or_else(|err| {
         // A shadow policy never refuses; its failure is only logged.
         tracing::debug!(?err, "a shadow check failed");
@@ -287,11 +290,14 @@ pub async fn decide(faces: &Faces, req: &RateLimitRequest) -> Result<RateLimitRe
 /// RLS face's: every check's outcome in order (`None`: no checks). A group
 /// whose every check the over-limit cache of `slots` holds a live denial
 /// for is refused from memory, with no Redis call ([`super::memory`]);
-/// every other goes to Redis, and its refusals are recorded there.
+/// every other goes to Redis, and its refusals are recorded there. Under
+/// `charge: every_hit` Redis counts a refusal (`refusals`), and memory
+/// skips that count ([`super::memory`] says why no decision changes).
 async fn run(
     faces: &Faces,
     checks: &Checks<'_>,
     slots: u32,
+    refusals: Refusals,
 ) -> Result<Option<Vec<CheckOutcome>>, CheckError> {
     let limiter = &faces.limiter;
     let mut out: Option<Vec<CheckOutcome>> = None;
@@ -303,8 +309,9 @@ async fn run(
             Some(resp) => limiter.metrics.denied_from_cache(FACE, &req, resp)?,
             None => {
                 req.now_us = faces.check_time(now_ms);
-                let resp = limiter.metrics.decided_via(FACE, &req, limiter.check(&req).await)?;
-                faces.memory.record(slots, policies, &req.checks, &resp, now_ms);
+                let decided = limiter.check_charging(&req, refusals).await;
+                let resp = limiter.metrics.decided_via(FACE, &req, decided)?;
+                faces.memory.record_charging(slots, policies, &req.checks, &resp, now_ms, refusals);
                 resp
             }
         };

@@ -35,8 +35,10 @@ pub type Call = Vec<Vec<(String, String)>>;
 // the first matching wildcard, then the bare key), no going back, the limit
 // of the node at the last entry; `replaces` by name over the whole call;
 // `unlimited` (OK, remaining MaxUint32); each descriptor's counter (domain,
-// the entries' values, a shared wildcard's pattern) incremented whatever
-// the others say, over when the count passes `requests_per_unit`; shadow
+// the entries' values, a shared wildcard's pattern) incremented by the
+// call's hits (`hits_addend`, 0 read as 1) whatever the others say, and
+// whatever its own answer (a refused call's hits are counted too, past the
+// limit), over when the count passes `requests_per_unit`; shadow
 // answered OK with its limit; the reset the seconds to the unit's end.
 
 #[derive(Debug, Deserialize)]
@@ -133,6 +135,13 @@ impl Ratelimit {
     }
 
     pub fn decide(&mut self, call: &Call, now_s: u64) -> Answer {
+        self.decide_hits(call, now_s, 1)
+    }
+
+    /// [`Ratelimit::decide`] for a call of `hits` (its `hits_addend`, 0
+    /// read as 1).
+    pub fn decide_hits(&mut self, call: &Call, now_s: u64, hits: u64) -> Answer {
+        let hits = hits.max(1);
         let (config, counters) = (&self.config, &mut self.counters);
         let found: Vec<Found<'_>> = call.iter().map(|d| Ratelimit::find(config, d)).collect();
         let replacing: Vec<String> = found
@@ -173,7 +182,7 @@ impl Ratelimit {
             key.push_str(&format!("{:?}|{}", node as *const Node, now_s / divider));
             charges.push(key.clone());
             let count = counters.entry(key).or_default();
-            *count += 1;
+            *count += hits;
             let over = *count > u64::from(rate.requests_per_unit);
             let remaining = if over { 0 } else { rate.requests_per_unit - *count as u32 };
             let reset = (divider - now_s % divider) as i64;

@@ -5,7 +5,9 @@
 //! it), has counted `count` of `limit` and ends `reset` µs from now. A
 //! request of `cost` passes while `count + cost` is at most `limit` (a cost
 //! above the limit never passes); refused, it waits for the window's end.
-//! Admitted, the count goes up by its cost.
+//! Admitted, the count goes up by its cost; refused, too, when the check
+//! counts refusals (`Refusals::Counted`): the count then passes the limit,
+//! and the window refuses every cost until its end.
 
 use super::{Found, State, View};
 

@@ -4,7 +4,8 @@
 //! same requests and require the same decisions, remaining counts and waits.
 //!
 //! A check is all or nothing: phase 1 asks every limit, changing nothing but
-//! expired state; only if all allow does phase 2 charge every one of them.
+//! expired state; only if all allow does phase 2 charge every one of them
+//! (or whatever they said, when refusals are counted: [`Refusals`]).
 //!
 //! Times are integer microseconds. Results are in milliseconds, rounded up.
 
@@ -132,6 +133,18 @@ impl Algorithm {
                 cost: cost.into(),
             },
         }
+    }
+
+    /// Whether it is a window's counter (`fixed_window`: aligned to the
+    /// epoch, from the first hit, or on a calendar): the kinds that can
+    /// count a refused cost ([`Refusals::Counted`]).
+    pub fn is_window(&self) -> bool {
+        matches!(
+            self,
+            Algorithm::FixedWindow { .. }
+                | Algorithm::FirstHit { .. }
+                | Algorithm::Calendar { points: false, .. }
+        )
     }
 
     /// Its state's key name under `prefix` (a check's hash tag, or a
@@ -371,19 +384,33 @@ pub struct CheckReply {
     pub limits: Vec<LimitOutcome>,
 }
 
+/// What a refused request is charged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Refusals {
+    /// Nothing: a check is all or nothing.
+    #[default]
+    Uncharged,
+    /// Its cost, in every limit, as an admitted one's: each window counts
+    /// it, past its limit (the RLS face's `charge: every_hit`). Windows
+    /// only: the shim refuses it beside any other kind of limit.
+    Counted,
+}
+
 /// `lua/scripts/check.lua`: decides every limit at once, all or nothing.
 pub fn check(store: &mut RedisTwin, now: u64, id: &str, limits: &[(String, Algorithm)]) -> CheckReply {
-    check_viewing(store, now, id, limits, true)
+    check_viewing(store, now, id, limits, true, Refusals::Uncharged)
 }
 
 /// [`check`], with the views the caller reads (`wire::Views`): without
-/// `reset_when_admitted`, an admitted request's limits carry `reset_ms` 0.
+/// `reset_when_admitted`, an admitted request's limits carry `reset_ms` 0;
+/// and what a refusal is charged (`wire::COUNT_REFUSED`).
 pub fn check_viewing(
     store: &mut RedisTwin,
     now: u64,
     id: &str,
     limits: &[(String, Algorithm)],
     reset_when_admitted: bool,
+    refusals: Refusals,
 ) -> CheckReply {
     // Phase 1: check. Expired leases go back, to waiters first (queue.lua).
     let reclaimed: Vec<(u64, bool)> = limits
@@ -437,8 +464,10 @@ pub fn check_viewing(
             store.keys.insert(key.clone(), state.clone());
         }
     }
-    // Phase 2: commit, only if every limit allowed.
-    if allowed {
+    // Phase 2: commit, only if every limit allowed, or whatever they said
+    // when refusals are counted.
+    let charged = allowed || refusals == Refusals::Counted;
+    if charged {
         for ((key, _), f) in limits.iter().zip(&found) {
             if let Some(state) = &f.commit {
                 store.keys.insert(key.clone(), state.clone());
@@ -456,7 +485,7 @@ pub fn check_viewing(
         .iter()
         .zip(limits)
         .map(|(f, (key, _))| {
-            let view = if allowed { f.after } else { f.now };
+            let view = if charged { f.after } else { f.now };
             let held_until_us = if allowed { f.held_until.map(Micros) } else { None };
             LimitOutcome {
                 allowed: f.allowed,

@@ -301,9 +301,11 @@ fn peer_a_mixed_configuration_through_two_envoys() {
 /// envoyproxy/ratelimit adds the call's `hits_addend` to every
 /// descriptor's window: Envoy's filter sends it from the filter state
 /// `envoy.ratelimit.hits_addend` (here set from a request header), and an
-/// imported configuration charges every descriptor of the call its cost. Regression: a cost above 1 on a window was answered
-/// INVALID_ARGUMENT, which the filter (no `failure_mode_deny`) let through,
-/// so nothing was ever refused.
+/// imported configuration charges every descriptor of the call its cost,
+/// a refused one's too, past its limit (`charge: every_hit`), so a smaller
+/// cost after it is refused as by the peer. Regression: a cost above 1 on a
+/// window was answered INVALID_ARGUMENT, which the filter (no
+/// `failure_mode_deny`) let through, so nothing was ever refused.
 #[test]
 fn peer_hits_addend_is_counted_on_every_window_through_envoy() {
     let redis = Redis::start().expect("redis");
@@ -323,7 +325,8 @@ fn peer_hits_addend_is_counted_on_every_window_through_envoy() {
     let first = ask_hits(&a, &both, "2");
     assert_eq!(first.status, 200, "{}\n{}", a.log(), shim.shim.log());
     assert_eq!(first.header("x-ratelimit-remaining"), Some("1"), "the year's: {:?}", first.headers);
-    // The year has 1 left of a cost of 2: refused; the month is charged anyway.
+    // The year has 1 left of a cost of 2: refused, and counted past its
+    // limit; the month is charged anyway.
     let second = ask_hits(&b, &both, "2");
     assert_eq!(
         (second.status, second.header("x-ratelimit-remaining")),
@@ -332,10 +335,9 @@ fn peer_hits_addend_is_counted_on_every_window_through_envoy() {
         second.headers
     );
     assert_eq!(ask_hits(&a, &[("tenant", "acme")], "1").status, 429, "the month's 4 are spent");
-    assert_eq!(ask_hits(&b, &[("org", "o")], "1").status, 200, "the year's last");
-    assert_eq!(ask_hits(&a, &[("org", "o")], "1").status, 429);
+    assert_eq!(ask_hits(&b, &[("org", "o")], "1").status, 429, "the refused cost took the year's last");
     assert_eq!(ask_hits(&b, &[("org", "other")], "4").status, 429, "a cost above the limit never fits");
-    assert_eq!(ask_hits(&a, &[("org", "other")], "3").status, 200, "and charged nothing");
+    assert_eq!(ask_hits(&a, &[("org", "other")], "3").status, 429, "and is counted too");
 }
 
 /// The examples of envoyproxy/ratelimit's README, converted by `sluice
