@@ -41,6 +41,10 @@
 //! - [`condition`]: `match` and `bypass` conditions on a request.
 //! - [`tree`]: the RLS face's descriptor trees: which node a descriptor
 //!   reaches, most specific first at every level.
+//! - [`descriptor_limit`]: an RLS descriptor's own `limit` (Envoy's
+//!   override), honoured or ignored as the document says.
+//! - [`descriptor_metric`]: the `descriptor` label of a tree node's
+//!   decisions, as envoyproxy/ratelimit names its stats.
 //! - [`key`]: key sources, the missing-key rule, the encoding that keeps
 //!   user input out of Redis key syntax, and the longest key.
 //! - [`class`]: priority classes, most important first.
@@ -100,6 +104,8 @@ pub mod calendar;
 pub mod class;
 pub mod condition;
 pub mod cost;
+pub mod descriptor_limit;
+pub mod descriptor_metric;
 pub mod document;
 pub mod error;
 pub mod face;

@@ -163,6 +163,8 @@ pub struct SimpleRequest {
     pub entries: Vec<(String, Vec<u8>)>,
     /// An RLS descriptor's position in its call.
     pub index: Option<usize>,
+    /// An RLS descriptor's own `limit` (Envoy's override).
+    pub limit: Option<crate::descriptor_limit::DescriptorLimit>,
     /// An RLQS bucket id; non-empty makes this an RLQS request.
     pub bucket: Vec<(String, Vec<u8>)>,
     /// The body, read whole.
@@ -215,6 +217,12 @@ impl SimpleRequest {
     /// Its position among the descriptors of an RLS call.
     pub fn index(mut self, index: usize) -> SimpleRequest {
         self.index = Some(index);
+        self
+    }
+
+    /// Its own limit, as an RLS descriptor may carry (Envoy's override).
+    pub fn limit(mut self, limit: crate::descriptor_limit::DescriptorLimit) -> SimpleRequest {
+        self.limit = Some(limit);
         self
     }
 
