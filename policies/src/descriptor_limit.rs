@@ -29,7 +29,7 @@
 
 use crate::key::{self, KeySource};
 use crate::tree::StepValue;
-use crate::units::{Duration, Millis, PolicyName};
+use crate::units::{Duration, PolicyName};
 use crate::wire::{Check, WireLimit};
 use crate::{Applied, Condition, DenyResponse, Document, Policy, Request};
 
@@ -189,12 +189,4 @@ fn counter(req: &impl Request, applied: &[Applied<'_>]) -> (String, String) {
         whole.extend_from_slice(v);
     }
     (NAME.to_string(), format!("{}:{}", key::MISSING, key::encode(&whole)))
-}
-
-/// The window of an override's check, for its answer.
-pub fn window_ms(check: &Check) -> Option<Millis> {
-    match check.limits.as_slice() {
-        [WireLimit::FixedWindow { window_ms, .. }] => Some(*window_ms),
-        _ => None,
-    }
 }

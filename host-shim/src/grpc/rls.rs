@@ -6,7 +6,9 @@
 //! 1. [`decode`]: the request's `domain` and each descriptor's entries (in
 //!    order, with its position) become one request per descriptor, with its
 //!    cost (`hits_addend`, 0 meaning 1); a key given twice keeps its first
-//!    value, or its last when the document's `repeated_entry` is `last`. Bounded: a malformed or oversized
+//!    value, or its last when the document's `repeated_entry` is `last`;
+//!    its own `limit` (Envoy's override) is read too, and planned as the
+//!    document's `descriptor_limit` says. Bounded: a malformed or oversized
 //!    request is refused with `INVALID_ARGUMENT`, never a panic.
 //! 2. [`plan`] (the one planning function, `sluice_policies::plan`): the
 //!    policy document evaluates each descriptor; the checks of the enforced
@@ -23,7 +25,9 @@
 //!    [`draft03`]: a refusing limit's read from its wait alone, so memory
 //!    and Redis answer alike); and the IETF `RateLimit` and
 //!    `RateLimit-Policy` headers (core's rendering) in
-//!    `response_headers_to_add`, as the document's `headers` says.
+//!    `response_headers_to_add`, as the document's `headers` says. The
+//!    decisions of policies with a `descriptor_metric` are counted per
+//!    descriptor too ([`count_descriptors`]).
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
