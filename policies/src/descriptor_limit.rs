@@ -49,26 +49,8 @@ pub enum DescriptorLimitMode {
     Honour,
 }
 
-/// A descriptor's own limit, as Envoy sends it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DescriptorLimit {
-    pub requests_per_unit: u32,
-    /// The unit's window (month 30 days, year 365); `None`: an unknown unit.
-    pub window: Option<Duration>,
-}
-
-/// The windows of the RLS units, in ms: second to year (month 30 days,
-/// year 365, as envoyproxy/ratelimit divides time).
-const UNITS_MS: [u64; 7] =
-    [1_000, 60_000, 3_600_000, 86_400_000, 7 * 86_400_000, 30 * 86_400_000, 365 * 86_400_000];
-
-impl DescriptorLimit {
-    /// The limit of `requests_per_unit` per the window of `unit_ms`.
-    pub fn new(requests_per_unit: u32, unit_ms: Option<u64>) -> DescriptorLimit {
-        let window = unit_ms.filter(|ms| UNITS_MS.contains(ms)).and_then(Duration::from_millis);
-        DescriptorLimit { requests_per_unit, window }
-    }
-}
+pub use crate::request::DescriptorLimit;
+use crate::request::UNITS_MS;
 
 /// The template policies an override is planned with: a limit, and a
 /// `blocked` one per unit (for `requests_per_unit: 0`). Built once per

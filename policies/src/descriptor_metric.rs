@@ -20,7 +20,7 @@ use crate::{Policy, Request};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
-pub enum Level {
+pub enum MetricLevel {
     /// The descriptor's value.
     Value,
     /// The step as the path writes it.
@@ -42,9 +42,9 @@ pub fn label(policy: &Policy, req: &impl Request) -> Option<String> {
         out.push('.');
         out.push_str(key);
         let shown = match (level, &step.value) {
-            (Level::Value, _) => String::from_utf8_lossy(value),
-            (Level::Step, StepValue::Exact(v) | StepValue::Wildcard(v)) => v.as_str().into(),
-            (Level::Step, StepValue::Any) => "".into(),
+            (MetricLevel::Value, _) => String::from_utf8_lossy(value),
+            (MetricLevel::Step, StepValue::Exact(v) | StepValue::Wildcard(v)) => v.as_str().into(),
+            (MetricLevel::Step, StepValue::Any) => "".into(),
         };
         if !shown.is_empty() {
             out.push('_');

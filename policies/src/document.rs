@@ -372,7 +372,7 @@ pub struct Policy {
     /// RLS face, a `descriptor_tree` node: what each level shows in the
     /// `descriptor` label of `sluice_descriptor_decisions_total`; `None`:
     /// no such label (see [`crate::descriptor_metric`]).
-    pub descriptor_metric: Option<Vec<crate::descriptor_metric::Level>>,
+    pub descriptor_metric: Option<Vec<crate::descriptor_metric::MetricLevel>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -430,7 +430,7 @@ pub(crate) struct RawPolicy {
     /// `sluice_descriptor_decisions_total`, labelled as envoyproxy/ratelimit
     /// names its stats (`detailed_metric`, `value_to_metric`).
     #[serde(default)]
-    pub(crate) descriptor_metric: Option<Vec<crate::descriptor_metric::Level>>,
+    pub(crate) descriptor_metric: Option<Vec<crate::descriptor_metric::MetricLevel>>,
     /// Count and report every decision, but never refuse a request.
     #[serde(default)]
     pub(crate) shadow: bool,
