@@ -13,8 +13,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -613,4 +616,110 @@ async fn a_counted_refusal_takes_windows_only_decided_at_once() {
     }
     let good = limiter.check_charging(&request(vec![window], None), Refusals::Counted).await;
     assert!(good.expect("decided").allowed);
+}
+
+fn overridden(entries: &[(&str, &str)], requests_per_unit: u32, unit: RateLimitUnit) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        limit: Some(RateLimitOverride { requests_per_unit, unit: unit as i32 }),
+        ..descriptor(entries)
+    }
+}
+
+async fn overridden_codes(face: &mut Face, d: RateLimitDescriptor, n: usize) -> Vec<i32> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(face.ask(request("edge", vec![d.clone()], 0)).await.expect("an answer").overall_code);
+    }
+    out
+}
+
+/// envoyproxy/ratelimit: a descriptor's own `limit` (Envoy's override)
+/// limits it alone, whatever rule it reaches (a value's own, `unlimited`,
+/// a blocked value, shadow, none), unnamed, on the descriptor's counter of
+/// that unit (the one its rule of the same unit counts on too); in a
+/// domain with no rules it is ignored; 0 refuses. Imported documents
+/// honour it; Sluice's own ignore it unless they say `honour`.
+#[tokio::test]
+async fn peer_a_descriptors_own_limit_overrides_the_rule() {
+    let mut face = start_with(&imported("mixed.yaml")).await;
+    // A lower limit than the value's rule (pro: 12 a minute), unnamed.
+    let pro = overridden(&[("plan", "pro")], 3, RateLimitUnit::Day);
+    assert_eq!(overridden_codes(&mut face, pro.clone(), 4).await, [OK, OK, OK, OVER]);
+    let resp = face.ask(request("edge", vec![pro], 0)).await.expect("an answer");
+    let limit = resp.statuses[0].current_limit.as_ref().expect("current_limit");
+    assert_eq!((limit.name.as_str(), limit.requests_per_unit, limit.unit), ("", 3, Unit::Day as i32));
+    // The rule's counter of the same unit: two by the rule, then the
+    // override of 3 a month has one left.
+    assert_eq!(futures_codes(&mut face, &[("tenant", "acme")], 2).await, [OK, OK]);
+    let tenant = overridden(&[("tenant", "acme")], 3, RateLimitUnit::Month);
+    assert_eq!(overridden_codes(&mut face, tenant, 2).await, [OK, OVER]);
+    // Unlimited, blocked and shadow rules, and no rule at all, limited by it.
+    for (entries, quota) in [
+        (&[("plan", "internal")], 1),
+        (&[("client_ip", "10.0.0.66")], 2),
+        (&[("trial", "t1")], 1),
+        (&[("nobody", "x")], 1),
+    ] {
+        let d = overridden(entries, quota, RateLimitUnit::Hour);
+        let mut want = vec![OK; quota as usize];
+        want.push(OVER);
+        assert_eq!(overridden_codes(&mut face, d, quota as usize + 1).await, want, "{entries:?}");
+    }
+    // 0 refuses, with a limit of 0.
+    let resp = face.ask(request("edge", vec![overridden(&[("plan", "free")], 0, RateLimitUnit::Minute)], 0));
+    let resp = resp.await.expect("an answer");
+    assert_eq!(resp.overall_code, OVER);
+    assert_eq!(resp.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit), Some(0));
+    // A domain with no rules: no limit.
+    let elsewhere = request("nowhere", vec![overridden(&[("plan", "pro")], 1, RateLimitUnit::Hour)], 0);
+    for _ in 0..2 {
+        assert_eq!(face.ask(elsewhere.clone()).await.expect("an answer").overall_code, OK);
+    }
+    // An unknown unit is an invalid call (the peer fails it too).
+    let unknown = overridden(&[("plan", "pro")], 1, RateLimitUnit::Unknown);
+    let err = face.ask(request("edge", vec![unknown], 0)).await.expect_err("invalid");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+
+    // Sluice's own documents: the policies hold the limits.
+    let doc = imported("mixed.yaml").replace("\"honour\"", "\"ignore\"");
+    let mut face = start_with(&doc).await;
+    let d = overridden(&[("plan", "internal")], 1, RateLimitUnit::Hour);
+    assert_eq!(overridden_codes(&mut face, d, 3).await, [OK, OK, OK]);
+}
+
+/// envoyproxy/ratelimit's `detailed_metric` (README example 8) and
+/// `value_to_metric` (example 10) name the stats after the descriptor's
+/// values: the face counts the decisions of those rules per descriptor in
+/// `sluice_descriptor_decisions_total`, labelled with that name.
+#[tokio::test]
+async fn peer_detailed_metric_and_value_to_metric_label_the_descriptor() {
+    let mut face = start_with(&imported("readme/example8.yaml")).await;
+    for value in ["unspecified_value", "unspecified_value2", "unspecified_value2", "value1"] {
+        let resp = face.ask(request("example8", vec![descriptor(&[("key1", value)])], 0)).await;
+        assert_eq!(resp.expect("an answer").overall_code, OK);
+    }
+    let page = face.metrics().await;
+    let count = |descriptor: &str| {
+        sample(
+            &page,
+            &format!(
+                r#"sluice_descriptor_decisions_total{{policy="example8_key1",descriptor="{descriptor}",result="allowed",face="rls"}}"#
+            ),
+        )
+    };
+    assert_eq!(count("example8.key1_unspecified_value"), 1.0);
+    assert_eq!(count("example8.key1_unspecified_value2"), 2.0);
+    assert!(!page.contains("example8.key1_value1"), "the value's own rule is named by its path");
+
+    let mut face = start_with(&imported("readme/example10.yaml")).await;
+    let entries = [("route", "api"), ("http_method", "GET"), ("subject_id", "123")];
+    let resp = face.ask(request("example10", vec![descriptor(&entries)], 0)).await;
+    assert_eq!(resp.expect("an answer").overall_code, OK);
+    let page = face.metrics().await;
+    assert!(
+        page.contains(
+            r#"descriptor="example10.route_api.http_method_GET.subject_id",result="allowed",face="rls"} 1"#
+        ),
+        "{page}"
+    );
 }

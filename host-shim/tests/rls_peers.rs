@@ -13,6 +13,9 @@
 //! every_hit`) counts a refusal in Redis, and its memory of refusals is on
 //! (the default), which counts none: the answers agree all the same.
 //!
+//! envoyproxy/ratelimit's streams send some descriptors with their own
+//! `limit` (Envoy's override), which imported documents honour.
+//!
 //! The random streams through the face run on the real clock, with windows
 //! of a day or longer, and envoyproxy/ratelimit's run starts well inside a
 //! day, so no window ends during them. Window ends are crossed by a third
@@ -23,7 +26,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -38,7 +43,7 @@ use tonic::transport::Channel;
 mod peers;
 
 use peers::limitador::{Limitador, LIMITADOR, LIMITADOR_SHORT};
-use peers::ratelimit::{Answer, Call, Ratelimit, OK, OVER, RATELIMIT};
+use peers::ratelimit::{Answer, Call, Ratelimit, LIMIT, OK, OVER, RATELIMIT};
 
 fn face_answer(resp: &RateLimitResponse, with_limits: bool) -> Answer {
     Answer {
@@ -90,6 +95,16 @@ fn ratelimit_pool() -> Vec<Vec<(&'static str, &'static str)>> {
         vec![("plan", "pro"), ("extra", "1")],
         vec![("team", "t1")],
         vec![("nobody", "x")],
+        // Descriptors with their own `limit` (Envoy's override), each
+        // always with the same one: a peer's counter past a limit counts
+        // refused hits, so two limits on one counter would part ways
+        // (docs/rls.md, "a denied request's count").
+        vec![("plan", "gold2"), (LIMIT, "2/day")],
+        vec![("plan", "internal"), (LIMIT, "1/week")],
+        vec![("plan", "free"), (LIMIT, "1/year")],
+        vec![("nobody", "x"), (LIMIT, "2/month")],
+        vec![("org", "acme"), ("user", "bob"), (LIMIT, "3/day")],
+        vec![("team", "t2"), (LIMIT, "0/day")],
     ]
 }
 
@@ -129,11 +144,25 @@ fn request_hits(domain: &str, call: &Call, hits: u32) -> RateLimitRequest {
         descriptors: call
             .iter()
             .map(|d| RateLimitDescriptor {
-                entries: d.iter().map(|(k, v)| Entry { key: k.clone(), value: v.clone() }).collect(),
+                entries: d
+                    .iter()
+                    .filter(|(k, _)| k != LIMIT)
+                    .map(|(k, v)| Entry { key: k.clone(), value: v.clone() })
+                    .collect(),
+                limit: d.iter().find(|(k, _)| k == LIMIT).map(|(_, v)| override_of(v)),
                 ..RateLimitDescriptor::default()
             })
             .collect(),
         hits_addend: hits,
+    }
+}
+
+/// A model's `"N/UNIT"` as Envoy sends it.
+fn override_of(limit: &str) -> RateLimitOverride {
+    let (n, unit) = limit.split_once('/').expect("N/UNIT");
+    RateLimitOverride {
+        requests_per_unit: n.parse().expect("a number"),
+        unit: peers::ratelimit::unit(unit).1,
     }
 }
 

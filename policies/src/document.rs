@@ -109,7 +109,17 @@ pub struct Document {
     /// carries twice: `first` (the default) or `last` (Limitador's rule).
     #[serde(default)]
     pub repeated_entry: RepeatedEntry,
+    /// RLS face: whether a descriptor's own `limit` (Envoy's override)
+    /// counts: `ignore` (the default: the policies hold the limits) or
+    /// `honour` (it alone limits the descriptor, as envoyproxy/ratelimit
+    /// does; see `descriptor_limit`).
+    #[serde(default)]
+    pub descriptor_limit: crate::descriptor_limit::DescriptorLimitMode,
     pub policies: Policies,
+    /// The templates an honoured override is planned with.
+    #[serde(skip)]
+    #[cfg_attr(feature = "schema", schemars(skip))]
+    pub overrides: crate::descriptor_limit::Overrides,
 }
 
 /// Which value of an entry key an RLS descriptor carries twice counts.
@@ -373,6 +383,10 @@ pub struct Policy {
     pub limit_name: Option<String>,
     /// RLS face: the limit names it replaces in the calls it applies to.
     pub replaces: Vec<String>,
+    /// RLS face, a `descriptor_tree` node: what each level shows in the
+    /// `descriptor` label of `sluice_descriptor_decisions_total`; `None`:
+    /// no such label (see [`crate::descriptor_metric`]).
+    pub descriptor_metric: Option<Vec<crate::descriptor_metric::MetricLevel>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -424,6 +438,13 @@ pub(crate) struct RawPolicy {
     /// (envoyproxy/ratelimit's `replaces`).
     #[serde(default)]
     pub(crate) replaces: Vec<String>,
+    /// RLS face, a `descriptor_tree` node: one entry per level of its path,
+    /// `"value"` (the descriptor's value) or `"step"` (the path's step as
+    /// written): its decisions are also counted per descriptor in
+    /// `sluice_descriptor_decisions_total`, labelled as envoyproxy/ratelimit
+    /// names its stats (`detailed_metric`, `value_to_metric`).
+    #[serde(default)]
+    pub(crate) descriptor_metric: Option<Vec<crate::descriptor_metric::MetricLevel>>,
     /// Count and report every decision, but never refuse a request.
     #[serde(default)]
     pub(crate) shadow: bool,
@@ -551,6 +572,14 @@ impl<'de> Deserialize<'de> for Policy {
             return Err(de::Error::custom(format!(
                 "{field} is for RLS-face policies (a `match` naming `domain` or `entries`)"
             )));
+        }
+        if let Some(levels) = &raw.descriptor_metric {
+            let depth = matcher.descriptor_tree.as_ref().map(Vec::len);
+            if depth != Some(levels.len()) {
+                return Err(de::Error::custom(
+                    "`descriptor_metric` needs a `descriptor_tree` node, with one level (\"value\" or \"step\") per step of its path",
+                ));
+            }
         }
         if let Some(name) = &raw.limit_name {
             if name.len() > 256 {
@@ -808,6 +837,7 @@ impl<'de> Deserialize<'de> for Policy {
             blocked: raw.blocked,
             limit_name: raw.limit_name,
             replaces: raw.replaces,
+            descriptor_metric: raw.descriptor_metric,
         })
     }
 }

@@ -20,7 +20,9 @@
 //! document   document, bounds, error: a whole document, parsed and held
 //!            to the shim's bounds; which policies apply; Applied::check;
 //!            plan: the one way every face plans a request;
-//!            rlqs: what the RLQS face enforces and which policy governs a bucket
+//!            rlqs: what the RLQS face enforces and which policy governs a bucket;
+//!            descriptor_limit, descriptor_metric: an RLS descriptor's own
+//!            limit, and the label of its decisions
 //!   ^
 //! tools      replay, schema
 //! ```
@@ -86,6 +88,10 @@
 //! - [`rlqs`]: the RLQS face's policies: what Envoy's `rate_limit_quota`
 //!   filter can enforce (refused at load time otherwise), and which policy
 //!   governs a bucket ([`rlqs::govern`]).
+//! - [`descriptor_limit`]: an RLS descriptor's own `limit` (Envoy's
+//!   override), honoured or ignored as the document says.
+//! - [`descriptor_metric`]: the `descriptor` label of a tree node's
+//!   decisions, as envoyproxy/ratelimit names its stats.
 //!
 //! The tools:
 //!
@@ -100,6 +106,8 @@ pub mod calendar;
 pub mod class;
 pub mod condition;
 pub mod cost;
+pub mod descriptor_limit;
+pub mod descriptor_metric;
 pub mod document;
 pub mod error;
 pub mod face;

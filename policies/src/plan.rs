@@ -19,6 +19,7 @@ use std::borrow::Cow;
 use std::ops::Range;
 
 use crate::bounds::MAX_CHECKS;
+use crate::descriptor_limit::{self, Planned as Override};
 use crate::document::Charge;
 use crate::request::SimpleRequest;
 use crate::wire::{Check, CheckRequest, Views};
@@ -135,11 +136,21 @@ pub struct Plan<'d> {
 
 /// Plans a call: evaluates each request, drops the policies another one of
 /// the call `replaces`, and groups the checks as the document's `charge`
-/// says. `Err` (the call is invalid) when a cost cannot be charged as asked
+/// says; a descriptor's own `limit` decides it alone when the document
+/// honours it ([`crate::descriptor_limit`]). `Err` (the call is invalid)
+/// when a cost cannot be charged as asked, an override's unit is unknown,
 /// or a group has more checks than the shim decides at once.
 pub fn plan<'d>(doc: &'d Document, descriptors: &[Descriptor]) -> Result<Plan<'d>, String> {
     let evaluations: Vec<_> = descriptors.iter().map(|d| doc.evaluate(&d.request)).collect();
-    plan_evaluated(doc, descriptors.iter().zip(&evaluations).map(|(d, e)| (&d.request, Some(d.hits), e)))
+    let mut overrides = Vec::with_capacity(descriptors.len());
+    for (i, (d, evaluation)) in descriptors.iter().zip(&evaluations).enumerate() {
+        let applied = evaluation.as_ref().map(|e| e.applied.as_slice()).unwrap_or_default();
+        let planned = descriptor_limit::plan(doc, &d.request, d.request.limit, applied, d.hits)
+            .map_err(|e| format!("descriptors[{i}].{e}"))?;
+        overrides.push(planned);
+    }
+    let calls = descriptors.iter().zip(&evaluations).zip(overrides);
+    plan_calls(doc, calls.map(|((d, e), o)| (&d.request, Some(d.hits), e, o)))
 }
 
 /// [`plan`] for requests already evaluated, each with its cost (an RLS
@@ -153,22 +164,42 @@ pub fn plan_evaluated<'d, 'a, R: Request + 'a>(
 where
     'd: 'a,
 {
+    plan_calls(doc, calls.into_iter().map(|(r, hits, e)| (r, hits, e, None)))
+}
+
+/// One request of a call: the request, its cost, its evaluation, and what
+/// its own honoured `limit` makes of it (then its evaluation counts for
+/// nothing).
+type Call<'a, 'd, R> = (&'a R, Option<u32>, &'a Result<Evaluation<'d>, &'d Policy>, Option<Override<'d>>);
+
+fn plan_calls<'d, 'a, R: Request + 'a>(
+    doc: &'d Document,
+    calls: impl IntoIterator<Item = Call<'a, 'd, R>>,
+) -> Result<Plan<'d>, String>
+where
+    'd: 'a,
+{
     let calls: Vec<_> = calls.into_iter().collect();
     // envoyproxy/ratelimit: the names every applied limit of the call
-    // replaces, whatever its kind.
+    // replaces, whatever its kind (an override replaces nothing).
     let replacing: Vec<&str> = calls
         .iter()
-        .filter_map(|(_, _, e)| e.as_ref().ok())
+        .filter(|(_, _, _, o)| o.is_none())
+        .filter_map(|(_, _, e, _)| e.as_ref().ok())
         .flat_map(|e| e.iter())
         .flat_map(|a| a.policy.replaces.iter().map(String::as_str))
         .collect();
     let replaced = |p: &Policy| !p.answer_name().is_empty() && replacing.contains(&p.answer_name());
     let mut plan = Plan::default();
-    for (i, (request, hits, evaluation)) in calls.iter().enumerate() {
+    for (i, (request, hits, evaluation, own)) in calls.into_iter().enumerate() {
         let mut planned = Planned::default();
-        match evaluation {
-            Err(policy) => planned.missing_key = Some(policy),
-            Ok(evaluation) => {
+        match (own, evaluation) {
+            (Some(Override::Blocked(policy)), _) => planned.blocked.push(policy),
+            (Some(Override::Check(policy, check)), _) => {
+                planned.enforced.push(plan.enforced.add(policy, check));
+            }
+            (None, Err(policy)) => planned.missing_key = Some(policy),
+            (None, Ok(evaluation)) => {
                 planned.shadow_missing_key =
                     evaluation.shadow_missing_key.iter().filter_map(|&i| doc.policies.get(i)).collect();
                 let roles =
@@ -185,9 +216,9 @@ where
                         planned.limits_nothing = true;
                     } else {
                         let check = match hits {
-                            Some(hits) => charged(applied.check(*request), policy, *hits)
+                            Some(hits) => charged(applied.check(request), policy, hits)
                                 .map_err(|e| format!("descriptors[{i}]: {e}"))?,
-                            None => applied.check(*request),
+                            None => applied.check(request),
                         };
                         if in_shadow {
                             planned.shadow.push(plan.shadow.add(policy, check));
@@ -272,6 +303,9 @@ pub fn blocked_reset_ms(policy: &Policy, now_ms: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::descriptor_limit::DescriptorLimit;
+    use crate::units::Millis;
+    use crate::wire::WireLimit;
 
     fn doc(json: &str) -> Document {
         serde_json::from_str(json).expect("a valid document")
@@ -324,6 +358,66 @@ mod tests {
         assert_eq!(p.descriptors[0].replaced.len(), 1);
         assert!(p.descriptors[0].matched());
         assert_eq!(p.enforced.checks.len(), 1);
+    }
+
+    /// A tree as envoyproxy/ratelimit imports it: `plan=pro` 5 a minute,
+    /// the bare `plan` 2, `plan=internal` unlimited, `plan=bad` blocked.
+    const TREE: &str = r#"{"descriptor_limit": "MODE", "charge": "each_descriptor", "policies": [
+        {"name": "bare", "limit_name": "", "match": {"domain": "edge", "descriptor_tree": [{"key": "plan"}]},
+         "key": ["entry:plan"], "limits": [{"type": "fixed_window", "limit": 2, "window": "1m"}]},
+        {"name": "pro", "limit_name": "pro", "replaces": ["x"], "match": {"domain": "edge", "descriptor_tree": [{"key": "plan", "value": "pro"}]},
+         "limits": [{"type": "fixed_window", "limit": 5, "window": "1m"}]},
+        {"name": "internal", "unlimited": true, "match": {"domain": "edge", "descriptor_tree": [{"key": "plan", "value": "internal"}]}},
+        {"name": "bad", "blocked": "1m", "match": {"domain": "edge", "descriptor_tree": [{"key": "plan", "value": "bad"}]}},
+        {"name": "x", "match": {"domain": "edge", "descriptor_tree": [{"key": "x"}]},
+         "key": ["entry:x"], "limits": [{"type": "fixed_window", "limit": 1, "window": "1m"}]}
+    ]}"#;
+
+    fn overridden(entries: &[(&str, &str)], rpu: u32, unit_ms: u64) -> Descriptor {
+        let mut d = descriptor(entries);
+        d.request = d.request.limit(DescriptorLimit::new(rpu, Some(unit_ms)));
+        d
+    }
+
+    #[test]
+    fn an_ignored_override_leaves_the_policies_in_charge() {
+        let d = doc(&TREE.replace("MODE", "ignore"));
+        let p = plan(&d, &[overridden(&[("plan", "internal")], 3, 60_000)]).expect("plans");
+        assert_eq!(p.descriptors[0].unlimited.len(), 1);
+        assert!(p.enforced.checks.is_empty());
+    }
+
+    #[test]
+    fn an_honoured_override_alone_limits_its_descriptor_on_its_nodes_counter() {
+        let d = doc(&TREE.replace("MODE", "honour"));
+        // A bare node: the rule's own counter (policy and key), the override's number.
+        let p = plan(&d, &[overridden(&[("plan", "free")], 3, 60_000)]).expect("plans");
+        let check = &p.enforced.checks[0];
+        assert_eq!((check.policy.as_str(), check.key.as_str()), ("bare", "free"));
+        assert_eq!(check.limits, [WireLimit::FixedWindow { limit: 3, window_ms: Millis(60_000), cost: 1 }]);
+        assert_eq!(p.enforced.policies[0].answer_name(), "", "no name");
+        // An unlimited node, no node, another domain.
+        let p = plan(&d, &[overridden(&[("plan", "internal")], 3, 60_000)]).expect("plans");
+        assert!(p.descriptors[0].unlimited.is_empty());
+        assert_eq!(p.enforced.checks[0].policy, "internal");
+        let p = plan(&d, &[overridden(&[("other", "v")], 3, 3_600_000)]).expect("plans");
+        assert_eq!(p.enforced.checks[0].policy, descriptor_limit::NAME);
+        assert!(p.enforced.checks[0].key.starts_with("!:"), "no policy's key");
+        let mut elsewhere = overridden(&[("plan", "free")], 3, 60_000);
+        elsewhere.request.domain = Some(b"other".to_vec());
+        assert!(!plan(&d, &[elsewhere]).expect("plans").descriptors[0].matched(), "no limit");
+        // requests_per_unit 0: refused, no counter; a blocked value let through by 3.
+        let p = plan(&d, &[overridden(&[("plan", "pro")], 0, 60_000)]).expect("plans");
+        assert!(p.descriptors[0].refused() && p.enforced.checks.is_empty());
+        let p = plan(&d, &[overridden(&[("plan", "bad")], 3, 60_000)]).expect("plans");
+        assert!(!p.descriptors[0].refused() && p.enforced.checks.len() == 1);
+        // Its rule's `replaces` is not applied; an unknown unit is invalid.
+        let p =
+            plan(&d, &[overridden(&[("plan", "pro")], 9, 1_000), descriptor(&[("x", "1")])]).expect("plans");
+        assert!(p.descriptors[1].replaced.is_empty() && p.descriptors[1].enforced.len() == 1);
+        let mut unknown = descriptor(&[("plan", "pro")]);
+        unknown.request = unknown.request.limit(DescriptorLimit::new(1, None));
+        assert!(plan(&d, &[unknown]).is_err());
     }
 
     #[test]

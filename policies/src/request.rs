@@ -163,10 +163,33 @@ pub struct SimpleRequest {
     pub entries: Vec<(String, Vec<u8>)>,
     /// An RLS descriptor's position in its call.
     pub index: Option<usize>,
+    /// An RLS descriptor's own `limit` (Envoy's override).
+    pub limit: Option<DescriptorLimit>,
     /// An RLQS bucket id; non-empty makes this an RLQS request.
     pub bucket: Vec<(String, Vec<u8>)>,
     /// The body, read whole.
     pub body: Option<Body>,
+}
+
+/// A descriptor's own limit, as Envoy sends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DescriptorLimit {
+    pub requests_per_unit: u32,
+    /// The unit's window (month 30 days, year 365); `None`: an unknown unit.
+    pub window: Option<crate::units::Duration>,
+}
+
+/// The windows of the RLS units, in ms: second to year (month 30 days,
+/// year 365, as envoyproxy/ratelimit divides time).
+pub(crate) const UNITS_MS: [u64; 7] =
+    [1_000, 60_000, 3_600_000, 86_400_000, 7 * 86_400_000, 30 * 86_400_000, 365 * 86_400_000];
+
+impl DescriptorLimit {
+    /// The limit of `requests_per_unit` per the window of `unit_ms`.
+    pub fn new(requests_per_unit: u32, unit_ms: Option<u64>) -> DescriptorLimit {
+        let window = unit_ms.filter(|ms| UNITS_MS.contains(ms)).and_then(crate::units::Duration::from_millis);
+        DescriptorLimit { requests_per_unit, window }
+    }
 }
 
 impl SimpleRequest {
@@ -215,6 +238,12 @@ impl SimpleRequest {
     /// Its position among the descriptors of an RLS call.
     pub fn index(mut self, index: usize) -> SimpleRequest {
         self.index = Some(index);
+        self
+    }
+
+    /// Its own limit, as an RLS descriptor may carry (Envoy's override).
+    pub fn limit(mut self, limit: DescriptorLimit) -> SimpleRequest {
+        self.limit = Some(limit);
         self
     }
 

@@ -35,7 +35,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     ("algorithm", &["algorithm"]),
     ("wire", &["wire"]),
-    ("document", &["document", "bounds", "error", "plan", "rlqs"]),
+    ("document", &["document", "bounds", "error", "plan", "rlqs", "descriptor_limit", "descriptor_metric"]),
     ("tools", &["replay", "schema"]),
 ];
 

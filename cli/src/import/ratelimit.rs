@@ -23,9 +23,13 @@
 //! too (`charge: every_hit`), and sends no RateLimit headers of its own
 //! (`headers: off`), as envoyproxy/ratelimit by default.
 //!
-//! Losses: `detailed_metric` and `value_to_metric` (they name
-//! envoyproxy/ratelimit's statsd counters; Sluice's metrics are per
-//! policy), `quota_mode`, `metadata`.
+//! `detailed_metric` and `value_to_metric` become the policy's
+//! `descriptor_metric` (its decisions counted per descriptor, labelled as
+//! envoyproxy/ratelimit names its stats); the document honours a
+//! descriptor's own `limit` (`descriptor_limit: honour`), as
+//! envoyproxy/ratelimit does.
+//!
+//! Losses: `quota_mode`, `metadata`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -108,7 +112,12 @@ pub fn convert(yaml: &str) -> anyhow::Result<(Value, Vec<Loss>)> {
         losses: Vec::new(),
     };
     walk.level(&config.descriptors, "descriptors", &mut Vec::new())?;
-    let document = json!({"charge": "every_hit", "headers": "off", "policies": walk.policies});
+    let document = json!({
+        "charge": "every_hit",
+        "headers": "off",
+        "descriptor_limit": "honour",
+        "policies": walk.policies,
+    });
     Ok((document, walk.losses))
 }
 
@@ -123,6 +132,10 @@ struct Step<'a> {
     value: Option<&'a str>,
     /// Whether the entry's value is part of the counter's key.
     keyed: bool,
+    /// `value_to_metric`: the value is in the stats' name.
+    value_to_metric: bool,
+    /// A wildcard with `share_threshold`: its stats show the pattern.
+    shared: bool,
 }
 
 struct Walk<'a> {
@@ -164,8 +177,6 @@ impl<'a> Walk<'a> {
                 bail!("{at}: share_threshold is only for a wildcard value (with `*`)");
             }
             for (on, field, why) in [
-                (d.detailed_metric, "detailed_metric", "names envoyproxy/ratelimit's statsd counters after each descriptor's values; Sluice counts decisions per policy (sluice_decisions_total) and shows the busiest keys on its dashboard"),
-                (d.value_to_metric, "value_to_metric", "puts descriptor values into envoyproxy/ratelimit's statsd counter names; Sluice's metrics are per policy"),
                 (d.quota_mode, "quota_mode", "a quota-mode limit refuses only when every quota descriptor of the call is over; Sluice has no such mode: the limit would refuse on its own"),
                 (d.metadata.is_some(), "metadata", "envoyproxy/ratelimit's dynamic metadata in the answer; the RLS face sends none"),
             ] {
@@ -174,7 +185,8 @@ impl<'a> Walk<'a> {
                 }
             }
             let keyed = value.is_none() || (wildcard && !d.share_threshold);
-            path.push(Step { key: &d.key, value, keyed });
+            let shared = wildcard && d.share_threshold;
+            path.push(Step { key: &d.key, value, keyed, value_to_metric: d.value_to_metric, shared });
             match &d.rate_limit {
                 Some(rate) => {
                     let policy = self.policy(d, rate, &at, path)?;
@@ -214,6 +226,9 @@ impl<'a> Walk<'a> {
         };
         let mut policy = self.node(&name, path);
         policy["limit_name"] = json!(rate.name.clone().unwrap_or_default());
+        if let Some(levels) = descriptor_metric(d.detailed_metric, path) {
+            policy["descriptor_metric"] = json!(levels);
+        }
         if !rate.replaces.is_empty() {
             let replaced: Vec<&str> = rate.replaces.iter().map(|r| r.name.as_str()).collect();
             if replaced.iter().any(|r| r.is_empty()) {
@@ -293,6 +308,22 @@ impl<'a> Walk<'a> {
         self.names.insert(name.clone());
         name
     }
+}
+
+/// How the stats of a rule at the end of `path` are named, as the
+/// policy's `descriptor_metric`: with `detailed_metric` every value
+/// (`share_threshold` wildcards as written), else with `value_to_metric`
+/// on some level the values of those levels; `None` when the stats are
+/// named by the path as written (the policy's own metrics).
+fn descriptor_metric(detailed: bool, path: &[Step<'_>]) -> Option<Vec<&'static str>> {
+    let shown = |s: &Step<'_>| if s.shared { "step" } else { "value" };
+    if detailed {
+        return Some(path.iter().map(shown).collect());
+    }
+    let open = |s: &Step<'_>| s.value.is_none_or(|v| v.contains('*')) && !s.shared;
+    path.iter()
+        .any(|s| s.value_to_metric && open(s))
+        .then(|| path.iter().map(|s| if s.value_to_metric { shown(s) } else { "step" }).collect())
 }
 
 /// A unit as a window, as envoyproxy/ratelimit divides time.

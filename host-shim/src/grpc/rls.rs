@@ -6,7 +6,9 @@
 //! 1. [`decode`]: the request's `domain` and each descriptor's entries (in
 //!    order, with its position) become one request per descriptor, with its
 //!    cost (`hits_addend`, 0 meaning 1); a key given twice keeps its first
-//!    value, or its last when the document's `repeated_entry` is `last`. Bounded: a malformed or oversized
+//!    value, or its last when the document's `repeated_entry` is `last`;
+//!    its own `limit` (Envoy's override) is read too, and planned as the
+//!    document's `descriptor_limit` says. Bounded: a malformed or oversized
 //!    request is refused with `INVALID_ARGUMENT`, never a panic.
 //! 2. [`plan`] (the one planning function, `sluice_policies::plan`): the
 //!    policy document evaluates each descriptor; the checks of the enforced
@@ -23,7 +25,9 @@
 //!    [`draft03`]: a refusing limit's read from its wait alone, so memory
 //!    and Redis answer alike); and the IETF `RateLimit` and
 //!    `RateLimit-Policy` headers (core's rendering) in
-//!    `response_headers_to_add`, as the document's `headers` says.
+//!    `response_headers_to_add`, as the document's `headers` says. The
+//!    decisions of policies with a `descriptor_metric` are counted per
+//!    descriptor too ([`count_descriptors`]).
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
@@ -37,6 +41,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice_core::ratelimit_headers::{draft03, most_restrictive, RateLimitHeaders};
 use sluice_policies::algorithm::Refusals;
+use sluice_policies::descriptor_limit::DescriptorLimit;
 use sluice_policies::document::RepeatedEntry;
 use sluice_policies::key::MAX_SOURCE_NAME_LEN;
 use sluice_policies::request::SimpleRequest;
@@ -46,6 +51,7 @@ use tonic::{Request, Response, Status};
 
 use super::Faces;
 use crate::decision::CheckError;
+use crate::metrics::Metrics;
 
 /// The face's name in metrics (`face="rls"`).
 pub const FACE: &str = "rls";
@@ -106,9 +112,29 @@ pub fn decode(req: &RateLimitRequest) -> Result<Vec<Descriptor>, String> {
             }
             request = request.entry(&entry.key, &entry.value);
         }
+        if let Some(limit) = &d.limit {
+            request = request.limit(DescriptorLimit::new(limit.requests_per_unit, unit_ms(limit.unit)));
+        }
         out.push(Descriptor { request, hits });
     }
     Ok(out)
+}
+
+/// The window of an RLS override's unit (`envoy.type.v3.RateLimitUnit`),
+/// in ms: month 30 days, year 365, as envoyproxy/ratelimit divides time.
+fn unit_ms(unit: i32) -> Option<u64> {
+    const DAY: u64 = 86_400_000;
+    // UNKNOWN 0, SECOND 1, MINUTE 2, HOUR 3, DAY 4, MONTH 5, YEAR 6, WEEK 7.
+    Some(match unit {
+        1 => 1_000,
+        2 => 60_000,
+        3 => 3_600_000,
+        4 => DAY,
+        5 => 30 * DAY,
+        6 => 365 * DAY,
+        7 => 7 * DAY,
+        _ => return None,
+    })
 }
 
 /// The outcomes of a plan's checks, one per check in order (`None`: the
@@ -143,8 +169,9 @@ pub fn answer(doc: &Document, plan: &Plan<'_>, outcomes: Outcomes<'_>, now_ms: u
             });
             status.duration_until_reset = Some(duration(reset));
         } else if let Some((name, wire, outcome)) = most_restrictive(named) {
-            let limit = both.iter().find(|(_, _, _, o)| std::ptr::eq(*o, outcome)).map(|(_, l, _, _)| *l);
-            status.current_limit = limit.map(|l| rate_limit(name, l));
+            let limit =
+                both.iter().find(|(_, _, _, o)| std::ptr::eq(*o, outcome)).and_then(|(_, l, _, _)| *l);
+            status.current_limit = Some(rate_limit(name, wire, limit));
             let fields = draft03(wire, outcome);
             status.limit_remaining = u32::try_from(fields.remaining).unwrap_or(u32::MAX);
             status.duration_until_reset = Some(duration(fields.wait_ms));
@@ -173,25 +200,26 @@ pub fn answer(doc: &Document, plan: &Plan<'_>, outcomes: Outcomes<'_>, now_ms: u
     }
 }
 
-/// Each limit of the checks at `indexes`, with its policy, the limit as
-/// sent (a points limit with the call's `hits_addend` as its cost) and its
-/// outcome.
+/// Each limit of the checks at `indexes`, with its policy, the policy's
+/// limit (none for a descriptor's own `limit`), the limit as sent (a
+/// points limit with the call's `hits_addend` as its cost) and its outcome.
+#[allow(clippy::type_complexity)]
 fn limits_of<'d, 'c, 'o>(
     checks: &'c Checks<'d>,
     indexes: &[usize],
     outcomes: Option<&'o [CheckOutcome]>,
-) -> Vec<(&'d Policy, &'d Limit, &'c WireLimit, &'o LimitOutcome)> {
+) -> Vec<(&'d Policy, Option<&'d Limit>, &'c WireLimit, &'o LimitOutcome)> {
     let outcomes = outcomes.unwrap_or_default();
     indexes
         .iter()
         .filter_map(|&c| Some((*checks.policies.get(c)?, checks.checks.get(c)?, outcomes.get(c)?)))
         .flat_map(|(policy, check, outcome)| {
-            policy
+            check
                 .limits
                 .iter()
-                .zip(&check.limits)
                 .zip(&outcome.limits)
-                .map(move |((l, w), o)| (policy, l, w, o))
+                .enumerate()
+                .map(move |(j, (w, o))| (policy, policy.limits.get(j), w, o))
         })
         .collect()
 }
@@ -212,10 +240,12 @@ fn header(key: &str, value: String) -> HeaderValue {
 /// when the window is exactly one (envoyproxy/ratelimit's month is 30
 /// days, its year 365; else `UNKNOWN`, the quota per window); a calendar
 /// month's is `MONTH`.
-fn rate_limit(name: &str, limit: &Limit) -> RateLimit {
-    let (quota, window) = WireLimit::with_cost(limit, 1).quota();
-    let month =
-        matches!(limit.calendar().map(|c| c.period), Some(sluice_policies::calendar::Period::Month { .. }));
+fn rate_limit(name: &str, wire: &WireLimit, limit: Option<&Limit>) -> RateLimit {
+    let (quota, window) = limit.map_or(*wire, |l| WireLimit::with_cost(l, 1)).quota();
+    let month = matches!(
+        limit.and_then(Limit::calendar).map(|c| c.period),
+        Some(sluice_policies::calendar::Period::Month { .. })
+    );
     let unit = unit(window.map(|w| w.get()), month);
     RateLimit { name: name.to_string(), requests_per_unit: quota, unit: unit as i32 }
 }
@@ -283,7 +313,45 @@ pub async fn decide(faces: &Faces, req: &RateLimitRequest) -> Result<RateLimitRe
         }
     })?;
     let outcomes = Outcomes { enforced: enforced.as_deref(), shadow: shadow.as_deref() };
+    count_descriptors(metrics, &plan, &descriptors, outcomes);
     Ok(answer(&document, &plan, outcomes, faces.now_ms()))
+}
+
+/// Counts each descriptor's decisions by the policies that label them
+/// (`descriptor_metric`) in `sluice_descriptor_decisions_total`, as
+/// `sluice_decisions_total` counts a policy's: a check that refused, a
+/// check whose whole group was admitted, `blocked` and `unlimited`.
+fn count_descriptors(metrics: &Metrics, plan: &Plan<'_>, descriptors: &[Descriptor], outcomes: Outcomes<'_>) {
+    let allows = |o: &CheckOutcome| o.limits.iter().all(|l| l.allowed);
+    for (planned, d) in plan.descriptors.iter().zip(descriptors) {
+        let count = |policy: &Policy, result: &'static str| {
+            if let Some(label) = sluice_policies::descriptor_metric::label(policy, &d.request) {
+                metrics.descriptor_decided(FACE, policy.name.as_str(), &label, result);
+            }
+        };
+        planned.blocked.iter().for_each(|p| count(p, "denied"));
+        planned.unlimited.iter().for_each(|p| count(p, "unlimited"));
+        let roles = [
+            (&plan.enforced, &planned.enforced, outcomes.enforced),
+            (&plan.shadow, &planned.shadow, outcomes.shadow),
+        ];
+        for (checks, indexes, outcomes) in roles {
+            let outcomes = outcomes.unwrap_or_default();
+            for &c in indexes {
+                let (Some(policy), Some(outcome)) = (checks.policies.get(c), outcomes.get(c)) else {
+                    continue;
+                };
+                let group = checks.groups.iter().find(|g| g.contains(&c));
+                let admitted =
+                    group.and_then(|g| outcomes.get(g.clone())).is_some_and(|os| os.iter().all(allows));
+                match (allows(outcome), admitted) {
+                    (false, _) => count(policy, "denied"),
+                    (true, true) => count(policy, "allowed"),
+                    (true, false) => {}
+                }
+            }
+        }
+    }
 }
 
 /// The limiter's decisions on `checks`, group after group, counted as the

@@ -47,6 +47,11 @@ pub mod traffic;
 pub const MAX_POLICY_LABELS: usize = 256;
 /// The label of every policy name past the cap, and of invalid ones.
 pub const OTHER_POLICY: &str = "(other)";
+/// Distinct `descriptor` labels (`sluice_descriptor_decisions_total`) that
+/// get a label of their own; every other counts as [`OTHER_POLICY`].
+pub const MAX_DESCRIPTOR_LABELS: usize = 1024;
+/// The longest `descriptor` label: a longer one is cut to it.
+pub const MAX_DESCRIPTOR_LABEL_LEN: usize = 512;
 
 /// `Content-Type` of `GET /metrics`.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -60,6 +65,17 @@ struct Decision {
     /// Where the request came from: `filter` (the Sluice filter's
     /// `/v1/check`) or a gRPC face (`rls`, `rlqs`: as Envoy reported what
     /// it enforced from its assignments).
+    face: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DescriptorDecision {
+    policy: String,
+    /// The descriptor as envoyproxy/ratelimit names its stats (the
+    /// policy's `descriptor_metric`), capped ([`MAX_DESCRIPTOR_LABELS`]).
+    descriptor: String,
+    /// `allowed`, `denied` or `unlimited`.
+    result: &'static str,
     face: &'static str,
 }
 
@@ -112,6 +128,9 @@ struct ScriptError {
 pub struct Metrics {
     registry: Registry,
     decisions: Family<Decision, Counter>,
+    descriptor_decisions: Family<DescriptorDecision, Counter>,
+    /// The `descriptor` labels with a label of their own.
+    descriptors: Mutex<HashSet<String>>,
     cache_denied: Family<CacheDenied, Counter>,
     unmatched: Family<Unmatched, Counter>,
     feedback: Family<Feedback, Counter>,
@@ -148,6 +167,8 @@ impl Metrics {
         let mut metrics = Metrics {
             registry: Registry::default(),
             decisions: Family::default(),
+            descriptor_decisions: Family::default(),
+            descriptors: Mutex::new(HashSet::new()),
             cache_denied: Family::default(),
             unmatched: Family::default(),
             feedback: Family::default(),
@@ -173,6 +194,11 @@ impl Metrics {
             "sluice_decisions",
             "Checks answered, per policy, result (allowed, waited, denied, error, invalid, unlimited) and face (filter, rls; rlqs: requests Envoy reported it admitted or denied from its assignments)",
             metrics.decisions.clone(),
+        );
+        r.register(
+            "sluice_descriptor_decisions",
+            "RLS face: decisions of the policies with a descriptor_metric, per policy, descriptor (as envoyproxy/ratelimit names its stats, detailed_metric and value_to_metric; at most 1024 values, the rest (other)), result (allowed, denied, unlimited) and face",
+            metrics.descriptor_decisions.clone(),
         );
         r.register(
             "sluice_cache_denied",
@@ -299,6 +325,40 @@ impl Metrics {
             self.traffic.answered_from_cache(&check.policy);
         }
         self.decided_via(face, req, Ok(resp))
+    }
+
+    /// One decision of `policy` on a descriptor it labels `descriptor`
+    /// (its `descriptor_metric`).
+    pub(crate) fn descriptor_decided(
+        &self,
+        face: &'static str,
+        policy: &str,
+        descriptor: &str,
+        result: &'static str,
+    ) {
+        let policy = self.policy_label(policy);
+        let descriptor = self.descriptor_label(descriptor);
+        self.descriptor_decisions
+            .get_or_create(&DescriptorDecision { policy, descriptor, result, face })
+            .inc();
+    }
+
+    /// `descriptor`, cut to [`MAX_DESCRIPTOR_LABEL_LEN`], if it may have a
+    /// label of its own, else [`OTHER_POLICY`].
+    fn descriptor_label(&self, descriptor: &str) -> String {
+        let mut end = descriptor.len().min(MAX_DESCRIPTOR_LABEL_LEN);
+        while !descriptor.is_char_boundary(end) {
+            end -= 1;
+        }
+        let descriptor = &descriptor[..end];
+        let mut seen = self.descriptors.lock().unwrap_or_else(PoisonError::into_inner);
+        if seen.contains(descriptor)
+            || (seen.len() < MAX_DESCRIPTOR_LABELS && seen.insert(descriptor.to_string()))
+        {
+            descriptor.to_string()
+        } else {
+            OTHER_POLICY.to_string()
+        }
     }
 
     /// A gRPC face's request that a `blocked` policy refused, with no check.

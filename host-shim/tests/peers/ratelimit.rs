@@ -134,25 +134,32 @@ impl Ratelimit {
         None
     }
 
-    pub fn decide(&mut self, call: &Call, now_s: u64) -> Answer {
-        self.decide_hits(call, now_s, 1)
-    }
-
-    /// [`Ratelimit::decide`] for a call of `hits` (its `hits_addend`, 0
-    /// read as 1).
+    /// The answer to a call of `hits` (its `hits_addend`, 0 read as 1).
     pub fn decide_hits(&mut self, call: &Call, now_s: u64, hits: u64) -> Answer {
         let hits = hits.max(1);
+        let (call, limits) = split_limits(call);
+        let call = &call;
         let (config, counters) = (&self.config, &mut self.counters);
         let found: Vec<Found<'_>> = call.iter().map(|d| Ratelimit::find(config, d)).collect();
         let replacing: Vec<String> = found
             .iter()
-            .flatten()
+            .zip(&limits)
+            .filter_map(|(f, l)| f.as_ref().filter(|_| l.is_none()))
             .filter_map(|(n, _)| n.rate_limit.as_ref())
             .flat_map(|r| r.replaces.iter().map(|x| x.name.clone()))
             .collect();
         let mut out = Answer { overall: OK, statuses: Vec::new(), bare_remaining: Vec::new() };
         let mut charges = Vec::new();
-        for (d, found) in call.iter().zip(found) {
+        for ((d, found), limit) in call.iter().zip(found).zip(&limits) {
+            if let Some((requests_per_unit, unit_name)) = limit {
+                let status =
+                    overridden(config, counters, d, found, (*requests_per_unit, unit_name), now_s, hits);
+                if status.0 == OVER {
+                    out.overall = OVER;
+                }
+                out.statuses.push(status);
+                continue;
+            }
             let Some((node, shared)) = found else {
                 out.statuses.push((OK, None));
                 out.bare_remaining.push(0);
@@ -179,7 +186,7 @@ impl Ratelimit {
             for ((k, v), shared) in d.iter().zip(&shared) {
                 key.push_str(&format!("{k}={}|", shared.as_deref().unwrap_or(v)));
             }
-            key.push_str(&format!("{:?}|{}", node as *const Node, now_s / divider));
+            key.push_str(&format!("{:?}|{divider}|{}", node as *const Node, now_s / divider));
             charges.push(key.clone());
             let count = counters.entry(key).or_default();
             *count += hits;
@@ -194,6 +201,55 @@ impl Ratelimit {
         }
         out
     }
+}
+
+/// The entry that stands, in a model's call, for the descriptor's own
+/// `limit` (Envoy's override): `"N/UNIT"`, the descriptor's last entry.
+pub const LIMIT: &str = "@limit";
+
+/// The call without its [`LIMIT`] entries, and each descriptor's limit.
+fn split_limits(call: &Call) -> (Call, Vec<Option<(u32, String)>>) {
+    call.iter()
+        .map(|d| match d.split_last() {
+            Some(((k, v), rest)) if k == LIMIT => {
+                let (n, unit) = v.split_once('/').expect("N/UNIT");
+                (rest.to_vec(), Some((n.parse().expect("a number"), unit.to_string())))
+            }
+            _ => (d.clone(), None),
+        })
+        .unzip()
+}
+
+/// A descriptor's own limit (envoyproxy/ratelimit's `GetLimit` with an
+/// override): its number per its unit alone, whatever the tree says,
+/// unnamed, never shadow, no `replaces` either way; counted on the
+/// descriptor's counter (domain, the entries' own values, the unit's
+/// window: the node is a function of the entries, so its rule of the same
+/// unit counts on it too). The peer's key holds the window's start and not
+/// its unit, so two units' windows that start at the same second share it
+/// there; these runs never reach such a second.
+fn overridden(
+    config: &Config,
+    counters: &mut HashMap<String, u64>,
+    d: &[(String, String)],
+    found: Found<'_>,
+    (requests_per_unit, unit_name): (u32, &str),
+    now_s: u64,
+    hits: u64,
+) -> (i32, Option<Shown>) {
+    let (divider, unit) = unit(unit_name);
+    let mut key = format!("{}|", config.domain);
+    for (k, v) in d {
+        key.push_str(&format!("{k}={v}|"));
+    }
+    let node = found.map_or(std::ptr::null(), |(n, _)| n as *const Node);
+    key.push_str(&format!("{node:?}|{divider}|{}", now_s / divider));
+    let count = counters.entry(key).or_default();
+    *count += hits;
+    let over = *count > u64::from(requests_per_unit);
+    let remaining = if over { 0 } else { requests_per_unit - *count as u32 };
+    let reset = (divider - now_s % divider) as i64;
+    (if over { OVER } else { OK }, Some((String::new(), requests_per_unit, unit, remaining, reset)))
 }
 
 /// A unit's divider in seconds and its protobuf number.

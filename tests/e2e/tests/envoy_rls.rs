@@ -498,10 +498,79 @@ fn peer_random_requests_through_envoy_decide_as_the_ratelimit_model() {
             })
             .collect();
         let status = ask(&envoy, &entries).status;
-        let want = if call.is_empty() { ratelimit_model::OK } else { model.decide(&call, now_s()).overall };
+        let want =
+            if call.is_empty() { ratelimit_model::OK } else { model.decide_hits(&call, now_s(), 1).overall };
         let want = if want == ratelimit_model::OVER { 429 } else { 200 };
         assert_eq!(status, want, "request {i}: {entries:?} -> {call:?}");
         denied += usize::from(status == 429);
     }
     assert!((10..110).contains(&denied), "the stream reaches both answers: {denied} denied");
+}
+
+/// envoyproxy/ratelimit: a descriptor's own `limit`, which Envoy's native
+/// filter sends from the route's `rate_limits[].limit.dynamic_metadata`
+/// (here set by a Lua filter from an `x-limit: N/UNIT` header), limits the
+/// descriptor alone: a value's own rule and an unlimited one alike,
+/// unnamed; without it the rule decides. (Imported documents honour it.)
+#[test]
+fn peer_a_descriptors_own_limit_through_envoy() {
+    let redis = Redis::start().expect("redis");
+    let upstream = Upstream::start().expect("upstream");
+    let shim = GrpcShim::start(&redis.url(), &import("mixed.yaml", false)).expect("shim");
+    let envoy = override_envoy(shim.grpc_port, upstream.port);
+    let ask_limit = |plan: &str, limit: Option<&str>| {
+        let mut headers = vec![("x-plan", plan)];
+        headers.extend(limit.map(|l| ("x-limit", l)));
+        send(envoy.port, "GET", "/api", &headers).expect("request")
+    };
+    let first = ask_limit("pro", Some("3/HOUR"));
+    assert_eq!(first.status, 200, "{}\n{}", envoy.log(), shim.shim.log());
+    assert_eq!(first.header("x-ratelimit-limit"), Some("3, 3;w=3600"), "unnamed: {:?}", first.headers);
+    let rest: Vec<u16> = (0..3).map(|_| ask_limit("pro", Some("3/HOUR")).status).collect();
+    assert_eq!(rest, [200, 200, 429], "pro's rule is 12 a minute; its override 3 an hour");
+    assert_eq!(ask_limit("pro", None).status, 200, "without it, the rule decides");
+    let internal: Vec<u16> = (0..2).map(|_| ask_limit("internal", Some("1/HOUR")).status).collect();
+    assert_eq!(internal, [200, 429], "an unlimited rule, limited by the override");
+    assert_eq!(ask_limit("internal", None).status, 200);
+}
+
+/// An Envoy whose route sends `plan` from `x-plan` with the override read
+/// from dynamic metadata, which a Lua filter before the rate-limit filter
+/// sets from `x-limit` (`N/UNIT`, e.g. `3/HOUR`) when the request has one.
+fn override_envoy(shim: u16, upstream: u16) -> Envoy {
+    let rate_limits = serde_json::json!([{
+        "actions": [{"request_headers": {"header_name": "x-plan", "descriptor_key": "plan"}}],
+        "limit": {"dynamic_metadata": {"metadata_key": {"key": "sluice.override", "path": [{"key": "limit"}]}}}
+    }]);
+    let values = [
+        ("DOMAIN", "\"edge\"".to_string()),
+        ("RATE_LIMITS", rate_limits.to_string()),
+        ("FAILURE_MODE_DENY", "true".to_string()),
+        ("TIMEOUT", "5s".to_string()),
+        ("UPSTREAM_PORT", upstream.to_string()),
+        ("SHIM_PORT", shim.to_string()),
+    ];
+    const RATELIMIT: &str = "          - name: envoy.filters.http.ratelimit\n";
+    const LUA: &str = r#"          - name: envoy.filters.http.lua
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+              default_source_code:
+                inline_string: |
+                  function envoy_on_request(request)
+                    local limit = request:headers():get("x-limit")
+                    if limit == nil then return end
+                    local n, unit = string.match(limit, "^(%d+)/(%u+)$")
+                    if n == nil then return end
+                    request:streamInfo():dynamicMetadata():set("sluice.override", "limit",
+                      {requests_per_unit = tonumber(n), unit = unit})
+                  end
+"#;
+    let template = sluice_harness::workspace_root().join("envoy/rls.yaml");
+    let text = std::fs::read_to_string(&template).expect("envoy/rls.yaml");
+    assert!(text.contains(RATELIMIT), "the template's rate-limit filter");
+    let dir = std::env::temp_dir().join(format!("sluice-rls-override-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temp dir");
+    let path = dir.join(format!("rls-override-{upstream}-{shim}.yaml"));
+    std::fs::write(&path, text.replace(RATELIMIT, &format!("{LUA}{RATELIMIT}"))).expect("write");
+    Envoy::start_template(&path, &values, 2).expect("envoy")
 }
