@@ -230,7 +230,7 @@ async fn peer_hits_addend_is_counted_on_every_window() {
 /// last`. Sluice's own default reads the first.
 #[tokio::test]
 async fn peer_limitador_reads_the_last_value_of_a_repeated_key() {
-    let doc = imported("limitador/examples.yaml");
+    let doc = each_status(imported("limitador/examples.yaml"));
     assert!(doc.contains(r#""repeated_entry":"last""#), "{doc}");
     let mut face = start_with(&doc).await;
     let twice = |first: &str, last: &str| {
@@ -501,7 +501,7 @@ async fn peer_replaces_drops_the_named_limit_for_the_call() {
 /// with the same entries is not limited again.
 #[tokio::test]
 async fn peer_limitador_reads_the_first_descriptor_only() {
-    let mut face = start_with(&imported("limitador/configuration.yaml")).await;
+    let mut face = start_with(&each_status(imported("limitador/configuration.yaml"))).await;
     let d = || descriptor(&[("KEY_A", "VALUE_A")]);
     let resp = face.ask(request("example.org", vec![d(), d()], 0)).await.expect("answer");
     assert_eq!(codes(&resp), [OK, OK]);
@@ -510,4 +510,32 @@ async fn peer_limitador_reads_the_first_descriptor_only() {
         face.ask(request("example.org", vec![descriptor(&[("other", "x")]), d()], 0)).await.expect("answer");
     assert_eq!(resp.overall_code, OK, "descriptors[1] is not read");
     assert_eq!(face.ask(request("example.org", vec![d()], 0)).await.expect("answer").overall_code, OVER);
+}
+
+/// An imported Limitador document with a status per descriptor (`statuses:
+/// each`), for the tests that read which limit answered.
+fn each_status(doc: String) -> String {
+    assert!(doc.contains(r#""statuses":"overall""#), "{doc}");
+    doc.replace(r#""statuses":"overall""#, r#""statuses":"each""#)
+}
+
+/// Limitador answers the overall code alone: no statuses, and no headers
+/// with its rate-limit headers off (their default). An imported Limitador
+/// document says `statuses: overall` (and `headers: off`), so the whole
+/// answer is Limitador's; `statuses: each` gives Sluice's statuses back.
+#[tokio::test]
+async fn peer_limitador_answers_the_overall_code_alone() {
+    let doc = imported("limitador/examples.yaml");
+    let mut face = start_with(&doc).await;
+    let post = || request("test_namespace", vec![descriptor(&[("req.method", "POST"), ("user_id", "u")])], 0);
+    let only = |code| RateLimitResponse { overall_code: code, ..RateLimitResponse::default() };
+    // The POST limit: 5 a minute per user.
+    for i in 0..5 {
+        assert_eq!(face.ask(post()).await.expect("answer"), only(OK), "call {i}");
+    }
+    assert_eq!(face.ask(post()).await.expect("answer"), only(OVER));
+    let mut each = start_with(&each_status(doc)).await;
+    let resp = each.ask(post()).await.expect("answer");
+    assert_eq!(codes(&resp), [OK]);
+    assert_eq!(resp.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit), Some(5), "{resp:?}");
 }

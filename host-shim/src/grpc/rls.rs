@@ -23,7 +23,9 @@
 //!    [`draft03`]: a refusing limit's read from its wait alone, so memory
 //!    and Redis answer alike); and the IETF `RateLimit` and
 //!    `RateLimit-Policy` headers (core's rendering) in
-//!    `response_headers_to_add`, as the document's `headers` says.
+//!    `response_headers_to_add`, as the document's `headers` says. The
+//!    statuses are left out when the document's `statuses` is `overall`
+//!    (Limitador's answer: the overall code alone).
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
@@ -36,7 +38,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice_core::ratelimit_headers::{draft03, most_restrictive, RateLimitHeaders};
-use sluice_policies::document::RepeatedEntry;
+use sluice_policies::document::{RepeatedEntry, Statuses};
 use sluice_policies::key::MAX_SOURCE_NAME_LEN;
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::wire::{CheckOutcome, LimitOutcome, WireLimit};
@@ -159,7 +161,10 @@ pub fn answer(doc: &Document, plan: &Plan<'_>, outcomes: Outcomes<'_>, now_ms: u
     let headers = send_headers.then(|| RateLimitHeaders::most_restrictive(all)).flatten();
     RateLimitResponse {
         overall_code: code(over),
-        statuses,
+        statuses: match doc.statuses {
+            Statuses::Each => statuses,
+            Statuses::Overall => Vec::new(),
+        },
         response_headers_to_add: headers
             .map(|h| {
                 vec![
