@@ -319,7 +319,6 @@ async fn malformed_and_oversized_requests_get_invalid_argument() {
     let bad = [
         request("", vec![descriptor(&[("generic_key", "api")])], 0),
         request("edge", vec![], 0),
-        request("edge", vec![descriptor(&[])], 0),
         request("edge", vec![descriptor(&[("", "x")])], 0),
         request("edge", (0..65).map(|i| descriptor(&[("generic_key", &i.to_string())])).collect(), 0),
         request("edge", vec![descriptor(&[("generic_key", &"v".repeat(2000))])], 0),
@@ -538,4 +537,32 @@ async fn peer_limitador_answers_the_overall_code_alone() {
     let resp = each.ask(post()).await.expect("answer");
     assert_eq!(codes(&resp), [OK]);
     assert_eq!(resp.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit), Some(5), "{resp:?}");
+}
+
+/// Envoy sends a descriptor with no entries, in its place, where every
+/// action of a rate limit was skipped (`skip_if_absent`, as `sluice
+/// envoy-config --face rls` renders the entries of a `descriptor_index`).
+/// Both peers answer it: envoyproxy/ratelimit finds no rule (OK, no
+/// limit); Limitador reads an empty `descriptors[N]`, so its limits
+/// without conditions or variables apply. The face answered
+/// INVALID_ARGUMENT (regression), which Envoy turns into its failure mode:
+/// nothing was charged, or every request refused.
+#[tokio::test]
+async fn peer_an_empty_descriptor_keeps_its_place() {
+    let doc = r#"{"policies": [
+      {"name": "a", "match": {"domain": "d", "descriptor_index": 0, "entries": {"x-a": {"present": true}}},
+       "limits": [{"type": "fixed_window", "limit": 7, "window": "1m"}]},
+      {"name": "b", "match": {"domain": "d", "descriptor_index": 1, "entries": {"x-b": {"present": true}}},
+       "limits": [{"type": "fixed_window", "limit": 9, "window": "1m"}]}
+    ]}"#;
+    let mut face = start_with(doc).await;
+    let resp =
+        face.ask(request("d", vec![descriptor(&[]), descriptor(&[("x-b", "1")])], 0)).await.expect("answer");
+    assert_eq!(codes(&resp), [OK, OK]);
+    assert!(resp.statuses[0].current_limit.is_none(), "no rule for an empty descriptor: {resp:?}");
+    assert_eq!(resp.statuses[1].current_limit.as_ref().map(|l| l.requests_per_unit), Some(9), "b at index 1");
+    let mut limitador = start_with(&each_status(imported("limitador/examples.yaml"))).await;
+    let resp = limitador.ask(request("test_namespace", vec![descriptor(&[])], 0)).await.expect("answer");
+    let limit = resp.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit);
+    assert_eq!((resp.overall_code, limit), (OK, Some(1_000_000)), "the limit without conditions applies");
 }

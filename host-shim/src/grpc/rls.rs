@@ -6,7 +6,9 @@
 //! 1. [`decode`]: the request's `domain` and each descriptor's entries (in
 //!    order, with its position) become one request per descriptor, with its
 //!    cost (`hits_addend`, 0 meaning 1); a key given twice keeps its first
-//!    value, or its last when the document's `repeated_entry` is `last`. Bounded: a malformed or oversized
+//!    value, or its last when the document's `repeated_entry` is `last`;
+//!    a descriptor may have no entries (Envoy sends one where every action
+//!    of a rate limit was skipped). Bounded: a malformed or oversized
 //!    request is refused with `INVALID_ARGUMENT`, never a panic.
 //! 2. [`plan`] (the one planning function, `sluice_policies::plan`): the
 //!    policy document evaluates each descriptor; the checks of the enforced
@@ -76,9 +78,11 @@ pub fn decode(req: &RateLimitRequest) -> Result<Vec<Descriptor>, String> {
     }
     let mut out = Vec::with_capacity(req.descriptors.len());
     for (i, d) in req.descriptors.iter().enumerate() {
-        if d.entries.is_empty() || d.entries.len() > MAX_ENTRIES {
+        // No entries is a descriptor too: Envoy sends one, in its place,
+        // where every action of a rate limit was skipped.
+        if d.entries.len() > MAX_ENTRIES {
             return Err(format!(
-                "descriptors[{i}].entries: expected 1 to {MAX_ENTRIES} entries, got {}",
+                "descriptors[{i}].entries: expected at most {MAX_ENTRIES} entries, got {}",
                 d.entries.len()
             ));
         }

@@ -408,9 +408,9 @@ fn rls_cases(doc: &Document) -> Vec<Vec<(String, String)>> {
 
 /// What the document charges for a request with `headers`: the
 /// descriptors it names ([`rls_descriptors`], each from the request's
-/// headers, sent when every entry not optional is there), planned as the
-/// face plans them. The names of every policy the
-/// plan decides (checked, shadow, `unlimited`, `blocked`).
+/// headers, sent when every entry not optional is there, empty when no
+/// entry is), planned as the face plans them. The names of every policy
+/// the plan decides (checked, shadow, `unlimited`, `blocked`).
 fn rls_charged_by_document(doc: &Document, headers: &[(String, String)]) -> Vec<String> {
     let domain = rls_policies(doc)
         .iter()
@@ -427,7 +427,8 @@ fn rls_charged_by_document(doc: &Document, headers: &[(String, String)]) -> Vec<
                 (None, None) => whole &= optional,
             }
         }
-        if whole && !entries.is_empty() {
+        // Envoy sends a descriptor whose every entry was skipped, empty.
+        if whole {
             sent.push(entries);
         }
     }
