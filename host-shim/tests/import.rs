@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use sluice_policies::descriptor_limit::DescriptorLimitMode;
-use sluice_policies::document::Charge;
+use sluice_policies::document::{Charge, Statuses};
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::wire::WireLimit;
 use sluice_policies::{Document, HeadersMode};
@@ -93,6 +93,7 @@ fn imported_documents_take_the_peers_charging_and_headers() {
     assert_eq!(doc.charge, Charge::EveryHit);
     assert_eq!(doc.headers, HeadersMode::Off);
     assert_eq!(doc.descriptor_limit, DescriptorLimitMode::Honour, "Envoy's override counts, as in the peer");
+    assert_eq!(doc.statuses, Statuses::Each, "envoyproxy/ratelimit answers a status per descriptor");
 }
 
 #[test]
@@ -322,6 +323,7 @@ fn limitador_files_are_detected_and_every_matching_limit_applies() {
     // (regression: each was a loss, Sluice's window aligned to the epoch).
     let doc = import("limitador/examples.yaml");
     assert_eq!(doc.charge, Charge::AllOrNone);
+    assert_eq!(doc.statuses, Statuses::Overall, "Limitador answers the overall code alone");
     let post = descriptor("test_namespace", &[("req.method", "POST"), ("user_id", "u1")]);
     assert_eq!(
         limits(&doc, &post),

@@ -300,7 +300,7 @@ async fn every_hit_memory_skips_no_count_a_decision_reads() {
 /// last`. Sluice's own default reads the first.
 #[tokio::test]
 async fn peer_limitador_reads_the_last_value_of_a_repeated_key() {
-    let doc = imported("limitador/examples.yaml");
+    let doc = each_status(imported("limitador/examples.yaml"));
     assert!(doc.contains(r#""repeated_entry":"last""#), "{doc}");
     let mut face = start_with(&doc).await;
     let twice = |first: &str, last: &str| {
@@ -389,7 +389,6 @@ async fn malformed_and_oversized_requests_get_invalid_argument() {
     let bad = [
         request("", vec![descriptor(&[("generic_key", "api")])], 0),
         request("edge", vec![], 0),
-        request("edge", vec![descriptor(&[])], 0),
         request("edge", vec![descriptor(&[("", "x")])], 0),
         request("edge", (0..65).map(|i| descriptor(&[("generic_key", &i.to_string())])).collect(), 0),
         request("edge", vec![descriptor(&[("generic_key", &"v".repeat(2000))])], 0),
@@ -571,7 +570,7 @@ async fn peer_replaces_drops_the_named_limit_for_the_call() {
 /// with the same entries is not limited again.
 #[tokio::test]
 async fn peer_limitador_reads_the_first_descriptor_only() {
-    let mut face = start_with(&imported("limitador/configuration.yaml")).await;
+    let mut face = start_with(&each_status(imported("limitador/configuration.yaml"))).await;
     let d = || descriptor(&[("KEY_A", "VALUE_A")]);
     let resp = face.ask(request("example.org", vec![d(), d()], 0)).await.expect("answer");
     assert_eq!(codes(&resp), [OK, OK]);
@@ -722,4 +721,60 @@ async fn peer_detailed_metric_and_value_to_metric_label_the_descriptor() {
         ),
         "{page}"
     );
+}
+
+/// An imported Limitador document with a status per descriptor (`statuses:
+/// each`), for the tests that read which limit answered.
+fn each_status(doc: String) -> String {
+    assert!(doc.contains(r#""statuses":"overall""#), "{doc}");
+    doc.replace(r#""statuses":"overall""#, r#""statuses":"each""#)
+}
+
+/// Limitador answers the overall code alone: no statuses, and no headers
+/// with its rate-limit headers off (their default). An imported Limitador
+/// document says `statuses: overall` (and `headers: off`), so the whole
+/// answer is Limitador's; `statuses: each` gives Sluice's statuses back.
+#[tokio::test]
+async fn peer_limitador_answers_the_overall_code_alone() {
+    let doc = imported("limitador/examples.yaml");
+    let mut face = start_with(&doc).await;
+    let post = || request("test_namespace", vec![descriptor(&[("req.method", "POST"), ("user_id", "u")])], 0);
+    let only = |code| RateLimitResponse { overall_code: code, ..RateLimitResponse::default() };
+    // The POST limit: 5 a minute per user.
+    for i in 0..5 {
+        assert_eq!(face.ask(post()).await.expect("answer"), only(OK), "call {i}");
+    }
+    assert_eq!(face.ask(post()).await.expect("answer"), only(OVER));
+    let mut each = start_with(&each_status(doc)).await;
+    let resp = each.ask(post()).await.expect("answer");
+    assert_eq!(codes(&resp), [OK]);
+    assert_eq!(resp.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit), Some(5), "{resp:?}");
+}
+
+/// Envoy sends a descriptor with no entries, in its place, where every
+/// action of a rate limit was skipped (`skip_if_absent`, as `sluice
+/// envoy-config --face rls` renders the entries of a `descriptor_index`).
+/// Both peers answer it: envoyproxy/ratelimit finds no rule (OK, no
+/// limit); Limitador reads an empty `descriptors[N]`, so its limits
+/// without conditions or variables apply. The face answered
+/// INVALID_ARGUMENT (regression), which Envoy turns into its failure mode:
+/// nothing was charged, or every request refused.
+#[tokio::test]
+async fn peer_an_empty_descriptor_keeps_its_place() {
+    let doc = r#"{"policies": [
+      {"name": "a", "match": {"domain": "d", "descriptor_index": 0, "entries": {"x-a": {"present": true}}},
+       "limits": [{"type": "fixed_window", "limit": 7, "window": "1m"}]},
+      {"name": "b", "match": {"domain": "d", "descriptor_index": 1, "entries": {"x-b": {"present": true}}},
+       "limits": [{"type": "fixed_window", "limit": 9, "window": "1m"}]}
+    ]}"#;
+    let mut face = start_with(doc).await;
+    let resp =
+        face.ask(request("d", vec![descriptor(&[]), descriptor(&[("x-b", "1")])], 0)).await.expect("answer");
+    assert_eq!(codes(&resp), [OK, OK]);
+    assert!(resp.statuses[0].current_limit.is_none(), "no rule for an empty descriptor: {resp:?}");
+    assert_eq!(resp.statuses[1].current_limit.as_ref().map(|l| l.requests_per_unit), Some(9), "b at index 1");
+    let mut limitador = start_with(&each_status(imported("limitador/examples.yaml"))).await;
+    let resp = limitador.ask(request("test_namespace", vec![descriptor(&[])], 0)).await.expect("answer");
+    let limit = resp.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit);
+    assert_eq!((resp.overall_code, limit), (OK, Some(1_000_000)), "the limit without conditions applies");
 }

@@ -115,11 +115,30 @@ pub struct Document {
     /// does; see `descriptor_limit`).
     #[serde(default)]
     pub descriptor_limit: crate::descriptor_limit::DescriptorLimitMode,
+    /// RLS face: what the answer says of each descriptor: `each` (the
+    /// default: a status per descriptor, its code and most restrictive
+    /// limit) or `overall` (the overall code alone, as Limitador answers).
+    #[serde(default)]
+    pub statuses: Statuses,
     pub policies: Policies,
     /// The templates an honoured override is planned with.
     #[serde(skip)]
     #[cfg_attr(feature = "schema", schemars(skip))]
     pub overrides: crate::descriptor_limit::Overrides,
+}
+
+/// What an RLS answer says of each descriptor of the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum Statuses {
+    /// A status per descriptor: its code, its most restrictive limit, what
+    /// that limit has left and until when (Envoy's `x-ratelimit-*` headers
+    /// are read from them).
+    #[default]
+    Each,
+    /// None: the overall code alone, as Limitador answers.
+    Overall,
 }
 
 /// Which value of an entry key an RLS descriptor carries twice counts.

@@ -20,7 +20,8 @@
 //! not resolve. Every matching limit applies, and one call is charged all
 //! or none (`charge: all_or_none`), as Limitador's check-and-update; a key a
 //! descriptor carries twice reads its last value (`repeated_entry: last`),
-//! as Limitador reads a descriptor into a map.
+//! as Limitador reads a descriptor into a map; and the answer is the
+//! overall code alone (`statuses: overall`), as Limitador's.
 
 use anyhow::{bail, Context};
 use serde::Deserialize;
@@ -61,7 +62,13 @@ pub fn convert(yaml: &str) -> anyhow::Result<(Value, Vec<Loss>)> {
         policies.push(policy);
     }
     Ok((
-        json!({"charge": "all_or_none", "repeated_entry": "last", "headers": "off", "policies": policies}),
+        json!({
+            "charge": "all_or_none",
+            "repeated_entry": "last",
+            "statuses": "overall",
+            "headers": "off",
+            "policies": policies
+        }),
         losses,
     ))
 }

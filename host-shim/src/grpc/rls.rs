@@ -8,7 +8,9 @@
 //!    cost (`hits_addend`, 0 meaning 1); a key given twice keeps its first
 //!    value, or its last when the document's `repeated_entry` is `last`;
 //!    its own `limit` (Envoy's override) is read too, and planned as the
-//!    document's `descriptor_limit` says. Bounded: a malformed or oversized
+//!    document's `descriptor_limit` says; a descriptor may have no entries
+//!    (Envoy sends one where every action of a rate limit was skipped).
+//!    Bounded: a malformed or oversized
 //!    request is refused with `INVALID_ARGUMENT`, never a panic.
 //! 2. [`plan`] (the one planning function, `sluice_policies::plan`): the
 //!    policy document evaluates each descriptor; the checks of the enforced
@@ -28,6 +30,8 @@
 //!    `response_headers_to_add`, as the document's `headers` says. The
 //!    decisions of policies with a `descriptor_metric` are counted per
 //!    descriptor too ([`count_descriptors`]).
+//!    statuses are left out when the document's `statuses` is `overall`
+//!    (Limitador's answer: the overall code alone).
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
@@ -42,7 +46,7 @@ use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice_core::ratelimit_headers::{draft03, most_restrictive, RateLimitHeaders};
 use sluice_policies::algorithm::Refusals;
 use sluice_policies::descriptor_limit::DescriptorLimit;
-use sluice_policies::document::RepeatedEntry;
+use sluice_policies::document::{RepeatedEntry, Statuses};
 use sluice_policies::key::MAX_SOURCE_NAME_LEN;
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::wire::{CheckOutcome, LimitOutcome, WireLimit};
@@ -81,9 +85,11 @@ pub fn decode(req: &RateLimitRequest) -> Result<Vec<Descriptor>, String> {
     }
     let mut out = Vec::with_capacity(req.descriptors.len());
     for (i, d) in req.descriptors.iter().enumerate() {
-        if d.entries.is_empty() || d.entries.len() > MAX_ENTRIES {
+        // No entries is a descriptor too: Envoy sends one, in its place,
+        // where every action of a rate limit was skipped.
+        if d.entries.len() > MAX_ENTRIES {
             return Err(format!(
-                "descriptors[{i}].entries: expected 1 to {MAX_ENTRIES} entries, got {}",
+                "descriptors[{i}].entries: expected at most {MAX_ENTRIES} entries, got {}",
                 d.entries.len()
             ));
         }
@@ -187,7 +193,10 @@ pub fn answer(doc: &Document, plan: &Plan<'_>, outcomes: Outcomes<'_>, now_ms: u
     let headers = send_headers.then(|| RateLimitHeaders::most_restrictive(all)).flatten();
     RateLimitResponse {
         overall_code: code(over),
-        statuses,
+        statuses: match doc.statuses {
+            Statuses::Each => statuses,
+            Statuses::Overall => Vec::new(),
+        },
         response_headers_to_add: headers
             .map(|h| {
                 vec![

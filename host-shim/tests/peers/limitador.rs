@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use serde::Deserialize;
 
 use super::ratelimit::{Call, OK, OVER};
@@ -64,6 +65,16 @@ impl Limitador {
 }
 
 impl Limitador {
+    /// Limitador's whole answer to the call (its RLS server, with its
+    /// rate-limit headers off, their default): the overall code alone, with
+    /// no statuses and no headers.
+    pub fn answer_at(&mut self, domain: &str, call: &Call, now: u64, hits: u64) -> RateLimitResponse {
+        RateLimitResponse {
+            overall_code: self.decide_hits_at(domain, call, now, hits),
+            ..RateLimitResponse::default()
+        }
+    }
+
     /// The call's overall code at `now` (µs), each matching limit's counter
     /// taking `hits` (the call's `hits_addend`, Limitador's delta): limited
     /// when a counter would pass its `max_value`, and then none is updated.

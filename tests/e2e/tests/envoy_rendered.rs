@@ -1,8 +1,9 @@
 //! Rendered configurations are part of the face. The RLS face's and the
 //! Sluice filter's (wasm) tests are at the end: every example each serves
-//! (for RLS, also the imported peers' configurations), rendered as `sluice
-//! envoy-config --face rls|wasm` renders them, each request charged to the
-//! policies the document names.
+//! (for RLS, also the imported peers' configurations; for wasm, every
+//! example with HTTP-face policies, `sluice envoy-config --face wasm`'s
+//! output run as printed), each request charged to the policies the
+//! document names.
 //!
 //! RLQS: every example in
 //! `policies/examples/` that the RLQS face can serve, rendered as `sluice
@@ -20,20 +21,31 @@
 //! leased window, each new bucket of an `unlimited` policy).
 
 use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sluice_harness::gateway::{sample, send};
+use sluice_harness::gateway::{eventually, prometheus, sample, send, send_body};
+use sluice_harness::llm::LlmUpstream;
 use sluice_harness::shim::GrpcShim;
-use sluice_harness::{Envoy, Redis, Upstream};
-use sluice_policies::condition::{PathCondition, ValueCondition};
+use sluice_harness::{Envoy, Redis, Shim, Upstream};
+use sluice_policies::condition::ValueCondition;
 use sluice_policies::plan::{plan, Descriptor};
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::rlqs::{govern, Governed};
 use sluice_policies::tree::StepValue;
 use sluice_policies::{Document, Face, KeySource, Policy};
 
+mod rendered;
+
+use rendered::{wasm_request, Built};
+
 const DEADLINE: Duration = Duration::from_secs(60);
+/// How long a leased policy's requests may take to reach a lease: its key
+/// turns hot after about `tokens` requests at one worker (`leased-per-key`:
+/// 50), a request at a time.
+const LEASE_DEADLINE: Duration = Duration::from_secs(300);
 /// Requests sent per case.
 const EACH: u64 = 3;
 
@@ -396,9 +408,9 @@ fn rls_cases(doc: &Document) -> Vec<Vec<(String, String)>> {
 
 /// What the document charges for a request with `headers`: the
 /// descriptors it names ([`rls_descriptors`], each from the request's
-/// headers, sent when every entry not optional is there), planned as the
-/// face plans them. The names of every policy the
-/// plan decides (checked, shadow, `unlimited`, `blocked`).
+/// headers, sent when every entry not optional is there, empty when no
+/// entry is), planned as the face plans them. The names of every policy
+/// the plan decides (checked, shadow, `unlimited`, `blocked`).
 fn rls_charged_by_document(doc: &Document, headers: &[(String, String)]) -> Vec<String> {
     let domain = rls_policies(doc)
         .iter()
@@ -415,7 +427,8 @@ fn rls_charged_by_document(doc: &Document, headers: &[(String, String)]) -> Vec<
                 (None, None) => whole &= optional,
             }
         }
-        if whole && !entries.is_empty() {
+        // Envoy sends a descriptor whose every entry was skipped, empty.
+        if whole {
             sent.push(entries);
         }
     }
@@ -491,153 +504,268 @@ fn each_rls_documents_requests_are_charged_to_the_policies_it_names() {
     }
 }
 
-/// Whether the wasm-face test can drive `policy` with a plain request: an
-/// HTTP policy that is decided per request by the shim (not `leased`, no
-/// `llm`, `shed` or `upstream`), without conditions a generated request
-/// cannot meet (a body, a path regex, a host, a key list).
-fn wasm_drivable(policy: &Policy) -> bool {
-    let m = &policy.matcher;
-    m.face() == Face::Http
-        && policy.leased.is_none()
-        && policy.llm.is_none()
-        && policy.shed.is_none()
-        && policy.upstream.is_none()
-        && m.body.is_empty()
-        && m.host.is_none()
-        && m.keys.is_none()
-        && !matches!(m.path, Some(PathCondition::Regex(_)))
+/// `sluice envoy-config --face wasm --policy EXAMPLE`: its output, run as
+/// it is by Envoy.
+fn rendered_wasm(example: &Path, shim_port: u16, upstream_port: u16) -> Envoy {
+    let sluice = sluice_harness::dist("sluice").expect("dist/sluice");
+    let wasm = sluice_harness::dist("sluice.wasm").expect("dist/sluice.wasm");
+    let local = |port: u16| format!("127.0.0.1:{port}");
+    Envoy::start_rendered(|port, admin_port| {
+        let out = Command::new(&sluice)
+            .args(["envoy-config", "--face", "wasm", "--policy"])
+            .arg(example)
+            .arg("--wasm")
+            .arg(&wasm)
+            .args(["--shim", &local(shim_port), "--listen", &local(port)])
+            .args(["--upstream", &local(upstream_port), "--admin", &local(admin_port)])
+            .output()?;
+        anyhow::ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        Ok(String::from_utf8(out.stdout)?)
+    })
+    .expect("envoy from the rendered configuration")
 }
 
-/// A request that meets `policy` (`miss`: its first fixed header value
-/// another), with `tag` in every value its key reads so that no two cases
-/// share a counter: (method, path with query, headers).
-fn wasm_request(policy: &Policy, miss: bool, tag: usize) -> (String, String, Vec<(String, String)>) {
-    let m = &policy.matcher;
-    let method = m.methods.as_ref().and_then(|ms| ms.first().cloned()).unwrap_or_else(|| "GET".to_string());
-    let mut path = match &m.path {
-        Some(PathCondition::Exact(p)) => p.clone(),
-        Some(PathCondition::Prefix(p)) => format!("{}t{tag}", p.trim_end_matches('/').to_string() + "/"),
-        _ => format!("/case/{tag}"),
-    };
-    let mut headers: Vec<(String, String)> = Vec::new();
-    let mut missed = false;
-    for (name, cond) in &m.headers {
-        let value = match cond {
-            ValueCondition::Present(false) => continue,
-            ValueCondition::Equals(v) if miss && !missed => {
-                missed = true;
-                format!("not-{v}")
-            }
-            ValueCondition::Equals(v) => v.clone(),
-            ValueCondition::Prefix(p) => format!("{p}{tag}"),
-            _ => format!("v{tag}"),
-        };
-        headers.push((name.as_str().to_string(), value));
-    }
-    let mut query: Vec<String> = m
-        .query
+/// The shim's decisions for the checks named `name`, every result of the
+/// filter's face.
+fn shim_decisions(page: &str, name: &str) -> f64 {
+    ["allowed", "waited", "denied", "error", "invalid"]
         .iter()
-        .filter_map(|(name, cond)| match cond {
-            ValueCondition::Present(false) => None,
-            ValueCondition::Equals(v) => Some(format!("{name}={v}")),
-            ValueCondition::Prefix(p) => Some(format!("{name}={p}{tag}")),
-            _ => Some(format!("{name}=q{tag}")),
+        .map(|r| {
+            sample(page, &format!(r#"sluice_decisions_total{{policy="{name}",result="{r}",face="filter"}}"#))
         })
-        .collect();
-    for source in &policy.key {
-        match source {
-            KeySource::Header(name) if !headers.iter().any(|(h, _)| h == name.as_str()) => {
-                headers.push((name.as_str().to_string(), format!("k{tag}")));
-            }
-            KeySource::Query(name) if !m.query.contains_key(name) => query.push(format!("{name}=k{tag}")),
-            _ => {}
-        }
-    }
-    if !query.is_empty() {
-        path = format!("{path}?{}", query.join("&"));
-    }
-    (method, path, headers)
+        .sum()
 }
 
-/// `sluice envoy-config --face wasm`, run as rendered (the harness renders
-/// the same template with the same timeouts) for every example whose HTTP
-/// policies the shim decides per request: each admitted request is
-/// charged to exactly the policies the document names for it (its enforced
-/// and shadow policies, `Document::evaluate`), counted by the shim as
-/// `sluice_decisions_total{policy, face="filter"}`. A refused request is
-/// not compared: the filter may answer it from its over-limit cache.
+/// The filter's per-policy stat `stat` of `policy` in Envoy's page.
+fn filter_stat(page: &str, stat: &str, policy: &str) -> f64 {
+    sample(page, &format!(r#"sluice_{stat}{{policy="{policy}"}}"#))
+}
+
+/// The filter's stats that say a request was refused or let through
+/// undecided.
+const UNDECIDED: [&str; 6] =
+    ["denied", "cache_denied", "shed", "paused_denied", "failure_allowed", "failure_denied"];
+
+/// One example's gateway, and what its requests did.
+struct Gateway<'a> {
+    doc: &'a Document,
+    http: Vec<&'a Policy>,
+    shim: Shim,
+    envoy: Envoy,
+    /// The shim's and Envoy's metrics after the last request.
+    pages: (String, String),
+    tally: Tally,
+}
+
+#[derive(Default, Debug)]
+struct Tally {
+    compared: usize,
+    /// Admitted requests whose charges were compared, per policy.
+    charged: BTreeMap<String, usize>,
+    /// Requests served from a lease, per policy.
+    leased: BTreeMap<String, usize>,
+    /// Responses whose LLM tokens were charged, per policy.
+    settled: BTreeMap<String, usize>,
+    /// Refused, or let through by `failure_mode` undecided: not compared.
+    undecided: usize,
+}
+
+impl Gateway<'_> {
+    fn pages(&self) -> (String, String) {
+        (self.shim.metrics().expect("shim metrics"), prometheus(&self.envoy).expect("envoy stats"))
+    }
+
+    /// The policies whose `stat` moved between two Envoy pages.
+    fn moved(&self, stat: &str, before: &str, after: &str) -> Vec<String> {
+        let names = self.http.iter().map(|p| p.name.as_str().to_string());
+        names.filter(|n| filter_stat(after, stat, n) > filter_stat(before, stat, n)).collect()
+    }
+
+    /// Sends `req` and compares where it was charged with what the document
+    /// says: the filter's `allowed` of exactly the policies that apply to
+    /// it, and the shim's decisions (a lease's token, for a request served
+    /// from one) of exactly their checks' names (a shared budget's). An
+    /// `llm` policy's response is then charged to that policy. Whether it
+    /// was served from a lease.
+    fn drive(&mut self, name: &str, req: &Built) -> bool {
+        let applied: Vec<&Policy> = match self.doc.evaluate(&req.simple()) {
+            Ok(e) => e.applied.iter().map(|a| a.policy).collect(),
+            Err(_) => Vec::new(),
+        };
+        let mut want: Vec<String> = applied.iter().map(|p| p.name.as_str().to_string()).collect();
+        let mut want_charged: Vec<String> = applied.iter().map(|p| p.state_name().to_string()).collect();
+        let headers: Vec<(&str, &str)> = req.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let status = send_body(
+            self.envoy.port,
+            &req.method,
+            &req.path,
+            &headers,
+            req.body.as_ref().map(String::as_bytes),
+        )
+        .expect("request")
+        .status;
+        let now = self.pages();
+        let before = std::mem::replace(&mut self.pages, now);
+        let after = &self.pages;
+        let undecided = UNDECIDED.iter().any(|s| !self.moved(s, &before.1, &after.1).is_empty());
+        if status == 429 || undecided {
+            self.tally.undecided += 1;
+            return false;
+        }
+        let got = self.moved("allowed", &before.1, &after.1);
+        let leased = self.moved("leased", &before.1, &after.1);
+        let mut got_charged: Vec<String> = self
+            .http
+            .iter()
+            .map(|p| p.state_name().to_string())
+            .filter(|n| shim_decisions(&after.0, n) > shim_decisions(&before.0, n))
+            .chain(
+                self.http
+                    .iter()
+                    .filter(|p| leased.iter().any(|l| l == p.name.as_str()))
+                    .map(|p| p.state_name().to_string()),
+            )
+            .collect();
+        for list in [&mut want, &mut want_charged, &mut got_charged] {
+            list.sort();
+            list.dedup();
+        }
+        assert_eq!(
+            (&got, &got_charged),
+            (&want, &want_charged),
+            "{name}: {req:?} ({status}): (filter, shim)"
+        );
+        self.tally.compared += 1;
+        for p in &want {
+            *self.tally.charged.entry(p.clone()).or_default() += 1;
+        }
+        for p in &leased {
+            *self.tally.leased.entry(p.clone()).or_default() += 1;
+        }
+        let llm: Vec<&str> = applied.iter().filter(|p| p.llm.is_some()).map(|p| p.name.as_str()).collect();
+        if !llm.is_empty() && status == 200 {
+            let before = before.1.clone();
+            let charged = |page: &str| self.moved("llm_tokens_charged", &before, page);
+            let settled =
+                eventually(DEADLINE, || charged(&prometheus(&self.envoy).unwrap_or_default()) == llm);
+            let page = prometheus(&self.envoy).expect("envoy stats");
+            assert!(settled, "{name}: {req:?}: tokens charged to {:?}, not {llm:?}", charged(&page));
+            for p in llm {
+                *self.tally.settled.entry(p.to_string()).or_default() += 1;
+            }
+            self.pages = self.pages();
+        }
+        !leased.is_empty()
+    }
+}
+
+/// `sluice envoy-config --face wasm`, its output run as it is, for every
+/// example in `policies/examples/` with HTTP-face policies: for each policy
+/// a request that meets it and one that just misses it (`rendered`), and
+/// for a `leased` policy more of the first until one is served from a
+/// lease. Each admitted request must be counted by the filter for exactly
+/// the policies the document applies to it (`Document::evaluate`: Envoy's
+/// `sluice_allowed{policy}`) and charged to exactly their checks' names (a
+/// shared budget's): the shim's `sluice_decisions_total{policy,
+/// face="filter"}`, or for a request served from a lease, the filter's
+/// `sluice_leased{policy}`, whose token the shim charged to that policy's
+/// window at the grant. An `llm` policy's answer (from the mock provider)
+/// is then charged to that policy (`sluice_llm_tokens_charged{policy}`).
+/// `shed` and `upstream` policies are decided per request by the shim like
+/// any other; a request refused (429, or a shed, a pause, the over-limit
+/// cache) or let through by `failure_mode` undecided is not compared, and
+/// counted apart. Every HTTP-face policy of every example must be charged
+/// at least once, every `leased` one from a lease, every `llm` one settled.
 #[test]
 fn each_wasm_examples_requests_are_charged_to_the_policies_it_names() {
     let dir = sluice_harness::paths::workspace_root().join("policies/examples");
     let mut files: Vec<_> = std::fs::read_dir(&dir).expect("examples").flatten().map(|e| e.path()).collect();
     files.sort();
-    let (mut served, mut compared, mut refused, mut charged) = (Vec::new(), 0usize, 0usize, 0usize);
+    let mut served = Vec::new();
+    let mut all = Tally::default();
     for path in files.into_iter().filter(|p| p.extension().is_some_and(|e| e == "json")) {
         let json = std::fs::read_to_string(&path).expect("an example");
         let doc = sluice_policies::parse(&json).expect("a valid example");
         let http: Vec<&Policy> = doc.policies.iter().filter(|p| p.matcher.face() == Face::Http).collect();
-        if http.is_empty() || !http.iter().all(|p| wasm_drivable(p)) {
+        if http.is_empty() {
             continue;
         }
         let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         let redis = Redis::start().expect("redis");
-        let upstream = Upstream::start().expect("upstream");
-        let shim = sluice_harness::shim::Shim::start(&redis.url()).expect("shim");
-        let envoy = Envoy::start(&json, shim.port, upstream.port).expect("envoy");
-        let names: Vec<String> = http.iter().map(|p| p.name.as_str().to_string()).collect();
+        let shim = Shim::start(&redis.url()).expect("shim");
+        // An LLM-shaped provider where a policy reads its answers.
+        let (_plain, _llm, upstream_port) = if http.iter().any(|p| p.llm.is_some()) {
+            let llm = LlmUpstream::start().expect("mock LLM provider");
+            let port = llm.port;
+            (None, Some(llm), port)
+        } else {
+            let upstream = Upstream::start().expect("upstream");
+            let port = upstream.port;
+            (Some(upstream), None, port)
+        };
+        let envoy = rendered_wasm(&path, shim.port, upstream_port);
+        let mut gateway = Gateway {
+            doc: &doc,
+            http: http.clone(),
+            shim,
+            envoy,
+            pages: Default::default(),
+            tally: Tally::default(),
+        };
+        gateway.pages = gateway.pages();
         let mut tag = 0;
         for p in &http {
             for miss in [false, true] {
                 tag += 1;
-                let (method, path, headers) = wasm_request(p, miss, tag);
-                let mut req = SimpleRequest::new(&method, &path);
-                for (k, v) in &headers {
-                    req = req.header(k, v);
+                let req = wasm_request(p, miss, tag);
+                if !miss {
+                    let applies = doc
+                        .evaluate(&req.simple())
+                        .is_ok_and(|e| e.applied.iter().any(|a| a.policy.name == p.name));
+                    assert!(applies, "{name}: the request built for {} does not meet it: {req:?}", p.name);
                 }
-                let mut want: Vec<String> = match doc.evaluate(&req) {
-                    Ok(applied) => applied.iter().map(|a| a.policy.name.as_str().to_string()).collect(),
-                    Err(_) => Vec::new(),
-                };
-                want.sort();
-                want.dedup();
-                let before = shim.metrics().expect("metrics");
-                let hs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-                let status = send(envoy.port, &method, &path, &hs).expect("request").status;
-                if status == 429 {
-                    refused += 1;
-                    continue;
+                gateway.drive(&name, &req);
+            }
+            if p.leased.is_some() {
+                // Its key turns hot and a lease is granted: one of these is
+                // served from the lease.
+                tag += 1;
+                let req = wasm_request(p, false, tag);
+                let start = Instant::now();
+                while !gateway.drive(&name, &req) {
+                    assert!(
+                        start.elapsed() < LEASE_DEADLINE,
+                        "{name}: no request of {} served from a lease in {LEASE_DEADLINE:?}: {:?}",
+                        p.name,
+                        gateway.tally
+                    );
                 }
-                let after = shim.metrics().expect("metrics");
-                let mut got = filter_moved(&before, &after, &names);
-                got.sort();
-                assert_eq!(got, want, "{name}: {method} {path} {headers:?} ({status})");
-                compared += 1;
-                charged += usize::from(!want.is_empty());
             }
         }
+        eprintln!("{name}: {:?}", gateway.tally);
+        for p in &http {
+            let n = p.name.as_str();
+            assert!(
+                gateway.tally.charged.get(n).is_some_and(|&c| c > 0),
+                "{name}: nothing charged to {n}: {:?}",
+                gateway.tally
+            );
+            assert!(
+                p.llm.is_none() || gateway.tally.settled.contains_key(n),
+                "{name}: no answer of {n} settled"
+            );
+        }
+        all.compared += gateway.tally.compared;
+        all.undecided += gateway.tally.undecided;
+        all.leased.extend(gateway.tally.leased.iter().map(|(k, v)| (format!("{name}/{k}"), *v)));
         served.push(name);
     }
     eprintln!(
-        "served {served:?}: {compared} requests compared ({charged} charged to a policy), {refused} refused"
+        "served {} examples {served:?}: {} requests compared, {} refused or undecided; from leases {:?}",
+        served.len(),
+        all.compared,
+        all.undecided,
+        all.leased
     );
-    assert!(
-        served.len() >= 5 && charged >= served.len(),
-        "too few examples or charges: {served:?}, {charged}"
-    );
-}
-
-/// The policies whose filter-face decisions moved between two metrics pages.
-fn filter_moved(before: &str, after: &str, names: &[String]) -> Vec<String> {
-    let count = |page: &str, name: &str| -> f64 {
-        ["allowed", "denied", "error", "invalid"]
-            .iter()
-            .map(|r| {
-                sample(
-                    page,
-                    &format!(r#"sluice_decisions_total{{policy="{name}",result="{r}",face="filter"}}"#),
-                )
-            })
-            .sum()
-    };
-    names.iter().filter(|n| count(after, n) > count(before, n)).cloned().collect()
+    assert!(served.len() >= 21, "every example with HTTP-face policies: {served:?}");
 }

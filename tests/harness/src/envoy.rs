@@ -115,6 +115,21 @@ impl Envoy {
         Envoy::start_template(&template, &values, DEMO_CONCURRENCY)
     }
 
+    /// Starts Envoy from a whole configuration: what `render(port,
+    /// admin_port)` returns for two free ports (e.g. what `sluice
+    /// envoy-config` prints for them), run as it is, with the demo's
+    /// workers; waits until it serves.
+    pub fn start_rendered(render: impl Fn(u16, u16) -> anyhow::Result<String>) -> anyhow::Result<Envoy> {
+        retry_port_clash(|| {
+            let (port, admin_port) = (free_port()?, free_port()?);
+            let dir = scratch_dir("envoy")?;
+            let config_path = dir.join("envoy.yaml");
+            std::fs::write(&config_path, render(port, admin_port)?)?;
+            let cmd = command(&binary("SLUICE_ENVOY", "envoy")?, &config_path, admin_port, DEMO_CONCURRENCY);
+            Envoy::serving(Proc::spawn("envoy", cmd, dir)?, port, admin_port)
+        })
+    }
+
     /// Starts Envoy from any config `template` with `concurrency` workers and
     /// waits until it serves. The template's `${LISTEN_PORT}` and
     /// `${ADMIN_PORT}` are filled here; `values` fill its other placeholders.

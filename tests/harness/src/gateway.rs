@@ -39,16 +39,31 @@ impl Response {
 
 /// Sends one `method path` request with `headers` to `127.0.0.1:port`.
 pub fn send(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> anyhow::Result<Response> {
+    send_body(port, method, path, headers, None)
+}
+
+/// [`send`] with a request body, if given.
+pub fn send_body(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> anyhow::Result<Response> {
     let method = reqwest::Method::from_bytes(method.as_bytes()).context("invalid HTTP method")?;
     let url = format!("http://127.0.0.1:{port}{path}");
     let headers: Vec<(String, String)> =
         headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
+    let body = body.map(<[u8]>::to_vec);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async move {
         let client = reqwest::Client::builder().timeout(REQUEST_TIMEOUT).build()?;
         let mut request = client.request(method, &url);
         for (name, value) in &headers {
             request = request.header(name, value);
+        }
+        if let Some(body) = body {
+            request = request.body(body);
         }
         let response = request.send().await.with_context(|| format!("request to {url}"))?;
         let status = response.status().as_u16();
