@@ -374,13 +374,25 @@ fn limitador_conditions_beyond_the_documented_forms_are_refused() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `quota_mode` and `metadata` change what envoyproxy/ratelimit answers
-/// (a quota descriptor refuses only with every other one over; dynamic
-/// metadata): named losses, no document without `--accept-losses`.
+/// `quota_mode` is carried as `quota` (the document charges each
+/// descriptor on its own): no loss.
 #[test]
-fn quota_mode_and_metadata_are_named_losses() {
-    let dir = sluice_harness::scratch_dir("import-quota").expect("scratch dir");
-    let file = dir.join("quota.yaml");
+fn quota_mode_is_carried_as_quota() {
+    let doc = import("quota.yaml");
+    let quota: Vec<(&str, bool)> = doc.policies.iter().map(|p| (p.name.as_str(), p.quota)).collect();
+    assert_eq!(
+        quota,
+        [("edge_a", true), ("edge_b", true), ("edge_s", true), ("edge_r", false), ("edge_u", false)]
+    );
+    assert!(doc.policies[2].shadow);
+}
+
+/// `metadata` changes what envoyproxy/ratelimit answers (dynamic
+/// metadata): a named loss, no document without `--accept-losses`.
+#[test]
+fn metadata_is_a_named_loss() {
+    let dir = sluice_harness::scratch_dir("import-metadata").expect("scratch dir");
+    let file = dir.join("metadata.yaml");
     std::fs::write(
         &file,
         "domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n    rate_limit: {unit: day, requests_per_unit: 5}\n  - key: b\n    metadata: {team: x}\n    rate_limit: {unit: day, requests_per_unit: 5}\n",
@@ -391,6 +403,6 @@ fn quota_mode_and_metadata_are_named_losses() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(out.stdout.is_empty());
-    assert!(stderr.contains("line 3: descriptors[0].quota_mode:"), "{stderr}");
+    assert!(!stderr.contains("quota_mode"), "{stderr}");
     assert!(stderr.contains("line 6: descriptors[1].metadata:"), "{stderr}");
 }

@@ -778,3 +778,36 @@ async fn peer_an_empty_descriptor_keeps_its_place() {
     let limit = resp.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit);
     assert_eq!((resp.overall_code, limit), (OK, Some(1_000_000)), "the limit without conditions applies");
 }
+
+/// envoyproxy/ratelimit's `quota_mode`, imported as `quota`: a quota
+/// descriptor over is answered over, but the call is refused only when
+/// every quota descriptor of it is over, or when a descriptor that is not
+/// a quota one is over. A shadow quota descriptor is never over; an
+/// unlimited one is no quota descriptor.
+#[tokio::test]
+async fn peer_quota_mode_refuses_only_when_every_quota_descriptor_is_over() {
+    let mut face = start_with(&imported("quota.yaml")).await;
+    let mut call = async |ds: &[(&str, &str)]| {
+        let descriptors = ds.iter().map(|e| descriptor(&[*e])).collect();
+        face.ask(request("edge", descriptors, 0)).await
+    };
+    let both = [("a", "1"), ("b", "1")];
+    let resp = call(&both).await.expect("answer");
+    assert_eq!((resp.overall_code, codes(&resp)), (OK, vec![OK, OK]));
+    let resp = call(&both).await.expect("answer");
+    assert_eq!((resp.overall_code, codes(&resp)), (OK, vec![OVER, OK]), "one quota of two over");
+    let resp = call(&both).await.expect("answer");
+    assert_eq!((resp.overall_code, codes(&resp)), (OVER, vec![OVER, OVER]), "every quota over");
+    // A quota descriptor within its quota, a rate limit over: refused.
+    let mixed = [("a", "2"), ("r", "1")];
+    let resp = call(&mixed).await.expect("answer");
+    assert_eq!((resp.overall_code, codes(&resp)), (OK, vec![OK, OK]));
+    let resp = call(&[("b", "2"), ("r", "1")]).await.expect("answer");
+    assert_eq!((resp.overall_code, codes(&resp)), (OVER, vec![OK, OVER]), "the rate limit refuses");
+    // A shadow quota passes: the quota over alone does not refuse.
+    let resp = call(&[("a", "1"), ("s", "1")]).await.expect("answer");
+    assert_eq!((resp.overall_code, codes(&resp)), (OK, vec![OVER, OK]));
+    // An unlimited descriptor is no quota one: the only quota is over.
+    let resp = call(&[("a", "1"), ("u", "x")]).await.expect("answer");
+    assert_eq!((resp.overall_code, codes(&resp)), (OVER, vec![OVER, OK]));
+}

@@ -406,6 +406,10 @@ pub struct Policy {
     /// `descriptor` label of `sluice_descriptor_decisions_total`; `None`:
     /// no such label (see [`crate::descriptor_metric`]).
     pub descriptor_metric: Option<Vec<crate::descriptor_metric::MetricLevel>>,
+    /// RLS face: a quota limit; its refusal refuses the call only when
+    /// every quota descriptor of the call is refused (see
+    /// [`crate::plan::Plan::refuses`]).
+    pub quota: bool,
 }
 
 #[derive(serde::Deserialize)]
@@ -464,6 +468,13 @@ pub(crate) struct RawPolicy {
     /// names its stats (`detailed_metric`, `value_to_metric`).
     #[serde(default)]
     pub(crate) descriptor_metric: Option<Vec<crate::descriptor_metric::MetricLevel>>,
+    /// RLS face: a quota limit (envoyproxy/ratelimit's `quota_mode`): a
+    /// descriptor it refuses is answered over the limit, but the call is
+    /// refused only when every descriptor of it decided by quota policies
+    /// is refused (or a descriptor is refused by another policy). Needs the
+    /// document's `charge` `each_descriptor` or `every_hit`.
+    #[serde(default)]
+    pub(crate) quota: bool,
     /// Count and report every decision, but never refuse a request.
     #[serde(default)]
     pub(crate) shadow: bool,
@@ -586,6 +597,7 @@ impl<'de> Deserialize<'de> for Policy {
             (raw.blocked.is_some(), "`blocked`"),
             (raw.limit_name.is_some(), "`limit_name`"),
             (!raw.replaces.is_empty(), "`replaces`"),
+            (raw.quota, "`quota`"),
         ];
         if let Some((_, field)) = rls_only.iter().find(|(on, _)| *on && matcher.face() != Face::Rls) {
             return Err(de::Error::custom(format!(
@@ -857,6 +869,7 @@ impl<'de> Deserialize<'de> for Policy {
             limit_name: raw.limit_name,
             replaces: raw.replaces,
             descriptor_metric: raw.descriptor_metric,
+            quota: raw.quota,
         })
     }
 }

@@ -10,7 +10,9 @@
 //!   (`second` to `week`; `month` is 30 days and `year` 365, as
 //!   envoyproxy/ratelimit divides time); `requests_per_unit: 0` is
 //!   `blocked` (every request refused);
-//! - `unlimited`, `shadow_mode`, `replaces` carried as they are; `name` is
+//! - `unlimited`, `shadow_mode`, `replaces` carried as they are,
+//!   `quota_mode` as `quota` (the document charges each descriptor on its
+//!   own, as a quota policy needs); `name` is
 //!   the answer's `limit_name` (`""` when none is given: the policy's own
 //!   name is made of the path, never answered);
 //! - its key reads each entry whose value is not fixed (no `value`, or a
@@ -29,7 +31,7 @@
 //! descriptor's own `limit` (`descriptor_limit: honour`), as
 //! envoyproxy/ratelimit does.
 //!
-//! Losses: `quota_mode`, `metadata`.
+//! Losses: `metadata`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -176,10 +178,11 @@ impl<'a> Walk<'a> {
             if d.share_threshold && !wildcard {
                 bail!("{at}: share_threshold is only for a wildcard value (with `*`)");
             }
-            for (on, field, why) in [
-                (d.quota_mode, "quota_mode", "a quota-mode limit refuses only when every quota descriptor of the call is over; Sluice has no such mode: the limit would refuse on its own"),
-                (d.metadata.is_some(), "metadata", "envoyproxy/ratelimit's dynamic metadata in the answer; the RLS face sends none"),
-            ] {
+            for (on, field, why) in [(
+                d.metadata.is_some(),
+                "metadata",
+                "envoyproxy/ratelimit's dynamic metadata in the answer; the RLS face sends none",
+            )] {
                 if on {
                     self.losses.push(Loss { line, at: format!("{at}.{field}"), why: why.to_string() });
                 }
@@ -257,6 +260,9 @@ impl<'a> Walk<'a> {
         };
         if d.shadow_mode {
             policy["shadow"] = json!(true);
+        }
+        if d.quota_mode {
+            policy["quota"] = json!(true);
         }
         if rate.requests_per_unit == 0 {
             policy["blocked"] = json!(window);

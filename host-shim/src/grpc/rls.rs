@@ -21,7 +21,8 @@
 //!    holds a live denial for each of its checks ([`super::memory`]), else
 //!    decided in Redis.
 //! 3. [`answer`]: a view of the plan and the outcomes: OK or OVER_LIMIT per
-//!    descriptor and overall; each descriptor's most restrictive limit
+//!    descriptor and overall (the plan's rule, `Plan::refuses`: quota
+//!    descriptors refuse the call only all together); each descriptor's most restrictive limit
 //!    (shadow ones too, as envoyproxy/ratelimit answers a shadow limit) as
 //!    `current_limit`, `limit_remaining` and `duration_until_reset` (core's
 //!    [`draft03`]: a refusing limit's read from its wait alone, so memory
@@ -156,10 +157,12 @@ pub struct Outcomes<'a> {
 pub fn answer(doc: &Document, plan: &Plan<'_>, outcomes: Outcomes<'_>, now_ms: u64) -> RateLimitResponse {
     let mut statuses = Vec::with_capacity(plan.descriptors.len());
     let mut all = Vec::new();
+    let mut overs = Vec::with_capacity(plan.descriptors.len());
     for planned in &plan.descriptors {
         let enforced = limits_of(&plan.enforced, &planned.enforced, outcomes.enforced);
         let shadow = limits_of(&plan.shadow, &planned.shadow, outcomes.shadow);
         let over = planned.refused() || enforced.iter().any(|(_, _, _, o)| !o.allowed);
+        overs.push(over);
         let mut status = DescriptorStatus { code: code(over), ..DescriptorStatus::default() };
         let both: Vec<_> = enforced.iter().chain(&shadow).collect();
         // Chosen and shown as sent: a points limit with the call's cost.
@@ -188,7 +191,8 @@ pub fn answer(doc: &Document, plan: &Plan<'_>, outcomes: Outcomes<'_>, now_ms: u
         statuses.push(status);
         all.extend(enforced.into_iter().map(|(p, _, w, o)| (p.answer_name(), w, o)));
     }
-    let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
+    // Quota descriptors refuse the call only all together.
+    let over = plan.refuses(&overs);
     let send_headers = sluice_policies::plan::sends_headers(doc.headers, over);
     let headers = send_headers.then(|| RateLimitHeaders::most_restrictive(all)).flatten();
     RateLimitResponse {
