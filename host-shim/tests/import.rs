@@ -387,22 +387,21 @@ fn quota_mode_is_carried_as_quota() {
     assert!(doc.policies[2].shadow);
 }
 
-/// `metadata` changes what envoyproxy/ratelimit answers (dynamic
-/// metadata): a named loss, no document without `--accept-losses`.
+/// `metadata` is carried as the policy's `metadata`; the document leaves
+/// `dynamic_metadata` off, as envoyproxy/ratelimit's
+/// `RESPONSE_DYNAMIC_METADATA` is by default.
 #[test]
-fn metadata_is_a_named_loss() {
-    let dir = sluice_harness::scratch_dir("import-metadata").expect("scratch dir");
-    let file = dir.join("metadata.yaml");
-    std::fs::write(
-        &file,
-        "domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n    rate_limit: {unit: day, requests_per_unit: 5}\n  - key: b\n    metadata: {team: x}\n    rate_limit: {unit: day, requests_per_unit: 5}\n",
-    )
-    .expect("write");
-    let out = run(&[], &file);
-    let _ = std::fs::remove_dir_all(&dir);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(out.stdout.is_empty());
-    assert!(!stderr.contains("quota_mode"), "{stderr}");
-    assert!(stderr.contains("line 6: descriptors[1].metadata:"), "{stderr}");
+fn metadata_is_carried_and_answered_only_when_asked() {
+    let doc = import("metadata.yaml");
+    assert!(!doc.dynamic_metadata);
+    let metadata: Vec<Option<serde_json::Value>> =
+        doc.policies.iter().map(|p| p.metadata.clone().map(serde_json::Value::Object)).collect();
+    assert_eq!(
+        metadata,
+        [
+            Some(serde_json::json!({"team": "payments", "tags": {"tier": "gold"}})),
+            Some(serde_json::json!({"team": "search", "tags": {"zone": "eu"}, "weight": 2})),
+            None
+        ]
+    );
 }

@@ -93,6 +93,7 @@ fn template(blocked: Option<Duration>) -> Policy {
         replaces: Vec::new(),
         descriptor_metric: None,
         quota: false,
+        metadata: None,
     }
 }
 

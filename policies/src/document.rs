@@ -120,6 +120,14 @@ pub struct Document {
     /// limit) or `overall` (the overall code alone, as Limitador answers).
     #[serde(default)]
     pub statuses: Statuses,
+    /// RLS face: whether the answer carries `dynamic_metadata` as
+    /// envoyproxy/ratelimit's `RESPONSE_DYNAMIC_METADATA` fills it: the
+    /// call's `domain`, its `descriptors` (each one's entries as
+    /// `key=value`, and its own `hits_addend`), the call's `hitsAddend`
+    /// when not 0, and the `metadata` of the policies of the descriptors
+    /// that passed. Off by default, as the peer.
+    #[serde(default)]
+    pub dynamic_metadata: bool,
     pub policies: Policies,
     /// The templates an honoured override is planned with.
     #[serde(skip)]
@@ -410,6 +418,10 @@ pub struct Policy {
     /// every quota descriptor of the call is refused (see
     /// [`crate::plan::Plan::refuses`]).
     pub quota: bool,
+    /// RLS face: what a descriptor this policy decides adds, when it
+    /// passes, to the answer's `dynamic_metadata` (with the document's
+    /// `dynamic_metadata`).
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -475,6 +487,12 @@ pub(crate) struct RawPolicy {
     /// document's `charge` `each_descriptor` or `every_hit`.
     #[serde(default)]
     pub(crate) quota: bool,
+    /// RLS face: a JSON object merged into the answer's
+    /// `dynamic_metadata.metadata` when a descriptor this policy decides
+    /// passes, with the document's `dynamic_metadata` on
+    /// (envoyproxy/ratelimit's `metadata`).
+    #[serde(default)]
+    pub(crate) metadata: Option<serde_json::Map<String, serde_json::Value>>,
     /// Count and report every decision, but never refuse a request.
     #[serde(default)]
     pub(crate) shadow: bool,
@@ -598,6 +616,7 @@ impl<'de> Deserialize<'de> for Policy {
             (raw.limit_name.is_some(), "`limit_name`"),
             (!raw.replaces.is_empty(), "`replaces`"),
             (raw.quota, "`quota`"),
+            (raw.metadata.is_some(), "`metadata`"),
         ];
         if let Some((_, field)) = rls_only.iter().find(|(on, _)| *on && matcher.face() != Face::Rls) {
             return Err(de::Error::custom(format!(
@@ -870,6 +889,7 @@ impl<'de> Deserialize<'de> for Policy {
             replaces: raw.replaces,
             descriptor_metric: raw.descriptor_metric,
             quota: raw.quota,
+            metadata: raw.metadata,
         })
     }
 }

@@ -20,6 +20,7 @@ use sluice_policies::Document;
 use crate::dashboard::Policies;
 use crate::limiter::Limiter;
 
+pub mod dynamic_metadata;
 pub mod memory;
 pub mod rlqs;
 pub mod rls;

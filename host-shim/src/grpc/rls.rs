@@ -30,7 +30,9 @@
 //!    `RateLimit-Policy` headers (core's rendering) in
 //!    `response_headers_to_add`, as the document's `headers` says. The
 //!    decisions of policies with a `descriptor_metric` are counted per
-//!    descriptor too ([`count_descriptors`]).
+//!    descriptor too ([`count_descriptors`]); with the document's
+//!    `dynamic_metadata`, the answer's `dynamic_metadata`
+//!    ([`super::dynamic_metadata`]).
 //!    statuses are left out when the document's `statuses` is `overall`
 //!    (Limitador's answer: the overall code alone).
 
@@ -152,9 +154,15 @@ pub struct Outcomes<'a> {
     pub shadow: Option<&'a [CheckOutcome]>,
 }
 
-/// The whole answer, a view of the plan and its checks' outcomes at
-/// `now_ms` (a `blocked` policy's reset is read from it).
-pub fn answer(doc: &Document, plan: &Plan<'_>, outcomes: Outcomes<'_>, now_ms: u64) -> RateLimitResponse {
+/// The whole answer to `req`, a view of the plan and its checks' outcomes
+/// at `now_ms` (a `blocked` policy's reset is read from it).
+pub fn answer(
+    doc: &Document,
+    req: &RateLimitRequest,
+    plan: &Plan<'_>,
+    outcomes: Outcomes<'_>,
+    now_ms: u64,
+) -> RateLimitResponse {
     let mut statuses = Vec::with_capacity(plan.descriptors.len());
     let mut all = Vec::new();
     let mut overs = Vec::with_capacity(plan.descriptors.len());
@@ -209,6 +217,7 @@ pub fn answer(doc: &Document, plan: &Plan<'_>, outcomes: Outcomes<'_>, now_ms: u
                 ]
             })
             .unwrap_or_default(),
+        dynamic_metadata: doc.dynamic_metadata.then(|| super::dynamic_metadata::of(req, plan, &overs)),
         ..RateLimitResponse::default()
     }
 }
@@ -327,7 +336,7 @@ pub async fn decide(faces: &Faces, req: &RateLimitRequest) -> Result<RateLimitRe
     })?;
     let outcomes = Outcomes { enforced: enforced.as_deref(), shadow: shadow.as_deref() };
     count_descriptors(metrics, &plan, &descriptors, outcomes);
-    Ok(answer(&document, &plan, outcomes, faces.now_ms()))
+    Ok(answer(&document, req, &plan, outcomes, faces.now_ms()))
 }
 
 /// Counts each descriptor's decisions by the policies that label them

@@ -574,3 +574,23 @@ fn override_envoy(shim: u16, upstream: u16) -> Envoy {
     std::fs::write(&path, text.replace(RATELIMIT, &format!("{LUA}{RATELIMIT}"))).expect("write");
     Envoy::start_template(&path, &values, 2).expect("envoy")
 }
+
+/// envoyproxy/ratelimit's `quota_mode` through Envoy (imported as
+/// `quota`): a request is refused only when every quota descriptor of it
+/// is over, or when a descriptor that is not a quota one is; a quota
+/// descriptor over alone lets it through. Windows of a year.
+#[test]
+fn peer_quota_mode_through_envoy() {
+    let redis = Redis::start().expect("redis");
+    let upstream = Upstream::start().expect("upstream");
+    let shim = GrpcShim::start(&redis.url(), &import("quota.yaml", false)).expect("shim");
+    let keys: &[&[&str]] = &[&["a"], &["b"], &["r"]];
+    let envoy = peer_envoy("edge", keys, shim.grpc_port, upstream.port);
+    // a=1 has 1 a year, b=1 2: a over, then both.
+    assert_eq!(statuses(&envoy, &[("a", "1"), ("b", "1")], 3), [200, 200, 429]);
+    // A quota descriptor within its quota beside a rate limit: the rate
+    // limit over refuses.
+    assert_eq!(statuses(&envoy, &[("b", "2"), ("r", "1")], 2), [200, 429]);
+    // The quota descriptor over alone: refused, being every quota one.
+    assert_eq!(statuses(&envoy, &[("a", "1")], 1), [429]);
+}
