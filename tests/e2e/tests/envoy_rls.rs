@@ -460,7 +460,8 @@ fn peer_random_requests_through_envoy_decide_as_the_ratelimit_model() {
     let redis = Redis::start().expect("redis");
     let upstream = Upstream::start().expect("upstream");
     let shim = GrpcShim::start(&redis.url(), &doc).expect("shim");
-    let keys: &[&[&str]] = &[&["plan"], &["ip"], &["path"], &["org", "user"], &["team"]];
+    let keys: &[&[&str]] =
+        &[&["plan"], &["ip"], &["path"], &["org", "user"], &["team"], &["quota"], &["credits"]];
     let envoy = peer_envoy("edge", keys, shim.grpc_port, upstream.port);
     let mut model = ratelimit_model::Ratelimit::new(ratelimit_model::RATELIMIT);
     let values: &[(&str, &[&str])] = &[
@@ -470,6 +471,8 @@ fn peer_random_requests_through_envoy_decide_as_the_ratelimit_model() {
         ("org", &["x", "acme"]),
         ("user", &["u1", "vip", "alice"]),
         ("team", &["t1"]),
+        ("quota", &["q1", "q2", "shadow"]),
+        ("credits", &["c"]),
     ];
     let mut state = 0x5eed_u64;
     let mut below = |n: usize| {
@@ -482,7 +485,11 @@ fn peer_random_requests_through_envoy_decide_as_the_ratelimit_model() {
     for i in 0..120 {
         let mut entries: Vec<(&str, &str)> = Vec::new();
         for (k, vs) in values {
-            if below(3) != 0 {
+            // The quota-mode keys (`quota`, `credits`) in a quarter of the
+            // requests, the others in two thirds: a call's quota
+            // descriptors all over refuse it.
+            let present = if ["quota", "credits"].contains(k) { below(4) == 0 } else { below(3) != 0 };
+            if present {
                 entries.push((k, vs[below(vs.len())]));
             }
         }
