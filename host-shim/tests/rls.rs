@@ -7,7 +7,8 @@
 //! specific rule of a descriptor tree, blocked values, month and year
 //! windows, shadow answered with its limit, unnamed limits, `replaces`,
 //! each descriptor charged on its own, a refused one's hits counted past
-//! the limit (`charge: every_hit`), Limitador's `descriptors[0]`.
+//! the limit (`charge: every_hit`), quota-mode descriptors, dynamic
+//! metadata, Limitador's `descriptors[0]`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
