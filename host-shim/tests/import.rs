@@ -374,23 +374,34 @@ fn limitador_conditions_beyond_the_documented_forms_are_refused() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `quota_mode` and `metadata` change what envoyproxy/ratelimit answers
-/// (a quota descriptor refuses only with every other one over; dynamic
-/// metadata): named losses, no document without `--accept-losses`.
+/// `quota_mode` is carried as `quota` (the document charges each
+/// descriptor on its own): no loss.
 #[test]
-fn quota_mode_and_metadata_are_named_losses() {
-    let dir = sluice_harness::scratch_dir("import-quota").expect("scratch dir");
-    let file = dir.join("quota.yaml");
-    std::fs::write(
-        &file,
-        "domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n    rate_limit: {unit: day, requests_per_unit: 5}\n  - key: b\n    metadata: {team: x}\n    rate_limit: {unit: day, requests_per_unit: 5}\n",
-    )
-    .expect("write");
-    let out = run(&[], &file);
-    let _ = std::fs::remove_dir_all(&dir);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(out.stdout.is_empty());
-    assert!(stderr.contains("line 3: descriptors[0].quota_mode:"), "{stderr}");
-    assert!(stderr.contains("line 6: descriptors[1].metadata:"), "{stderr}");
+fn quota_mode_is_carried_as_quota() {
+    let doc = import("quota.yaml");
+    let quota: Vec<(&str, bool)> = doc.policies.iter().map(|p| (p.name.as_str(), p.quota)).collect();
+    assert_eq!(
+        quota,
+        [("edge_a", true), ("edge_b", true), ("edge_s", true), ("edge_r", false), ("edge_u", false)]
+    );
+    assert!(doc.policies[2].shadow);
+}
+
+/// `metadata` is carried as the policy's `metadata`; the document leaves
+/// `dynamic_metadata` off, as envoyproxy/ratelimit's
+/// `RESPONSE_DYNAMIC_METADATA` is by default.
+#[test]
+fn metadata_is_carried_and_answered_only_when_asked() {
+    let doc = import("metadata.yaml");
+    assert!(!doc.dynamic_metadata);
+    let metadata: Vec<Option<serde_json::Value>> =
+        doc.policies.iter().map(|p| p.metadata.clone().map(serde_json::Value::Object)).collect();
+    assert_eq!(
+        metadata,
+        [
+            Some(serde_json::json!({"team": "payments", "tags": {"tier": "gold"}})),
+            Some(serde_json::json!({"team": "search", "tags": {"zone": "eu"}, "weight": 2})),
+            None
+        ]
+    );
 }

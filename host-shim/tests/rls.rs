@@ -7,7 +7,8 @@
 //! specific rule of a descriptor tree, blocked values, month and year
 //! windows, shadow answered with its limit, unnamed limits, `replaces`,
 //! each descriptor charged on its own, a refused one's hits counted past
-//! the limit (`charge: every_hit`), Limitador's `descriptors[0]`.
+//! the limit (`charge: every_hit`), quota-mode descriptors, dynamic
+//! metadata, Limitador's `descriptors[0]`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -777,4 +778,91 @@ async fn peer_an_empty_descriptor_keeps_its_place() {
     let resp = limitador.ask(request("test_namespace", vec![descriptor(&[])], 0)).await.expect("answer");
     let limit = resp.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit);
     assert_eq!((resp.overall_code, limit), (OK, Some(1_000_000)), "the limit without conditions applies");
+}
+
+/// envoyproxy/ratelimit's `quota_mode`, imported as `quota`: a quota
+/// descriptor over is answered over, but the call is refused only when
+/// every quota descriptor of it is over, or when a descriptor that is not
+/// a quota one is over. A shadow quota descriptor is never over; an
+/// unlimited one is no quota descriptor.
+#[tokio::test]
+async fn peer_quota_mode_refuses_only_when_every_quota_descriptor_is_over() {
+    let mut face = start_with(&imported("quota.yaml")).await;
+    let mut call = async |ds: &[(&str, &str)]| {
+        let descriptors = ds.iter().map(|e| descriptor(&[*e])).collect();
+        face.ask(request("edge", descriptors, 0)).await
+    };
+    let both = [("a", "1"), ("b", "1")];
+    let resp = call(&both).await.expect("answer");
+    assert_eq!((resp.overall_code, codes(&resp)), (OK, vec![OK, OK]));
+    let resp = call(&both).await.expect("answer");
+    assert_eq!((resp.overall_code, codes(&resp)), (OK, vec![OVER, OK]), "one quota of two over");
+    let resp = call(&both).await.expect("answer");
+    assert_eq!((resp.overall_code, codes(&resp)), (OVER, vec![OVER, OVER]), "every quota over");
+    // A quota descriptor within its quota, a rate limit over: refused.
+    let mixed = [("a", "2"), ("r", "1")];
+    let resp = call(&mixed).await.expect("answer");
+    assert_eq!((resp.overall_code, codes(&resp)), (OK, vec![OK, OK]));
+    let resp = call(&[("b", "2"), ("r", "1")]).await.expect("answer");
+    assert_eq!((resp.overall_code, codes(&resp)), (OVER, vec![OK, OVER]), "the rate limit refuses");
+    // A shadow quota passes: the quota over alone does not refuse.
+    let resp = call(&[("a", "1"), ("s", "1")]).await.expect("answer");
+    assert_eq!((resp.overall_code, codes(&resp)), (OK, vec![OVER, OK]));
+    // An unlimited descriptor is no quota one: the only quota is over.
+    let resp = call(&[("a", "1"), ("u", "x")]).await.expect("answer");
+    assert_eq!((resp.overall_code, codes(&resp)), (OVER, vec![OVER, OK]));
+}
+
+/// A protobuf `Struct` value as JSON, to compare.
+fn json(v: &envoy_types::pb::google::protobuf::Value) -> serde_json::Value {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    match &v.kind {
+        Some(Kind::StringValue(s)) => serde_json::json!(s),
+        Some(Kind::NumberValue(n)) => serde_json::json!(n),
+        Some(Kind::BoolValue(b)) => serde_json::json!(b),
+        Some(Kind::ListValue(l)) => l.values.iter().map(json).collect(),
+        Some(Kind::StructValue(s)) => s.fields.iter().map(|(k, v)| (k.clone(), json(v))).collect(),
+        Some(Kind::NullValue(_)) | None => serde_json::Value::Null,
+    }
+}
+
+/// envoyproxy/ratelimit's `metadata`, imported as the policy's
+/// `metadata`: no `dynamic_metadata` by default (the peer's
+/// `RESPONSE_DYNAMIC_METADATA` is off by default); with the document's
+/// `dynamic_metadata`, the peer's struct: the domain, each descriptor's
+/// entries (and its own `hitsAddend`), the call's `hitsAddend`, and the
+/// metadata of the descriptors that passed, the first one's keys kept.
+#[tokio::test]
+async fn peer_metadata_is_answered_as_dynamic_metadata_when_asked() {
+    let call = || {
+        let mut a = descriptor(&[("a", "1")]);
+        a.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 1 });
+        request("edge", vec![a, descriptor(&[("b", "1")]), descriptor(&[("u", "x")])], 0)
+    };
+    let doc = imported("metadata.yaml");
+    let mut off = start_with(&doc).await;
+    assert_eq!(off.ask(call()).await.expect("answer").dynamic_metadata, None, "off by default");
+    let on = doc.replacen('{', r#"{"dynamic_metadata": true, "#, 1);
+    let mut face = start_with(&on).await;
+    let metadata = |resp: RateLimitResponse| {
+        let fields = resp.dynamic_metadata.expect("dynamic_metadata").fields;
+        fields.iter().map(|(k, v)| (k.clone(), json(v))).collect::<serde_json::Value>()
+    };
+    let descriptors = serde_json::json!([{"entries": ["a=1"], "hitsAddend": 1.0}, {"entries": ["b=1"]}, {"entries": ["u=x"]}]);
+    let first = metadata(face.ask(call()).await.expect("answer"));
+    assert_eq!(
+        first,
+        serde_json::json!({"domain": "edge", "descriptors": descriptors,
+            "metadata": {"team": "payments", "tags": {"tier": "gold", "zone": "eu"}, "weight": 2.0}})
+    );
+    // `a` is over: only `b` passed (an unlimited descriptor adds nothing).
+    let mut second = call();
+    second.hits_addend = 2;
+    let resp = face.ask(second).await.expect("answer");
+    assert_eq!(codes(&resp), [OVER, OK, OK]);
+    assert_eq!(
+        metadata(resp),
+        serde_json::json!({"domain": "edge", "descriptors": descriptors, "hitsAddend": 2.0,
+            "metadata": {"team": "search", "tags": {"zone": "eu"}, "weight": 2.0}})
+    );
 }

@@ -96,6 +96,10 @@ fn ratelimit_pool() -> Vec<Vec<(&'static str, &'static str)>> {
         vec![("plan", "pro"), ("extra", "1")],
         vec![("team", "t1")],
         vec![("nobody", "x")],
+        vec![("quota", "q1")],
+        vec![("quota", "q2")],
+        vec![("quota", "shadow")],
+        vec![("credits", "c")],
         // Descriptors with their own `limit` (Envoy's override), each
         // always with the same one: a peer's counter past a limit counts
         // refused hits, so two limits on one counter would part ways

@@ -92,6 +92,8 @@ fn template(blocked: Option<Duration>) -> Policy {
         limit_name: Some(String::new()),
         replaces: Vec::new(),
         descriptor_metric: None,
+        quota: false,
+        metadata: None,
     }
 }
 

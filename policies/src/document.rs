@@ -120,6 +120,14 @@ pub struct Document {
     /// limit) or `overall` (the overall code alone, as Limitador answers).
     #[serde(default)]
     pub statuses: Statuses,
+    /// RLS face: whether the answer carries `dynamic_metadata` as
+    /// envoyproxy/ratelimit's `RESPONSE_DYNAMIC_METADATA` fills it: the
+    /// call's `domain`, its `descriptors` (each one's entries as
+    /// `key=value`, and its own `hits_addend`), the call's `hitsAddend`
+    /// when not 0, and the `metadata` of the policies of the descriptors
+    /// that passed. Off by default, as the peer.
+    #[serde(default)]
+    pub dynamic_metadata: bool,
     pub policies: Policies,
     /// The templates an honoured override is planned with.
     #[serde(skip)]
@@ -406,6 +414,14 @@ pub struct Policy {
     /// `descriptor` label of `sluice_descriptor_decisions_total`; `None`:
     /// no such label (see [`crate::descriptor_metric`]).
     pub descriptor_metric: Option<Vec<crate::descriptor_metric::MetricLevel>>,
+    /// RLS face: a quota limit; its refusal refuses the call only when
+    /// every quota descriptor of the call is refused (see
+    /// [`crate::plan::Plan::refuses`]).
+    pub quota: bool,
+    /// RLS face: what a descriptor this policy decides adds, when it
+    /// passes, to the answer's `dynamic_metadata` (with the document's
+    /// `dynamic_metadata`).
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -464,6 +480,19 @@ pub(crate) struct RawPolicy {
     /// names its stats (`detailed_metric`, `value_to_metric`).
     #[serde(default)]
     pub(crate) descriptor_metric: Option<Vec<crate::descriptor_metric::MetricLevel>>,
+    /// RLS face: a quota limit (envoyproxy/ratelimit's `quota_mode`): a
+    /// descriptor it refuses is answered over the limit, but the call is
+    /// refused only when every descriptor of it decided by quota policies
+    /// is refused (or a descriptor is refused by another policy). Needs the
+    /// document's `charge` `each_descriptor` or `every_hit`.
+    #[serde(default)]
+    pub(crate) quota: bool,
+    /// RLS face: a JSON object merged into the answer's
+    /// `dynamic_metadata.metadata` when a descriptor this policy decides
+    /// passes, with the document's `dynamic_metadata` on
+    /// (envoyproxy/ratelimit's `metadata`).
+    #[serde(default)]
+    pub(crate) metadata: Option<serde_json::Map<String, serde_json::Value>>,
     /// Count and report every decision, but never refuse a request.
     #[serde(default)]
     pub(crate) shadow: bool,
@@ -586,6 +615,8 @@ impl<'de> Deserialize<'de> for Policy {
             (raw.blocked.is_some(), "`blocked`"),
             (raw.limit_name.is_some(), "`limit_name`"),
             (!raw.replaces.is_empty(), "`replaces`"),
+            (raw.quota, "`quota`"),
+            (raw.metadata.is_some(), "`metadata`"),
         ];
         if let Some((_, field)) = rls_only.iter().find(|(on, _)| *on && matcher.face() != Face::Rls) {
             return Err(de::Error::custom(format!(
@@ -857,6 +888,8 @@ impl<'de> Deserialize<'de> for Policy {
             limit_name: raw.limit_name,
             replaces: raw.replaces,
             descriptor_metric: raw.descriptor_metric,
+            quota: raw.quota,
+            metadata: raw.metadata,
         })
     }
 }

@@ -46,7 +46,7 @@ pub fn parse(text: &str) -> Result<Document, ParseError> {
     // Trailing text after the document is an error too.
     de.end().map_err(|err| from_json(".", err, text))?;
     let doc = resolve_classes(doc, text)?;
-    counts_refused_in_windows(&doc).map_err(|(path, reason)| {
+    quota_charged_each(&doc).and_then(|()| counts_refused_in_windows(&doc)).map_err(|(path, reason)| {
         let (line, column) = end_of(text);
         ParseError { path, reason, line, column }
     })?;
@@ -58,6 +58,21 @@ pub fn parse(text: &str) -> Result<Document, ParseError> {
 fn end_of(text: &str) -> (usize, usize) {
     let line = text.lines().count().max(1);
     (line, text.lines().last().map_or(0, |l| l.chars().count()) + 1)
+}
+
+/// A `quota` policy's descriptor is answered on its own, the call refused
+/// only when every quota descriptor is: its descriptors must be charged
+/// each on its own. The offending policy's path and why.
+fn quota_charged_each(doc: &Document) -> Result<(), (String, String)> {
+    if doc.charge == crate::document::Charge::AllOrNone {
+        if let Some(i) = doc.policies.iter().position(|p| p.quota) {
+            return Err((
+                format!("policies[{i}].quota"),
+                "a `quota` policy's descriptor is charged on its own whatever the call's code: charge `each_descriptor` or `every_hit`, not `all_or_none`".to_string(),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `charge: every_hit` counts a refused cost in each window an RLS-face

@@ -134,6 +134,45 @@ pub struct Plan<'d> {
     pub shadow: Checks<'d>,
 }
 
+impl<'d> Plan<'d> {
+    /// Whether the descriptor at `i` is a quota descriptor: every policy
+    /// that decides it, enforced or shadow, is `quota` (one at least). A
+    /// descriptor that a quota and another policy decide is not one: its
+    /// refusal refuses the call, as the other policy's would.
+    pub fn quota(&self, i: usize) -> bool {
+        let Some(planned) = self.descriptors.get(i) else { return false };
+        let enforced = planned.enforced.iter().filter_map(|&c| self.enforced.policies.get(c));
+        let shadow = planned.shadow.iter().filter_map(|&c| self.shadow.policies.get(c));
+        let mut deciding =
+            enforced.chain(shadow).copied().chain(planned.blocked.iter().copied()).chain(planned.missing_key);
+        let mut any = false;
+        deciding.all(|p| {
+            any = true;
+            p.quota
+        }) && any
+    }
+
+    /// The call's overall decision from each descriptor's (`over[i]`: the
+    /// descriptor at `i` is answered over the limit), as envoyproxy/ratelimit
+    /// decides it: refused when a descriptor that is not a quota one is
+    /// over, or when the call has quota descriptors and every one is over.
+    /// Without quota policies, refused when any descriptor is over.
+    pub fn refuses(&self, over: &[bool]) -> bool {
+        let (mut quotas, mut quotas_over) = (0, 0);
+        for (i, &over) in over.iter().enumerate() {
+            match (self.quota(i), over) {
+                (false, true) => return true,
+                (false, false) => {}
+                (true, over) => {
+                    quotas += 1;
+                    quotas_over += usize::from(over);
+                }
+            }
+        }
+        quotas > 0 && quotas == quotas_over
+    }
+}
+
 /// Plans a call: evaluates each request, drops the policies another one of
 /// the call `replaces`, and groups the checks as the document's `charge`
 /// says; a descriptor's own `limit` decides it alone when the document
@@ -341,6 +380,40 @@ mod tests {
         let p = plan(&each, &calls).expect("plans");
         assert_eq!(p.enforced.groups, vec![0..1, 1..2, 2..3], "each descriptor charged on its own");
         assert_eq!(p.descriptors[2].enforced, vec![2]);
+    }
+
+    #[test]
+    fn quota_descriptors_refuse_the_call_only_all_together() {
+        let d = doc(r#"{"charge": "every_hit", "policies": [
+            {"name": "q1", "quota": true, "match": {"domain": "edge", "entries": {"q1": {"present": true}}},
+             "limits": [{"type": "fixed_window", "limit": 1, "window": "1m"}]},
+            {"name": "q2", "quota": true, "match": {"domain": "edge", "entries": {"q2": {"present": true}}},
+             "limits": [{"type": "fixed_window", "limit": 1, "window": "1m"}]},
+            {"name": "qs", "quota": true, "shadow": true, "match": {"domain": "edge", "entries": {"qs": {"present": true}}},
+             "limits": [{"type": "fixed_window", "limit": 1, "window": "1m"}]},
+            {"name": "r", "match": {"domain": "edge", "entries": {"r": {"present": true}}},
+             "limits": [{"type": "fixed_window", "limit": 1, "window": "1m"}]},
+            {"name": "free", "unlimited": true, "match": {"domain": "edge", "entries": {"free": {"present": true}}}}
+        ]}"#);
+        let call = [("q1", "x"), ("q2", "x"), ("r", "x"), ("free", "x"), ("qs", "x")]
+            .map(|(k, v)| descriptor(&[(k, v)]));
+        let p = plan(&d, &call).expect("plans");
+        assert_eq!((0..5).map(|i| p.quota(i)).collect::<Vec<_>>(), [true, true, false, false, true]);
+        let q = plan(&d, &call[..2]).expect("plans");
+        assert!(!q.refuses(&[true, false]), "one quota descriptor of two over");
+        assert!(q.refuses(&[true, true]), "every quota descriptor over");
+        assert!(p.refuses(&[false, false, true, false, false]), "a rate-limit descriptor over");
+        assert!(!p.refuses(&[true, true, false, false, false]), "a shadow quota descriptor never over");
+        let plain = plan(&d, &call[2..4]).expect("plans");
+        assert!(!plain.refuses(&[false, false]), "no quota descriptor, none over");
+        let mixed = plan(&d, &[descriptor(&[("q1", "x"), ("r", "x")])]).expect("plans");
+        assert!(!mixed.quota(0), "a quota and a rate-limit policy: not a quota descriptor");
+        let err = crate::parse(
+            r#"{"policies": [{"name": "q", "quota": true, "match": {"domain": "edge"},
+            "limits": [{"type": "fixed_window", "limit": 1, "window": "1m"}]}]}"#,
+        )
+        .expect_err("all_or_none");
+        assert_eq!(err.path, "policies[0].quota");
     }
 
     #[test]

@@ -156,7 +156,7 @@ fixtures! {
     unknown_field_near_miss => r#"policies[0].limits[0].limt: unknown field `limt`: did you mean `limit`? at 7:48"#,
     unknown_limit_type => r#"policies[0].limits[0].type: unknown variant `sliding`, expected one of `fixed_window`, `sliding_window`, `token_bucket`, `leaky_bucket`, `interval`, `concurrency`, `points` at 6:26"#,
     descriptor_metric_without_its_path => r#"policies[0]: `descriptor_metric` needs a `descriptor_tree` node, with one level ("value" or "step") per step of its path at 6:3"#,
-    unknown_policy_field => r#"policies[0].shadow_mode: unknown field `shadow_mode`, expected one of `name`, `match`, `bypass`, `key`, `on_missing_key`, `limits`, `levels`, `unlimited`, `blocked`, `limit_name`, `replaces`, `descriptor_metric`, `shadow`, `failure_mode`, `failure_status`, `response`, `wait`, `upstream`, `shed`, `leased`, `llm`, `budget` at 5:19"#,
+    unknown_policy_field => r#"policies[0].shadow_mode: unknown field `shadow_mode`, expected one of `name`, `match`, `bypass`, `key`, `on_missing_key`, `limits`, `levels`, `unlimited`, `blocked`, `limit_name`, `replaces`, `descriptor_metric`, `quota`, `metadata`, `shadow`, `failure_mode`, `failure_status`, `response`, `wait`, `upstream`, `shed`, `leased`, `llm`, `budget` at 5:19"#,
     unknown_top_level_field => r#"polices: unknown field `polices`: did you mean `policies`? at 2:11"#,
     bad_headers_mode => r#"headers: unknown variant `sometimes`, expected one of `off`, `on_deny`, `always` at 2:24"#,
     failure_status_not_an_error => r#"failure_status: invalid status 200 (expected 400 to 599) at 3:23"#,

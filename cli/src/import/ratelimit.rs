@@ -10,7 +10,9 @@
 //!   (`second` to `week`; `month` is 30 days and `year` 365, as
 //!   envoyproxy/ratelimit divides time); `requests_per_unit: 0` is
 //!   `blocked` (every request refused);
-//! - `unlimited`, `shadow_mode`, `replaces` carried as they are; `name` is
+//! - `unlimited`, `shadow_mode`, `replaces` carried as they are,
+//!   `quota_mode` as `quota` (the document charges each descriptor on its
+//!   own, as a quota policy needs); `name` is
 //!   the answer's `limit_name` (`""` when none is given: the policy's own
 //!   name is made of the path, never answered);
 //! - its key reads each entry whose value is not fixed (no `value`, or a
@@ -29,7 +31,11 @@
 //! descriptor's own `limit` (`descriptor_limit: honour`), as
 //! envoyproxy/ratelimit does.
 //!
-//! Losses: `quota_mode`, `metadata`.
+//! `metadata` is the policy's `metadata` (in the answer's
+//! `dynamic_metadata` only with the document's `dynamic_metadata`, off as
+//! envoyproxy/ratelimit's `RESPONSE_DYNAMIC_METADATA` is by default).
+//!
+//! Losses: none.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -37,7 +43,7 @@ use anyhow::{bail, Context};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{lines_of, Loss};
+use super::Loss;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -91,26 +97,13 @@ struct Replaces {
     name: String,
 }
 
-/// The document and the losses.
+/// The document and the losses (none: every field is carried).
 pub fn convert(yaml: &str) -> anyhow::Result<(Value, Vec<Loss>)> {
     let config: Config = serde_norway::from_str(yaml).context("not an envoyproxy/ratelimit configuration")?;
     if config.domain.is_empty() {
         bail!("domain: must not be empty (envoyproxy/ratelimit refuses it too)");
     }
-    // Each descriptor's line, when the file's `key:` lines are exactly the
-    // descriptors (a `metadata` map could hold others).
-    let mut lines = lines_of(yaml, "key");
-    if lines.len() != count(&config.descriptors) {
-        lines.clear();
-    }
-    let mut walk = Walk {
-        domain: &config.domain,
-        lines,
-        seen: 0,
-        policies: Vec::new(),
-        names: BTreeSet::new(),
-        losses: Vec::new(),
-    };
+    let mut walk = Walk { domain: &config.domain, policies: Vec::new(), names: BTreeSet::new() };
     walk.level(&config.descriptors, "descriptors", &mut Vec::new())?;
     let document = json!({
         "charge": "every_hit",
@@ -118,11 +111,7 @@ pub fn convert(yaml: &str) -> anyhow::Result<(Value, Vec<Loss>)> {
         "descriptor_limit": "honour",
         "policies": walk.policies,
     });
-    Ok((document, walk.losses))
-}
-
-fn count(descriptors: &[Descriptor]) -> usize {
-    descriptors.iter().map(|d| 1 + count(&d.descriptors)).sum()
+    Ok((document, Vec::new()))
 }
 
 /// One step of a path, as the document writes it.
@@ -140,12 +129,8 @@ struct Step<'a> {
 
 struct Walk<'a> {
     domain: &'a str,
-    /// The line of each descriptor, in the walk's order, if they line up.
-    lines: Vec<usize>,
-    seen: usize,
     policies: Vec<Value>,
     names: BTreeSet<String>,
-    losses: Vec<Loss>,
 }
 
 impl<'a> Walk<'a> {
@@ -158,8 +143,6 @@ impl<'a> Walk<'a> {
         let mut composite = BTreeSet::new();
         for (i, d) in descriptors.iter().enumerate() {
             let at = format!("{at}[{i}]");
-            let line = self.lines.get(self.seen).copied();
-            self.seen += 1;
             if d.key.is_empty() {
                 bail!("{at}: a descriptor has an empty key");
             }
@@ -175,14 +158,6 @@ impl<'a> Walk<'a> {
             }
             if d.share_threshold && !wildcard {
                 bail!("{at}: share_threshold is only for a wildcard value (with `*`)");
-            }
-            for (on, field, why) in [
-                (d.quota_mode, "quota_mode", "a quota-mode limit refuses only when every quota descriptor of the call is over; Sluice has no such mode: the limit would refuse on its own"),
-                (d.metadata.is_some(), "metadata", "envoyproxy/ratelimit's dynamic metadata in the answer; the RLS face sends none"),
-            ] {
-                if on {
-                    self.losses.push(Loss { line, at: format!("{at}.{field}"), why: why.to_string() });
-                }
             }
             let keyed = value.is_none() || (wildcard && !d.share_threshold);
             let shared = wildcard && d.share_threshold;
@@ -257,6 +232,16 @@ impl<'a> Walk<'a> {
         };
         if d.shadow_mode {
             policy["shadow"] = json!(true);
+        }
+        if d.quota_mode {
+            policy["quota"] = json!(true);
+        }
+        if let Some(metadata) = &d.metadata {
+            let metadata = serde_json::to_value(metadata)
+                .ok()
+                .filter(Value::is_object)
+                .with_context(|| format!("{at}.metadata: not a map of JSON values"))?;
+            policy["metadata"] = metadata;
         }
         if rate.requests_per_unit == 0 {
             policy["blocked"] = json!(window);

@@ -9,7 +9,8 @@
 //! checks into the limiter's one decision flow.
 //!
 //! - [`rls`] serves `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`;
-//!   [`memory`] holds its over-limit cache (core's, in the shim's memory).
+//!   [`memory`] holds its over-limit cache (core's, in the shim's memory),
+//!   [`dynamic_metadata`] its answer's `dynamic_metadata`.
 //! - [`rlqs`] serves `envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +21,7 @@ use sluice_policies::Document;
 use crate::dashboard::Policies;
 use crate::limiter::Limiter;
 
+pub mod dynamic_metadata;
 pub mod memory;
 pub mod rlqs;
 pub mod rls;

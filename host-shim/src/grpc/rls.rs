@@ -21,7 +21,8 @@
 //!    holds a live denial for each of its checks ([`super::memory`]), else
 //!    decided in Redis.
 //! 3. [`answer`]: a view of the plan and the outcomes: OK or OVER_LIMIT per
-//!    descriptor and overall; each descriptor's most restrictive limit
+//!    descriptor and overall (the plan's rule, `Plan::refuses`: quota
+//!    descriptors refuse the call only all together); each descriptor's most restrictive limit
 //!    (shadow ones too, as envoyproxy/ratelimit answers a shadow limit) as
 //!    `current_limit`, `limit_remaining` and `duration_until_reset` (core's
 //!    [`draft03`]: a refusing limit's read from its wait alone, so memory
@@ -29,7 +30,9 @@
 //!    `RateLimit-Policy` headers (core's rendering) in
 //!    `response_headers_to_add`, as the document's `headers` says. The
 //!    decisions of policies with a `descriptor_metric` are counted per
-//!    descriptor too ([`count_descriptors`]).
+//!    descriptor too ([`count_descriptors`]); with the document's
+//!    `dynamic_metadata`, the answer's `dynamic_metadata`
+//!    ([`super::dynamic_metadata`]).
 //!    statuses are left out when the document's `statuses` is `overall`
 //!    (Limitador's answer: the overall code alone).
 
@@ -151,15 +154,23 @@ pub struct Outcomes<'a> {
     pub shadow: Option<&'a [CheckOutcome]>,
 }
 
-/// The whole answer, a view of the plan and its checks' outcomes at
-/// `now_ms` (a `blocked` policy's reset is read from it).
-pub fn answer(doc: &Document, plan: &Plan<'_>, outcomes: Outcomes<'_>, now_ms: u64) -> RateLimitResponse {
+/// The whole answer to `req`, a view of the plan and its checks' outcomes
+/// at `now_ms` (a `blocked` policy's reset is read from it).
+pub fn answer(
+    doc: &Document,
+    req: &RateLimitRequest,
+    plan: &Plan<'_>,
+    outcomes: Outcomes<'_>,
+    now_ms: u64,
+) -> RateLimitResponse {
     let mut statuses = Vec::with_capacity(plan.descriptors.len());
     let mut all = Vec::new();
+    let mut overs = Vec::with_capacity(plan.descriptors.len());
     for planned in &plan.descriptors {
         let enforced = limits_of(&plan.enforced, &planned.enforced, outcomes.enforced);
         let shadow = limits_of(&plan.shadow, &planned.shadow, outcomes.shadow);
         let over = planned.refused() || enforced.iter().any(|(_, _, _, o)| !o.allowed);
+        overs.push(over);
         let mut status = DescriptorStatus { code: code(over), ..DescriptorStatus::default() };
         let both: Vec<_> = enforced.iter().chain(&shadow).collect();
         // Chosen and shown as sent: a points limit with the call's cost.
@@ -188,7 +199,8 @@ pub fn answer(doc: &Document, plan: &Plan<'_>, outcomes: Outcomes<'_>, now_ms: u
         statuses.push(status);
         all.extend(enforced.into_iter().map(|(p, _, w, o)| (p.answer_name(), w, o)));
     }
-    let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
+    // Quota descriptors refuse the call only all together.
+    let over = plan.refuses(&overs);
     let send_headers = sluice_policies::plan::sends_headers(doc.headers, over);
     let headers = send_headers.then(|| RateLimitHeaders::most_restrictive(all)).flatten();
     RateLimitResponse {
@@ -205,6 +217,7 @@ pub fn answer(doc: &Document, plan: &Plan<'_>, outcomes: Outcomes<'_>, now_ms: u
                 ]
             })
             .unwrap_or_default(),
+        dynamic_metadata: doc.dynamic_metadata.then(|| super::dynamic_metadata::of(req, plan, &overs)),
         ..RateLimitResponse::default()
     }
 }
@@ -323,7 +336,7 @@ pub async fn decide(faces: &Faces, req: &RateLimitRequest) -> Result<RateLimitRe
     })?;
     let outcomes = Outcomes { enforced: enforced.as_deref(), shadow: shadow.as_deref() };
     count_descriptors(metrics, &plan, &descriptors, outcomes);
-    Ok(answer(&document, &plan, outcomes, faces.now_ms()))
+    Ok(answer(&document, req, &plan, outcomes, faces.now_ms()))
 }
 
 /// Counts each descriptor's decisions by the policies that label them

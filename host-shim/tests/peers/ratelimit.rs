@@ -39,7 +39,11 @@ pub type Call = Vec<Vec<(String, String)>>;
 // call's hits (`hits_addend`, 0 read as 1) whatever the others say, and
 // whatever its own answer (a refused call's hits are counted too, past the
 // limit), over when the count passes `requests_per_unit`; shadow
-// answered OK with its limit; the reset the seconds to the unit's end.
+// answered OK with its limit; the reset the seconds to the unit's end; a
+// `quota_mode` descriptor over is answered over, the call over only when a
+// descriptor not in quota mode is over or every quota-mode descriptor of
+// the call is (a shadow one never is; unlimited, replaced and unmatched
+// descriptors and a descriptor's own limit are not in quota mode).
 
 #[derive(Debug, Deserialize)]
 pub struct Config {
@@ -56,6 +60,8 @@ struct Node {
     descriptors: Vec<Node>,
     #[serde(default)]
     shadow_mode: bool,
+    #[serde(default)]
+    quota_mode: bool,
     #[serde(default)]
     share_threshold: bool,
 }
@@ -150,6 +156,8 @@ impl Ratelimit {
             .collect();
         let mut out = Answer { overall: OK, statuses: Vec::new(), bare_remaining: Vec::new() };
         let mut charges = Vec::new();
+        // Each quota-mode descriptor's code.
+        let mut quotas = Vec::new();
         for ((d, found), limit) in call.iter().zip(found).zip(&limits) {
             if let Some((requests_per_unit, unit_name)) = limit {
                 let status =
@@ -194,10 +202,15 @@ impl Ratelimit {
             let remaining = if over { 0 } else { rate.requests_per_unit - *count as u32 };
             let reset = (divider - now_s % divider) as i64;
             let code = if over && !node.shadow_mode { OVER } else { OK };
-            if code == OVER {
+            if node.quota_mode {
+                quotas.push(code);
+            } else if code == OVER {
                 out.overall = OVER;
             }
             out.statuses.push((code, Some((name, rate.requests_per_unit, unit, remaining, reset))));
+        }
+        if !quotas.is_empty() && quotas.iter().all(|&c| c == OVER) {
+            out.overall = OVER;
         }
         out
     }
@@ -306,4 +319,15 @@ descriptors:
         rate_limit: {name: trial, unit: day, requests_per_unit: 2}
   - key: team
     rate_limit: {unit: day, requests_per_unit: 4, replaces: [{name: base}]}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: day, requests_per_unit: 3}
+  - key: quota
+    value: shadow
+    quota_mode: true
+    shadow_mode: true
+    rate_limit: {name: trial_quota, unit: day, requests_per_unit: 1}
+  - key: credits
+    quota_mode: true
+    rate_limit: {name: credits, unit: week, requests_per_unit: 5}
 "#;

@@ -162,7 +162,7 @@ fn carrier(key: &str) -> String {
 /// `domain`, and one `rate_limits` entry per descriptor, each entry from
 /// its request header (a descriptor is not sent when one is missing).
 fn peer_envoy(domain: &str, descriptors: &[&[&str]], shim: u16, upstream: u16) -> Envoy {
-    peer_envoy_from(domain, descriptors, shim, upstream, false)
+    peer_envoy_from(domain, descriptors, shim, upstream, None)
 }
 
 /// [`peer_envoy`], with a filter before the rate-limit filter that sets
@@ -170,10 +170,26 @@ fn peer_envoy(domain: &str, descriptors: &[&[&str]], shim: u16, upstream: u16) -
 /// `envoy.ratelimit.hits_addend`, which Envoy's filter sends as the
 /// request's `hits_addend`).
 fn peer_envoy_with_hits(domain: &str, descriptors: &[&[&str]], shim: u16, upstream: u16) -> Envoy {
-    peer_envoy_from(domain, descriptors, shim, upstream, true)
+    const SET_HITS: &str = r#"          - name: envoy.filters.http.set_filter_state
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.set_filter_state.v3.Config
+              on_request_headers:
+              - object_key: envoy.ratelimit.hits_addend
+                format_string:
+                  text_format_source: {inline_string: "%REQ(x-hits)%"}
+"#;
+    peer_envoy_from(domain, descriptors, shim, upstream, Some(SET_HITS))
 }
 
-fn peer_envoy_from(domain: &str, descriptors: &[&[&str]], shim: u16, upstream: u16, hits: bool) -> Envoy {
+/// [`peer_envoy`], with the filter `before` (its YAML) before the
+/// rate-limit filter.
+fn peer_envoy_from(
+    domain: &str,
+    descriptors: &[&[&str]],
+    shim: u16,
+    upstream: u16,
+    before: Option<&str>,
+) -> Envoy {
     let rate_limits: Vec<serde_json::Value> = descriptors
         .iter()
         .map(|keys| {
@@ -193,25 +209,17 @@ fn peer_envoy_from(domain: &str, descriptors: &[&[&str]], shim: u16, upstream: u
         ("SHIM_PORT", shim.to_string()),
     ];
     let template = sluice_harness::workspace_root().join("envoy/rls.yaml");
-    if !hits {
+    let Some(before) = before else {
         return Envoy::start_template(&template, &values, 2).expect("envoy");
-    }
+    };
     const RATELIMIT: &str = "          - name: envoy.filters.http.ratelimit\n";
-    const SET_HITS: &str = r#"          - name: envoy.filters.http.set_filter_state
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.set_filter_state.v3.Config
-              on_request_headers:
-              - object_key: envoy.ratelimit.hits_addend
-                format_string:
-                  text_format_source: {inline_string: "%REQ(x-hits)%"}
-"#;
     let text = std::fs::read_to_string(&template).expect("envoy/rls.yaml");
     assert!(text.contains(RATELIMIT), "the template's rate-limit filter");
-    let dir = std::env::temp_dir().join(format!("sluice-rls-hits-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("sluice-rls-before-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a temp dir");
-    let with_hits = dir.join(format!("rls-hits-{upstream}-{shim}.yaml"));
-    std::fs::write(&with_hits, text.replace(RATELIMIT, &format!("{SET_HITS}{RATELIMIT}"))).expect("write");
-    Envoy::start_template(&with_hits, &values, 2).expect("envoy")
+    let path = dir.join(format!("rls-before-{upstream}-{shim}.yaml"));
+    std::fs::write(&path, text.replace(RATELIMIT, &format!("{before}{RATELIMIT}"))).expect("write");
+    Envoy::start_template(&path, &values, 2).expect("envoy")
 }
 
 /// A request whose headers carry `entries`.
@@ -460,7 +468,8 @@ fn peer_random_requests_through_envoy_decide_as_the_ratelimit_model() {
     let redis = Redis::start().expect("redis");
     let upstream = Upstream::start().expect("upstream");
     let shim = GrpcShim::start(&redis.url(), &doc).expect("shim");
-    let keys: &[&[&str]] = &[&["plan"], &["ip"], &["path"], &["org", "user"], &["team"]];
+    let keys: &[&[&str]] =
+        &[&["plan"], &["ip"], &["path"], &["org", "user"], &["team"], &["quota"], &["credits"]];
     let envoy = peer_envoy("edge", keys, shim.grpc_port, upstream.port);
     let mut model = ratelimit_model::Ratelimit::new(ratelimit_model::RATELIMIT);
     let values: &[(&str, &[&str])] = &[
@@ -470,6 +479,8 @@ fn peer_random_requests_through_envoy_decide_as_the_ratelimit_model() {
         ("org", &["x", "acme"]),
         ("user", &["u1", "vip", "alice"]),
         ("team", &["t1"]),
+        ("quota", &["q1", "q2", "shadow"]),
+        ("credits", &["c"]),
     ];
     let mut state = 0x5eed_u64;
     let mut below = |n: usize| {
@@ -482,7 +493,11 @@ fn peer_random_requests_through_envoy_decide_as_the_ratelimit_model() {
     for i in 0..120 {
         let mut entries: Vec<(&str, &str)> = Vec::new();
         for (k, vs) in values {
-            if below(3) != 0 {
+            // The quota-mode keys (`quota`, `credits`) in a quarter of the
+            // requests, the others in two thirds: a call's quota
+            // descriptors all over refuse it.
+            let present = if ["quota", "credits"].contains(k) { below(4) == 0 } else { below(3) != 0 };
+            if present {
                 entries.push((k, vs[below(vs.len())]));
             }
         }
@@ -573,4 +588,66 @@ fn override_envoy(shim: u16, upstream: u16) -> Envoy {
     let path = dir.join(format!("rls-override-{upstream}-{shim}.yaml"));
     std::fs::write(&path, text.replace(RATELIMIT, &format!("{LUA}{RATELIMIT}"))).expect("write");
     Envoy::start_template(&path, &values, 2).expect("envoy")
+}
+
+/// envoyproxy/ratelimit's `quota_mode` through Envoy (imported as
+/// `quota`): a request is refused only when every quota descriptor of it
+/// is over, or when a descriptor that is not a quota one is; a quota
+/// descriptor over alone lets it through. Windows of a year.
+#[test]
+fn peer_quota_mode_through_envoy() {
+    let redis = Redis::start().expect("redis");
+    let upstream = Upstream::start().expect("upstream");
+    let shim = GrpcShim::start(&redis.url(), &import("quota.yaml", false)).expect("shim");
+    let keys: &[&[&str]] = &[&["a"], &["b"], &["r"]];
+    let envoy = peer_envoy("edge", keys, shim.grpc_port, upstream.port);
+    // a=1 has 1 a year, b=1 2: a over, then both.
+    assert_eq!(statuses(&envoy, &[("a", "1"), ("b", "1")], 3), [200, 200, 429]);
+    // A quota descriptor within its quota beside a rate limit: the rate
+    // limit over refuses.
+    assert_eq!(statuses(&envoy, &[("b", "2"), ("r", "1")], 2), [200, 429]);
+    // The quota descriptor over alone: refused, being every quota one.
+    assert_eq!(statuses(&envoy, &[("a", "1")], 1), [429]);
+}
+
+/// envoyproxy/ratelimit's `metadata` through Envoy, with the document's
+/// `dynamic_metadata` on (the peer's `RESPONSE_DYNAMIC_METADATA`): Envoy's
+/// filter puts the answer's struct in the request's dynamic metadata
+/// (`envoy.filters.http.ratelimit`), read here by a Lua filter into
+/// response headers: the domain, and the first passing descriptor's
+/// `team`. Without the setting (the imported default) there is none.
+#[test]
+fn peer_dynamic_metadata_through_envoy() {
+    const LUA: &str = r#"          - name: envoy.filters.http.lua
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+              default_source_code:
+                inline_string: |
+                  function envoy_on_response(response)
+                    local md = response:streamInfo():dynamicMetadata():get("envoy.filters.http.ratelimit")
+                    if md == nil then return end
+                    response:headers():add("x-rl-domain", md["domain"])
+                    if md["metadata"] ~= nil then
+                      response:headers():add("x-rl-team", md["metadata"]["team"])
+                    end
+                  end
+"#;
+    let redis = Redis::start().expect("redis");
+    let upstream = Upstream::start().expect("upstream");
+    let doc = import("metadata.yaml", false);
+    let keys: &[&[&str]] = &[&["a"], &["b"]];
+    let off = GrpcShim::start(&redis.url(), &doc).expect("shim");
+    let envoy = peer_envoy_from("edge", keys, off.grpc_port, upstream.port, Some(LUA));
+    let plain = ask(&envoy, &[("a", "0"), ("b", "0")]);
+    assert_eq!((plain.status, plain.header("x-rl-domain")), (200, None), "off by default");
+    let on = doc.replacen('{', r#"{"dynamic_metadata": true, "#, 1);
+    let shim = GrpcShim::start(&redis.url(), &on).expect("shim");
+    let envoy = peer_envoy_from("edge", keys, shim.grpc_port, upstream.port, Some(LUA));
+    let first = ask(&envoy, &[("a", "1"), ("b", "1")]);
+    assert_eq!(first.status, 200);
+    assert_eq!(first.header("x-rl-domain"), Some("edge"), "{:?}", first.headers);
+    assert_eq!(first.header("x-rl-team"), Some("payments"), "the first descriptor's key stays");
+    // `a` (1 a year) is over: only `b` passed.
+    let second = ask(&envoy, &[("a", "1"), ("b", "1")]);
+    assert_eq!((second.status, second.header("x-rl-team")), (429, Some("search")), "{:?}", second.headers);
 }
