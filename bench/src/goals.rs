@@ -48,43 +48,20 @@ pub(crate) fn section(
     )
 }
 
-/// A: the exact allow path's closed loop against the peer and the floor.
+/// A: the exact allow path's closed loop, without and with shared
+/// callouts, against the peer and the floor.
 fn throughput(md: &mut String, m: &Matrix) -> std::fmt::Result {
     let w = m.workers;
-    let allow = rps(m, Setup::SluiceAllow);
-    goal(
-        md,
-        "A",
-        &format!("{w}w, max req/s: allow (d) ÷ the peer (g)"),
-        allow / rps(m, Setup::RlsPeerAllow),
-        1.5,
-        false,
-    )?;
-    goal(
-        md,
-        "A",
-        &format!("{w}w, max req/s: allow (d) ÷ the callout floor (c)"),
-        allow / rps(m, Setup::Floor),
-        1.0,
-        false,
-    )?;
-    let shared = rps(m, Setup::SluiceShared);
-    goal(
-        md,
-        "A",
-        &format!("{w}w, max req/s: allow with shared callouts (d') ÷ the peer (g)"),
-        shared / rps(m, Setup::RlsPeerAllow),
-        1.5,
-        false,
-    )?;
-    goal(
-        md,
-        "A",
-        &format!("{w}w, max req/s: allow with shared callouts (d') ÷ the callout floor (c)"),
-        shared / rps(m, Setup::Floor),
-        1.0,
-        false,
-    )
+    for (setup, name) in
+        [(Setup::SluiceAllow, "allow (d)"), (Setup::SluiceShared, "allow with shared callouts (d')")]
+    {
+        let allow = rps(m, setup);
+        let peer = allow / rps(m, Setup::RlsPeerAllow);
+        goal(md, "A", &format!("{w}w, max req/s: {name} ÷ the peer (g)"), peer, 1.5, false)?;
+        let floor = allow / rps(m, Setup::Floor);
+        goal(md, "A", &format!("{w}w, max req/s: {name} ÷ the callout floor (c)"), floor, 1.0, false)?;
+    }
+    Ok(())
 }
 
 /// B: at the first fixed rate, what the allow path adds against what the
