@@ -19,6 +19,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use sluice_harness::client::http;
 use sluice_harness::gateway::sample;
 use sluice_harness::Redis;
+use sluice_policies::algorithm::Refusals;
 use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{Check, CheckRequest, WireLimit};
 use sluice_shim::grpc::memory::Memory;
@@ -327,7 +328,7 @@ async fn a_policy_that_can_be_refunded_or_waits_is_never_answered_from_memory() 
         assert!(limiter.check(&req).await.expect("admitted").allowed, "{}", policy.name);
         let refused = limiter.check(&req).await.expect("refused");
         assert!(!refused.allowed && refused.retry_after_ms > Some(Millis(0)), "{}: {refused:?}", policy.name);
-        memory.record(1024, &[policy], &checks, &refused, now_ms);
+        memory.record(1024, &[policy], &checks, &refused, now_ms, Refusals::Uncharged);
         if memory.deny(1024, &[policy], &checks, now_ms + 1).is_some() {
             served.push(policy.name.as_str());
         }

@@ -105,21 +105,10 @@ impl Memory {
     }
 
     /// Records the limiter's answer `resp` to the group `checks`, sent at
-    /// `sent_ms`: each check it refused, where core's rules allow.
+    /// `sent_ms`, whose refusals were charged as `refusals` says: each check
+    /// it refused, where core's rules allow (counted: only checks of one
+    /// limit, above).
     pub fn record(
-        &self,
-        slots: u32,
-        policies: &[&Policy],
-        checks: &[Check],
-        resp: &CheckResponse,
-        sent_ms: u64,
-    ) {
-        self.record_charging(slots, policies, checks, resp, sent_ms, Refusals::Uncharged);
-    }
-
-    /// [`Memory::record`] of an answer whose refusals were charged as
-    /// `refusals` says: counted, only checks of one limit (above).
-    pub fn record_charging(
         &self,
         slots: u32,
         policies: &[&Policy],

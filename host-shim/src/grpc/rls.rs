@@ -401,7 +401,7 @@ async fn run(
                 req.now_us = faces.check_time(now_ms);
                 let decided = limiter.check_charging(&req, refusals).await;
                 let resp = limiter.metrics.decided_via(FACE, &req, decided)?;
-                faces.memory.record_charging(slots, policies, &req.checks, &resp, now_ms, refusals);
+                faces.memory.record(slots, policies, &req.checks, &resp, now_ms, refusals);
                 resp
             }
         };
