@@ -143,13 +143,13 @@ impl<'d> Plan<'d> {
         let Some(planned) = self.descriptors.get(i) else { return false };
         let enforced = planned.enforced.iter().filter_map(|&c| self.enforced.policies.get(c));
         let shadow = planned.shadow.iter().filter_map(|&c| self.shadow.policies.get(c));
-        let mut deciding =
-            enforced.chain(shadow).copied().chain(planned.blocked.iter().copied()).chain(planned.missing_key);
-        let mut any = false;
-        deciding.all(|p| {
-            any = true;
-            p.quota
-        }) && any
+        let mut deciding = enforced
+            .chain(shadow)
+            .copied()
+            .chain(planned.blocked.iter().copied())
+            .chain(planned.missing_key)
+            .peekable();
+        deciding.peek().is_some() && deciding.all(|p| p.quota)
     }
 
     /// The call's overall decision from each descriptor's (`over[i]`: the

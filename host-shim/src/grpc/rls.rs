@@ -32,7 +32,7 @@
 //!    decisions of policies with a `descriptor_metric` are counted per
 //!    descriptor too ([`count_descriptors`]); with the document's
 //!    `dynamic_metadata`, the answer's `dynamic_metadata`
-//!    ([`super::dynamic_metadata`]).
+//!    ([`super::dynamic_metadata`]). The
 //!    statuses are left out when the document's `statuses` is `overall`
 //!    (Limitador's answer: the overall code alone).
 
@@ -129,21 +129,23 @@ pub fn decode(req: &RateLimitRequest) -> Result<Vec<Descriptor>, String> {
     Ok(out)
 }
 
-/// The window of an RLS override's unit (`envoy.type.v3.RateLimitUnit`),
-/// in ms: month 30 days, year 365, as envoyproxy/ratelimit divides time.
+/// Envoy's rate-limit units and their windows in ms, as envoyproxy/ratelimit
+/// divides time (a month is 30 days, a year 365). The override's
+/// `envoy.type.v3.RateLimitUnit` numbers them as the answer's `Unit` does.
+const UNITS: [(Unit, u64); 7] = [
+    (Unit::Second, 1_000),
+    (Unit::Minute, 60_000),
+    (Unit::Hour, 3_600_000),
+    (Unit::Day, DAY_MS),
+    (Unit::Week, 7 * DAY_MS),
+    (Unit::Month, 30 * DAY_MS),
+    (Unit::Year, 365 * DAY_MS),
+];
+const DAY_MS: u64 = 86_400_000;
+
+/// The window of an RLS override's unit, in ms ([`UNITS`]).
 fn unit_ms(unit: i32) -> Option<u64> {
-    const DAY: u64 = 86_400_000;
-    // UNKNOWN 0, SECOND 1, MINUTE 2, HOUR 3, DAY 4, MONTH 5, YEAR 6, WEEK 7.
-    Some(match unit {
-        1 => 1_000,
-        2 => 60_000,
-        3 => 3_600_000,
-        4 => DAY,
-        5 => 30 * DAY,
-        6 => 365 * DAY,
-        7 => 7 * DAY,
-        _ => return None,
-    })
+    UNITS.iter().find(|(u, _)| *u as i32 == unit).map(|&(_, ms)| ms)
 }
 
 /// The outcomes of a plan's checks, one per check in order (`None`: the
@@ -274,18 +276,10 @@ fn rate_limit(name: &str, wire: &WireLimit, limit: Option<&Limit>) -> RateLimit 
 
 /// The RLS unit of a window of `window_ms`.
 fn unit(window_ms: Option<u64>, calendar_month: bool) -> Unit {
-    const DAY: u64 = 86_400_000;
-    match window_ms {
-        _ if calendar_month => Unit::Month,
-        Some(1_000) => Unit::Second,
-        Some(60_000) => Unit::Minute,
-        Some(3_600_000) => Unit::Hour,
-        Some(DAY) => Unit::Day,
-        Some(w) if w == 7 * DAY => Unit::Week,
-        Some(w) if w == 30 * DAY => Unit::Month,
-        Some(w) if w == 365 * DAY => Unit::Year,
-        _ => Unit::Unknown,
+    if calendar_month {
+        return Unit::Month;
     }
+    window_ms.and_then(|w| UNITS.iter().find(|&&(_, ms)| ms == w)).map_or(Unit::Unknown, |&(u, _)| u)
 }
 
 /// A wait in whole seconds, rounded up: Envoy's `x-ratelimit-reset` reads
@@ -363,6 +357,9 @@ fn count_descriptors(metrics: &Metrics, plan: &Plan<'_>, descriptors: &[Descript
                 let (Some(policy), Some(outcome)) = (checks.policies.get(c), outcomes.get(c)) else {
                     continue;
                 };
+                if policy.descriptor_metric.is_none() {
+                    continue;
+                }
                 let group = checks.groups.iter().find(|g| g.contains(&c));
                 let admitted =
                     group.and_then(|g| outcomes.get(g.clone())).is_some_and(|os| os.iter().all(allows));
