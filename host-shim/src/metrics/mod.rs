@@ -350,15 +350,7 @@ impl Metrics {
         while !descriptor.is_char_boundary(end) {
             end -= 1;
         }
-        let descriptor = &descriptor[..end];
-        let mut seen = self.descriptors.lock().unwrap_or_else(PoisonError::into_inner);
-        if seen.contains(descriptor)
-            || (seen.len() < MAX_DESCRIPTOR_LABELS && seen.insert(descriptor.to_string()))
-        {
-            descriptor.to_string()
-        } else {
-            OTHER_POLICY.to_string()
-        }
+        capped(&self.descriptors, &descriptor[..end], MAX_DESCRIPTOR_LABELS)
     }
 
     /// A gRPC face's request that a `blocked` policy refused, with no check.
@@ -439,12 +431,7 @@ impl Metrics {
         if PolicyName::new(name).is_none() {
             return OTHER_POLICY.to_string();
         }
-        let mut seen = self.policies.lock().unwrap_or_else(PoisonError::into_inner);
-        if seen.contains(name) || (seen.len() < MAX_POLICY_LABELS && seen.insert(name.to_string())) {
-            name.to_string()
-        } else {
-            OTHER_POLICY.to_string()
-        }
+        capped(&self.policies, name, MAX_POLICY_LABELS)
     }
 
     /// Records one script call that took from `started` until now.
@@ -578,6 +565,17 @@ impl<F: std::future::Future> std::future::Future for Counted<F> {
 
 async fn page(State(metrics): State<Arc<Metrics>>) -> Response {
     ([(header::CONTENT_TYPE, OPENMETRICS)], metrics.render()).into_response()
+}
+
+/// `value` as a label if it is one of the first `max` values `seen`, else
+/// [`OTHER_POLICY`]: a label's values stay bounded.
+fn capped(seen: &Mutex<HashSet<String>>, value: &str, max: usize) -> String {
+    let mut seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
+    if seen.contains(value) || (seen.len() < max && seen.insert(value.to_string())) {
+        value.to_string()
+    } else {
+        OTHER_POLICY.to_string()
+    }
 }
 
 #[cfg(test)]
