@@ -41,6 +41,9 @@
 //! - [`wait`]: egress waiting: the request's wait, the call's timeout, `server-timing`.
 //! - [`local_reply`]: the local responses: a denial, a failure, a missing key.
 //! - [`ratelimit_headers`]: the IETF `RateLimit` and `RateLimit-Policy` headers.
+//! - [`x_ratelimit`]: the draft-03 `X-RateLimit-*` headers over every limit
+//!   of a call, as the RLS face answers them with `header_format`
+//!   `draft_version_03`.
 //! - [`verdict`]: what the filter did with a request, for `x-sluice-verdict`.
 //! - [`log_throttle`]: a log line an outage cannot turn into a flood.
 //! - `testing` (behind the `testing` feature): a fake host for tests of this
@@ -79,6 +82,7 @@ pub mod testing;
 pub mod verdict;
 pub mod wait;
 pub mod worker;
+pub mod x_ratelimit;
 
 pub use effect::{CallId, CallResult, Deferred, Effect, Outgoing};
 pub use flow::{Flow, Phase};

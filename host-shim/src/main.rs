@@ -42,6 +42,11 @@ enum Command {
         /// constructs exactly.
         #[arg(long)]
         accept_losses: bool,
+        /// Limitador's server setting of the same name (not in its limits
+        /// file): with `DRAFT_VERSION_03`, every answer carries draft 03's
+        /// `X-RateLimit-*` headers, as Limitador's would.
+        #[arg(long, value_enum, default_value = "NONE")]
+        rate_limit_headers: sluice_cli::import::RateLimitHeaders,
     },
     /// Replay an access log through a policy: what would it have done?
     Simulate(sluice_cli::simulate::Args),
@@ -160,7 +165,9 @@ fn main() -> ExitCode {
         }
         Command::EnvoyConfig(args) => print_or_fail(sluice_cli::envoy_config::run(&args)),
         Command::Simulate(args) => simulate(&args),
-        Command::Import { file, from, accept_losses } => import(&file, from, accept_losses),
+        Command::Import { file, from, accept_losses, rate_limit_headers } => {
+            import(&file, from, accept_losses, rate_limit_headers)
+        }
     }
 }
 
@@ -324,8 +331,13 @@ fn print_or_fail(result: anyhow::Result<String>) -> ExitCode {
 
 /// Prints the document, and each loss on stderr; with losses, exits 1
 /// without the document unless they are accepted.
-fn import(file: &std::path::Path, from: Option<sluice_cli::import::Format>, accept_losses: bool) -> ExitCode {
-    match sluice_cli::import::run(file, from) {
+fn import(
+    file: &std::path::Path,
+    from: Option<sluice_cli::import::Format>,
+    accept_losses: bool,
+    headers: sluice_cli::import::RateLimitHeaders,
+) -> ExitCode {
+    match sluice_cli::import::run(file, from).and_then(|imported| imported.with_rate_limit_headers(headers)) {
         Ok(imported) => {
             for loss in &imported.losses {
                 eprintln!("sluice import: {}: {loss}", file.display());

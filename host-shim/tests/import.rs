@@ -14,7 +14,7 @@ use sluice_policies::descriptor_limit::DescriptorLimitMode;
 use sluice_policies::document::{Charge, Statuses};
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::wire::WireLimit;
-use sluice_policies::{Document, HeadersMode};
+use sluice_policies::{Document, HeaderFormat, HeadersMode};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/import").join(name)
@@ -404,4 +404,25 @@ fn metadata_is_carried_and_answered_only_when_asked() {
             None
         ]
     );
+}
+
+/// Limitador's server setting `--rate-limit-headers` is not in its limits
+/// file: `sluice import` takes it as a flag. With `DRAFT_VERSION_03` the
+/// document sends draft 03's headers on every answer; the default sends
+/// none, as Limitador's; for an envoyproxy/ratelimit configuration the flag
+/// is refused, naming why.
+#[test]
+fn limitadors_rate_limit_headers_are_a_flag_of_the_import() {
+    let limits = fixture("limitador/examples.yaml");
+    let out = run(&["--rate-limit-headers", "DRAFT_VERSION_03"], &limits);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc = sluice_policies::parse(&String::from_utf8_lossy(&out.stdout)).expect("a document");
+    assert_eq!((doc.headers, doc.header_format), (HeadersMode::Always, HeaderFormat::DraftVersion03));
+    assert_eq!(import("limitador/examples.yaml").headers, HeadersMode::Off);
+
+    let config = fixture("readme/example1.yaml");
+    let out = run(&["--rate-limit-headers", "DRAFT_VERSION_03"], &config);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("a setting of Limitador's server"));
 }

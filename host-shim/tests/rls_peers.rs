@@ -45,6 +45,7 @@ mod peers;
 
 use peers::limitador::{Limitador, LIMITADOR, LIMITADOR_SHORT};
 use peers::ratelimit::{Answer, Call, Ratelimit, LIMIT, OK, OVER, RATELIMIT};
+use sluice_cli::import::RateLimitHeaders;
 
 fn face_answer(resp: &RateLimitResponse, with_limits: bool) -> Answer {
     Answer {
@@ -336,18 +337,50 @@ fn limitador_engine() -> std::path::PathBuf {
 /// their own keys.
 #[tokio::test]
 async fn the_face_decides_as_limitadors_engine_on_random_streams() {
+    against_limitadors_engine(RateLimitHeaders::None).await;
+}
+
+/// Limitador's server setting `--rate-limit-headers DRAFT_VERSION_03`,
+/// given to `sluice import` and to the engine: beside every overall code,
+/// every answer's `X-RateLimit-*` headers agree with the engine's, each
+/// matching limit listed with its window and name. The limit that leads
+/// is the one with the fewest remaining; where two tie, the engine's
+/// order is its hash set's, so the leader may differ: then its remaining
+/// agrees and the list does.
+#[tokio::test]
+async fn the_face_answers_limitadors_rate_limit_headers_as_its_engine() {
+    against_limitadors_engine(RateLimitHeaders::DraftVersion03).await;
+}
+
+async fn against_limitadors_engine(headers: RateLimitHeaders) {
     let engine = limitador_engine();
-    let imported = sluice_cli::import::convert(LIMITADOR, None).expect("converts");
+    let imported = sluice_cli::import::convert(LIMITADOR, None)
+        .and_then(|i| i.with_rate_limit_headers(headers))
+        .expect("converts");
     assert!(imported.losses.is_empty(), "{:?}", imported.losses);
     let limits = sluice_harness::scratch_dir("limitador-limits").expect("a scratch dir").join("limits.yaml");
     std::fs::write(&limits, LIMITADOR).expect("the limits file");
+    let flag = match headers {
+        RateLimitHeaders::None => "NONE",
+        RateLimitHeaders::DraftVersion03 => "DRAFT_VERSION_03",
+    };
+    let (mut led_alike, mut tied) = (0, 0);
     for seed in [5_u64, 424_242, 0xc0ffee] {
         let (mut client, redis) = face(&imported.document.to_string()).await;
         let served = sluice_harness::Service::start("limitador-engine", &engine, |port| {
             let limits = limits.display().to_string();
-            ["--listen", &format!("127.0.0.1:{port}"), "--redis", &redis.url(), "--limits", &limits]
-                .map(String::from)
-                .to_vec()
+            [
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--redis",
+                &redis.url(),
+                "--limits",
+                &limits,
+                "--rate-limit-headers",
+                flag,
+            ]
+            .map(String::from)
+            .to_vec()
         })
         .expect("Limitador's engine");
         let mut peer = RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", served.port))
@@ -363,12 +396,64 @@ async fn the_face_decides_as_limitadors_engine_on_random_streams() {
             let req = request_hits(domain, &call, hits);
             let got = client.should_rate_limit(req.clone()).await.expect("the face's answer").into_inner();
             let want = peer.should_rate_limit(req).await.expect("the engine's answer").into_inner();
-            assert_eq!(
-                got.overall_code, want.overall_code,
+            let at = format!(
                 "seed {seed}, call {i}: {domain} {call:?} x{hits}: the face {got:?}, the engine {want:?}"
             );
+            assert_eq!(got.overall_code, want.overall_code, "{at}");
             refused += usize::from(want.overall_code == OVER);
+            let (got, want) = (x_ratelimit(&got), x_ratelimit(&want));
+            match headers {
+                RateLimitHeaders::None => assert!(got.is_none() && want.is_none(), "{at}"),
+                RateLimitHeaders::DraftVersion03 => {
+                    let (Some(got), Some(want)) = (got, want) else {
+                        panic!("{at}: both answer with the headers, or neither");
+                    };
+                    assert_eq!((&got.listed, got.remaining), (&want.listed, want.remaining), "{at}");
+                    if got.leader == want.leader {
+                        // The reset is read on two clocks a moment apart.
+                        assert!(got.reset.abs_diff(want.reset) <= 1, "{at}");
+                        led_alike += 1;
+                    } else {
+                        tied += 1;
+                    }
+                }
+            }
         }
         assert!((10..140).contains(&refused), "seed {seed}: {refused} of 150 refused: the run shows little");
     }
+    assert!(tied <= led_alike / 4, "{tied} leaders differ, {led_alike} agree: more than ties explain");
+}
+
+/// An answer's draft-03 headers: the leading limit's quota, every limit
+/// listed (sorted here, ties may come in either order), and the leader's
+/// remaining and reset; `None` without them.
+#[derive(Debug)]
+struct XRateLimit {
+    leader: String,
+    listed: Vec<String>,
+    remaining: u64,
+    reset: u64,
+}
+
+fn x_ratelimit(resp: &RateLimitResponse) -> Option<XRateLimit> {
+    let get = |key: &str| {
+        let found = resp.response_headers_to_add.iter().find(|h| h.key == key);
+        found.map(|h| h.value.clone())
+    };
+    let keys: Vec<&str> = resp.response_headers_to_add.iter().map(|h| h.key.as_str()).collect();
+    if keys.is_empty() {
+        return None;
+    }
+    assert_eq!(keys, ["X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"], "{resp:?}");
+    let limit = get("X-RateLimit-Limit")?;
+    let mut parts = limit.split(", ").map(String::from);
+    let leader = parts.next()?;
+    let mut listed: Vec<String> = parts.collect();
+    listed.sort();
+    Some(XRateLimit {
+        leader,
+        listed,
+        remaining: get("X-RateLimit-Remaining")?.parse().ok()?,
+        reset: get("X-RateLimit-Reset")?.parse().ok()?,
+    })
 }

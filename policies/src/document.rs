@@ -43,7 +43,8 @@ use crate::llm::Llm;
 use crate::request::{Attribute, Face};
 pub use crate::response::FailureMode;
 use crate::response::{
-    CacheSlots, CooldownMs, DenyResponse, DenyStatus, FailureThreshold, HeadersMode, SharedCalls,
+    CacheSlots, CooldownMs, DenyResponse, DenyStatus, FailureThreshold, HeaderFormat, HeadersMode,
+    SharedCalls,
 };
 use crate::shed::ShedPolicy;
 use crate::units::Millis;
@@ -69,6 +70,12 @@ pub struct Document {
     /// When the `RateLimit` and `RateLimit-Policy` headers are sent: `off`, `on_deny` or `always`.
     #[serde(default)]
     pub headers: HeadersMode,
+    /// RLS face: which headers those are: `ietf` (the default: `RateLimit`
+    /// and `RateLimit-Policy`) or `draft_version_03` (`X-RateLimit-Limit`,
+    /// `-Remaining` and `-Reset` over every limit the call met, as
+    /// Limitador's `--rate-limit-headers DRAFT_VERSION_03`).
+    #[serde(default)]
+    pub header_format: HeaderFormat,
     /// Adds `x-sluice-shadow: would-deny; policy="NAME"` to a request a shadow policy would have denied.
     #[serde(default)]
     pub shadow_header: bool,

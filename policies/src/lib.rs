@@ -136,6 +136,6 @@ pub use error::{parse, ParseError};
 pub use key::{KeySource, OnMissingKey};
 pub use limit::{Cost, Limit, PoolReserve};
 pub use request::{Face, Request};
-pub use response::{DenyResponse, DenyStatus, HeadersMode};
+pub use response::{DenyResponse, DenyStatus, HeaderFormat, HeadersMode};
 pub use units::{Count, Duration, HeaderName, PolicyName};
 pub use wait::Wait;

@@ -24,6 +24,23 @@ pub enum HeadersMode {
     Always,
 }
 
+/// Which rate-limit headers the RLS face adds to its answer, when
+/// `headers` says it sends them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum HeaderFormat {
+    /// The IETF `RateLimit` and `RateLimit-Policy` of the most restrictive
+    /// limit (draft -11).
+    #[default]
+    Ietf,
+    /// Draft 03's `X-RateLimit-Limit`, `-Remaining` and `-Reset` over every
+    /// limit the call met, as Limitador's `--rate-limit-headers
+    /// DRAFT_VERSION_03` writes them.
+    #[serde(rename = "draft_version_03")]
+    DraftVersion03,
+}
+
 /// What happens when the shim cannot answer in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]

@@ -6,6 +6,7 @@
 //!
 //! ```text
 //! sluice-bench-limitador --listen 127.0.0.1:PORT --redis redis://127.0.0.1:PORT [--limits FILE]
+//!                        [--rate-limit-headers DRAFT_VERSION_03]
 //! ```
 //!
 //! With `--limits`, it serves the limits of a Limitador limits file (YAML,
@@ -17,12 +18,16 @@
 //! request), the same windows Sluice's setups use. A request's descriptors
 //! are bound as Limitador's server binds them, `descriptors[i][key] =
 //! value`; the answer is `OVER_LIMIT` when a limit that applies is over, else
-//! `OK`, with one status per descriptor.
+//! `OK`, with one status per descriptor. With `--rate-limit-headers
+//! DRAFT_VERSION_03`, as Limitador's server with that setting, every answer
+//! carries the crate's draft-03 headers (`CheckResult::response_header`)
+//! sorted by name.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use anyhow::{bail, Context as _, Result};
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
@@ -38,6 +43,7 @@ const WINDOW_SECONDS: u64 = 3600;
 
 struct Peer {
     limiter: AsyncRateLimiter,
+    headers: bool,
 }
 
 #[tonic::async_trait]
@@ -60,14 +66,28 @@ impl RateLimitService for Peer {
         ctx.list_binding("descriptors".to_string(), descriptors);
         let hits = u64::from(request.hits_addend.max(1));
         let namespace = request.domain.as_str().into();
-        let checked = self
+        let mut checked = self
             .limiter
             .check_rate_limited_and_update(&namespace, &ctx, hits)
             .await
             .map_err(|err| Status::unavailable(err.to_string()))?;
         let code = if checked.limited { Code::OverLimit } else { Code::Ok } as i32;
         let statuses = (0..count).map(|_| DescriptorStatus { code, ..Default::default() }).collect();
-        Ok(Response::new(RateLimitResponse { overall_code: code, statuses, ..Default::default() }))
+        let mut response_headers_to_add = Vec::new();
+        if self.headers {
+            response_headers_to_add = checked
+                .response_header()
+                .into_iter()
+                .map(|(key, value)| HeaderValue { key, value, ..Default::default() })
+                .collect();
+            response_headers_to_add.sort_by(|a, b| a.key.cmp(&b.key));
+        }
+        Ok(Response::new(RateLimitResponse {
+            overall_code: code,
+            statuses,
+            response_headers_to_add,
+            ..Default::default()
+        }))
     }
 }
 
@@ -81,24 +101,35 @@ struct Args {
     listen: SocketAddr,
     redis: String,
     limits: Option<String>,
+    headers: bool,
 }
 
 fn args() -> Result<Args> {
     let mut args = std::env::args().skip(1);
-    let (mut listen, mut redis, mut limits) = (None, None, None);
+    let (mut listen, mut redis, mut limits, mut headers) = (None, None, None, false);
     while let Some(flag) = args.next() {
         let value = args.next().with_context(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--listen" => listen = Some(value.parse().with_context(|| format!("--listen {value}"))?),
             "--redis" => redis = Some(value),
             "--limits" => limits = Some(value),
-            _ => bail!("unknown flag {flag}; usage: --listen ADDR --redis URL [--limits FILE]"),
+            "--rate-limit-headers" => {
+                headers = match value.as_str() {
+                    "NONE" => false,
+                    "DRAFT_VERSION_03" => true,
+                    _ => bail!("--rate-limit-headers {value}: NONE or DRAFT_VERSION_03"),
+                }
+            }
+            _ => bail!(
+                "unknown flag {flag}; usage: --listen ADDR --redis URL [--limits FILE] [--rate-limit-headers DRAFT_VERSION_03]"
+            ),
         }
     }
     Ok(Args {
         listen: listen.context("--listen ADDR is required")?,
         redis: redis.context("--redis URL is required")?,
         limits,
+        headers,
     })
 }
 
@@ -110,7 +141,7 @@ fn limits_file(path: &str) -> Result<Vec<Limit>> {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let Args { listen, redis, limits } = args()?;
+    let Args { listen, redis, limits, headers } = args()?;
     let storage = AsyncRedisStorage::new(&redis).await.with_context(|| format!("connecting to {redis}"))?;
     let limiter = AsyncRateLimiter::new_with_storage(Box::new(storage));
     let limits = match &limits {
@@ -123,7 +154,7 @@ async fn main() -> Result<()> {
     }
     eprintln!("sluice-bench-limitador: serving RLS v3 on {listen} ({count} limits), Redis {redis}");
     tonic::transport::Server::builder()
-        .add_service(RateLimitServiceServer::new(Peer { limiter }))
+        .add_service(RateLimitServiceServer::new(Peer { limiter, headers }))
         .serve(listen)
         .await
         .context("serving")?;

@@ -51,6 +51,37 @@ impl std::fmt::Display for Loss {
     }
 }
 
+/// Limitador's server setting `--rate-limit-headers`: which headers its
+/// answers carry. Not in the limits file, so `sluice import` takes it as a
+/// flag of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum RateLimitHeaders {
+    /// None (Limitador's default).
+    #[default]
+    #[value(name = "NONE")]
+    None,
+    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` on every answer.
+    #[value(name = "DRAFT_VERSION_03")]
+    DraftVersion03,
+}
+
+impl Imported {
+    /// The document answers with the headers Limitador's server sends
+    /// with `--rate-limit-headers`: with `DRAFT_VERSION_03`, draft 03's
+    /// on every answer. A Limitador setting: an error for another format.
+    pub fn with_rate_limit_headers(mut self, headers: RateLimitHeaders) -> anyhow::Result<Imported> {
+        if headers == RateLimitHeaders::None {
+            return Ok(self);
+        }
+        if self.format != Format::Limitador {
+            anyhow::bail!("--rate-limit-headers is a setting of Limitador's server, not of an envoyproxy/ratelimit configuration");
+        }
+        self.document["headers"] = "always".into();
+        self.document["header_format"] = "draft_version_03".into();
+        Ok(self)
+    }
+}
+
 pub fn run(path: &std::path::Path, format: Option<Format>) -> anyhow::Result<Imported> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     convert(&text, format).with_context(|| path.display().to_string())

@@ -28,7 +28,9 @@
 //!    [`draft03`]: a refusing limit's read from its wait alone, so memory
 //!    and Redis answer alike); and the IETF `RateLimit` and
 //!    `RateLimit-Policy` headers (core's rendering) in
-//!    `response_headers_to_add`, as the document's `headers` says. The
+//!    `response_headers_to_add`, as the document's `headers` says, or with
+//!    its `header_format` `draft_version_03` draft 03's over every limit
+//!    the call met ([`x_ratelimit`]; memory is not asked then). The
 //!    decisions of policies with a `descriptor_metric` are counted per
 //!    descriptor too ([`count_descriptors`]); with the document's
 //!    `dynamic_metadata`, the answer's `dynamic_metadata`
@@ -47,13 +49,14 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice_core::ratelimit_headers::{draft03, most_restrictive, RateLimitHeaders};
+use sluice_core::x_ratelimit;
 use sluice_policies::algorithm::Refusals;
 use sluice_policies::descriptor_limit::DescriptorLimit;
 use sluice_policies::document::{RepeatedEntry, Statuses};
 use sluice_policies::key::MAX_SOURCE_NAME_LEN;
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::wire::{CheckOutcome, LimitOutcome, WireLimit};
-use sluice_policies::{Document, Limit, Policy};
+use sluice_policies::{Document, HeaderFormat, HeadersMode, Limit, Policy};
 use tonic::{Request, Response, Status};
 
 use super::Faces;
@@ -167,6 +170,7 @@ pub fn answer(
 ) -> RateLimitResponse {
     let mut statuses = Vec::with_capacity(plan.descriptors.len());
     let mut all = Vec::new();
+    let mut counters = Vec::new();
     let mut overs = Vec::with_capacity(plan.descriptors.len());
     for planned in &plan.descriptors {
         let enforced = limits_of(&plan.enforced, &planned.enforced, outcomes.enforced);
@@ -199,26 +203,35 @@ pub fn answer(
             status.limit_remaining = u32::MAX;
         }
         statuses.push(status);
+        counters.extend(planned.blocked.iter().map(|p| blocked_counter(p, now_ms)));
+        counters.extend(enforced.iter().map(|&(p, _, w, o)| counter(p, w, o)));
         all.extend(enforced.into_iter().map(|(p, _, w, o)| (p.answer_name(), w, o)));
     }
     // Quota descriptors refuse the call only all together.
     let over = plan.refuses(&overs);
-    let send_headers = sluice_policies::plan::sends_headers(doc.headers, over);
-    let headers = send_headers.then(|| RateLimitHeaders::most_restrictive(all)).flatten();
+    let response_headers_to_add = match sluice_policies::plan::sends_headers(doc.headers, over) {
+        false => Vec::new(),
+        true => match doc.header_format {
+            HeaderFormat::Ietf => RateLimitHeaders::most_restrictive(all)
+                .map(|h| {
+                    vec![
+                        header(RateLimitHeaders::POLICY, h.policy),
+                        header(RateLimitHeaders::RATELIMIT, h.ratelimit),
+                    ]
+                })
+                .unwrap_or_default(),
+            HeaderFormat::DraftVersion03 => {
+                x_ratelimit::headers(counters).into_iter().map(|(k, v)| header(k, v)).collect()
+            }
+        },
+    };
     RateLimitResponse {
         overall_code: code(over),
         statuses: match doc.statuses {
             Statuses::Each => statuses,
             Statuses::Overall => Vec::new(),
         },
-        response_headers_to_add: headers
-            .map(|h| {
-                vec![
-                    header(RateLimitHeaders::POLICY, h.policy),
-                    header(RateLimitHeaders::RATELIMIT, h.ratelimit),
-                ]
-            })
-            .unwrap_or_default(),
+        response_headers_to_add,
         dynamic_metadata: doc.dynamic_metadata.then(|| super::dynamic_metadata::of(req, plan, &overs)),
         ..RateLimitResponse::default()
     }
@@ -246,6 +259,30 @@ fn limits_of<'d, 'c, 'o>(
                 .map(move |(j, (w, o))| (policy, policy.limits.get(j), w, o))
         })
         .collect()
+}
+
+/// A limit the call met, as the draft-03 `X-RateLimit-*` headers show it
+/// (an empty `limit_name` is none, as in `current_limit`).
+fn counter<'a>(policy: &'a Policy, wire: &WireLimit, o: &LimitOutcome) -> x_ratelimit::Counter<'a> {
+    let (quota, window) = wire.quota();
+    x_ratelimit::Counter {
+        quota: quota.into(),
+        window_ms: window.map(|w| w.get()),
+        name: policy.limit_name.as_deref().filter(|n| !n.is_empty()),
+        remaining: o.remaining,
+        reset_ms: o.reset_ms.get(),
+    }
+}
+
+/// A `blocked` policy (a limit of 0), as the draft-03 headers show it.
+fn blocked_counter(policy: &Policy, now_ms: u64) -> x_ratelimit::Counter<'_> {
+    x_ratelimit::Counter {
+        quota: 0,
+        window_ms: policy.blocked.map(|w| w.as_millis()),
+        name: policy.limit_name.as_deref().filter(|n| !n.is_empty()),
+        remaining: 0,
+        reset_ms: sluice_policies::plan::blocked_reset_ms(policy, now_ms).unwrap_or(0),
+    }
 }
 
 fn code(over: bool) -> i32 {
@@ -312,7 +349,11 @@ pub async fn decide(faces: &Faces, req: &RateLimitRequest) -> Result<RateLimitRe
             metrics.blocked(FACE, policy.name.as_str());
         }
     }
-    let slots = document.over_limit_cache_slots.get();
+    // Draft 03's headers show every limit the call met, which a refusal
+    // from memory does not know: with them, Redis answers every call.
+    let every_limit =
+        document.header_format == HeaderFormat::DraftVersion03 && document.headers != HeadersMode::Off;
+    let slots = if every_limit { 0 } else { document.over_limit_cache_slots.get() };
     let refusals = if document.charge.counts_refused() { Refusals::Counted } else { Refusals::Uncharged };
     let (enforced, shadow) =
         tokio::join!(run(faces, &plan.enforced, slots, refusals), run(faces, &plan.shadow, slots, refusals));

@@ -152,6 +152,7 @@ pub const LIMITADOR: &str = r#"
 - namespace: shop
   max_value: 4
   seconds: 86400
+  name: "posts per user"
   conditions: ["descriptors[0]['req.method'] == 'POST'"]
   variables: ["descriptors[0]['user']"]
 - namespace: shop

@@ -651,3 +651,65 @@ fn peer_dynamic_metadata_through_envoy() {
     let second = ask(&envoy, &[("a", "1"), ("b", "1")]);
     assert_eq!((second.status, second.header("x-rl-team")), (429, Some("search")), "{:?}", second.headers);
 }
+
+/// Limitador's server setting `--rate-limit-headers DRAFT_VERSION_03`,
+/// given to `sluice import`: through Envoy, every response, admitted or
+/// refused, carries draft 03's `X-RateLimit-*` over every limit the call
+/// met, the one with the fewest remaining leading, as Limitador's server
+/// writes them. Envoy's own `x-ratelimit-*` (from the statuses) stay out:
+/// Limitador answers none.
+#[test]
+fn peer_limitadors_rate_limit_headers_through_envoy() {
+    const LIMITS: &str = r#"
+- namespace: shop
+  max_value: 2
+  seconds: 3600
+  name: per-user
+  conditions: []
+  variables: ["descriptors[0]['user']"]
+- namespace: shop
+  max_value: 5
+  seconds: 60
+  conditions: []
+  variables: []
+"#;
+    let dir = sluice_harness::scratch_dir("limitador-headers").expect("a scratch dir");
+    let path = dir.join("limits.yaml");
+    std::fs::write(&path, LIMITS).expect("the limits file");
+    let sluice = sluice_harness::dist("sluice").expect("dist/sluice");
+    let out = std::process::Command::new(sluice)
+        .args(["import", "--rate-limit-headers", "DRAFT_VERSION_03"])
+        .arg(&path)
+        .output()
+        .expect("sluice import");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc = String::from_utf8(out.stdout).expect("utf-8");
+    let redis = Redis::start().expect("redis");
+    let upstream = Upstream::start().expect("upstream");
+    let shim = GrpcShim::start(&redis.url(), &doc).expect("shim");
+    let envoy = peer_envoy("shop", &[&["user"]], shim.grpc_port, upstream.port);
+    const BOTH: &str = r#"2, 2;w=3600;name="per-user", 5;w=60"#;
+    for (user, status, remaining, reset) in
+        [("a", 200, "1", 3600_u64), ("a", 200, "0", 3600), ("a", 429, "0", 3600), ("b", 200, "1", 3600)]
+    {
+        let resp = ask(&envoy, &[("user", user)]);
+        let at = format!("{user}: {:?}\n{}", resp.headers, shim.shim.log());
+        assert_eq!(resp.status, status, "{at}");
+        assert_eq!(resp.header("x-ratelimit-limit"), Some(BOTH), "{at}");
+        assert_eq!(resp.header("x-ratelimit-remaining"), Some(remaining), "{at}");
+        let shown: u64 = resp.header("x-ratelimit-reset").and_then(|r| r.parse().ok()).expect(&at);
+        assert!(reset.abs_diff(shown) <= 2, "{at}");
+    }
+    // The shop's minute counts every admitted call (a refusal counts
+    // none): after the fifth it leads, at 0, and refuses the sixth.
+    assert_eq!(ask(&envoy, &[("user", "c")]).status, 200);
+    for (user, status) in [("d", 200), ("e", 429)] {
+        let resp = ask(&envoy, &[("user", user)]);
+        assert_eq!(resp.status, status, "{user}: {:?}", resp.headers);
+        assert_eq!(resp.header("x-ratelimit-limit"), Some(r#"5, 5;w=60, 2;w=3600;name="per-user""#));
+        assert_eq!(resp.header("x-ratelimit-remaining"), Some("0"));
+        let shown: u64 = resp.header("x-ratelimit-reset").and_then(|r| r.parse().ok()).expect("a reset");
+        assert!(shown <= 60, "{:?}", resp.headers);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
