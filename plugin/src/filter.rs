@@ -54,7 +54,7 @@ impl SharingStream for StreamState {
         let (_, call) = self.tokens.swap_remove(at);
         if self.lone == Some(token) {
             self.lone = None;
-            vm.worker.sharing.borrow_mut().lone_ended();
+            vm.lone_ended();
         }
         let effects = self.flow.handle_answer(now, call, result, host);
         self.perform(vm, id, effects, now, host);
@@ -96,7 +96,7 @@ impl Filter {
             self.flow().handle_withdrawn(id);
         }
         if self.stream.borrow_mut().lone.take().is_some() {
-            self.vm.worker.sharing.borrow_mut().lone_ended();
+            self.vm.lone_ended();
         }
         self.vm.shared.borrow_mut().remove(&self.id);
     }
@@ -177,7 +177,7 @@ impl Calls for StreamCalls<'_> {
 
     fn not_sent(&mut self, id: CallId, reason: String) -> Vec<Effect> {
         if self.lone.take_if(|lone| *lone == id).is_some() {
-            self.vm.worker.sharing.borrow_mut().lone_ended();
+            self.vm.lone_ended();
         }
         self.state.flow.handle_answer(self.now, id, CallResult::NotSent(reason), self.host)
     }

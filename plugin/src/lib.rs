@@ -16,6 +16,8 @@
 //!   over host calls.
 //! - `vm`: what one VM shares between its requests: the worker, the stats.
 //! - `ticker`: the root's timer, armed for when the next tick is needed.
+//! - `wake`: the root woken at once from a stream's callback, through the
+//!   VM's own shared queue.
 //! - `stats`: the Envoy stats, one per name `sluice_core::stats` gives.
 
 #[cfg(target_arch = "wasm32")]
@@ -32,6 +34,8 @@ mod stats;
 mod ticker;
 #[cfg(target_arch = "wasm32")]
 mod vm;
+#[cfg(target_arch = "wasm32")]
+mod wake;
 
 #[cfg(target_arch = "wasm32")]
 proxy_wasm::main! {{

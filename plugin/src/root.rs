@@ -170,12 +170,27 @@ impl RootContext for SluiceRoot {
                 let now = clock();
                 let worker = Rc::new(Worker::new(doc, now, seed));
                 let vm = Rc::new(Vm::new(worker, stats));
+                if vm.worker.sharing.borrow().is_on() {
+                    vm.wake.register(seed);
+                }
                 vm.ticked(now);
                 self.vm = Some(vm);
                 true
             }
             Err(err) => refuse(&err.to_string()),
         }
+    }
+
+    /// The VM's wake-up queue (a stream's lone check ended with checks
+    /// queued): the batch goes out now.
+    fn on_queue_ready(&mut self, queue: u32) {
+        let Some(vm) = self.vm.clone() else { return };
+        if !vm.wake.answered(queue) {
+            return;
+        }
+        let (now, host) = (Now::read(&clock), ProxyHost::new());
+        self.share(&vm, false, &now, &host);
+        vm.arm(&now);
     }
 
     fn on_tick(&mut self) {

@@ -13,6 +13,7 @@ use sluice_core::{CallId, CallResult, Now, Worker};
 use crate::host::ProxyHost;
 use crate::stats::Stats;
 use crate::ticker::Ticker;
+use crate::wake::Wake;
 
 /// How long a stream whose headers are held for its body may wait for the
 /// body's first callback before the root lets its headers go (see
@@ -36,6 +37,8 @@ pub struct Vm {
     /// Streams with a check in the worker's queue or in a batch out, by
     /// context id: the root hands each its answer (until the stream ends).
     pub shared: RefCell<HashMap<u32, Rc<RefCell<dyn SharingStream>>>>,
+    /// Wakes the root at once when checks queued for a batch are due.
+    pub wake: Wake,
 }
 
 /// A stream with a check in the worker's queue or in a batch out, as the
@@ -59,6 +62,18 @@ impl Vm {
             ending: RefCell::new(Vec::new()),
             ticker: Ticker::default(),
             shared: RefCell::new(HashMap::new()),
+            wake: Wake::default(),
+        }
+    }
+
+    /// A stream's lone check ended (answered, failed or cancelled): the
+    /// checks queued behind it go out now, from the root, woken at once
+    /// rather than at its next tick.
+    pub fn lone_ended(&self) {
+        let mut sharing = self.worker.sharing.borrow_mut();
+        sharing.lone_ended();
+        if sharing.batch_due() {
+            self.wake.ring();
         }
     }
 

@@ -119,6 +119,8 @@ impl Proxy {
             call_response: None,
             calls: Calls::new(config.clusters),
             shared: config.shared,
+            queues: Vec::new(),
+            queue_ready: Default::default(),
             metrics: Metrics::default(),
             now_ns: 1_700_000_000_000_000_000,
             tick_period_ms: 0,
@@ -345,6 +347,18 @@ impl Proxy {
             bail!("on_tick, but the filter never set a tick period");
         }
         self.vm.run("proxy_on_tick", ROOT, |f, s| f.on_tick.call(s, ROOT as i32))?;
+        Ok(self.outcome(Returned::Nothing))
+    }
+
+    /// `proxy_on_queue_ready` on the root context, for the oldest enqueue
+    /// not yet delivered (Envoy posts one per enqueue to the owner's worker).
+    pub fn queue_ready(&mut self) -> anyhow::Result<Outcome> {
+        let Some(token) = self.state().queue_ready.pop_front() else {
+            bail!("on_queue_ready, but nothing was enqueued");
+        };
+        self.vm.run("proxy_on_queue_ready", ROOT, |f, s| {
+            f.on_queue_ready.call(s, (ROOT as i32, token as i32))
+        })?;
         Ok(self.outcome(Returned::Nothing))
     }
 

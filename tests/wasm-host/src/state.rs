@@ -70,6 +70,9 @@ pub enum Effect {
         name: String,
         change: MetricChange,
     },
+    /// `proxy_enqueue_shared_queue` on the queue of this token: its owner's
+    /// `on_queue_ready` is due.
+    Enqueue(u32),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,6 +129,10 @@ pub struct HostState {
     pub(crate) call_response: Option<CallResponse>,
     pub(crate) calls: Calls,
     pub(crate) shared: Arc<Mutex<SharedData>>,
+    /// The shared queues registered, by token (from 1).
+    pub(crate) queues: Vec<crate::imports::Queue>,
+    /// The `on_queue_ready` calls due to the root, by queue token, oldest first.
+    pub(crate) queue_ready: std::collections::VecDeque<u32>,
     pub(crate) metrics: Metrics,
     pub(crate) now_ns: u64,
     pub(crate) tick_period_ms: u32,

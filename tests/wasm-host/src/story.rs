@@ -75,6 +75,12 @@ impl Plugin {
         Step::new(self.proxy.clone(), None, &self.cluster, Event::Tick, "on_tick".into())
     }
 
+    /// The root context's `on_queue_ready` for the oldest enqueue (Envoy
+    /// posts it to the worker's next turn of its event loop).
+    pub fn root_wakes(&self) -> Step {
+        Step::new(self.proxy.clone(), None, &self.cluster, Event::QueueReady, "on_queue_ready".into())
+    }
+
     /// A new HTTP stream.
     pub fn stream(&self) -> Stream {
         let id = self.proxy.borrow_mut().open().unwrap_or_else(|err| panic!("opening a stream: {err:#}"));
@@ -190,6 +196,7 @@ enum Event {
     Answer(Answer),
     RootAnswer(Answer),
     Tick,
+    QueueReady,
     ResponseHeaders(HeaderMap),
     End(End),
 }
@@ -208,6 +215,8 @@ enum Expect {
     },
     Logs(LogLevel, String),
     Metric(String, MetricChange),
+    /// An enqueue on a shared queue: the root's `on_queue_ready` is due.
+    WakesTheRoot,
 }
 
 /// One step of a story: an event, and what the filter should do about it.
@@ -290,6 +299,12 @@ impl Step {
     /// One `http_call` to the shim's cluster that corrects points: `POST /v1/adjust`.
     pub fn adjusts_points(self) -> Step {
         self.expect(Expect::Calls(ADJUST_PATH))
+    }
+
+    /// A byte enqueued on the VM's wake-up queue: the root's
+    /// `on_queue_ready` comes next ([`Plugin::root_wakes`]).
+    pub fn wakes_the_root(self) -> Step {
+        self.expect(Expect::WakesTheRoot)
     }
 
     /// The paused request is resumed (`continue_stream(HttpRequest)`).
@@ -381,6 +396,7 @@ impl Step {
                 proxy.deliver(token, answer)
             }
             Event::Tick => proxy.tick(),
+            Event::QueueReady => proxy.queue_ready(),
             Event::ResponseHeaders(headers) => proxy.response_headers(stream()?, headers, false),
             Event::End(how) => proxy.end(stream()?, how),
         }
@@ -430,6 +446,7 @@ impl Step {
                     && call.headers.get(PROTOCOL_HEADER) == Some(PROTOCOL_VERSION.as_bytes())
             }
             (Expect::Resumes, Effect::Continue(0)) => true,
+            (Expect::WakesTheRoot, Effect::Enqueue(_)) => true,
             (Expect::ResumesResponse, Effect::Continue(1)) => true,
             (Expect::Sends { status, headers, body }, Effect::LocalResponse(response)) => {
                 response.status == *status

@@ -52,6 +52,7 @@ pub(crate) struct Exports {
     pub on_response_body: TypedFunc<(i32, i32, i32), i32>,
     pub on_http_call_response: TypedFunc<(i32, i32, i32, i32, i32), ()>,
     pub on_tick: TypedFunc<i32, ()>,
+    pub on_queue_ready: TypedFunc<(i32, i32), ()>,
     pub on_log: TypedFunc<i32, ()>,
     pub on_done: TypedFunc<i32, i32>,
     pub on_delete: TypedFunc<i32, ()>,
@@ -92,6 +93,7 @@ impl Vm {
             get("proxy_on_delete")?,
         );
         let (k, l) = (get("proxy_on_request_body")?, get("proxy_on_response_body")?);
+        let m = get("proxy_on_queue_ready")?;
         let exports = Exports {
             on_context_create: a.typed(&store)?,
             on_vm_start: b.typed(&store)?,
@@ -102,6 +104,7 @@ impl Vm {
             on_response_body: l.typed(&store)?,
             on_http_call_response: f.typed(&store)?,
             on_tick: g.typed(&store)?,
+            on_queue_ready: m.typed(&store)?,
             on_log: h.typed(&store)?,
             on_done: i.typed(&store)?,
             on_delete: j.typed(&store)?,

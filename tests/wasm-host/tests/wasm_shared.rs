@@ -52,8 +52,9 @@ fn a_lone_request_is_sent_at_once() {
 }
 
 /// One call out (the most allowed): three more requests wait; when the call
-/// returns, the root sends their checks as one batch, and its one answer
-/// resumes the two that fit and refuses the third (429), in order.
+/// returns, its stream wakes the root at once (the VM's wake-up queue, not
+/// the next tick), the root sends their checks as one batch, and its one
+/// answer resumes the two that fit and refuses the third (429), in order.
 #[test]
 fn one_batch_answer_resumes_each_of_its_requests() {
     let backend = Backend::start().expect("starting redis-server and the shim");
@@ -66,9 +67,8 @@ fn one_batch_answer_resumes_each_of_its_requests() {
         assert!(plugin.proxy().pending_calls(stream.id()).is_empty(), "no call of its own");
     }
 
-    first.shim_answers().resumes().done();
-    assert_eq!(plugin.tick_period_ms(), 1, "the queue goes out on the next tick");
-    plugin.tick().calls_the_shim_with_a_batch().done();
+    first.shim_answers().resumes().wakes_the_root().done();
+    plugin.root_wakes().calls_the_shim_with_a_batch().done();
 
     plugin.shim_answers_background_call(Answer::Real).resumes().resumes().sends(429).done();
     assert!(!plugin.proxy().paused(waiting[0].id()));
@@ -89,8 +89,8 @@ fn a_stream_that_ends_while_queued_is_never_sent() {
     let kept = [queued(&plugin, "dave"), queued(&plugin, "dave")];
     gone.client_resets().done();
 
-    first.shim_answers().resumes().done();
-    plugin.tick().calls_the_shim_with_a_batch().done();
+    first.shim_answers().resumes().wakes_the_root().done();
+    plugin.root_wakes().calls_the_shim_with_a_batch().done();
     // Both fit the limit of 2: the one that left took nothing.
     plugin.shim_answers_background_call(Answer::Real).resumes().resumes().done();
     for stream in &kept {

@@ -3,13 +3,17 @@
 //!
 //! Each submodule links one group; each host call follows Envoy's behaviour,
 //! statuses included, since the SDK panics on a status it does not expect.
-//! Calls Sluice has no use for (gRPC, shared queues, foreign functions) trap
+//! Calls Sluice has no use for (gRPC, resolving another VM's shared queue,
+//! foreign functions) trap
 //! with a message naming them, so a filter that starts using one fails loudly
 //! here instead of silently getting a wrong answer.
 
 mod buffers;
 mod headers;
 mod misc;
+mod queues;
+
+pub(crate) use queues::Queue;
 mod stream;
 
 use wasmtime::{Caller, Linker, Result};
@@ -21,6 +25,7 @@ pub(crate) mod status {
     pub const OK: i32 = 0;
     pub const NOT_FOUND: i32 = 1;
     pub const BAD_ARGUMENT: i32 = 2;
+    pub const EMPTY: i32 = 7;
     pub const CAS_MISMATCH: i32 = 8;
     pub const INTERNAL_FAILURE: i32 = 10;
 }
@@ -32,6 +37,7 @@ pub(crate) fn link(linker: &mut Linker<HostState>) -> Result<()> {
     headers::link(linker)?;
     stream::link(linker)?;
     misc::link(linker)?;
+    queues::link(linker)?;
     unimplemented(linker)
 }
 
@@ -59,10 +65,7 @@ fn unimplemented(linker: &mut Linker<HostState>) -> Result<()> {
     trap!(linker, "proxy_grpc_cancel", (a));
     trap!(linker, "proxy_grpc_close", (a));
     trap!(linker, "proxy_get_status", (a, b, c));
-    trap!(linker, "proxy_register_shared_queue", (a, b, c));
     trap!(linker, "proxy_resolve_shared_queue", (a, b, c, d, e));
-    trap!(linker, "proxy_enqueue_shared_queue", (a, b, c));
-    trap!(linker, "proxy_dequeue_shared_queue", (a, b, c));
     trap!(linker, "proxy_call_foreign_function", (a, b, c, d, e, f));
     Ok(())
 }
