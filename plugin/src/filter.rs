@@ -31,9 +31,10 @@ pub struct StreamState {
     pub flow: Flow,
     /// The host's token of each call in flight.
     pub tokens: Vec<(u32, CallId)>,
-    /// The token of this stream's check that went alone while sharing is
-    /// on: it counts among the worker's calls out until it ends.
-    lone: Option<u32>,
+    /// The tokens of this stream's checks that went alone while sharing is
+    /// on (its enforced and its shadow check may both): each counts among
+    /// the worker's calls out until it ends.
+    lone: Vec<u32>,
     /// A check of this stream waits in the worker's queue, or its batch is out.
     pub shares: bool,
 }
@@ -52,8 +53,8 @@ impl SharingStream for StreamState {
     fn answered(&mut self, vm: &Vm, id: u32, token: u32, result: CallResult, now: &Now, host: &ProxyHost) {
         let Some(at) = self.tokens.iter().position(|(t, _)| *t == token) else { return };
         let (_, call) = self.tokens.swap_remove(at);
-        if self.lone == Some(token) {
-            self.lone = None;
+        if let Some(at) = self.lone.iter().position(|t| *t == token) {
+            self.lone.swap_remove(at);
             vm.lone_ended();
         }
         let effects = self.flow.handle_answer(now, call, result, host);
@@ -74,7 +75,7 @@ impl StreamState {
 impl Filter {
     pub fn new(vm: Rc<Vm>, id: u32) -> Filter {
         let flow = Flow::new(vm.worker.clone());
-        let stream = StreamState { flow, tokens: Vec::new(), lone: None, shares: false };
+        let stream = StreamState { flow, tokens: Vec::new(), lone: Vec::new(), shares: false };
         Filter { vm, id, stream: Rc::new(RefCell::new(stream)), body_size: 0, request: None }
     }
 
@@ -88,14 +89,15 @@ impl Filter {
     }
 
     /// The stream ends (its log or its teardown, whichever comes first):
-    /// its checks leave the worker's queue unsent, and its lone check,
-    /// cancelled with it, no longer counts as out.
+    /// its checks leave the worker's queue unsent, and its lone checks,
+    /// cancelled with it, no longer count as out.
     fn leave_sharing(&mut self) {
         let withdrawn = self.vm.worker.sharing.borrow_mut().stream_ended(self.id);
         for id in withdrawn {
             self.flow().handle_withdrawn(id);
         }
-        if self.stream.borrow_mut().lone.take().is_some() {
+        let lone = std::mem::take(&mut self.stream.borrow_mut().lone);
+        for _ in lone {
             self.vm.lone_ended();
         }
         self.vm.shared.borrow_mut().remove(&self.id);
@@ -171,7 +173,7 @@ impl Calls for StreamCalls<'_> {
     fn sent(&mut self, id: CallId, token: u32) {
         self.state.tokens.push((token, id));
         if self.lone.take_if(|lone| *lone == id).is_some() {
-            self.state.lone = Some(token);
+            self.state.lone.push(token);
         }
     }
 

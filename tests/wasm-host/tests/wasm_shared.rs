@@ -97,3 +97,28 @@ fn a_stream_that_ends_while_queued_is_never_sent() {
         assert!(!plugin.proxy().paused(stream.id()));
     }
 }
+
+/// A request with an enforced and a shadow policy sends two checks, both
+/// alone while calls are free: each counts as out until its own answer.
+/// Regression: the stream kept only its last lone check, so the first one's
+/// answer never freed its place; the worker's calls out leaked until every
+/// check waited in the queue for a call that never returned.
+#[test]
+fn a_requests_enforced_and_shadow_checks_each_free_their_place() {
+    let backend = Backend::start().expect("starting redis-server and the shim");
+    let document = r#"{"shim": {"cluster": "sluice_shim", "timeout_ms": 2000, "shared_calls": 2},
+        "failure_mode": "deny",
+        "policies": [
+          {"name": "enforced", "key": ["header:x-api-key"],
+           "limits": [{"type": "fixed_window", "limit": 100, "window": "1h"}]},
+          {"name": "trial", "shadow": true, "key": ["header:x-api-key"],
+           "limits": [{"type": "fixed_window", "limit": 100, "window": "1h"}]}]}"#;
+    let plugin = Plugin::configured(document, SHIM, Route::Shim { port: backend.shim.port });
+    for _ in 0..3 {
+        let stream = plugin.stream();
+        stream.request_headers(&headers("erin")).calls_the_shim().calls_the_shim().pauses().done();
+        stream.shim_answers().done();
+        stream.shim_answers().resumes().done();
+        assert!(!plugin.proxy().paused(stream.id()));
+    }
+}
