@@ -17,10 +17,16 @@ use super::setups::{Rig, Setup, ENVOY_WORKERS};
 use super::tools::Tools;
 
 /// The setups whose parts the budget tells apart: Envoy alone, the
-/// callout floor, Sluice's exact allow path, and the deny path beside the
-/// Wasm deny floor.
-const SETUPS: [Setup; 5] =
-    [Setup::Plain, Setup::Floor, Setup::SluiceAllow, Setup::DenyFloor, Setup::SluiceDeny];
+/// callout floor, Sluice's exact allow path (alone and with shared
+/// callouts), and the deny path beside the Wasm deny floor.
+const SETUPS: [Setup; 6] = [
+    Setup::Plain,
+    Setup::Floor,
+    Setup::SluiceAllow,
+    Setup::SluiceShared,
+    Setup::DenyFloor,
+    Setup::SluiceDeny,
+];
 
 /// The processes a request can cross.
 const PARTS: [&str; 5] = ["envoy", "shim", "redis", "upstream", "floor responder"];

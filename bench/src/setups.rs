@@ -51,7 +51,7 @@ const SLUICE_POLICY: &str = r#"{
 /// How many check calls each Envoy worker keeps out in setup (d'), the
 /// allow path with shared callouts (`shim.shared_calls`): checks that come
 /// while they are out go together in the next call.
-const SHARED_CALLS: u32 = 2;
+const SHARED_CALLS: u32 = 1;
 
 /// The policies Sluice's gRPC faces serve (`sluice serve --policy`): the same
 /// windows as the peer's, selected by the RLS descriptor `generic_key` and by
