@@ -350,6 +350,11 @@ impl Proxy {
         Ok(self.outcome(Returned::Nothing))
     }
 
+    /// Whether an enqueue waits for its `proxy_on_queue_ready`.
+    pub fn queue_ready_due(&mut self) -> bool {
+        !self.state().queue_ready.is_empty()
+    }
+
     /// `proxy_on_queue_ready` on the root context, for the oldest enqueue
     /// not yet delivered (Envoy posts one per enqueue to the owner's worker).
     pub fn queue_ready(&mut self) -> anyhow::Result<Outcome> {
@@ -412,7 +417,9 @@ impl Proxy {
     /// waits to share a callout, one of another context (whose return sends
     /// the queue).
     fn check_not_stuck(&mut self, id: u32, after: &str) -> anyhow::Result<()> {
-        if self.paused(id) && self.state().calls.pending.is_empty() {
+        // A check queued for a batch waits for the root's wake-up.
+        let waking = !self.state().queue_ready.is_empty();
+        if self.paused(id) && self.state().calls.pending.is_empty() && !waking {
             bail!("after {after}, stream {id}'s request is left paused: no http call pending, no local response, no resume");
         }
         Ok(())
