@@ -319,6 +319,20 @@ impl Worker {
                 Err(err) => log::debug!("{REPORT_PATH}: {err}"),
             }
         }
+        self.send_deferred_into(&mut fx);
+        fx.0
+    }
+
+    /// The calls streams left ([`Worker::defer`]), sent now. The tick sends
+    /// them too; an adapter that can be woken sooner (the filter's wake-up
+    /// queue) sends them then, so that a freed lease goes back at once.
+    pub fn send_deferred(&self) -> Vec<Effect> {
+        let mut fx = self.effects();
+        self.send_deferred_into(&mut fx);
+        fx.0
+    }
+
+    fn send_deferred_into(&self, fx: &mut Effects) {
         let queued = std::mem::take(&mut *self.queued.borrow_mut());
         for call in queued {
             let pending = if !call.releases.is_empty() {
@@ -328,9 +342,8 @@ impl Worker {
             } else {
                 Pending::Other(call.path)
             };
-            self.send(call.path, call.body, pending, &mut fx);
+            self.send(call.path, call.body, pending, fx);
         }
-        fx.0
     }
 
     /// When the worker next needs a [`Worker::tick`], on the clock the

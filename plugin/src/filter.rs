@@ -186,6 +186,8 @@ impl Calls for StreamCalls<'_> {
 
     fn defer(&mut self, call: Deferred) {
         self.vm.worker.defer(call);
+        // Sent from the root, at once: a freed lease is a waiter's place.
+        self.vm.wake.ring();
     }
 
     fn end_response(&mut self) {

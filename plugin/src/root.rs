@@ -170,9 +170,7 @@ impl RootContext for SluiceRoot {
                 let now = clock();
                 let worker = Rc::new(Worker::new(doc, now, seed));
                 let vm = Rc::new(Vm::new(worker, stats));
-                if vm.worker.sharing.borrow().is_on() {
-                    vm.wake.register(seed);
-                }
+                vm.wake.register(seed);
                 vm.ticked(now);
                 self.vm = Some(vm);
                 true
@@ -181,14 +179,17 @@ impl RootContext for SluiceRoot {
         }
     }
 
-    /// The VM's wake-up queue (a stream's lone check ended with checks
-    /// queued): the batch goes out now.
+    /// The VM's wake-up queue (a stream left a call for the root, or its
+    /// lone check ended with checks queued): the calls and the batch go
+    /// out now.
     fn on_queue_ready(&mut self, queue: u32) {
         let Some(vm) = self.vm.clone() else { return };
         if !vm.wake.answered(queue) {
             return;
         }
         let (now, host) = (Now::read(&clock), ProxyHost::new());
+        let effects = vm.worker.send_deferred();
+        self.perform(&vm, effects, &now, &host);
         self.share(&vm, false, &now, &host);
         vm.arm(&now);
     }

@@ -4,9 +4,11 @@
 //! host call the root's `on_queue_ready` on the worker's next turn of its
 //! event loop, well inside the 1 ms the shortest tick takes.
 //!
-//! Shared callouts need it: a batch must be sent from the root (a stream's
-//! calls end with the stream), and when a stream's lone check returns, the
-//! checks queued behind it are due at once.
+//! The root sends what must outlive a stream (a stream's calls end with
+//! it): the calls a stream leaves (a lease's release, a settlement), due
+//! at once, since a freed lease is a waiter's place; and shared callouts'
+//! batches, due when a stream's lone check returns with checks queued
+//! behind it.
 
 use std::cell::Cell;
 

@@ -60,9 +60,9 @@ fn a_lease_is_released_once_after_a_normal_response() {
     let stream = admitted(&backend, &plugin);
     assert_eq!(leases(&backend), 1);
     stream.upstream_responds(200).continues().done();
-    stream.completes().done();
-    assert_eq!(leases(&backend), 1, "the release waits for the tick");
-    plugin.tick().releases_the_lease().done();
+    stream.completes().wakes_the_root().done();
+    assert_eq!(leases(&backend), 1, "the release waits for the root");
+    plugin.root_wakes().releases_the_lease().done();
     assert_eq!(leases(&backend), 0, "released");
     plugin.shim_answers_background_call(Answer::Real).done();
     plugin.tick().done();
@@ -75,8 +75,8 @@ fn a_lease_is_released_once_after_an_upstream_error() {
     let plugin = plugin_of(&backend);
     let stream = admitted(&backend, &plugin);
     stream.upstream_responds(503).continues().done();
-    stream.completes().done();
-    plugin.tick().releases_the_lease().done();
+    stream.completes().wakes_the_root().done();
+    plugin.root_wakes().releases_the_lease().done();
     assert_eq!(leases(&backend), 0);
 }
 
@@ -86,24 +86,26 @@ fn a_lease_is_released_once_after_a_client_reset() {
     let backend = start();
     let plugin = plugin_of(&backend);
     let stream = admitted(&backend, &plugin);
-    stream.client_resets().done();
-    plugin.tick().releases_the_lease().done();
+    stream.client_resets().wakes_the_root().done();
+    plugin.root_wakes().releases_the_lease().done();
     assert_eq!(leases(&backend), 0);
 }
 
-/// A client reset leaves the release to the root context, which arms its
-/// tick for the next millisecond: the release goes out then, not on a fixed
-/// 20 ms tick as before. Idle again, the worker ticks once a second.
+/// A client reset leaves the release to the root context, which the
+/// stream wakes at once through the VM's queue (and whose tick is armed
+/// for the next millisecond, should the wake-up not come): the release goes
+/// out on the wake-up. Idle again, the worker ticks once a second.
 #[test]
-fn a_release_left_at_a_reset_arms_the_tick_at_once() {
+fn a_release_left_at_a_reset_wakes_the_root_at_once() {
     let backend = start();
     let plugin = plugin_of(&backend);
     let stream = admitted(&backend, &plugin);
     assert_eq!(plugin.tick_period_ms(), 1_000, "nothing due within a second");
-    stream.client_resets().done();
+    stream.client_resets().wakes_the_root().done();
     assert_eq!(plugin.tick_period_ms(), 1, "the release is due at once");
-    plugin.tick().releases_the_lease().done();
+    plugin.root_wakes().releases_the_lease().done();
     assert_eq!(leases(&backend), 0);
+    plugin.tick().done();
     assert_eq!(plugin.tick_period_ms(), 1_000, "idle again");
 }
 
@@ -119,13 +121,14 @@ fn the_limit_holds_while_leases_are_held_and_a_released_slot_is_reused() {
     third.shim_answers().sends(429).done();
     third.completes().done();
     assert_eq!(leases(&backend), 2);
-    first.completes().done();
-    plugin.tick().releases_the_lease().done();
+    first.completes().wakes_the_root().done();
+    plugin.root_wakes().releases_the_lease().done();
     let fourth = admitted(&backend, &plugin);
     assert_eq!(leases(&backend), 2);
-    second.completes().done();
+    // One wake-up sends both: the second release finds the first waiting.
+    second.completes().wakes_the_root().done();
     fourth.client_resets().done();
-    plugin.tick().releases_the_lease().releases_the_lease().done();
+    plugin.root_wakes().releases_the_lease().releases_the_lease().done();
     assert_eq!(leases(&backend), 0, "no lease leaks");
 }
 
@@ -139,9 +142,9 @@ fn a_reset_while_the_check_is_in_flight_leaks_no_lease() {
     let backend = start();
     let plugin = plugin_of(&backend);
     let stream = asks(&plugin);
-    stream.client_resets().done();
+    stream.client_resets().wakes_the_root().done();
     assert_eq!(leases(&backend), 1, "the shim took the lease before the reset");
-    plugin.tick().releases_the_lease().done();
+    plugin.root_wakes().releases_the_lease().done();
     assert_eq!(leases(&backend), 0, "the lease taken for a request that was reset is still held");
 }
 
@@ -174,8 +177,8 @@ fn a_check_whose_answer_is_lost_leaks_no_lease() {
         assert!(id.is_string(), "the check names its lease");
         assert_eq!(leases(&backend), 1, "the shim took the lease");
         stream.shim_replies(Answer::Fault(lost)).warns("failure_mode deny").sends(503).done();
-        stream.completes().done();
-        let released = plugin.tick().releases_the_lease().done();
+        stream.completes().wakes_the_root().done();
+        let released = plugin.root_wakes().releases_the_lease().done();
         assert_eq!(call_body(&released, RELEASE_PATH)["lease"], id, "released by the check's id");
         assert_eq!(
             leases(&backend),
@@ -198,9 +201,9 @@ fn a_denied_check_releases_nothing() {
     third.shim_answers().sends(429).done();
     third.completes().done();
     plugin.tick().done();
-    first.completes().done();
+    first.completes().wakes_the_root().done();
     second.completes().done();
-    plugin.tick().releases_the_lease().releases_the_lease().done();
+    plugin.root_wakes().releases_the_lease().releases_the_lease().done();
 }
 
 /// How long a lease was held (admission to the stream's end) goes to the
@@ -212,13 +215,13 @@ fn held_time_is_recorded_and_a_hold_past_the_lease_is_an_overage() {
     let plugin = plugin_of(&backend);
     let stream = admitted(&backend, &plugin);
     plugin.proxy().advance(std::time::Duration::from_millis(1500));
-    let ended = stream.completes().done();
+    let ended = stream.completes().wakes_the_root().done();
     assert_eq!(held(&ended), [1500]);
-    plugin.tick().releases_the_lease().done();
+    plugin.root_wakes().releases_the_lease().done();
 
     let stream = admitted(&backend, &plugin);
     plugin.proxy().advance(std::time::Duration::from_secs(31));
-    let ended = stream.completes().increments_metric("sluice.uploads.overages", 1).done();
+    let ended = stream.completes().increments_metric("sluice.uploads.overages", 1).wakes_the_root().done();
     assert_eq!(held(&ended), [31_000]);
 }
 
@@ -244,7 +247,7 @@ fn a_check_whose_answer_is_lost_leaks_no_lease_when_failing_open() {
     assert_eq!(leases(&backend), 1, "the shim took the lease");
     stream.shim_replies(Answer::Fault(Fault::Timeout)).warns("failure_mode allow").resumes().done();
     stream.upstream_responds(200).continues().done();
-    stream.completes().done();
-    plugin.tick().releases_the_lease().done();
+    stream.completes().wakes_the_root().done();
+    plugin.root_wakes().releases_the_lease().done();
     assert_eq!(leases(&backend), 0, "the lease of a check that timed out is still held");
 }

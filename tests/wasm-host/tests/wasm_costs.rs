@@ -57,9 +57,9 @@ fn a_hostile_actual_cost_charges_at_most_the_capacity() {
         let stream = admitted(&plugin, who, "1");
         let ttl = pttl(&backend, who);
         assert!((1..=2_000).contains(&ttl), "{who}: one point charged, PTTL {ttl}");
-        stream.upstream_responds_with(200, &[("x-actual", actual)]).continues().done();
+        stream.upstream_responds_with(200, &[("x-actual", actual)]).continues().wakes_the_root().done();
         stream.completes().done();
-        plugin.tick().adjusts_points().done();
+        plugin.root_wakes().adjusts_points().done();
         plugin.shim_answers_background_call(Answer::Real).done();
         let ttl = pttl(&backend, who);
         assert!((9_000..=11_000).contains(&ttl), "{who}: actual {actual}: PTTL {ttl}");
