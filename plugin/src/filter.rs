@@ -54,7 +54,7 @@ impl SharingStream for StreamState {
         let (_, call) = self.tokens.swap_remove(at);
         if self.lone == Some(token) {
             self.lone = None;
-            vm.worker.sharing.borrow_mut().lone_ended();
+            vm.worker.change_sharing(|s| s.lone_ended());
         }
         let effects = self.flow.handle_answer(now, call, result, host);
         self.perform(vm, id, effects, now, host);
@@ -91,12 +91,16 @@ impl Filter {
     /// its checks leave the worker's queue unsent, and its lone check,
     /// cancelled with it, no longer counts as out.
     fn leave_sharing(&mut self) {
-        let withdrawn = self.vm.worker.sharing.borrow_mut().stream_ended(self.id);
+        if !self.stream.borrow().shares && self.stream.borrow().lone.is_none() {
+            // Nothing of it in the worker's queue, no lone check out.
+            return;
+        }
+        let withdrawn = self.vm.worker.change_sharing(|s| s.stream_ended(self.id));
         for id in withdrawn {
             self.flow().handle_withdrawn(id);
         }
         if self.stream.borrow_mut().lone.take().is_some() {
-            self.vm.worker.sharing.borrow_mut().lone_ended();
+            self.vm.worker.change_sharing(|s| s.lone_ended());
         }
         self.vm.shared.borrow_mut().remove(&self.id);
     }
@@ -157,12 +161,14 @@ struct StreamCalls<'a> {
 
 impl Calls for StreamCalls<'_> {
     fn offer(&mut self, call: Outgoing) -> Option<Outgoing> {
-        let mut sharing = self.vm.worker.sharing.borrow_mut();
-        let counted = sharing.is_on() && call.shared;
-        let call = sharing.offer(self.id, call, self.now.ms());
+        let worker = &self.vm.worker;
+        if !(call.shared && worker.sharing().is_on()) {
+            // Sent alone, as `Sharing::offer` would: nothing to count.
+            return Some(call);
+        }
+        let call = worker.change_sharing(|s| s.offer(self.id, call, self.now.ms()));
         match &call {
-            Some(call) if counted => self.lone = Some(call.id),
-            Some(_) => {}
+            Some(call) => self.lone = Some(call.id),
             None => self.state.shares = true,
         }
         call
@@ -177,7 +183,7 @@ impl Calls for StreamCalls<'_> {
 
     fn not_sent(&mut self, id: CallId, reason: String) -> Vec<Effect> {
         if self.lone.take_if(|lone| *lone == id).is_some() {
-            self.vm.worker.sharing.borrow_mut().lone_ended();
+            self.vm.worker.change_sharing(|s| s.lone_ended());
         }
         self.state.flow.handle_answer(self.now, id, CallResult::NotSent(reason), self.host)
     }
@@ -229,7 +235,7 @@ impl HttpContext for Filter {
             }
             // Held (StopIteration) while the body is read; the root lets
             // the headers go if the host never hands the body over.
-            self.vm.reading.borrow_mut().push((self.id, now.ms()));
+            self.vm.reading_body(self.id, now.ms());
             self.vm.arm(&now);
         }
         self.request_action()

@@ -23,8 +23,8 @@ pub struct Vm {
     pub worker: Rc<Worker>,
     pub stats: Stats,
     /// Streams whose headers are held while their body is read, which have
-    /// had no body callback yet: (context id, since when, ms).
-    pub reading: RefCell<Vec<(u32, u64)>>,
+    /// had no body callback yet.
+    reading: RefCell<Reading>,
     /// The host has been seen not to hand over a body while its headers are
     /// held (an Envoy without `allow_on_headers_stop_iteration`).
     pub no_body_while_held: std::cell::Cell<bool>,
@@ -54,7 +54,7 @@ impl Vm {
         Vm {
             worker,
             stats,
-            reading: RefCell::new(Vec::new()),
+            reading: RefCell::new(Reading::default()),
             no_body_while_held: std::cell::Cell::new(false),
             ending: RefCell::new(Vec::new()),
             ticker: Ticker::default(),
@@ -62,12 +62,18 @@ impl Vm {
         }
     }
 
-    /// When the root next needs a tick: the worker's next work, a response
-    /// to end (at once), a body wait that ends.
+    /// When the root next needs a tick: a response to end (at once), the
+    /// worker's next work, a body wait that ends. O(1): each part keeps its
+    /// earliest time.
     pub fn next_due(&self) -> Option<u64> {
-        let ending = (!self.ending.borrow().is_empty()).then_some(0);
-        let reading = self.reading.borrow().iter().map(|(_, since)| since + BODY_WAIT_MS).min();
-        [self.worker.poll_timeout(), ending, reading].into_iter().flatten().min()
+        if !self.ending.borrow().is_empty() {
+            return Some(0);
+        }
+        let worker = self.worker.poll_timeout();
+        match (worker, self.reading.borrow().due()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// After an event at `now`: the tick brought forward if it made
@@ -88,19 +94,58 @@ impl Vm {
     /// (their headers go upstream before the decision, their body is still
     /// held until it).
     pub fn unheld(&self, now: u64) -> Vec<u32> {
-        let mut reading = self.reading.borrow_mut();
-        let stuck: Vec<u32> = reading
-            .iter()
-            .filter(|(_, since)| now.saturating_sub(*since) >= BODY_WAIT_MS)
-            .map(|(id, _)| *id)
-            .collect();
-        reading.retain(|(id, _)| !stuck.contains(id));
-        stuck
+        self.reading.borrow_mut().take(|(_, since)| now.saturating_sub(*since) >= BODY_WAIT_MS)
+    }
+
+    /// Stream `id`'s headers are held from `now` while its body is read,
+    /// until its first body callback.
+    pub fn reading_body(&self, id: u32, now: u64) {
+        self.reading.borrow_mut().push(id, now);
     }
 
     /// Stream `id` has had its body callback (or ended).
     pub fn body_came(&self, id: u32) {
-        self.reading.borrow_mut().retain(|(c, _)| *c != id);
+        let mut reading = self.reading.borrow_mut();
+        if !reading.streams.is_empty() {
+            reading.take(|(c, _)| *c == id);
+        }
+    }
+}
+
+/// Streams whose headers are held while their body is read, which have
+/// had no body callback yet: (context id, since when, ms); and the
+/// earliest of those times, kept.
+#[derive(Default)]
+struct Reading {
+    streams: Vec<(u32, u64)>,
+    earliest: Option<u64>,
+}
+
+impl Reading {
+    fn push(&mut self, id: u32, since: u64) {
+        self.streams.push((id, since));
+        self.earliest = Some(self.earliest.map_or(since, |at| at.min(since)));
+    }
+
+    /// When the first of their body waits ends.
+    fn due(&self) -> Option<u64> {
+        self.earliest.map(|since| since + BODY_WAIT_MS)
+    }
+
+    /// The streams `gone` says, taken off the list.
+    fn take(&mut self, gone: impl Fn(&(u32, u64)) -> bool) -> Vec<u32> {
+        let mut taken = Vec::new();
+        self.streams.retain(|s| {
+            let out = gone(s);
+            if out {
+                taken.push(s.0);
+            }
+            !out
+        });
+        if !taken.is_empty() {
+            self.earliest = self.streams.iter().map(|(_, since)| *since).min();
+        }
+        taken
     }
 }
 

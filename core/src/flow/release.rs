@@ -171,7 +171,7 @@ fn to_release(
     for call in calls {
         let confirmed = call.lease.is_some();
         let Some(lease) = call.lease_to_release(&worker.doc) else { continue };
-        worker.live.borrow_mut().end(&lease);
+        worker.change_live(|live| live.end(&lease));
         let policies = call.concurrency_policies(&worker.doc);
         if confirmed {
             let held = now.ms().saturating_sub(call.admitted_ms);
