@@ -16,24 +16,34 @@ pub(crate) trait Timing {
     fn seen(&self) -> Self::Seen;
 }
 
-/// The worker's next due time as last computed; `None` when stale.
+/// The worker's next due time as last computed (`None` when stale), and
+/// how many times it went stale.
 #[derive(Default)]
-pub(crate) struct Due(Cell<Option<Option<u64>>>);
+pub(crate) struct Due {
+    kept: Cell<Option<Option<u64>>>,
+    moves: Cell<u32>,
+}
 
 impl Due {
     /// Something it depends on changed: computed again on the next poll.
     pub(crate) fn stale(&self) {
-        self.0.set(None);
+        self.kept.set(None);
+        self.moves.set(self.moves.get().wrapping_add(1));
     }
 
     /// The kept time, or `compute`d and kept when stale.
     pub(crate) fn get(&self, compute: impl FnOnce() -> Option<u64>) -> Option<u64> {
-        if let Some(due) = self.0.get() {
+        if let Some(due) = self.kept.get() {
             return due;
         }
         let due = compute();
-        self.0.set(Some(due));
+        self.kept.set(Some(due));
         due
+    }
+
+    /// How many times it went stale: while this is the same, so is the time.
+    pub(crate) fn moves(&self) -> u32 {
+        self.moves.get()
     }
 }
 

@@ -380,6 +380,13 @@ impl Worker {
         self.due.get(|| self.next_due())
     }
 
+    /// A count that changes whenever [`Worker::poll_timeout`] may have: an
+    /// adapter that armed its timer for the poll's time need not poll
+    /// again while this stays the same.
+    pub fn due_moves(&self) -> u32 {
+        self.due.moves()
+    }
+
     /// [`Worker::poll_timeout`] computed from every part, from what each
     /// part's [`Timing::seen`] shows of it.
     pub(crate) fn next_due(&self) -> Option<u64> {

@@ -193,7 +193,7 @@ impl Calls for StreamCalls<'_> {
     }
 
     fn end_response(&mut self) {
-        self.vm.ending.borrow_mut().push(self.id);
+        self.vm.end_response(self.id);
     }
 }
 
@@ -206,7 +206,7 @@ impl Context for Filter {
 
     fn on_done(&mut self) -> bool {
         self.vm.body_came(self.id);
-        self.vm.ending.borrow_mut().retain(|&id| id != self.id);
+        self.vm.ended(self.id);
         self.leave_sharing();
         let (now, host) = (Now::read(&clock), ProxyHost::new());
         let effects = self.flow().handle_stream_end(&now, &host);

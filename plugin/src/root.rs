@@ -184,7 +184,7 @@ impl RootContext for SluiceRoot {
         let effects = vm.worker.tick(&now, &host);
         self.perform(&vm, effects, &now, &host);
         self.share(&vm, false, &now, &host);
-        let ending = std::mem::take(&mut *vm.ending.borrow_mut());
+        let ending = vm.take_ending();
         for id in ending {
             // Its last event went out in an earlier callback: only a reset
             // ends a response early in proxy-wasm.

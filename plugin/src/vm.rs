@@ -1,7 +1,7 @@
 //! What one VM (one Envoy worker) shares between its requests: the
 //! [`Worker`] and the stats. The root context makes it; each stream holds it.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
@@ -27,12 +27,16 @@ pub struct Vm {
     reading: RefCell<Reading>,
     /// The host has been seen not to hand over a body while its headers are
     /// held (an Envoy without `allow_on_headers_stop_iteration`).
-    pub no_body_while_held: std::cell::Cell<bool>,
+    pub no_body_while_held: Cell<bool>,
     /// Streams whose response is to end at the next tick, once the bytes
     /// their last callback handed on have gone (`Effect::EndResponse`).
-    pub ending: RefCell<Vec<u32>>,
+    ending: RefCell<Vec<u32>>,
     /// The root's timer.
     pub ticker: Ticker,
+    /// The worker's `due_moves` when the timer was last armed for what is
+    /// due; `None` once the VM's own waits (`reading`, `ending`) changed.
+    /// While it holds, arming again would set nothing.
+    armed_for: Cell<Option<u32>>,
     /// Streams with a check in the worker's queue or in a batch out, by
     /// context id: the root hands each its answer (until the stream ends).
     pub shared: RefCell<HashMap<u32, Rc<RefCell<dyn SharingStream>>>>,
@@ -55,9 +59,10 @@ impl Vm {
             worker,
             stats,
             reading: RefCell::new(Reading::default()),
-            no_body_while_held: std::cell::Cell::new(false),
+            no_body_while_held: Cell::new(false),
             ending: RefCell::new(Vec::new()),
             ticker: Ticker::default(),
+            armed_for: Cell::new(None),
             shared: RefCell::new(HashMap::new()),
         }
     }
@@ -77,14 +82,42 @@ impl Vm {
     }
 
     /// After an event at `now`: the tick brought forward if it made
-    /// something due sooner.
+    /// something due sooner. Nothing to do when nothing it waits for
+    /// changed since the timer was armed: the same due time arms nothing.
     pub fn arm(&self, now: &Now) {
+        let moves = self.worker.due_moves();
+        if self.armed_for.get() == Some(moves) {
+            return;
+        }
         set_tick_period(self.ticker.arm(self.next_due(), now));
+        self.armed_for.set(Some(moves));
     }
 
     /// After a tick at `now` (or the configuration): the next one armed.
     pub fn ticked(&self, now: u64) {
         set_tick_period(self.ticker.ticked(self.next_due(), now));
+        self.armed_for.set(Some(self.worker.due_moves()));
+    }
+
+    /// Stream `id`'s response is to end at the next tick.
+    pub fn end_response(&self, id: u32) {
+        self.ending.borrow_mut().push(id);
+        self.armed_for.set(None);
+    }
+
+    /// Stream `id` ended: no response of it to end.
+    pub fn ended(&self, id: u32) {
+        let mut ending = self.ending.borrow_mut();
+        if !ending.is_empty() {
+            ending.retain(|&e| e != id);
+            self.armed_for.set(None);
+        }
+    }
+
+    /// The responses to end now, taken off the list.
+    pub fn take_ending(&self) -> Vec<u32> {
+        self.armed_for.set(None);
+        std::mem::take(&mut *self.ending.borrow_mut())
     }
 
     /// The streams held for their body longer than [`BODY_WAIT_MS`] with no
@@ -94,6 +127,7 @@ impl Vm {
     /// (their headers go upstream before the decision, their body is still
     /// held until it).
     pub fn unheld(&self, now: u64) -> Vec<u32> {
+        self.armed_for.set(None);
         self.reading.borrow_mut().take(|(_, since)| now.saturating_sub(*since) >= BODY_WAIT_MS)
     }
 
@@ -101,6 +135,7 @@ impl Vm {
     /// until its first body callback.
     pub fn reading_body(&self, id: u32, now: u64) {
         self.reading.borrow_mut().push(id, now);
+        self.armed_for.set(None);
     }
 
     /// Stream `id` has had its body callback (or ended).
@@ -108,6 +143,7 @@ impl Vm {
         let mut reading = self.reading.borrow_mut();
         if !reading.streams.is_empty() {
             reading.take(|(c, _)| *c == id);
+            self.armed_for.set(None);
         }
     }
 }
