@@ -109,6 +109,8 @@ pub struct Worker {
     rng: RefCell<fastrand::Rng>,
     /// Random per worker: with `sequence`, request ids unique across workers and gateways.
     nonce: u64,
+    /// The start of every request id: the nonce in hex and a dash.
+    id_prefix: String,
     sequence: Cell<u64>,
     /// This worker's copy of the over-limit cache's hits, cleared each tick.
     pub(crate) over_limit: RefCell<Mirror>,
@@ -165,6 +167,7 @@ impl Worker {
             tracked,
             rng: RefCell::new(fastrand::Rng::with_seed(seed)),
             nonce: seed,
+            id_prefix: format!("{seed:x}-"),
             sequence: Cell::new(0),
             over_limit: RefCell::new(Mirror::default()),
             denials: RefCell::new(vec![None; policies]),
@@ -272,7 +275,12 @@ impl Worker {
     pub fn next_id(&self) -> String {
         let n = self.sequence.get();
         self.sequence.set(n.wrapping_add(1));
-        format!("{:x}-{n:x}", self.nonce)
+        // As `format!("{nonce:x}-{n:x}")`, which costs the filter some
+        // 1,800 wasm operators per request where this costs a third.
+        let mut id = String::with_capacity(self.id_prefix.len() + 16);
+        id.push_str(&self.id_prefix);
+        push_hex(&mut id, n);
+        id
     }
 
     /// The timeout of a call nobody waits for.
@@ -691,6 +699,15 @@ impl Worker {
     }
 }
 
+/// Appends `n` in lower-case hex, without leading zeros (as `{n:x}`).
+fn push_hex(out: &mut String, n: u64) {
+    let digits = if n == 0 { 1 } else { 16 - n.leading_zeros() as usize / 4 };
+    for shift in (0..digits).rev() {
+        let digit = ((n >> (shift * 4)) & 0xf) as u32;
+        out.extend(char::from_digit(digit, 16));
+    }
+}
+
 /// Applies `rule` to the lease pool at `key` in shared data, read and
 /// written with compare-and-swap: on a conflict the pool is read again and
 /// the rule applied again. `None` when it could not be stored, so nothing
@@ -763,5 +780,20 @@ impl Timing for Breaker {
     type Seen = bool;
     fn seen(&self) -> bool {
         matches!(self.state(), BreakerState::Closed { failures: 0 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::push_hex;
+
+    /// A request id's hex is exactly `{:x}`'s.
+    #[test]
+    fn push_hex_writes_what_format_writes() {
+        for n in [0, 1, 9, 10, 15, 16, 255, 256, 0xabc_def, u64::from(u32::MAX), u64::MAX - 1, u64::MAX] {
+            let mut out = String::from("x-");
+            push_hex(&mut out, n);
+            assert_eq!(out, format!("x-{n:x}"));
+        }
     }
 }
