@@ -179,7 +179,8 @@ fn to_release(
     fx: &mut Effects,
 ) -> Vec<(ReleaseRequest, Vec<usize>, bool)> {
     let mut out = Vec::new();
-    for call in calls {
+    // Most calls hold none: nothing to take (a call in flight is unconfirmed).
+    for call in calls.iter_mut().filter(|c| c.lease.is_some() || c.unconfirmed) {
         let confirmed = call.lease.is_some();
         let Some(lease) = call.lease_to_release(&worker.doc) else { continue };
         worker.change_live(|live| live.end(&lease));
