@@ -222,12 +222,10 @@ impl HttpContext for Filter {
         self.perform(effects, &now, &host);
         if self.flow().phase() == Phase::Reading {
             self.request = Some(HostRequest::capture());
-        }
-        if end_of_stream && self.flow().phase() == Phase::Reading {
-            // No body will come: the flow reads an empty one.
-            return self.request_body(0, true);
-        }
-        if self.flow().phase() == Phase::Reading {
+            if end_of_stream {
+                // No body will come: the flow reads an empty one.
+                return self.request_body(0, true);
+            }
             if self.vm.no_body_while_held.get() {
                 // This host hands over no body while the headers are held:
                 // they go on, the body is held until the decision.
