@@ -13,7 +13,7 @@ pub struct CheckCall {
     /// Parallel to `checks`: the index of each check's policy in the document.
     pub policies: Vec<usize>,
     pub checks: Vec<Check>,
-    /// Sent and not answered yet.
+    /// Sent and not answered yet (and so `unconfirmed` too).
     pub in_flight: bool,
     /// Sent, and no answer read yet that says whether the shim admitted it
     /// (in flight, timed out, reset, failed, malformed): the shim may hold a

@@ -14,7 +14,8 @@
 //!   its parts (admission, answers, release, upstream, bodies) below it.
 //! - [`worker`]: the [`Worker`]: the document, the breaker, and the calls
 //!   that outlive a stream (releases, renewals, shed reports, lease calls,
-//!   reports of failure-mode passes), with when it next needs a tick.
+//!   reports of failure-mode passes), with when it next needs a tick
+//!   (`due`: kept as its parts change, not computed on every event).
 //! - [`effect`]: the [`Effect`] values, calls and their results.
 //! - [`sharing`]: shared callouts: a worker's checks queued while its
 //!   calls are out, sent together as one batch, answered each alone.
@@ -58,6 +59,7 @@ pub mod breaker;
 pub mod cache;
 pub mod check_call;
 pub mod decision;
+mod due;
 pub mod effect;
 pub mod feedback;
 pub mod flow;

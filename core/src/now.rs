@@ -6,34 +6,39 @@
 //! no policy matches reads none. Either way one event sees one instant, and
 //! no handler can reach a clock of its own.
 
-use std::cell::OnceCell;
+use std::cell::Cell;
 
 pub struct Now<'c> {
-    ms: OnceCell<u64>,
+    ms: Cell<Option<u64>>,
     clock: Option<&'c dyn Fn() -> u64>,
 }
 
 impl Now<'static> {
     /// The event happens at `ms`.
     pub fn at(ms: u64) -> Now<'static> {
-        Now { ms: OnceCell::from(ms), clock: None }
+        Now { ms: Cell::new(Some(ms)), clock: None }
     }
 }
 
 impl<'c> Now<'c> {
     /// The event happens when `clock` says, asked at most once.
     pub fn read(clock: &'c dyn Fn() -> u64) -> Now<'c> {
-        Now { ms: OnceCell::new(), clock: Some(clock) }
+        Now { ms: Cell::new(None), clock: Some(clock) }
     }
 
     /// The event's time.
     pub fn ms(&self) -> u64 {
-        *self.ms.get_or_init(|| self.clock.map_or(0, |clock| clock()))
+        if let Some(ms) = self.ms.get() {
+            return ms;
+        }
+        let ms = self.clock.map_or(0, |clock| clock());
+        self.ms.set(Some(ms));
+        ms
     }
 
     /// The time, if it has been given or read already: never reads the clock.
     pub fn known(&self) -> Option<u64> {
-        self.ms.get().copied()
+        self.ms.get()
     }
 }
 

@@ -31,18 +31,21 @@ pub struct FailurePasses {
     cache_denied: Vec<u64>,
     /// When the last report went, on the gateway's clock.
     reported_ms: Option<u64>,
+    /// Whether any count is above 0 (read on every event, so kept).
+    counted: bool,
 }
 
 impl FailurePasses {
     pub fn new(doc: &Document) -> FailurePasses {
         let counts = vec![0; doc.policies.len()];
-        FailurePasses { cache_denied: counts.clone(), counts, reported_ms: None }
+        FailurePasses { cache_denied: counts.clone(), counts, reported_ms: None, counted: false }
     }
 
     /// A request policy `index` applied to was let through by `failure_mode`.
     pub fn add(&mut self, index: usize) {
         if let Some(count) = self.counts.get_mut(index) {
             *count = count.saturating_add(1);
+            self.counted = true;
         }
     }
 
@@ -50,12 +53,13 @@ impl FailurePasses {
     pub fn add_cache_denial(&mut self, index: usize) {
         if let Some(count) = self.cache_denied.get_mut(index) {
             *count = count.saturating_add(1);
+            self.counted = true;
         }
     }
 
     /// When a report is due, if there is something to report.
     pub fn next_due(&self) -> Option<u64> {
-        if self.counts.iter().chain(&self.cache_denied).all(|&n| n == 0) {
+        if !self.counted {
             return None;
         }
         Some(self.reported_ms.map_or(0, |at| at.saturating_add(REPORT_EVERY_MS)))
@@ -68,7 +72,7 @@ impl FailurePasses {
     /// rather than none until it catches up.
     pub fn due(&mut self, now_ms: u64, doc: &Document) -> Option<ReportRequest> {
         let waited = self.reported_ms.is_none_or(|at| now_ms < at || now_ms - at >= REPORT_EVERY_MS);
-        if !waited || self.counts.iter().chain(&self.cache_denied).all(|&n| n == 0) {
+        if !waited || !self.counted {
             return None;
         }
         // Both lists share a report's entries; what does not fit waits.
@@ -88,6 +92,7 @@ impl FailurePasses {
         };
         let passes = take(&mut self.counts);
         let cache_denied = take(&mut self.cache_denied);
+        self.counted = self.counts.iter().chain(&self.cache_denied).any(|&n| n > 0);
         self.reported_ms = Some(now_ms);
         Some(ReportRequest { passes, cache_denied })
     }

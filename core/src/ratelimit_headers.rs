@@ -25,7 +25,7 @@
 //! [`Fields`] for each kind.
 
 use sluice_policies::algorithm::Algorithm;
-use sluice_policies::units::Millis;
+use sluice_policies::units::{times_1000, Millis};
 use sluice_policies::wire::{LimitOutcome, WireLimit};
 use sluice_policies::Limit;
 
@@ -114,7 +114,7 @@ impl Fields {
             }
             _ => 0,
         };
-        Fields { remaining, wait_ms: retry_after_secs(Some(wait)).saturating_mul(1000) }
+        Fields { remaining, wait_ms: times_1000(retry_after_secs(Some(wait))) }
     }
 }
 

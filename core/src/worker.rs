@@ -11,7 +11,7 @@
 //! them on its next [`Worker::tick`] and receives their answers
 //! ([`Worker::handle_answer`]).
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, Ref, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
@@ -25,6 +25,7 @@ use sluice_policies::Document;
 
 use crate::breaker::{Breaker, Change, State as BreakerState};
 use crate::cache::Mirror;
+use crate::due::{Due, Timing, Watched};
 use crate::effect::{CallId, CallResult, Deferred, Effect, Effects, Outgoing};
 use crate::host::{SetError, SharedData};
 use crate::hot_keys::{HotKeys, CAPACITY};
@@ -85,17 +86,17 @@ enum Pending {
 
 pub struct Worker {
     pub doc: Document,
-    breaker: RefCell<Breaker>,
+    breaker: Watched<Breaker>,
     throttle: RefCell<LogThrottle>,
-    queued: RefCell<Vec<Deferred>>,
+    queued: Watched<Vec<Deferred>>,
     pending: RefCell<HashMap<CallId, Pending>>,
     next_call: Cell<u32>,
     /// The leases live streams hold, renewed on the tick.
-    pub(crate) live: RefCell<Live>,
+    live: Watched<Live>,
     /// Load shedding: the utilization seen and the fleet's level, per policy.
-    pub(crate) shedding: RefCell<Shedding>,
+    shedding: Watched<Shedding>,
     /// Failure-mode passes not yet reported to the shim.
-    passes: RefCell<FailurePasses>,
+    passes: Watched<FailurePasses>,
     /// Each policy's lease pool key in shared data (document order), named
     /// once here rather than on every request.
     pool_keys: Vec<String>,
@@ -108,6 +109,8 @@ pub struct Worker {
     rng: RefCell<fastrand::Rng>,
     /// Random per worker: with `sequence`, request ids unique across workers and gateways.
     nonce: u64,
+    /// The start of every request id: the nonce in hex and a dash.
+    id_prefix: String,
     sequence: Cell<u64>,
     /// This worker's copy of the over-limit cache's hits, cleared each tick.
     pub(crate) over_limit: RefCell<Mirror>,
@@ -116,12 +119,15 @@ pub struct Worker {
     denials: RefCell<Vec<Option<((usize, u64, u64), Rc<LocalReply>)>>>,
     /// An effect list the adapter gave back once performed, for the next event.
     spare: RefCell<Vec<Effect>>,
-    /// When the last tick was, for leased mode's pools.
+    /// When the last tick was, for leased mode's pools (set by the tick
+    /// only, which makes `due` stale).
     ticked_ms: Cell<Option<u64>>,
     /// Whether a policy is leased: its pools are ticked every [`LEASE_TICK_MS`].
     leased: bool,
     /// Shared callouts: the check calls out, and the checks queued for the next.
-    pub sharing: RefCell<Sharing>,
+    sharing: Watched<Sharing>,
+    /// When the next tick is needed, kept as the parts above change.
+    due: Due,
 }
 
 impl Worker {
@@ -148,27 +154,54 @@ impl Worker {
         let doc_shared_calls = doc.shim.shared_calls.get();
         Worker {
             doc,
-            breaker: RefCell::new(breaker),
+            breaker: Watched::new(breaker),
             throttle: RefCell::new(LogThrottle::new(LOG_PERIOD_MS)),
-            queued: RefCell::new(Vec::new()),
+            queued: Watched::new(Vec::new()),
             pending: RefCell::new(HashMap::new()),
             next_call: Cell::new(0),
-            live: RefCell::new(Live::default()),
-            shedding: RefCell::new(shedding),
-            passes: RefCell::new(passes),
+            live: Watched::new(Live::default()),
+            shedding: Watched::new(shedding),
+            passes: Watched::new(passes),
             pool_keys,
             hot,
             tracked,
             rng: RefCell::new(fastrand::Rng::with_seed(seed)),
             nonce: seed,
+            id_prefix: format!("{seed:x}-"),
             sequence: Cell::new(0),
             over_limit: RefCell::new(Mirror::default()),
             denials: RefCell::new(vec![None; policies]),
             spare: RefCell::new(Vec::new()),
             ticked_ms: Cell::new(None),
             leased,
-            sharing: RefCell::new(Sharing::new(doc_shared_calls)),
+            sharing: Watched::new(Sharing::new(doc_shared_calls)),
+            due: Due::default(),
         }
+    }
+
+    /// Shared callouts, to read.
+    pub fn sharing(&self) -> Ref<'_, Sharing> {
+        self.sharing.borrow()
+    }
+
+    /// Shared callouts, changed by `change`.
+    pub fn change_sharing<R>(&self, change: impl FnOnce(&mut Sharing) -> R) -> R {
+        self.sharing.change(&self.due, change)
+    }
+
+    /// Load shedding's state, to read.
+    pub(crate) fn shedding(&self) -> Ref<'_, Shedding> {
+        self.shedding.borrow()
+    }
+
+    /// Load shedding's state, changed by `change`.
+    pub(crate) fn change_shedding<R>(&self, change: impl FnOnce(&mut Shedding) -> R) -> R {
+        self.shedding.change(&self.due, change)
+    }
+
+    /// The leases of live streams, changed by `change`.
+    pub(crate) fn change_live<R>(&self, change: impl FnOnce(&mut Live) -> R) -> R {
+        self.live.change(&self.due, change)
     }
 
     /// An empty effect list for an event: the last one the adapter gave
@@ -242,7 +275,12 @@ impl Worker {
     pub fn next_id(&self) -> String {
         let n = self.sequence.get();
         self.sequence.set(n.wrapping_add(1));
-        format!("{:x}-{n:x}", self.nonce)
+        // As `format!("{nonce:x}-{n:x}")`, which costs the filter some
+        // 1,800 wasm operators per request where this costs a third.
+        let mut id = String::with_capacity(self.id_prefix.len() + 16);
+        id.push_str(&self.id_prefix);
+        push_hex(&mut id, n);
+        id
     }
 
     /// The timeout of a call nobody waits for.
@@ -252,34 +290,38 @@ impl Worker {
 
     /// Takes a call a stream left ([`Effect::Defer`]), to send on the next tick.
     pub fn defer(&self, call: Deferred) {
-        self.queued.borrow_mut().push(call);
+        self.queued.change(&self.due, |queued| queued.push(call));
     }
 
     /// Whether the breaker lets a call to the shim go at `now_ms`.
     pub(crate) fn call_allowed(&self, now_ms: u64, fx: &mut Effects) -> bool {
-        let (allowed, change) = self.breaker.borrow_mut().call_allowed(now_ms);
+        let (allowed, change) = self.breaker.change(&self.due, |b| b.call_allowed(now_ms));
         self.breaker_changed(change, fx);
         allowed
     }
 
     /// A check call sent at `sent_ms` answered readably (`ok`) or not, at `now_ms`.
     pub(crate) fn call_ended(&self, ok: bool, sent_ms: u64, now_ms: u64, fx: &mut Effects) {
-        let mut breaker = self.breaker.borrow_mut();
-        let change = if ok { breaker.success(sent_ms) } else { breaker.failure(sent_ms, now_ms) };
-        drop(breaker);
+        let change = self.breaker.change(&self.due, |breaker| {
+            if ok {
+                breaker.success(sent_ms)
+            } else {
+                breaker.failure(sent_ms, now_ms)
+            }
+        });
         self.breaker_changed(change, fx);
     }
 
     /// A request policy `index` applied to was let through by
     /// `failure_mode: allow`: counted for the next report to the shim.
     pub(crate) fn failure_passed(&self, index: usize) {
-        self.passes.borrow_mut().add(index);
+        self.passes.change(&self.due, |passes| passes.add(index));
     }
 
     /// Policy `index` denied a request from the over-limit cache: counted
     /// for the next report, so the shim's dashboard counts every denial.
     pub(crate) fn cache_denied(&self, index: usize) {
-        self.passes.borrow_mut().add_cache_denial(index);
+        self.passes.change(&self.due, |passes| passes.add_cache_denial(index));
     }
 
     /// The worker's own work, every tick: renew the leases of live streams,
@@ -289,15 +331,17 @@ impl Worker {
         let mut fx = self.effects();
         let now = now.ms();
         self.ticked_ms.set(Some(now));
+        // The leased pools' next tick moved.
+        self.due.stale();
         self.over_limit.borrow_mut().clear();
-        let renewals = self.live.borrow_mut().due(now);
+        let renewals = self.live.change(&self.due, |live| live.due(now));
         for renewal in renewals {
             match serde_json::to_vec(&renewal) {
                 Ok(body) => self.send(RENEW_PATH, body, Pending::Other(RENEW_PATH), &mut fx),
                 Err(err) => log::warn!("cannot encode {RENEW_PATH}: {err}"),
             }
         }
-        let reports = self.shedding.borrow_mut().due(now);
+        let reports = self.shedding.change(&self.due, |shedding| shedding.due(now));
         for (index, utilization) in reports {
             let Some(policy) = self.doc.policies.get(index) else { continue };
             let Some(shed) = &policy.shed else { continue };
@@ -311,8 +355,8 @@ impl Worker {
         // A report waits until the shim answers again (its last call
         // succeeded): passes happen while it is failing, and a report then
         // would only add calls to a failing shim. The counts keep.
-        let answering = matches!(self.breaker.borrow().state(), BreakerState::Closed { failures: 0 });
-        let report = if answering { self.passes.borrow_mut().due(now, &self.doc) } else { None };
+        let answering = self.breaker.borrow().seen();
+        let report = if answering { self.passes.change(&self.due, |p| p.due(now, &self.doc)) } else { None };
         if let Some(report) = report {
             match serde_json::to_vec(&report) {
                 Ok(body) => self.send(REPORT_PATH, body, Pending::Report, &mut fx),
@@ -333,7 +377,7 @@ impl Worker {
     }
 
     fn send_deferred_into(&self, fx: &mut Effects) {
-        let queued = std::mem::take(&mut *self.queued.borrow_mut());
+        let queued = self.queued.change(&self.due, std::mem::take);
         for call in queued {
             let pending = if !call.releases.is_empty() {
                 Pending::Release(call.releases)
@@ -350,24 +394,39 @@ impl Worker {
     /// events carry: at once (a time already past) for the calls streams
     /// left and a shared batch due, else the next renewal, shed report,
     /// report of failure-mode passes (only while the shim answers: the
-    /// tick would send none), leased pools' tick or queued check's deadline. `None`: nothing is due, however long it waits.
+    /// tick would send none), leased pools' tick or queued check's
+    /// deadline. `None`: nothing is due, however long it waits. Kept as
+    /// the worker's parts change (see `due`): O(1) on most events.
     pub fn poll_timeout(&self) -> Option<u64> {
-        let sharing = self.sharing.borrow();
-        if !self.queued.borrow().is_empty() || sharing.batch_due() {
-            return Some(0);
-        }
-        let answering = matches!(self.breaker.borrow().state(), BreakerState::Closed { failures: 0 });
+        self.due.get(|| self.next_due())
+    }
+
+    /// A count that changes whenever [`Worker::poll_timeout`] may have: an
+    /// adapter that armed its timer for the poll's time need not poll
+    /// again while this stays the same.
+    pub fn due_moves(&self) -> u32 {
+        self.due.moves()
+    }
+
+    /// [`Worker::poll_timeout`] computed from every part, from what each
+    /// part's [`Timing::seen`] shows of it.
+    pub(crate) fn next_due(&self) -> Option<u64> {
+        let answering = self.breaker.borrow().seen();
         let pools = self.leased.then(|| self.ticked_ms.get().map_or(0, |at| at + LEASE_TICK_MS));
-        [
-            self.live.borrow().next_due(),
-            self.shedding.borrow().next_due(),
-            self.passes.borrow().next_due().filter(|_| answering),
+        let mut due = self.queued.borrow().seen();
+        for part in [
+            self.sharing.borrow().seen(),
+            self.live.borrow().seen(),
+            self.shedding.borrow().seen(),
+            self.passes.borrow().seen().filter(|_| answering),
             pools,
-            sharing.poll_timeout(),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        ] {
+            due = match (due, part) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        due
     }
 
     fn send(&self, path: &'static str, body: Vec<u8>, pending: Pending, fx: &mut Effects) {
@@ -466,8 +525,8 @@ impl Worker {
         }
         match serde_json::from_slice::<ShedResponse>(body.unwrap_or_default()) {
             Ok(resp) => {
-                let mut shedding = self.shedding.borrow_mut();
-                shedding.set_level(index, resp.level);
+                self.shedding.change(&self.due, |shedding| shedding.set_level(index, resp.level));
+                let shedding = self.shedding.borrow();
                 for class in 0..self.doc.classes.0.len() {
                     let permille = (shedding.class_fraction(class) * 1000.0).round() as u64;
                     fx.push(Effect::Class { class, stat: ClassStat::ShedPermille, n: permille });
@@ -653,6 +712,15 @@ impl Worker {
     }
 }
 
+/// Appends `n` in lower-case hex, without leading zeros (as `{n:x}`).
+fn push_hex(out: &mut String, n: u64) {
+    let digits = if n == 0 { 1 } else { 16 - n.leading_zeros() as usize / 4 };
+    for shift in (0..digits).rev() {
+        let digit = ((n >> (shift * 4)) & 0xf) as u32;
+        out.extend(char::from_digit(digit, 16));
+    }
+}
+
 /// Applies `rule` to the lease pool at `key` in shared data, read and
 /// written with compare-and-swap: on a conflict the pool is read again and
 /// the rule applied again. `None` when it could not be stored, so nothing
@@ -677,4 +745,68 @@ pub fn update_pool<R, S: SharedData + ?Sized>(
         }
     }
     None
+}
+
+/// Calls that streams left: due at once.
+impl Timing for Vec<Deferred> {
+    type Seen = Option<u64>;
+    fn seen(&self) -> Option<u64> {
+        (!self.is_empty()).then_some(0)
+    }
+}
+
+/// A batch to send: due at once; else the next queued check's deadline.
+impl Timing for Sharing {
+    type Seen = Option<u64>;
+    fn seen(&self) -> Option<u64> {
+        if self.batch_due() {
+            return Some(0);
+        }
+        self.poll_timeout()
+    }
+}
+
+impl Timing for Live {
+    type Seen = Option<u64>;
+    fn seen(&self) -> Option<u64> {
+        self.next_due()
+    }
+}
+
+impl Timing for Shedding {
+    type Seen = Option<u64>;
+    fn seen(&self) -> Option<u64> {
+        self.next_due()
+    }
+}
+
+impl Timing for FailurePasses {
+    type Seen = Option<u64>;
+    fn seen(&self) -> Option<u64> {
+        self.next_due()
+    }
+}
+
+/// Whether the shim answers (its last call succeeded): failure-mode passes
+/// are reported only then.
+impl Timing for Breaker {
+    type Seen = bool;
+    fn seen(&self) -> bool {
+        matches!(self.state(), BreakerState::Closed { failures: 0 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::push_hex;
+
+    /// A request id's hex is exactly `{:x}`'s.
+    #[test]
+    fn push_hex_writes_what_format_writes() {
+        for n in [0, 1, 9, 10, 15, 16, 255, 256, 0xabc_def, u64::from(u32::MAX), u64::MAX - 1, u64::MAX] {
+            let mut out = String::from("x-");
+            push_hex(&mut out, n);
+            assert_eq!(out, format!("x-{n:x}"));
+        }
+    }
 }

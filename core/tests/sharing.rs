@@ -198,7 +198,7 @@ impl<'t> Run<'t> {
         for call in sends(&fx) {
             assert_eq!(call.path, CHECK_PATH);
             self.bodies.insert(call.body.clone(), i);
-            if let Some(call) = self.t.worker.sharing.borrow_mut().offer(i as u32, call, now) {
+            if let Some(call) = self.t.worker.change_sharing(|s| s.offer(i as u32, call, now)) {
                 self.out.push(Out { call, lone: Some(i), sent_ms: now });
             }
         }
@@ -208,7 +208,7 @@ impl<'t> Run<'t> {
     fn end_call(&mut self, k: usize, fault: Fault) {
         let Out { call, lone, .. } = self.out.remove(k);
         if let Some(i) = lone {
-            self.t.worker.sharing.borrow_mut().lone_ended();
+            self.t.worker.change_sharing(|s| s.lone_ended());
             self.received.push((i, fault));
             let result = fault.result(&mut self.model, &call.body);
             return self.deliver(i, call.id, result);
@@ -234,7 +234,7 @@ impl<'t> Run<'t> {
             Fault::Unavailable => Fault::Unavailable.result(&mut self.model, &[]),
             Fault::Lost => CallResult::Answered { status: None, body: None },
         };
-        let members = self.t.worker.sharing.borrow_mut().batch_answered(call.id, result);
+        let members = self.t.worker.change_sharing(|s| s.batch_answered(call.id, result));
         assert_eq!(members.len(), batch.checks.len(), "one result per check");
         for (m, result) in members {
             self.deliver(m.stream as usize, m.call, result);
@@ -250,8 +250,8 @@ impl<'t> Run<'t> {
             return;
         }
         self.ended[i] = true;
-        let withdrawn = self.t.worker.sharing.borrow_mut().stream_ended(i as u32);
-        assert!(!self.t.worker.sharing.borrow().queued(i as u32));
+        let withdrawn = self.t.worker.change_sharing(|s| s.stream_ended(i as u32));
+        assert!(!self.t.worker.sharing().queued(i as u32));
         for id in &withdrawn {
             self.streams[i].flow.handle_withdrawn(*id);
         }
@@ -264,7 +264,7 @@ impl<'t> Run<'t> {
         // Its lone call is cancelled with it; the shim never saw it.
         if let Some(k) = self.out.iter().position(|o| o.lone == Some(i)) {
             self.out.remove(k);
-            self.t.worker.sharing.borrow_mut().lone_ended();
+            self.t.worker.change_sharing(|s| s.lone_ended());
         }
     }
 
@@ -283,13 +283,13 @@ impl<'t> Run<'t> {
     fn poll(&mut self) {
         let now = self.now();
         loop {
-            let answers = self.t.worker.sharing.borrow_mut().poll_answers(now);
+            let answers = self.t.worker.change_sharing(|s| s.poll_answers(now));
             for (m, result) in answers {
                 // Failed before the shim saw it, as a call that never reached it.
                 self.received.push((m.stream as usize, Fault::Unavailable));
                 self.deliver(m.stream as usize, m.call, result);
             }
-            let Some(batch) = self.t.worker.sharing.borrow_mut().poll_batch(now) else { break };
+            let Some(batch) = self.t.worker.change_sharing(|s| s.poll_batch(now)) else { break };
             self.out.push(Out { call: batch, lone: None, sent_ms: now });
         }
         let most = self.t.worker.doc.shim.shared_calls.get() as usize;

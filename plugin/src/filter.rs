@@ -92,7 +92,11 @@ impl Filter {
     /// its checks leave the worker's queue unsent, and its lone checks,
     /// cancelled with it, no longer count as out.
     fn leave_sharing(&mut self) {
-        let withdrawn = self.vm.worker.sharing.borrow_mut().stream_ended(self.id);
+        if !self.stream.borrow().shares && self.stream.borrow().lone.is_empty() {
+            // Nothing of it in the worker's queue, no lone check out.
+            return;
+        }
+        let withdrawn = self.vm.worker.change_sharing(|s| s.stream_ended(self.id));
         for id in withdrawn {
             self.flow().handle_withdrawn(id);
         }
@@ -159,12 +163,14 @@ struct StreamCalls<'a> {
 
 impl Calls for StreamCalls<'_> {
     fn offer(&mut self, call: Outgoing) -> Option<Outgoing> {
-        let mut sharing = self.vm.worker.sharing.borrow_mut();
-        let counted = sharing.is_on() && call.shared;
-        let call = sharing.offer(self.id, call, self.now.ms());
+        let worker = &self.vm.worker;
+        if !(call.shared && worker.sharing().is_on()) {
+            // Sent alone, as `Sharing::offer` would: nothing to count.
+            return Some(call);
+        }
+        let call = worker.change_sharing(|s| s.offer(self.id, call, self.now.ms()));
         match &call {
-            Some(call) if counted => self.lone = Some(call.id),
-            Some(_) => {}
+            Some(call) => self.lone = Some(call.id),
             None => self.state.shares = true,
         }
         call
@@ -191,7 +197,7 @@ impl Calls for StreamCalls<'_> {
     }
 
     fn end_response(&mut self) {
-        self.vm.ending.borrow_mut().push(self.id);
+        self.vm.end_response(self.id);
     }
 }
 
@@ -204,7 +210,7 @@ impl Context for Filter {
 
     fn on_done(&mut self) -> bool {
         self.vm.body_came(self.id);
-        self.vm.ending.borrow_mut().retain(|&id| id != self.id);
+        self.vm.ended(self.id);
         self.leave_sharing();
         let (now, host) = (Now::read(&clock), ProxyHost::new());
         let effects = self.flow().handle_stream_end(&now, &host);
@@ -220,12 +226,10 @@ impl HttpContext for Filter {
         self.perform(effects, &now, &host);
         if self.flow().phase() == Phase::Reading {
             self.request = Some(HostRequest::capture());
-        }
-        if end_of_stream && self.flow().phase() == Phase::Reading {
-            // No body will come: the flow reads an empty one.
-            return self.request_body(0, true);
-        }
-        if self.flow().phase() == Phase::Reading {
+            if end_of_stream {
+                // No body will come: the flow reads an empty one.
+                return self.request_body(0, true);
+            }
             if self.vm.no_body_while_held.get() {
                 // This host hands over no body while the headers are held:
                 // they go on, the body is held until the decision.
@@ -233,7 +237,7 @@ impl HttpContext for Filter {
             }
             // Held (StopIteration) while the body is read; the root lets
             // the headers go if the host never hands the body over.
-            self.vm.reading.borrow_mut().push((self.id, now.ms()));
+            self.vm.reading_body(self.id, now.ms());
             self.vm.arm(&now);
         }
         self.request_action()

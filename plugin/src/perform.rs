@@ -32,6 +32,10 @@ pub trait Calls {
 /// Performs `effects` in order; the list, emptied, comes back for the
 /// worker to reuse (`Worker::recycle`).
 pub fn perform(effects: Vec<Effect>, cluster: &str, stats: &Stats, calls: &mut impl Calls) -> Vec<Effect> {
+    if effects.is_empty() {
+        // Most events have none: no queue made for them.
+        return effects;
+    }
     let mut queue = VecDeque::from(effects);
     while let Some(effect) = queue.pop_front() {
         match effect {

@@ -42,12 +42,12 @@ impl SluiceRoot {
     /// which a batch must not be sent from; the root's is made so again.
     fn share(&mut self, vm: &Vm, mut resumed: bool, now: &Now, host: &ProxyHost) {
         loop {
-            let answers = vm.worker.sharing.borrow_mut().poll_answers(now.ms());
+            let answers = vm.worker.change_sharing(|s| s.poll_answers(now.ms()));
             resumed |= !answers.is_empty();
             for (member, result) in answers {
                 resume(vm, member, result, now, host);
             }
-            let Some(batch) = vm.worker.sharing.borrow_mut().poll_batch(now.ms()) else { break };
+            let Some(batch) = vm.worker.change_sharing(|s| s.poll_batch(now.ms())) else { break };
             if std::mem::take(&mut resumed) {
                 self.to_root();
             }
@@ -57,7 +57,7 @@ impl SluiceRoot {
                 }
                 Err(reason) => {
                     let result = CallResult::NotSent(reason);
-                    let members = vm.worker.sharing.borrow_mut().batch_answered(batch.id, result);
+                    let members = vm.worker.change_sharing(|s| s.batch_answered(batch.id, result));
                     resumed |= !members.is_empty();
                     for (member, result) in members {
                         resume(vm, member, result, now, host);
@@ -121,7 +121,7 @@ impl Context for SluiceRoot {
         let Some(vm) = self.vm.clone() else { return };
         let (now, host) = (Now::read(&clock), ProxyHost::new());
         if let Some(id) = self.batches.remove(&token) {
-            let members = vm.worker.sharing.borrow_mut().batch_answered(id, answer(num_headers, body_size));
+            let members = vm.worker.change_sharing(|s| s.batch_answered(id, answer(num_headers, body_size)));
             let resumed = !members.is_empty();
             for (member, result) in members {
                 resume(&vm, member, result, &now, &host);
@@ -200,7 +200,7 @@ impl RootContext for SluiceRoot {
         let effects = vm.worker.tick(&now, &host);
         self.perform(&vm, effects, &now, &host);
         self.share(&vm, false, &now, &host);
-        let ending = std::mem::take(&mut *vm.ending.borrow_mut());
+        let ending = vm.take_ending();
         for id in ending {
             // Its last event went out in an earlier callback: only a reset
             // ends a response early in proxy-wasm.

@@ -94,4 +94,27 @@ mod tests {
         assert_eq!(ticker.ticked(Some(2_320), 2_301), Some(19), "leased pools: 20 ms after the last tick");
         assert_eq!(ticker.ticked(Some(2_340), 2_321), None, "the same period again");
     }
+
+    /// Arming again for the due time the timer was last armed or ticked
+    /// for sets nothing, at any later instant: so the VM skips arming while
+    /// nothing it waits for has changed (`Vm::arm`).
+    #[test]
+    fn the_same_due_time_arms_nothing_again() {
+        let dues =
+            [None, Some(0), Some(999), Some(1_000), Some(1_001), Some(1_500), Some(2_200), Some(9_000)];
+        for (due, armed, at) in dues
+            .into_iter()
+            .flat_map(|due| [true, false].map(|armed| (due, armed)))
+            .flat_map(|(due, armed)| [1_000, 1_001, 1_200, 2_000].map(|at| (due, armed, at)))
+        {
+            let ticker = Ticker::default();
+            ticker.ticked(Some(5_000), 900);
+            if armed {
+                ticker.arm(due, &Now::at(1_000));
+            } else {
+                ticker.ticked(due, 1_000);
+            }
+            assert_eq!(ticker.arm(due, &Now::at(at)), None, "{due:?} again at {at} (armed: {armed})");
+        }
+    }
 }

@@ -15,6 +15,17 @@ pub const MAX_DURATION_MS: u64 = 365 * 24 * 3600 * 1000;
 /// Parts per million: the unit of a rate's factor (`algorithm::rate`).
 pub const PPM: u64 = 1_000_000;
 
+/// `n * 1000`, saturating: as `n.saturating_mul(1000)`, without the
+/// 128-bit multiply wasm32 makes of its overflow check (about 100 wasm
+/// operators, on every cached denial of the filter).
+pub fn times_1000(n: u64) -> u64 {
+    if n > u64::MAX / 1000 {
+        u64::MAX
+    } else {
+        n * 1000
+    }
+}
+
 /// The time one unit of a bucket takes to refill, `count` units every
 /// `period`, rounded up to a whole microsecond, so a bucket never refills
 /// faster than asked.
@@ -61,7 +72,7 @@ impl Millis {
 
     /// The same time in microseconds, saturating: a wire value is untrusted.
     pub fn as_micros(self) -> Micros {
-        Micros(self.0.saturating_mul(1000))
+        Micros(times_1000(self.0))
     }
 }
 
@@ -256,6 +267,15 @@ impl<'de> Deserialize<'de> for HeaderName {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `times_1000` is `saturating_mul(1000)`, at and around the edge.
+    #[test]
+    fn times_1000_saturates_as_saturating_mul() {
+        let edge = u64::MAX / 1000;
+        for n in [0, 1, 999, 1_000_000, edge - 1, edge, edge + 1, u64::MAX - 1, u64::MAX] {
+            assert_eq!(times_1000(n), n.saturating_mul(1000), "{n}");
+        }
+    }
 
     #[test]
     fn durations_parse_with_each_unit() {

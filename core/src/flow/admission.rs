@@ -308,7 +308,7 @@ impl State {
         evaluation: &Evaluation,
         fx: &mut Effects,
     ) -> Option<LocalReply> {
-        let shedding = worker.shedding.borrow();
+        let shedding = worker.shedding();
         if !shedding.any() {
             return None;
         }

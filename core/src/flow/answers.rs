@@ -102,7 +102,7 @@ impl State {
         call.lease = resp.lease.clone();
         if let Some(lease) = &call.lease {
             let request = RenewRequest { lease: lease.clone(), checks: call.checks.clone() };
-            worker.live.borrow_mut().hold(request, call.admitted_ms);
+            worker.change_live(|live| live.hold(request, call.admitted_ms));
         }
         // Only a points limit corrected after the response needs the outcomes.
         if call.corrects_costs(&worker.doc) {
@@ -290,7 +290,6 @@ fn held_out_by_reserve(policy: &Policy, outcome: &CheckOutcome) -> bool {
 
 /// The occupancy of the pool of each admitted policy that sheds by it.
 fn observe_pools(worker: &Worker, policies: &[usize], checks: &[Check], resp: &CheckResponse) {
-    let mut shedding = worker.shedding.borrow_mut();
     for (i, &index) in policies.iter().enumerate() {
         let Some(policy) = worker.doc.policies.get(index) else { continue };
         if policy.shed.as_ref().is_none_or(|s| s.signal != Signal::Pool) {
@@ -304,8 +303,8 @@ fn observe_pools(worker: &Worker, policies: &[usize], checks: &[Check], resp: &C
             {
                 // Held after this admission: the pool it saw less what remains.
                 let held = u64::from(*pool).saturating_sub(o.remaining);
-                shedding
-                    .observe(index, pool_occupancy(full.get(), u64::from(full.get()).saturating_sub(held)));
+                let occupancy = pool_occupancy(full.get(), u64::from(full.get()).saturating_sub(held));
+                worker.change_shedding(|shedding| shedding.observe(index, occupancy));
             }
         }
     }

@@ -30,11 +30,10 @@ impl Upstream {
     /// The utilization the upstream's response reports, for each admitted
     /// policy that sheds by a response header.
     pub(super) fn observe_load(worker: &Worker, call: &CheckCall, host: &dyn Host) {
-        let mut shedding = worker.shedding.borrow_mut();
         for &index in &call.policies {
             let Some(shed) = worker.doc.policies.get(index).and_then(|p| p.shed.as_ref()) else { continue };
             if let Some(utilization) = shed.signal.read(|name: &str| host.response_header(name)) {
-                shedding.observe(index, utilization);
+                worker.change_shedding(|shedding| shedding.observe(index, utilization));
             }
         }
     }
