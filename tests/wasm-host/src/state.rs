@@ -81,6 +81,13 @@ pub enum MetricChange {
     Record(u64),
 }
 
+/// One shared queue: its name, and what waits in it.
+#[derive(Debug, Default)]
+pub(crate) struct Queue {
+    pub name: String,
+    pub items: std::collections::VecDeque<Vec<u8>>,
+}
+
 /// One HTTP context's view of its stream.
 #[derive(Debug, Default)]
 pub(crate) struct StreamData {
@@ -130,7 +137,7 @@ pub struct HostState {
     pub(crate) calls: Calls,
     pub(crate) shared: Arc<Mutex<SharedData>>,
     /// The shared queues registered, by token (from 1).
-    pub(crate) queues: Vec<crate::imports::Queue>,
+    pub(crate) queues: Vec<Queue>,
     /// The `on_queue_ready` calls due to the root, by queue token, oldest first.
     pub(crate) queue_ready: std::collections::VecDeque<u32>,
     pub(crate) metrics: Metrics,

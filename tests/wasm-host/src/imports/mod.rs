@@ -12,8 +12,6 @@ mod buffers;
 mod headers;
 mod misc;
 mod queues;
-
-pub(crate) use queues::Queue;
 mod stream;
 
 use wasmtime::{Caller, Linker, Result};

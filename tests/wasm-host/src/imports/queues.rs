@@ -11,14 +11,7 @@ use wasmtime::{Caller, Linker, Result};
 use super::called;
 use super::status::{EMPTY, NOT_FOUND, OK};
 use crate::memory::{give, read, read_str, write_u32};
-use crate::state::{Effect, HostState};
-
-/// One shared queue: its name, and what waits in it.
-#[derive(Debug, Default)]
-pub(crate) struct Queue {
-    pub name: String,
-    pub items: VecDeque<Vec<u8>>,
-}
+use crate::state::{Effect, HostState, Queue};
 
 /// A queue's token: its place in [`HostState::queues`], from 1.
 fn queue(state: &mut HostState, token: i32) -> Option<&mut Queue> {
