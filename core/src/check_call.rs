@@ -42,6 +42,12 @@ pub struct CheckCall {
     pub charged: Vec<CheckOutcome>,
 }
 
+impl Default for CheckCall {
+    fn default() -> CheckCall {
+        CheckCall::new()
+    }
+}
+
 impl CheckCall {
     pub fn new() -> CheckCall {
         CheckCall {

@@ -84,6 +84,13 @@ enum Pending {
     Other(&'static str),
 }
 
+/// What a denial from the over-limit cache shows of its hit: the limit,
+/// the wait in whole seconds, `r`.
+type Shown = (usize, u64, u64);
+
+/// A policy's last denial served from the over-limit cache, if any.
+type KeptDenial = Option<(Shown, Rc<LocalReply>)>;
+
 pub struct Worker {
     pub doc: Document,
     breaker: Watched<Breaker>,
@@ -116,7 +123,7 @@ pub struct Worker {
     pub(crate) over_limit: RefCell<Mirror>,
     /// Per policy, the last denial served from the over-limit cache, with
     /// what it shows of its hit (the limit, the wait in whole seconds, `r`).
-    denials: RefCell<Vec<Option<((usize, u64, u64), Rc<LocalReply>)>>>,
+    denials: RefCell<Vec<KeptDenial>>,
     /// An effect list the adapter gave back once performed, for the next event.
     spare: RefCell<Vec<Effect>>,
     /// When the last tick was, for leased mode's pools (set by the tick

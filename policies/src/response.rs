@@ -146,18 +146,12 @@ impl<'de> Deserialize<'de> for FailureThreshold {
 /// Shared callouts: the most check calls a worker keeps in flight at once;
 /// a check that comes while they are out waits, and the waiting checks go
 /// together in one call when one returns. 0 sends every check alone. 0 to 64.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SharedCalls(u32);
 
 impl SharedCalls {
     pub fn get(self) -> u32 {
         self.0
-    }
-}
-
-impl Default for SharedCalls {
-    fn default() -> Self {
-        SharedCalls(0)
     }
 }
 

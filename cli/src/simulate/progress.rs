@@ -23,7 +23,7 @@ impl Progress {
 
     /// After each line, with how many have been read.
     pub(crate) fn line(&mut self, lines: usize) {
-        if !self.on || lines % EVERY != 0 {
+        if !self.on || !lines.is_multiple_of(EVERY) {
             return;
         }
         let now = Instant::now();

@@ -177,9 +177,8 @@ impl State {
         host: &dyn Host,
         fx: &mut Effects,
     ) -> Option<(usize, Hit, Option<WireLimit>)> {
-        if evaluation.iter().next().is_none() {
-            return None; // nothing applies: not even the clock is read
-        }
+        // Nothing applies: not even the clock is read.
+        evaluation.iter().next()?;
         let cache = OverLimitCache::new(host, worker.doc.over_limit_cache_slots.get())
             .with_mirror(&worker.over_limit);
         let now = now.ms();

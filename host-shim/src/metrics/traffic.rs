@@ -338,9 +338,7 @@ fn same_levels(seen: &[(String, usize)], levels: &[CheckLevel]) -> bool {
 /// The policy named `name`, added if new: `None` for an invalid name, or a
 /// new one past [`MAX_POLICIES`].
 fn tracked<'a>(policies: &'a mut HashMap<String, Policy>, name: &str, now: u64) -> Option<&'a mut Policy> {
-    if PolicyName::new(name).is_none() {
-        return None;
-    }
+    PolicyName::new(name)?;
     if !policies.contains_key(name) && policies.len() >= MAX_POLICIES {
         return None;
     }
