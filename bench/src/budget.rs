@@ -39,6 +39,22 @@ pub(crate) struct Budget {
     pub(crate) requests: u64,
     pub(crate) rounds: usize,
     pub(crate) cpu: Vec<(Setup, BTreeMap<&'static str, Cpu>)>,
+    /// Setup (d′) over every round: the batches the shim saw and the
+    /// checks they carried (`sluice_batch_checks`).
+    pub(crate) batches: (f64, f64),
+}
+
+/// The shim's `sluice_batch_checks` so far: (batches, checks).
+fn batches(port: u16) -> Result<(f64, f64)> {
+    let page = sluice_harness::gateway::send(port, "GET", "/metrics", &[])?.body;
+    let sample = |name: &str| {
+        page.lines()
+            .filter_map(|line| line.split_once(' '))
+            .find(|(n, _)| *n == name)
+            .and_then(|(_, v)| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    Ok((sample("sluice_batch_checks_count"), sample("sluice_batch_checks_sum")))
 }
 
 /// Clock ticks (user, system) a process has used.
@@ -66,6 +82,7 @@ pub(crate) fn run(rig: &Rig, plan: &Plan, tools: &Tools) -> Result<Budget> {
     let (requests, rounds) = if plan.quick { (3_000, 1) } else { (50_000, 3) };
     let hz = clock_ticks_per_second();
     let mut runs: Vec<Vec<BTreeMap<&'static str, Cpu>>> = vec![Vec::new(); SETUPS.len()];
+    let mut shared = (0.0, 0.0);
     for round in 0..rounds {
         eprintln!("bench: budget round {}/{rounds}", round + 1);
         for i in (0..SETUPS.len()).map(|i| (i + round) % SETUPS.len()) {
@@ -80,8 +97,14 @@ pub(crate) fn run(rig: &Rig, plan: &Plan, tools: &Tools) -> Result<Budget> {
             let target = Target::get(rig.url(ENVOY_WORKERS, setup)?);
             load::run(&tools.oha, &target, &Shape::Closed(500), 16).context("warming up")?;
             let before = pids.iter().map(|&p| ticks(p)).collect::<Result<Vec<_>>>()?;
+            let batched = batches(rig.shim.port)?;
             let run = load::run(&tools.oha, &target, &Shape::Closed(requests), 16)
                 .with_context(|| setup.label())?;
+            if setup == Setup::SluiceShared {
+                let after = batches(rig.shim.port)?;
+                shared.0 += after.0 - batched.0;
+                shared.1 += after.1 - batched.1;
+            }
             let status = setup.expected_status();
             anyhow::ensure!(
                 run.other_than(status) == 0,
@@ -109,7 +132,7 @@ pub(crate) fn run(rig: &Rig, plan: &Plan, tools: &Tools) -> Result<Budget> {
             (setup, parts)
         })
         .collect();
-    Ok(Budget { requests, rounds, cpu })
+    Ok(Budget { requests, rounds, cpu, batches: shared })
 }
 
 /// The budget as a Markdown table: µs of CPU per request, user + system.
@@ -135,6 +158,15 @@ pub(crate) fn markdown(budget: &Budget) -> String {
             out.push_str(&format!(" {:.1} + {:.1} |", user, system));
         }
         out.push_str(&format!(" {all:.1} |\n"));
+    }
+    let (batches, checks) = budget.batches;
+    let sent = (budget.requests as f64) * budget.rounds as f64;
+    if batches > 0.0 {
+        out.push_str(&format!(
+            "\nShared callouts in (d′): {checks:.0} of its {sent:.0} checks went in {batches:.0} batches, {:.1} checks a batch; the other {:.0} went alone.\n",
+            checks / batches,
+            sent - checks
+        ));
     }
     out
 }

@@ -29,6 +29,7 @@ pub(crate) async fn decide(
             "{n} checks in a batch, more than the {MAX_BATCH} it may carry"
         )));
     }
+    limiter.metrics.batch(batch.checks.len());
     Ok(join_all(batch.checks.iter().map(|body| one(limiter, encoding, body))).await)
 }
 

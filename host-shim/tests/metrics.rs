@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use sluice_harness::client::http;
 use sluice_harness::Redis;
 use sluice_policies::units::{Micros, Millis};
-use sluice_policies::wire::{Check, CheckRequest, CheckResponse, ReleaseRequest, WireLimit};
+use sluice_policies::wire::{
+    Check, CheckBatch, CheckRequest, CheckResponse, Encoding, ReleaseRequest, WireLimit,
+};
 use sluice_shim::limiter::Limiter;
 use sluice_shim::server::{run, Options};
 use sluice_shim::store::Target;
@@ -200,4 +202,34 @@ async fn the_partners_answers_are_counted_by_effect() {
         sample(&page, &format!(r#"sluice_upstream_feedback_total{{policy="partner",effect="{effect}"}}"#))
     };
     assert_eq!((effect("paused"), effect("slowed")), (2.0, 1.0), "{page}");
+}
+
+/// Shared callouts: each batch (`POST /v1/checks`) is observed once, with
+/// the checks it carried, so the mean batch is `_sum / _count`.
+#[tokio::test]
+async fn each_batch_is_counted_with_its_checks() {
+    let redis = Redis::start().expect("redis");
+    let port = serve(&redis, false).await;
+    let limit = WireLimit::FixedWindow { limit: 100, window_ms: Millis(60_000), cost: 1 };
+    for n in [3_usize, 5] {
+        let checks = (0..n)
+            .map(|i| {
+                let req = CheckRequest {
+                    checks: vec![check("batched", &format!("k{i}"), limit)].into(),
+                    id: Some(format!("b{n}-{i}").into()),
+                    now_us: None,
+                    wait_ms: None,
+                    views: Default::default(),
+                };
+                serde_json::to_vec(&req).expect("json")
+            })
+            .collect();
+        let body = Encoding::Json.encode(&CheckBatch { checks }).expect("encodes");
+        let (status, page) =
+            http(port, "POST", "/v1/checks", std::str::from_utf8(&body).expect("utf-8")).await;
+        assert_eq!(status, 200, "{page}");
+    }
+    let page = metrics(port).await;
+    assert_eq!(sample(&page, "sluice_batch_checks_count"), 2.0, "{page}");
+    assert_eq!(sample(&page, "sluice_batch_checks_sum"), 8.0, "{page}");
 }

@@ -146,6 +146,8 @@ pub struct Metrics {
     /// Held requests that woke later than their margin allows and were
     /// given a new slot instead of being sent.
     wait_shifted: Counter,
+    /// Checks per shared-callout batch (`POST /v1/checks`).
+    batch_checks: Histogram,
     /// The policy names with a label of their own.
     policies: Mutex<HashSet<String>>,
     /// Per policy, for the dashboard: rates, totals and the busiest keys.
@@ -183,6 +185,8 @@ impl Metrics {
             // 50 µs to about 1.6 s.
             wait_late_seconds: Histogram::new(exponential_buckets(0.00005, 2.0, 16)),
             wait_shifted: Counter::default(),
+            // 1 to 256 checks.
+            batch_checks: Histogram::new(exponential_buckets(1.0, 2.0, 9)),
             policies: Mutex::new(HashSet::new()),
             traffic: Default::default(),
             rlqs_assignments: Family::default(),
@@ -251,6 +255,11 @@ impl Metrics {
             "sluice_wait_shifted",
             "Held requests that woke later than their margin allows (sent, they could crowd the next call at the partner) and were given a new slot instead",
             metrics.wait_shifted.clone(),
+        );
+        r.register(
+            "sluice_batch_checks",
+            "Checks per shared-callout batch (POST /v1/checks): its count is the batches, its sum the checks they carried",
+            metrics.batch_checks.clone(),
         );
         r.register(
             "sluice_rlqs_assignments",
@@ -462,6 +471,11 @@ impl Metrics {
     /// A request held for a time slot woke `late` after it.
     pub(crate) fn woke(&self, late: std::time::Duration) {
         self.wait_late_seconds.observe(late.as_secs_f64());
+    }
+
+    /// A shared-callout batch of `checks` checks came.
+    pub(crate) fn batch(&self, checks: usize) {
+        self.batch_checks.observe(checks as f64);
     }
 
     /// A held request found a late send in its way and waits longer.
