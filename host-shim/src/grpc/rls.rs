@@ -203,8 +203,11 @@ pub fn answer(
             status.limit_remaining = u32::MAX;
         }
         statuses.push(status);
-        counters.extend(planned.blocked.iter().map(|p| blocked_counter(p, now_ms)));
-        counters.extend(enforced.iter().map(|&(p, _, w, o)| counter(p, w, o)));
+        // Draft 03's headers alone list every limit: gathered only for them.
+        if doc.header_format == HeaderFormat::DraftVersion03 {
+            counters.extend(planned.blocked.iter().map(|p| blocked_counter(p, now_ms)));
+            counters.extend(enforced.iter().map(|&(p, _, w, o)| counter(p, w, o)));
+        }
         all.extend(enforced.into_iter().map(|(p, _, w, o)| (p.answer_name(), w, o)));
     }
     // Quota descriptors refuse the call only all together.
