@@ -6,6 +6,8 @@
 //! and with refunds,
 //! concurrency, a concurrency pool with a reserve for the critical class, and
 //! wait mode (an interval and a concurrency queue that hold requests).
+//! It runs twice: each check alone, and with shared callouts
+//! (`shim.shared_calls: 1`), whose run must also have shared calls.
 //!
 //! Every judgement is made from the far side: a recording upstream
 //! (`sluice_harness::recorder`) notes each request's arrival and end on its
@@ -114,7 +116,9 @@ fn count_kinds(size: Size) -> Vec<(&'static str, String, usize)> {
     ]
 }
 
-fn document(size: Size) -> String {
+/// The fleet's document; `shared_calls` is `shim.shared_calls` (0: every
+/// check alone).
+fn document(size: Size, shared_calls: u32) -> String {
     let policy = |name: &str, extra: &str, limit: &str| {
         format!(
             r#"{{"name": "{name}", "match": {{"path_prefix": "/{name}/"}}, {extra} "limits": [{limit}]}}"#
@@ -160,7 +164,7 @@ fn document(size: Size) -> String {
         &format!(r#"{{"type": "concurrency", "limit": {}, "lease": "30s"}}"#, size.cwait),
     ));
     format!(
-        r#"{{"shim": {{"timeout_ms": {SHIM_TIMEOUT_MS}}}, "failure_mode": "deny", "verdict_header": true,
+        r#"{{"shim": {{"timeout_ms": {SHIM_TIMEOUT_MS}, "shared_calls": {shared_calls}}}, "failure_mode": "deny", "verdict_header": true,
             "classes": [{{"name": "critical", "match": {{"path_prefix": "/pool/critical/"}}}}, {{"name": "batch"}}],
             "policies": [{}]}}"#,
         policies.join(",\n")
@@ -379,12 +383,27 @@ fn fifo_inversions(replies: &[Reply], arrivals: &[Arrival]) -> usize {
 
 #[test]
 fn a_fleet_of_envoys_keeps_every_exact_limit() {
+    keeps_every_exact_limit(0);
+}
+
+/// The same run and claims with shared callouts: each worker keeps one
+/// check call out, and the checks that come meanwhile go together in the
+/// next. Nothing the run asserts may change.
+#[test]
+fn a_fleet_of_envoys_sharing_callouts_keeps_every_exact_limit() {
+    keeps_every_exact_limit(1);
+}
+
+fn keeps_every_exact_limit(shared_calls: u32) {
     let size = Size::of(scale());
-    let fleet = Fleet::start(&document(size));
+    let fleet = Fleet::start(&document(size, shared_calls));
     let ports = fleet.ports();
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().expect("runtime");
-    println!("FLEET 2 envoys x 2 workers, 1 shim, 1 redis, {CLIENTS} clients; scale {}", scale());
+    println!(
+        "FLEET 2 envoys x 2 workers, 1 shim, 1 redis, {CLIENTS} clients; scale {}; shared_calls {shared_calls}",
+        scale()
+    );
 
     // The count kinds and points, all at once: three times what each allows.
     let kinds = count_kinds(size);
@@ -562,4 +581,22 @@ fn a_fleet_of_envoys_keeps_every_exact_limit() {
         }
         assert!(served > 0, "{name}: nothing served");
     }
+    let (batches, checks) = batched(&fleet.shim.metrics().expect("the shim's metrics"));
+    println!("  shared callouts: {checks} checks in {batches} batches");
+    if shared_calls == 0 {
+        assert_eq!(batches, 0, "checks went in batches with shared callouts off");
+    } else {
+        assert!(checks > batches, "no batch carried more than one check: nothing was shared");
+    }
+}
+
+/// The shim's `sluice_batch_checks`: (batches, the checks they carried).
+fn batched(metrics: &str) -> (u64, u64) {
+    let sample = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok())
+            .unwrap_or(0.0) as u64
+    };
+    (sample("sluice_batch_checks_count"), sample("sluice_batch_checks_sum"))
 }
