@@ -10,6 +10,9 @@
 //! - `root`: the root context: parses the policy document once, in
 //!   `on_configure`, and drives the [`sluice_core::Worker`] on its tick.
 //! - `filter`: the HTTP context: drives one request's [`sluice_core::Flow`].
+//! - `abi`: the host calls made after the configuration, over the ABI
+//!   itself, so that a status the host refuses with is an error, not a
+//!   panic (the SDK's wrappers panic on one they do not expect).
 //! - `perform`: performs effects: calls to the shim, local replies,
 //!   resumptions, response headers, stats.
 //! - `host`: the request, shared data, the clock, the response headers and bodies,
@@ -20,6 +23,8 @@
 //!   VM's own shared queue.
 //! - `stats`: the Envoy stats, one per name `sluice_core::stats` gives.
 
+#[cfg(target_arch = "wasm32")]
+mod abi;
 #[cfg(target_arch = "wasm32")]
 mod filter;
 #[cfg(target_arch = "wasm32")]

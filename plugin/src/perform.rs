@@ -10,6 +10,7 @@ use proxy_wasm::types::{BufferType, MapType, Status};
 use sluice_core::{CallId, CallResult, Deferred, Effect, Outgoing};
 use sluice_policies::wire::{PROTOCOL_HEADER, PROTOCOL_VERSION};
 
+use crate::abi;
 use crate::stats::Stats;
 
 /// The owner of the calls an effect list sends: a stream or the worker.
@@ -55,37 +56,32 @@ pub fn perform(effects: Vec<Effect>, cluster: &str, stats: &Stats, calls: &mut i
             Effect::Reply(reply) => {
                 let headers: Vec<(&str, &str)> =
                     reply.headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref())).collect();
-                if let Err(status) =
-                    hostcalls::send_http_response(u32::from(reply.status), headers, Some(&reply.body))
-                {
+                if let Err(status) = abi::send_http_response(reply.status, &headers, &reply.body) {
                     log::warn!("cannot send the local response: {status:?}");
                 }
             }
             Effect::ResumeRequest => {
-                if let Err(status) = hostcalls::resume_http_request() {
+                if let Err(status) = abi::resume_http_request() {
                     log::warn!("cannot resume the request: {status:?}");
                 }
             }
             Effect::ResumeResponse => {
-                if let Err(status) = hostcalls::resume_http_response() {
+                if let Err(status) = abi::resume_http_response() {
                     log::warn!("cannot resume the response: {status:?}");
                 }
             }
             Effect::AddResponseHeader { name, value } => {
-                if let Err(status) = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, &value) {
+                if let Err(status) = abi::add_response_header(name, &value) {
                     log::debug!("cannot add {name}: {status:?}");
                 }
             }
             Effect::SetResponseHeader { name, value } => {
-                if let Err(status) =
-                    hostcalls::set_map_value(MapType::HttpResponseHeaders, name, Some(&value))
-                {
+                if let Err(status) = abi::set_response_header(name, &value) {
                     log::debug!("cannot set {name}: {status:?}");
                 }
             }
             Effect::ReplaceResponseBody(body) => {
-                if let Err(status) = hostcalls::set_buffer(BufferType::HttpResponseBody, 0, usize::MAX, &body)
-                {
+                if let Err(status) = abi::replace_response_body(&body) {
                     log::warn!("cannot replace the response body: {status:?}");
                 }
             }

@@ -14,6 +14,7 @@ use proxy_wasm::types::{Action, BufferType, ContextType};
 use sluice_core::sharing::Member;
 use sluice_core::{CallId, CallResult, Deferred, Effect, Now, Worker};
 
+use crate::abi::{self, Refused};
 use crate::filter::Filter;
 use crate::host::{clock, ProxyHost};
 use crate::perform::{answer, perform, send, Calls};
@@ -204,7 +205,9 @@ impl RootContext for SluiceRoot {
         for id in ending {
             // Its last event went out in an earlier callback: only a reset
             // ends a response early in proxy-wasm.
-            let ended = hostcalls::set_effective_context(id).and_then(|()| hostcalls::reset_http_response());
+            let ended = hostcalls::set_effective_context(id)
+                .map_err(Refused::from)
+                .and_then(|()| abi::reset_http_response());
             if let Err(status) = ended {
                 log::debug!("cannot end stream {id}'s response: {status:?}");
             }
@@ -217,8 +220,9 @@ impl RootContext for SluiceRoot {
                      whose body a policy reads reaches the upstream's headers before its decision"
                 );
             }
-            let resumed =
-                hostcalls::set_effective_context(id).and_then(|()| hostcalls::resume_http_request());
+            let resumed = hostcalls::set_effective_context(id)
+                .map_err(Refused::from)
+                .and_then(|()| abi::resume_http_request());
             if let Err(status) = resumed {
                 log::debug!("cannot let stream {id}'s headers go: {status:?}");
             }

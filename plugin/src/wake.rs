@@ -12,7 +12,7 @@
 
 use std::cell::Cell;
 
-use proxy_wasm::hostcalls;
+use crate::abi;
 
 #[derive(Default)]
 pub struct Wake {
@@ -25,7 +25,7 @@ pub struct Wake {
 impl Wake {
     /// From the root's context: the queue `sluice-wake-SEED`.
     pub fn register(&self, seed: u64) {
-        match hostcalls::register_shared_queue(&format!("sluice-wake-{seed:016x}")) {
+        match abi::register_shared_queue(&format!("sluice-wake-{seed:016x}")) {
             Ok(queue) => self.queue.set(Some(queue)),
             Err(status) => log::debug!("no wake-up queue ({status:?}): the tick sends queued checks"),
         }
@@ -37,7 +37,7 @@ impl Wake {
         if self.rung.get() {
             return;
         }
-        match hostcalls::enqueue_shared_queue(queue, Some(b"w")) {
+        match abi::enqueue_shared_queue(queue, b"w") {
             Ok(()) => self.rung.set(true),
             Err(status) => log::debug!("cannot wake the root ({status:?}): the tick sends queued checks"),
         }
@@ -49,7 +49,7 @@ impl Wake {
         if self.queue.get() != Some(queue) {
             return false;
         }
-        while let Ok(Some(_)) = hostcalls::dequeue_shared_queue(queue) {}
+        while let Ok(true) = abi::dequeue_shared_queue(queue) {}
         self.rung.set(false);
         true
     }

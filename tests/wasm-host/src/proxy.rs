@@ -76,6 +76,8 @@ pub struct HostConfig {
     pub shared: Arc<Mutex<SharedData>>,
     /// Another build of the filter than `dist/sluice.wasm`.
     pub wasm: Option<PathBuf>,
+    /// The imports the host answers BadArgument, doing nothing.
+    pub refused: Vec<&'static str>,
 }
 
 impl HostConfig {
@@ -87,7 +89,16 @@ impl HostConfig {
             source_address: "127.0.0.1:50000".into(),
             shared: Arc::default(),
             wasm: None,
+            refused: Vec::new(),
         }
+    }
+
+    /// Answers every call of `import` (say `proxy_send_local_response`)
+    /// BadArgument and does nothing, as Envoy does, for one, to a second
+    /// local reply in a stream.
+    pub fn refusing(mut self, import: &'static str) -> HostConfig {
+        self.refused.push(import);
+        self
     }
 
     /// Routes the calls to `cluster`; any other cluster is unknown (BadArgument).
@@ -128,6 +139,7 @@ impl Proxy {
             logs: Vec::new(),
             costs: Costs::default(),
             tracer: Tracer::default(),
+            refused: config.refused,
         };
         let mut vm = Vm::new(state, config.wasm.as_deref()).context("instantiating sluice.wasm")?;
         vm.run("proxy_on_context_create", ROOT, |f, s| f.on_context_create.call(s, (ROOT as i32, 0)))?;
@@ -417,9 +429,11 @@ impl Proxy {
     /// waits to share a callout, one of another context (whose return sends
     /// the queue).
     fn check_not_stuck(&mut self, id: u32, after: &str) -> anyhow::Result<()> {
-        // A check queued for a batch waits for the root's wake-up.
+        // A check queued for a batch waits for the root's wake-up; a host
+        // that refuses calls (`HostConfig::refusing`) may refuse the resume.
         let waking = !self.state().queue_ready.is_empty();
-        if self.paused(id) && self.state().calls.pending.is_empty() && !waking {
+        let refusing = !self.state().refused.is_empty();
+        if self.paused(id) && self.state().calls.pending.is_empty() && !waking && !refusing {
             bail!("after {after}, stream {id}'s request is left paused: no http call pending, no local response, no resume");
         }
         Ok(())

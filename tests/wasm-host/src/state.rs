@@ -147,6 +147,8 @@ pub struct HostState {
     pub(crate) logs: Vec<LogLine>,
     pub(crate) costs: Costs,
     pub(crate) tracer: Tracer,
+    /// The imports this host answers BadArgument, doing nothing.
+    pub(crate) refused: Vec<&'static str>,
 }
 
 impl HostState {

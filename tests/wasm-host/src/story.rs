@@ -40,7 +40,12 @@ impl Plugin {
     /// Boots sluice.wasm with `document` as its plugin configuration, calls
     /// to `cluster` going to `route`. Configuring is the next step.
     pub fn boot(document: &str, cluster: &str, route: Route) -> Plugin {
-        let config = HostConfig::new(document).cluster(cluster, route);
+        Plugin::boot_on(HostConfig::new(document).cluster(cluster, route), cluster)
+    }
+
+    /// Boots sluice.wasm on a host set up by the test, its calls to
+    /// `cluster` routed there.
+    pub fn boot_on(config: HostConfig, cluster: &str) -> Plugin {
         let proxy = Proxy::boot(config).unwrap_or_else(|err| panic!("booting sluice.wasm: {err:#}"));
         Plugin { proxy: Rc::new(RefCell::new(proxy)), cluster: cluster.into() }
     }

@@ -72,7 +72,9 @@ pub(super) fn link(linker: &mut Linker<HostState>) -> Result<()> {
          ptr: i32,
          size: i32|
          -> Result<i32> {
-            called(&mut caller, "proxy_set_buffer_bytes");
+            if called(&mut caller, "proxy_set_buffer_bytes") {
+                return Ok(BAD_ARGUMENT);
+            }
             let data = read(&mut caller, ptr, size)?;
             let state = caller.data_mut();
             let Some(stream) = state.streams.get_mut(&state.effective) else { return Ok(NOT_FOUND) };

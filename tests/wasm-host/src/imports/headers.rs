@@ -125,7 +125,9 @@ fn edit(
               value: i32,
               value_len: i32|
               -> Result<i32> {
-            called(&mut caller, name);
+            if called(&mut caller, name) {
+                return Ok(BAD_ARGUMENT);
+            }
             let key = read_str(&mut caller, key, key_len)?;
             let value = read(&mut caller, value, value_len)?;
             Ok(match map(caller.data_mut(), kind, true) {

@@ -41,10 +41,14 @@ pub(crate) fn link(linker: &mut Linker<HostState>) -> Result<()> {
 
 /// Counts one call of `name` in the host's [`crate::Costs`]; every `env`
 /// host call starts with it.
-pub(crate) fn called(caller: &mut Caller<'_, HostState>, name: &'static str) {
+/// Counts a host call; true when the test's host refuses it
+/// ([`crate::HostConfig::refusing`]): the import then answers BadArgument
+/// and does nothing.
+pub(crate) fn called(caller: &mut Caller<'_, HostState>, name: &'static str) -> bool {
     let fuel = caller.get_fuel().unwrap_or(0);
     let state = caller.data_mut();
     state.costs.call(&mut state.tracer, name, fuel);
+    state.refused.contains(&name)
 }
 
 macro_rules! trap {

@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use wasmtime::{Caller, Linker, Result};
 
 use super::called;
-use super::status::{EMPTY, NOT_FOUND, OK};
+use super::status::{BAD_ARGUMENT, EMPTY, NOT_FOUND, OK};
 use crate::memory::{give, read, read_str, write_u32};
 use crate::state::{Effect, HostState, Queue};
 
@@ -24,7 +24,9 @@ pub(super) fn link(linker: &mut Linker<HostState>) -> Result<()> {
         "env",
         "proxy_register_shared_queue",
         |mut caller: Caller<'_, HostState>, name: i32, name_len: i32, token_out: i32| -> Result<i32> {
-            called(&mut caller, "proxy_register_shared_queue");
+            if called(&mut caller, "proxy_register_shared_queue") {
+                return Ok(BAD_ARGUMENT);
+            }
             let name = read_str(&mut caller, name, name_len)?;
             let queues = &mut caller.data_mut().queues;
             let at = match queues.iter().position(|q| q.name == name) {
@@ -41,7 +43,9 @@ pub(super) fn link(linker: &mut Linker<HostState>) -> Result<()> {
         "env",
         "proxy_enqueue_shared_queue",
         |mut caller: Caller<'_, HostState>, token: i32, ptr: i32, len: i32| -> Result<i32> {
-            called(&mut caller, "proxy_enqueue_shared_queue");
+            if called(&mut caller, "proxy_enqueue_shared_queue") {
+                return Ok(BAD_ARGUMENT);
+            }
             let value = read(&mut caller, ptr, len)?;
             let state = caller.data_mut();
             let Some(queue) = queue(state, token) else { return Ok(NOT_FOUND) };
@@ -55,7 +59,9 @@ pub(super) fn link(linker: &mut Linker<HostState>) -> Result<()> {
         "env",
         "proxy_dequeue_shared_queue",
         |mut caller: Caller<'_, HostState>, token: i32, ptr_out: i32, len_out: i32| -> Result<i32> {
-            called(&mut caller, "proxy_dequeue_shared_queue");
+            if called(&mut caller, "proxy_dequeue_shared_queue") {
+                return Ok(BAD_ARGUMENT);
+            }
             let Some(queue) = queue(caller.data_mut(), token) else { return Ok(NOT_FOUND) };
             let Some(value) = queue.items.pop_front() else { return Ok(EMPTY) };
             give(&mut caller, &value, ptr_out, len_out).map(|()| OK)

@@ -76,7 +76,9 @@ pub(super) fn link(linker: &mut Linker<HostState>) -> Result<()> {
          headers_len: i32,
          _grpc_status: i32|
          -> Result<i32> {
-            called(&mut caller, "proxy_send_local_response");
+            if called(&mut caller, "proxy_send_local_response") {
+                return Ok(BAD_ARGUMENT);
+            }
             let details = read_str(&mut caller, details, details_len)?;
             let body = read(&mut caller, body, body_len)?;
             let Some(headers) = headers(&mut caller, headers_ptr, headers_len)? else {
@@ -99,7 +101,9 @@ pub(super) fn link(linker: &mut Linker<HostState>) -> Result<()> {
         "env",
         "proxy_continue_stream",
         |mut caller: Caller<'_, HostState>, kind: i32| -> Result<i32> {
-            called(&mut caller, "proxy_continue_stream");
+            if called(&mut caller, "proxy_continue_stream") {
+                return Ok(BAD_ARGUMENT);
+            }
             let state = caller.data_mut();
             if let (REQUEST, Some(stream)) = (kind, state.stream()) {
                 stream.paused = false;
@@ -118,7 +122,9 @@ pub(super) fn link(linker: &mut Linker<HostState>) -> Result<()> {
         "env",
         "proxy_close_stream",
         |mut caller: Caller<'_, HostState>, kind: i32| -> Result<i32> {
-            called(&mut caller, "proxy_close_stream");
+            if called(&mut caller, "proxy_close_stream") {
+                return Ok(BAD_ARGUMENT);
+            }
             caller.data_mut().effect(Effect::Close(kind));
             Ok(OK)
         },
