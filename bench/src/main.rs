@@ -429,13 +429,16 @@ fn run_budget(
     write_page(plan, "BUDGET.md", &text, seconds)
 }
 
+/// What a part measured, the run's description (name, value) and the noise.
+type Measured<T> = (T, Vec<(&'static str, String)>, noise::Noise);
+
 /// Runs one part of the bench alone, with the machine's noise sampled
-/// around it: what it measured, the run's description and the noise.
+/// around it.
 fn measure<T>(
     plan: &plan::Plan,
     tools: &tools::Tools,
     part: impl FnOnce() -> Result<T>,
-) -> Result<(T, Vec<(&'static str, String)>, noise::Noise)> {
+) -> Result<Measured<T>> {
     let sampler = noise::Sampler::start();
     let measured = Instant::now();
     let out = part()?;

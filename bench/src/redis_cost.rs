@@ -53,7 +53,7 @@ impl Callgrind {
         let text = std::fs::read_to_string(newest.path())?;
         text.lines()
             .find_map(|l| l.strip_prefix("summary:").or_else(|| l.strip_prefix("totals:")))
-            .and_then(|n| n.trim().split_whitespace().next()?.parse().ok())
+            .and_then(|n| n.split_whitespace().next()?.parse().ok())
             .context("no totals in the callgrind dump")
     }
 }

@@ -61,6 +61,11 @@ pub(crate) fn run(rig: &Rig, plan: &Plan, tools: &Tools) -> Result<ShimAlone> {
     Ok(ShimAlone { shim: Run::median(&shims), raw: median(&raws), command })
 }
 
+fn median(raws: &[Raw]) -> Raw {
+    let mid = |f: fn(&Raw) -> f64| load::median(raws.iter().map(f));
+    Raw { rps: mid(|r| r.rps), mean: mid(|r| r.mean), p50: mid(|r| r.p50), p99: mid(|r| r.p99) }
+}
+
 #[cfg(test)]
 mod tests {
     /// `bench/tools/shim-callgrind.sh` sends this scenario's check; in the
@@ -72,9 +77,4 @@ mod tests {
         let hex: String = super::binary_body().expect("encodes").iter().map(|b| format!("{b:02x}")).collect();
         assert!(script.contains(&format!("BINARY={hex}")), "the script's binary body: BINARY={hex}");
     }
-}
-
-fn median(raws: &[Raw]) -> Raw {
-    let mid = |f: fn(&Raw) -> f64| load::median(raws.iter().map(f));
-    Raw { rps: mid(|r| r.rps), mean: mid(|r| r.mean), p50: mid(|r| r.p50), p99: mid(|r| r.p99) }
 }

@@ -345,8 +345,8 @@ fn run_per_key(
             }
             Op::Tick { g } => {
                 let local = now + offsets[g];
-                for k in 0..KEYS {
-                    if let Some(ask) = pools[g][k].tick(lease, local) {
+                for (k, pool) in pools[g].iter_mut().enumerate() {
+                    if let Some(ask) = pool.tick(lease, local) {
                         sent.push((Call { gateway: g, ask, asked_ms: local }, k));
                     }
                 }

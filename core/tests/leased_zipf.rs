@@ -108,7 +108,7 @@ fn simulate(lease: Leased, capacity: usize) -> f64 {
         let now = t0 + at;
         let ms = now / 1000;
         // The shim answers calls 1 ms after they were asked.
-        let due: Vec<_> = in_flight.iter().filter(|c| c.0 + 1 <= ms).cloned().collect();
+        let due: Vec<_> = in_flight.iter().filter(|c| c.0 < ms).cloned().collect();
         in_flight.retain(|c| c.0 + 1 > ms);
         for (asked, g, key, ask, _) in due {
             let back = ask.give_back.map(|b| (b.window, u64::from(b.tokens)));
@@ -131,9 +131,9 @@ fn simulate(lease: Leased, capacity: usize) -> f64 {
         }
         if ms >= next_tick {
             next_tick = ms + TICK_MS;
-            for w in 0..GATEWAYS * WORKERS {
+            for (w, keys) in tracked.iter().enumerate() {
                 let g = w / WORKERS;
-                for &key in &tracked[w] {
+                for &key in keys {
                     if let Some(ask) = pools[g].entry(key).or_default().tick(lease, ms) {
                         calls += 1;
                         in_flight.push((ms, g, key, ask, 0));

@@ -530,42 +530,42 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Wire {
 async fn release(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
     match parse::<ReleaseRequest>(&body) {
         Ok(req) => answer(limiter.release(&req).await),
-        Err(resp) => resp,
+        Err(err) => malformed(err),
     }
 }
 
 async fn renew(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
     match parse::<RenewRequest>(&body) {
         Ok(req) => answer(limiter.renew(&req).await),
-        Err(resp) => resp,
+        Err(err) => malformed(err),
     }
 }
 
 async fn shed(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
     match parse::<ShedRequest>(&body) {
         Ok(req) => answer(limiter.shed(&req).await),
-        Err(resp) => resp,
+        Err(err) => malformed(err),
     }
 }
 
 async fn adjust(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
     match parse::<AdjustRequest>(&body) {
         Ok(req) => answer(limiter.adjust(&req).await),
-        Err(resp) => resp,
+        Err(err) => malformed(err),
     }
 }
 
 async fn feedback(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
     match parse::<FeedbackRequest>(&body) {
         Ok(req) => answer(limiter.feedback(&req).await),
-        Err(resp) => resp,
+        Err(err) => malformed(err),
     }
 }
 
 async fn lease(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
     match parse::<LeaseRequest>(&body) {
         Ok(req) => answer(limiter.lease(&req).await),
-        Err(resp) => resp,
+        Err(err) => malformed(err),
     }
 }
 
@@ -588,12 +588,12 @@ async fn report(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
             }
             serde_json::json!({})
         })),
-        Err(resp) => resp,
+        Err(err) => malformed(err),
     }
 }
 
-fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, Response> {
-    serde_json::from_slice(body).map_err(malformed)
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, serde_json::Error> {
+    serde_json::from_slice(body)
 }
 
 fn malformed(err: impl std::fmt::Display) -> Response {

@@ -15,7 +15,7 @@ const TOKEN: &str = "tok-9f2c41d7e3b8a605";
 
 fn serve(redis_url: &str, extra: &[&str]) -> (Child, u16) {
     let port = sluice_harness::paths::free_port().expect("port");
-    let shim = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let mut shim = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--redis", redis_url])
         .args(extra)
         .env("RUST_LOG", "debug")
@@ -29,6 +29,8 @@ fn serve(redis_url: &str, extra: &[&str]) -> (Child, u16) {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    let _ = shim.kill();
+    let _ = shim.wait();
     panic!("the shim never listened on {port}");
 }
 

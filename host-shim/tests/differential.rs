@@ -867,7 +867,7 @@ fn run_waiting_case(
     let mut held: Vec<(String, Vec<Check>, u64, Vec<u64>)> = Vec::new();
     // The last request sent at once: its checks and, per limit, its reply's
     // held_until and refund counter.
-    let mut last_sent: Option<(Vec<Check>, Vec<(Option<Micros>, Micros)>)> = None;
+    let mut last_sent: Option<(Vec<Check>, Vec<Charge>)> = None;
     // What confirm.lua PUBLISHes for every shim: read after each confirm,
     // up to a marker this test publishes after it (one subscriber gets a
     // channel's messages in the order Redis took them).

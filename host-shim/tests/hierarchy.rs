@@ -54,7 +54,7 @@ fn requests(doc: &sluice_policies::Document, n: usize) -> Vec<Sent> {
             .header("x-org", &org)
             .header("x-team", &team)
             .header("x-api-key", &api_key)
-            .header("x-cost", &cost.to_string());
+            .header("x-cost", cost.to_string());
         let applied = doc.evaluate(&req).expect("no missing key");
         let check = applied.first().expect("the policy applies").check(&req);
         out.push(Sent { org, team, api_key, cost, check });

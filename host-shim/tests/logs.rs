@@ -17,7 +17,7 @@ const FORGED: &str = "2026-01-01T00:00:00.000000Z  INFO forged line";
 
 fn serve(redis_url: &str) -> (Child, u16) {
     let port = sluice_harness::paths::free_port().expect("port");
-    let shim = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let mut shim = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--redis", redis_url])
         .args(["--redis-timeout-ms", "200"])
         .env("RUST_LOG", "debug")
@@ -31,6 +31,8 @@ fn serve(redis_url: &str) -> (Child, u16) {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    let _ = shim.kill();
+    let _ = shim.wait();
     panic!("the shim never listened on {port}");
 }
 

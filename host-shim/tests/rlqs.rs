@@ -116,8 +116,11 @@ impl Open {
     }
 }
 
-/// Each action of a response, as (bucket id's pairs, what it says, ttl).
-fn actions(resp: &RateLimitQuotaResponse) -> Vec<(Vec<(String, String)>, String, i64)> {
+/// One action of a response: (bucket id's pairs, what it says, ttl).
+type Action = (Vec<(String, String)>, String, i64);
+
+/// Each action of a response.
+fn actions(resp: &RateLimitQuotaResponse) -> Vec<Action> {
     resp.bucket_action
         .iter()
         .map(|a| {

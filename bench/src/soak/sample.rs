@@ -27,8 +27,11 @@ pub(crate) struct Sample {
     pub(crate) rate: f64,
 }
 
-/// The series of a sample: (name, unit, value).
-pub(crate) const SERIES: [(&str, &str, fn(&Sample) -> f64); 8] = [
+/// One series of a sample: (name, unit, value).
+pub(crate) type Series = (&'static str, &'static str, fn(&Sample) -> f64);
+
+/// The series of a sample.
+pub(crate) const SERIES: [Series; 8] = [
     ("shim RSS", "MiB", |s| s.rss_mib),
     ("shim open fds", "fds", |s| s.fds),
     ("Redis used_memory", "MiB", |s| s.redis_mib),

@@ -286,7 +286,7 @@ async fn generate(
 fn request(class: Class, n: u64, fresh: &AtomicU64) -> (String, Vec<(&'static str, String)>) {
     match class {
         Class::Api => {
-            let who = if n % 10 == 0 {
+            let who = if n.is_multiple_of(10) {
                 format!("hot{}", n / 10 % HOT)
             } else {
                 format!("{}", fresh.fetch_add(1, Ordering::Relaxed))
@@ -302,7 +302,7 @@ fn request(class: Class, n: u64, fresh: &AtomicU64) -> (String, Vec<(&'static st
         Class::Lease => ("/lease/items".to_string(), Vec::new()),
         Class::Wait => ("/wait/orders".to_string(), vec![("x-partner", format!("p{}", n % PARTNERS))]),
         Class::Pool => {
-            let class = if n % 2 == 0 { "critical" } else { "batch" };
+            let class = if n.is_multiple_of(2) { "critical" } else { "batch" };
             (format!("/pool/{class}/jobs"), Vec::new())
         }
     }

@@ -174,12 +174,16 @@ fn two_envoys_share_one_window_never_over_it() {
     // the current turn's.
     let of = |s: &[u16], envoy_a: bool| -> Vec<u16> {
         let first = turn.get() + 1 - s.len();
-        s.iter().enumerate().filter(|(i, _)| ((first + i) % 2 == 0) == envoy_a).map(|(_, x)| *x).collect()
+        s.iter()
+            .enumerate()
+            .filter(|(i, _)| (first + i).is_multiple_of(2) == envoy_a)
+            .map(|(_, x)| *x)
+            .collect()
     };
     let statuses = until(
         || {
             turn.set(turn.get() + 1);
-            pool(if turn.get() % 2 == 0 { &a } else { &b }, "shared")
+            pool(if turn.get().is_multiple_of(2) { &a } else { &b }, "shared")
         },
         |s| {
             let admitted = admitted(s) as u64;

@@ -118,9 +118,9 @@ fn rolling_restart_of_two_shims_fails_no_request_and_stays_exact() {
 
     let tally = Tally::of(&sent);
     let mut busiest = 0;
-    for i in 0..keys.len() {
+    for (i, key) in keys.iter().enumerate() {
         let most = busiest_window(&admissions(&sent, &upstream, &[i]), WINDOW, start);
-        assert!(most <= LIMIT, "{}: {most} admitted in one window, limit {LIMIT}", keys[i]);
+        assert!(most <= LIMIT, "{key}: {most} admitted in one window, limit {LIMIT}");
         busiest = busiest.max(most);
     }
     let drains: Vec<String> = drains.iter().map(|d| format!("{:.1} s", d.as_secs_f64())).collect();

@@ -99,12 +99,12 @@ fn a_sentinel_failover_is_followed_by_the_shim() {
     assert!(tally.longest <= bound, "{fault}: a request waited {:?}", tally.longest);
 
     let (mut most_all, mut most_after) = (0, 0);
-    for i in 0..keys.len() {
+    for (i, key) in keys.iter().enumerate() {
         let adm = admissions(&sent, &upstream, &[i]);
         let all = busiest_window(&adm, WINDOW, start);
         let after = busiest_window(&adm, WINDOW, over);
-        assert!(all <= 2 * LIMIT, "{fault} {}: over 2x the limit across the failover: {all}", keys[i]);
-        assert!(after <= LIMIT, "{fault} {}: over the limit after the failover: {after}", keys[i]);
+        assert!(all <= 2 * LIMIT, "{fault} {key}: over 2x the limit across the failover: {all}");
+        assert!(after <= LIMIT, "{fault} {key}: over the limit after the failover: {after}");
         most_all = most_all.max(all);
         most_after = most_after.max(after);
     }
