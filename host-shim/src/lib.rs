@@ -9,6 +9,8 @@
 //! **Serving**: the request handler and what is around it.
 //! - [`server`]: the HTTP endpoints the filter calls, over HTTP/1.1 and
 //!   HTTP/2, in cleartext or mutual TLS; connection caps and deadlines.
+//! - [`threads`]: `--listeners per-thread`: a listener, a runtime and a Redis
+//!   connection per thread.
 //! - [`grpc`]: the gRPC faces, Envoy's own rate-limit protocols (RLS), on
 //!   `--grpc-listen`: translate to the policy document and the limiter.
 //! - [`limiter`]: the request handler: runs a check as one atomic Lua script
@@ -58,5 +60,6 @@ pub mod scripts;
 pub mod server;
 pub mod shed;
 pub mod store;
+pub mod threads;
 pub mod tls;
 pub mod wait;

@@ -108,6 +108,25 @@ impl Limiter {
         })
     }
 
+    /// This limiter on a Redis connection of its own, sharing all else (the
+    /// waiting, the metrics, the scripts, the shedder): for a thread that
+    /// serves its own listener (`--listeners per-thread`), whose checks then
+    /// go to Redis and back on that thread. Its request ids take a nonce of
+    /// their own. A waiting check still goes through the shared waiting's
+    /// connection.
+    pub fn on_own_connection(&self, how: &Connect<'_>) -> anyhow::Result<Limiter> {
+        Ok(Limiter {
+            store: Arc::new(RedisClient::connect(how)?.with_metrics(self.metrics.clone())),
+            scripts: self.scripts.clone(),
+            waiting: self.waiting.clone(),
+            shed: self.shed.clone(),
+            metrics: self.metrics.clone(),
+            eviction: self.eviction.clone(),
+            nonce: rand::random(),
+            sequence: AtomicU64::new(0),
+        })
+    }
+
     /// Egress waiting's share of the shim: what the waiting paths
     /// (`wait`, `queue`, `mixed`) are called with.
     pub fn waiting(&self) -> &Waiting {

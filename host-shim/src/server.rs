@@ -284,6 +284,18 @@ pub async fn run_shared(
 ) -> anyhow::Result<()> {
     let watcher = crate::eviction::watch(limiter.eviction.clone(), limiter.store.clone());
     let _stop_watching = AbortOnDrop(watcher);
+    run_another(listener, limiter, options, shutdown).await
+}
+
+/// [`run_shared`] without its watch of Redis's eviction policy: a further
+/// listener of the same shim, on a thread of its own (`--listeners
+/// per-thread`, see [`crate::threads`]).
+pub async fn run_another(
+    listener: impl Into<Listener>,
+    limiter: Arc<Limiter>,
+    options: Options,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let drain = limiter.drain().clone();
     let delay = options.drain_delay;
     let announced = drain.clone();
