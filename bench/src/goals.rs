@@ -41,6 +41,8 @@ pub(crate) fn section(
     }
     cpu(md, budget)?;
     goal(md, "E", "shim ÷ its raw script call, decisions/s", shim.shim.rps / shim.raw.rps, 0.9, false)?;
+    let per_thread = shim.per_thread.rps / shim.raw.rps;
+    goal(md, "E", "shim per thread ÷ its raw script call, decisions/s", per_thread, 0.9, false)?;
     waits(md, egress)?;
     writeln!(
         md,

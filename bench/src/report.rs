@@ -530,6 +530,15 @@ fn shim(md: &mut String, s: &ShimAlone) -> std::fmt::Result {
         shim.p99,
         shim.other_than(200)
     )?;
+    let threaded = &s.per_thread;
+    writeln!(
+        md,
+        "| `sluice serve --listeners per-thread`, the same | {:.0} | {:.3} | {:.3} | {} |",
+        threaded.rps,
+        threaded.p50,
+        threaded.p99,
+        threaded.other_than(200)
+    )?;
     writeln!(
         md,
         "| redis-benchmark, the same script call | {:.0} | {:.3} | {:.3} | |",
@@ -537,8 +546,9 @@ fn shim(md: &mut String, s: &ShimAlone) -> std::fmt::Result {
     )?;
     writeln!(
         md,
-        "\nRatio shim ÷ raw: **{:.2}×**. The replayed command, as the shim sent it:\n",
-        shim.rps / s.raw.rps
+        "\nRatio shim ÷ raw: **{:.2}×**; per thread ÷ raw: **{:.2}×**. The replayed command, as the shim sent it:\n",
+        shim.rps / s.raw.rps,
+        threaded.rps / s.raw.rps
     )?;
     let shown: Vec<String> =
         s.command.iter().map(|a| if a.is_empty() { "''".into() } else { a.clone() }).collect();

@@ -2,9 +2,12 @@
 //! (oha POSTs one fixed check to `/v1/check`, in the binary wire as the
 //! filter sends it) against redis-benchmark sending
 //! the shim's own script call (FCALL) straight to the same Redis, with as many
-//! connections. The two alternate, in a different order each round.
+//! connections; and a second shim on the same Redis with a listener, a
+//! runtime and a Redis connection per thread (`--listeners per-thread`). The
+//! three take turns, in a different order each round.
 
 use anyhow::{Context, Result};
+use sluice_harness::Shim;
 use sluice_policies::wire::{CheckRequest, Encoding};
 
 use super::load::{self, Body, Run, Shape, Target};
@@ -22,6 +25,8 @@ const IDS: u64 = 2_000_000_000;
 
 pub(crate) struct ShimAlone {
     pub(crate) shim: Run,
+    /// The same, `sluice serve --listeners per-thread`.
+    pub(crate) per_thread: Run,
     pub(crate) raw: Raw,
     /// The script call replayed, with its placeholders.
     pub(crate) command: Vec<String>,
@@ -43,22 +48,33 @@ pub(crate) fn run(rig: &Rig, plan: &Plan, tools: &Tools) -> Result<ShimAlone> {
     let command = redis_bench::template(&commands, "bench-shim", |_, _| RAND.to_string())?;
 
     let shim = || load::run(&tools.oha, &target, &Shape::Max { for_: plan.max }, plan.connections);
+    let redis_url = rig.redis.url();
+    let threaded = Shim::start_args(&["--redis", &redis_url, "--listeners", "per-thread"])?;
+    let threaded_target = Target::post(format!("http://127.0.0.1:{}/v1/check", threaded.port), body);
+    let per_thread =
+        || load::run(&tools.oha, &threaded_target, &Shape::Max { for_: plan.max }, plan.connections);
     let raw = || {
         let port = rig.redis.port;
         redis_bench::run(&tools.redis_benchmark, port, plan.connections, plan.evalsha_requests, IDS, &command)
     };
-    let (mut shims, mut raws) = (Vec::new(), Vec::new());
+    let (mut shims, mut threads, mut raws) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..plan.rounds {
         eprintln!("bench: shim alone round {}/{}", round + 1, plan.rounds);
-        if round % 2 == 0 {
-            shims.push(shim()?);
-            raws.push(raw()?);
-        } else {
-            raws.push(raw()?);
-            shims.push(shim()?);
+        // Each of the three first, second and third in turn.
+        for turn in 0..3 {
+            match (round + turn) % 3 {
+                0 => shims.push(shim()?),
+                1 => threads.push(per_thread()?),
+                _ => raws.push(raw()?),
+            }
         }
     }
-    Ok(ShimAlone { shim: Run::median(&shims), raw: median(&raws), command })
+    Ok(ShimAlone {
+        shim: Run::median(&shims),
+        per_thread: Run::median(&threads),
+        raw: median(&raws),
+        command,
+    })
 }
 
 fn median(raws: &[Raw]) -> Raw {
