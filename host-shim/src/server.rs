@@ -579,7 +579,7 @@ async fn report(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
         return (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response();
     }
     match parse::<ReportRequest>(&body) {
-        Ok(req) => answer(req.validate().map_err(CheckError::BadRequest).map(|()| {
+        Ok(req) => answer(req.validate().map_err(CheckError::from).map(|()| {
             for passes in &req.passes {
                 limiter.metrics.traffic.passed(&passes.policy, passes.count);
             }
