@@ -579,16 +579,19 @@ fn levels(raw: &RawPolicy) -> Result<(Vec<Limit>, Vec<Level>), Invalid> {
     let mut above: (&str, &[KeySource]) = ("the policy's `key`", &raw.key);
     for (i, level) in raw.levels.iter().enumerate() {
         if out.iter().any(|l| l.name == level.name) {
-            return Err(Invalid::new(format!("levels[{i}]: duplicate level name \"{}\"", level.name)));
+            return Err(Invalid::at(
+                format!("levels[{i}]"),
+                format!("duplicate level name \"{}\"", level.name),
+            ));
         }
         if level.limits.is_empty() {
-            return Err(Invalid::new(format!("levels[{i}]: a level needs at least one limit")));
+            return Err(Invalid::at(format!("levels[{i}]"), "a level needs at least one limit"));
         }
         if level.key.len() > MAX_KEY_SOURCES {
-            return Err(Invalid::new(format!(
-                "levels[{i}]: {} key sources, more than the {MAX_KEY_SOURCES} a level may have",
-                level.key.len()
-            )));
+            return Err(Invalid::at(
+                format!("levels[{i}]"),
+                format!("{} key sources, more than the {MAX_KEY_SOURCES} a level may have", level.key.len()),
+            ));
         }
         if !level.key.starts_with(above.1) {
             let show = |key: &[KeySource]| {
@@ -910,9 +913,10 @@ fn shared_budgets(policies: &[Policy]) -> Result<(), Invalid> {
     for (i, policy) in policies.iter().enumerate() {
         let Some(budget) = &policy.budget else { continue };
         if policies.iter().any(|p| &p.name == budget) {
-            return Err(Invalid::new(format!(
-                "policies[{i}]: budget \"{budget}\" is the name of a policy: give the budget a name of its own"
-            )));
+            return Err(Invalid::at(
+                format!("policies[{i}]"),
+                format!("budget \"{budget}\" is the name of a policy: give the budget a name of its own"),
+            ));
         }
         let Some(first) = policies[..i].iter().position(|p| p.budget.as_ref() == Some(budget)) else {
             continue;
@@ -924,8 +928,8 @@ fn shared_budgets(policies: &[Policy]) -> Result<(), Invalid> {
         } else {
             continue;
         };
-        return Err(Invalid::new(format!(
-            "policies[{i}]: budget \"{budget}\" is shared with policies[{first}], whose {differs}: policies that share a budget charge the same counters, so they need the same `key` and `limits`"
+        return Err(Invalid::at(format!("policies[{i}]"), format!(
+            "budget \"{budget}\" is shared with policies[{first}], whose {differs}: policies that share a budget charge the same counters, so they need the same `key` and `limits`"
         )));
     }
     Ok(())
