@@ -79,28 +79,31 @@ pub struct Decoded {
 /// one bucket within a message are added up.
 pub fn decode(msg: &RateLimitQuotaUsageReports, domain: Option<&str>) -> Result<Decoded, Invalid> {
     let domain = match (domain, msg.domain.as_str()) {
-        (None, "") => return Err(Invalid::new("domain: the stream's first report must name its domain")),
+        (None, "") => return Err(Invalid::at("domain", "the stream's first report must name its domain")),
         (None, d) if d.len() > MAX_DOMAIN_LEN => {
-            return Err(Invalid::new(format!(
-                "domain: expected 1 to {MAX_DOMAIN_LEN} bytes, got {}",
-                d.len()
-            )))
+            return Err(Invalid::at(
+                "domain",
+                format!("expected 1 to {MAX_DOMAIN_LEN} bytes, got {}", d.len()),
+            ))
         }
         (None, d) => d,
         (Some(d), "") => d,
         (Some(d), other) if other == d => d,
         (Some(d), other) => {
-            return Err(Invalid::new(format!(
-                "domain: the stream's domain is {d:?}; a report cannot change it to {:?}",
-                other.get(..64).unwrap_or(other)
-            )))
+            return Err(Invalid::at(
+                "domain",
+                format!(
+                    "the stream's domain is {d:?}; a report cannot change it to {:?}",
+                    other.get(..64).unwrap_or(other)
+                ),
+            ))
         }
     };
     if msg.bucket_quota_usages.len() > MAX_REPORTED {
-        return Err(Invalid::new(format!(
-            "bucket_quota_usages: at most {MAX_REPORTED} buckets in a report, got {}",
-            msg.bucket_quota_usages.len()
-        )));
+        return Err(Invalid::at(
+            "bucket_quota_usages",
+            format!("at most {MAX_REPORTED} buckets in a report, got {}", msg.bucket_quota_usages.len()),
+        ));
     }
     let mut reports: Vec<Report> = Vec::with_capacity(msg.bucket_quota_usages.len());
     for (i, usage) in msg.bucket_quota_usages.iter().enumerate() {

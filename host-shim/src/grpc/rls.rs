@@ -81,51 +81,55 @@ pub use sluice_policies::plan::{plan, Checks, Descriptor, Plan, Planned};
 /// The request's descriptors, or why it is refused (`INVALID_ARGUMENT`).
 pub fn decode(req: &RateLimitRequest) -> Result<Vec<Descriptor>, Invalid> {
     if req.domain.is_empty() || req.domain.len() > MAX_DOMAIN_LEN {
-        return Err(Invalid::new(format!(
-            "domain: expected 1 to {MAX_DOMAIN_LEN} bytes, got {}",
-            req.domain.len()
-        )));
+        return Err(Invalid::at(
+            "domain",
+            format!("expected 1 to {MAX_DOMAIN_LEN} bytes, got {}", req.domain.len()),
+        ));
     }
     if req.descriptors.is_empty() || req.descriptors.len() > MAX_DESCRIPTORS {
-        return Err(Invalid::new(format!(
-            "descriptors: expected 1 to {MAX_DESCRIPTORS} descriptors, got {}",
-            req.descriptors.len()
-        )));
+        return Err(Invalid::at(
+            "descriptors",
+            format!("expected 1 to {MAX_DESCRIPTORS} descriptors, got {}", req.descriptors.len()),
+        ));
     }
     let mut out = Vec::with_capacity(req.descriptors.len());
     for (i, d) in req.descriptors.iter().enumerate() {
         // No entries is a descriptor too: Envoy sends one, in its place,
         // where every action of a rate limit was skipped.
         if d.entries.len() > MAX_ENTRIES {
-            return Err(Invalid::new(format!(
-                "descriptors[{i}].entries: expected at most {MAX_ENTRIES} entries, got {}",
-                d.entries.len()
-            )));
+            return Err(Invalid::at(
+                format!("descriptors[{i}].entries"),
+                format!("expected at most {MAX_ENTRIES} entries, got {}", d.entries.len()),
+            ));
         }
         if d.is_negative_hits {
-            return Err(Invalid::new(format!(
-                "descriptors[{i}].is_negative_hits: not supported: Sluice's windows are not refilled by a descriptor"
-            )));
+            return Err(Invalid::at(
+                format!("descriptors[{i}].is_negative_hits"),
+                "not supported: Sluice's windows are not refilled by a descriptor",
+            ));
         }
         let hits = d.hits_addend.as_ref().map_or(u64::from(req.hits_addend), |h| h.value);
         let hits = u32::try_from(hits)
             .map_err(|_| {
-                Invalid::new(format!("descriptors[{i}].hits_addend: {hits} is more than {}", u32::MAX))
+                Invalid::at(
+                    format!("descriptors[{i}].hits_addend"),
+                    format!("{hits} is more than {}", u32::MAX),
+                )
             })?
             .max(1);
         let mut request = SimpleRequest::default().domain(&req.domain).index(i);
         for (j, entry) in d.entries.iter().enumerate() {
             if entry.key.is_empty() || entry.key.len() > MAX_SOURCE_NAME_LEN {
-                return Err(Invalid::new(format!(
-                    "descriptors[{i}].entries[{j}].key: expected 1 to {MAX_SOURCE_NAME_LEN} bytes, got {}",
-                    entry.key.len()
-                )));
+                return Err(Invalid::at(
+                    format!("descriptors[{i}].entries[{j}].key"),
+                    format!("expected 1 to {MAX_SOURCE_NAME_LEN} bytes, got {}", entry.key.len()),
+                ));
             }
             if entry.value.len() > MAX_VALUE_LEN {
-                return Err(Invalid::new(format!(
-                    "descriptors[{i}].entries[{j}].value: at most {MAX_VALUE_LEN} bytes, got {}",
-                    entry.value.len()
-                )));
+                return Err(Invalid::at(
+                    format!("descriptors[{i}].entries[{j}].value"),
+                    format!("at most {MAX_VALUE_LEN} bytes, got {}", entry.value.len()),
+                ));
             }
             request = request.entry(&entry.key, &entry.value);
         }
