@@ -7,6 +7,7 @@ use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::{Adjustment, Check, CheckOutcome, CheckRequest, CheckResponse, Views, WireLimit};
 use sluice_policies::{Document, Limit};
 
+use crate::decision::NoAnswer;
 use crate::host::Host;
 
 pub struct CheckCall {
@@ -28,7 +29,7 @@ pub struct CheckCall {
     /// counts its deadline from here.
     pub sent_ms: u64,
     /// The answer, or why there is none; taken when the request is decided.
-    pub answer: Option<Result<CheckResponse, String>>,
+    pub answer: Option<Result<CheckResponse, NoAnswer>>,
     pub admitted: bool,
     /// The id this call sends with its check, given when it is sent: the
     /// shim names the request's lease with it, so a lease can be released even

@@ -1,11 +1,33 @@
 //! Reading the shim's answer to a check call.
 
 use sluice_policies::units::Millis;
-use sluice_policies::wire::{Check, CheckResponse, Encoding};
+use sluice_policies::wire::{Check, CheckResponse, Encoding, WireError};
 
 /// The check and its answer go in the binary wire (docs/performance.md,
 /// "Levers measured"); the other calls in JSON.
 pub const CHECK_ENCODING: Encoding = Encoding::Binary;
+
+/// Why a check call has no usable answer: `failure_mode` decides the
+/// request, and the reason is logged.
+#[derive(Debug, thiserror::Error)]
+pub enum NoAnswer {
+    /// The adapter could not send the call; its words.
+    #[error("{0}")]
+    NotSent(String),
+    #[error("cannot encode the check: {0}")]
+    Encode(WireError),
+    #[error("the shim breaker is open")]
+    BreakerOpen,
+    #[error("no response from the shim (unreachable, reset or timed out)")]
+    NoResponse,
+    /// A status other than 200, with the body's text.
+    #[error("shim answered {status}: {body}")]
+    Refused { status: String, body: String },
+    #[error("malformed shim answer: {0}")]
+    Malformed(WireError),
+    #[error("shim answered {answered} checks for {asked} asked, or not one outcome per limit")]
+    Mismatch { answered: usize, asked: usize },
+}
 
 /// The shim's answer to `checks`, or why it is no usable answer (and
 /// `failure_mode` decides). `status` is the `:status` header, `None` when the
@@ -15,25 +37,22 @@ pub fn read_answer(
     status: Option<&[u8]>,
     body: Option<&[u8]>,
     checks: &[Check],
-) -> Result<CheckResponse, String> {
+) -> Result<CheckResponse, NoAnswer> {
     let Some(status) = status else {
-        return Err("no response from the shim (unreachable, reset or timed out)".into());
+        return Err(NoAnswer::NoResponse);
     };
     if status != b"200" {
-        let shown = String::from_utf8_lossy(status);
-        let reason = body.map(String::from_utf8_lossy).unwrap_or_default();
-        return Err(format!("shim answered {shown}: {}", reason.trim()));
+        let body = body.map(String::from_utf8_lossy).unwrap_or_default();
+        return Err(NoAnswer::Refused {
+            status: String::from_utf8_lossy(status).into_owned(),
+            body: body.trim().to_string(),
+        });
     }
-    let resp: CheckResponse =
-        encoding.decode(body.unwrap_or_default()).map_err(|err| format!("malformed shim answer: {err}"))?;
+    let resp: CheckResponse = encoding.decode(body.unwrap_or_default()).map_err(NoAnswer::Malformed)?;
     if resp.checks.len() != checks.len()
         || resp.checks.iter().zip(checks).any(|(o, c)| o.limits.len() != c.limits.len())
     {
-        return Err(format!(
-            "shim answered {} checks for {} asked, or not one outcome per limit",
-            resp.checks.len(),
-            checks.len()
-        ));
+        return Err(NoAnswer::Mismatch { answered: resp.checks.len(), asked: checks.len() });
     }
     Ok(resp)
 }

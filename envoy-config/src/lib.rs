@@ -59,19 +59,25 @@ pub enum ShimAddress {
 /// The prefix of a Unix socket's [`ShimAddress`].
 pub const UNIX_PREFIX: &str = "unix:";
 
+/// Why a text is not a [`ShimAddress`]; each variant holds the text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AddressError {
+    #[error("{0:?}: a Unix socket needs a path, as in unix:/run/sluice/shim.sock")]
+    NoPath(String),
+    #[error("{0:?}: a Unix socket's path must be absolute, as in unix:/run/sluice/shim.sock")]
+    Relative(String),
+    #[error("{0:?}: expected HOST:PORT (an IP address and a port) or unix:/PATH")]
+    NotAnAddress(String),
+}
+
 impl std::str::FromStr for ShimAddress {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = AddressError;
+    fn from_str(s: &str) -> Result<Self, AddressError> {
         match s.strip_prefix(UNIX_PREFIX) {
-            Some("") => Err(format!("{s:?}: a Unix socket needs a path, as in unix:/run/sluice/shim.sock")),
-            Some(path) if !path.starts_with('/') => {
-                Err(format!("{s:?}: a Unix socket's path must be absolute, as in unix:/run/sluice/shim.sock"))
-            }
+            Some("") => Err(AddressError::NoPath(s.to_string())),
+            Some(path) if !path.starts_with('/') => Err(AddressError::Relative(s.to_string())),
             Some(path) => Ok(ShimAddress::Unix(PathBuf::from(path))),
-            None => s
-                .parse()
-                .map(ShimAddress::Tcp)
-                .map_err(|_| format!("{s:?}: expected HOST:PORT (an IP address and a port) or unix:/PATH")),
+            None => s.parse().map(ShimAddress::Tcp).map_err(|_| AddressError::NotAnAddress(s.to_string())),
         }
     }
 }
@@ -227,7 +233,7 @@ mod tests {
             ("localhost:8181", "expected HOST:PORT"),
             ("8181", "expected HOST:PORT"),
         ] {
-            let err = bad.parse::<ShimAddress>().expect_err(bad);
+            let err = bad.parse::<ShimAddress>().expect_err(bad).to_string();
             assert!(err.contains(says), "{bad}: {err}");
         }
     }

@@ -18,6 +18,13 @@ pub enum CheckError {
     Store(String),
 }
 
+/// A request refused by the checks of the wire or of its keys.
+impl From<sluice_policies::Invalid> for CheckError {
+    fn from(invalid: sluice_policies::Invalid) -> CheckError {
+        CheckError::BadRequest(invalid.to_string())
+    }
+}
+
 /// One slot's answer to a check.
 pub(crate) struct SlotReply {
     pub allowed: bool,

@@ -17,7 +17,7 @@ pub use sluice_policies::bounds::{MAX_ADJUSTMENTS, MAX_CHECKS, MAX_LIMITS};
 use sluice_policies::key::is_encoded;
 use sluice_policies::units::Micros;
 use sluice_policies::wire::{Adjustment, Check, LeaseRequest, WireLimit};
-use sluice_policies::PolicyName;
+use sluice_policies::{Invalid, PolicyName};
 
 /// A limit as the scripts take it: its state key and its algorithm.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,31 +46,34 @@ pub fn clock_us(now: &str) -> u64 {
 }
 
 /// `sluice:{<policy>:<key>}`, after checking both parts.
-pub fn tag(policy: &str, key: &str) -> Result<String, String> {
+pub fn tag(policy: &str, key: &str) -> Result<String, Invalid> {
     if PolicyName::new(policy).is_none() {
-        return Err(format!("invalid policy name {policy:?}"));
+        return Err(Invalid::new(format!("invalid policy name {policy:?}")));
     }
     if !is_encoded(key) {
-        return Err("not an encoded key".to_string());
+        return Err(Invalid::new("not an encoded key"));
     }
     Ok(sluice_policies::wire::hash_tag(policy, key))
 }
 
 /// A check's levels, checked: valid names and keys, each level starting
 /// after the one before, with at least one limit each and one for the top.
-fn check_levels(check: &Check) -> Result<(), String> {
+fn check_levels(check: &Check) -> Result<(), Invalid> {
     let mut from = 0;
     for (i, level) in check.levels.iter().enumerate() {
         if PolicyName::new(&level.level.name).is_none() {
-            return Err(format!("levels[{i}].name: invalid level name {:?}", level.level.name));
+            return Err(Invalid::at(
+                format!("levels[{i}].name"),
+                format!("invalid level name {:?}", level.level.name),
+            ));
         }
         if !is_encoded(&level.level.key) {
-            return Err(format!("levels[{i}].key: not an encoded key"));
+            return Err(Invalid::at(format!("levels[{i}].key"), "not an encoded key"));
         }
         if level.from <= from || level.from >= check.limits.len() {
-            return Err(format!(
-                "levels[{i}].from: {} is not after the level above it and within the limits",
-                level.from
+            return Err(Invalid::at(
+                format!("levels[{i}].from"),
+                format!("{} is not after the level above it and within the limits", level.from),
             ));
         }
         from = level.from;
@@ -78,7 +81,7 @@ fn check_levels(check: &Check) -> Result<(), String> {
     Ok(())
 }
 
-fn script_limit(tag: &str, limit: &WireLimit) -> Result<ScriptLimit, String> {
+fn script_limit(tag: &str, limit: &WireLimit) -> Result<ScriptLimit, Invalid> {
     limit.validate()?;
     let algorithm = Algorithm::of(limit);
     Ok(ScriptLimit { key: algorithm.state_key(tag), algorithm })
@@ -86,27 +89,32 @@ fn script_limit(tag: &str, limit: &WireLimit) -> Result<ScriptLimit, String> {
 
 /// The state keys of `limits` under `prefix` (a check's hash tag, or a
 /// level's key under it), each limit checked.
-pub fn state_keys(prefix: &str, limits: &[WireLimit]) -> Result<Vec<ScriptLimit>, String> {
+pub fn state_keys(prefix: &str, limits: &[WireLimit]) -> Result<Vec<ScriptLimit>, Invalid> {
     (limits.iter().enumerate())
-        .map(|(j, limit)| script_limit(prefix, limit).map_err(|e| format!("limits[{j}]: {e}")))
+        .map(|(j, limit)| script_limit(prefix, limit).map_err(|e| e.within(&format!("limits[{j}]"))))
         .collect()
 }
 
 /// Validates `checks` and returns the limits of all of them, in order.
-pub fn script_limits(checks: &[Check]) -> Result<Vec<ScriptLimit>, String> {
+pub fn script_limits(checks: &[Check]) -> Result<Vec<ScriptLimit>, Invalid> {
     if checks.len() > MAX_CHECKS {
-        return Err(format!("too many checks: {} (at most {MAX_CHECKS})", checks.len()));
+        return Err(Invalid::new(format!("too many checks: {} (at most {MAX_CHECKS})", checks.len())));
     }
     let mut out = Vec::new();
     for (i, check) in checks.iter().enumerate() {
-        tag(&check.policy, &check.key).map_err(|e| format!("checks[{i}]: {e}"))?;
+        tag(&check.policy, &check.key).map_err(|e| e.within(&format!("checks[{i}]")))?;
         if check.limits.is_empty() || check.limits.len() > MAX_LIMITS {
-            return Err(format!("checks[{i}].limits: expected 1 to {MAX_LIMITS} limits"));
+            return Err(Invalid::at(
+                format!("checks[{i}].limits"),
+                format!("expected 1 to {MAX_LIMITS} limits"),
+            ));
         }
-        check_levels(check).map_err(|e| format!("checks[{i}].{e}"))?;
+        check_levels(check).map_err(|e| e.within(&format!("checks[{i}]")))?;
         for (j, limit) in check.limits.iter().enumerate() {
             let prefix = check.state_prefix(j);
-            out.push(script_limit(&prefix, limit).map_err(|e| format!("checks[{i}].limits[{j}]: {e}"))?);
+            out.push(
+                script_limit(&prefix, limit).map_err(|e| e.within(&format!("checks[{i}].limits[{j}]")))?,
+            );
         }
     }
     // The partner's pauses come after every limit, in the checks' order
@@ -121,29 +129,32 @@ pub fn script_limits(checks: &[Check]) -> Result<Vec<ScriptLimit>, String> {
     let mut keys: Vec<&str> = out.iter().map(|l| l.key.as_str()).collect();
     keys.sort_unstable();
     if let Some(pair) = keys.windows(2).find(|w| w[0] == w[1]) {
-        return Err(format!("two limits share the key {}", pair[0]));
+        return Err(Invalid::new(format!("two limits share the key {}", pair[0])));
     }
     Ok(out)
 }
 
 /// The keys of the partner's pause and of the rate its refusals taught,
 /// for `policy`'s `key` (upstream feedback).
-pub fn feedback_keys(policy: &str, key: &str) -> Result<[String; 2], String> {
+pub fn feedback_keys(policy: &str, key: &str) -> Result<[String; 2], Invalid> {
     let tag = tag(policy, key)?;
     Ok([Algorithm::Pause, Algorithm::Rate].map(|a| a.state_key(&tag)))
 }
 
 /// The state key of a leased policy's window, after checking the request.
-pub fn lease_key(req: &LeaseRequest) -> Result<ScriptLimit, String> {
+pub fn lease_key(req: &LeaseRequest) -> Result<ScriptLimit, Invalid> {
     req.validate()?;
     let tag = tag(&req.policy, &req.key)?;
-    script_limit(&tag, &req.limit).map_err(|e| format!("limit: {e}"))
+    script_limit(&tag, &req.limit).map_err(|e| e.within("limit"))
 }
 
 /// The points corrections as the adjust script takes them.
-pub fn script_adjustments(adjustments: &[Adjustment]) -> Result<Vec<Correction>, String> {
+pub fn script_adjustments(adjustments: &[Adjustment]) -> Result<Vec<Correction>, Invalid> {
     if adjustments.len() > MAX_ADJUSTMENTS {
-        return Err(format!("too many adjustments: {} (at most {MAX_ADJUSTMENTS})", adjustments.len()));
+        return Err(Invalid::new(format!(
+            "too many adjustments: {} (at most {MAX_ADJUSTMENTS})",
+            adjustments.len()
+        )));
     }
     adjustments
         .iter()
@@ -152,29 +163,32 @@ pub fn script_adjustments(adjustments: &[Adjustment]) -> Result<Vec<Correction>,
             let (WireLimit::Points { cost, capacity, .. } | WireLimit::CalendarPoints { cost, capacity, .. }) =
                 a.limit
             else {
-                return Err(format!("adjustments[{i}].limit: only points limits are adjusted"));
+                return Err(Invalid::at(format!("adjustments[{i}].limit"), "only points limits are adjusted"));
             };
             // An actual cost beyond the capacity could drive the bucket
             // into years of debt (see `sluice_policies::cost`).
             if a.actual > capacity {
-                return Err(format!("adjustments[{i}].actual: {} exceeds the capacity {capacity}", a.actual));
+                return Err(Invalid::at(
+                    format!("adjustments[{i}].actual"),
+                    format!("{} exceeds the capacity {capacity}", a.actual),
+                ));
             }
-            let mut tag = tag(&a.policy, &a.key).map_err(|e| format!("adjustments[{i}]: {e}"))?;
+            let mut tag = tag(&a.policy, &a.key).map_err(|e| e.within(&format!("adjustments[{i}]")))?;
             if let Some(level) = &a.level {
                 if PolicyName::new(&level.name).is_none() || !is_encoded(&level.key) {
-                    return Err(format!("adjustments[{i}].level: invalid level name or key"));
+                    return Err(Invalid::at(format!("adjustments[{i}].level"), "invalid level name or key"));
                 }
                 tag = level.under(&tag);
             }
-            let limit = script_limit(&tag, &a.limit).map_err(|e| format!("adjustments[{i}].limit: {e}"))?;
+            let limit = script_limit(&tag, &a.limit).map_err(|e| e.within(&format!("adjustments[{i}].limit")))?;
             // A calendar window's counter takes interval 0 (calendar.lua).
             let interval_us = match limit.algorithm {
                 Algorithm::Gcra { interval_us, .. } => interval_us.get(),
                 Algorithm::Calendar { .. } => 0,
-                _ => return Err(format!("adjustments[{i}].limit: not a bucket")),
+                _ => return Err(Invalid::at(format!("adjustments[{i}].limit"), "not a bucket")),
             };
             if a.id.as_deref().is_some_and(|id| !valid_id(id)) {
-                return Err(format!("adjustments[{i}].id: expected 1 to 64 of A-Z a-z 0-9 . _ -"));
+                return Err(Invalid::at(format!("adjustments[{i}].id"), "expected 1 to 64 of A-Z a-z 0-9 . _ -"));
             }
             Ok(Correction {
                 key: limit.key,

@@ -22,6 +22,7 @@ use sluice_policies::wire::{
     LeaseRequest, LeaseResponse, LimitOutcome, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse,
     ShedRequest, ShedResponse, Views, COUNT_REFUSED, NO_RESET_WHEN_ADMITTED,
 };
+use sluice_policies::Invalid;
 
 pub use crate::decision::CheckError;
 use crate::decision::{by_check, decode, store_error, SlotReply};
@@ -173,7 +174,7 @@ impl Limiter {
         req: &CheckRequest<'_>,
         refusals: Refusals,
     ) -> Result<CheckResponse, CheckError> {
-        let limits = script_limits(&req.checks).map_err(CheckError::BadRequest)?;
+        let limits = script_limits(&req.checks)?;
         let counted = refusals == Refusals::Counted;
         if counted
             && (req.wait_ms.is_some_and(|w| w.get() > 0) || !limits.iter().all(|l| l.algorithm.is_window()))
@@ -201,7 +202,7 @@ impl Limiter {
         };
         let wait_us = req.wait_ms.unwrap_or_default().as_micros().get();
         if wait_us > 0 {
-            crate::wait::refuse_unsupported(&limits, wait_us).map_err(CheckError::BadRequest)?;
+            crate::wait::refuse_unsupported(&limits, wait_us)?;
         }
         if req.checks.iter().any(|c| c.margin_ms.is_some_and(|m| m.get() > crate::wait::MAX_WAIT_MS)) {
             return Err(CheckError::BadRequest(format!(
@@ -392,7 +393,7 @@ impl Limiter {
     /// Load shedding: records a gateway's utilization report for a policy
     /// (or, without one, only reads) and answers the fleet's shed level.
     pub async fn shed(&self, req: &ShedRequest) -> Result<ShedResponse, CheckError> {
-        let settings = req.settings().map_err(CheckError::BadRequest)?;
+        let settings = req.settings()?;
         if req.now_ms.is_some() && !self.waiting.test_time {
             return Err(CheckError::BadRequest("now_ms is honoured only with --test-time".into()));
         }
@@ -402,13 +403,13 @@ impl Limiter {
             }
             None => self.shed.read(&self.store, &req.policy, req.classes).await,
         };
-        level.map(|l| ShedResponse { level: l.level }).map_err(CheckError::BadRequest)
+        level.map(|l| ShedResponse { level: l.level }).map_err(|e| CheckError::BadRequest(e.to_string()))
     }
 
     /// Charges or refunds points once the true costs are known, each
     /// settlement once per key (`lua/lib/settle.lua`): what each moved.
     pub async fn adjust(&self, req: &AdjustRequest) -> Result<AdjustResponse, CheckError> {
-        let adjustments = script_adjustments(&req.adjustments).map_err(CheckError::BadRequest)?;
+        let adjustments = script_adjustments(&req.adjustments)?;
         let now = self.time_arg(req.now_us)?;
         let mut moved = vec![0; adjustments.len()];
         // One call per key keeps every call in one slot.
@@ -432,7 +433,7 @@ impl Limiter {
     /// to `want` more of the window (`lua/scripts/lease.lua`) or the bucket
     /// (`lua/scripts/lease_bucket.lua`), in one atomic call.
     pub async fn lease(&self, req: &LeaseRequest) -> Result<LeaseResponse, CheckError> {
-        let limit = lease_key(req).map_err(CheckError::BadRequest)?;
+        let limit = lease_key(req)?;
         let now = self.time_arg(req.now_us)?;
         let mut call = match (limit.algorithm, req.ttl_ms) {
             (Algorithm::FixedWindow { limit: most, window_us, .. }, None) => {
@@ -486,15 +487,15 @@ impl Limiter {
         let mut out = FeedbackResponse { extended: 0, slowed: 0 };
         // One call per key keeps every call in one slot.
         for (i, pause) in req.pauses.iter().enumerate() {
-            let bad = |e: String| CheckError::BadRequest(format!("pauses[{i}]{e}"));
+            let at = format!("pauses[{i}]");
             let [pause_key, rate_key] =
-                feedback_keys(&pause.policy, &pause.key).map_err(|e| bad(format!(": {e}")))?;
+                feedback_keys(&pause.policy, &pause.key).map_err(|e| e.within(&at))?;
             if pause.pause_ms.get() > MAX_PAUSE_MS {
-                return Err(bad(format!(".pause_ms: at most {MAX_PAUSE_MS}")));
+                return Err(Invalid::at("pause_ms", format!("at most {MAX_PAUSE_MS}")).within(&at).into());
             }
             let slow = match &pause.slow {
                 Some(slow) => {
-                    slow.validate().map_err(|e| bad(format!(".slow.{e}")))?;
+                    slow.validate().map_err(|e| e.within("slow").within(&at))?;
                     [slow.decrease_ppm, slow.recover_ms.as_micros().get(), slow.min_ppm]
                 }
                 None => [0, 0, 0],
@@ -545,7 +546,7 @@ fn unasked(algorithm: &Algorithm) -> LimitOutcome {
 /// Admitted: 0. Denied: the longest wait of any denying slot, unknown if any is.
 /// The concurrency limits a release or renewal names, checked.
 fn lease_limits(req: &ReleaseRequest) -> Result<Vec<ScriptLimit>, CheckError> {
-    let limits = script_limits(&req.checks).map_err(CheckError::BadRequest)?;
+    let limits = script_limits(&req.checks)?;
     if req.lease.is_empty() || req.lease.len() > 64 {
         return Err(CheckError::BadRequest("a lease id is 1 to 64 bytes".into()));
     }

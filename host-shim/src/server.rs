@@ -460,6 +460,21 @@ async fn accept_loop(
     }
 }
 
+/// Why a connection closed before its client did; logged.
+#[derive(Debug, thiserror::Error)]
+enum ConnectionError {
+    #[error("TLS handshake timed out")]
+    HandshakeTimedOut,
+    #[error("TLS handshake failed: {0}")]
+    Handshake(std::io::Error),
+    #[error("{0}")]
+    Read(std::io::Error),
+    #[error("no request before the header read timeout")]
+    NoRequest,
+    #[error("{0}")]
+    Http(Box<dyn std::error::Error + Send + Sync>),
+}
+
 /// What one accepted connection needs to be served.
 struct Connection {
     builder: auto::Builder<TokioExecutor>,
@@ -470,16 +485,16 @@ struct Connection {
 }
 
 impl Connection {
-    async fn serve(self, stream: impl Stream) -> Result<(), String> {
+    async fn serve(self, stream: impl Stream) -> Result<(), ConnectionError> {
         let service = TowerToHyperService::new(self.app);
         match self.acceptor {
             Some(acceptor) => {
                 let tls = tokio::time::timeout(self.timeout, acceptor.accept(stream))
                     .await
-                    .map_err(|_| "TLS handshake timed out".to_string())?
-                    .map_err(|err| format!("TLS handshake failed: {err}"))?;
+                    .map_err(|_| ConnectionError::HandshakeTimedOut)?
+                    .map_err(ConnectionError::Handshake)?;
                 let conn = self.builder.serve_connection(TokioIo::new(tls), service);
-                self.watcher.watch(conn.into_owned()).await.map_err(|err| err.to_string())
+                self.watcher.watch(conn.into_owned()).await.map_err(ConnectionError::Http)
             }
             None => {
                 // A client that connects and sends nothing would otherwise
@@ -487,11 +502,11 @@ impl Connection {
                 match tokio::time::timeout(self.timeout, stream.first_bytes()).await {
                     Ok(Ok(true)) => {}
                     Ok(Ok(false)) => return Ok(()),
-                    Ok(Err(err)) => return Err(err.to_string()),
-                    Err(_) => return Err("no request before the header read timeout".to_string()),
+                    Ok(Err(err)) => return Err(ConnectionError::Read(err)),
+                    Err(_) => return Err(ConnectionError::NoRequest),
                 }
                 let conn = self.builder.serve_connection(TokioIo::new(stream), service);
-                self.watcher.watch(conn.into_owned()).await.map_err(|err| err.to_string())
+                self.watcher.watch(conn.into_owned()).await.map_err(ConnectionError::Http)
             }
         }
     }
@@ -591,7 +606,7 @@ async fn report(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
         return (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response();
     }
     match parse::<ReportRequest>(&body) {
-        Ok(req) => answer(req.validate().map_err(CheckError::BadRequest).map(|()| {
+        Ok(req) => answer(req.validate().map_err(CheckError::from).map(|()| {
             for passes in &req.passes {
                 limiter.metrics.traffic.passed(&passes.policy, passes.count);
             }

@@ -10,6 +10,20 @@ use sluice_policies::PolicyName;
 
 use crate::store::RedisClient;
 
+/// Why a shed report or read failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ShedError {
+    #[error("invalid policy name {0:?}")]
+    PolicyName(String),
+    #[error("utilization {0} is not a number from 0 to 1")]
+    Utilization(f64),
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The script answered a level that is not a number.
+    #[error("unexpected level {0:?}")]
+    Level(String),
+}
+
 /// The level after a report, and when the current trouble began.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Level {
@@ -36,14 +50,13 @@ impl ShedScript {
 
     /// The level of `policy` now, changing nothing: a read never moves the
     /// controller's clock, which would lose the time a rise counts from.
-    pub async fn read(&self, store: &RedisClient, policy: &str, classes: usize) -> Result<Level, String> {
+    pub async fn read(&self, store: &RedisClient, policy: &str, classes: usize) -> Result<Level, ShedError> {
         if PolicyName::new(policy).is_none() {
-            return Err(format!("invalid policy name {policy:?}"));
+            return Err(ShedError::PolicyName(policy.to_string()));
         }
         let mut cmd = redis::cmd("HMGET");
         cmd.arg(key(policy)).arg("level").arg("since");
-        let (level, since): (Option<String>, Option<u64>) =
-            store.query(&cmd).await.map_err(|e| format!("redis: {e}"))?;
+        let (level, since): (Option<String>, Option<u64>) = store.query(&cmd).await?;
         let top = classes.saturating_sub(1) as f64;
         let level = level.and_then(|l| l.parse::<f64>().ok()).unwrap_or(0.0).clamp(0.0, top);
         Ok(Level { level, trouble_since_ms: since })
@@ -59,12 +72,12 @@ impl ShedScript {
         settings: &ShedSettings,
         utilization: f64,
         now_ms: Option<Millis>,
-    ) -> Result<Level, String> {
+    ) -> Result<Level, ShedError> {
         if PolicyName::new(policy).is_none() {
-            return Err(format!("invalid policy name {policy:?}"));
+            return Err(ShedError::PolicyName(policy.to_string()));
         }
         if !(0.0..=1.0).contains(&utilization) {
-            return Err(format!("utilization {utilization} is not a number from 0 to 1"));
+            return Err(ShedError::Utilization(utilization));
         }
         let mut call = self.script.prepare_invoke();
         call.key(key(policy))
@@ -76,8 +89,8 @@ impl ShedScript {
             .arg(settings.delay.as_millis())
             .arg(settings.ramp.as_millis())
             .arg(settings.recovery.as_millis());
-        let (level, since): (String, i64) = store.invoke(&call).await.map_err(|e| format!("redis: {e}"))?;
-        let level = level.parse().map_err(|_| format!("unexpected level {level:?}"))?;
+        let (level, since): (String, i64) = store.invoke(&call).await?;
+        let level = level.parse().map_err(|_| ShedError::Level(level))?;
         Ok(Level { level, trouble_since_ms: u64::try_from(since).ok() })
     }
 }

@@ -40,7 +40,7 @@ fn the_script_controls_as_the_model() {
                 now += dt;
                 let got = runtime
                     .block_on(shed.report(&store, &policy, CLASSES, &settings, u, Some(Millis(now))))
-                    .map_err(TestCaseError::fail)?;
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 model.observe(now, u);
                 prop_assert_eq!(
                     got.level.to_bits(),

@@ -46,7 +46,7 @@ pub fn perform(effects: Vec<Effect>, cluster: &str, stats: &Stats, calls: &mut i
                 match send(cluster, &call) {
                     Ok(token) => calls.sent(id, token),
                     Err(reason) => {
-                        for (i, e) in calls.not_sent(id, reason).into_iter().enumerate() {
+                        for (i, e) in calls.not_sent(id, reason.to_string()).into_iter().enumerate() {
                             queue.insert(i, e);
                         }
                     }
@@ -94,9 +94,17 @@ pub fn perform(effects: Vec<Effect>, cluster: &str, stats: &Stats, calls: &mut i
     Vec::from(queue)
 }
 
+/// The host refused to dispatch a call; the core is told in these words.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot call cluster {cluster:?}: {status:?}")]
+pub struct NotDispatched {
+    cluster: String,
+    status: Status,
+}
+
 /// POSTs the call's body to the shim, with its encoding and the wire's
 /// version; the host's token for it.
-pub fn send(cluster: &str, call: &Outgoing) -> Result<u32, String> {
+pub fn send(cluster: &str, call: &Outgoing) -> Result<u32, NotDispatched> {
     let headers = vec![
         (":method", "POST"),
         (":path", call.path),
@@ -106,7 +114,7 @@ pub fn send(cluster: &str, call: &Outgoing) -> Result<u32, String> {
     ];
     let timeout = Duration::from_millis(call.timeout_ms);
     hostcalls::dispatch_http_call(cluster, headers, Some(&call.body), vec![], timeout)
-        .map_err(|status: Status| format!("cannot call cluster {cluster:?}: {status:?}"))
+        .map_err(|status| NotDispatched { cluster: cluster.to_string(), status })
 }
 
 /// The answer to a call: its `:status` (none when the call failed without

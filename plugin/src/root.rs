@@ -57,7 +57,7 @@ impl SluiceRoot {
                     self.batches.insert(token, batch.id);
                 }
                 Err(reason) => {
-                    let result = CallResult::NotSent(reason);
+                    let result = CallResult::NotSent(reason.to_string());
                     let members = vm.worker.change_sharing(|s| s.batch_answered(batch.id, result));
                     resumed |= !members.is_empty();
                     for (member, result) in members {

@@ -34,6 +34,8 @@ use jiff::{Timestamp, ToSpan};
 use serde::de::{self, Deserializer};
 use serde::{Deserialize, Serialize, Serializer};
 
+use crate::invalid::Invalid;
+
 /// A calendar window's shape and zone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Calendar {
@@ -257,18 +259,18 @@ enum RawPeriod {
 }
 
 impl RawCalendar {
-    fn check(self) -> Result<Calendar, String> {
+    fn check(self) -> Result<Calendar, Invalid> {
         let zone = Zone::new(&self.zone).ok_or_else(|| {
-            format!(
+            Invalid::new(format!(
                 "unknown time zone {:?} (expected an IANA name such as \"UTC\" or \"Europe/Paris\")",
                 self.zone
-            )
+            ))
         })?;
         if self.starts.is_some() && self.calendar != RawPeriod::Week {
-            return Err("`starts` is for a week calendar".to_string());
+            return Err(Invalid::new("`starts` is for a week calendar"));
         }
         if self.anchor.is_some() && self.calendar != RawPeriod::Month {
-            return Err("`anchor` is for a month calendar".to_string());
+            return Err(Invalid::new("`anchor` is for a month calendar"));
         }
         let period = match self.calendar {
             RawPeriod::Day => Period::Day,
@@ -277,7 +279,9 @@ impl RawCalendar {
                     None => Weekday::Monday,
                     Some(name) => {
                         DAYS.iter().find(|(n, _)| *n == name).map(|(_, d)| *d).ok_or_else(|| {
-                            format!("invalid starts {name:?} (expected a day, \"monday\" to \"sunday\")")
+                            Invalid::new(format!(
+                                "invalid starts {name:?} (expected a day, \"monday\" to \"sunday\")"
+                            ))
                         })?
                     }
                 };
@@ -286,7 +290,9 @@ impl RawCalendar {
             RawPeriod::Month => {
                 let anchor = self.anchor.unwrap_or(1);
                 if !(1..=31).contains(&anchor) {
-                    return Err(format!("invalid anchor {anchor} (expected a day of the month, 1 to 31)"));
+                    return Err(Invalid::new(format!(
+                        "invalid anchor {anchor} (expected a day of the month, 1 to 31)"
+                    )));
                 }
                 Period::Month { anchor }
             }
@@ -339,7 +345,9 @@ impl borsh::BorshDeserialize for Calendar {
             None => None,
         };
         let anchor = (period == 2).then_some(day);
-        RawCalendar { calendar, zone, starts, anchor }.check().map_err(invalid)
+        RawCalendar { calendar, zone, starts, anchor }
+            .check()
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
     }
 }
 

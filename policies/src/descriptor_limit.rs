@@ -27,6 +27,7 @@
 //! whoever writes it already controls. Sluice's own documents ignore it
 //! unless they say `honour`.
 
+use crate::invalid::Invalid;
 use crate::key::{self, KeySource};
 use crate::tree::StepValue;
 use crate::units::{Duration, PolicyName};
@@ -113,7 +114,7 @@ pub fn plan<'d>(
     limit: Option<DescriptorLimit>,
     applied: &[Applied<'d>],
     hits: u32,
-) -> Result<Option<Planned<'d>>, String> {
+) -> Result<Option<Planned<'d>>, Invalid> {
     let Some(limit) = limit.filter(|_| doc.descriptor_limit == DescriptorLimitMode::Honour) else {
         return Ok(None);
     };
@@ -121,7 +122,7 @@ pub fn plan<'d>(
         return Ok(None);
     }
     let Some(window) = limit.window else {
-        return Err("limit.unit: unknown (expected SECOND to YEAR)".to_string());
+        return Err(Invalid::at("limit.unit", "unknown (expected SECOND to YEAR)"));
     };
     if limit.requests_per_unit == 0 {
         let blocked = doc.overrides.blocked.iter().find(|p| p.blocked == Some(window));

@@ -38,6 +38,7 @@ use crate::class::Classes;
 use crate::condition::RawCondition;
 use crate::condition::{raw_key, Condition};
 use crate::feedback::Upstream;
+use crate::invalid::Invalid;
 use crate::key::{self, ClientIp, KeySource, OnMissingKey};
 use crate::llm::Llm;
 use crate::request::{Attribute, Face};
@@ -572,33 +573,36 @@ pub(crate) struct RawLevel {
 /// within the level above it, so that every level's state shares the top
 /// level's hash tag and one script call charges them all or none. Their
 /// limits follow `limits` in one list, each level's from its `from`.
-fn levels(raw: &RawPolicy) -> Result<(Vec<Limit>, Vec<Level>), String> {
+fn levels(raw: &RawPolicy) -> Result<(Vec<Limit>, Vec<Level>), Invalid> {
     let mut limits = raw.limits().to_vec();
     let mut out: Vec<Level> = Vec::with_capacity(raw.levels.len());
     let mut above: (&str, &[KeySource]) = ("the policy's `key`", &raw.key);
     for (i, level) in raw.levels.iter().enumerate() {
         if out.iter().any(|l| l.name == level.name) {
-            return Err(format!("levels[{i}]: duplicate level name \"{}\"", level.name));
+            return Err(Invalid::at(
+                format!("levels[{i}]"),
+                format!("duplicate level name \"{}\"", level.name),
+            ));
         }
         if level.limits.is_empty() {
-            return Err(format!("levels[{i}]: a level needs at least one limit"));
+            return Err(Invalid::at(format!("levels[{i}]"), "a level needs at least one limit"));
         }
         if level.key.len() > MAX_KEY_SOURCES {
-            return Err(format!(
-                "levels[{i}]: {} key sources, more than the {MAX_KEY_SOURCES} a level may have",
-                level.key.len()
+            return Err(Invalid::at(
+                format!("levels[{i}]"),
+                format!("{} key sources, more than the {MAX_KEY_SOURCES} a level may have", level.key.len()),
             ));
         }
         if !level.key.starts_with(above.1) {
             let show = |key: &[KeySource]| {
                 format!("[{}]", key.iter().map(|s| format!("\"{s}\"")).collect::<Vec<_>>().join(", "))
             };
-            return Err(format!(
+            return Err(Invalid::new(format!(
                 "levels[{i}].key {} does not begin with {} {}: a level is keyed within the level above it, so that every level's state shares the top level's Redis Cluster hash tag and one atomic call charges them all; begin it with those sources, or make it a policy of its own",
                 show(&level.key),
                 above.0,
                 show(above.1)
-            ));
+            )));
         }
         out.push(Level { name: level.name.clone(), key: level.key.clone(), from: limits.len() });
         limits.extend(level.limits.iter().cloned());
@@ -905,12 +909,13 @@ impl<'de> Deserialize<'de> for Policy {
 /// counters would be that policy's), and every policy that names a budget
 /// has the `key` and `limits` of the first that does, so the same request
 /// is charged the same counters whichever of them it matches.
-fn shared_budgets(policies: &[Policy]) -> Result<(), String> {
+fn shared_budgets(policies: &[Policy]) -> Result<(), Invalid> {
     for (i, policy) in policies.iter().enumerate() {
         let Some(budget) = &policy.budget else { continue };
         if policies.iter().any(|p| &p.name == budget) {
-            return Err(format!(
-                "policies[{i}]: budget \"{budget}\" is the name of a policy: give the budget a name of its own"
+            return Err(Invalid::at(
+                format!("policies[{i}]"),
+                format!("budget \"{budget}\" is the name of a policy: give the budget a name of its own"),
             ));
         }
         let Some(first) = policies[..i].iter().position(|p| p.budget.as_ref() == Some(budget)) else {
@@ -923,9 +928,9 @@ fn shared_budgets(policies: &[Policy]) -> Result<(), String> {
         } else {
             continue;
         };
-        return Err(format!(
-            "policies[{i}]: budget \"{budget}\" is shared with policies[{first}], whose {differs}: policies that share a budget charge the same counters, so they need the same `key` and `limits`"
-        ));
+        return Err(Invalid::at(format!("policies[{i}]"), format!(
+            "budget \"{budget}\" is shared with policies[{first}], whose {differs}: policies that share a budget charge the same counters, so they need the same `key` and `limits`"
+        )));
     }
     Ok(())
 }
@@ -937,18 +942,18 @@ const RLS_FACE: &str = "a gRPC-face policy (its `match` names `domain` or `entri
 /// and hears nothing after (no stream end, no response). `GRPC` names the
 /// policy in the messages. An RLS-face policy cannot be `leased` either;
 /// an RLQS-face one is, by nature (see [`crate::rlqs`]).
-pub(crate) fn grpc_face_fits(raw: &RawPolicy, face: &str) -> Result<(), String> {
+pub(crate) fn grpc_face_fits(raw: &RawPolicy, face: &str) -> Result<(), Invalid> {
     // Every level's limits too, numbered as the policy's flat list.
     let limits: Vec<&Limit> = raw.limits().iter().chain(raw.levels.iter().flat_map(|l| &l.limits)).collect();
     if let Some(i) = limits.iter().position(|l| l.lease().is_some()) {
-        return Err(format!(
+        return Err(Invalid::new(format!(
             "{face} cannot have a concurrency limit (limits[{i}]): its face answers once and never hears the request end, so a slot would never be released"
-        ));
+        )));
     }
     if let Some(i) = limits.iter().position(|l| l.actual_cost_header().is_some()) {
-        return Err(format!(
+        return Err(Invalid::new(format!(
             "{face} cannot read an `actual_cost_header` (limits[{i}]): its face never sees the response"
-        ));
+        )));
     }
     let other = [
         (raw.wait.is_some(), "`wait`: its face answers at once and cannot hold a request"),
@@ -958,7 +963,7 @@ pub(crate) fn grpc_face_fits(raw: &RawPolicy, face: &str) -> Result<(), String> 
         (raw.budget.is_some(), "`budget`: a budget is shared by the Sluice filter's policies"),
     ];
     match other.iter().find(|(on, _)| *on) {
-        Some((_, why)) => Err(format!("{face} cannot use {why}")),
+        Some((_, why)) => Err(Invalid::new(format!("{face} cannot use {why}"))),
         None => Ok(()),
     }
 }

@@ -27,6 +27,7 @@ use std::time::{Duration as StdDuration, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::invalid::Invalid;
 use crate::units::{Duration, Millis, PPM};
 
 /// A policy's `upstream` setting. `"upstream": {}` takes every default.
@@ -132,21 +133,21 @@ impl Slowdown {
 
     /// The bounds the parser and the shim both hold it to; the error starts
     /// with the field's name.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         if self.decrease_ppm == 0 || self.decrease_ppm >= PPM {
-            return Err(format!(
-                "decrease: above 0 and below 1, got {}",
-                self.decrease_ppm as f64 / PPM as f64
+            return Err(Invalid::at(
+                "decrease",
+                format!("above 0 and below 1, got {}", self.decrease_ppm as f64 / PPM as f64),
             ));
         }
         let recover_ms = self.recover_ms.get();
         if recover_ms == 0 || recover_ms > Self::MAX_RECOVER_MS {
-            return Err(format!("recover: above 0 and at most 1d, got {recover_ms} ms"));
+            return Err(Invalid::at("recover", format!("above 0 and at most 1d, got {recover_ms} ms")));
         }
         if !(Self::LEAST_MIN_PPM..=PPM).contains(&self.min_ppm) {
-            return Err(format!(
-                "min: at least 0.001 and at most 1, got {}",
-                self.min_ppm as f64 / PPM as f64
+            return Err(Invalid::at(
+                "min",
+                format!("at least 0.001 and at most 1, got {}", self.min_ppm as f64 / PPM as f64),
             ));
         }
         Ok(())
@@ -275,27 +276,27 @@ impl Upstream {
     /// Checks what serde cannot: statuses are HTTP statuses, header names
     /// are lower-case names, `max_pause` is at most a day and covers
     /// `default_pause`. The error starts with the field's name.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         if let Some(s) = self.statuses.iter().find(|s| !(100..=599).contains(*s)) {
-            return Err(format!("statuses: {s} is not an HTTP status (100 to 599)"));
+            return Err(Invalid::at("statuses", format!("{s} is not an HTTP status (100 to 599)")));
         }
         for (field, name) in
             [("remaining_header", &self.remaining_header), ("reset_header", &self.reset_header)]
         {
             if crate::HeaderName::new(name).is_none_or(|h| h.as_str() != name) {
-                return Err(format!("{field}: {name:?} is not a lower-case header name"));
+                return Err(Invalid::at(field, format!("{name:?} is not a lower-case header name")));
             }
         }
         if self.max_pause.as_millis() > MAX_PAUSE_MS {
-            return Err(format!("max_pause: at most 1d, got {}", self.max_pause));
+            return Err(Invalid::at("max_pause", format!("at most 1d, got {}", self.max_pause)));
         }
         if let Adaptation::On(adapt) = self.adapt {
-            adapt.slowdown().validate().map_err(|e| format!("adapt.{e}"))?;
+            adapt.slowdown().validate().map_err(|e| e.within("adapt"))?;
         }
         if self.default_pause > self.max_pause {
-            return Err(format!(
-                "default_pause: {} is longer than max_pause {}",
-                self.default_pause, self.max_pause
+            return Err(Invalid::at(
+                "default_pause",
+                format!("{} is longer than max_pause {}", self.default_pause, self.max_pause),
             ));
         }
         Ok(())

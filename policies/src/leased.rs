@@ -48,6 +48,7 @@
 
 use serde::de::{self, Deserialize, Deserializer};
 
+use crate::invalid::Invalid;
 use crate::limit::{WindowStart, WireLimit};
 use crate::units::per_unit;
 use crate::{Duration, Limit};
@@ -84,13 +85,13 @@ pub enum Source {
 
 impl Leased {
     /// A lease within the bounds, or why not.
-    pub fn new(tokens: u32, ttl_ms: u64) -> Result<Leased, String> {
+    pub fn new(tokens: u32, ttl_ms: u64) -> Result<Leased, Invalid> {
         if tokens == 0 || tokens > MAX_TOKENS {
-            return Err(format!("tokens {tokens} out of range (1 to {MAX_TOKENS})"));
+            return Err(Invalid::new(format!("tokens {tokens} out of range (1 to {MAX_TOKENS})")));
         }
         if ttl_ms == 0 || ttl_ms > MAX_TTL_MS {
             let shown = Duration::from_millis(ttl_ms).map_or(format!("{ttl_ms}ms"), |d| d.to_string());
-            return Err(format!("ttl {shown} out of range (1ms to 1h)"));
+            return Err(Invalid::new(format!("ttl {shown} out of range (1ms to 1h)")));
         }
         Ok(Leased { tokens, ttl_ms, ttl_given: true, source: Source::Window })
     }
@@ -137,37 +138,40 @@ impl Leased {
     /// hold all the bucket's other tokens back until then; without a `ttl`,
     /// a tenth of that (at most [`DEFAULT_TTL_MS`], at least 1 ms), which
     /// under-admits 1 to 2% in the model (docs/leased-mode.md).
-    pub fn fits(self, limits: &[Limit]) -> Result<Leased, String> {
+    pub fn fits(self, limits: &[Limit]) -> Result<Leased, Invalid> {
         let (most, what, source) = match limits {
             [Limit::FixedWindow { start: WindowStart::FirstHit, .. }] => {
-                return Err(
+                return Err(Invalid::new(
                     "`leased` needs a fixed_window aligned to the epoch, not `start: first_hit`: a lease names its window by its index since the epoch"
                         .to_string(),
-                )
+                ))
             }
             [Limit::FixedWindow { limit, .. }] => (limit.get(), "the window's limit", Source::Window),
             [Limit::TokenBucket { burst, .. }] => (burst.get(), "the bucket's burst", Source::Bucket),
             [Limit::LeakyBucket { capacity, .. }] => (capacity.get(), "the bucket's capacity", Source::Bucket),
             [Limit::CalendarWindow { .. }] => {
-                return Err(
+                return Err(Invalid::new(
                     "`leased` needs a fixed_window with a duration `window`, not a calendar: a lease names its window by its index since the epoch"
                         .to_string(),
-                )
-            }
-            [other] => {
-                return Err(format!(
-                    "`leased` needs a fixed_window, token_bucket or leaky_bucket limit, not a {}: only their tokens are spent one per request and charged before they are spent",
-                    other.type_name()
                 ))
             }
-            _ => return Err("`leased` needs exactly one limit: a fixed_window, token_bucket or leaky_bucket".to_string()),
+            [other] => {
+                return Err(Invalid::new(format!(
+                    "`leased` needs a fixed_window, token_bucket or leaky_bucket limit, not a {}: only their tokens are spent one per request and charged before they are spent",
+                    other.type_name()
+                )))
+            }
+            _ => return Err(Invalid::new("`leased` needs exactly one limit: a fixed_window, token_bucket or leaky_bucket")),
         };
         if self.tokens > most {
             let why = match source {
                 Source::Window => "a lease is part of one window",
                 Source::Bucket => "a lease is granted only while the bucket holds all its tokens",
             };
-            return Err(format!("`leased.tokens` {} is more than {what} {most}: {why}", self.tokens));
+            return Err(Invalid::new(format!(
+                "`leased.tokens` {} is more than {what} {most}: {why}",
+                self.tokens
+            )));
         }
         let (Source::Bucket, [limit]) = (source, limits) else { return Ok(self) };
         // One token every `interval_us`, as the algorithm takes it.
@@ -181,16 +185,16 @@ impl Leased {
         let ttl_ms = if self.ttl_given { self.ttl_ms } else { (room_us / 10_000).clamp(1, DEFAULT_TTL_MS) };
         let room = Duration::from_millis(room_us / 1000).map_or(format!("{room_us}µs"), |d| d.to_string());
         if ttl_ms.saturating_mul(1000) >= room_us && !self.ttl_given {
-            return Err(format!(
+            return Err(Invalid::new(format!(
                 "`leased.tokens` {} leaves the bucket too little to refill beyond a lease ({room}, its burst less the lease) for a lease period of 1ms: lease fewer tokens",
                 self.tokens
-            ));
+            )));
         }
         if ttl_ms.saturating_mul(1000) >= room_us {
             let ttl = Duration::from_millis(ttl_ms).map_or(format!("{ttl_ms}ms"), |d| d.to_string());
-            return Err(format!(
+            return Err(Invalid::new(format!(
                 "`leased.ttl` {ttl} is not under {room}, the time the bucket takes to refill beyond a lease (its burst less `leased.tokens`): a lease is charged as if spent at the end of its period, `ttl` long, and holds the bucket's other tokens back until then (a tenth of it under-admits 1 to 2%; leave `ttl` out for that)"
-            ));
+            )));
         }
         Ok(Leased { ttl_ms, source, ..self })
     }
@@ -244,7 +248,7 @@ mod tests {
         assert_eq!(lease.fits(std::slice::from_ref(&window)).map(Leased::source), Ok(Source::Window));
         assert_eq!(lease.fits(std::slice::from_ref(&bucket)).map(Leased::source), Ok(Source::Bucket));
         assert_eq!(
-            lease.fits(std::slice::from_ref(&leaky)),
+            lease.fits(std::slice::from_ref(&leaky)).map_err(|e| e.to_string()),
             Err("`leased.tokens` 100 is more than the bucket's capacity 99: a lease is granted only while the bucket holds all its tokens".into())
         );
         assert_eq!(lease.source(), Source::Window, "before it fits, a window's");
@@ -260,7 +264,7 @@ mod tests {
             Ok(7_000)
         );
         assert_eq!(
-            raw(r#", "ttl": "8s""#).fits(std::slice::from_ref(&bucket)).map(Leased::ttl_ms),
+            raw(r#", "ttl": "8s""#).fits(std::slice::from_ref(&bucket)).map(Leased::ttl_ms).map_err(|e| e.to_string()),
             Err("`leased.ttl` 8s is not under 8s, the time the bucket takes to refill beyond a lease (its burst less `leased.tokens`): a lease is charged as if spent at the end of its period, `ttl` long, and holds the bucket's other tokens back until then (a tenth of it under-admits 1 to 2%; leave `ttl` out for that)".into())
         );
         assert_eq!(

@@ -9,7 +9,7 @@
 //! wire's bounds and the algorithms' state keys, so it sits under both):
 //!
 //! ```text
-//! model      units, calendar, body, request, cost, response, load,
+//! model      invalid, units, calendar, body, request, cost, response, load,
 //!            condition, tree, key, class, limit (and WireLimit, the form the shim
 //!            takes), llm, wait, leased, shed, feedback (and Slowdown), face
 //!   ^
@@ -29,6 +29,8 @@
 //!
 //! The model:
 //!
+//! - [`invalid`]: [`Invalid`], why a value was refused (a part of a
+//!   policy, a message to the shim, an RLS call): the field's path and why.
 //! - [`units`]: the validated scalars: durations, counts, names, parts per
 //!   million, and a bucket's time per unit; past parsing, milliseconds
 //!   ([`Millis`](units::Millis)) and microseconds ([`Micros`](units::Micros)).
@@ -112,6 +114,7 @@ pub mod document;
 pub mod error;
 pub mod face;
 pub mod feedback;
+pub mod invalid;
 pub mod key;
 pub mod leased;
 pub mod limit;
@@ -133,6 +136,7 @@ pub mod wire;
 pub use condition::Condition;
 pub use document::{Applied, Document, Evaluation, FailureMode, Keyed, Policy, Shim};
 pub use error::{parse, ParseError};
+pub use invalid::Invalid;
 pub use key::{KeySource, OnMissingKey};
 pub use limit::{Cost, Limit, PoolReserve};
 pub use request::{Face, Request};

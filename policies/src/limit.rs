@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::calendar::Calendar;
 use crate::cost::read_cost;
+use crate::invalid::Invalid;
 use crate::units::{is_false, per_unit, Micros, Millis, MAX_COUNT};
 use crate::{Count, Duration, HeaderName, PolicyName, Request};
 
@@ -330,12 +331,12 @@ pub(crate) enum Span {
 
 impl Span {
     /// The duration; a calendar where `what` must be a duration is refused.
-    fn duration(self, what: &str) -> Result<Duration, String> {
+    fn duration(self, what: &str) -> Result<Duration, Invalid> {
         match self {
             Span::Duration(d) => Ok(d),
-            Span::Calendar(_) => {
-                Err(format!("{what} is a duration: calendar windows are for fixed_window and points limits"))
-            }
+            Span::Calendar(_) => Err(Invalid::new(format!(
+                "{what} is a duration: calendar windows are for fixed_window and points limits"
+            ))),
         }
     }
 }
@@ -400,16 +401,16 @@ impl RawLimit {
         fields.iter().filter(|(_, given)| *given).map(|(name, _)| *name).collect()
     }
 
-    fn check(self) -> Result<Limit, String> {
+    fn check(self) -> Result<Limit, Invalid> {
         let (name, allowed) = (self.kind.name(), self.kind.fields());
         if let Some(extra) = self.given().into_iter().find(|f| !allowed.contains(f)) {
-            return Err(format!(
+            return Err(Invalid::new(format!(
                 "`{extra}` is not a field of a {name} limit (expected {})",
                 allowed.iter().map(|f| format!("`{f}`")).collect::<Vec<_>>().join(", ")
-            ));
+            )));
         }
-        fn need<T>(value: Option<T>, field: &str) -> Result<T, String> {
-            value.ok_or_else(|| format!("missing field `{field}`"))
+        fn need<T>(value: Option<T>, field: &str) -> Result<T, Invalid> {
+            value.ok_or_else(|| Invalid::new(format!("missing field `{field}`")))
         }
         let limit = match self.kind {
             LimitType::FixedWindow => match need(self.window, "window")? {
@@ -419,7 +420,7 @@ impl RawLimit {
                     start: self.start.unwrap_or_default(),
                 },
                 Span::Calendar(_) if self.start == Some(WindowStart::FirstHit) => {
-                    return Err("`start: first_hit` needs a duration `window`: a calendar window starts where the calendar says".into())
+                    return Err(Invalid::new("`start: first_hit` needs a duration `window`: a calendar window starts where the calendar says"))
                 }
                 Span::Calendar(calendar) => {
                     Limit::CalendarWindow { limit: need(self.limit, "limit")?, calendar }
@@ -453,16 +454,16 @@ impl RawLimit {
                     RawCost::Named(CostName::LlmTokens) => Cost::LlmTokens,
                 };
                 if cost == Cost::LlmTokens && self.actual_cost_header.is_some() {
-                    return Err(
-                        "a limit that costs llm_tokens reads its true cost from the response's body: drop `actual_cost_header`".into(),
-                    );
+                    return Err(Invalid::new(
+                        "a limit that costs llm_tokens reads its true cost from the response's body: drop `actual_cost_header`",
+                    ));
                 }
                 if let Cost::Fixed(n) | Cost::Header { default: n, .. } = cost {
                     if n > capacity.get() {
-                        return Err(format!(
+                        return Err(Invalid::new(format!(
                             "cost {n} exceeds the capacity {}: it could never pass",
                             capacity.get()
-                        ));
+                        )));
                     }
                 }
                 let actual_cost_header = self.actual_cost_header;
@@ -480,23 +481,23 @@ impl RawLimit {
 }
 
 /// `raw`'s share of a pool of `limit`, in whole slots.
-fn reserve(raw: RawReserve, limit: Count) -> Result<PoolReserve, String> {
+fn reserve(raw: RawReserve, limit: Count) -> Result<PoolReserve, Invalid> {
     if !(raw.share > 0.0 && raw.share < 1.0) {
-        return Err(format!("reserve.share {} is not above 0 and below 1", raw.share));
+        return Err(Invalid::new(format!("reserve.share {} is not above 0 and below 1", raw.share)));
     }
     let slots = (f64::from(limit.get()) * raw.share).round() as u32;
     if slots < 1 || slots >= limit.get() {
-        return Err(format!(
+        return Err(Invalid::new(format!(
             "reserve.share {} of a pool of {} is {slots} slots: it must hold back at least 1 and leave at least 1",
             raw.share,
             limit.get()
-        ));
+        )));
     }
     Ok(PoolReserve { for_class: raw.for_class, for_index: 0, slots })
 }
 
 /// The bounds the shim checks too, in one place: see [`WireLimit::validate`].
-fn check_rate(limit: &Limit) -> Result<(), String> {
+fn check_rate(limit: &Limit) -> Result<(), Invalid> {
     WireLimit::with_cost(limit, 0).validate()
 }
 
@@ -806,12 +807,12 @@ impl WireLimit {
     /// a bucket unit of at least a microsecond, a refill of at most ten years,
     /// a points cost of at most the capacity, a window's cost of at least 1
     /// (above its limit it is never admitted).
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         if let WireLimit::FixedWindow { cost: 0, .. }
         | WireLimit::FirstHitWindow { cost: 0, .. }
         | WireLimit::CalendarWindow { cost: 0, .. } = self
         {
-            return Err("cost 0: a window counts each request at least once".to_string());
+            return Err(Invalid::new("cost 0: a window counts each request at least once"));
         }
         let (counts, durations): (&[u32], &[Millis]) = match self {
             WireLimit::FixedWindow { limit, window_ms, .. }
@@ -825,16 +826,16 @@ impl WireLimit {
             WireLimit::CalendarWindow { limit, .. } => (&[*limit], &[]),
             WireLimit::CalendarPoints { capacity, cost, .. } => {
                 if cost > capacity {
-                    return Err(format!("cost {cost} exceeds the capacity {capacity}"));
+                    return Err(Invalid::new(format!("cost {cost} exceeds the capacity {capacity}")));
                 }
                 (&[*capacity], &[])
             }
         };
         if let Some(n) = counts.iter().find(|n| Count::new(u64::from(**n)).is_none()) {
-            return Err(format!("count {n} out of range (1 to {MAX_COUNT})"));
+            return Err(Invalid::new(format!("count {n} out of range (1 to {MAX_COUNT})")));
         }
         if let Some(ms) = durations.iter().find(|ms| Duration::from_millis(ms.get()).is_none()) {
-            return Err(format!("duration {}ms out of range (1ms to 365d)", ms.get()));
+            return Err(Invalid::new(format!("duration {}ms out of range (1ms to 365d)", ms.get())));
         }
         let (period_ms, units, burst) = match *self {
             WireLimit::TokenBucket { rate, per_ms, burst } => (per_ms, rate, burst),
@@ -843,18 +844,18 @@ impl WireLimit {
             _ => return Ok(()),
         };
         if period_ms.as_micros() < Micros(u64::from(units)) {
-            return Err(format!(
+            return Err(Invalid::new(format!(
                 "{units} per {} is more than one per microsecond, the finest rate Sluice keeps",
                 Duration::from_millis(period_ms.get()).map(|d| d.to_string()).unwrap_or_default()
-            ));
+            )));
         }
         if let WireLimit::Points { capacity, cost, .. } = *self {
             if cost > capacity {
-                return Err(format!("cost {cost} exceeds the capacity {capacity}"));
+                return Err(Invalid::new(format!("cost {cost} exceeds the capacity {capacity}")));
             }
         }
         if per_unit(period_ms, units).get().saturating_mul(u64::from(burst)) > MAX_REFILL_US.get() {
-            return Err("the bucket would take more than ten years to refill".to_string());
+            return Err(Invalid::new("the bucket would take more than ten years to refill"));
         }
         Ok(())
     }

@@ -30,6 +30,7 @@
 use serde::de::{self, Deserialize, Deserializer};
 
 use crate::body::{Body, Pointer};
+use crate::invalid::Invalid;
 
 /// The most pointers one usage part may sum.
 pub const MAX_FIELDS: usize = 8;
@@ -289,26 +290,26 @@ impl<'de> Deserialize<'de> for Pointers {
 }
 
 impl Pointers {
-    fn fields(self) -> Result<Vec<Field>, String> {
+    fn fields(self) -> Result<Vec<Field>, Invalid> {
         let pointers = match self {
             Pointers::One(p) => vec![p],
             Pointers::Many(ps) => ps,
         };
         if pointers.is_empty() || pointers.len() > MAX_FIELDS {
-            return Err(format!("a usage count sums 1 to {MAX_FIELDS} pointers"));
+            return Err(Invalid::new(format!("a usage count sums 1 to {MAX_FIELDS} pointers")));
         }
         Ok(pointers.into_iter().map(|p| Field { at: vec![p], provisional: Vec::new() }).collect())
     }
 }
 
 impl RawUsage {
-    fn check(self) -> Result<Usage, String> {
+    fn check(self) -> Result<Usage, Invalid> {
         match (self.total, self.input, self.output) {
             (Some(total), None, None) => Ok(Usage::Total(total.fields()?)),
             (None, Some(input), Some(output)) => {
                 Ok(Usage::Parts { input: input.fields()?, output: output.fields()? })
             }
-            _ => Err("give `usage.total`, or both `usage.input` and `usage.output`".into()),
+            _ => Err(Invalid::new("give `usage.total`, or both `usage.input` and `usage.output`")),
         }
     }
 }
@@ -344,29 +345,31 @@ pub(crate) struct RawLlm {
 }
 
 impl RawLlm {
-    fn check(self) -> Result<Llm, String> {
+    fn check(self) -> Result<Llm, Invalid> {
         let usage = match (self.usage, self.api) {
             (Some(usage), _) => usage.check()?,
             (None, Some(api)) => api.usage(),
             (None, None) => {
-                return Err("give `api` (a known API's shape) or `usage` (its JSON pointers)".into())
+                return Err(Invalid::new("give `api` (a known API's shape) or `usage` (its JSON pointers)"))
             }
         };
         let weights = self.weights.unwrap_or_default();
         if self.weights.is_some() && matches!(usage, Usage::Total(_)) {
-            return Err("`weights` need input and output counts, not `usage.total`".into());
+            return Err(Invalid::new("`weights` need input and output counts, not `usage.total`"));
         }
         for (name, w) in [("input", weights.input), ("output", weights.output)] {
             if !(0.0..=MAX_WEIGHT).contains(&w) {
-                return Err(format!("weights.{name} {w} out of range (0 to {MAX_WEIGHT})"));
+                return Err(Invalid::new(format!("weights.{name} {w} out of range (0 to {MAX_WEIGHT})")));
             }
         }
         if weights.input == 0.0 && weights.output == 0.0 {
-            return Err("weights.input and weights.output are both 0: nothing would be charged".into());
+            return Err(Invalid::new(
+                "weights.input and weights.output are both 0: nothing would be charged",
+            ));
         }
         let setting = |value: Option<u32>, default: u32, name: &str| match value.unwrap_or(default) {
             n @ 1..=MAX_SETTING => Ok(n),
-            n => Err(format!("{name} {n} out of range (1 to {MAX_SETTING})")),
+            n => Err(Invalid::new(format!("{name} {n} out of range (1 to {MAX_SETTING})"))),
         };
         if self.api.is_none() {
             let needs = [
@@ -374,9 +377,9 @@ impl RawLlm {
                 (self.fallback == Fallback::Content, "`fallback: content`"),
             ];
             if let Some((_, what)) = needs.iter().find(|(on, _)| *on) {
-                return Err(format!(
+                return Err(Invalid::new(format!(
                     "{what} needs `api`: the API's shape says what its content and its errors look like"
-                ));
+                )));
             }
         }
         Ok(Llm {
@@ -406,8 +409,8 @@ impl<'de> Deserialize<'de> for Llm {
 mod tests {
     use super::*;
 
-    fn llm(json: &str) -> Result<Llm, String> {
-        serde_json::from_str::<Llm>(json).map_err(|e| e.to_string())
+    fn llm(json: &str) -> serde_json::Result<Llm> {
+        serde_json::from_str::<Llm>(json)
     }
 
     #[test]
@@ -475,7 +478,7 @@ mod tests {
             (r#"{"usage": {"total": []}}"#, "a usage count sums 1 to 8 pointers"),
         ];
         for (json, want) in cases {
-            let got = llm(json).expect_err(json);
+            let got = llm(json).expect_err(json).to_string();
             assert!(got.starts_with(want), "{json}: {got}");
         }
     }

@@ -21,6 +21,7 @@ use std::ops::Range;
 use crate::bounds::MAX_CHECKS;
 use crate::descriptor_limit::{self, Planned as Override};
 use crate::document::Charge;
+use crate::invalid::Invalid;
 use crate::request::SimpleRequest;
 use crate::wire::{Check, CheckRequest, Views};
 use crate::{Applied, Document, Evaluation, HeadersMode, Policy, Request};
@@ -179,13 +180,13 @@ impl<'d> Plan<'d> {
 /// honours it ([`crate::descriptor_limit`]). `Err` (the call is invalid)
 /// when a cost cannot be charged as asked, an override's unit is unknown,
 /// or a group has more checks than the shim decides at once.
-pub fn plan<'d>(doc: &'d Document, descriptors: &[Descriptor]) -> Result<Plan<'d>, String> {
+pub fn plan<'d>(doc: &'d Document, descriptors: &[Descriptor]) -> Result<Plan<'d>, Invalid> {
     let evaluations: Vec<_> = descriptors.iter().map(|d| doc.evaluate(&d.request)).collect();
     let mut overrides = Vec::with_capacity(descriptors.len());
     for (i, (d, evaluation)) in descriptors.iter().zip(&evaluations).enumerate() {
         let applied = evaluation.as_ref().map(|e| e.applied.as_slice()).unwrap_or_default();
         let planned = descriptor_limit::plan(doc, &d.request, d.request.limit, applied, d.hits)
-            .map_err(|e| format!("descriptors[{i}].{e}"))?;
+            .map_err(|e| e.within(&format!("descriptors[{i}]")))?;
         overrides.push(planned);
     }
     let calls = descriptors.iter().zip(&evaluations).zip(overrides);
@@ -199,7 +200,7 @@ pub fn plan<'d>(doc: &'d Document, descriptors: &[Descriptor]) -> Result<Plan<'d
 pub fn plan_evaluated<'d, 'a, R: Request + 'a>(
     doc: &'d Document,
     calls: impl IntoIterator<Item = (&'a R, Option<u32>, &'a Result<Evaluation<'d>, &'d Policy>)>,
-) -> Result<Plan<'d>, String>
+) -> Result<Plan<'d>, Invalid>
 where
     'd: 'a,
 {
@@ -214,7 +215,7 @@ type Call<'a, 'd, R> = (&'a R, Option<u32>, &'a Result<Evaluation<'d>, &'d Polic
 fn plan_calls<'d, 'a, R: Request + 'a>(
     doc: &'d Document,
     calls: impl IntoIterator<Item = Call<'a, 'd, R>>,
-) -> Result<Plan<'d>, String>
+) -> Result<Plan<'d>, Invalid>
 where
     'd: 'a,
 {
@@ -256,7 +257,7 @@ where
                     } else {
                         let check = match hits {
                             Some(hits) => charged(applied.check(request), policy, hits)
-                                .map_err(|e| format!("descriptors[{i}]: {e}"))?,
+                                .map_err(|e| e.within(&format!("descriptors[{i}]")))?,
                             None => applied.check(request),
                         };
                         if in_shadow {
@@ -277,10 +278,10 @@ where
     for checks in [&mut plan.enforced, &mut plan.shadow] {
         checks.close();
         if let Some(g) = checks.groups.iter().find(|g| g.len() > MAX_CHECKS) {
-            return Err(format!(
+            return Err(Invalid::new(format!(
                 "the descriptors reach {} checks, more than the {MAX_CHECKS} the shim decides at once",
                 g.len()
-            ));
+            )));
         }
     }
     Ok(plan)
@@ -292,7 +293,7 @@ where
 /// limit's (at most its capacity, as every cost). The other limits count
 /// requests one by one (sliding windows, buckets): a cost above 1 on them
 /// is refused rather than under-counted.
-fn charged(mut check: Check, policy: &Policy, hits: u32) -> Result<Check, String> {
+fn charged(mut check: Check, policy: &Policy, hits: u32) -> Result<Check, Invalid> {
     for limit in &mut check.limits {
         let capacity = limit.points_cost().map(|_| limit.capacity());
         let kind = limit.kind().name();
@@ -300,10 +301,10 @@ fn charged(mut check: Check, policy: &Policy, hits: u32) -> Result<Check, String
             (Some(cost), Some(capacity)) => *cost = hits.min(capacity),
             (Some(cost), None) => *cost = hits,
             (None, _) if hits > 1 => {
-                return Err(format!(
+                return Err(Invalid::new(format!(
                     "hits_addend {hits} reaches policy {}, whose {kind} limit counts requests one by one: only a fixed_window or a points limit charges a cost",
                     policy.name,
-                ))
+                )))
             }
             (None, _) => {}
         }

@@ -24,6 +24,7 @@
 
 use serde::Deserialize;
 
+use crate::invalid::Invalid;
 use crate::load::Signal;
 use crate::units::Duration;
 
@@ -48,12 +49,12 @@ pub struct ShedPolicy {
 
 impl ShedSettings {
     /// `low <= high`, both from 0 to 1.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         let unit = 0.0..=1.0;
         if !unit.contains(&self.high) || !unit.contains(&self.low) || self.low > self.high {
-            return Err(format!(
-                "controller: high {} and low {} must lie from 0 to 1, low at most high",
-                self.high, self.low
+            return Err(Invalid::at(
+                "controller",
+                format!("high {} and low {} must lie from 0 to 1, low at most high", self.high, self.low),
             ));
         }
         Ok(())

@@ -37,6 +37,7 @@
 
 use serde::de::{self, Deserialize, Deserializer};
 
+use crate::invalid::Invalid;
 use crate::{Duration, Limit};
 
 /// The longest `wait.timeout`: 5 minutes, Envoy's default `stream_idle_timeout`.
@@ -55,10 +56,10 @@ pub struct Wait {
 
 impl Wait {
     /// A wait within the bounds, or why not.
-    pub fn new(timeout_ms: u64, margin_ms: u64) -> Result<Wait, String> {
+    pub fn new(timeout_ms: u64, margin_ms: u64) -> Result<Wait, Invalid> {
         check_wire(Some(timeout_ms), Some(margin_ms))?;
         if timeout_ms == 0 {
-            return Err("a wait timeout of 0 never waits: leave `wait` out instead".into());
+            return Err(Invalid::new("a wait timeout of 0 never waits: leave `wait` out instead"));
         }
         Ok(Wait { timeout_ms, margin_ms })
     }
@@ -75,12 +76,15 @@ impl Wait {
 /// The bounds of the wire fields, for a shim that must not trust its
 /// caller: `wait_ms` at most [`MAX_TIMEOUT_MS`], `margin_ms` at most
 /// [`MAX_MARGIN_MS`].
-pub fn check_wire(wait_ms: Option<u64>, margin_ms: Option<u64>) -> Result<(), String> {
+pub fn check_wire(wait_ms: Option<u64>, margin_ms: Option<u64>) -> Result<(), Invalid> {
     if let Some(ms) = wait_ms.filter(|ms| *ms > MAX_TIMEOUT_MS) {
-        return Err(format!("wait timeout {} is longer than 5m, the longest hold", Duration::show(ms)));
+        return Err(Invalid::new(format!(
+            "wait timeout {} is longer than 5m, the longest hold",
+            Duration::show(ms)
+        )));
     }
     if let Some(ms) = margin_ms.filter(|ms| *ms > MAX_MARGIN_MS) {
-        return Err(format!("wait margin {} is larger than 10s", Duration::show(ms)));
+        return Err(Invalid::new(format!("wait margin {} is larger than 10s", Duration::show(ms))));
     }
     Ok(())
 }
@@ -137,10 +141,13 @@ mod tests {
         assert!(check_wire(Some(MAX_TIMEOUT_MS), Some(MAX_MARGIN_MS)).is_ok());
         assert!(check_wire(None, None).is_ok());
         assert_eq!(
-            check_wire(Some(MAX_TIMEOUT_MS + 1), None),
+            check_wire(Some(MAX_TIMEOUT_MS + 1), None).map_err(|e| e.to_string()),
             Err("wait timeout 300001ms is longer than 5m, the longest hold".into())
         );
-        assert_eq!(check_wire(None, Some(60_000)), Err("wait margin 1m is larger than 10s".into()));
+        assert_eq!(
+            check_wire(None, Some(60_000)).map_err(|e| e.to_string()),
+            Err("wait margin 1m is larger than 10s".into())
+        );
         assert!(Wait::new(0, 1).is_err());
         assert_eq!(Wait::new(15_000, 0).map(|w| (w.timeout_ms(), w.margin_ms())), Ok((15_000, 0)));
     }

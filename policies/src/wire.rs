@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::algorithm::LimitOutcome;
 pub use crate::feedback::Slowdown;
+use crate::invalid::Invalid;
 pub use crate::limit::{WireLimit, MAX_REFILL_US};
 use crate::units::{is_false, Micros, Millis};
 use crate::Duration;
@@ -81,20 +82,31 @@ impl Encoding {
         }
     }
 
-    pub fn encode<T: Serialize + borsh::BorshSerialize>(self, value: &T) -> Result<Vec<u8>, String> {
-        match self {
-            Encoding::Json => serde_json::to_vec(value).map_err(|err| err.to_string()),
-            Encoding::Binary => borsh::to_vec(value).map_err(|err| err.to_string()),
-        }
+    pub fn encode<T: Serialize + borsh::BorshSerialize>(self, value: &T) -> Result<Vec<u8>, WireError> {
+        Ok(match self {
+            Encoding::Json => serde_json::to_vec(value)?,
+            Encoding::Binary => borsh::to_vec(value)?,
+        })
     }
 
     /// `bytes` read whole: trailing bytes are an error too.
-    pub fn decode<T: DeserializeOwned + borsh::BorshDeserialize>(self, bytes: &[u8]) -> Result<T, String> {
-        match self {
-            Encoding::Json => serde_json::from_slice(bytes).map_err(|err| err.to_string()),
-            Encoding::Binary => borsh::from_slice(bytes).map_err(|err| err.to_string()),
-        }
+    pub fn decode<T: DeserializeOwned + borsh::BorshDeserialize>(self, bytes: &[u8]) -> Result<T, WireError> {
+        Ok(match self {
+            Encoding::Json => serde_json::from_slice(bytes)?,
+            Encoding::Binary => borsh::from_slice(bytes)?,
+        })
     }
+}
+
+/// Why a message could not be written or read in its encoding: the
+/// encoder's own words.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// borsh reports through `std::io::Error`.
+    #[error(transparent)]
+    Binary(#[from] std::io::Error),
 }
 
 pub const CHECK_PATH: &str = "/v1/check";
@@ -497,10 +509,10 @@ pub struct ShedRequest {
 
 impl ShedRequest {
     /// The controller's settings, checked as the parser checks a policy's.
-    pub fn settings(&self) -> Result<crate::shed::ShedSettings, String> {
+    pub fn settings(&self) -> Result<crate::shed::ShedSettings, Invalid> {
         let duration = |ms: Millis, name: &str| {
             Duration::from_millis(ms.get())
-                .ok_or_else(|| format!("{name} {}ms out of range (1ms to 365d)", ms.get()))
+                .ok_or_else(|| Invalid::new(format!("{name} {}ms out of range (1ms to 365d)", ms.get())))
         };
         let settings = crate::shed::ShedSettings {
             high: self.high,
@@ -511,11 +523,11 @@ impl ShedRequest {
         };
         settings.validate()?;
         if !(1..=crate::class::MAX_CLASSES).contains(&self.classes) {
-            return Err(format!(
+            return Err(Invalid::new(format!(
                 "classes {} out of range (1 to {})",
                 self.classes,
                 crate::class::MAX_CLASSES
-            ));
+            )));
         }
         Ok(settings)
     }
@@ -624,20 +636,28 @@ impl LeaseRequest {
     /// [`crate::leased::MAX_TOKENS`] and the limit (a bucket's burst); a
     /// give-back of at most [`LeaseRequest::most_given_back`]; and for a
     /// bucket, its lease period within `leased.ttl`'s bounds.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         let limit = match self.limit {
             WireLimit::FixedWindow { limit, .. } => limit,
             WireLimit::TokenBucket { burst, .. } => burst,
             WireLimit::LeakyBucket { capacity, .. } => capacity,
-            _ => return Err("limit: only a fixed_window, token_bucket or leaky_bucket is leased".into()),
+            _ => {
+                return Err(Invalid::at(
+                    "limit",
+                    "only a fixed_window, token_bucket or leaky_bucket is leased",
+                ))
+            }
         };
-        self.limit.validate().map_err(|e| format!("limit: {e}"))?;
+        self.limit.validate().map_err(|e| e.within("limit"))?;
         if self.want > crate::leased::MAX_TOKENS || self.want > limit {
-            return Err(format!(
-                "want: {} is more than {} (at most the limit and {})",
-                self.want,
-                limit.min(crate::leased::MAX_TOKENS),
-                crate::leased::MAX_TOKENS
+            return Err(Invalid::at(
+                "want",
+                format!(
+                    "{} is more than {} (at most the limit and {})",
+                    self.want,
+                    limit.min(crate::leased::MAX_TOKENS),
+                    crate::leased::MAX_TOKENS
+                ),
             ));
         }
         // Tokens granted under an earlier, higher limit (before a reload)
@@ -645,21 +665,25 @@ impl LeaseRequest {
         // largest lease, not by the limit.
         let most_back = Self::most_given_back(limit);
         if let Some(back) = self.give_back.filter(|b| b.tokens > most_back) {
-            return Err(format!(
-                "give_back.tokens: {} is more than {most_back} (the limit or {}, the larger)",
-                back.tokens,
-                crate::leased::MAX_TOKENS
+            return Err(Invalid::at(
+                "give_back.tokens",
+                format!(
+                    "{} is more than {most_back} (the limit or {}, the larger)",
+                    back.tokens,
+                    crate::leased::MAX_TOKENS
+                ),
             ));
         }
         let bucket = !matches!(self.limit, WireLimit::FixedWindow { .. });
         match self.ttl_ms {
             None if bucket => {
-                Err("ttl_ms: a bucket's lease needs its period, the policy's `leased.ttl`".into())
+                Err(Invalid::at("ttl_ms", "a bucket's lease needs its period, the policy's `leased.ttl`"))
             }
-            Some(_) if !bucket => Err("ttl_ms: only a bucket's lease has a period".into()),
-            Some(ttl) if ttl.get() == 0 || ttl.get() > crate::leased::MAX_TTL_MS => {
-                Err(format!("ttl_ms: {} out of range (1 to {})", ttl.get(), crate::leased::MAX_TTL_MS))
-            }
+            Some(_) if !bucket => Err(Invalid::at("ttl_ms", "only a bucket's lease has a period")),
+            Some(ttl) if ttl.get() == 0 || ttl.get() > crate::leased::MAX_TTL_MS => Err(Invalid::at(
+                "ttl_ms",
+                format!("{} out of range (1 to {})", ttl.get(), crate::leased::MAX_TTL_MS),
+            )),
             _ => Ok(()),
         }
     }
@@ -689,20 +713,24 @@ pub struct Passes {
 impl ReportRequest {
     /// The bounds a shim holds a report to: at most [`MAX_REPORT_ENTRIES`]
     /// entries in both lists together, each naming a valid policy.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         let entries = self.passes.len() + self.cache_denied.len();
         if entries > MAX_REPORT_ENTRIES {
             let field = if self.cache_denied.is_empty() { "passes" } else { "passes and cache_denied" };
-            return Err(format!(
-                "{field}: {entries} entries, more than the {MAX_REPORT_ENTRIES} a report may carry"
+            return Err(Invalid::at(
+                field,
+                format!("{entries} entries, more than the {MAX_REPORT_ENTRIES} a report may carry"),
             ));
         }
         for (field, entries) in [("passes", &self.passes), ("cache_denied", &self.cache_denied)] {
             for (i, passes) in entries.iter().enumerate() {
                 if crate::PolicyName::new(&passes.policy).is_none() {
-                    return Err(format!(
-                        "{field}[{i}].policy: invalid policy name {:?} (expected 1 to 64 of A-Z a-z 0-9 _ -)",
-                        passes.policy
+                    return Err(Invalid::at(
+                        format!("{field}[{i}].policy"),
+                        format!(
+                            "invalid policy name {:?} (expected 1 to 64 of A-Z a-z 0-9 _ -)",
+                            passes.policy
+                        ),
                     ));
                 }
             }
@@ -853,13 +881,16 @@ mod tests {
             passes: vec![entry("p".into()); MAX_REPORT_ENTRIES + 1],
             cache_denied: Vec::new(),
         };
-        assert_eq!(more.validate(), Err("passes: 257 entries, more than the 256 a report may carry".into()));
+        assert_eq!(
+            more.validate().map_err(|e| e.to_string()),
+            Err("passes: 257 entries, more than the 256 a report may carry".into())
+        );
         let bad = ReportRequest {
             passes: vec![entry("ok".into()), entry("not ok".into())],
             cache_denied: Vec::new(),
         };
         assert_eq!(
-            bad.validate(),
+            bad.validate().map_err(|e| e.to_string()),
             Err(r#"passes[1].policy: invalid policy name "not ok" (expected 1 to 64 of A-Z a-z 0-9 _ -)"#
                 .into())
         );
@@ -882,19 +913,21 @@ mod tests {
         let window = WireLimit::FixedWindow { limit: 100, window_ms: Millis(1_000), cost: 1 };
         assert_eq!(req(window, 100, back(100)).validate(), Ok(()));
         assert_eq!(
-            req(window, 101, None).validate(),
+            req(window, 101, None).validate().map_err(|e| e.to_string()),
             Err("want: 101 is more than 100 (at most the limit and 100000)".into())
         );
         // Tokens of a higher limit before a reload go back under a lower one.
         assert_eq!(req(window, 1, back(101)).validate(), Ok(()));
         assert_eq!(
-            req(window, 1, back(100_001)).validate(),
+            req(window, 1, back(100_001)).validate().map_err(|e| e.to_string()),
             Err("give_back.tokens: 100001 is more than 100000 (the limit or 100000, the larger)".into())
         );
         let zero = WireLimit::FixedWindow { limit: 100, window_ms: Millis(0), cost: 1 };
         assert!(req(zero, 1, None).validate().is_err());
         assert_eq!(
-            LeaseRequest { ttl_ms: Some(Millis(1_000)), ..req(window, 1, None) }.validate(),
+            LeaseRequest { ttl_ms: Some(Millis(1_000)), ..req(window, 1, None) }
+                .validate()
+                .map_err(|e| e.to_string()),
             Err("ttl_ms: only a bucket's lease has a period".into())
         );
         // A bucket: at most its burst, with its lease period.
@@ -902,22 +935,22 @@ mod tests {
         let period = |r: LeaseRequest, ms| LeaseRequest { ttl_ms: Some(Millis(ms)), ..r };
         assert_eq!(period(req(bucket, 10, back(10)), 2_000).validate(), Ok(()));
         assert_eq!(
-            period(req(bucket, 11, None), 2_000).validate(),
+            period(req(bucket, 11, None), 2_000).validate().map_err(|e| e.to_string()),
             Err("want: 11 is more than 10 (at most the limit and 100000)".into())
         );
         assert_eq!(
-            req(bucket, 1, None).validate(),
+            req(bucket, 1, None).validate().map_err(|e| e.to_string()),
             Err("ttl_ms: a bucket's lease needs its period, the policy's `leased.ttl`".into())
         );
         assert_eq!(
-            period(req(bucket, 1, None), 3_600_001).validate(),
+            period(req(bucket, 1, None), 3_600_001).validate().map_err(|e| e.to_string()),
             Err("ttl_ms: 3600001 out of range (1 to 3600000)".into())
         );
         let leaky = WireLimit::LeakyBucket { capacity: 5, drain_ms: Millis(1_000) };
         assert_eq!(period(req(leaky, 5, None), 1).validate(), Ok(()));
         let sliding = WireLimit::SlidingWindow { limit: 100, window_ms: Millis(1_000), approximate: false };
         assert_eq!(
-            req(sliding, 1, None).validate(),
+            req(sliding, 1, None).validate().map_err(|e| e.to_string()),
             Err("limit: only a fixed_window, token_bucket or leaky_bucket is leased".into())
         );
     }

@@ -13,6 +13,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "model",
         &[
+            "invalid",
             "units",
             "calendar",
             "body",

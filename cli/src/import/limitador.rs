@@ -153,27 +153,31 @@ fn policy(limit: &Limit, at: &str, names: &mut std::collections::BTreeSet<String
     Ok(policy)
 }
 
+/// A Limitador condition or variable that Sluice does not carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum NotCarried {
+    #[error("not a condition Sluice carries: `descriptors[N]['key'] == 'value'` or `!=` (also `descriptors[N].key`, either quote)")]
+    Condition,
+    #[error("not a descriptor entry: expected `descriptors[N]['key']` or `descriptors[N].key`")]
+    Entry,
+}
+
 /// `descriptors[N]['k'] OP 'v'`: (N, k, OP is `==`, v).
-fn condition(text: &str) -> Result<(usize, String, bool, String), String> {
+fn condition(text: &str) -> Result<(usize, String, bool, String), NotCarried> {
     let (op_at, equal) = match (text.find("=="), text.find("!=")) {
         (Some(i), None) => (i, true),
         (None, Some(i)) => (i, false),
-        _ => return Err(unsupported()),
+        _ => return Err(NotCarried::Condition),
     };
     let (left, right) = (text[..op_at].trim(), text[op_at + 2..].trim());
     let (n, key) = variable(left)?;
-    let value = literal(right).ok_or_else(unsupported)?;
+    let value = literal(right).ok_or(NotCarried::Condition)?;
     Ok((n, key, equal, value))
 }
 
-fn unsupported() -> String {
-    "not a condition Sluice carries: `descriptors[N]['key'] == 'value'` or `!=` (also `descriptors[N].key`, either quote)".to_string()
-}
-
 /// `descriptors[N]['k']`, `descriptors[N]["k"]` or `descriptors[N].k`: (N, k).
-fn variable(text: &str) -> Result<(usize, String), String> {
-    let bad =
-        || "not a descriptor entry: expected `descriptors[N]['key']` or `descriptors[N].key`".to_string();
+fn variable(text: &str) -> Result<(usize, String), NotCarried> {
+    let bad = || NotCarried::Entry;
     let rest = text.trim().strip_prefix("descriptors[").ok_or_else(bad)?;
     let close = rest.find(']').ok_or_else(bad)?;
     let n: usize = rest[..close].trim().parse().map_err(|_| bad())?;

@@ -26,6 +26,18 @@ use sluice_policies::request::SimpleRequest;
 use sluice_policies::HeaderName;
 
 use super::time::rfc3339_us;
+use super::unreadable::Unreadable;
+
+/// A `--field` that does not say `TARGET=FIELD`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum FieldSpecError {
+    #[error("--field {0:?}: expected TARGET=FIELD")]
+    NoEquals(String),
+    #[error("--field {0:?}: no field name after =")]
+    NoField(String),
+    #[error("--field {spec:?}: unknown target {target:?} (expected time, time_ms, method, path, authority, source, duration_ms, tokens or header:NAME)")]
+    UnknownTarget { spec: String, target: String },
+}
 
 /// What one mapped field is read as.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,8 +54,8 @@ enum Target {
 }
 
 impl Target {
-    fn parse(text: &str) -> Result<Target, String> {
-        Ok(match text {
+    fn parse(text: &str) -> Option<Target> {
+        Some(match text {
             "time" => Target::Time,
             "time_ms" => Target::TimeMs,
             "method" => Target::Method,
@@ -54,11 +66,7 @@ impl Target {
             "tokens" => Target::Tokens,
             _ => match text.strip_prefix("header:").map(HeaderName::new) {
                 Some(Some(name)) => Target::Header(name.as_str().to_string()),
-                _ => {
-                    return Err(format!(
-                        "unknown target {text:?} (expected time, time_ms, method, path, authority, source, duration_ms, tokens or header:NAME)"
-                    ))
-                }
+                _ => return None,
             },
         })
     }
@@ -81,15 +89,18 @@ enum Field<'a> {
 
 impl Mapping {
     /// `--field TARGET=FIELD`, each given once or more.
-    pub(crate) fn parse(specs: &[String]) -> Result<Mapping, String> {
+    pub(crate) fn parse(specs: &[String]) -> Result<Mapping, FieldSpecError> {
         let mut mapping = Mapping::default();
         for spec in specs {
             let (target, field) =
-                spec.split_once('=').ok_or_else(|| format!("--field {spec:?}: expected TARGET=FIELD"))?;
+                spec.split_once('=').ok_or_else(|| FieldSpecError::NoEquals(spec.clone()))?;
             if field.is_empty() {
-                return Err(format!("--field {spec:?}: no field name after ="));
+                return Err(FieldSpecError::NoField(spec.clone()));
             }
-            let target = Target::parse(target).map_err(|e| format!("--field {spec:?}: {e}"))?;
+            let target = Target::parse(target).ok_or_else(|| FieldSpecError::UnknownTarget {
+                spec: spec.clone(),
+                target: target.to_string(),
+            })?;
             mapping.fields.push((target, field.to_string()));
         }
         Ok(mapping)
@@ -132,7 +143,7 @@ impl Mapping {
     fn of(pairs: &[(&str, &str)]) -> Mapping {
         let fields = pairs
             .iter()
-            .filter_map(|(target, field)| Some((Target::parse(target).ok()?, field.to_string())))
+            .filter_map(|(target, field)| Some((Target::parse(target)?, field.to_string())))
             .collect();
         Mapping { fields }
     }
@@ -145,7 +156,7 @@ impl Mapping {
     }
 
     /// Reads one line's object; the error says which field is wrong.
-    pub(crate) fn read(&self, line: &Map<String, Value>) -> Result<Replayed, String> {
+    pub(crate) fn read(&self, line: &Map<String, Value>) -> Result<Replayed, Unreadable> {
         let mut at_us = None;
         let mut method = Cow::Borrowed("GET");
         let mut path = None;
@@ -202,7 +213,7 @@ impl Mapping {
     }
 
     /// The error for a line without a required part.
-    fn no(&self, what: &str, flag: &str) -> String {
+    fn no(&self, what: &str, flag: &str) -> Unreadable {
         let fields: Vec<&str> = self
             .fields
             .iter()
@@ -211,14 +222,14 @@ impl Mapping {
             })
             .map(|(_, f)| f.as_str())
             .collect();
-        match fields.as_slice() {
+        Unreadable::new(match fields.as_slice() {
             [] => format!("no {what}: map the field that holds it with --field {flag}"),
             _ => format!("no {what}: the line has no {}", fields.join(" or ")),
-        }
+        })
     }
 }
 
-fn field<'a>(line: &'a Map<String, Value>, name: &str) -> Result<Field<'a>, String> {
+fn field<'a>(line: &'a Map<String, Value>, name: &str) -> Result<Field<'a>, Unreadable> {
     Ok(match line.get(name) {
         None => Field::Absent,
         Some(Value::Null) => Field::Lacked,
@@ -226,19 +237,21 @@ fn field<'a>(line: &'a Map<String, Value>, name: &str) -> Result<Field<'a>, Stri
         Some(Value::String(s)) => Field::Text(Cow::Borrowed(s)),
         Some(Value::Number(n)) => Field::Text(Cow::Owned(n.to_string())),
         Some(Value::Bool(b)) => Field::Text(Cow::Owned(b.to_string())),
-        Some(_) => return Err(format!("field {name:?} is not a string or a number")),
+        Some(_) => return Err(Unreadable::new(format!("field {name:?} is not a string or a number"))),
     })
 }
 
 /// A whole number of tokens.
-fn count(name: &str, text: &str) -> Result<u64, String> {
-    text.trim().parse().map_err(|_| format!("field {name:?}: {text:?} is not a whole number of tokens"))
+fn count(name: &str, text: &str) -> Result<u64, Unreadable> {
+    (text.trim().parse())
+        .map_err(|_| Unreadable::new(format!("field {name:?}: {text:?} is not a whole number of tokens")))
 }
 
 /// A whole number of milliseconds; a fraction is cut.
-fn number(name: &str, text: &str) -> Result<u64, String> {
+fn number(name: &str, text: &str) -> Result<u64, Unreadable> {
     let whole = text.split_once('.').map_or(text, |(whole, _)| whole);
-    whole.parse().map_err(|_| format!("field {name:?}: {text:?} is not a number of milliseconds"))
+    (whole.parse())
+        .map_err(|_| Unreadable::new(format!("field {name:?}: {text:?} is not a number of milliseconds")))
 }
 
 #[cfg(test)]
@@ -292,21 +305,27 @@ mod tests {
     #[test]
     fn bad_mappings_and_lines_say_what_is_wrong() {
         assert_eq!(
-            Mapping::parse(&["when=ts".into()]).unwrap_err(),
+            Mapping::parse(&["when=ts".into()]).unwrap_err().to_string(),
             "--field \"when=ts\": unknown target \"when\" (expected time, time_ms, method, path, authority, source, duration_ms, tokens or header:NAME)"
         );
-        assert_eq!(Mapping::parse(&["path".into()]).unwrap_err(), "--field \"path\": expected TARGET=FIELD");
+        assert_eq!(
+            Mapping::parse(&["path".into()]).unwrap_err().to_string(),
+            "--field \"path\": expected TARGET=FIELD"
+        );
         let mapping = Mapping::parse(&["path=uri".into()]).expect("valid");
         assert_eq!(
-            mapping.read(&object(r#"{"uri": "/"}"#)).unwrap_err(),
+            mapping.read(&object(r#"{"uri": "/"}"#)).unwrap_err().to_string(),
             "no time: map the field that holds it with --field time=FIELD (RFC 3339) or time_ms=FIELD"
         );
         assert_eq!(
-            Mapping::istio().read(&object(r#"{"start_time": "2026-11-23T10:00:00Z"}"#)).unwrap_err(),
+            Mapping::istio()
+                .read(&object(r#"{"start_time": "2026-11-23T10:00:00Z"}"#))
+                .unwrap_err()
+                .to_string(),
             "no path: the line has no path"
         );
         assert_eq!(
-            Mapping::istio().read(&object(r#"{"start_time": 5, "path": "/"}"#)).unwrap_err(),
+            Mapping::istio().read(&object(r#"{"start_time": 5, "path": "/"}"#)).unwrap_err().to_string(),
             "time \"5\": timestamp format is invalid"
         );
         let with_key = Mapping::istio().with(&Mapping::parse(&["path=uri".into()]).expect("valid"));

@@ -35,6 +35,7 @@ use sluice_policies::request::SimpleRequest;
 use super::fields::Mapping;
 use super::shapes::Shape;
 use super::time::rfc3339_us;
+use super::unreadable::{BadLine, Unreadable};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -80,18 +81,18 @@ impl Reader {
     }
 
     /// Reads one line; `line` numbers from 1 for the message.
-    pub(crate) fn read(&self, text: &str, line: usize) -> Result<(Shape, Logged), String> {
+    pub(crate) fn read(&self, text: &str, line: usize) -> Result<(Shape, Logged), BadLine> {
         let text = text.trim();
         let read = if text.starts_with('{') {
             self.json(text)
         } else {
             envoy(text).map(|logged| (Shape::EnvoyText, logged))
         };
-        read.map_err(|reason| format!("line {line}: {reason}"))
+        read.map_err(|reason| BadLine { line, reason })
     }
 
-    fn json(&self, text: &str) -> Result<(Shape, Logged), String> {
-        let object: Map<String, Value> = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    fn json(&self, text: &str) -> Result<(Shape, Logged), Unreadable> {
+        let object: Map<String, Value> = serde_json::from_str(text)?;
         let shape = Shape::of_json(&object, self.mapped.is_some());
         let read = match (shape, &self.mapped) {
             (Shape::Istio, _) => self.istio.read(&object),
@@ -99,12 +100,13 @@ impl Reader {
             (Shape::Mapped, Some(mapping)) => mapping.read(&object),
             _ => sluice(object),
         };
-        read.map(|logged| (shape, logged)).map_err(|e| format!("{e} (read as {})", shape.name()))
+        read.map(|logged| (shape, logged))
+            .map_err(|e| Unreadable::new(format!("{e} (read as {})", shape.name())))
     }
 }
 
-fn sluice(object: Map<String, Value>) -> Result<Logged, String> {
-    let l = JsonLine::deserialize(Value::Object(object)).map_err(|e| e.to_string())?;
+fn sluice(object: Map<String, Value>) -> Result<Logged, Unreadable> {
+    let l = JsonLine::deserialize(Value::Object(object))?;
     let at_us = match (l.time, l.time_ms) {
         (Some(time), _) => rfc3339_us(&time)?,
         (None, Some(ms)) => ms.saturating_mul(1000),
@@ -147,7 +149,7 @@ fn sluice(object: Map<String, Value>) -> Result<Logged, String> {
 
 /// Envoy's default format, read field by field: `[time] "METHOD PATH PROTO"
 /// code flags rx tx duration upstream_time "xff" "ua" "id" "authority" "host"`.
-fn envoy(text: &str) -> Result<Logged, String> {
+fn envoy(text: &str) -> Result<Logged, Unreadable> {
     let rest = text.strip_prefix('[').ok_or("expected [START_TIME] or a JSON object")?;
     let (time, rest) = rest.split_once(']').ok_or("no ] after the start time")?;
     let at_us = rfc3339_us(time)?;
@@ -155,7 +157,9 @@ fn envoy(text: &str) -> Result<Logged, String> {
     let mut parts = request_line.split(' ');
     let (method, path) = match (parts.next(), parts.next()) {
         (Some(method), Some(path)) => (method, path),
-        _ => return Err(format!("request {request_line:?} is not \"METHOD PATH PROTOCOL\"")),
+        _ => {
+            return Err(Unreadable::new(format!("request {request_line:?} is not \"METHOD PATH PROTOCOL\"")))
+        }
     };
     let mut fields = rest.split_whitespace();
     let duration_ms = fields.nth(4).and_then(|d| d.parse().ok()).unwrap_or(0);
@@ -187,8 +191,10 @@ fn envoy_text_records() -> Recorded {
 }
 
 /// `"value"rest` → (value, rest).
-fn quoted(text: &str) -> Result<(&str, &str), String> {
-    let inner = text.strip_prefix('"').ok_or_else(|| format!("expected a quoted field at {text:?}"))?;
+fn quoted(text: &str) -> Result<(&str, &str), Unreadable> {
+    let inner = text
+        .strip_prefix('"')
+        .ok_or_else(|| Unreadable::new(format!("expected a quoted field at {text:?}")))?;
     let end = inner.find('"').ok_or("an unclosed quote")?;
     Ok((&inner[..end], &inner[end + 1..]))
 }
@@ -199,7 +205,7 @@ mod tests {
 
     use super::*;
 
-    fn parse_line(text: &str, line: usize) -> Result<Logged, String> {
+    fn parse_line(text: &str, line: usize) -> Result<Logged, BadLine> {
         Reader::new(Mapping::default()).read(text, line).map(|(_, logged)| logged)
     }
 
@@ -226,8 +232,9 @@ mod tests {
 
     #[test]
     fn bad_lines_say_which_and_why() {
-        assert_eq!(parse_line("hello", 7).unwrap_err(), "line 7: expected [START_TIME] or a JSON object");
-        assert!(parse_line(r#"{"path": "/"}"#, 2).unwrap_err().starts_with("line 2: no time"));
-        assert!(parse_line(r#"[yesterday] "GET / HTTP/1.1""#, 3).unwrap_err().starts_with("line 3: time"));
+        let bad = |text: &str, line| parse_line(text, line).unwrap_err().to_string();
+        assert_eq!(bad("hello", 7), "line 7: expected [START_TIME] or a JSON object");
+        assert!(bad(r#"{"path": "/"}"#, 2).starts_with("line 2: no time"));
+        assert!(bad(r#"[yesterday] "GET / HTTP/1.1""#, 3).starts_with("line 3: time"));
     }
 }

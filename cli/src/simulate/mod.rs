@@ -29,6 +29,7 @@ mod reorder;
 mod report;
 mod shapes;
 mod time;
+mod unreadable;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
@@ -97,7 +98,7 @@ pub fn run(args: &Args, errors: &mut dyn Write) -> anyhow::Result<Simulated> {
         doc.trusted_hops =
             TrustedHops::new(n).ok_or_else(|| anyhow::anyhow!("--trusted-hops {n}: expected 0 to 16"))?;
     }
-    let reader = log::Reader::new(Mapping::parse(&args.fields).map_err(anyhow::Error::msg)?);
+    let reader = log::Reader::new(Mapping::parse(&args.fields)?);
     let file = File::open(&args.log).with_context(|| format!("reading {}", args.log.display()))?;
     let window_us = u64::try_from(args.reorder.as_micros()).unwrap_or(u64::MAX);
 
@@ -148,7 +149,7 @@ pub fn run(args: &Args, errors: &mut dyn Write) -> anyhow::Result<Simulated> {
                     read.replayed += 1;
                 }
             }
-            Err(reason) => bad(&mut read, reason),
+            Err(reason) => bad(&mut read, reason.to_string()),
         }
     }
     while let Some(logged) = reorder.pop_any() {

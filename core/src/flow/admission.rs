@@ -13,7 +13,7 @@ use sluice_policies::{Applied, Evaluation, HeadersMode, Request};
 use super::{Phase, State, CHECK_ENCODING, ENFORCED, SHADOW, SHADOW_HEADER};
 use crate::cache::{Hit, OverLimitCache};
 use crate::check_call::CheckCall;
-use crate::decision::retry_after_secs;
+use crate::decision::{retry_after_secs, NoAnswer};
 use crate::effect::{Effect, Effects, Outgoing};
 use crate::host::Host;
 use crate::leased::{Pool, Token};
@@ -124,7 +124,7 @@ impl State {
                 }
                 Err(err) => {
                     worker.call_ended(false, now, now, &mut fx);
-                    call.answer = Some(Err(format!("cannot encode the check: {err}")));
+                    call.answer = Some(Err(NoAnswer::Encode(err)));
                 }
             }
         }
@@ -154,7 +154,7 @@ impl State {
         }
         for call in &mut self.calls {
             if !call.checks.is_empty() {
-                call.answer = Some(Err("the shim breaker is open".into()));
+                call.answer = Some(Err(NoAnswer::BreakerOpen));
             }
         }
         self.finish(worker, now, host, fx);

@@ -2,6 +2,8 @@
 //! needed): admitted, denied, or left to `failure_mode`; the counts, the
 //! over-limit cache, the `RateLimit` and shadow headers of each outcome.
 
+use std::fmt::Display;
+
 use sluice_policies::load::{pool_occupancy, Signal};
 use sluice_policies::units::Millis;
 use sluice_policies::wire::{Check, CheckOutcome, CheckResponse, RenewRequest, WireLimit};
@@ -10,7 +12,7 @@ use sluice_policies::{FailureMode, HeadersMode, Limit, Policy};
 use super::admission::shadow_note;
 use super::{Phase, State, SHADOW_HEADER};
 use crate::cache::OverLimitCache;
-use crate::decision::retry_after_secs;
+use crate::decision::{retry_after_secs, NoAnswer};
 use crate::effect::Effects;
 use crate::host::Host;
 use crate::local_reply::LocalReply;
@@ -114,7 +116,7 @@ impl State {
     pub(super) fn conclude_shadow(
         &mut self,
         worker: &Worker,
-        answer: Result<CheckResponse, String>,
+        answer: Result<CheckResponse, NoAnswer>,
         now: u64,
         fx: &mut Effects,
     ) -> Option<String> {
@@ -157,7 +159,7 @@ impl State {
         let (Some(&index), Some(check), Some(outcome)) =
             (call.policies.get(i), call.checks.get(i), resp.checks.get(i))
         else {
-            return self.fail(worker, "shim denied without saying which check", now, fx);
+            return self.fail(worker, &"shim denied without saying which check", now, fx);
         };
         let Some(policy) = worker.doc.policies.get(index) else {
             self.phase = Phase::Admitted;
@@ -194,7 +196,7 @@ impl State {
 
     /// The shim gave no usable answer: `failure_mode` decides. Deny wins if
     /// any enforced policy that applies says deny; its status is the first such one's.
-    pub(super) fn fail(&mut self, worker: &Worker, reason: &str, now: u64, fx: &mut Effects) {
+    pub(super) fn fail(&mut self, worker: &Worker, reason: &dyn Display, now: u64, fx: &mut Effects) {
         let call = &self.calls[0];
         let deny_status = call.policies.iter().find_map(|&index| {
             let policy = worker.doc.policies.get(index)?;

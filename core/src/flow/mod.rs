@@ -50,7 +50,7 @@ use sluice_policies::wire::{AdjustRequest, ADJUST_PATH};
 use sluice_policies::Request;
 
 use crate::check_call::CheckCall;
-use crate::decision::read_answer;
+use crate::decision::{read_answer, NoAnswer};
 use crate::effect::{CallId, CallResult, Effect, Effects};
 use crate::host::Host;
 use crate::local_reply::LocalReply;
@@ -345,7 +345,7 @@ impl State {
         let answer = match result {
             CallResult::NotSent(reason) => {
                 call.unconfirmed = false;
-                Err(reason)
+                Err(NoAnswer::NotSent(reason))
             }
             CallResult::Answered { status, body } => {
                 fx.filter(FilterStat::ShimLatencyMs, now.saturating_sub(call.sent_ms) as i64);

@@ -46,6 +46,7 @@ use crate::metrics::traffic::{self, Rates, Seen, Totals};
 use crate::metrics::Metrics;
 use crate::store::RedisClient;
 use state::LimitState;
+use state::StateError;
 
 /// Busy keys per policy whose state the page shows (read from Redis on
 /// each poll); the sketch keeps more, [`traffic::KEYS_PER_POLICY`].
@@ -196,7 +197,7 @@ impl Dashboard {
         let policies = join_all(self.listed().into_iter().map(|policy| self.view(policy, &now))).await;
         Snapshot {
             now_ms: now.as_ref().ok().map(|us| us / 1000),
-            redis_error: now.err(),
+            redis_error: now.err().map(|e| e.to_string()),
             rate_seconds: traffic::RATE_SECONDS,
             policies,
         }
@@ -240,7 +241,7 @@ impl Dashboard {
         listed
     }
 
-    async fn view(&self, policy: Listed, now: &Result<u64, String>) -> PolicyView {
+    async fn view(&self, policy: Listed, now: &Result<u64, StateError>) -> PolicyView {
         let keys = policy.seen.keys.iter().map(|(key, estimate)| self.key(&policy, key, *estimate, now));
         let keys = join_all(keys).await;
         PolicyView {
@@ -264,7 +265,7 @@ impl Dashboard {
         policy: &Listed,
         key: &str,
         estimate: Estimate,
-        now: &Result<u64, String>,
+        now: &Result<u64, StateError>,
     ) -> KeyView {
         let read = match now {
             Ok(now) => {
@@ -274,7 +275,7 @@ impl Dashboard {
         };
         let (state, state_error) = match read {
             Ok(state) => (state, None),
-            Err(err) => (Vec::new(), Some(err)),
+            Err(err) => (Vec::new(), Some(err.to_string())),
         };
         KeyView { key: key.to_string(), checks: estimate.count, error: estimate.error, state, state_error }
     }

@@ -8,11 +8,13 @@
 //! scripts, as the next check would see them. Reading changes nothing:
 //! expired entries stay until the next check prunes them.
 
+use std::sync::Arc;
+
 use serde::Serialize;
 use sluice_policies::algorithm::{fixed_window, gcra, sliding_approx, Algorithm, State, View};
 use sluice_policies::key::is_encoded;
 use sluice_policies::wire::{split_shown, WireLimit};
-use sluice_policies::PolicyName;
+use sluice_policies::{Invalid, PolicyName};
 
 use crate::keys::{state_keys, tag};
 use crate::store::RedisClient;
@@ -34,10 +36,33 @@ pub struct LimitState {
     pub waiters: Option<u64>,
 }
 
+/// Why a key's state could not be read; the page shows it beside the key.
+/// Cloned: one failed clock read is every key's error.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StateError {
+    #[error("redis: {0}")]
+    Redis(Arc<redis::RedisError>),
+    /// The key names a level the policy does not have.
+    #[error("no level {0:?}")]
+    NoLevel(String),
+    #[error("the levels do not fit the limits")]
+    LevelsDoNotFit,
+    #[error("invalid level name or key")]
+    LevelKey,
+    /// The policy's name or key, or a limit, fails the checks of a request.
+    #[error(transparent)]
+    Key(#[from] Invalid),
+}
+
+impl From<redis::RedisError> for StateError {
+    fn from(err: redis::RedisError) -> StateError {
+        StateError::Redis(Arc::new(err))
+    }
+}
+
 /// Redis's clock, in microseconds: the scripts' clock too.
-pub async fn now_us(store: &RedisClient) -> Result<u64, String> {
-    let (secs, micros): (u64, u64) =
-        store.query(&redis::cmd("TIME")).await.map_err(|e| format!("redis: {e}"))?;
+pub async fn now_us(store: &RedisClient) -> Result<u64, StateError> {
+    let (secs, micros): (u64, u64) = store.query(&redis::cmd("TIME")).await?;
     Ok(secs * 1_000_000 + micros)
 }
 
@@ -52,29 +77,28 @@ pub async fn read(
     shown: &str,
     limits: &[WireLimit],
     levels: &[(String, usize)],
-) -> Result<Vec<Option<LimitState>>, String> {
+) -> Result<Vec<Option<LimitState>>, StateError> {
     let (key, level) = split_shown(shown);
     let next_from = |i: usize| levels.get(i).map_or(limits.len(), |l| l.1);
     let range = match &level {
         None => 0..next_from(0),
         Some(level) => {
             let i = (levels.iter().position(|(name, _)| *name == level.name))
-                .ok_or_else(|| format!("no level {:?}", level.name))?;
+                .ok_or_else(|| StateError::NoLevel(level.name.clone()))?;
             levels[i].1..next_from(i + 1)
         }
     };
-    let mine = limits.get(range.clone()).ok_or("the levels do not fit the limits")?;
+    let mine = limits.get(range.clone()).ok_or(StateError::LevelsDoNotFit)?;
     let mut tag = tag(policy, key)?;
     if let Some(level) = &level {
         if PolicyName::new(&level.name).is_none() || !is_encoded(&level.key) {
-            return Err("invalid level name or key".to_string());
+            return Err(StateError::LevelKey);
         }
         tag = level.under(&tag);
     }
     let mut states = vec![None; limits.len()];
     for (slot, limit) in states[range].iter_mut().zip(state_keys(&tag, mine)?) {
-        *slot =
-            Some(read_one(store, now, &limit.key, limit.algorithm).await.map_err(|e| format!("redis: {e}"))?);
+        *slot = Some(read_one(store, now, &limit.key, limit.algorithm).await?);
     }
     Ok(states)
 }

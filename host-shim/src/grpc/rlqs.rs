@@ -39,6 +39,7 @@ use sluice_core::rlqs::{
 use sluice_policies::key::MAX_SOURCE_NAME_LEN;
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::rlqs::{govern, Governed};
+use sluice_policies::Invalid;
 use tokio::sync::mpsc;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -76,32 +77,38 @@ pub struct Decoded {
 /// A usage report of a stream whose domain is `domain` (`None` before its
 /// first report), or why it is refused (`INVALID_ARGUMENT`). Reports of
 /// one bucket within a message are added up.
-pub fn decode(msg: &RateLimitQuotaUsageReports, domain: Option<&str>) -> Result<Decoded, String> {
+pub fn decode(msg: &RateLimitQuotaUsageReports, domain: Option<&str>) -> Result<Decoded, Invalid> {
     let domain = match (domain, msg.domain.as_str()) {
-        (None, "") => return Err("domain: the stream's first report must name its domain".to_string()),
+        (None, "") => return Err(Invalid::at("domain", "the stream's first report must name its domain")),
         (None, d) if d.len() > MAX_DOMAIN_LEN => {
-            return Err(format!("domain: expected 1 to {MAX_DOMAIN_LEN} bytes, got {}", d.len()))
+            return Err(Invalid::at(
+                "domain",
+                format!("expected 1 to {MAX_DOMAIN_LEN} bytes, got {}", d.len()),
+            ))
         }
         (None, d) => d,
         (Some(d), "") => d,
         (Some(d), other) if other == d => d,
         (Some(d), other) => {
-            return Err(format!(
-                "domain: the stream's domain is {d:?}; a report cannot change it to {:?}",
-                other.get(..64).unwrap_or(other)
+            return Err(Invalid::at(
+                "domain",
+                format!(
+                    "the stream's domain is {d:?}; a report cannot change it to {:?}",
+                    other.get(..64).unwrap_or(other)
+                ),
             ))
         }
     };
     if msg.bucket_quota_usages.len() > MAX_REPORTED {
-        return Err(format!(
-            "bucket_quota_usages: at most {MAX_REPORTED} buckets in a report, got {}",
-            msg.bucket_quota_usages.len()
+        return Err(Invalid::at(
+            "bucket_quota_usages",
+            format!("at most {MAX_REPORTED} buckets in a report, got {}", msg.bucket_quota_usages.len()),
         ));
     }
     let mut reports: Vec<Report> = Vec::with_capacity(msg.bucket_quota_usages.len());
     for (i, usage) in msg.bucket_quota_usages.iter().enumerate() {
         let id = bucket_id(usage.bucket_id.as_ref())
-            .map_err(|e| format!("bucket_quota_usages[{i}].bucket_id{e}"))?;
+            .map_err(|e| e.within(&format!("bucket_quota_usages[{i}].bucket_id")))?;
         match reports.iter_mut().find(|r| r.id == id) {
             Some(r) => {
                 r.allowed = r.allowed.saturating_add(usage.num_requests_allowed);
@@ -117,22 +124,28 @@ pub fn decode(msg: &RateLimitQuotaUsageReports, domain: Option<&str>) -> Result<
     Ok(Decoded { domain: domain.to_string(), reports })
 }
 
-/// A bucket id, sorted by key; or what is wrong with it (after its path).
-fn bucket_id(id: Option<&ProtoBucketId>) -> Result<BucketId, String> {
-    let Some(id) = id else { return Err(": missing".to_string()) };
+/// A bucket id, sorted by key; or what is wrong with it.
+fn bucket_id(id: Option<&ProtoBucketId>) -> Result<BucketId, Invalid> {
+    let Some(id) = id else { return Err(Invalid::new("missing")) };
     if id.bucket.is_empty() || id.bucket.len() > MAX_ID_ENTRIES {
-        return Err(format!(".bucket: expected 1 to {MAX_ID_ENTRIES} entries, got {}", id.bucket.len()));
+        return Err(Invalid::at(
+            "bucket",
+            format!("expected 1 to {MAX_ID_ENTRIES} entries, got {}", id.bucket.len()),
+        ));
     }
     let mut pairs = Vec::with_capacity(id.bucket.len());
     for (key, value) in &id.bucket {
         if key.is_empty() || key.len() > MAX_SOURCE_NAME_LEN {
-            return Err(format!(
-                ".bucket: a key of {} bytes (expected 1 to {MAX_SOURCE_NAME_LEN})",
-                key.len()
+            return Err(Invalid::at(
+                "bucket",
+                format!("a key of {} bytes (expected 1 to {MAX_SOURCE_NAME_LEN})", key.len()),
             ));
         }
         if value.len() > MAX_VALUE_LEN {
-            return Err(format!(".bucket[{:?}]: at most {MAX_VALUE_LEN} bytes, got {}", key, value.len()));
+            return Err(Invalid::at(
+                format!("bucket[{key:?}]"),
+                format!("at most {MAX_VALUE_LEN} bytes, got {}", value.len()),
+            ));
         }
         pairs.push((key.clone(), value.clone()));
     }
@@ -220,7 +233,7 @@ async fn drive(
             _ = drain.closed() => break,
             message = inbound.message() => match message {
                 Ok(Some(msg)) => {
-                    let decoded = decode(&msg, domain.as_deref()).map_err(Status::invalid_argument).and_then(|d| {
+                    let decoded = decode(&msg, domain.as_deref()).map_err(|e| Status::invalid_argument(e.to_string())).and_then(|d| {
                         let new = d.reports.iter().filter(|r| !stream.knows(&r.id)).count();
                         if stream.len() + new > MAX_BUCKETS {
                             Err(Status::resource_exhausted(format!("a stream holds at most {MAX_BUCKETS} buckets")))

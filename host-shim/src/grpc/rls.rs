@@ -56,7 +56,7 @@ use sluice_policies::document::{RepeatedEntry, Statuses};
 use sluice_policies::key::MAX_SOURCE_NAME_LEN;
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::wire::{CheckOutcome, LimitOutcome, WireLimit};
-use sluice_policies::{Document, HeaderFormat, HeadersMode, Limit, Policy};
+use sluice_policies::{Document, HeaderFormat, HeadersMode, Invalid, Limit, Policy};
 use tonic::{Request, Response, Status};
 
 use super::Faces;
@@ -79,14 +79,17 @@ pub const MAX_MESSAGE: usize = 4 * 1024 * 1024;
 pub use sluice_policies::plan::{plan, Checks, Descriptor, Plan, Planned};
 
 /// The request's descriptors, or why it is refused (`INVALID_ARGUMENT`).
-pub fn decode(req: &RateLimitRequest) -> Result<Vec<Descriptor>, String> {
+pub fn decode(req: &RateLimitRequest) -> Result<Vec<Descriptor>, Invalid> {
     if req.domain.is_empty() || req.domain.len() > MAX_DOMAIN_LEN {
-        return Err(format!("domain: expected 1 to {MAX_DOMAIN_LEN} bytes, got {}", req.domain.len()));
+        return Err(Invalid::at(
+            "domain",
+            format!("expected 1 to {MAX_DOMAIN_LEN} bytes, got {}", req.domain.len()),
+        ));
     }
     if req.descriptors.is_empty() || req.descriptors.len() > MAX_DESCRIPTORS {
-        return Err(format!(
-            "descriptors: expected 1 to {MAX_DESCRIPTORS} descriptors, got {}",
-            req.descriptors.len()
+        return Err(Invalid::at(
+            "descriptors",
+            format!("expected 1 to {MAX_DESCRIPTORS} descriptors, got {}", req.descriptors.len()),
         ));
     }
     let mut out = Vec::with_capacity(req.descriptors.len());
@@ -94,32 +97,38 @@ pub fn decode(req: &RateLimitRequest) -> Result<Vec<Descriptor>, String> {
         // No entries is a descriptor too: Envoy sends one, in its place,
         // where every action of a rate limit was skipped.
         if d.entries.len() > MAX_ENTRIES {
-            return Err(format!(
-                "descriptors[{i}].entries: expected at most {MAX_ENTRIES} entries, got {}",
-                d.entries.len()
+            return Err(Invalid::at(
+                format!("descriptors[{i}].entries"),
+                format!("expected at most {MAX_ENTRIES} entries, got {}", d.entries.len()),
             ));
         }
         if d.is_negative_hits {
-            return Err(format!(
-                "descriptors[{i}].is_negative_hits: not supported: Sluice's windows are not refilled by a descriptor"
+            return Err(Invalid::at(
+                format!("descriptors[{i}].is_negative_hits"),
+                "not supported: Sluice's windows are not refilled by a descriptor",
             ));
         }
         let hits = d.hits_addend.as_ref().map_or(u64::from(req.hits_addend), |h| h.value);
         let hits = u32::try_from(hits)
-            .map_err(|_| format!("descriptors[{i}].hits_addend: {hits} is more than {}", u32::MAX))?
+            .map_err(|_| {
+                Invalid::at(
+                    format!("descriptors[{i}].hits_addend"),
+                    format!("{hits} is more than {}", u32::MAX),
+                )
+            })?
             .max(1);
         let mut request = SimpleRequest::default().domain(&req.domain).index(i);
         for (j, entry) in d.entries.iter().enumerate() {
             if entry.key.is_empty() || entry.key.len() > MAX_SOURCE_NAME_LEN {
-                return Err(format!(
-                    "descriptors[{i}].entries[{j}].key: expected 1 to {MAX_SOURCE_NAME_LEN} bytes, got {}",
-                    entry.key.len()
+                return Err(Invalid::at(
+                    format!("descriptors[{i}].entries[{j}].key"),
+                    format!("expected 1 to {MAX_SOURCE_NAME_LEN} bytes, got {}", entry.key.len()),
                 ));
             }
             if entry.value.len() > MAX_VALUE_LEN {
-                return Err(format!(
-                    "descriptors[{i}].entries[{j}].value: at most {MAX_VALUE_LEN} bytes, got {}",
-                    entry.value.len()
+                return Err(Invalid::at(
+                    format!("descriptors[{i}].entries[{j}].value"),
+                    format!("at most {MAX_VALUE_LEN} bytes, got {}", entry.value.len()),
                 ));
             }
             request = request.entry(&entry.key, &entry.value);
@@ -333,13 +342,13 @@ fn duration(ms: u64) -> ProtoDuration {
 /// Decides one request: decode, plan, the limiter's decisions, the answer.
 pub async fn decide(faces: &Faces, req: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
     let document = faces.document();
-    let mut descriptors = decode(req).map_err(Status::invalid_argument)?;
+    let mut descriptors = decode(req).map_err(|e| Status::invalid_argument(e.to_string()))?;
     if document.repeated_entry == RepeatedEntry::Last {
         for d in &mut descriptors {
             d.request = std::mem::take(&mut d.request).last_entries_win();
         }
     }
-    let plan = plan(&document, &descriptors).map_err(Status::invalid_argument)?;
+    let plan = plan(&document, &descriptors).map_err(|e| Status::invalid_argument(e.to_string()))?;
     let metrics = &faces.limiter.metrics;
     for planned in &plan.descriptors {
         if !planned.matched() {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use sluice_policies::algorithm::Algorithm;
 use sluice_policies::units::{Micros, Millis};
 use sluice_policies::wire::CheckRequest;
+use sluice_policies::Invalid;
 
 use super::held::Held;
 use super::wakeups::Wakeups;
@@ -80,31 +81,40 @@ pub const MAX_WAIT_MS: u64 = 86_400_000;
 
 /// Refuses what waiting cannot do: a wait beyond [`MAX_WAIT_MS`], approximate windows, a window's cost
 /// above 1, and more than one concurrency limit (one queue per request).
-pub(crate) fn refuse_unsupported(limits: &[ScriptLimit], wait_us: u64) -> Result<(), String> {
+pub(crate) fn refuse_unsupported(limits: &[ScriptLimit], wait_us: u64) -> Result<(), Invalid> {
     if wait_us > MAX_WAIT_MS * 1000 {
-        return Err(format!("wait_ms: at most {MAX_WAIT_MS} (a day)"));
+        return Err(Invalid::at("wait_ms", format!("at most {MAX_WAIT_MS} (a day)")));
     }
     if limits.iter().any(|l| matches!(l.algorithm, Algorithm::SlidingApprox { .. })) {
-        return Err("wait_ms: an approximate sliding window cannot wait (it keeps no per-request \
-                    state to reserve a slot in); use an exact sliding_window"
-            .into());
+        return Err(Invalid::at(
+            "wait_ms",
+            "an approximate sliding window cannot wait (it keeps no per-request \
+                    state to reserve a slot in); use an exact sliding_window",
+        ));
     }
     if limits.iter().any(|l| matches!(l.algorithm, Algorithm::FirstHit { .. })) {
-        return Err("wait_ms: a first_hit window cannot wait (a slot's window would be the one a \
-                    later request starts)"
-            .into());
+        return Err(Invalid::at(
+            "wait_ms",
+            "a first_hit window cannot wait (a slot's window would be the one a \
+                    later request starts)",
+        ));
     }
     if limits.iter().any(|l| matches!(l.algorithm, Algorithm::Calendar { .. })) {
-        return Err("wait_ms: a calendar window cannot wait (a full one opens again at its end, \
-                    hours or days away)"
-            .into());
+        return Err(Invalid::at(
+            "wait_ms",
+            "a calendar window cannot wait (a full one opens again at its end, \
+                    hours or days away)",
+        ));
     }
     if limits.iter().any(|l| matches!(l.algorithm, Algorithm::FixedWindow { cost: 2.., .. })) {
-        return Err("wait_ms: a fixed_window reserves one request's slot; a cost above 1 cannot wait".into());
+        return Err(Invalid::at(
+            "wait_ms",
+            "a fixed_window reserves one request's slot; a cost above 1 cannot wait",
+        ));
     }
     let leases = limits.iter().filter(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })).count();
     if leases > 1 {
-        return Err("wait_ms: a request can wait on one concurrency limit, not several".into());
+        return Err(Invalid::at("wait_ms", "a request can wait on one concurrency limit, not several"));
     }
     Ok(())
 }

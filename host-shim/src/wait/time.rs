@@ -237,7 +237,7 @@ pub async fn confirm_at(
     now: Option<Micros>,
     at: u64,
 ) -> Result<Confirmed, CheckError> {
-    let limits = crate::keys::script_limits(&req.checks).map_err(CheckError::BadRequest)?;
+    let limits = crate::keys::script_limits(&req.checks)?;
     let now = waiting.time_arg(now)?;
     let id = req.id.as_deref().unwrap_or("reserved");
     confirm(waiting, &limits, &now, id, at, &margins(req)).await
@@ -267,9 +267,9 @@ pub struct Reserved {
 /// Reserves a waiting request's time slots (one Redis slot, time-based
 /// limits) without holding it: what [`check`] does before it sleeps.
 pub async fn reserve_request(waiting: &Waiting, req: &CheckRequest<'_>) -> Result<Reserved, CheckError> {
-    let limits = crate::keys::script_limits(&req.checks).map_err(CheckError::BadRequest)?;
+    let limits = crate::keys::script_limits(&req.checks)?;
     let wait_us = req.wait_ms.unwrap_or_default().as_micros().get();
-    refuse_unsupported(&limits, wait_us).map_err(CheckError::BadRequest)?;
+    refuse_unsupported(&limits, wait_us)?;
     let now = waiting.time_arg(req.now_us)?;
     let id = req.id.as_deref().unwrap_or("reserved");
     let reply = reserve(waiting, &limits, &now, id, wait_us, &margins(req), false).await?;
