@@ -87,10 +87,20 @@ impl Hit {
 /// tick (see the module's doc).
 #[derive(Debug, Default)]
 pub struct Mirror {
-    entries: HashMap<u32, Vec<u8>>,
+    entries: HashMap<u32, Kept>,
     /// The identity of the check being looked up, its buffer kept between
     /// lookups: a denial served from the copy allocates nothing for it.
     identity: Vec<u8>,
+}
+
+/// An entry of the [`Mirror`], and the limit that denied as the check
+/// sent it, kept as the entry is: a denial served from the copy shows that
+/// limit without building it again. The entry names the limit and holds
+/// every limit as sent, so the two always agree.
+#[derive(Debug)]
+struct Kept {
+    entry: Vec<u8>,
+    limit: Option<WireLimit>,
 }
 
 impl Mirror {
@@ -121,49 +131,64 @@ impl<'m, S: SharedData> OverLimitCache<'m, S> {
     /// built check, as the RLS face has it (the filter looks up before it
     /// builds one, [`OverLimitCache::lookup_applied`]).
     pub fn lookup(&self, policy: &Policy, check: &Check, now_ms: u64) -> Option<Hit> {
-        self.find(policy, |out| write_identity(out, Parts::of(check)), now_ms)
+        let limit = |i: usize| check.limits.get(i).copied();
+        self.find(policy, |out| write_identity(out, Parts::of(check)), limit, now_ms).map(|(hit, _)| hit)
     }
 
     /// The live entry for the check `applied` would send for `req` (its
     /// token reservation `reserved`, [`Applied::reserved`]), at `now_ms`, if
     /// any; read before the check is built, so a denial from the cache
-    /// builds none.
+    /// builds none. With the hit, the limit that denied as the check would
+    /// send it ([`Hit::limit`] of [`Applied::wire_limits`]).
     pub fn lookup_applied(
         &self,
         applied: &Applied<'_>,
         req: &impl Request,
         reserved: Option<u32>,
         now_ms: u64,
-    ) -> Option<Hit> {
+    ) -> Option<(Hit, Option<WireLimit>)> {
         let parts = Parts {
             policy: applied.policy.state_name(),
             key: &applied.key,
             levels: applied.level_keys(),
             limits: applied.wire_limits(req, reserved),
         };
-        self.find(applied.policy, |out| write_identity(out, parts), now_ms)
+        let limit = |i: usize| applied.wire_limit_at(i, req, reserved);
+        self.find(applied.policy, |out| write_identity(out, parts), limit, now_ms)
     }
 
-    /// The live entry for the identity `write` writes, if any.
-    fn find(&self, policy: &Policy, write: impl FnOnce(&mut Vec<u8>), now_ms: u64) -> Option<Hit> {
+    /// The live entry for the identity `write` writes, if any, and its
+    /// limit that denied (`limit` builds it from its index in the check
+    /// when the worker's copy has not kept it).
+    fn find(
+        &self,
+        policy: &Policy,
+        write: impl FnOnce(&mut Vec<u8>),
+        limit: impl FnOnce(usize) -> Option<WireLimit>,
+        now_ms: u64,
+    ) -> Option<(Hit, Option<WireLimit>)> {
         if !caches(policy) {
             return None;
         }
         let Some(mirror) = self.mirror else {
             let mut identity = Vec::new();
             write(&mut identity);
-            return self.read(self.slot(&identity)?, &identity, now_ms).map(|(found, _)| found);
+            let (found, _) = self.read(self.slot(&identity)?, &identity, now_ms)?;
+            return Some((found, limit(found.limit)));
         };
         let mut mirror = mirror.borrow_mut();
         let Mirror { entries, identity } = &mut *mirror;
         write(identity);
         let slot = self.slot(identity)?;
-        if let Some(hit) = entries.get(&slot).and_then(|v| hit(v, identity, now_ms)) {
-            return Some(hit);
+        if let Some(kept) = entries.get(&slot) {
+            if let Some(hit) = hit(&kept.entry, identity, now_ms) {
+                return Some((hit, kept.limit));
+            }
         }
-        let (found, value) = self.read(slot, identity, now_ms)?;
-        entries.insert(slot, value);
-        Some(found)
+        let (found, entry) = self.read(slot, identity, now_ms)?;
+        let limit = limit(found.limit);
+        entries.insert(slot, Kept { entry, limit });
+        Some((found, limit))
     }
 
     /// The hit `identity` finds in shared data at `slot`, and the entry there.
@@ -184,7 +209,8 @@ impl<'m, S: SharedData> OverLimitCache<'m, S> {
             log::debug!("cannot write the over-limit cache's {key}: {err:?}");
         }
         if let Some(mirror) = self.mirror {
-            mirror.borrow_mut().entries.insert(slot, value);
+            let limit = check.limits.get(usize::from(limit)).copied();
+            mirror.borrow_mut().entries.insert(slot, Kept { entry: value, limit });
         }
     }
 
@@ -202,7 +228,7 @@ fn slot_key(slot: u32) -> String {
 /// The hit `value` (an entry) gives `identity` at `now_ms`, if it is its live entry.
 fn hit(value: &[u8], identity: &[u8], now_ms: u64) -> Option<Hit> {
     let (deadline_ms, limit, stored) = decode(value)?;
-    (stored == identity && deadline_ms > now_ms)
+    (same(stored, identity) && deadline_ms > now_ms)
         .then(|| Hit { wait_ms: deadline_ms - now_ms, limit: limit.into() })
 }
 
@@ -343,8 +369,27 @@ fn decode(value: &[u8]) -> Option<(u64, u16, &[u8])> {
     Some((u64::from_le_bytes(*deadline), u16::from_le_bytes(*limit), identity))
 }
 
+/// Whether `a` and `b` hold the same bytes, compared eight at a time:
+/// `a == b` calls wasm32's `memcmp`, a loop over single bytes, and every
+/// denial from the cache compares its identity.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    let ((a, a_rest), (b, b_rest)) = (a.as_chunks::<8>(), b.as_chunks::<8>());
+    a.len() == b.len()
+        && a_rest.len() == b_rest.len()
+        && a.iter().zip(b).all(|(x, y)| x == y)
+        && a_rest.iter().zip(b_rest).all(|(x, y)| x == y)
+}
+
+/// FNV-1a, eight bytes to a loop step: the same hash as a fold over
+/// single bytes, in about half the wasm operators (every lookup hashes the
+/// identity).
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
+    let step = |h: u64, b: &u8| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+    let (words, rest) = bytes.as_chunks::<8>();
+    let h = words.iter().fold(0xcbf2_9ce4_8422_2325, |h, [a, b, c, d, e, f, g, i]| {
+        step(step(step(step(step(step(step(step(h, a), b), c), d), e), f), g), i)
+    });
+    rest.iter().fold(h, step)
 }
 
 #[cfg(test)]
@@ -590,6 +635,34 @@ mod tests {
         assert_eq!(map.1.get(), 2, "after the tick, shared data again");
         assert_eq!(cache.lookup(&p, &c, 5000), None, "never past the deadline");
         assert_eq!(cache.lookup(&p, &check(&p, "bob"), 1500), None, "another check, same copy: a miss");
+    }
+
+    /// A hit found before the check is built gives the limit that denied
+    /// as the check sent it, whether the worker's copy kept it (its own
+    /// denial, or a read entry) or shared data alone holds it.
+    #[test]
+    fn a_hit_before_the_check_gives_the_limit_that_denied_as_sent() {
+        let doc = format!(r#"{{"policies":[{{"name":"a","key":["header:k"],"limits":{TWO_WINDOWS}}}]}}"#);
+        let doc = sluice_policies::parse(&doc).expect("doc");
+        let req = sluice_policies::request::SimpleRequest::new("GET", "/").header("k", "alice");
+        let evaluation = doc.evaluate(&req).expect("applies");
+        let applied = &evaluation.applied[0];
+        let c = applied.check(&req);
+        let sent = c.limits[1];
+        // The second limit denies longest.
+        let denial = denied(&[Some(1000), Some(4000)]);
+        let map = Map::default();
+        let (mine, theirs) = (RefCell::new(Mirror::default()), RefCell::new(Mirror::default()));
+        OverLimitCache::new(&map, 16).with_mirror(&mine).record(applied.policy, &c, &denial, 1000);
+        let found = Some((Hit { wait_ms: 4000, limit: 1 }, Some(sent)));
+        for cache in [
+            OverLimitCache::new(&map, 16).with_mirror(&mine),
+            OverLimitCache::new(&map, 16).with_mirror(&theirs),
+            OverLimitCache::new(&map, 16),
+        ] {
+            assert_eq!(cache.lookup_applied(applied, &req, None, 1000), found);
+            assert_eq!(cache.lookup_applied(applied, &req, None, 1000), found, "again, from the copy");
+        }
     }
 
     /// Misses are never copied: a denial another worker records after this
@@ -879,5 +952,30 @@ mod pause_tests {
             None,
             "a concurrency denial alone is never cached"
         );
+    }
+
+    /// The identity's compare and hash, eight bytes at a time, agree with
+    /// their definitions over single bytes at every length and split.
+    #[test]
+    fn same_and_fnv1a_agree_with_their_bytewise_definitions() {
+        let bytewise = |bytes: &[u8]| {
+            bytes
+                .iter()
+                .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
+        };
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c, "FNV-1a's published value");
+        let bytes: Vec<u8> = (0..41u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
+        for len in 0..=bytes.len() {
+            let a = &bytes[..len];
+            assert_eq!(fnv1a(a), bytewise(a), "length {len}");
+            assert!(same(a, a));
+            assert!(!same(a, &bytes[..len.saturating_sub(1)]) || len == 0, "length {len}");
+            for at in 0..len {
+                let mut b = a.to_vec();
+                b[at] ^= 1;
+                assert!(!same(a, &b), "length {len}, byte {at} differs");
+            }
+        }
     }
 }

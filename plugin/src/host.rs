@@ -17,12 +17,14 @@ use sluice_core::{Host, SetError, SharedData};
 use sluice_policies::request::SimpleRequest;
 use sluice_policies::Request;
 
+use crate::name::Name;
+
 /// Distinct headers one request remembers; a document that reads more asks
 /// the host again for the rest (correct, only slower).
 const REMEMBERED: usize = 8;
 
 /// A header read once: its name, and its value (`None`: absent).
-type Remembered = OnceCell<(Box<str>, Option<Vec<u8>>)>;
+type Remembered = OnceCell<(Name, Option<Vec<u8>>)>;
 
 /// The request of the current `on_http_request_headers`, read from the host
 /// lazily and once: each header is one host call (and one copy into the
@@ -61,9 +63,12 @@ impl Request for HostRequest {
     fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
         for slot in &self.headers {
             let (_, value) = match slot.get() {
-                Some((seen, _)) if **seen != *name => continue,
+                Some((seen, _)) if !seen.is(name) => continue,
                 Some(remembered) => remembered,
-                None => slot.get_or_init(|| (name.into(), header(name))),
+                None => match Name::new(name) {
+                    Some(kept) => slot.get_or_init(|| (kept, header(name))),
+                    None => break,
+                },
             };
             return value.as_deref().map(Cow::Borrowed);
         }

@@ -5,7 +5,7 @@
 //! # Layout
 //!
 //! Built for wasm32 only (the host calls exist nowhere else), but for
-//! `ticker`, plain arithmetic tested natively:
+//! `ticker` and `name`, plain arithmetic and bytes tested natively:
 //!
 //! - `root`: the root context: parses the policy document once, in
 //!   `on_configure`, and drives the [`sluice_core::Worker`] on its tick.
@@ -17,6 +17,7 @@
 //!   resumptions, response headers, stats.
 //! - `host`: the request, shared data, the clock, the response headers and bodies,
 //!   over host calls.
+//! - `name`: a header's name as the request remembers it, in place.
 //! - `vm`: what one VM shares between its requests: the worker, the stats.
 //! - `ticker`: the root's timer, armed for when the next tick is needed.
 //! - `wake`: the root woken at once from a stream's callback, through the
@@ -29,6 +30,8 @@ mod abi;
 mod filter;
 #[cfg(target_arch = "wasm32")]
 mod host;
+#[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+mod name;
 #[cfg(target_arch = "wasm32")]
 mod perform;
 #[cfg(target_arch = "wasm32")]

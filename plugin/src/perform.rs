@@ -2,11 +2,13 @@
 //! cannot send is handed back to its owner at once, whose new effects are
 //! performed next.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType, Status};
+use sluice_core::local_reply::Header;
 use sluice_core::{CallId, CallResult, Deferred, Effect, Outgoing};
 use sluice_policies::wire::{PROTOCOL_HEADER, PROTOCOL_VERSION};
 
@@ -55,7 +57,7 @@ pub fn perform(effects: Vec<Effect>, cluster: &str, stats: &Stats, calls: &mut i
             Effect::Defer(call) => calls.defer(call),
             Effect::Reply(reply) => {
                 let headers: Vec<(&str, &str)> =
-                    reply.headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref())).collect();
+                    reply.headers.iter().map(|(n, v)| (text(n), text(v))).collect();
                 if let Err(status) = abi::send_http_response(reply.status, &headers, &reply.body) {
                     log::warn!("cannot send the local response: {status:?}");
                 }
@@ -92,6 +94,15 @@ pub fn perform(effects: Vec<Effect>, cluster: &str, stats: &Stats, calls: &mut i
         }
     }
     Vec::from(queue)
+}
+
+/// A header of a local reply as text: a plain match, inlined, where
+/// `Cow::as_ref` is a call per name and value (wasm32, opt-level "s").
+fn text(header: &Header) -> &str {
+    match header {
+        Cow::Borrowed(text) => text,
+        Cow::Owned(text) => text,
+    }
 }
 
 /// The host refused to dispatch a call; the core is told in these words.

@@ -1253,14 +1253,29 @@ impl Applied<'_> {
         req: &'r impl Request,
         reserved: Option<u32>,
     ) -> impl Iterator<Item = WireLimit> + 'r {
-        self.policy.limits.iter().map(move |l| match (l, reserved) {
+        self.policy.limits.iter().map(move |l| self.wire_limit(l, req, reserved))
+    }
+
+    /// Its limit `index` as [`Applied::wire_limits`] sends it: a denial
+    /// from the over-limit cache shows the limit that denied.
+    pub fn wire_limit_at(
+        &self,
+        index: usize,
+        req: &impl Request,
+        reserved: Option<u32>,
+    ) -> Option<WireLimit> {
+        self.policy.limits.get(index).map(|l| self.wire_limit(l, req, reserved))
+    }
+
+    fn wire_limit(&self, l: &Limit, req: &impl Request, reserved: Option<u32>) -> WireLimit {
+        match (l, reserved) {
             (Limit::Points { capacity, .. } | Limit::CalendarPoints { capacity, .. }, Some(cost))
                 if l.costs_llm_tokens() =>
             {
                 WireLimit::with_cost(l, cost.min(capacity.get()))
             }
             _ => WireLimit::of(l, req, self.class),
-        })
+        }
     }
 
     /// The levels of [`Applied::check`]: each level's name, key and the

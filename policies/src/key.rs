@@ -215,9 +215,17 @@ pub fn encode(value: &[u8]) -> String {
 }
 
 fn encode_into(out: &mut String, value: &[u8]) {
+    // Most values need no escape and are short: copied whole, as the loop
+    // below would copy them byte by byte (a tenth of its wasm operators).
+    if value.len() <= MAX_PART_LEN && value.iter().all(|&b| unreserved(b)) {
+        if let Ok(text) = std::str::from_utf8(value) {
+            out.push_str(text);
+            return;
+        }
+    }
     let start = out.len();
     for &b in value {
-        if b.is_ascii_alphanumeric() || b"._~-".contains(&b) {
+        if unreserved(b) {
             out.push(b as char);
         } else {
             let _ = write!(out, "%{b:02X}");
@@ -231,6 +239,11 @@ fn encode_into(out: &mut String, value: &[u8]) {
             return;
         }
     }
+}
+
+/// A byte a key keeps as it is: `A-Z a-z 0-9 . _ ~ -`.
+fn unreserved(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"._~-".contains(&b)
 }
 
 /// An encoded key as people wrote its parts, for reports: each `:`-joined
@@ -404,6 +417,46 @@ mod tests {
         assert_eq!(KeySource::parse("ip"), Some(KeySource::Ip));
         for bad in ["header:", "header:a b", "cookie:x", "x-api-key", "query:", "IP", "body:", "body:model"] {
             assert_eq!(KeySource::parse(bad), None, "{bad:?} should be refused");
+        }
+    }
+
+    /// The encoding byte by byte, as it was before values needing no
+    /// escape were copied whole.
+    fn encode_bytewise(value: &[u8]) -> String {
+        let mut out = String::new();
+        for &b in value {
+            if unreserved(b) {
+                out.push(b as char);
+            } else {
+                out.push_str(&format!("%{b:02X}"));
+            }
+            if out.len() > MAX_PART_LEN {
+                out.clear();
+                out.push('=');
+                for byte in &Sha256::digest(value)[..16] {
+                    out.push_str(&format!("{byte:02x}"));
+                }
+                break;
+            }
+        }
+        out
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A value copied whole encodes as the byte-by-byte loop does: short
+        /// or long (hashed), escaped or not.
+        #[test]
+        fn encoding_is_the_bytewise_one(
+            value in prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..300),
+                "[A-Za-z0-9._~-]{0,300}".prop_map(String::into_bytes),
+                "[a-z]{250,260}".prop_map(String::into_bytes),
+                "[A-Za-z0-9._~{}: -]{0,300}".prop_map(String::into_bytes),
+            ]
+        ) {
+            prop_assert_eq!(encode(&value), encode_bytewise(&value));
         }
     }
 }

@@ -184,12 +184,12 @@ impl State {
         let now = now.ms();
         let enforce = |calls: &mut CheckCall, a: &Applied<'_>| {
             let reserved = a.reserved(req);
-            let Some(hit) = cache.lookup_applied(a, req, reserved, now) else {
+            let Some((hit, limit)) = cache.lookup_applied(a, req, reserved, now) else {
                 calls.push(a.index, a.check_reserving(req, reserved));
                 return None;
             };
             log::debug!("policy {} denies key {} from the over-limit cache", a.policy.name, a.key);
-            Some((a.index, hit, a.wire_limits(req, reserved).nth(hit.limit)))
+            Some((a.index, hit, limit))
         };
         for a in crate::plan::shadow(evaluation) {
             self.calls[1].push(a.index, a.check(req));
