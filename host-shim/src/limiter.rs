@@ -403,7 +403,7 @@ impl Limiter {
             }
             None => self.shed.read(&self.store, &req.policy, req.classes).await,
         };
-        level.map(|l| ShedResponse { level: l.level }).map_err(|e| CheckError::BadRequest(e.to_string()))
+        Ok(ShedResponse { level: level?.level })
     }
 
     /// Charges or refunds points once the true costs are known, each

@@ -24,6 +24,18 @@ pub enum ShedError {
     Level(String),
 }
 
+/// A report refused for what it says is the gateway's mistake (400); one
+/// that Redis failed is the store's (503), which the gateway answers with
+/// its failure mode, as for a check.
+impl From<ShedError> for crate::decision::CheckError {
+    fn from(err: ShedError) -> Self {
+        match err {
+            ShedError::PolicyName(_) | ShedError::Utilization(_) => Self::BadRequest(err.to_string()),
+            ShedError::Redis(_) | ShedError::Level(_) => Self::Store(err.to_string()),
+        }
+    }
+}
+
 /// The level after a report, and when the current trouble began.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Level {

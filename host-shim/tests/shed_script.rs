@@ -9,6 +9,9 @@ use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner}
 use sluice_harness::Redis;
 use sluice_policies::shed::{ShedSettings, ShedState, Shedder};
 use sluice_policies::units::Millis;
+use sluice_policies::wire::ShedRequest;
+use sluice_shim::decision::CheckError;
+use sluice_shim::limiter::Limiter;
 use sluice_shim::shed::ShedScript;
 use sluice_shim::store::{RedisClient, Target};
 
@@ -103,4 +106,32 @@ fn nonsense_utilization_is_refused() {
         ));
         assert!(got.is_err(), "{u} accepted");
     }
+}
+
+/// A report Redis fails is the store's failure (503 on the wire), not the
+/// gateway's mistake; a report out of range is the gateway's (400).
+#[test]
+fn a_failed_report_is_the_stores_failure_and_a_bad_one_the_gateways() {
+    let redis = Redis::start().expect("redis");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let _in_runtime = runtime.enter();
+    let limiter = Limiter::new(&Target::Single(redis.url()), Duration::from_secs(5), false).expect("limiter");
+    let report = |utilization: f64| ShedRequest {
+        policy: "api".into(),
+        classes: CLASSES,
+        high: 0.8,
+        low: 0.6,
+        delay_ms: Millis(1_000),
+        ramp_ms: Millis(5_000),
+        recovery_ms: Millis(10_000),
+        utilization: Some(utilization),
+        now_ms: None,
+    };
+    let shed = |req: ShedRequest| runtime.block_on(limiter.shed(&req));
+    assert!(shed(report(0.5)).is_ok());
+    assert!(matches!(shed(report(2.0)), Err(CheckError::BadRequest(_))), "out of range");
+    redis.refuse_scripts().expect("ACL");
+    let failed = shed(report(0.5));
+    redis.allow_scripts().expect("ACL");
+    assert!(matches!(failed, Err(CheckError::Store(_))), "{failed:?}");
 }
